@@ -1,0 +1,1 @@
+"""Experiments: entry point, configs, benchmarks."""

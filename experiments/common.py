@@ -1,0 +1,113 @@
+"""Config → library glue shared by the experiment runners.
+
+Only ``experiments/`` reads ConfigDicts; everything here turns config fields
+into the explicit arguments the library takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from fedjax_dd import models
+from fedjax_dd.core import clients as clients_lib
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.data import partition as partition_lib
+from fedjax_dd.data import preprocess
+from fedjax_dd.data import sources
+from fedjax_dd.data.stacked import ClientData, stack_clients
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """A dataset resized for the model, plus the task built on it."""
+  dataset: sources.Dataset
+  task: Classifier
+  spec: models.ModelSpec
+
+
+def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
+  """Loads ``config.dataset``, resizes for ``config.model``, builds the task."""
+  ds = sources.load_dataset(config.dataset,
+                            data_dir=config.get("data_dir") or None)
+  spec = models.get_model(config.model)
+  target = tuple(spec.input_shape)
+  if config.get("input_shape"):
+    target = tuple(config.input_shape)
+  if ds.x_train.shape[1:] != target:
+    method = config.get("resize_method", "bilinear")
+    ds = dataclasses.replace(
+        ds,
+        x_train=preprocess.resize_images(ds.x_train, target, method=method),
+        x_test=preprocess.resize_images(ds.x_test, target, method=method))
+  mean, std = preprocess.channel_stats(ds.x_train)
+  mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+  module = spec.build(ds.num_classes)
+  task = Classifier(module=module, input_shape=target,
+                    preprocess=functools.partial(preprocess.normalize,
+                                                 mean=mean, std=std),
+                    num_classes=ds.num_classes)
+  return Prepared(dataset=ds, task=task, spec=spec)
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """``config.optimizer`` in {sgd, adam, adamw} with ``lr``, ``momentum``, ``weight_decay``."""
+  name = config.get("optimizer", "sgd")
+  lr = config.lr
+  builders: dict[str, Callable[[], optax.GradientTransformation]] = {
+      "sgd": lambda: optax.sgd(lr, momentum=config.get("momentum") or None),
+      "adam": lambda: optax.adam(lr),
+      "adamw": lambda: optax.adamw(lr, weight_decay=config.get("weight_decay", 0.0)),
+  }
+  if name not in builders:
+    raise ValueError(f"Unknown optimizer {name!r}; expected one of {sorted(builders)}.")
+  return builders[name]()
+
+
+PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
+    "iid": partition_lib.iid,
+    "pathological": partition_lib.pathological,
+    "dirichlet": partition_lib.dirichlet,
+    "disjoint_classes": partition_lib.disjoint_classes,
+    "quantity_skew": partition_lib.quantity_skew,
+}
+
+
+def partition(config: ml_collections.ConfigDict, labels: np.ndarray) -> list[np.ndarray]:
+  """Splits the train labels with ``config.partition`` and ``config.data_seed``."""
+  p = config.partition
+  if p.name not in PARTITIONERS:
+    raise ValueError(f"Unknown partition {p.name!r}; expected one of {sorted(PARTITIONERS)}.")
+  kwargs = {k: v for k, v in p.items() if k != "name"}
+  rng = np.random.default_rng(config.data_seed)
+  return PARTITIONERS[p.name](labels, config.num_clients, rng=rng, **kwargs)
+
+
+def client_data(ds: sources.Dataset, parts: list[np.ndarray]) -> ClientData:
+  """Stacked, padded client data moved to the device."""
+  stacked = stack_clients(ds.x_train, ds.y_train, parts)
+  return jax.device_put(stacked)
+
+
+def mapper(config: ml_collections.ConfigDict) -> clients_lib.ClientMapper:
+  return clients_lib.ClientMapper(backend=config.get("backend", "auto"),
+                                  chunk_size=config.get("chunk_size", 16))
+
+
+def workdir_path(workdir: str, *parts: str) -> str:
+  os.makedirs(workdir, exist_ok=True)
+  return os.path.join(workdir, *parts)
+
+
+def model_key(config: ml_collections.ConfigDict) -> jax.Array:
+  """The root model key; independent of ``config.data_seed``."""
+  return jax.random.PRNGKey(config.seed)
+

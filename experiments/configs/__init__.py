@@ -1,0 +1,1 @@
+"""Experiment configs (ml_collections ConfigDicts, big_vision style)."""

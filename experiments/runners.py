@@ -1,0 +1,138 @@
+"""Runners: build an algorithm from a config and drive the shared rounds loop.
+
+``RUNNERS`` maps a config's ``runner`` field to a function
+``(config, workdir) -> summary``. Each algorithm is built by a small function
+from config fields to the library factory's explicit arguments.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedjax_dd.algorithms.centralized import centralized
+from fedjax_dd.algorithms.fedavg import fedavg
+from fedjax_dd.algorithms.fednova import fednova
+from fedjax_dd.algorithms.fedprox import fedprox
+from fedjax_dd.algorithms.os_fedavg import os_fedavg
+from fedjax_dd.algorithms.scaffold import scaffold
+from fedjax_dd.core import rounds as rounds_lib
+from fedjax_dd.core.algorithm import ExperimentState, FederatedAlgorithm
+from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.evaluate import make_evaluator
+from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.metrics import MetricsWriter, write_json
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.experiments import common
+
+Builder = Callable[[ml_collections.ConfigDict, Classifier, int], FederatedAlgorithm]
+
+
+def _fedavg_kwargs(config, max_steps):
+  return dict(batch_size=config.batch_size, max_steps=max_steps,
+              mapper=common.mapper(config))
+
+
+BUILDERS: dict[str, Builder] = {
+    "centralized": lambda c, task, m: centralized(
+        task, common.make_optimizer(c), batch_size=c.batch_size, max_steps=m),
+    "fedavg": lambda c, task, m: fedavg(task, common.make_optimizer(c),
+                                        **_fedavg_kwargs(c, m)),
+    "os_fedavg": lambda c, task, m: os_fedavg(task, common.make_optimizer(c),
+                                              **_fedavg_kwargs(c, m)),
+    "fedprox": lambda c, task, m: fedprox(task, common.make_optimizer(c),
+                                          mu=c.mu, **_fedavg_kwargs(c, m)),
+    "fednova": lambda c, task, m: fednova(
+        task, common.make_optimizer(c), momentum=c.get("momentum", 0.0) or 0.0,
+        **_fedavg_kwargs(c, m)),
+    "scaffold": lambda c, task, m: scaffold(
+        task, learning_rate=c.lr, server_learning_rate=c.get("server_lr", 1.0),
+        **_fedavg_kwargs(c, m)),
+}
+
+
+def _client_partition(config, prepared):
+  if config.method == "centralized":
+    return [np.arange(prepared.dataset.x_train.shape[0])]
+  return common.partition(config, prepared.dataset.y_train)
+
+
+def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs any FedAvg-family method (or centralized) described by ``config``."""
+  start = time.time()
+  prepared = common.load_and_prepare(config)
+  task = prepared.task
+  parts = _client_partition(config, prepared)
+  data = common.client_data(prepared.dataset, parts)
+  if config.get("local_steps"):
+    num_steps = steps_for(data.num_examples, config.batch_size,
+                          steps=config.local_steps)
+  else:
+    num_steps = steps_for(data.num_examples, config.batch_size,
+                          epochs=config.local_epochs)
+  max_steps = int(jnp.max(num_steps))
+  algorithm = BUILDERS[config.method](config, task, max_steps)
+
+  root = common.model_key(config)
+  init_key, run_key = jax.random.split(root)
+  params, batch_stats = task.init(init_key)
+  server, client_states = algorithm.init(params, batch_stats, data.num_clients)
+  state = ExperimentState(server=server, clients=client_states, key=run_key,
+                          round=jnp.asarray(0, jnp.int32))
+
+  writer = MetricsWriter(common.workdir_path(workdir, "metrics.jsonl"))
+  store = CheckpointStore(common.workdir_path(workdir, "checkpoints"),
+                          max_to_keep=config.get("keep_checkpoints", 2),
+                          save_every=config.get("checkpoint_every", 1))
+  resumed = rounds_lib.resume(store, state, writer)
+  ledger = None
+  if resumed is not None:
+    state, ledger = resumed
+  else:
+    writer.truncate_after(0)
+  options = rounds_lib.RoundsOptions(
+      num_rounds=config.rounds,
+      clients_per_round=config.get("clients_per_round") or data.num_clients,
+      eval_every=config.get("eval_every", 1),
+      checkpoint_every=config.get("checkpoint_every", 1),
+      progress=config.get("progress", True),
+      initial_model_as_seed=config.get("initial_model_as_seed", True))
+  evaluate = make_evaluator(task, prepared.dataset.x_test,
+                            prepared.dataset.y_test)
+  state, ledger, _ = rounds_lib.run_rounds(
+      algorithm, state, data, num_steps, options, evaluate=evaluate,
+      ledger=ledger, writer=writer, store=store)
+  store.close()
+
+  rows = writer.rows()
+  accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
+  totals = ledger.cumulative()
+  summary = {
+      "method": config.method,
+      "dataset": config.dataset,
+      "model": config.model,
+      "final_test_accuracy": accs[-1] if accs else None,
+      "best_test_accuracy": max(accs) if accs else None,
+      "rounds": int(state.round),
+      "num_clients": int(data.num_clients),
+      "param_count": rounds_lib.num_params(state.server.params),
+      "bytes_uploaded": totals["bytes_uploaded"],
+      "bytes_downloaded": totals["bytes_downloaded"],
+      "bytes_total": totals["bytes_total"],
+      "wall_seconds": time.time() - start,
+      "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
+                            if "test_accuracy" in r],
+      "config": config.to_dict(),
+  }
+  write_json(common.workdir_path(workdir, "summary.json"), summary)
+  return summary
+
+
+RUNNERS: dict[str, Callable[[ml_collections.ConfigDict, str], dict[str, Any]]] = {
+    "federated": run_federated,
+}

@@ -1,0 +1,55 @@
+"""Centralized training: one model on the pooled training set.
+
+The upper-bound baseline every paper reports. It reuses the engine's local
+update unchanged: the pooled data is a single "client" whose optimizer state
+persists across rounds, where one round is one epoch. Nothing is
+communicated (``CommSpec(0, 0)``).
+"""
+
+from __future__ import annotations
+
+import jax
+import optax
+
+from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
+from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.task import Classifier
+
+
+def centralized(task: Classifier, optimizer: optax.GradientTransformation, *,
+                batch_size: int, max_steps: int) -> FederatedAlgorithm:
+  """Builds centralized training on a cohort of exactly one client.
+
+  Args:
+    task: the classifier.
+    optimizer: its optimizer; the state persists across rounds (epochs).
+    batch_size: batch size.
+    max_steps: steps per round (one epoch: ``ceil(N / B)``).
+
+  Returns:
+    A :class:`FederatedAlgorithm`; ``apply`` expects a one-client cohort.
+  """
+  local = make_local_update(task, optimizer, batch_size=batch_size,
+                            max_steps=max_steps)
+  run = jax.jit(local.run)
+
+  def init(params, batch_stats, num_clients):
+    if num_clients != 1:
+      raise ValueError(
+          f"Centralized training pools all data into one client, got "
+          f"{num_clients} clients.")
+    return ServerState(params, batch_stats, optimizer.init(params)), {}
+
+  def apply(server, clients, cohort, key):
+    if cohort.x.shape[0] != 1:
+      raise ValueError("Centralized training expects a one-client cohort.")
+    result = run(server.params, server.batch_stats, server.opt_state,
+                 cohort.x[0], cohort.y[0], cohort.num_examples[0],
+                 cohort.num_steps[0], key, ())
+    server = ServerState(result.params, result.batch_stats, result.opt_state,
+                         server.extra)
+    metrics = {"train_loss": result.loss, "train_accuracy": result.accuracy,
+               "local_steps_mean": result.steps}
+    return server, clients, metrics
+
+  return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec(0, 0))

@@ -1,0 +1,86 @@
+"""FedAvg: local SGD on sampled clients, server averages weighted by |D_i|.
+
+Reference: McMahan et al., "Communication-Efficient Learning of Deep Networks
+from Decentralized Data", AISTATS 2017.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dd.algorithms import stages
+from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
+                                      ServerState)
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import LocalResult, make_local_update
+from fedjax_dd.core.task import Classifier
+
+PyTree = Any
+# (stacked deltas [S, ...], cohort, local result) -> aggregated delta.
+Aggregator = Callable[[PyTree, Cohort, LocalResult], PyTree]
+
+
+def example_weighted(delta: PyTree, cohort: Cohort, result: LocalResult) -> PyTree:
+  """FedAvg's rule: deltas averaged with weights ``num_examples``."""
+  del result
+  return stages.weighted_mean(delta, cohort.num_examples)
+
+
+def fedavg(task: Classifier,
+           client_optimizer: optax.GradientTransformation,
+           *,
+           batch_size: int,
+           max_steps: int,
+           mapper: ClientMapper = ClientMapper(),
+           server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
+           regularizer: Callable[[PyTree, PyTree], jax.Array] | None = None,
+           aggregator: Aggregator = example_weighted,
+           comm: CommSpec = CommSpec()) -> FederatedAlgorithm:
+  """Builds FedAvg (and, through the hooks, FedProx / FedNova / FedOpt).
+
+  Args:
+    task: the classifier trained by every client.
+    client_optimizer: local optimizer, re-initialised every round.
+    batch_size: local batch size ``B``.
+    max_steps: static local scan length; clients mask steps past their own
+      count (see :func:`fedjax_dd.core.local.steps_for`).
+    mapper: how the cohort is batched (vmap / chunked / sharded / loop).
+    server_optimizer: applied to the aggregated delta; ``sgd(1.0)`` is FedAvg.
+    regularizer: ``(params, (server_params, client_ctx)) -> scalar`` added to
+      every local loss.
+    aggregator: how client deltas ``[S, ...]`` become one delta.
+    comm: model-sized tensors per client per round, for the ledger.
+
+  Returns:
+    A :class:`FederatedAlgorithm`.
+  """
+  local = make_local_update(task, client_optimizer, batch_size=batch_size,
+                            max_steps=max_steps, regularizer=regularizer)
+  train = stages.client_stage(local, mapper)
+
+  @jax.jit
+  def aggregate(server: ServerState, result: LocalResult, cohort: Cohort):
+    weights = cohort.num_examples
+    delta = aggregator(stages.deltas(result.params, server.params), cohort,
+                       result)
+    batch_stats = stages.weighted_mean(result.batch_stats, weights)
+    server = stages.server_step(server_optimizer, server, delta, batch_stats)
+    return server, stages.cohort_metrics(result, weights)
+
+  def init(params, batch_stats, num_clients):
+    del num_clients
+    return ServerState(params, batch_stats, server_optimizer.init(params)), {}
+
+  def apply(server, clients, cohort, key):
+    keys = stages.client_keys(key, cohort.client_ids)
+    no_ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
+    result = train(server.params, server.batch_stats, server.params, cohort,
+                   keys, no_ctx)
+    server, metrics = aggregate(server, result, cohort)
+    return server, clients, metrics
+
+  return FederatedAlgorithm(init=init, apply=apply, comm=comm)

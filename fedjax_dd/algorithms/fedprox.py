@@ -1,0 +1,34 @@
+"""FedProx: FedAvg with a proximal term ``μ/2 ‖w − w_global‖²`` in every local loss.
+
+Reference: Li et al., "Federated Optimization in Heterogeneous Networks",
+MLSys 2020.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dd.algorithms.fedavg import fedavg
+from fedjax_dd.core.algorithm import FederatedAlgorithm
+
+
+def proximal_term(mu: float):
+  """``(params, (server_params, _)) -> μ/2 ‖params − server_params‖²``."""
+
+  def reg(params, ctx):
+    server_params, _ = ctx
+    sq = jax.tree_util.tree_map(lambda a, b: jnp.sum((a - b) ** 2), params,
+                                server_params)
+    return 0.5 * mu * sum(jax.tree_util.tree_leaves(sq))
+
+  return reg
+
+
+def fedprox(task, client_optimizer: optax.GradientTransformation, *, mu: float,
+            **kwargs) -> FederatedAlgorithm:
+  """FedAvg with the proximal regulariser; ``kwargs`` go to :func:`fedavg`."""
+  if mu < 0:
+    raise ValueError(f"FedProx mu must be >= 0, got {mu}.")
+  return fedavg(task, client_optimizer, regularizer=proximal_term(mu), **kwargs)

@@ -1,0 +1,100 @@
+"""SCAFFOLD: control variates correct client drift.
+
+Local steps use ``g − c_i + c``. After ``K_i`` steps with learning rate ``η``
+a client updates ``c_i⁺ = c_i − c + (x − y_i)/(K_i η)`` (option II) and sends
+``(Δy_i, Δc_i)``; the server sets ``x ← x + η_g · mean(Δy)`` and
+``c ← c + (S/N) · mean(Δc)``. Client variates persist across rounds in the
+stacked client state ``[N, ...]``; only sampled clients change theirs. Both
+directions carry two model-sized tensors (``CommSpec(2, 2)``).
+
+Reference: Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for
+Federated Learning", ICML 2020.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dd.algorithms import stages
+from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.task import Classifier
+
+tree_map = jax.tree_util.tree_map
+
+
+def _correction(grads, ctx):
+  c, c_i = ctx
+  return tree_map(lambda g, s, ci: g - ci + s, grads, c, c_i)
+
+
+def scaffold(task: Classifier,
+             *,
+             learning_rate: float,
+             batch_size: int,
+             max_steps: int,
+             server_learning_rate: float = 1.0,
+             mapper: ClientMapper = ClientMapper()) -> FederatedAlgorithm:
+  """Builds SCAFFOLD with local SGD at ``learning_rate``.
+
+  Args:
+    task: the classifier.
+    learning_rate: local SGD step size ``η`` (used in the variate update).
+    batch_size: local batch size.
+    max_steps: static local scan length.
+    server_learning_rate: ``η_g``.
+    mapper: how the cohort is batched.
+
+  Returns:
+    A :class:`FederatedAlgorithm` whose client state is ``{"c": [N, ...]}``.
+  """
+  local = make_local_update(task, optax.sgd(learning_rate),
+                            batch_size=batch_size, max_steps=max_steps,
+                            grad_correction=_correction)
+  train = stages.client_stage(local, mapper)
+  server_opt = optax.sgd(server_learning_rate)
+
+  def init(params, batch_stats, num_clients):
+    zeros = tree_map(jnp.zeros_like, params)
+    stacked = tree_map(lambda z: jnp.zeros((num_clients, *z.shape), z.dtype),
+                       params)
+    server = ServerState(params, batch_stats, server_opt.init(params),
+                         extra={"c": zeros, "num_clients": jnp.int32(num_clients)})
+    return server, {"c": stacked}
+
+  @jax.jit
+  def aggregate(server, clients, result, cohort):
+    c = server.extra["c"]
+    k = result.steps
+    # Clients that took no step keep their variate (no division by zero).
+    inv = jnp.where(k > 0, 1.0 / (jnp.maximum(k, 1.0) * learning_rate), 0.0)
+
+    def new_variate(ci, cg, x, y):
+      s = inv.reshape((-1,) + (1,) * (y.ndim - 1))
+      return jnp.where(s > 0, ci - cg[None] + (x[None] - y) * s, ci)
+
+    c_new = tree_map(new_variate, clients["c"], c, server.params,
+                     result.params)
+    uniform = jnp.ones_like(cohort.num_examples, jnp.float32)
+    delta = stages.weighted_mean(stages.deltas(result.params, server.params),
+                                 uniform)
+    delta_c = stages.weighted_mean(
+        tree_map(lambda a, b: a - b, c_new, clients["c"]), uniform)
+    frac = cohort.num_examples.shape[0] / server.extra["num_clients"]
+    c = tree_map(lambda cg, d: cg + frac * d, c, delta_c)
+    batch_stats = stages.weighted_mean(result.batch_stats, cohort.num_examples)
+    server = stages.server_step(server_opt, server, delta, batch_stats)
+    server = server.replace(extra={**server.extra, "c": c})
+    return server, {"c": c_new}, stages.cohort_metrics(result,
+                                                       cohort.num_examples)
+
+  def apply(server, clients, cohort, key):
+    keys = stages.client_keys(key, cohort.client_ids)
+    result = train(server.params, server.batch_stats, server.extra["c"],
+                   cohort, keys, clients["c"])
+    return aggregate(server, clients, result, cohort)
+
+  return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec(2, 2))

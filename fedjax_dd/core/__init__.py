@@ -1,0 +1,1 @@
+"""fedjax_dd.core."""

@@ -1,0 +1,87 @@
+"""The federated-algorithm protocol and the experiment state.
+
+An algorithm is a pair of pure-ish functions, as in fedjax's
+``FederatedAlgorithm(init, apply)`` and optax's
+``GradientTransformation(init, update)``:
+
+* ``init(params, batch_stats, num_clients) -> (ServerState, client_states)``
+  where ``client_states`` is a pytree stacked on the client axis ``[N, ...]``
+  (SCAFFOLD's control variates) or ``{}``;
+* ``apply(server, client_states[S], cohort, key) -> (server, client_states[S],
+  metrics)`` runs one round on the sampled cohort of ``S`` clients.
+
+``apply`` is called from the host; inside it the per-client work is one
+batched program built through :mod:`fedjax_dd.core.clients`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import flax
+import jax
+
+PyTree = Any
+
+
+@flax.struct.dataclass
+class ServerState:
+  """Server-side state.
+
+  Attributes:
+    params: global model parameters.
+    batch_stats: global BatchNorm statistics (``{}`` without BN).
+    opt_state: server optimizer state.
+    extra: algorithm-specific server state (e.g. SCAFFOLD's ``c``).
+  """
+  params: PyTree
+  batch_stats: PyTree
+  opt_state: PyTree
+  extra: PyTree = flax.struct.field(default_factory=dict)
+
+
+@flax.struct.dataclass
+class Cohort:
+  """The sampled clients' data for one round, stacked ``[S, ...]``.
+
+  Attributes:
+    x: ``[S, N_max, H, W, Ch]`` uint8 images.
+    y: ``[S, N_max]`` int32 labels.
+    num_examples: ``[S]`` valid examples per client.
+    num_steps: ``[S]`` active local steps per client.
+    client_ids: ``[S]`` indices of the sampled clients.
+  """
+  x: jax.Array
+  y: jax.Array
+  num_examples: jax.Array
+  num_steps: jax.Array
+  client_ids: jax.Array
+
+
+@flax.struct.dataclass
+class ExperimentState:
+  """Everything a multi-round run needs to resume, checkpointed as one unit.
+
+  Attributes:
+    server: the :class:`ServerState`.
+    clients: per-client state stacked on the client axis ``[N, ...]``.
+    key: the root PRNG key; round ``r`` uses ``fold_in(key, r)``.
+    round: the number of completed rounds.
+  """
+  server: ServerState
+  clients: PyTree
+  key: jax.Array
+  round: jax.Array
+
+
+class CommSpec(NamedTuple):
+  """How many model-sized tensors move per sampled client per round."""
+  download: int = 1
+  upload: int = 1
+
+
+class FederatedAlgorithm(NamedTuple):
+  """A federated algorithm: ``init`` and ``apply`` plus its message sizes."""
+  init: Callable[..., tuple[ServerState, PyTree]]
+  apply: Callable[..., tuple[ServerState, PyTree, dict[str, jax.Array]]]
+  comm: CommSpec = CommSpec()

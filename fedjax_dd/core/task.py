@@ -1,0 +1,79 @@
+"""A classification task: a Flax module plus on-device preprocessing.
+
+Everything that turns uint8 images into logits and losses lives here, so that
+local training, evaluation and distillation share one definition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Classifier:
+  """A Flax classifier and the preprocessing applied to raw uint8 inputs.
+
+  Attributes:
+    module: a Flax module called as ``module.apply(variables, x, train=...)``
+      returning logits ``[B, num_classes]``.
+    input_shape: ``(H, W, Ch)`` the module expects.
+    preprocess: maps uint8 images ``[B, H, W, Ch]`` to float32 model inputs
+      (normalisation happens on the device, inside the jitted program).
+    num_classes: number of classes.
+  """
+  module: nn.Module
+  input_shape: tuple[int, int, int]
+  preprocess: Callable[[jax.Array], jax.Array]
+  num_classes: int
+
+  def init(self, key: jax.Array) -> tuple[PyTree, PyTree]:
+    """Returns ``(params, batch_stats)``; ``batch_stats`` is ``{}`` without BN."""
+    x = jnp.zeros((1, *self.input_shape), jnp.float32)
+    variables = self.module.init(key, x, train=False)
+    return variables["params"], variables.get("batch_stats", {})
+
+  def apply(self, params: PyTree, batch_stats: PyTree, x: jax.Array, *,
+            train: bool) -> tuple[jax.Array, PyTree]:
+    """Logits ``[B, K]`` for float inputs, and the updated BatchNorm stats."""
+    variables = {"params": params}
+    if batch_stats:
+      variables["batch_stats"] = batch_stats
+      if train:
+        logits, updates = self.module.apply(
+            variables, x, train=True, mutable=["batch_stats"])
+        return logits, updates["batch_stats"]
+    return self.module.apply(variables, x, train=train), batch_stats
+
+  def loss(self, params: PyTree, batch_stats: PyTree, x_uint8: jax.Array,
+           y: jax.Array, *, train: bool = True,
+           weights: jax.Array | None = None) -> tuple[jax.Array, tuple[PyTree, jax.Array]]:
+    """Mean cross-entropy on a uint8 batch.
+
+    Args:
+      params: model parameters.
+      batch_stats: BatchNorm statistics (``{}`` if none).
+      x_uint8: ``[B, H, W, Ch]`` uint8 images.
+      y: ``[B]`` int labels.
+      train: BatchNorm mode.
+      weights: optional ``[B]`` example weights (e.g. a padding mask).
+
+    Returns:
+      ``(loss, (new_batch_stats, accuracy))``.
+    """
+    logits, new_stats = self.apply(
+        params, batch_stats, self.preprocess(x_uint8), train=train)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+    correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
+    if weights is None:
+      return ce.mean(), (new_stats, correct.mean())
+    total = jnp.maximum(weights.sum(), 1.0)
+    return (ce * weights).sum() / total, (new_stats,
+                                          (correct * weights).sum() / total)

@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny models and synthetic client data."""
+
+from __future__ import annotations
+
+import os
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedjax_dd  # noqa: F401  (XLA flags before JAX initialises)
+from fedjax_dd.core.task import Classifier
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATASETS = os.path.join(REPO_ROOT, "..", "shared", "datasets")
+
+
+def shared_dataset(name: str) -> str:
+  """Path of a file in ../shared/datasets, or skip the test if absent."""
+  path = os.path.join(SHARED_DATASETS, name)
+  if not os.path.exists(path):
+    pytest.skip(f"{name} not available in ../shared/datasets")
+  return path
+
+
+class TinyNet(nn.Module):
+  """A 2-layer MLP on ``[B, 4, 4, 1]`` inputs."""
+  num_classes: int = 3
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    x = x.reshape((x.shape[0], -1))
+    x = nn.relu(nn.Dense(8)(x))
+    return nn.Dense(self.num_classes)(x)
+
+
+class TinyBNNet(nn.Module):
+  """Like :class:`TinyNet` with a BatchNorm layer."""
+  num_classes: int = 3
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    x = x.reshape((x.shape[0], -1))
+    x = nn.Dense(8)(x)
+    x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+    return nn.Dense(self.num_classes)(nn.relu(x))
+
+
+def tiny_task(bn: bool = False) -> Classifier:
+  module = TinyBNNet() if bn else TinyNet()
+  return Classifier(module=module, input_shape=(4, 4, 1),
+                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
+                    num_classes=3)
+
+
+def synthetic_clients(num_clients=4, sizes=(5, 9, 12, 7), n_max=12, seed=0):
+  """Padded client data ``[C, n_max, 4, 4, 1]`` whose label depends on the image."""
+  rng = np.random.default_rng(seed)
+  x = np.zeros((num_clients, n_max, 4, 4, 1), np.uint8)
+  y = np.zeros((num_clients, n_max), np.int32)
+  for c in range(num_clients):
+    n = sizes[c]
+    labels = rng.integers(0, 3, n)
+    imgs = rng.integers(0, 60, (n, 4, 4, 1))
+    imgs[np.arange(n), labels, 0, 0] += 180  # a learnable signal
+    x[c, :n] = imgs
+    y[c, :n] = labels
+  return x, y, np.asarray(sizes[:num_clients], np.int32)
+
+
+@pytest.fixture
+def task():
+  return tiny_task()
