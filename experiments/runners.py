@@ -7,6 +7,7 @@ from config fields to the library factory's explicit arguments.
 
 from __future__ import annotations
 
+import importlib
 import time
 from typing import Any, Callable
 
@@ -133,6 +134,24 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   return summary
 
 
+def _lazy(module: str) -> Callable[[ml_collections.ConfigDict, str], dict[str, Any]]:
+  """A runner defined as ``run(config, workdir)`` in another experiments module.
+
+  Imported on first use so that one method's dependencies never slow down or
+  break another's start-up.
+  """
+
+  def run(config, workdir):
+    return importlib.import_module(f"fedjax_dd.experiments.{module}").run(
+        config, workdir)
+
+  return run
+
+
 RUNNERS: dict[str, Callable[[ml_collections.ConfigDict, str], dict[str, Any]]] = {
     "federated": run_federated,
+    "fedd3": _lazy("run_fedd3"),
+    "hfldd": _lazy("run_hfldd"),
+    "fedseq": _lazy("run_fedseq"),
+    "fedhydra": _lazy("run_fedhydra"),
 }
