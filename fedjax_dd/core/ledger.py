@@ -1,0 +1,607 @@
+"""Communication ledger: what is actually sent between server and clients.
+
+Every message is recorded by the size of the arrays it carries. Sizes come
+from shapes and dtypes (:func:`payload_bits`) or from the conventions below,
+which follow FedD3 and HFLDD:
+
+* model parameters count :data:`BITS_PER_PARAM` (32) bits each;
+* images sent as data count :data:`BITS_PER_PIXEL_CHANNEL` (8) bits per pixel
+  channel, i.e. after uint8 quantisation;
+* soft labels count :data:`BITS_PER_SOFT_LABEL` (32) bits each.
+
+Every helper takes the convention as a keyword argument, so a run can override
+it per call.
+
+Three kinds of traffic are recorded:
+
+* ``"upload"``: client -> server;
+* ``"download"``: server -> client;
+* ``"peer"``: client -> client (e.g. HFLDD members -> cluster heads).
+
+Peer traffic is counted as uploaded by its sender: it is included in
+``bytes_uploaded`` and ``bytes_total`` and is also reported on its own as
+``bytes_peer``. Every message is counted once, so
+``bytes_total == bytes_uploaded + bytes_downloaded`` and
+``bytes_peer <= bytes_uploaded``.
+
+:class:`Ledger` is an immutable host-side value; it round-trips through
+:meth:`Ledger.to_dict` / :meth:`Ledger.from_dict` (plain JSON types) so it can be
+stored as checkpoint metadata.
+
+The module also holds the closed-form FedAvg/SCAFFOLD exchange sizes
+(:func:`fedavg_round_bits`, HFLDD Eq. 3), FedD3's gamma communication
+efficiency (:func:`gce`) and :func:`traffic_to_target`, which reads the bytes
+needed to reach a target accuracy off any run's ``metrics.jsonl`` rows.
+
+References:
+  FedD3: Song et al., "Federated Learning via Decentralized Dataset
+  Distillation in Resource-Constrained Edge Environments", 2023.
+  HFLDD: Shi et al., "Dataset Distillation-based Hybrid Federated Learning on
+  Non-IID Data", 2024.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import operator
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "BITS_PER_PARAM",
+    "BITS_PER_PIXEL_CHANNEL",
+    "BITS_PER_SOFT_LABEL",
+    "KINDS",
+    "LedgerEntry",
+    "Ledger",
+    "payload_bits",
+    "num_params",
+    "model_bits",
+    "data_bits",
+    "fedavg_round_bits",
+    "gce",
+    "traffic_to_target",
+    "load_metrics",
+]
+
+_log = logging.getLogger(__name__)
+
+BITS_PER_PARAM = 32
+"""Bits per model parameter sent (float32)."""
+
+BITS_PER_PIXEL_CHANNEL = 8
+"""Bits per pixel channel of images sent as data (uint8 quantisation)."""
+
+BITS_PER_SOFT_LABEL = 32
+"""Bits per soft-label entry sent (float32)."""
+
+Kind = Literal["upload", "download", "peer"]
+KINDS: tuple[str, ...] = ("upload", "download", "peer")
+
+_FORMAT_VERSION = 1
+
+
+# ----------------------------------------------------------------------------
+# Validation helpers.
+# ----------------------------------------------------------------------------
+
+
+def _as_int(value: Any, name: str, *, minimum: int | None = 0) -> int:
+  """Returns ``value`` as a Python int, rejecting bools, floats and negatives."""
+  if isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name} must be an integer, got bool {value!r}.")
+  try:
+    result = operator.index(value)
+  except TypeError:
+    raise ValueError(
+        f"{name} must be an integer, got {type(value).__name__} {value!r}."
+    ) from None
+  if minimum is not None and result < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {result}.")
+  return result
+
+
+def _bytes(bits: int) -> int | float:
+  """Bits -> bytes: an int when exact, a float otherwise."""
+  return bits // 8 if bits % 8 == 0 else bits / 8
+
+
+# ----------------------------------------------------------------------------
+# Payload sizes.
+# ----------------------------------------------------------------------------
+
+
+def _leaf_size_and_bits(leaf: Any) -> tuple[int, int]:
+  """Returns (number of elements, bits per element from the dtype)."""
+  shape = getattr(leaf, "shape", None)
+  dtype = getattr(leaf, "dtype", None)
+  if shape is None or dtype is None:
+    raise ValueError(
+        "payload_bits expects array leaves (jax/numpy arrays or "
+        f"jax.ShapeDtypeStruct); got {type(leaf).__name__} {leaf!r}."
+    )
+  if jnp.issubdtype(dtype, jax.dtypes.prng_key):
+    # A typed key travels as its raw key data.
+    data = jax.eval_shape(
+        jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype)
+    )
+    return math.prod(data.shape), np.dtype(data.dtype).itemsize * 8
+  return math.prod(shape), np.dtype(dtype).itemsize * 8
+
+
+def payload_bits(tree: Any, bits_per_element: int | None = None) -> int:
+  """Bits needed to send every array in ``tree``.
+
+  Args:
+    tree: a pytree whose leaves are jax/numpy arrays or
+      ``jax.ShapeDtypeStruct`` (only shapes and dtypes are read, so abstract
+      trees from ``jax.eval_shape`` work). ``None`` subtrees are empty.
+    bits_per_element: bits charged per element. ``None`` uses each leaf's
+      dtype (``itemsize * 8``); e.g. pass :data:`BITS_PER_PARAM` to charge a
+      bfloat16 model as if it were sent in float32.
+
+  Returns:
+    ``sum(leaf.size * bits)`` over leaves, as a Python int.
+
+  Raises:
+    ValueError: if a leaf has no shape/dtype (e.g. a Python number) or
+      ``bits_per_element`` is not a non-negative integer.
+  """
+  if bits_per_element is not None:
+    bits_per_element = _as_int(bits_per_element, "bits_per_element")
+  total = 0
+  for leaf in jax.tree_util.tree_leaves(tree):
+    size, dtype_bits = _leaf_size_and_bits(leaf)
+    total += size * (dtype_bits if bits_per_element is None else bits_per_element)
+  return total
+
+
+def num_params(tree: Any) -> int:
+  """Number of scalar entries in a pytree of arrays (``|w|``)."""
+  return payload_bits(tree, bits_per_element=1)
+
+
+def model_bits(tree: Any, *, bits_per_param: int = BITS_PER_PARAM) -> int:
+  """Bits to send a model: ``num_params(tree) * bits_per_param``."""
+  return payload_bits(tree, bits_per_element=bits_per_param)
+
+
+def data_bits(
+    images: Any,
+    labels: Any = None,
+    *,
+    bits_per_pixel_channel: int = BITS_PER_PIXEL_CHANNEL,
+    bits_per_label: int = BITS_PER_SOFT_LABEL,
+) -> int:
+  """Bits to send a (distilled) data set, FedD3/HFLDD convention.
+
+  The images are charged ``bits_per_pixel_channel`` per entry whatever their
+  in-memory dtype (float32 distilled images are quantised to uint8 before
+  sending), the labels ``bits_per_label`` per entry.
+
+  Args:
+    images: ``[N, H, W, Ch]`` array or ``ShapeDtypeStruct`` (any pytree).
+    labels: ``[N, K]`` soft labels or ``[N]`` hard labels, or ``None``.
+    bits_per_pixel_channel: bits per image entry.
+    bits_per_label: bits per label entry.
+
+  Returns:
+    ``images.size * bits_per_pixel_channel + labels.size * bits_per_label``.
+  """
+  bits = payload_bits(images, bits_per_element=bits_per_pixel_channel)
+  if labels is not None:
+    bits += payload_bits(labels, bits_per_element=bits_per_label)
+  return bits
+
+
+# ----------------------------------------------------------------------------
+# The ledger.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEntry:
+  """One recorded exchange.
+
+  Attributes:
+    round: round index the traffic belongs to.
+    kind: ``"upload"``, ``"download"`` or ``"peer"``.
+    bits: bits of one message.
+    count: number of identical messages (e.g. number of sampled clients).
+    tag: free-form label, e.g. ``"model"``, ``"control_variate"``,
+      ``"distilled_data"``.
+  """
+
+  round: int
+  kind: str
+  bits: int
+  count: int = 1
+  tag: str = ""
+
+  @property
+  def total_bits(self) -> int:
+    """``bits * count``."""
+    return self.bits * self.count
+
+
+def _zero_bits() -> dict[str, int]:
+  return {kind: 0 for kind in KINDS}
+
+
+def _summary(bits_by_kind: Mapping[str, int]) -> dict[str, int | float]:
+  """Totals in bits and bytes; peer traffic counts as uploaded by its sender."""
+  up = bits_by_kind["upload"] + bits_by_kind["peer"]
+  down = bits_by_kind["download"]
+  peer = bits_by_kind["peer"]
+  out: dict[str, int | float] = {
+      "bits_uploaded": up,
+      "bits_downloaded": down,
+      "bits_peer": peer,
+      "bits_total": up + down,
+  }
+  for name in ("uploaded", "downloaded", "peer", "total"):
+    out[f"bytes_{name}"] = _bytes(out[f"bits_{name}"])
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Ledger:
+  """Immutable record of all traffic of a run.
+
+  Methods that change the record return a new ``Ledger``::
+
+      ledger = Ledger()
+      down, up = fedavg_round_bits(num_params(params), 10, round_index=r)
+      ledger = ledger.record(r, kind="download", bits=down, tag="model")
+      ledger = ledger.record(r, kind="upload", bits=up, tag="model")
+      ledger.cumulative()["bytes_total"]
+
+  Totals are reported with the keys ``bits_uploaded``, ``bits_downloaded``,
+  ``bits_peer``, ``bits_total`` (ints) and the same with ``bytes_`` (int when
+  the bit count is a multiple of 8, float otherwise). Peer traffic is part of
+  ``*_uploaded`` and ``*_total`` and is also reported alone as ``*_peer``.
+
+  Attributes:
+    entries: the recorded exchanges in recording order.
+  """
+
+  entries: tuple[LedgerEntry, ...] = ()
+
+  def record(
+      self,
+      round: int,  # pylint: disable=redefined-builtin
+      *,
+      kind: Kind,
+      bits: int,
+      count: int = 1,
+      tag: str = "",
+  ) -> Ledger:
+    """Returns a new ledger with ``count`` messages of ``bits`` bits added.
+
+    Args:
+      round: round index (>= 0) the traffic belongs to.
+      kind: ``"upload"`` (client -> server), ``"download"`` (server ->
+        client) or ``"peer"`` (client -> client, counted as uploaded by the
+        sender).
+      bits: bits of one message (>= 0).
+      count: number of such messages, e.g. 100 clients each sending ``|w|``.
+      tag: label for :meth:`tag_totals`.
+
+    Raises:
+      ValueError: on a negative or non-integer round/bits/count, an unknown
+        kind or a non-string tag.
+    """
+    entry = LedgerEntry(
+        round=_as_int(round, "round"),
+        kind=_check_kind(kind),
+        bits=_as_int(bits, "bits"),
+        count=_as_int(count, "count"),
+        tag=_check_tag(tag),
+    )
+    return Ledger(self.entries + (entry,))
+
+  @property
+  def rounds(self) -> list[int]:
+    """Sorted round indices that have at least one entry."""
+    return sorted({e.round for e in self.entries})
+
+  def _bits_by_kind(self, predicate) -> dict[str, int]:
+    totals = _zero_bits()
+    for e in self.entries:
+      if predicate(e):
+        totals[e.kind] += e.total_bits
+    return totals
+
+  def round_totals(self, round: int) -> dict[str, int | float]:  # pylint: disable=redefined-builtin
+    """Traffic of one round (all zeros if nothing was recorded in it).
+
+    Returns:
+      ``{"round", "bits_uploaded", "bits_downloaded", "bits_peer",
+      "bits_total", "bytes_uploaded", "bytes_downloaded", "bytes_peer",
+      "bytes_total"}``.
+    """
+    r = _as_int(round, "round")
+    return {"round": r, **_summary(self._bits_by_kind(lambda e: e.round == r))}
+
+  def cumulative(self, through_round: int | None = None) -> dict[str, int | float]:
+    """Traffic summed over rounds ``<= through_round`` (all rounds if None).
+
+    Returns:
+      The totals keys of :meth:`round_totals`, without ``"round"``.
+    """
+    if through_round is None:
+      return _summary(self._bits_by_kind(lambda e: True))
+    t = _as_int(through_round, "through_round")
+    return _summary(self._bits_by_kind(lambda e: e.round <= t))
+
+  def metrics_row(self, round: int) -> dict[str, int | float]:  # pylint: disable=redefined-builtin
+    """Round totals plus running totals, ready to merge into a metrics row.
+
+    Returns:
+      :meth:`round_totals` ``(round)`` plus every totals key again with the
+      suffix ``_cumulative`` (e.g. ``bytes_total_cumulative``) holding
+      :meth:`cumulative` ``(through_round=round)``.
+    """
+    row = self.round_totals(round)
+    for key, value in self.cumulative(through_round=round).items():
+      row[f"{key}_cumulative"] = value
+    return row
+
+  def per_round(self) -> list[dict[str, int | float]]:
+    """:meth:`metrics_row` for every round that has entries, in round order."""
+    return [self.metrics_row(r) for r in self.rounds]
+
+  def tag_totals(self) -> dict[str, dict[str, int | float]]:
+    """Totals per tag over all rounds, ``{tag: totals}``, tags sorted."""
+    tags = sorted({e.tag for e in self.entries})
+    return {
+        t: _summary(self._bits_by_kind(lambda e, t=t: e.tag == t)) for t in tags
+    }
+
+  def to_dict(self) -> dict[str, Any]:
+    """Plain JSON-able form: ``{"version": 1, "entries": [{...}, ...]}``."""
+    return {
+        "version": _FORMAT_VERSION,
+        "entries": [dataclasses.asdict(e) for e in self.entries],
+    }
+
+  @classmethod
+  def from_dict(cls, data: Mapping[str, Any]) -> Ledger:
+    """Inverse of :meth:`to_dict`; validates every entry.
+
+    Raises:
+      ValueError: on an unknown version or a malformed entry.
+    """
+    if not isinstance(data, Mapping):
+      raise ValueError(f"Ledger.from_dict expects a mapping, got {type(data).__name__}.")
+    version = data.get("version")
+    if version != _FORMAT_VERSION:
+      raise ValueError(
+          f"Unsupported ledger format version {version!r}; expected {_FORMAT_VERSION}."
+      )
+    entries = data.get("entries")
+    if not isinstance(entries, Sequence) or isinstance(entries, (str, bytes)):
+      raise ValueError("Ledger dict must hold a list under 'entries'.")
+    ledger = cls()
+    fields = {"round", "kind", "bits", "count", "tag"}
+    for i, e in enumerate(entries):
+      if not isinstance(e, Mapping) or set(e) != fields:
+        raise ValueError(
+            f"Ledger entry {i} must be a mapping with keys {sorted(fields)}, got {e!r}."
+        )
+      ledger = ledger.record(
+          e["round"], kind=e["kind"], bits=e["bits"], count=e["count"], tag=e["tag"]
+      )
+    return ledger
+
+
+def _check_kind(kind: Any) -> str:
+  if kind not in KINDS:
+    raise ValueError(f"kind must be one of {KINDS}, got {kind!r}.")
+  return str(kind)
+
+
+def _check_tag(tag: Any) -> str:
+  if not isinstance(tag, str):
+    raise ValueError(f"tag must be a str, got {type(tag).__name__} {tag!r}.")
+  return tag
+
+
+# ----------------------------------------------------------------------------
+# Standard exchanges.
+# ----------------------------------------------------------------------------
+
+
+def fedavg_round_bits(
+    num_params: int,  # pylint: disable=redefined-outer-name
+    num_sampled: int,
+    round_index: int,
+    *,
+    bits_per_param: int = BITS_PER_PARAM,
+    initial_model_as_seed: bool = True,
+    upload_multiplier: int = 1,
+    download_multiplier: int = 1,
+) -> tuple[int, int]:
+  """Download and upload bits of one FedAvg-style round.
+
+  Each of the ``num_sampled`` clients receives the global model and sends
+  back its update. Summed over ``T`` rounds with all ``N`` clients sampled this
+  gives HFLDD Eq. 3: ``N (2T - 1) |w| B1`` bits with
+  ``initial_model_as_seed=True`` and ``N 2T |w| B1`` with ``False``.
+
+  Args:
+    num_params: ``|w|``, scalar parameters per model.
+    num_sampled: clients taking part in the round.
+    round_index: 1-based round number.
+    bits_per_param: ``B1``, bits per parameter.
+    initial_model_as_seed: if True, the round-1 model is not transmitted:
+      clients rebuild it from a shared seed, so round 1 has no download.
+      If False, every round including the first downloads the model.
+    upload_multiplier: model-sized payloads each client uploads (SCAFFOLD: 2,
+      model delta and control-variate delta).
+    download_multiplier: model-sized payloads each client downloads after
+      round 1 (SCAFFOLD as published also broadcasts the server control
+      variate, i.e. 2; HFLDD Eq. 3 uses 1). With ``initial_model_as_seed``
+      round 1 downloads nothing whatever this value.
+
+  Returns:
+    ``(down_bits, up_bits)``, totals over all sampled clients.
+
+  Raises:
+    ValueError: on negative sizes, a round index below 1, or non-integers.
+  """
+  p = _as_int(num_params, "num_params")
+  n = _as_int(num_sampled, "num_sampled")
+  r = _as_int(round_index, "round_index", minimum=1)
+  b = _as_int(bits_per_param, "bits_per_param")
+  up_mult = _as_int(upload_multiplier, "upload_multiplier")
+  down_mult = _as_int(download_multiplier, "download_multiplier")
+  model = p * b
+  if r == 1 and initial_model_as_seed:
+    down = 0
+  else:
+    down = n * down_mult * model
+  up = n * up_mult * model
+  return down, up
+
+
+# ----------------------------------------------------------------------------
+# Efficiency summaries.
+# ----------------------------------------------------------------------------
+
+
+def gce(accuracy: float, bits_per_round: Sequence[int], gamma: float) -> float:
+  """FedD3's gamma communication efficiency.
+
+  ``GCE = ACC / ((1 - ACC)^gamma * sum_t log2(V_t + 1))`` where ``V_t`` is the
+  total number of bits transmitted in round ``t`` by all parties together
+  (uploads, downloads and peer traffic; e.g. ``ledger.round_totals(t)
+  ["bits_total"]``). Higher is better; ``gamma`` sets how strongly accuracy is
+  rewarded against traffic.
+
+  Args:
+    accuracy: final accuracy in ``[0, 1)``.
+    bits_per_round: ``V_t`` for every round, each ``>= 0``, at least one > 0.
+    gamma: exponent ``>= 0``.
+
+  Returns:
+    The GCE as a float.
+
+  Raises:
+    ValueError: on accuracy outside ``[0, 1)``, empty or all-zero traffic,
+      negative traffic, or negative/non-finite gamma.
+  """
+  acc = float(accuracy)
+  if not 0.0 <= acc < 1.0:
+    raise ValueError(f"accuracy must be in [0, 1), got {accuracy!r}.")
+  g = float(gamma)
+  if not math.isfinite(g) or g < 0:
+    raise ValueError(f"gamma must be finite and >= 0, got {gamma!r}.")
+  volumes = [float(v) for v in bits_per_round]
+  if not volumes:
+    raise ValueError("bits_per_round must not be empty.")
+  if any(not math.isfinite(v) or v < 0 for v in volumes):
+    raise ValueError(f"bits_per_round must be finite and >= 0, got {volumes}.")
+  denom_traffic = sum(math.log2(v + 1.0) for v in volumes)
+  if denom_traffic == 0.0:
+    raise ValueError("bits_per_round must contain at least one positive value.")
+  return acc / ((1.0 - acc) ** g * denom_traffic)
+
+
+def traffic_to_target(
+    metrics: Sequence[Mapping[str, Any]],
+    target_accuracy: float,
+    *,
+    accuracy_key: str = "test_accuracy",
+    bytes_key: str = "bytes_total_cumulative",
+    round_key: str = "round",
+) -> dict[str, Any] | None:
+  """Round and cumulative traffic at which a run first reaches an accuracy.
+
+  Rows are scanned in the given order (the order of ``metrics.jsonl``); rows
+  without ``accuracy_key`` or with a ``None``/NaN accuracy (rounds that were
+  not evaluated) are skipped.
+
+  Args:
+    metrics: metric rows, e.g. from :func:`load_metrics`.
+    target_accuracy: accuracy to reach (``>=`` counts as reached).
+    accuracy_key: row key holding the accuracy.
+    bytes_key: row key holding the cumulative traffic.
+    round_key: row key holding the round index.
+
+  Returns:
+    ``{"round": row[round_key], "bytes": row[bytes_key]}`` for the first row
+    whose accuracy is ``>= target_accuracy``, or ``None`` if no row is.
+
+  Raises:
+    ValueError: if the target is not a finite number, a row is not a mapping,
+      or the first reaching row lacks ``round_key`` or ``bytes_key``.
+  """
+  target = float(target_accuracy)
+  if not math.isfinite(target):
+    raise ValueError(f"target_accuracy must be finite, got {target_accuracy!r}.")
+  for i, row in enumerate(metrics):
+    if not isinstance(row, Mapping):
+      raise ValueError(f"metrics row {i} is not a mapping: {row!r}.")
+    acc = row.get(accuracy_key)
+    if acc is None or (isinstance(acc, float) and math.isnan(acc)):
+      continue
+    if float(acc) >= target:
+      missing = [k for k in (round_key, bytes_key) if k not in row]
+      if missing:
+        raise ValueError(
+            f"metrics row {i} reaches the target but lacks {missing}: {dict(row)!r}."
+        )
+      return {"round": row[round_key], "bytes": row[bytes_key]}
+  return None
+
+
+def load_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+  """Reads a JSONL metrics file into a list of dicts.
+
+  Blank lines are ignored. A malformed final line that lacks its trailing
+  newline is the mark of a write cut short (the run was killed); it is skipped
+  with a warning. Any other malformed line is an error.
+
+  Args:
+    path: path of the ``.jsonl`` file.
+
+  Returns:
+    One dict per line, in file order.
+
+  Raises:
+    ValueError: on a malformed line (with its line number) or a line that is
+      not a JSON object.
+  """
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  lines = text.split("\n")
+  # The last element is "" when the file ends with a newline.
+  last_unterminated = len(lines) - 1 if lines and lines[-1] != "" else None
+  rows: list[dict[str, Any]] = []
+  for i, line in enumerate(lines):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      if i == last_unterminated:
+        _log.warning(
+            "%s: skipping truncated last line %d (%s).", os.fspath(path), i + 1, e
+        )
+        continue
+      raise ValueError(f"{os.fspath(path)}:{i + 1}: invalid JSON: {e}") from e
+    if not isinstance(row, dict):
+      raise ValueError(
+          f"{os.fspath(path)}:{i + 1}: expected a JSON object, got {type(row).__name__}."
+      )
+    rows.append(row)
+  return rows

@@ -1,0 +1,312 @@
+"""Dataset loaders returning host NumPy arrays.
+
+Every loader returns a :class:`Dataset` with images ``[N, H, W, C]`` uint8 and
+labels ``[N]`` int32. Images stay uint8 on the host (4x smaller than float32);
+:mod:`fedjax_dd.data.preprocess` converts them on device.
+
+Names accepted by :func:`load_dataset`:
+
+* ``"digits"``: scikit-learn's embedded 8x8 handwritten digits (1,797 images,
+  no download). The offline default, used by tests and smoke runs.
+* TFDS names ``"mnist"``, ``"fashion_mnist"``, ``"cifar10"``, ``"cifar100"``,
+  ``"svhn_cropped"``: loaded through ``tensorflow_datasets`` (needs the
+  package and either a populated ``data_dir`` or internet access).
+* ``"npz:PATH"``: a NumPy archive with keys ``x_train``, ``y_train``,
+  ``x_test``, ``y_test`` (the Keras ``load_data`` convention). The offline
+  copies under ``../shared/datasets`` use this format, e.g.
+  ``load_dataset("npz:../shared/datasets/mnist.npz")``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Callable
+
+import numpy as np
+
+_NPZ_PREFIX = "npz:"
+_NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+# Fixed seed of the digits train/test split, so every run sees the same split.
+_DIGITS_SPLIT_SEED = 0
+_DIGITS_NUM_TEST = 360
+
+
+# eq=False: field-wise == on arrays is ambiguous; compare arrays explicitly.
+@dataclasses.dataclass(frozen=True, eq=False)
+class Dataset:
+  """A labelled image classification dataset held on the host.
+
+  Attributes:
+    name: The name it was loaded under (e.g. ``"digits"``, ``"npz:PATH"``).
+    x_train: Train images ``[N, H, W, C]`` uint8.
+    y_train: Train labels ``[N]`` int32 in ``[0, num_classes)``.
+    x_test: Test images ``[M, H, W, C]`` uint8.
+    y_test: Test labels ``[M]`` int32 in ``[0, num_classes)``.
+    num_classes: Number of classes.
+  """
+
+  name: str
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
+  num_classes: int
+
+  @property
+  def image_shape(self) -> tuple[int, int, int]:
+    """Shape ``(H, W, C)`` of one image."""
+    return tuple(self.x_train.shape[1:])
+
+
+def _check_images(x: np.ndarray, what: str, source: str) -> np.ndarray:
+  """Validates one image array and adds a channel axis to ``[N, H, W]``."""
+  x = np.asarray(x)
+  if x.dtype != np.uint8:
+    raise ValueError(
+        f"{source}: {what} must have dtype uint8 with values 0..255, got "
+        f"{x.dtype}. Convert it first, e.g. "
+        "`np.clip(np.round(x * 255), 0, 255).astype(np.uint8)` for floats in "
+        "[0, 1] or `x.astype(np.uint8)` for integers in 0..255.")
+  if x.ndim == 3:  # Grayscale stored as [N, H, W].
+    x = x[..., None]
+  if x.ndim != 4:
+    raise ValueError(
+        f"{source}: {what} must have shape [N, H, W, C] or [N, H, W], got "
+        f"shape {x.shape}.")
+  if x.shape[0] == 0:
+    raise ValueError(f"{source}: {what} is empty (0 examples).")
+  return x
+
+
+def _check_labels(y: np.ndarray, what: str, source: str) -> np.ndarray:
+  """Validates one label array; ``[N, 1]`` (Keras CIFAR) is flattened."""
+  y = np.asarray(y)
+  if y.ndim == 2 and y.shape[1] == 1:
+    y = y[:, 0]
+  if y.ndim != 1:
+    raise ValueError(
+        f"{source}: {what} must have shape [N], got shape {y.shape}.")
+  if not np.issubdtype(y.dtype, np.integer):
+    raise ValueError(
+        f"{source}: {what} must have an integer dtype, got {y.dtype}. "
+        "Convert it with `y.astype(np.int32)`.")
+  if y.size == 0:
+    raise ValueError(f"{source}: {what} is empty (0 examples).")
+  if y.min() < 0:
+    raise ValueError(
+        f"{source}: {what} contains negative labels (min {y.min()}); labels "
+        "must be class indices 0..num_classes-1.")
+  if y.max() > np.iinfo(np.int32).max:
+    raise ValueError(
+        f"{source}: {what} contains labels out of the int32 range "
+        f"(max {y.max()}).")
+  return y.astype(np.int32)
+
+
+def _make_dataset(name: str, x_train, y_train, x_test, y_test,
+                  num_classes: int | None = None) -> Dataset:
+  """Validates raw arrays and builds a :class:`Dataset`.
+
+  Args:
+    name: Dataset name, also used as the source in error messages.
+    x_train: Train images ``[N, H, W, C]`` or ``[N, H, W]`` uint8.
+    y_train: Train labels ``[N]`` (or ``[N, 1]``), any integer dtype.
+    x_test: Test images, same image shape as ``x_train``.
+    y_test: Test labels.
+    num_classes: Known number of classes, or None to use max label + 1 over
+      both splits.
+
+  Returns:
+    The validated dataset.
+
+  Raises:
+    ValueError: On a wrong dtype, rank, empty split, mismatched lengths or
+      image shapes, or labels outside ``[0, num_classes)``.
+  """
+  x_train = _check_images(x_train, "x_train", name)
+  x_test = _check_images(x_test, "x_test", name)
+  y_train = _check_labels(y_train, "y_train", name)
+  y_test = _check_labels(y_test, "y_test", name)
+  for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+    if x.shape[0] != y.shape[0]:
+      raise ValueError(
+          f"{name}: x_{split} has {x.shape[0]} examples but y_{split} has "
+          f"{y.shape[0]}.")
+  if x_train.shape[1:] != x_test.shape[1:]:
+    raise ValueError(
+        f"{name}: train images have shape {x_train.shape[1:]} but test images "
+        f"have shape {x_test.shape[1:]}.")
+  max_label = int(max(y_train.max(), y_test.max()))
+  if num_classes is None:
+    num_classes = max_label + 1
+  elif max_label >= num_classes:
+    raise ValueError(
+        f"{name}: label {max_label} is out of range for {num_classes} "
+        "classes.")
+  return Dataset(name=name, x_train=x_train, y_train=y_train, x_test=x_test,
+                 y_test=y_test, num_classes=int(num_classes))
+
+
+def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
+  """Integer counts proportional to ``weights`` that sum exactly to ``total``."""
+  exact = total * weights / weights.sum()
+  counts = np.floor(exact).astype(np.int64)
+  short = total - counts.sum()
+  # Stable sort: ties go to the lower index, so the result is deterministic.
+  order = np.argsort(-(exact - counts), kind="stable")
+  counts[order[:short]] += 1
+  return counts
+
+
+def _load_digits(data_dir: str | None) -> Dataset:
+  """scikit-learn's 8x8 digits with a fixed stratified 1437/360 split.
+
+  Pixel values 0..16 are mapped to uint8 by ``round(v * 255 / 16)``. The test
+  split takes ``_DIGITS_NUM_TEST`` = 360 images, spread over the classes by
+  largest remainder in proportion to class size (35 to 37 per class), and
+  chosen within each class by ``np.random.default_rng(_DIGITS_SPLIT_SEED)``.
+  Both splits keep the original order of the scikit-learn array.
+  """
+  del data_dir  # Embedded in scikit-learn.
+  from sklearn import datasets as sk_datasets  # Host-only dependency.
+
+  digits = sk_datasets.load_digits()
+  x = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]
+  y = digits.target.astype(np.int32)
+  classes, sizes = np.unique(y, return_counts=True)
+  quota = _largest_remainder(_DIGITS_NUM_TEST, sizes.astype(np.float64))
+  rng = np.random.default_rng(_DIGITS_SPLIT_SEED)
+  is_test = np.zeros(y.shape[0], dtype=bool)
+  for c, q in zip(classes, quota):
+    members = np.flatnonzero(y == c)
+    is_test[rng.choice(members, size=q, replace=False)] = True
+  return _make_dataset("digits", x[~is_test], y[~is_test], x[is_test],
+                       y[is_test], num_classes=10)
+
+
+def _load_tfds(tfds_name: str, num_classes: int,
+               data_dir: str | None) -> Dataset:
+  """Loads a TFDS dataset fully into memory as NumPy arrays."""
+  try:
+    import tensorflow_datasets as tfds  # Heavy; only needed on this path.
+
+    (x_train, y_train), (x_test, y_test) = tfds.as_numpy(
+        tfds.load(tfds_name, split=["train", "test"], batch_size=-1,
+                  as_supervised=True, data_dir=data_dir))
+  except Exception as e:  # pylint: disable=broad-except
+    raise RuntimeError(
+        f"Could not load {tfds_name!r} with tensorflow_datasets "
+        f"(data_dir={data_dir!r}): {type(e).__name__}: {e}. Without internet "
+        "access, pass `npz:PATH` instead, where PATH is a .npz file with uint8 "
+        "images under keys 'x_train', 'x_test' ([N, H, W, C] or [N, H, W]) "
+        "and integer labels under 'y_train', 'y_test' ([N]); e.g. "
+        f"'npz:../shared/datasets/{tfds_name}.npz'.") from e
+  return _make_dataset(tfds_name, x_train, y_train, x_test, y_test,
+                       num_classes=num_classes)
+
+
+_LOADERS: dict[str, Callable[[str | None], Dataset]] = {
+    "digits": _load_digits,
+    "mnist": functools.partial(_load_tfds, "mnist", 10),
+    "fashion_mnist": functools.partial(_load_tfds, "fashion_mnist", 10),
+    "cifar10": functools.partial(_load_tfds, "cifar10", 10),
+    "cifar100": functools.partial(_load_tfds, "cifar100", 100),
+    "svhn_cropped": functools.partial(_load_tfds, "svhn_cropped", 10),
+}
+
+
+def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
+  """Reads every array of the archive named by ``npz:PATH``."""
+  path = spec[len(_NPZ_PREFIX):]
+  if not path:
+    raise ValueError(f"{spec!r}: missing path after 'npz:'.")
+  full = os.path.abspath(os.path.expanduser(path))  # Relative to the CWD.
+  if not os.path.isfile(full):
+    raise ValueError(f"{spec!r}: file not found: {full}")
+  with np.load(full, allow_pickle=False) as f:
+    return full, {k: f[k] for k in f.files}
+
+
+def _load_npz(spec: str) -> Dataset:
+  """Loads ``npz:PATH`` (keys x_train, y_train, x_test, y_test)."""
+  _, arrays = _open_npz(spec)
+  missing = [k for k in _NPZ_KEYS if k not in arrays]
+  if missing:
+    raise ValueError(
+        f"{spec!r}: missing keys {missing}; expected {list(_NPZ_KEYS)}, found "
+        f"{sorted(arrays)}.")
+  return _make_dataset(spec, *(arrays[k] for k in _NPZ_KEYS))
+
+
+def load_dataset(name: str, *, data_dir: str | None = None) -> Dataset:
+  """Loads a labelled dataset into host memory.
+
+  Args:
+    name: ``"digits"``, a TFDS name (``"mnist"``, ``"fashion_mnist"``,
+      ``"cifar10"``, ``"cifar100"``, ``"svhn_cropped"``) or ``"npz:PATH"``.
+      A relative PATH is resolved against the current working directory. In
+      the archive, grayscale images may be ``[N, H, W]``; a channel axis is
+      added. ``num_classes`` is max label + 1 over both splits.
+    data_dir: TFDS data directory; ignored by ``digits`` and ``npz:``.
+
+  Returns:
+    The dataset, images ``[N, H, W, C]`` uint8 and labels ``[N]`` int32.
+
+  Raises:
+    ValueError: Unknown name, or an ``npz:`` file that is missing, lacks keys,
+      or holds arrays of the wrong dtype, rank or length.
+    RuntimeError: A TFDS dataset cannot be loaded (e.g. no internet).
+  """
+  if name.startswith(_NPZ_PREFIX):
+    return _load_npz(name)
+  loader = _LOADERS.get(name)
+  if loader is None:
+    raise ValueError(
+        f"Unknown dataset {name!r}. Valid names: {sorted(_LOADERS)} or "
+        "'npz:PATH'.")
+  return loader(data_dir)
+
+
+def load_unlabeled(spec: str, *, num: int, rng: np.random.Generator,
+                   data_dir: str | None = None) -> np.ndarray:
+  """Draws an auxiliary unlabelled image set (HFLDD's public data).
+
+  Args:
+    spec: ``"npz:PATH"`` whose key ``x_unlabeled`` holds the images (falls
+      back to ``x_train`` when absent), or any name accepted by
+      :func:`load_dataset`, in which case its train images are used.
+    num: Number of images to draw, at most the number available.
+    rng: Chooses which images, without replacement.
+    data_dir: Passed on to :func:`load_dataset`.
+
+  Returns:
+    Images ``[num, H, W, C]`` uint8, in the order drawn.
+
+  Raises:
+    TypeError: ``rng`` is not a ``np.random.Generator``.
+    ValueError: ``num`` is not positive or exceeds the images available, or
+      the source is invalid.
+  """
+  if not isinstance(rng, np.random.Generator):
+    raise TypeError(
+        f"rng must be a np.random.Generator, got {type(rng).__name__}.")
+  if num < 1:
+    raise ValueError(f"num must be positive, got {num}.")
+  if spec.startswith(_NPZ_PREFIX):
+    _, arrays = _open_npz(spec)
+    key = "x_unlabeled" if "x_unlabeled" in arrays else "x_train"
+    if key not in arrays:
+      raise ValueError(
+          f"{spec!r}: needs key 'x_unlabeled' (or 'x_train'); found "
+          f"{sorted(arrays)}.")
+    x = _check_images(arrays[key], key, spec)
+  else:
+    x = load_dataset(spec, data_dir=data_dir).x_train
+  if num > x.shape[0]:
+    raise ValueError(
+        f"{spec!r}: asked for {num} unlabelled images but only {x.shape[0]} "
+        "are available.")
+  return x[rng.choice(x.shape[0], size=num, replace=False)]

@@ -1,0 +1,374 @@
+"""Tests for fedjax_dd.core.ledger."""
+
+import dataclasses
+import json
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_dd.core import ledger as L
+
+
+# ----------------------------------------------------------------------------
+# payload sizes
+# ----------------------------------------------------------------------------
+
+
+def test_payload_bits_uses_dtypes():
+  tree = {
+      "w": jnp.zeros((2, 3), jnp.float32),  # 6 * 32 = 192
+      "b": np.zeros((4,), np.uint8),  # 4 * 8 = 32
+      "h": jnp.zeros((5,), jnp.bfloat16),  # 5 * 16 = 80
+      "none": None,
+  }
+  assert L.payload_bits(tree) == 192 + 32 + 80
+
+
+def test_payload_bits_override_and_shape_dtype_struct():
+  tree = [jax.ShapeDtypeStruct((3, 4), jnp.float16), np.zeros((2,), np.int64)]
+  assert L.payload_bits(tree) == 12 * 16 + 2 * 64
+  assert L.payload_bits(tree, bits_per_element=32) == 14 * 32
+  assert L.payload_bits(tree, bits_per_element=1) == 14
+
+
+def test_payload_bits_from_eval_shape_of_a_model():
+  def init():
+    return {"dense": {"kernel": jnp.ones((784, 10)), "bias": jnp.ones((10,))}}
+
+  abstract = jax.eval_shape(init)
+  assert L.num_params(abstract) == 7850
+  assert L.model_bits(abstract) == 7850 * 32
+  assert L.model_bits(abstract, bits_per_param=16) == 7850 * 16
+
+
+def test_payload_bits_typed_key_counts_its_key_data():
+  key = jax.random.key(0)  # threefry: 2 x uint32
+  assert L.payload_bits(key) == 64
+  assert L.payload_bits(jax.random.PRNGKey(0)) == 64
+
+
+def test_payload_bits_empty_tree_is_zero():
+  assert L.payload_bits({}) == 0
+  assert L.payload_bits(None) == 0
+
+
+def test_payload_bits_rejects_python_numbers_and_bad_bits():
+  with pytest.raises(ValueError, match="array leaves"):
+    L.payload_bits({"lr": 0.1})
+  with pytest.raises(ValueError, match="bits_per_element"):
+    L.payload_bits(jnp.zeros(3), bits_per_element=-1)
+  with pytest.raises(ValueError, match="bits_per_element"):
+    L.payload_bits(jnp.zeros(3), bits_per_element=2.5)
+
+
+def test_data_bits_fedd3_convention():
+  # 10 distilled CIFAR images in float32 are charged 8 bits per channel.
+  images = jnp.zeros((10, 32, 32, 3), jnp.float32)
+  soft = jnp.zeros((10, 10), jnp.float32)
+  assert L.data_bits(images) == 10 * 32 * 32 * 3 * 8
+  assert L.data_bits(images, soft) == 10 * 32 * 32 * 3 * 8 + 100 * 32
+  assert L.data_bits(images, soft, bits_per_pixel_channel=32, bits_per_label=16) == (
+      10 * 32 * 32 * 3 * 32 + 100 * 16
+  )
+
+
+def test_convention_constants():
+  assert (L.BITS_PER_PARAM, L.BITS_PER_PIXEL_CHANNEL, L.BITS_PER_SOFT_LABEL) == (32, 8, 32)
+
+
+# ----------------------------------------------------------------------------
+# Ledger
+# ----------------------------------------------------------------------------
+
+
+def _example_ledger():
+  # Round 1: 3 clients upload 10 bits each; server sends 4 bits to 2 clients.
+  # Round 2: 1 peer message of 5 bits, 1 upload of 3 bits.
+  return (
+      L.Ledger()
+      .record(1, kind="upload", bits=10, count=3, tag="model")
+      .record(1, kind="download", bits=4, count=2, tag="model")
+      .record(2, kind="peer", bits=5, tag="data")
+      .record(2, kind="upload", bits=3, tag="model")
+  )
+
+
+def test_record_is_immutable():
+  empty = L.Ledger()
+  one = empty.record(1, kind="upload", bits=8)
+  assert empty.entries == ()
+  assert len(one.entries) == 1
+  assert one.entries[0] == L.LedgerEntry(round=1, kind="upload", bits=8, count=1, tag="")
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    one.entries = ()
+
+
+def test_round_totals_and_peer_counted_as_upload():
+  ledger = _example_ledger()
+  r1 = ledger.round_totals(1)
+  assert r1 == {
+      "round": 1,
+      "bits_uploaded": 30,
+      "bits_downloaded": 8,
+      "bits_peer": 0,
+      "bits_total": 38,
+      "bytes_uploaded": 3.75,
+      "bytes_downloaded": 1,
+      "bytes_peer": 0,
+      "bytes_total": 4.75,
+  }
+  r2 = ledger.round_totals(2)
+  # Peer traffic is part of upload and total, and reported alone.
+  assert (r2["bits_uploaded"], r2["bits_peer"], r2["bits_downloaded"], r2["bits_total"]) == (8, 5, 0, 8)
+  assert r2["bytes_total"] == 1 and isinstance(r2["bytes_total"], int)
+  assert ledger.round_totals(7)["bits_total"] == 0
+
+
+def test_cumulative():
+  ledger = _example_ledger()
+  total = ledger.cumulative()
+  assert total["bits_uploaded"] == 38
+  assert total["bits_downloaded"] == 8
+  assert total["bits_peer"] == 5
+  assert total["bits_total"] == 46
+  assert total["bytes_total"] == 5.75
+  assert total["bytes_uploaded"] + total["bytes_downloaded"] == total["bytes_total"]
+  assert ledger.cumulative(through_round=1)["bits_total"] == 38
+  assert ledger.cumulative(through_round=0)["bits_total"] == 0
+  assert "round" not in total
+
+
+def test_per_round_rows_carry_cumulative_totals():
+  rows = _example_ledger().per_round()
+  assert [r["round"] for r in rows] == [1, 2]
+  assert [r["bits_total"] for r in rows] == [38, 8]
+  assert [r["bits_total_cumulative"] for r in rows] == [38, 46]
+  assert [r["bytes_total_cumulative"] for r in rows] == [4.75, 5.75]
+  assert rows[1]["bits_peer_cumulative"] == 5
+
+
+def test_per_round_sorted_even_if_recorded_out_of_order():
+  ledger = L.Ledger().record(3, kind="upload", bits=8).record(1, kind="download", bits=16)
+  assert [r["round"] for r in ledger.per_round()] == [1, 3]
+  assert ledger.rounds == [1, 3]
+
+
+def test_tag_totals():
+  tags = _example_ledger().tag_totals()
+  assert sorted(tags) == ["data", "model"]
+  assert tags["model"]["bits_uploaded"] == 33
+  assert tags["model"]["bits_downloaded"] == 8
+  assert tags["data"]["bits_peer"] == 5
+  assert tags["data"]["bits_total"] == 5
+
+
+def test_dict_round_trip_through_json():
+  ledger = _example_ledger()
+  data = json.loads(json.dumps(ledger.to_dict()))
+  back = L.Ledger.from_dict(data)
+  assert back == ledger
+  assert back.cumulative() == ledger.cumulative()
+
+
+def test_numpy_integers_accepted():
+  ledger = L.Ledger().record(np.int64(2), kind="upload", bits=np.int32(16), count=np.int64(3))
+  assert ledger.entries[0].round == 2 and type(ledger.entries[0].round) is int
+  assert ledger.cumulative()["bits_total"] == 48
+  json.dumps(ledger.to_dict())  # plain Python ints
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(round=1, kind="uplink", bits=1), "kind"),
+        (dict(round=-1, kind="upload", bits=1), "round"),
+        (dict(round=1, kind="upload", bits=-8), "bits"),
+        (dict(round=1, kind="upload", bits=1.5), "bits"),
+        (dict(round=1, kind="upload", bits=1, count=-1), "count"),
+        (dict(round=True, kind="upload", bits=1), "round"),
+        (dict(round=1, kind="upload", bits=1, tag=3), "tag"),
+    ],
+)
+def test_record_validation(kwargs, match):
+  r = kwargs.pop("round")
+  with pytest.raises(ValueError, match=match):
+    L.Ledger().record(r, **kwargs)
+
+
+def test_from_dict_validation():
+  with pytest.raises(ValueError, match="version"):
+    L.Ledger.from_dict({"version": 99, "entries": []})
+  with pytest.raises(ValueError, match="entry 0"):
+    L.Ledger.from_dict({"version": 1, "entries": [{"round": 1}]})
+  with pytest.raises(ValueError, match="kind"):
+    L.Ledger.from_dict(
+        {"version": 1, "entries": [{"round": 1, "kind": "x", "bits": 1, "count": 1, "tag": ""}]}
+    )
+
+
+# ----------------------------------------------------------------------------
+# FedAvg / SCAFFOLD closed forms (HFLDD Eq. 3)
+# ----------------------------------------------------------------------------
+
+
+def _run_fedavg(n, t, p, b1, **kwargs):
+  ledger = L.Ledger()
+  for r in range(1, t + 1):
+    down, up = L.fedavg_round_bits(p, n, r, bits_per_param=b1, **kwargs)
+    ledger = ledger.record(r, kind="download", bits=down, tag="model")
+    ledger = ledger.record(r, kind="upload", bits=up, tag="model")
+  return ledger
+
+
+def test_fedavg_matches_hfldd_eq3_with_seed():
+  # N=3 clients, T=4 rounds, |w|=10, B1=32: N (2T-1) |w| B1 = 3*7*10*32.
+  ledger = _run_fedavg(3, 4, 10, 32, initial_model_as_seed=True)
+  total = ledger.cumulative()
+  assert total["bits_total"] == 6720
+  assert total["bits_uploaded"] == 3 * 4 * 10 * 32  # 3840
+  assert total["bits_downloaded"] == 3 * 3 * 10 * 32  # 2880
+  assert ledger.round_totals(1)["bits_downloaded"] == 0
+  assert ledger.round_totals(2)["bits_downloaded"] == 960
+
+
+def test_fedavg_matches_hfldd_eq3_without_seed():
+  # N 2T |w| B1 = 3*8*10*32.
+  ledger = _run_fedavg(3, 4, 10, 32, initial_model_as_seed=False)
+  assert ledger.cumulative()["bits_total"] == 7680
+  assert ledger.round_totals(1)["bits_downloaded"] == 960
+
+
+def test_scaffold_uploads_twice_the_model():
+  # Uploads: 3 clients * 4 rounds * 2|w| * 32 = 7680; downloads as FedAvg 2880.
+  ledger = _run_fedavg(3, 4, 10, 32, upload_multiplier=2)
+  total = ledger.cumulative()
+  assert total["bits_uploaded"] == 7680
+  assert total["bits_downloaded"] == 2880
+  assert total["bits_total"] == 10560
+
+
+def test_fedavg_round_bits_single_rounds():
+  assert L.fedavg_round_bits(10, 3, 1) == (0, 960)
+  assert L.fedavg_round_bits(10, 3, 1, initial_model_as_seed=False) == (960, 960)
+  assert L.fedavg_round_bits(10, 3, 2, download_multiplier=2, upload_multiplier=2) == (1920, 1920)
+  # Round 1 with a seed downloads nothing whatever the multiplier.
+  assert L.fedavg_round_bits(10, 3, 1, download_multiplier=2) == (0, 960)
+  assert L.fedavg_round_bits(10, 0, 5) == (0, 0)
+
+
+def test_fedavg_round_bits_validation():
+  with pytest.raises(ValueError, match="round_index"):
+    L.fedavg_round_bits(10, 3, 0)
+  with pytest.raises(ValueError, match="num_params"):
+    L.fedavg_round_bits(-1, 3, 1)
+
+
+# ----------------------------------------------------------------------------
+# GCE
+# ----------------------------------------------------------------------------
+
+
+def test_gce_hand_computed():
+  # 0.5 / (0.5^1 * (log2(2) + log2(4))) = 0.5 / (0.5 * 3) = 1/3.
+  assert L.gce(0.5, [1, 3], 1) == pytest.approx(1 / 3)
+  # gamma = 0: 0.5 / 3.
+  assert L.gce(0.5, [1, 3], 0) == pytest.approx(1 / 6)
+  # acc 0.75, gamma 2, V = [7]: 0.75 / (0.0625 * 3) = 4.
+  assert L.gce(0.75, [7], 2) == pytest.approx(4.0)
+  assert L.gce(0.0, [1], 1) == 0.0
+
+
+@pytest.mark.parametrize(
+    "acc, volumes, gamma, match",
+    [
+        (1.0, [1], 1, "accuracy"),
+        (-0.1, [1], 1, "accuracy"),
+        (0.5, [], 1, "empty"),
+        (0.5, [0, 0], 1, "positive"),
+        (0.5, [-1, 4], 1, ">= 0"),
+        (0.5, [1], -1, "gamma"),
+        (0.5, [1], math.nan, "gamma"),
+    ],
+)
+def test_gce_validation(acc, volumes, gamma, match):
+  with pytest.raises(ValueError, match=match):
+    L.gce(acc, volumes, gamma)
+
+
+# ----------------------------------------------------------------------------
+# traffic to target / metrics files
+# ----------------------------------------------------------------------------
+
+
+_ROWS = [
+    {"round": 1, "test_accuracy": 0.30, "bytes_total_cumulative": 100},
+    {"round": 2, "bytes_total_cumulative": 200},  # not evaluated
+    {"round": 3, "test_accuracy": None, "bytes_total_cumulative": 300},
+    {"round": 4, "test_accuracy": 0.62, "bytes_total_cumulative": 400},
+    {"round": 5, "test_accuracy": 0.58, "bytes_total_cumulative": 500},
+    {"round": 6, "test_accuracy": 0.71, "bytes_total_cumulative": 600},
+]
+
+
+def test_traffic_to_target_first_reaching_row():
+  assert L.traffic_to_target(_ROWS, 0.6) == {"round": 4, "bytes": 400}
+  assert L.traffic_to_target(_ROWS, 0.62) == {"round": 4, "bytes": 400}  # >= counts
+  assert L.traffic_to_target(_ROWS, 0.7) == {"round": 6, "bytes": 600}
+  assert L.traffic_to_target(_ROWS, 0.3) == {"round": 1, "bytes": 100}
+  assert L.traffic_to_target(_ROWS, 0.9) is None
+  assert L.traffic_to_target([], 0.1) is None
+
+
+def test_traffic_to_target_custom_keys():
+  rows = [{"t": 1, "acc": 0.2, "mb": 1.5}, {"t": 2, "acc": 0.9, "mb": 3.0}]
+  got = L.traffic_to_target(rows, 0.5, accuracy_key="acc", bytes_key="mb", round_key="t")
+  assert got == {"round": 2, "bytes": 3.0}
+
+
+def test_traffic_to_target_missing_bytes_is_an_error():
+  with pytest.raises(ValueError, match="bytes_total_cumulative"):
+    L.traffic_to_target([{"round": 1, "test_accuracy": 0.9}], 0.5)
+
+
+def test_traffic_to_target_from_ledger_rows():
+  ledger = _run_fedavg(3, 4, 10, 32)
+  accs = [0.2, 0.4, 0.6, 0.8]
+  rows = [{**row, "test_accuracy": a} for row, a in zip(ledger.per_round(), accs)]
+  # Through round 3: uploads 3*3*320 = 2880 bits, downloads 2*3*320 = 1920
+  # bits; 4800 bits = 600 bytes.
+  assert L.traffic_to_target(rows, 0.55) == {"round": 3, "bytes": 600}
+
+
+def test_load_metrics(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in _ROWS) + "\n\n")
+  rows = L.load_metrics(path)
+  assert rows == _ROWS
+  assert L.traffic_to_target(rows, 0.6) == {"round": 4, "bytes": 400}
+
+
+def test_load_metrics_skips_truncated_last_line(tmp_path, caplog):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text(json.dumps(_ROWS[0]) + "\n" + '{"round": 2, "test_acc')
+  with caplog.at_level(logging.WARNING):
+    rows = L.load_metrics(path)
+  assert rows == [_ROWS[0]]
+  assert "truncated last line 2" in caplog.text
+
+
+def test_load_metrics_rejects_bad_middle_line_and_non_objects(tmp_path):
+  path = tmp_path / "bad.jsonl"
+  path.write_text('{"round": 1}\n{oops\n{"round": 2}\n')
+  with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+    L.load_metrics(path)
+  path.write_text('{"round": 1}\n[1, 2]\n')
+  with pytest.raises(ValueError, match="JSON object"):
+    L.load_metrics(path)
+  # A malformed last line that does end with a newline was fully written.
+  path.write_text('{"round": 1}\n{oops\n')
+  with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+    L.load_metrics(path)

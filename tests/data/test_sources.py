@@ -1,0 +1,287 @@
+"""Tests for fedjax_dd.data.sources."""
+
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from fedjax_dd.data import sources
+
+_DATASETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                         "..", "..", "shared", "datasets")
+
+
+def _write_npz(path, **arrays):
+  np.savez(path, **arrays)
+  return f"npz:{path}"
+
+
+def _good_arrays():
+  """3 train / 2 test 2x2 grayscale images, labels 0..2."""
+  x_train = np.arange(12, dtype=np.uint8).reshape(3, 2, 2)
+  x_test = np.full((2, 2, 2), 7, np.uint8)
+  return dict(x_train=x_train, y_train=np.array([0, 2, 1], np.uint8),
+              x_test=x_test, y_test=np.array([1, 1], np.int64))
+
+
+# ---------------------------------------------------------------- digits
+
+
+def test_digits_shapes_dtypes_and_split_sizes():
+  ds = sources.load_dataset("digits")
+  assert ds.name == "digits"
+  assert ds.x_train.shape == (1437, 8, 8, 1)
+  assert ds.x_test.shape == (360, 8, 8, 1)
+  assert ds.image_shape == (8, 8, 1)
+  assert ds.x_train.dtype == np.uint8 and ds.y_train.dtype == np.int32
+  assert ds.y_test.dtype == np.int32
+  assert ds.num_classes == 10
+  # 0..16 maps onto 0..255 (0 -> 0, 16 -> 255).
+  assert ds.x_train.min() == 0 and ds.x_train.max() == 255
+
+
+def test_digits_split_is_stratified_by_largest_remainder():
+  # Class sizes 178 182 177 183 181 182 181 179 174 180 (N = 1797); quotas
+  # n * 360 / 1797 floor to 35 36 35 36 36 36 36 35 34 36 (355); the 5 left
+  # go to the largest fractions: class 8 (.86), 7 (.86), 3 (.66), 0 (.66),
+  # then the .46 tie between classes 1 and 5 goes to class 1.
+  ds = sources.load_dataset("digits")
+  np.testing.assert_array_equal(np.bincount(ds.y_test),
+                                [36, 37, 35, 37, 36, 36, 36, 36, 35, 36])
+  np.testing.assert_array_equal(
+      np.bincount(ds.y_test) + np.bincount(ds.y_train),
+      [178, 182, 177, 183, 181, 182, 181, 179, 174, 180])
+
+
+def test_digits_is_deterministic():
+  a = sources.load_dataset("digits")
+  b = sources.load_dataset("digits")
+  np.testing.assert_array_equal(a.x_train, b.x_train)
+  np.testing.assert_array_equal(a.y_test, b.y_test)
+
+
+def test_dataset_is_frozen():
+  ds = sources.load_dataset("digits")
+  with pytest.raises(Exception):
+    ds.num_classes = 3
+
+
+# ---------------------------------------------------------------- names
+
+
+def test_unknown_name_lists_valid_names():
+  with pytest.raises(ValueError, match="digits.*mnist|npz:PATH"):
+    sources.load_dataset("imagenet")
+
+
+def test_tfds_failure_says_use_npz(monkeypatch):
+  def failing_load(*args, **kwargs):
+    raise ConnectionError("no network")
+
+  fake = types.ModuleType("tensorflow_datasets")
+  fake.load = failing_load
+  fake.as_numpy = lambda t: t
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  with pytest.raises(RuntimeError) as info:
+    sources.load_dataset("cifar10")
+  message = str(info.value)
+  assert "npz:PATH" in message and "no network" in message
+  for key in ("x_train", "y_train", "x_test", "y_test"):
+    assert key in message
+
+
+def test_tfds_success_path_validates(monkeypatch):
+  x = np.zeros((4, 3, 3, 1), np.uint8)
+  calls = {}
+
+  def fake_load(name, **kwargs):
+    calls["name"], calls["kwargs"] = name, kwargs
+    return [(x, np.array([0, 1, 2, 9])), (x[:2], np.array([3, 4]))]
+
+  fake = types.ModuleType("tensorflow_datasets")
+  fake.load = fake_load
+  fake.as_numpy = lambda t: t
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  ds = sources.load_dataset("mnist", data_dir="tfds_cache")
+  assert calls["name"] == "mnist"
+  assert calls["kwargs"]["batch_size"] == -1
+  assert calls["kwargs"]["as_supervised"] is True
+  assert calls["kwargs"]["data_dir"] == "tfds_cache"
+  assert ds.num_classes == 10 and ds.y_train.dtype == np.int32
+
+
+# ---------------------------------------------------------------- npz
+
+
+def test_npz_good_file_adds_channel_axis(tmp_path):
+  spec = _write_npz(tmp_path / "good.npz", **_good_arrays())
+  ds = sources.load_dataset(spec)
+  assert ds.x_train.shape == (3, 2, 2, 1)
+  assert ds.x_test.shape == (2, 2, 2, 1)
+  assert ds.num_classes == 3  # max label 2, + 1.
+  np.testing.assert_array_equal(ds.y_train, [0, 2, 1])
+  assert ds.y_train.dtype == np.int32 and ds.y_test.dtype == np.int32
+  assert ds.x_train[1, 0, 1, 0] == 5
+
+
+def test_npz_num_classes_uses_both_splits(tmp_path):
+  arrays = _good_arrays()
+  arrays["y_test"] = np.array([4, 0])
+  ds = sources.load_dataset(_write_npz(tmp_path / "a.npz", **arrays))
+  assert ds.num_classes == 5
+
+
+def test_npz_keras_column_labels_are_flattened(tmp_path):
+  arrays = _good_arrays()
+  arrays["y_train"] = arrays["y_train"][:, None]
+  ds = sources.load_dataset(_write_npz(tmp_path / "a.npz", **arrays))
+  assert ds.y_train.shape == (3,)
+
+
+def test_npz_relative_path_resolves_against_cwd(tmp_path, monkeypatch):
+  _write_npz(tmp_path / "rel.npz", **_good_arrays())
+  monkeypatch.chdir(tmp_path)
+  assert sources.load_dataset("npz:rel.npz").x_train.shape[0] == 3
+
+
+def test_npz_missing_file(tmp_path):
+  with pytest.raises(ValueError, match="not found"):
+    sources.load_dataset(f"npz:{tmp_path / 'nope.npz'}")
+
+
+def test_npz_missing_keys(tmp_path):
+  arrays = _good_arrays()
+  del arrays["y_test"]
+  with pytest.raises(ValueError, match=r"missing keys \['y_test'\]"):
+    sources.load_dataset(_write_npz(tmp_path / "a.npz", **arrays))
+
+
+def test_npz_float_images_rejected_with_conversion_hint(tmp_path):
+  arrays = _good_arrays()
+  arrays["x_train"] = arrays["x_train"].astype(np.float32) / 255
+  with pytest.raises(ValueError, match="uint8.*astype"):
+    sources.load_dataset(_write_npz(tmp_path / "a.npz", **arrays))
+
+
+def test_npz_wrong_rank(tmp_path):
+  arrays = _good_arrays()
+  arrays["x_test"] = np.zeros((2, 4), np.uint8)
+  with pytest.raises(ValueError, match=r"\[N, H, W, C\]"):
+    sources.load_dataset(_write_npz(tmp_path / "a.npz", **arrays))
+
+
+def test_npz_negative_labels(tmp_path):
+  arrays = _good_arrays()
+  arrays["y_train"] = np.array([0, -1, 1])
+  with pytest.raises(ValueError, match="negative"):
+    sources.load_dataset(_write_npz(tmp_path / "a.npz", **arrays))
+
+
+def test_npz_float_labels(tmp_path):
+  arrays = _good_arrays()
+  arrays["y_train"] = np.array([0.0, 1.0, 2.0])
+  with pytest.raises(ValueError, match="integer"):
+    sources.load_dataset(_write_npz(tmp_path / "a.npz", **arrays))
+
+
+def test_npz_empty_split(tmp_path):
+  arrays = _good_arrays()
+  arrays["x_test"] = np.zeros((0, 2, 2), np.uint8)
+  arrays["y_test"] = np.zeros((0,), np.int64)
+  with pytest.raises(ValueError, match="empty"):
+    sources.load_dataset(_write_npz(tmp_path / "a.npz", **arrays))
+
+
+def test_npz_mismatched_lengths(tmp_path):
+  arrays = _good_arrays()
+  arrays["y_train"] = np.array([0, 1])
+  with pytest.raises(ValueError, match="3 examples but y_train has 2"):
+    sources.load_dataset(_write_npz(tmp_path / "a.npz", **arrays))
+
+
+def test_npz_mismatched_image_shapes(tmp_path):
+  arrays = _good_arrays()
+  arrays["x_test"] = np.zeros((2, 3, 3), np.uint8)
+  with pytest.raises(ValueError, match="shape"):
+    sources.load_dataset(_write_npz(tmp_path / "a.npz", **arrays))
+
+
+def test_tfds_labels_out_of_range(monkeypatch):
+  x = np.zeros((2, 3, 3, 1), np.uint8)
+  fake = types.ModuleType("tensorflow_datasets")
+  fake.load = lambda *a, **k: [(x, np.array([0, 10])), (x, np.array([0, 1]))]
+  fake.as_numpy = lambda t: t
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  with pytest.raises(ValueError, match="out of range for 10 classes"):
+    sources.load_dataset("mnist")
+
+
+# ---------------------------------------------------------------- unlabeled
+
+
+def test_load_unlabeled_prefers_x_unlabeled(tmp_path):
+  x = np.arange(5, dtype=np.uint8)[:, None, None, None] * np.ones(
+      (1, 2, 2, 3), np.uint8)  # Image i is filled with value i.
+  path = tmp_path / "aux.npz"
+  np.savez(path, x_unlabeled=x, x_train=np.zeros((9, 2, 2, 3), np.uint8))
+  out = sources.load_unlabeled(f"npz:{path}", num=3,
+                               rng=np.random.default_rng(0))
+  assert out.shape == (3, 2, 2, 3) and out.dtype == np.uint8
+  values = out[:, 0, 0, 0]
+  assert len(set(values.tolist())) == 3  # Without replacement.
+  assert set(values.tolist()) <= set(range(5))
+  # Which images: exactly what the generator chooses.
+  expected = np.random.default_rng(0).choice(5, size=3, replace=False)
+  np.testing.assert_array_equal(values, expected)
+
+
+def test_load_unlabeled_falls_back_to_x_train(tmp_path):
+  spec = _write_npz(tmp_path / "a.npz", **_good_arrays())
+  out = sources.load_unlabeled(spec, num=3, rng=np.random.default_rng(1))
+  assert out.shape == (3, 2, 2, 1)
+  # All 3 train images, in some order: their sums are 6, 22, 38.
+  assert sorted(out.reshape(3, -1).sum(1).tolist()) == [6, 22, 38]
+
+
+def test_load_unlabeled_from_dataset_name():
+  out = sources.load_unlabeled("digits", num=10, rng=np.random.default_rng(0))
+  assert out.shape == (10, 8, 8, 1) and out.dtype == np.uint8
+
+
+def test_load_unlabeled_errors(tmp_path):
+  spec = _write_npz(tmp_path / "a.npz", **_good_arrays())
+  with pytest.raises(ValueError, match="only 3"):
+    sources.load_unlabeled(spec, num=4, rng=np.random.default_rng(0))
+  with pytest.raises(ValueError, match="positive"):
+    sources.load_unlabeled(spec, num=0, rng=np.random.default_rng(0))
+  with pytest.raises(TypeError, match="Generator"):
+    sources.load_unlabeled(spec, num=1, rng=0)
+  bad = tmp_path / "b.npz"
+  np.savez(bad, other=np.zeros(3))
+  with pytest.raises(ValueError, match="x_unlabeled"):
+    sources.load_unlabeled(f"npz:{bad}", num=1, rng=np.random.default_rng(0))
+
+
+# ---------------------------------------------------------------- real data
+
+
+def test_real_mnist_npz():
+  path = os.path.join(_DATASETS, "mnist.npz")
+  if not os.path.exists(path):
+    pytest.skip("../shared/datasets/mnist.npz is absent")
+  ds = sources.load_dataset(f"npz:{path}")
+  assert ds.x_train.shape == (60000, 28, 28, 1)
+  assert ds.x_test.shape == (10000, 28, 28, 1)
+  assert ds.num_classes == 10
+  assert np.bincount(ds.y_train)[0] == 5923
+
+
+def test_real_tiny_imagenet_unlabeled():
+  path = os.path.join(_DATASETS, "tiny_imagenet_val1000_32px.npz")
+  if not os.path.exists(path):
+    pytest.skip("../shared/datasets/tiny_imagenet_val1000_32px.npz is absent")
+  out = sources.load_unlabeled(f"npz:{path}", num=1000,
+                               rng=np.random.default_rng(0))
+  assert out.shape == (1000, 32, 32, 3) and out.dtype == np.uint8
