@@ -32,6 +32,8 @@ class Prepared:
   dataset: sources.Dataset
   task: Classifier
   spec: models.ModelSpec
+  mean: np.ndarray  # [Ch] train-split channel mean on the [0, 1] scale
+  std: np.ndarray   # [Ch] train-split channel std
 
 
 def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
@@ -55,7 +57,7 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
                     preprocess=functools.partial(preprocess.normalize,
                                                  mean=mean, std=std),
                     num_classes=ds.num_classes)
-  return Prepared(dataset=ds, task=task, spec=spec)
+  return Prepared(dataset=ds, task=task, spec=spec, mean=mean, std=std)
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:

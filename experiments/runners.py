@@ -63,22 +63,18 @@ def _client_partition(config, prepared):
   return common.partition(config, prepared.dataset.y_train)
 
 
-def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs any FedAvg-family method (or centralized) described by ``config``."""
-  start = time.time()
-  prepared = common.load_and_prepare(config)
-  task = prepared.task
-  parts = _client_partition(config, prepared)
-  data = common.client_data(prepared.dataset, parts)
-  if config.get("local_steps"):
-    num_steps = steps_for(data.num_examples, config.batch_size,
-                          steps=config.local_steps)
-  else:
-    num_steps = steps_for(data.num_examples, config.batch_size,
-                          epochs=config.local_epochs)
-  max_steps = int(jnp.max(num_steps))
-  algorithm = BUILDERS[config.method](config, task, max_steps)
+def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
+                 prepared: common.Prepared, algorithm: FederatedAlgorithm,
+                 data, num_steps, ledger=None, start_time: float | None = None,
+                 extra_summary: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Drives ``algorithm`` through the shared rounds loop and writes the summary.
 
+  Resumes from ``workdir/checkpoints`` when possible. ``ledger`` holds traffic
+  recorded before the rounds (e.g. a one-shot upload); it is checkpointed with
+  the state.
+  """
+  start = time.time() if start_time is None else start_time
+  task = prepared.task
   root = common.model_key(config)
   init_key, run_key = jax.random.split(root)
   params, batch_stats = task.init(init_key)
@@ -91,7 +87,6 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
                           max_to_keep=config.get("keep_checkpoints", 2),
                           save_every=config.get("checkpoint_every", 1))
   resumed = rounds_lib.resume(store, state, writer)
-  ledger = None
   if resumed is not None:
     state, ledger = resumed
   else:
@@ -120,7 +115,7 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
       "final_test_accuracy": accs[-1] if accs else None,
       "best_test_accuracy": max(accs) if accs else None,
       "rounds": int(state.round),
-      "num_clients": int(data.num_clients),
+      "num_clients": int(config.num_clients),
       "param_count": rounds_lib.num_params(state.server.params),
       "bytes_uploaded": totals["bytes_uploaded"],
       "bytes_downloaded": totals["bytes_downloaded"],
@@ -128,10 +123,31 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
       "wall_seconds": time.time() - start,
       "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
                             if "test_accuracy" in r],
+      **(extra_summary or {}),
       "config": config.to_dict(),
   }
   write_json(common.workdir_path(workdir, "summary.json"), summary)
   return summary
+
+
+def local_steps(config: ml_collections.ConfigDict, num_examples) -> jax.Array:
+  """Active local steps per client from ``local_steps`` or ``local_epochs``."""
+  if config.get("local_steps"):
+    return steps_for(num_examples, config.batch_size, steps=config.local_steps)
+  return steps_for(num_examples, config.batch_size, epochs=config.local_epochs)
+
+
+def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs any FedAvg-family method (or centralized) described by ``config``."""
+  start = time.time()
+  prepared = common.load_and_prepare(config)
+  parts = _client_partition(config, prepared)
+  data = common.client_data(prepared.dataset, parts)
+  num_steps = local_steps(config, data.num_examples)
+  algorithm = BUILDERS[config.method](config, prepared.task,
+                                      int(jnp.max(num_steps)))
+  return train_rounds(config, workdir, prepared=prepared, algorithm=algorithm,
+                      data=data, num_steps=num_steps, start_time=start)
 
 
 def _lazy(module: str) -> Callable[[ml_collections.ConfigDict, str], dict[str, Any]]:

@@ -1,0 +1,78 @@
+"""The console entry point: files, summary keys, resume and continue."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fedjax_dd.experiments import runners
+from fedjax_dd.experiments.configs import centralized, fedavg, fedd3, os_fedavg
+from tests.conftest import REPO_ROOT
+
+SUMMARY_KEYS = {"method", "dataset", "final_test_accuracy", "best_test_accuracy",
+                "wall_seconds", "config", "rounds", "bytes_uploaded",
+                "bytes_downloaded", "bytes_total", "num_clients", "param_count"}
+
+
+def _read(workdir):
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = json.load(f)
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return summary, rows
+
+
+def test_console_script_centralized_smoke(tmp_path):
+  workdir = str(tmp_path / "c")
+  proc = subprocess.run(
+      [sys.executable, "-m", "fedjax_dd.experiments.main",
+       "--config=experiments/configs/centralized.py:smoke",
+       f"--workdir={workdir}", "--config.progress=False"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary, rows = _read(workdir)
+  assert SUMMARY_KEYS <= set(summary)
+  assert summary["method"] == "centralized" and summary["dataset"] == "digits"
+  assert 0.0 <= summary["final_test_accuracy"] <= 1.0
+  assert summary["best_test_accuracy"] >= summary["final_test_accuracy"]
+  assert [r["round"] for r in rows] == [1, 2]
+  assert summary["bytes_total"] == 0
+
+
+def test_fedavg_resume_with_more_rounds_continues(tmp_path):
+  workdir = str(tmp_path / "f")
+  config = fedavg.get_config("smoke")
+  config.progress = False
+  first = runners.RUNNERS[config.runner](config, workdir)
+  _, rows2 = _read(workdir)
+  config.rounds = 3
+  second = runners.RUNNERS[config.runner](config, workdir)
+  _, rows3 = _read(workdir)
+  assert [r["round"] for r in rows3] == [1, 2, 3]
+  assert rows3[:2] == rows2
+  assert second["rounds"] == 3 and first["rounds"] == 2
+  # HFLDD Eq. 3 over 3 rounds of 8 clients: 8 * (2 * 3 - 1) * |w| * 4 bytes.
+  assert second["bytes_total"] == 8 * 5 * second["param_count"] * 4
+
+
+def test_os_fedavg_and_fedd3_smoke(tmp_path):
+  config = os_fedavg.get_config("smoke")
+  config.progress = False
+  s = runners.RUNNERS[config.runner](config, str(tmp_path / "os"))
+  assert s["rounds"] == 1 and s["bytes_downloaded"] == 0
+  assert s["bytes_uploaded"] == 8 * s["param_count"] * 4
+  config = fedd3.get_config("smoke")
+  config.progress = False
+  config.rounds = 2
+  s = runners.RUNNERS[config.runner](config, str(tmp_path / "d3"))
+  assert s["distilled_images_total"] == 40  # 10 clients x 2 classes x 2 img/cls
+  assert s["bytes_total"] == 40 * 64 + 40  # uint8 pixels + one byte per label
+  assert set(s["gce"]) == {"0.01", "0.5"}
+  assert os.path.exists(tmp_path / "d3" / "distilled_grid.png")
+
+
+def test_unknown_preset_raises():
+  with pytest.raises(ValueError, match="Unknown preset"):
+    centralized.get_config("nope")
