@@ -57,6 +57,19 @@ class LocalUpdate(NamedTuple):
   batch_size: int
 
 
+def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
+  """``params + updates``, written as ``params − (−updates)``.
+
+  Same values as ``optax.apply_updates``. On XLA:CPU (jax 0.5.x, classic
+  runtime) ``p + (−lr · conv_weight_grad)`` is rewritten into a oneDNN
+  convolution with a fused sum that runs ~25x slower than the plain
+  convolution (LeNet-5 SGD step: ~290 ms vs ~11 ms in a per-client
+  ``lax.scan``); the subtraction form keeps the fast convolution.
+  """
+  return jax.tree_util.tree_map(
+      lambda p, u: (p - (-u)).astype(p.dtype), params, updates)
+
+
 def make_local_update(
     task: Classifier,
     optimizer: optax.GradientTransformation,
@@ -107,7 +120,7 @@ def make_local_update(
       if grad_correction is not None:
         grads = grad_correction(grads, ctx)
       updates, new_opt = optimizer.update(grads, opt_state, params)
-      new_params = optax.apply_updates(params, updates)
+      new_params = apply_updates(params, updates)
       active = t < num_steps
       keep = lambda new, old: jax.tree_util.tree_map(
           lambda a, b: jnp.where(active, a, b), new, old)

@@ -1,0 +1,253 @@
+r"""Engine benchmark: ms per client-step for every client backend.
+
+  python -m fedjax_dd.experiments.bench_engine --out bench_engine.json
+  python -m fedjax_dd.experiments.bench_engine --clients 10,100 --models lenet5 --out b.json
+
+Measures the engine's real cohort path (``stages.client_stage``: broadcast
+model, fresh SGD state, ``lax.scan`` of ``--steps`` local steps with batch
+``--batch`` drawn from padded uint8 client data) for each backend and client
+count, next to:
+
+* ``reference_loop``: the same computation as a sequential Python loop of
+  per-client jitted programs (the ``loop`` backend);
+* ``torch``: PyTorch's sequential client loop, as the papers' reference code
+  runs it (a fresh model copy per client, SGD), when ``torch`` is installed
+  (``pip install -e ".[bench]"``);
+* ``matmul_gflops``: a jitted 2048×2048 float32 matmul, the machine's peak;
+* achieved GFLOP/s of each variant (XLA's cost analysis of one client-step)
+  and the peak resident memory of each measurement (run in a subprocess).
+
+Writes a JSON report with ``results``, ``reference_loop``, ``matmul_gflops``,
+``speedup_vs_loop`` per (model, num_clients) for the default backend, and
+``speedup_vs_torch`` where the PyTorch reference ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+MODELS = {
+    # name: (registry name, input shape)
+    "lenet5": ("lenet5", (28, 28, 1)),
+    "hfldd_cifar_cnn": ("hfldd_cifar_cnn", (32, 32, 3)),
+}
+
+
+def _min_time(fn, reps: int) -> float:
+  fn()  # warm-up / compile
+  best = float("inf")
+  for _ in range(reps):
+    t = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - t)
+  return best
+
+
+def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
+                batch: int, reps: int, chunk_size: int) -> dict:
+  """One measurement in this process (called in a fresh subprocess)."""
+  import fedjax_dd  # noqa: F401  (XLA flags first)
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+
+  from fedjax_dd import models
+  from fedjax_dd.algorithms import stages
+  from fedjax_dd.core.algorithm import Cohort
+  from fedjax_dd.core.clients import ClientMapper
+  from fedjax_dd.core.local import make_local_update
+  from fedjax_dd.core.task import Classifier
+
+  name, shape = MODELS[model]
+  spec = models.get_model(name)
+  task = Classifier(module=spec.build(10), input_shape=shape,
+                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
+                    num_classes=10)
+  local = make_local_update(task, optax.sgd(0.01), batch_size=batch,
+                            max_steps=steps)
+  mapper = ClientMapper(backend=backend, chunk_size=chunk_size)
+  train = stages.client_stage(local, mapper)
+  rng = np.random.default_rng(0)
+  n_max = 10 * batch
+  cohort = Cohort(
+      x=jnp.asarray(rng.integers(0, 255, (num_clients, n_max, *shape), np.uint8)),
+      y=jnp.asarray(rng.integers(0, 10, (num_clients, n_max), np.int32)),
+      num_examples=jnp.full((num_clients,), n_max, jnp.int32),
+      num_steps=jnp.full((num_clients,), steps, jnp.int32),
+      client_ids=jnp.arange(num_clients))
+  params, stats = task.init(jax.random.PRNGKey(0))
+  keys = stages.client_keys(jax.random.PRNGKey(1), cohort.client_ids)
+  ctx = jnp.zeros((num_clients,), jnp.float32)
+
+  def run():
+    out = train(params, stats, params, cohort, keys, ctx)
+    jax.block_until_ready(out.params)
+
+  seconds = _min_time(run, reps)
+  client_steps = num_clients * steps
+  # FLOPs of one client's local update from XLA's cost analysis.
+  one = jax.jit(lambda p, s, x, y, n, k: local.run(
+      p, s, local.optimizer.init(p), x, y, n, steps, k, ()))
+  cost = one.lower(params, stats, cohort.x[0], cohort.y[0],
+                   cohort.num_examples[0], keys[0]).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops = float(cost.get("flops", 0.0)) if cost else 0.0
+  ms = 1e3 * seconds / client_steps
+  return {
+      "model": model, "backend": backend, "num_clients": num_clients,
+      "steps": steps, "batch": batch, "ms_per_client_step": ms,
+      "gflops_achieved": flops / steps / (ms * 1e-3) / 1e9 if flops else None,
+      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }
+
+
+def measure_matmul(reps: int) -> float:
+  import fedjax_dd  # noqa: F401
+  import jax
+  import jax.numpy as jnp
+  a = jnp.ones((2048, 2048), jnp.float32)
+  f = jax.jit(lambda a: a @ a)
+  seconds = _min_time(lambda: f(a).block_until_ready(), reps)
+  return 2 * 2048**3 / seconds / 1e9
+
+
+def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
+                  reps: int) -> dict | None:
+  """PyTorch's sequential client loop (LeNet-5 only), or None without torch."""
+  try:
+    import torch
+    from torch import nn
+  except ImportError:
+    return None
+  if model != "lenet5":
+    return None
+  torch.set_num_threads(os.cpu_count() or 1)
+
+  class LeNet5(nn.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.f = nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(256, 120), nn.ReLU(),
+                             nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
+
+    def forward(self, x):
+      return self.f(x)
+
+  g = torch.Generator().manual_seed(0)
+  n_max = 10 * batch
+  data = torch.randint(0, 255, (num_clients, n_max, 1, 28, 28), dtype=torch.uint8,
+                       generator=g)
+  labels = torch.randint(0, 10, (num_clients, n_max), generator=g)
+  global_model = LeNet5()
+  loss_fn = nn.CrossEntropyLoss()
+
+  def run():
+    for c in range(num_clients):
+      model = LeNet5()
+      model.load_state_dict(global_model.state_dict())
+      opt = torch.optim.SGD(model.parameters(), lr=0.01)
+      for _ in range(steps):
+        idx = torch.randint(0, n_max, (batch,), generator=g)
+        x = data[c, idx].float() / 255.0
+        opt.zero_grad()
+        loss_fn(model(x), labels[c, idx]).backward()
+        opt.step()
+
+  seconds = _min_time(run, reps)
+  return {"model": model, "num_clients": num_clients,
+          "ms_per_client_step": 1e3 * seconds / (num_clients * steps),
+          "torch_version": torch.__version__,
+          "threads": torch.get_num_threads()}
+
+
+def _subprocess(kind: str, **kwargs) -> dict | float | None:
+  cmd = [sys.executable, "-m", "fedjax_dd.experiments.bench_engine",
+         "--_worker", json.dumps({"kind": kind, **kwargs})]
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if proc.returncode != 0:
+    return {"error": proc.stderr[-2000:], **kwargs}
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _worker(spec: str) -> None:
+  args = json.loads(spec)
+  kind = args.pop("kind")
+  fns = {"jax": measure_jax, "matmul": measure_matmul, "torch": measure_torch}
+  print(json.dumps(fns[kind](**args)))
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--out", default="bench_engine.json")
+  p.add_argument("--clients", default="10,100,500")
+  p.add_argument("--models", default="lenet5,hfldd_cifar_cnn")
+  p.add_argument("--backends", default="vmap,chunked,loop")
+  p.add_argument("--steps", type=int, default=10)
+  p.add_argument("--batch", type=int, default=64)
+  p.add_argument("--reps", type=int, default=3)
+  p.add_argument("--chunk_size", type=int, default=25)
+  p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args._worker:
+    _worker(args._worker)
+    return {}
+
+  import fedjax_dd  # noqa: F401
+  from fedjax_dd.core.clients import default_backend
+  default = default_backend()
+  report: dict = {"results": [], "reference_loop": [], "torch": [],
+                  "default_backend": default,
+                  "matmul_gflops": _subprocess("matmul", reps=args.reps),
+                  "xla_flags": os.environ.get("XLA_FLAGS", "")}
+  common = dict(steps=args.steps, batch=args.batch, reps=args.reps)
+  for model in args.models.split(","):
+    for c in [int(v) for v in args.clients.split(",")]:
+      for backend in args.backends.split(","):
+        r = _subprocess("jax", model=model, num_clients=c, backend=backend,
+                        chunk_size=args.chunk_size, **common)
+        (report["reference_loop"] if backend == "loop" else report["results"]).append(r)
+        print(json.dumps(r), file=sys.stderr)
+      t = _subprocess("torch", model=model, num_clients=c, **common)
+      if t:
+        report["torch"].append(t)
+        print(json.dumps(t), file=sys.stderr)
+
+  def ms(rows, model, c, backend=None):
+    for r in rows:
+      if (r.get("model") == model and r.get("num_clients") == c and
+          (backend is None or r.get("backend") == backend) and
+          "ms_per_client_step" in r):
+        return r["ms_per_client_step"]
+    return None
+
+  report["speedup_vs_loop"] = {}
+  report["speedup_vs_torch"] = {}
+  for model in args.models.split(","):
+    for c in [int(v) for v in args.clients.split(",")]:
+      mine = ms(report["results"], model, c, default)
+      loop = ms(report["reference_loop"], model, c)
+      torch_ms = ms(report["torch"], model, c)
+      if mine and loop:
+        report["speedup_vs_loop"][f"{model}/{c}"] = loop / mine
+      if mine and torch_ms:
+        report["speedup_vs_torch"][f"{model}/{c}"] = torch_ms / mine
+  with open(args.out, "w") as f:
+    json.dump(report, f, indent=2)
+  print(json.dumps({k: report[k] for k in ("matmul_gflops", "speedup_vs_loop",
+                                           "speedup_vs_torch")}, indent=2))
+  return report
+
+
+if __name__ == "__main__":
+  main()
