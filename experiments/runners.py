@@ -82,7 +82,10 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   state = ExperimentState(server=server, clients=client_states, key=run_key,
                           round=jnp.asarray(0, jnp.int32))
 
-  writer = MetricsWriter(common.workdir_path(workdir, "metrics.jsonl"))
+  writer = MetricsWriter(
+      common.workdir_path(workdir, "metrics.jsonl"),
+      tensorboard_dir=(common.workdir_path(workdir, "tensorboard")
+                       if config.get("tensorboard") else None))
   store = CheckpointStore(common.workdir_path(workdir, "checkpoints"),
                           max_to_keep=config.get("keep_checkpoints", 2),
                           save_every=config.get("checkpoint_every", 1))

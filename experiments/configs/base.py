@@ -43,6 +43,7 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
   c.checkpoint_every = 1
   c.keep_checkpoints = 2
   c.progress = True
+  c.tensorboard = False  # also write TensorBoard scalars to DIR/tensorboard
   c.initial_model_as_seed = True
   c.multihost = False
   return c

@@ -26,11 +26,23 @@ class MetricsWriter:
 
   Args:
     path: the JSONL file.
+    tensorboard_dir: if set, numeric fields are also written as TensorBoard
+      scalars (step = the row's ``round``) with ``tensorboardX`` (the
+      ``tensorboard`` extra), imported only then.
   """
 
-  def __init__(self, path: str | os.PathLike):
+  def __init__(self, path: str | os.PathLike,
+               tensorboard_dir: str | os.PathLike | None = None):
     self.path = os.fspath(path)
     os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+    self._tb = None
+    if tensorboard_dir is not None:
+      try:
+        import tensorboardX  # pylint: disable=g-import-not-at-top
+      except ImportError as e:
+        raise ImportError("TensorBoard output needs tensorboardX: "
+                          "pip install -e '.[tensorboard]'.") from e
+      self._tb = tensorboardX.SummaryWriter(os.fspath(tensorboard_dir))
 
   def rows(self) -> list[dict[str, Any]]:
     if not os.path.exists(self.path):
@@ -48,6 +60,12 @@ class MetricsWriter:
   def write(self, row: Mapping[str, Any]) -> None:
     with open(self.path, "a") as f:
       f.write(json.dumps(to_jsonable(row), sort_keys=True) + "\n")
+    if self._tb is not None:
+      step = int(row.get("round", 0))
+      for k, v in row.items():
+        if isinstance(v, (int, float)) and k != "round":
+          self._tb.add_scalar(k, v, global_step=step)
+      self._tb.flush()
 
 
 def write_json(path: str | os.PathLike, obj: Mapping[str, Any]) -> None:

@@ -1,0 +1,29 @@
+"""Metrics rows: JSON conversion, truncation on resume, TensorBoard option."""
+
+import math
+import os
+
+import numpy as np
+
+from fedjax_dd.core.metrics import MetricsWriter, to_jsonable, write_json
+
+
+def test_to_jsonable_and_truncate(tmp_path):
+  row = {"round": np.int32(2), "acc": np.float32(0.5), "v": np.arange(2),
+         "bad": float("nan")}
+  out = to_jsonable(row)
+  assert out == {"round": 2, "acc": 0.5, "v": [0, 1], "bad": "nan"}
+  w = MetricsWriter(tmp_path / "m" / "metrics.jsonl")
+  for r in range(1, 5):
+    w.write({"round": r, "x": r * 0.25})
+  w.truncate_after(2)
+  assert w.rows() == [{"round": 1, "x": 0.25}, {"round": 2, "x": 0.5}]
+  write_json(tmp_path / "s.json", {"a": np.float64(1.5), "inf": math.inf})
+  assert (tmp_path / "s.json").read_text().count("1.5") == 1
+
+
+def test_tensorboard_scalars(tmp_path):
+  w = MetricsWriter(tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tb")
+  w.write({"round": 1, "test_accuracy": 0.5})
+  files = os.listdir(tmp_path / "tb")
+  assert any(f.startswith("events.out.tfevents") for f in files)
