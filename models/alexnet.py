@@ -1,0 +1,129 @@
+"""AlexNet variants for 32x32 inputs.
+
+Two models live here:
+
+* ``AlexNet`` -- the five-conv AlexNet (64-192-384-256-256 channels) scaled
+  down to CIFAR resolution, as used for the FedD3 CIFAR-10 baselines: 3x3
+  stride-1 SAME convolutions, 2x2 max-pools after conv1, conv2 and conv5
+  (32 -> 16 -> 8 -> 4), then a ReLU MLP classifier. The 4096-4096 classifier
+  of the ImageNet model is replaced by 384-192 (the classifier of FedD3's
+  ``AlexCifarNet``), which keeps the model trainable per client on a CPU.
+  Dropout is omitted so that ``train=True`` needs no RNG stream; FL local
+  training is short and regularised by averaging.
+* ``AlexCifarNet`` -- the two-conv "AlexNet customised for CIFAR-10" that the
+  FedD3 reference code ships (1,756,426 parameters): conv 64 5x5 -> ReLU ->
+  max-pool 3/2 -> LRN -> conv 64 5x5 -> ReLU -> LRN -> max-pool 3/2 ->
+  dense 384 -> dense 192 -> dense classes.
+"""
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from fedjax_dd.models import layers
+
+
+class AlexNet(nn.Module):
+  """Five-conv AlexNet for ``[B, 32, 32, Ch]`` inputs.
+
+  Layout::
+
+    conv 64 -> ReLU -> max-pool 2     # 32 -> 16
+    conv 192 -> ReLU -> max-pool 2    # 16 -> 8
+    conv 384 -> ReLU
+    conv 256 -> ReLU
+    conv 256 -> ReLU -> max-pool 2    # 8 -> 4
+    dense 384 -> ReLU -> dense 192 -> ReLU -> dense num_classes
+
+  All convolutions are 3x3 SAME with bias. Parameters with 3 input channels
+  and 10 classes::
+
+    convs 1,792 + 110,784 + 663,936 + 884,992 + 590,080 = 2,251,584
+    dense 4*4*256*384 + 384 = 1,573,248; 384*192 + 192 = 73,920;
+          192*10 + 10 = 1,930
+    total 3,900,682
+
+  Attributes:
+    num_classes: Number of output logits.
+    hidden: Widths of the hidden dense layers of the classifier.
+  """
+
+  num_classes: int = 10
+  hidden: Sequence[int] = (384, 192)
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
+    """Computes logits.
+
+    Args:
+      x: Images ``[B, H, W, Ch]`` float32 with ``H, W >= 8`` (32 canonical).
+      train: Unused (no dropout/BatchNorm); present for a uniform interface.
+
+    Returns:
+      Logits ``[B, num_classes]``.
+    """
+    del train
+    layers.check_images(x, "AlexNet")
+    if min(x.shape[1:3]) < 8:
+      raise ValueError(f"AlexNet needs H, W >= 8, got {x.shape[1:3]}.")
+    for i, (width, pool) in enumerate(
+        [(64, True), (192, True), (384, False), (256, False), (256, True)]):
+      x = nn.relu(nn.Conv(width, (3, 3), padding="SAME", name=f"conv{i + 1}")(x))
+      if pool:
+        x = layers.max_pool(x)
+    x = layers.flatten(x)
+    for i, width in enumerate(self.hidden):
+      x = nn.relu(nn.Dense(width, name=f"fc{i + 1}")(x))
+    return nn.Dense(self.num_classes, name="head")(x)
+
+
+class AlexCifarNet(nn.Module):
+  """FedD3's two-conv ``AlexCifarNet`` for ``[B, 32, 32, Ch]`` inputs.
+
+  Max-pools are 3x3, stride 2, padding 1 (32 -> 16 -> 8), so the flattened
+  feature has 8*8*64 = 4096 entries. LRN uses size 4, alpha 0.001/9,
+  beta 0.75, k 1 (PyTorch semantics, see ``layers.local_response_norm``).
+  Parameters with 3 input channels and 10 classes::
+
+    conv1 5*5*3*64 + 64 = 4,864;  conv2 5*5*64*64 + 64 = 102,464
+    dense 4096*384 + 384 = 1,573,248; 384*192 + 192 = 73,920;
+          192*10 + 10 = 1,930
+    total 1,756,426
+
+  Attributes:
+    num_classes: Number of output logits.
+  """
+
+  num_classes: int = 10
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
+    """Computes logits.
+
+    Args:
+      x: Images ``[B, H, W, Ch]`` float32 (32x32 canonical).
+      train: Unused; present for a uniform interface.
+
+    Returns:
+      Logits ``[B, num_classes]``.
+    """
+    del train
+    layers.check_images(x, "AlexCifarNet")
+
+    def pool(y):
+      # Overlapping 3/2 pooling cannot use the reshape form.
+      return nn.max_pool(y, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+
+    def lrn(y):
+      return layers.local_response_norm(y, 4, alpha=0.001 / 9.0, beta=0.75,
+                                        k=1.0)
+
+    x = nn.relu(nn.Conv(64, (5, 5), padding="SAME", name="conv1")(x))
+    x = lrn(pool(x))
+    x = nn.relu(nn.Conv(64, (5, 5), padding="SAME", name="conv2")(x))
+    x = pool(lrn(x))
+    x = layers.flatten(x)
+    x = nn.relu(nn.Dense(384, name="fc1")(x))
+    x = nn.relu(nn.Dense(192, name="fc2")(x))
+    return nn.Dense(self.num_classes, name="fc3")(x)

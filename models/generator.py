@@ -1,0 +1,117 @@
+"""Image generator for data-free knowledge distillation (FedHydra Sec. 4.1.3).
+
+The server trains this generator so that the client models (teachers) give
+confident predictions on its samples whose intermediate statistics match the
+teachers' BatchNorm running statistics, then distils the teachers into the
+global model on the generated images.
+"""
+
+from typing import Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from fedjax_dd.models import layers
+
+
+class Generator(nn.Module):
+  """Noise ``z [B, nz]`` -> images ``[B, H, W, Ch]`` in ``(0, 1)``.
+
+  Layout for ``out_shape = (H, W, Ch)`` with ``H, W`` divisible by 4::
+
+    dense nz -> (H/4)*(W/4)*2ngf, reshape to [B, H/4, W/4, 2ngf]
+    BN -> LeakyReLU(0.2) -> conv-transpose 2ngf 4x4 stride 2   # H/4 -> H/2
+    BN -> LeakyReLU(0.2) -> conv-transpose ngf  4x4 stride 2   # H/2 -> H
+    BN -> LeakyReLU(0.2) -> conv-transpose Ch   3x3 stride 1   # H -> H
+    sigmoid
+
+  So 28x28x1 output starts from a 7x7 map and 32x32x3 from 8x8. All
+  upsampling happens in the stride-2 transposed convolutions; their kernel
+  size 4 is a multiple of the stride, which avoids the checkerboard pattern of
+  uneven kernel overlap. The sigmoid yields images in ``(0, 1)``, i.e. the
+  range of un-normalised pixel data; callers apply the same normalisation as
+  to real data before feeding a classifier.
+
+  Conditional variant (``conditional=True``): a learned label embedding
+  ``[num_classes, nz]`` (initialised N(0, 1)) is multiplied element-wise into
+  ``z`` before the dense layer, as in FedGen/ACGAN-style generators. Unlike
+  concatenation this keeps the dense layer's input size at ``nz`` and lets
+  each class rescale every noise direction.
+
+  Attributes:
+    out_shape: Output image shape ``(H, W, Ch)``, e.g. ``(28, 28, 1)`` or
+      ``(32, 32, 3)``.
+    nz: Noise dimension.
+    ngf: Base number of generator channels.
+    conditional: Whether ``__call__`` takes labels ``y``.
+    num_classes: Number of labels of the conditional variant.
+  """
+
+  out_shape: tuple = (32, 32, 3)
+  nz: int = 100
+  ngf: int = 64
+  conditional: bool = False
+  num_classes: int = 10
+
+  @nn.compact
+  def __call__(
+      self,
+      z: jnp.ndarray,
+      y: Optional[jnp.ndarray] = None,
+      train: bool = True,
+  ) -> jnp.ndarray:
+    """Generates images.
+
+    Args:
+      z: Noise ``[B, nz]`` float32.
+      y: Integer labels ``[B]`` in ``[0, num_classes)``; required iff
+        ``conditional``.
+      train: If True, BatchNorm uses batch statistics and updates
+        ``batch_stats`` (pass ``mutable=['batch_stats']``).
+
+    Returns:
+      Images ``[B, H, W, Ch]`` float32 in ``(0, 1)``.
+
+    Raises:
+      ValueError: On a bad ``out_shape``, a ``z`` that is not ``[B, nz]``, a
+        missing ``y`` for the conditional variant, a ``y`` passed to the
+        unconditional one, or ``y`` not of shape ``[B]``.
+    """
+    if len(self.out_shape) != 3 or any(
+        int(d) < 1 for d in self.out_shape):
+      raise ValueError(
+          f"out_shape must be (H, W, Ch) with positive entries, got "
+          f"{self.out_shape}.")
+    h, w, ch = (int(d) for d in self.out_shape)
+    if h % 4 or w % 4:
+      raise ValueError(
+          f"Generator needs H and W divisible by 4 (two stride-2 upsamplings), "
+          f"got out_shape {self.out_shape}.")
+    if z.ndim != 2 or z.shape[1] != self.nz:
+      raise ValueError(
+          f"z must have shape [B, {self.nz}], got {z.shape}.")
+    if self.conditional:
+      if y is None:
+        raise ValueError("A conditional Generator needs labels y [B].")
+      if y.shape != (z.shape[0],):
+        raise ValueError(
+            f"y must have shape [{z.shape[0]}], got {y.shape}.")
+      emb = nn.Embed(self.num_classes, self.nz,
+                     embedding_init=nn.initializers.normal(1.0),
+                     name="label_embed")(y)
+      z = z * emb
+    elif y is not None:
+      raise ValueError(
+          "Labels y were passed to an unconditional Generator; build it with "
+          "conditional=True.")
+
+    c0 = 2 * self.ngf
+    x = nn.Dense(h // 4 * (w // 4) * c0, name="fc")(z)
+    x = x.reshape(z.shape[0], h // 4, w // 4, c0)
+    for i, (width, kernel, stride) in enumerate(
+        [(c0, 4, 2), (self.ngf, 4, 2), (ch, 3, 1)]):
+      x = layers.batch_norm(train, name=f"bn{i + 1}")(x)
+      x = nn.leaky_relu(x, negative_slope=0.2)
+      x = nn.ConvTranspose(width, (kernel, kernel), strides=(stride, stride),
+                           padding="SAME", name=f"deconv{i + 1}")(x)
+    return nn.sigmoid(x)

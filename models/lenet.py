@@ -1,0 +1,92 @@
+"""LeNet-5 for 28x28 inputs and a small LeNet-style net for 8x8 digits."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from fedjax_dd.models import layers
+
+
+class LeNet5(nn.Module):
+  """LeNet-5 (LeCun et al., 1998) on ``[B, 28, 28, Ch]`` inputs.
+
+  Layout (VALID convolutions, no padding)::
+
+    conv 6 5x5 -> ReLU -> max-pool 2   # 28 -> 24 -> 12
+    conv 16 5x5 -> ReLU -> max-pool 2  # 12 -> 8 -> 4
+    dense 120 -> ReLU -> dense 84 -> ReLU -> dense num_classes
+
+  The original used tanh/sigmoid units and trainable sub-sampling; like the
+  FL/dataset-distillation literature we use ReLU and max-pooling, which train
+  faster and are what the reported baselines were run with.
+
+  With one input channel and 10 classes this has exactly 44,426 parameters:
+  conv1 156 + conv2 2,416 + dense 30,840 + 10,164 + 850. Other square inputs
+  work as long as both convolutions fit; the first dense layer adapts.
+
+  Attributes:
+    num_classes: Number of output logits.
+  """
+
+  num_classes: int = 10
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
+    """Computes logits.
+
+    Args:
+      x: Images ``[B, H, W, Ch]`` float32 (28x28 for the canonical model).
+      train: Unused (no BatchNorm/dropout); present for a uniform interface.
+
+    Returns:
+      Logits ``[B, num_classes]``.
+    """
+    del train
+    layers.check_images(x, "LeNet5")
+    x = nn.relu(nn.Conv(6, (5, 5), padding="VALID", name="conv1")(x))
+    x = layers.max_pool(x)
+    x = nn.relu(nn.Conv(16, (5, 5), padding="VALID", name="conv2")(x))
+    x = layers.max_pool(x)
+    x = layers.flatten(x)
+    x = nn.relu(nn.Dense(120, name="fc1")(x))
+    x = nn.relu(nn.Dense(84, name="fc2")(x))
+    return nn.Dense(self.num_classes, name="fc3")(x)
+
+
+class DigitsCNN(nn.Module):
+  """Small conv net for the 8x8x1 scikit-learn digits.
+
+  Layout (SAME convolutions)::
+
+    conv 32 3x3 -> ReLU -> max-pool 2  # 8 -> 4
+    conv 64 3x3 -> ReLU -> max-pool 2  # 4 -> 2
+    dense 128 -> ReLU -> dense num_classes
+
+  53,002 parameters for 10 classes: 320 + 18,496 + 32,896 + 1,290. Trained
+  centrally with Adam it reaches well above 90% test accuracy on digits.
+
+  Attributes:
+    num_classes: Number of output logits.
+  """
+
+  num_classes: int = 10
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
+    """Computes logits.
+
+    Args:
+      x: Images ``[B, 8, 8, 1]`` float32.
+      train: Unused; present for a uniform interface.
+
+    Returns:
+      Logits ``[B, num_classes]``.
+    """
+    del train
+    layers.check_images(x, "DigitsCNN")
+    x = nn.relu(nn.Conv(32, (3, 3), padding="SAME", name="conv1")(x))
+    x = layers.max_pool(x)
+    x = nn.relu(nn.Conv(64, (3, 3), padding="SAME", name="conv2")(x))
+    x = layers.max_pool(x)
+    x = layers.flatten(x)
+    x = nn.relu(nn.Dense(128, name="fc1")(x))
+    return nn.Dense(self.num_classes, name="fc2")(x)
