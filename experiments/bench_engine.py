@@ -52,7 +52,7 @@ def _min_time(fn, reps: int) -> float:
 def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
                 batch: int, reps: int, chunk_size: int) -> dict:
   """One measurement in this process (called in a fresh subprocess)."""
-  import fedjax_dd  # noqa: F401  (XLA flags first)
+
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -110,7 +110,7 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
 
 
 def measure_matmul(reps: int) -> float:
-  import fedjax_dd  # noqa: F401
+
   import jax
   import jax.numpy as jnp
   a = jnp.ones((2048, 2048), jnp.float32)
@@ -203,7 +203,7 @@ def main(argv=None) -> dict:
     _worker(args._worker)
     return {}
 
-  import fedjax_dd  # noqa: F401
+
   from fedjax_dd.core.clients import default_backend
   default = default_backend()
   report: dict = {"results": [], "reference_loop": [], "torch": [],

@@ -9,10 +9,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Callable
+from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax

@@ -20,7 +20,6 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-import fedjax_dd  # noqa: F401  (applies XLA flags before JAX initialises)
 from fedjax_dd.experiments import runners
 
 _CONFIG = config_flags.DEFINE_config_file(

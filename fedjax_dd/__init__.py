@@ -1,8 +1,7 @@
-"""fedjax-dd: federated learning with dataset and data-free distillation in JAX."""
+"""fedjax-dd: federated learning with dataset and data-free distillation in JAX.
 
-from fedjax_dd import _xla_flags
-
-# Must run before anything imports jax and initialises a backend.
-_xla_flags.apply()
+No process-wide XLA flag is set. The engine's hot per-client programs carry
+their measured compiler options themselves (``fedjax_dd.core.clients``).
+"""
 
 __version__ = "0.1.0"

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import fedjax_dd  # noqa: F401  (XLA flags before JAX initialises)
 from fedjax_dd.core.task import Classifier
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,10 +8,10 @@ communicated (``CommSpec(0, 0)``).
 
 from __future__ import annotations
 
-import jax
 import optax
 
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
+from fedjax_dd.core.clients import engine_jit
 from fedjax_dd.core.local import make_local_update
 from fedjax_dd.core.task import Classifier
 
@@ -31,7 +31,7 @@ def centralized(task: Classifier, optimizer: optax.GradientTransformation, *,
   """
   local = make_local_update(task, optimizer, batch_size=batch_size,
                             max_steps=max_steps)
-  run = jax.jit(local.run)
+  run = engine_jit(local.run)
 
   def init(params, batch_stats, num_clients):
     if num_clients != 1:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Callable, Literal, Sequence
 
 import jax
@@ -37,11 +38,33 @@ BACKENDS: tuple[str, ...] = ("vmap", "chunked", "sharded", "loop")
 CLIENT_AXIS = "clients"
 
 
+# Per-program XLA options for the engine's hot programs, by platform. On the
+# CPU backend of jax 0.5.x the thunk runtime runs per-client training several
+# times slower than the classic runtime (LeNet-5, batch 64, vmap over 100
+# clients: 29.5 -> ~4 ms per client-step; experiments/bench_engine.py). They
+# are set per program rather than process-wide because the classic runtime's
+# oneDNN rewrites fail to compile some unrelated programs (the data-free KD
+# epoch). ``FEDJAX_DD_NO_XLA_FLAGS=1`` turns them off.
+_HOT_PROGRAM_OPTIONS = {"cpu": {"xla_cpu_use_thunk_runtime": False}}
+
+
+def hot_program_options() -> dict[str, Any]:
+  """XLA compiler options for the engine's hot jitted programs."""
+  if os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
+    return {}
+  return dict(_HOT_PROGRAM_OPTIONS.get(jax.default_backend(), {}))
+
+
+def engine_jit(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
+  """``jax.jit`` with :func:`hot_program_options` (for per-client hot loops)."""
+  return jax.jit(fn, compiler_options=hot_program_options() or None, **kwargs)
+
+
 def default_backend(platform: str | None = None) -> str:
   """The measured-fastest backend for a platform.
 
   On CPU (2 cores, LeNet-5, batch 64) vmap beats both the per-client loop and
-  chunking once the thunk runtime is off (``fedjax_dd/_xla_flags.py``). On a
+  chunking with the classic runtime (:data:`_HOT_PROGRAM_OPTIONS`). On a
   multi-device host the sharded backend spreads clients over devices.
 
   Args:
@@ -180,7 +203,7 @@ class ClientMapper:
       axes = _normalise_in_axes(in_axes, len(args))
       return jax.vmap(functools.partial(fn, **kwargs), in_axes=axes)(*args)
 
-    return jax.jit(batched, static_argnames=static_argnames)
+    return engine_jit(batched, static_argnames=static_argnames)
 
   def _map_chunked(self, fn, in_axes, static_argnames):
     chunk = self.chunk_size
@@ -197,7 +220,7 @@ class ClientMapper:
 
       return jax.lax.map(one, mapped, batch_size=chunk)
 
-    return jax.jit(batched, static_argnames=static_argnames)
+    return engine_jit(batched, static_argnames=static_argnames)
 
   def _map_sharded(self, fn, in_axes, static_argnames):
     mesh = client_mesh(self.devices)
@@ -214,7 +237,7 @@ class ClientMapper:
       if key not in jitted_cache:
         shardings = tuple(over_clients if ax == 0 else replicated
                           for ax in axes)
-        jitted_cache[key] = jax.jit(
+        jitted_cache[key] = engine_jit(
             jax.vmap(functools.partial(fn, **kwargs), in_axes=axes),
             in_shardings=shardings,
             out_shardings=over_clients)
@@ -231,7 +254,7 @@ class ClientMapper:
 
   @staticmethod
   def _map_loop(fn, in_axes, static_argnames):
-    jitted = jax.jit(fn, static_argnames=static_argnames)
+    jitted = engine_jit(fn, static_argnames=static_argnames)
 
     def batched(*args, **kwargs):
       axes = _normalise_in_axes(in_axes, len(args))

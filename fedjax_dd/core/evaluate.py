@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.clients import ClientMapper, engine_jit
 from fedjax_dd.core.task import Classifier
 
 PyTree = Any
@@ -53,7 +53,7 @@ def make_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
   rows carry zero weight.
   """
   xs, ys, masks = _batched(np.asarray(x), np.asarray(y), batch_size)
-  fn = jax.jit(lambda p, s: _evaluate_one(task, p, s, xs, ys, masks))
+  fn = engine_jit(lambda p, s: _evaluate_one(task, p, s, xs, ys, masks))
 
   def evaluate(params, batch_stats):
     return {k: float(v) for k, v in jax.device_get(fn(params, batch_stats)).items()}

@@ -1,6 +1,5 @@
 """The rounds loop: ledger closed form, bit-identical resume, no recompiles."""
 
-import json
 import logging
 
 import jax
