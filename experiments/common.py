@@ -98,9 +98,21 @@ def client_data(ds: sources.Dataset, parts: list[np.ndarray]) -> ClientData:
   return jax.device_put(stacked)
 
 
+# Models whose training gradient XLA:CPU's classic runtime fails to compile
+# (jax 0.5.3); their programs keep XLA's default runtime.
+CLASSIC_RUNTIME_UNSAFE = frozenset({"resnet18"})
+
+
+def classic_runtime(config: ml_collections.ConfigDict) -> bool:
+  """Whether the engine's per-program CPU options apply to this config."""
+  default = config.get("model") not in CLASSIC_RUNTIME_UNSAFE
+  return bool(config.get("classic_cpu_runtime", default))
+
+
 def mapper(config: ml_collections.ConfigDict) -> clients_lib.ClientMapper:
   return clients_lib.ClientMapper(backend=config.get("backend", "auto"),
-                                  chunk_size=config.get("chunk_size", 16))
+                                  chunk_size=config.get("chunk_size", 16),
+                                  classic_runtime=classic_runtime(config))
 
 
 def workdir_path(workdir: str, *parts: str) -> str:

@@ -146,7 +146,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     num_steps = runners.local_steps(config, server_data.num_examples)
     algorithm = centralized(prepared.task, common.make_optimizer(config),
                             batch_size=config.batch_size,
-                            max_steps=int(jnp.max(num_steps)))
+                            max_steps=int(jnp.max(num_steps)),
+                            classic_runtime=common.classic_runtime(config))
 
   extra = {
       "distiller": config.distiller,

@@ -41,7 +41,8 @@ def _fedavg_kwargs(config, max_steps):
 
 BUILDERS: dict[str, Builder] = {
     "centralized": lambda c, task, m: centralized(
-        task, common.make_optimizer(c), batch_size=c.batch_size, max_steps=m),
+        task, common.make_optimizer(c), batch_size=c.batch_size, max_steps=m,
+        classic_runtime=common.classic_runtime(c)),
     "fedavg": lambda c, task, m: fedavg(task, common.make_optimizer(c),
                                         **_fedavg_kwargs(c, m)),
     "os_fedavg": lambda c, task, m: os_fedavg(task, common.make_optimizer(c),

@@ -69,7 +69,8 @@ class AlexNet(nn.Module):
       raise ValueError(f"AlexNet needs H, W >= 8, got {x.shape[1:3]}.")
     for i, (width, pool) in enumerate(
         [(64, True), (192, True), (384, False), (256, False), (256, True)]):
-      x = nn.relu(nn.Conv(width, (3, 3), padding="SAME", name=f"conv{i + 1}")(x))
+      x = nn.Conv(width, (3, 3), padding="SAME", name=f"conv{i + 1}")(x)
+      x = nn.relu(x)
       if pool:
         x = layers.max_pool(x)
     x = layers.flatten(x)

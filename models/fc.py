@@ -1,4 +1,4 @@
-"""Fully connected ReLU network: the finite-width counterpart of KIP's FC kernel."""
+"""Fully connected ReLU network, the finite-width counterpart of KIP's FC."""
 
 import flax.linen as nn
 import jax.numpy as jnp

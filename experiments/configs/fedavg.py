@@ -3,7 +3,7 @@ r"""FedAvg on 100 clients (HFLDD protocol: all clients every round).
 Commands and expected results (CPU, 2 cores):
 
   fedjax-dd --config=experiments/configs/fedavg.py:mnist_iid --workdir=/tmp/fa
-    MNIST, IID, LeNet-5, 30 rounds, E=2, B=32, SGD lr 0.01: >= 0.97.
+    MNIST, IID, LeNet-5, 30 rounds, E=2, B=32, SGD lr 0.05: >= 0.97.
   fedjax-dd --config=experiments/configs/fedavg.py:mnist_c2 --workdir=/tmp/fa2
     pathological C=2 (HFLDD style): reported in the project notes.
   fedjax-dd --config=experiments/configs/fedavg.py:mnist_c1 --workdir=/tmp/fa1
@@ -39,7 +39,9 @@ def federated_preset(method: str, arg: str):
   c.rounds = 30
   c.batch_size = 32
   c.local_epochs = 2.0
-  c.lr = 0.01
+  # HFLDD's protocol (lr 0.01) for the non-IID presets it compares against;
+  # the IID preset uses 0.05 so that FedAvg converges within its 30 rounds.
+  c.lr = 0.05 if arg == "mnist_iid" else 0.01
   return c
 
 

@@ -17,7 +17,8 @@ from fedjax_dd.core.task import Classifier
 
 
 def centralized(task: Classifier, optimizer: optax.GradientTransformation, *,
-                batch_size: int, max_steps: int) -> FederatedAlgorithm:
+                batch_size: int, max_steps: int,
+                classic_runtime: bool = True) -> FederatedAlgorithm:
   """Builds centralized training on a cohort of exactly one client.
 
   Args:
@@ -25,13 +26,14 @@ def centralized(task: Classifier, optimizer: optax.GradientTransformation, *,
     optimizer: its optimizer; the state persists across rounds (epochs).
     batch_size: batch size.
     max_steps: steps per round (one epoch: ``ceil(N / B)``).
+    classic_runtime: see :func:`fedjax_dd.core.clients.engine_jit`.
 
   Returns:
     A :class:`FederatedAlgorithm`; ``apply`` expects a one-client cohort.
   """
   local = make_local_update(task, optimizer, batch_size=batch_size,
                             max_steps=max_steps)
-  run = engine_jit(local.run)
+  run = engine_jit(local.run, classic_runtime=classic_runtime)
 
   def init(params, batch_stats, num_clients):
     if num_clients != 1:

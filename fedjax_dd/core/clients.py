@@ -44,20 +44,31 @@ CLIENT_AXIS = "clients"
 # clients: 29.5 -> ~4 ms per client-step; experiments/bench_engine.py). They
 # are set per program rather than process-wide because the classic runtime's
 # oneDNN rewrites fail to compile some unrelated programs (the data-free KD
-# epoch). ``FEDJAX_DD_NO_XLA_FLAGS=1`` turns them off.
+# epoch, ResNet-18's training gradient). Callers opt out per program with
+# ``classic_runtime=False``; ``FEDJAX_DD_NO_XLA_FLAGS=1`` turns them off.
 _HOT_PROGRAM_OPTIONS = {"cpu": {"xla_cpu_use_thunk_runtime": False}}
 
 
-def hot_program_options() -> dict[str, Any]:
+def hot_program_options(classic_runtime: bool = True) -> dict[str, Any]:
   """XLA compiler options for the engine's hot jitted programs."""
-  if os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
+  if not classic_runtime or os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
     return {}
   return dict(_HOT_PROGRAM_OPTIONS.get(jax.default_backend(), {}))
 
 
-def engine_jit(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
-  """``jax.jit`` with :func:`hot_program_options` (for per-client hot loops)."""
-  return jax.jit(fn, compiler_options=hot_program_options() or None, **kwargs)
+def engine_jit(fn: Callable[..., Any], *, classic_runtime: bool = True,
+               **kwargs: Any) -> Callable[..., Any]:
+  """``jax.jit`` with :func:`hot_program_options` (for per-client hot loops).
+
+  Args:
+    fn: the function.
+    classic_runtime: use the measured CPU options; pass False for programs
+      that XLA:CPU's classic runtime fails to compile (e.g. ResNet-18's
+      training gradient with jax 0.5.3).
+    **kwargs: forwarded to ``jax.jit``.
+  """
+  options = hot_program_options(classic_runtime)
+  return jax.jit(fn, compiler_options=options or None, **kwargs)
 
 
 def default_backend(platform: str | None = None) -> str:
@@ -148,10 +159,13 @@ class ClientMapper:
       :func:`default_backend`.
     chunk_size: clients per chunk for the ``chunked`` backend.
     devices: devices of the ``sharded`` backend's mesh (default: all).
+    classic_runtime: compile with :func:`hot_program_options` (see
+      :func:`engine_jit`).
   """
   backend: str = "auto"
   chunk_size: int = 16
   devices: tuple[Any, ...] | None = None
+  classic_runtime: bool = True
 
   def __post_init__(self):
     if self.backend != "auto" and self.backend not in BACKENDS:
@@ -196,14 +210,14 @@ class ClientMapper:
 
   # Backends -----------------------------------------------------------------
 
-  @staticmethod
-  def _map_vmap(fn, in_axes, static_argnames):
+  def _map_vmap(self, fn, in_axes, static_argnames):
 
     def batched(*args, **kwargs):
       axes = _normalise_in_axes(in_axes, len(args))
       return jax.vmap(functools.partial(fn, **kwargs), in_axes=axes)(*args)
 
-    return engine_jit(batched, static_argnames=static_argnames)
+    return engine_jit(batched, static_argnames=static_argnames,
+                      classic_runtime=self.classic_runtime)
 
   def _map_chunked(self, fn, in_axes, static_argnames):
     chunk = self.chunk_size
@@ -220,7 +234,8 @@ class ClientMapper:
 
       return jax.lax.map(one, mapped, batch_size=chunk)
 
-    return engine_jit(batched, static_argnames=static_argnames)
+    return engine_jit(batched, static_argnames=static_argnames,
+                      classic_runtime=self.classic_runtime)
 
   def _map_sharded(self, fn, in_axes, static_argnames):
     mesh = client_mesh(self.devices)
@@ -239,6 +254,7 @@ class ClientMapper:
                           for ax in axes)
         jitted_cache[key] = engine_jit(
             jax.vmap(functools.partial(fn, **kwargs), in_axes=axes),
+            classic_runtime=self.classic_runtime,
             in_shardings=shardings,
             out_shardings=over_clients)
       args = [
@@ -252,9 +268,9 @@ class ClientMapper:
 
     return batched
 
-  @staticmethod
-  def _map_loop(fn, in_axes, static_argnames):
-    jitted = engine_jit(fn, static_argnames=static_argnames)
+  def _map_loop(self, fn, in_axes, static_argnames):
+    jitted = engine_jit(fn, static_argnames=static_argnames,
+                        classic_runtime=self.classic_runtime)
 
     def batched(*args, **kwargs):
       axes = _normalise_in_axes(in_axes, len(args))

@@ -82,3 +82,26 @@ def test_sharded_on_four_cpu_devices():
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "OK" in proc.stdout
+
+
+def test_engine_jit_options_are_per_program():
+  """The classic-runtime option reaches only programs that ask for it."""
+  from fedjax_dd.core.clients import engine_jit, hot_program_options
+  import jax
+  import jax.numpy as jnp
+  if jax.default_backend() != "cpu":
+    pytest.skip("the options are CPU-specific")
+  assert hot_program_options(False) == {}
+  x = jnp.ones((2, 8, 8, 3))
+  w = jnp.ones((3, 3, 3, 4))
+
+  def conv(x, w):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+  texts = {flag: engine_jit(conv, classic_runtime=flag).lower(x, w).compile().as_text()
+           for flag in (True, False)}
+  if hot_program_options(True):
+    assert "onednn" in texts[True]
+  assert "onednn" not in texts[False]
+  np.testing.assert_allclose(engine_jit(conv)(x, w), conv(x, w), rtol=1e-5)

@@ -94,8 +94,8 @@ def test_pool_rejects_low_rank():
 
 
 def test_local_response_norm_hand_example():
-  # size 2 -> window {c-1, c}; alpha = size makes alpha / size = 1; beta = k = 1:
-  # out[c] = x[c] / (1 + x[c-1]**2 + x[c]**2).
+  # size 2 -> window {c-1, c}; alpha = size makes alpha / size = 1, and
+  # beta = k = 1, so out[c] = x[c] / (1 + x[c-1]**2 + x[c]**2).
   x = jnp.array([1., 2., 3.]).reshape(1, 1, 1, 3)
   out = layers.local_response_norm(x, 2, alpha=2.0, beta=1.0, k=1.0)
   np.testing.assert_allclose(out.ravel(), [1 / 2, 2 / 6, 3 / 14], rtol=1e-6)
