@@ -77,6 +77,14 @@ def max_pool(x: jnp.ndarray, window: int = 2, stride: int = 2) -> jnp.ndarray:
   if window != stride:
     return nn.max_pool(x, (window, window), strides=(stride, stride),
                        padding="VALID")
+  if window == 2:
+    # Two pairwise maxima of strided halves: exact, and 1.35x faster per
+    # client-step than reshape + max when vmapped over 100 LeNet-5 clients
+    # (experiments/perf_notes.md), whose 7-D compare-and-select it avoids.
+    h, w = (x.shape[-3] // 2) * 2, (x.shape[-2] // 2) * 2
+    x = x[..., :h, :w, :]
+    rows = jnp.maximum(x[..., 0::2, :, :], x[..., 1::2, :, :])
+    return jnp.maximum(rows[..., 0::2, :], rows[..., 1::2, :])
   return _window_reduce(x, window, jnp.max)
 
 
