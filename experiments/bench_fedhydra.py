@@ -1,0 +1,96 @@
+r"""Benchmark of FedHydra's server stages on MNIST-shaped inputs.
+
+1. Model stratification (Alg. 2), m = 5 clients x c = 10 classes with the
+   2-layer CNN: all m·c generator trainings as ONE vmapped program against
+   a Python loop over the pairs (the ``loop`` client backend, one jitted
+   per-pair program). Reports ms per generator step (one step of one pair)
+   and ``speedup_vs_loop``.
+2. HASA: seconds per global epoch (T_G generator steps + the student phase).
+
+Teachers are freshly initialised CNN2s: timing does not depend on their
+weights. Compilation is excluded (one warm-up call each).
+
+  python -m fedjax_dd.experiments.bench_fedhydra --out bench_fedhydra.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dd import models
+from fedjax_dd.algorithms import stratify as stratify_lib
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.distill import dfkd
+
+
+def _timed(fn, repeats):
+  jax.block_until_ready(fn())
+  t0 = time.perf_counter()
+  for _ in range(repeats):
+    out = fn()
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t0) / repeats
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--clients", type=int, default=5)
+  ap.add_argument("--steps", type=int, default=5, help="T_G of Alg. 2")
+  ap.add_argument("--batch", type=int, default=16)
+  ap.add_argument("--ngf", type=int, default=32)
+  ap.add_argument("--repeats", type=int, default=1)
+  args = ap.parse_args(argv)
+  m, c = args.clients, 10
+  task = Classifier(models.get_model("cnn2").build(c), (28, 28, 1),
+                    lambda x: x.astype(jnp.float32) / 255.0, c)
+  inits = [task.init(jax.random.PRNGKey(i)) for i in range(m)]
+  stack = lambda i: jax.tree_util.tree_map(lambda *a: jnp.stack(a),
+                                           *[x[i] for x in inits])
+  tv = ((stack(0), stack(1)),)
+  norm = dfkd.unit_normalizer([0.1307], [0.3081])
+  groups = (dfkd.TeacherGroup(task, norm, tuple(range(m))),)
+  gen = models.Generator(out_shape=(28, 28, 1), nz=100, ngf=args.ngf)
+  results = {"m": m, "c": c, "stratify_steps": args.steps,
+             "stratify_batch": args.batch, "ngf": args.ngf,
+             "backend": jax.default_backend()}
+  pair_steps = m * c * args.steps
+  for backend in ("vmap", "loop"):
+    strat = stratify_lib.make_stratifier(
+        groups, gen, num_classes=c, steps=args.steps, batch_size=args.batch,
+        mapper=ClientMapper(backend))
+    sec = _timed(lambda: strat(tv, jax.random.PRNGKey(0)).u, args.repeats)
+    results[f"stratify_{backend}_seconds"] = sec
+    results[f"stratify_{backend}_ms_per_generator_step"] = 1e3 * sec / pair_steps
+  results["speedup_vs_loop"] = (results["stratify_loop_seconds"] /
+                                results["stratify_vmap_seconds"])
+  hp = dfkd.DFKDHyperParams(batch_size=64, generator_steps=5, student_steps=10,
+                            pool_size=20)
+  d = dfkd.make_dfkd(groups, gen, task, norm,
+                     stratify_lib.stratified_ensemble, hp,
+                     student_optimizer=optax.sgd(0.01, momentum=0.9))
+  state = d.init(jax.random.PRNGKey(1), *task.init(jax.random.PRNGKey(9)))
+  ctx = (jnp.full((c, m), 1.0 / m), jnp.full((c, m), 1.0 / c))
+  holder = {"s": state}
+
+  def one_epoch():
+    holder["s"], _ = d.epoch(holder["s"], tv, ctx)
+    return holder["s"].params
+
+  results["hasa_seconds_per_epoch"] = _timed(one_epoch, max(args.repeats, 2))
+  results["hasa_config"] = {"batch_size": 64, "generator_steps": 5,
+                            "student_steps": 10, "ngf": args.ngf}
+  with open(args.out, "w") as f:
+    json.dump(results, f, indent=2, sort_keys=True)
+  print(json.dumps(results, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+  main()

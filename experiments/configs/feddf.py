@@ -1,0 +1,21 @@
+r"""FedDF (one-shot): ensemble distillation on an unlabeled public set.
+
+Same presets and client protocol as ``fedhydra.py``. The student starts from
+the one-shot FedAvg average and is distilled with Adam (lr 1e-3) towards the
+averaged client logits for ``distill_epochs`` x ``student_steps`` steps of
+``synthetic_batch_size`` public images. Public sets (``public_data``, first
+``public_size`` images drawn with ``data_seed + 1``): Fashion-MNIST train
+images for MNIST, MNIST for Fashion-MNIST, and the 1000 Tiny-ImageNet images
+of ``../shared/datasets`` for CIFAR-10 -- an unlabeled set of the same image
+shape from another domain, since the clients' own domain is private.
+
+  fedjax-dd --config=experiments/configs/feddf.py:mnist_a0.5 --workdir=/tmp/df5
+"""
+
+from fedjax_dd.experiments.configs import fedhydra
+
+
+def get_config(arg: str = "mnist_a0.5"):
+  c = fedhydra.preset("feddf", arg)
+  c.distill_epochs = 20
+  return c

@@ -1,0 +1,230 @@
+"""FedHydra's model stratification (Alg. 2) and stratified aggregation (Alg. 3).
+
+Stratification measures how well each client model ``k`` "knows" each class
+``j``: a freshly initialised generator is trained for ``T_G`` steps to make
+client ``k`` predict ``j`` and its cross-entropy curve ``L_kj`` is recorded.
+A client that learned class ``j`` is easy to drive there, so its loss falls a
+long way relative to where it ends (Eq. 2):
+
+    ``u_kj = (max L_kj − min L_kj) / min L_kj``.
+
+The ``c × m`` matrix ``U[j, k] = u_kj`` is normalised two ways:
+
+* ``U_r`` by rows (Eqs. 4–5): ``U_r[j, k] = u_kj / Σ_k' u_k'j``, how much
+  of class ``j``'s expertise sits with client ``k``;
+* ``U_c`` by columns (Eqs. 6–7): ``U_c[j, k] = u_kj / Σ_j' u_kj'``, how
+  client ``k``'s expertise is spread over the classes.
+
+Stratified aggregation (SA, Eqs. 8–11) of teacher logits ``P_k [B, c]`` on
+samples with target labels ``y``:
+
+    ``P̂_k = P_k ⊙ U_c[:, k]``  and  ``P_i = Σ_k U_r[y_i, k] · P̂_k[i]``.
+
+All ``m · c`` generator trainings are written for ONE (client, class) pair
+and mapped over the pairs with :class:`~fedjax_dd.core.clients.ClientMapper`:
+one jitted program per teacher architecture.
+
+Reference: Bai et al., "A Unified Solution to Diverse Heterogeneities in
+One-Shot Federated Learning" (FedHydra), Sec. 3.2–3.3, Algs. 2–3, Eqs. 2–11.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.distill.dfkd import TeacherGroup, TeacherVars, _check_groups
+
+PyTree = Any
+tree_map = jax.tree_util.tree_map
+
+MIN_LOSS_FLOOR = 1e-6
+"""Lower bound on ``min L_kj`` in Eq. 2.
+
+Cross-entropy in float32 can underflow to exactly 0 when a teacher becomes
+certain; the ratio then tends to infinity, i.e. client ``k`` is the expert for
+class ``j``. Flooring the denominator keeps that meaning (``u_kj`` becomes
+very large, so ``U_r`` gives client ``k`` nearly all of class ``j``) while
+staying finite.
+"""
+
+
+class Stratification(NamedTuple):
+  """The result of Algorithm 2.
+
+  Attributes:
+    curves: ``[m, c, T_G]`` generator CE loss of client ``k`` towards class
+      ``j`` before each step.
+    u: ``[c, m]`` the matrix ``U`` (Eq. 2, transposed to classes × clients).
+    u_r: ``[c, m]`` row-normalised ``U`` (Eqs. 4–5).
+    u_c: ``[c, m]`` column-normalised ``U`` (Eqs. 6–7).
+  """
+  curves: jax.Array
+  u: jax.Array
+  u_r: jax.Array
+  u_c: jax.Array
+
+
+def uncertainty(curves: jax.Array, *, floor: float = MIN_LOSS_FLOOR) -> jax.Array:
+  """``U [c, m]`` from loss curves ``[m, c, T]`` (Eq. 2).
+
+  ``min L`` is floored at ``floor`` (see :data:`MIN_LOSS_FLOOR`); a
+  non-finite curve (a diverged training) gives ``u_kj = 0``, i.e. no
+  evidence that client ``k`` knows class ``j``.
+  """
+  hi = jnp.max(curves, axis=-1)
+  lo = jnp.min(curves, axis=-1)
+  u = (hi - lo) / jnp.maximum(lo, floor)
+  u = jnp.where(jnp.isfinite(u), u, 0.0)
+  return jnp.transpose(u)
+
+
+def normalise_rows(u: jax.Array) -> jax.Array:
+  """``U_r``: each class row sums to 1 over clients (Eqs. 4–5).
+
+  An all-zero row (no client shows any expertise for the class) becomes the
+  uniform ``1/m``, i.e. SA falls back to the plain average for that class.
+  """
+  m = u.shape[1]
+  s = jnp.sum(u, axis=1, keepdims=True)
+  return jnp.where(s > 0, u / jnp.where(s > 0, s, 1.0), 1.0 / m)
+
+
+def normalise_cols(u: jax.Array) -> jax.Array:
+  """``U_c``: each client column sums to 1 over classes (Eqs. 6–7).
+
+  An all-zero column becomes the uniform ``1/c``, which scales that client's
+  logits uniformly.
+  """
+  c = u.shape[0]
+  s = jnp.sum(u, axis=0, keepdims=True)
+  return jnp.where(s > 0, u / jnp.where(s > 0, s, 1.0), 1.0 / c)
+
+
+def stratification_from_curves(curves: jax.Array,
+                                floor: float = MIN_LOSS_FLOOR) -> Stratification:
+  """``U``, ``U_r`` and ``U_c`` from the loss curves ``[m, c, T]``."""
+  u = uncertainty(curves, floor=floor)
+  return Stratification(curves=curves, u=u, u_r=normalise_rows(u),
+                        u_c=normalise_cols(u))
+
+
+def stratified_ensemble(logits: jax.Array, y: jax.Array,
+                        ctx: tuple[jax.Array, jax.Array]) -> jax.Array:
+  """Stratified aggregation (Eqs. 8–11), a ``combine`` function for DFKD.
+
+  Args:
+    logits: teacher logits ``[m, B, c]`` in client order.
+    y: target labels ``[B]``.
+    ctx: ``(U_r [c, m], U_c [c, m])``.
+
+  Returns:
+    Ensemble logits ``[B, c]``: ``P_i = Σ_k U_r[y_i, k] · (P_k ⊙ U_c[:, k])[i]``.
+  """
+  u_r, u_c = ctx
+  scaled = logits * jnp.transpose(u_c)[:, None, :]  # P̂_k [m, B, c]
+  weights = jnp.transpose(u_r[y])                   # [m, B]
+  # A weighted sum rather than an einsum: XLA:CPU's oneDNN rewriter tries to
+  # constant-fold the weight operand of a dot and crashes when it depends on
+  # random labels drawn inside the program.
+  return jnp.sum(weights[:, :, None] * scaled, axis=0)
+
+
+def make_stratifier(groups: Sequence[TeacherGroup],
+                    generator: nn.Module,
+                    *,
+                    num_classes: int,
+                    steps: int = 30,
+                    batch_size: int = 64,
+                    optimizer: optax.GradientTransformation = optax.adam(1e-3),
+                    mapper: ClientMapper = ClientMapper()
+                    ) -> Callable[[TeacherVars, jax.Array], Stratification]:
+  """Builds Algorithm 2 over all ``(client, class)`` pairs.
+
+  For each pair a generator is initialised from its own key, one noise batch
+  ``z [batch_size, nz]`` is drawn, and ``steps`` Adam steps minimise
+  ``CE(F_k(G(z)), j)``; the loss before each step is recorded. The pairs of
+  one architecture run as ONE mapped program (vmap by default); the
+  ``"loop"`` backend gives the sequential reference.
+
+  Args:
+    groups: the client models, one :class:`TeacherGroup` per architecture.
+    generator: an unconditional generator module (``nz`` attribute).
+    num_classes: ``c``.
+    steps: ``T_G`` [30].
+    batch_size: noise samples per step.
+    optimizer: [Adam, lr 1e-3].
+    mapper: how the pairs are batched.
+
+  Returns:
+    ``stratify(teacher_vars, key) -> Stratification``; pair ``(k, j)`` uses
+    ``fold_in(key, k * c + j)``, so the result does not depend on grouping or
+    backend.
+  """
+  if steps < 2:
+    raise ValueError(f"A loss curve needs steps >= 2, got {steps}.")
+  groups = tuple(groups)
+  m, _ = _check_groups(groups)
+  nz = int(getattr(generator, "nz"))
+  c = num_classes
+
+  def draw(key):
+    init_key, z_key = jax.random.split(key)
+    z = jax.random.normal(z_key, (batch_size, nz), jnp.float32)
+    variables = generator.init(init_key, z[:1], train=False)
+    return z, variables["params"], variables.get("batch_stats", {})
+
+  # Noise and fresh generators come from a separate program (see
+  # ``dfkd.make_dfkd``: XLA:CPU's oneDNN rewriter aborts on dot operands
+  # computed from PRNG bits in the same program).
+  draw_all = jax.jit(jax.vmap(draw))
+
+  def one_pair(params, batch_stats, label, z, gp, gs, task, input_fn):
+    y = jnp.full((batch_size,), label, jnp.int32)
+
+    def loss_fn(gp, gs):
+      x, upd = generator.apply({"params": gp, "batch_stats": gs}, z,
+                               train=True, mutable=["batch_stats"])
+      logits, _ = task.apply(params, batch_stats, input_fn(x), train=False)
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+      return ce, upd["batch_stats"]
+
+    grad = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def step(carry, _):
+      gp, gs, opt = carry
+      (loss, gs), g = grad(gp, gs)
+      updates, opt = optimizer.update(g, opt, gp)
+      return (optax.apply_updates(gp, updates), gs, opt), loss
+
+    _, curve = jax.lax.scan(step, (gp, gs, optimizer.init(gp)), None,
+                            length=steps)
+    return curve
+
+  mapped = tuple(
+      mapper.map(lambda p, s, j, z, gp, gs, g=g: one_pair(
+          p, s, j, z, gp, gs, g.task, g.input_fn),
+                 in_axes=(0, 0, 0, 0, 0, 0)) for g in groups)
+
+  def stratify(teacher_vars: TeacherVars, key: jax.Array) -> Stratification:
+    curves = np.zeros((m, c, steps), np.float32)
+    for fn, g, (params, stats) in zip(mapped, groups, teacher_vars):
+      mg = len(g.client_ids)
+      ids = np.asarray(g.client_ids)
+      # Pair p = (teacher p // c, class p % c) of this group.
+      rep = lambda a: jnp.repeat(a, c, axis=0)
+      labels = jnp.tile(jnp.arange(c, dtype=jnp.int32), mg)
+      pair_ids = jnp.asarray((ids[:, None] * c + np.arange(c)).reshape(-1))
+      keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(pair_ids)
+      z, gp, gs = draw_all(keys)
+      out = fn(tree_map(rep, params), tree_map(rep, stats), labels, z, gp, gs)
+      curves[ids] = np.asarray(jax.device_get(out)).reshape(mg, c, steps)
+    return stratification_from_curves(jnp.asarray(curves))
+
+  return stratify

@@ -1,0 +1,137 @@
+"""FedHydra: Eq. 2 guards, SA against a NumPy transcription, stratification, local stage."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dd import models
+from fedjax_dd.algorithms import stratify as st
+from fedjax_dd.algorithms.fedhydra import local_stage
+from fedjax_dd.algorithms.os_fedavg import os_fedavg
+from fedjax_dd.core import rounds as rounds_lib
+from fedjax_dd.core.algorithm import Cohort, ExperimentState
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import steps_for
+from fedjax_dd.algorithms import stages
+from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill import dfkd
+from tests.conftest import synthetic_clients, tiny_task
+
+
+def test_uncertainty_hand_computed_and_guards():
+  # m = 2 clients, c = 2 classes, T = 3.
+  curves = jnp.array([
+      [[4.0, 2.0, 1.0],    # u = (4 − 1)/1 = 3
+       [2.0, 2.0, 2.0]],   # flat: u = 0
+      [[1.0, 0.5, 0.5],    # u = 0.5/0.5 = 1
+       [3.0, 1.0, 0.0]],   # min L = 0: floored, finite and huge
+  ])
+  s = st.stratification_from_curves(curves)
+  u = np.asarray(s.u)
+  assert u.shape == (2, 2)  # [c, m]
+  np.testing.assert_allclose(u[0], [3.0, 1.0])
+  assert u[1, 0] == 0.0 and u[1, 1] == pytest.approx(3.0 / st.MIN_LOSS_FLOOR)
+  assert np.all(np.isfinite(s.u_r)) and np.all(np.isfinite(s.u_c))
+  np.testing.assert_allclose(s.u_r[0], [0.75, 0.25])
+  np.testing.assert_allclose(s.u_r[1], [0.0, 1.0])
+  np.testing.assert_allclose(s.u_c[:, 0], [1.0, 0.0])
+  np.testing.assert_allclose(np.asarray(s.u_r).sum(1), 1.0, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(s.u_c).sum(0), 1.0, rtol=1e-6)
+  # All-zero rows / columns fall back to uniform weights; NaN curves to u = 0.
+  zero = np.asarray(st.normalise_rows(jnp.zeros((3, 4))))
+  np.testing.assert_allclose(zero, 0.25)
+  np.testing.assert_allclose(st.normalise_cols(jnp.zeros((3, 4))), 1 / 3)
+  nan = st.uncertainty(jnp.array([[[np.nan, 1.0]]]))
+  assert float(nan[0, 0]) == 0.0
+
+
+def _sa_numpy(logits, y, u_r, u_c):
+  """Eqs. 8–11 written with loops."""
+  m, b, c = logits.shape
+  out = np.zeros((b, c))
+  for i in range(b):
+    for k in range(m):
+      p_hat = logits[k, i] * u_c[:, k]        # Eq. 8: P̂_k = P_k ⊙ U_c[:, k]
+      out[i] += u_r[y[i], k] * p_hat          # Eqs. 9–11
+  return out
+
+
+def test_stratified_ensemble_matches_numpy():
+  rng = np.random.default_rng(0)
+  m, b, c = 3, 5, 4
+  logits = rng.normal(size=(m, b, c))
+  y = rng.integers(0, c, b)
+  u = rng.uniform(size=(c, m))
+  u_r = u / u.sum(1, keepdims=True)
+  u_c = u / u.sum(0, keepdims=True)
+  got = st.stratified_ensemble(jnp.asarray(logits, jnp.float32), jnp.asarray(y),
+                               (jnp.asarray(u_r), jnp.asarray(u_c)))
+  np.testing.assert_allclose(got, _sa_numpy(logits, y, u_r, u_c), rtol=1e-5,
+                             atol=1e-6)
+  # Uniform U reduces SA to the average scaled by 1/c.
+  flat = st.stratified_ensemble(jnp.asarray(logits), jnp.asarray(y),
+                                (jnp.full((c, m), 1 / m), jnp.full((c, m), 1 / c)))
+  np.testing.assert_allclose(flat, logits.mean(0) / c, rtol=1e-5, atol=1e-6)
+
+
+def _groups_and_vars():
+  task = tiny_task(bn=True)
+  keys = [jax.random.PRNGKey(i) for i in range(2)]
+  inits = [task.init(k) for k in keys]
+  stack = lambda i: jax.tree_util.tree_map(lambda *a: jnp.stack(a),
+                                           *[x[i] for x in inits])
+  group = dfkd.TeacherGroup(task, lambda x: x, (0, 1))
+  return (group,), ((stack(0), stack(1)),)
+
+
+def test_stratifier_vmap_equals_loop_and_does_not_recompile(caplog):
+  groups, tv = _groups_and_vars()
+  gen = models.Generator(out_shape=(4, 4, 1), nz=4, ngf=2)
+  kw = dict(num_classes=3, steps=3, batch_size=4)
+  vm = st.make_stratifier(groups, gen, mapper=ClientMapper("vmap"), **kw)
+  lp = st.make_stratifier(groups, gen, mapper=ClientMapper("loop"), **kw)
+  a = vm(tv, jax.random.PRNGKey(0))
+  b = lp(tv, jax.random.PRNGKey(0))
+  assert a.curves.shape == (2, 3, 3)
+  assert a.u.shape == a.u_r.shape == a.u_c.shape == (3, 2)
+  assert np.all(np.isfinite(a.curves)) and np.all(a.curves > 0)
+  np.testing.assert_allclose(a.curves, b.curves, rtol=2e-4, atol=1e-5)
+  # The generator trainings lower the CE towards the target class.
+  assert np.all(a.curves[..., -1] <= a.curves[..., 0] + 1e-6)
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles(True):
+    vm(tv, jax.random.PRNGKey(1))
+  assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+  with pytest.raises(ValueError, match="steps >= 2"):
+    st.make_stratifier(groups, gen, num_classes=3, steps=1)
+
+
+def test_local_stage_equals_one_shot_fedavg():
+  task = tiny_task()
+  x, y, n = synthetic_clients()
+  data = jax.device_put(ClientData(x=x, y=y, num_examples=n))
+  num_steps = steps_for(data.num_examples, 4, epochs=2)
+  max_steps = int(jnp.max(num_steps))
+  params, stats = task.init(jax.random.PRNGKey(0))
+  run_key = jax.random.PRNGKey(1)
+  # One-shot FedAvg through the rounds loop.
+  alg = os_fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=max_steps)
+  server, clients = alg.init(params, stats, 4)
+  state = ExperimentState(server, clients, run_key, jnp.asarray(0, jnp.int32))
+  opts = rounds_lib.RoundsOptions(num_rounds=1, clients_per_round=4,
+                                  progress=False)
+  state, _, _ = rounds_lib.run_rounds(alg, state, data, num_steps, opts)
+  # The same clients through FedHydra's local stage, averaged.
+  train = local_stage(task, optax.sgd(0.1), batch_size=4, max_steps=max_steps)
+  _, train_key = jax.random.split(jax.random.fold_in(run_key, 1))
+  cohort = Cohort(data.x, data.y, data.num_examples, num_steps, jnp.arange(4))
+  result = train(params, stats, cohort, train_key)
+  assert jax.tree_util.tree_leaves(result.params)[0].shape[0] == 4
+  avg = stages.weighted_mean(result.params, data.num_examples)
+  for a, b in zip(jax.tree_util.tree_leaves(avg),
+                  jax.tree_util.tree_leaves(state.server.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,160 @@
+"""Data-free KD stage: BN-statistics loss, teacher grouping, HASA epochs, resume."""
+
+import logging
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dd import models
+from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.distill import dfkd
+from tests.conftest import tiny_task
+
+tree_map = jax.tree_util.tree_map
+
+
+class InputBN(nn.Module):
+  """BatchNorm directly on the 2 input features, then a linear layer."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    x = x.reshape((x.shape[0], -1))
+    x = nn.BatchNorm(use_running_average=not train)(x)
+    return nn.Dense(3)(x)
+
+
+def test_bn_loss_hand_computed():
+  task = Classifier(InputBN(), (1, 2, 1), lambda x: x, 3)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  # Running stats: mean 0, var 1 (flax defaults).
+  # Batch features: column 0 = [-1, 3] (mean 1, var 4); column 1 = [2, 2]
+  # (mean 2, var 0).  Loss = ‖(1, 2)‖ + ‖(4 − 1, 0 − 1)‖ = √5 + √10.
+  x = jnp.array([[-1.0, 2.0], [3.0, 2.0]]).reshape(2, 1, 2, 1)
+  logits, bn = dfkd.apply_with_bn_loss(task, params, stats, x)
+  assert logits.shape == (2, 3)
+  np.testing.assert_allclose(bn, np.sqrt(5) + np.sqrt(10), rtol=1e-5)
+  # A model without BatchNorm contributes 0.
+  plain = tiny_task()
+  p, s = plain.init(jax.random.PRNGKey(0))
+  _, bn0 = dfkd.apply_with_bn_loss(plain, p, s, jnp.ones((2, 4, 4, 1)))
+  assert float(bn0) == 0.0
+  # Finite gradient even when the statistics match exactly.
+  g = jax.grad(lambda x: dfkd.apply_with_bn_loss(
+      task, params, stats, x)[1])(jnp.array([[-1., -1.], [1., 1.]]).reshape(2, 1, 2, 1))
+  assert np.all(np.isfinite(g))
+
+
+def _stacked(task, keys):
+  inits = [task.init(k) for k in keys]
+  return tree_map(lambda *a: jnp.stack(a), *[i[0] for i in inits]), tree_map(
+      lambda *a: jnp.stack(a), *[i[1] for i in inits])
+
+
+def test_teacher_groups_restore_client_order():
+  plain, bn = tiny_task(), tiny_task(bn=True)
+  ident = lambda x: x
+  # Clients 0 and 2 use the plain net, client 1 the BN net.
+  groups = (dfkd.TeacherGroup(plain, ident, (2, 0)),
+            dfkd.TeacherGroup(bn, ident, (1,)))
+  pp, ps = _stacked(plain, [jax.random.PRNGKey(2), jax.random.PRNGKey(0)])
+  bp, bs = _stacked(bn, [jax.random.PRNGKey(1)])
+  teachers = dfkd.make_teacher_fn(groups)
+  x = jax.random.uniform(jax.random.PRNGKey(5), (6, 4, 4, 1))
+  logits, bn_loss = teachers(((pp, ps), (bp, bs)), x)
+  assert logits.shape == (3, 6, 3) and bn_loss.shape == (3,)
+  for k, (task, key) in enumerate([(plain, 0), (bn, 1), (plain, 2)]):
+    p, s = task.init(jax.random.PRNGKey(key))
+    want, _ = task.apply(p, s, x, train=False)
+    np.testing.assert_allclose(logits[k], want, rtol=1e-5, atol=1e-6)
+  assert bn_loss[0] == 0 and bn_loss[2] == 0 and bn_loss[1] > 0
+  with pytest.raises(ValueError, match="permutation"):
+    dfkd.make_teacher_fn((dfkd.TeacherGroup(plain, ident, (0, 2)),))
+
+
+def test_average_ensemble_and_kl():
+  logits = jnp.array([[[1.0, 0.0]], [[3.0, 2.0]]])  # [m=2, B=1, K=2]
+  np.testing.assert_allclose(dfkd.average_ensemble(logits, None, ()),
+                             [[2.0, 1.0]])
+  a = jnp.array([[0.0, 0.0]])
+  b = jnp.array([[np.log(3.0), 0.0]])  # probabilities (3/4, 1/4)
+  # KL((1/2, 1/2) ‖ (3/4, 1/4)) = ½ log(2/3) + ½ log 2.
+  want = 0.5 * np.log(2 / 3) + 0.5 * np.log(2)
+  np.testing.assert_allclose(dfkd.kl_divergence(a, b, 1.0), want, rtol=1e-5)
+  np.testing.assert_allclose(dfkd.kl_divergence(b, b, 2.0), 0.0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def distiller():
+  return _distiller()
+
+
+def _distiller(pool_size=2, combine=dfkd.average_ensemble):
+  task = tiny_task(bn=True)
+  ident = lambda x: x
+  group = dfkd.TeacherGroup(task, ident, (0, 1))
+  params, stats = _stacked(task, [jax.random.PRNGKey(0), jax.random.PRNGKey(1)])
+  gen = models.Generator(out_shape=(4, 4, 1), nz=4, ngf=2)
+  hp = dfkd.DFKDHyperParams(batch_size=6, generator_steps=2, student_steps=3,
+                            pool_size=pool_size)
+  d = dfkd.make_dfkd((group,), gen, task, ident, combine, hp,
+                     student_optimizer=optax.sgd(0.05, momentum=0.9))
+  s_params, s_stats = task.init(jax.random.PRNGKey(9))
+  state = d.init(jax.random.PRNGKey(3), s_params, s_stats)
+  return d, state, ((params, stats),)
+
+
+def test_epoch_shapes_finite_and_no_recompilation(caplog, distiller):
+  d, state, tv = distiller
+  assert state.pool_x.shape == (2, 6, 4, 4, 1)
+  s1, metrics = d.epoch(state, tv, ())
+  assert int(s1.epoch) == 1
+  for k in ("gen_ce", "gen_bn", "gen_adv", "student_kl", "student_ce"):
+    assert np.isfinite(float(metrics[k])), k
+  assert float(metrics["gen_bn"]) > 0
+  # The generator and the student both moved; slot 0 of the pool was filled.
+  moved = lambda a, b: any(not np.allclose(x, y) for x, y in zip(
+      jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+  assert moved(state.gen_params, s1.gen_params)
+  assert moved(state.params, s1.params)
+  assert np.all((s1.pool_x[0] > 0) & (s1.pool_x[0] < 1))
+  assert np.all(s1.pool_x[1] == 0)
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles(True):
+    s2, _ = d.epoch(s1, tv, ())
+    s3, _ = d.epoch(s2, tv, ())
+  assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+  assert int(s3.epoch) == 3
+  imgs = d.generate(s3, jnp.zeros((5, 4)), jnp.zeros((5,), jnp.int32))
+  assert imgs.shape == (5, 4, 4, 1)
+
+
+def test_resume_is_bit_identical(tmp_path, distiller):
+  d, state, tv = distiller
+  straight = state
+  for _ in range(3):
+    straight, _ = d.epoch(straight, tv, ())
+  s = state
+  s, _ = d.epoch(s, tv, ())
+  with CheckpointStore(tmp_path / "ck", max_to_keep=1) as store:
+    store.save(1, s, {"round": 1}, force=True)
+  template = d.init(jax.random.PRNGKey(123), state.params, state.batch_stats)
+  with CheckpointStore(tmp_path / "ck", max_to_keep=1) as store:
+    step, restored, meta = store.restore(template)
+  assert step == 1 and meta == {"round": 1}
+  for _ in range(2):
+    restored, _ = d.epoch(restored, tv, ())
+  for a, b in zip(jax.tree_util.tree_leaves(straight),
+                  jax.tree_util.tree_leaves(restored)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_hparams_validation():
+  with pytest.raises(ValueError, match="generator_steps"):
+    dfkd.DFKDHyperParams(generator_steps=0)
+  with pytest.raises(ValueError, match="temperature"):
+    dfkd.DFKDHyperParams(temperature=0.0)
