@@ -109,6 +109,16 @@ def classic_runtime(config: ml_collections.ConfigDict) -> bool:
   return bool(config.get("classic_cpu_runtime", default))
 
 
+def clients_per_round(config: ml_collections.ConfigDict, num_clients: int) -> int:
+  """``clients_per_round`` if set, else ``client_fraction`` of N (at least 1)."""
+  if config.get("clients_per_round"):
+    return int(config.clients_per_round)
+  fraction = config.get("client_fraction", 1.0)
+  if not 0.0 < fraction <= 1.0:
+    raise ValueError(f"client_fraction must be in (0, 1], got {fraction}.")
+  return max(1, int(round(fraction * num_clients)))
+
+
 def mapper(config: ml_collections.ConfigDict) -> clients_lib.ClientMapper:
   return clients_lib.ClientMapper(backend=config.get("backend", "auto"),
                                   chunk_size=config.get("chunk_size", 16),

@@ -97,7 +97,7 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
     writer.truncate_after(0)
   options = rounds_lib.RoundsOptions(
       num_rounds=config.rounds,
-      clients_per_round=config.get("clients_per_round") or data.num_clients,
+      clients_per_round=common.clients_per_round(config, data.num_clients),
       eval_every=config.get("eval_every", 1),
       checkpoint_every=config.get("checkpoint_every", 1),
       progress=config.get("progress", True),

@@ -27,7 +27,8 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
   c.seed = 0
   c.data_seed = 0
   c.num_clients = 1
-  c.clients_per_round = 0  # 0 = all clients every round.
+  c.clients_per_round = 0  # > 0: sampled clients per round (seeded) ...
+  c.client_fraction = 1.0  # ... else this fraction of all clients.
   c.rounds = 1
   c.batch_size = 64
   c.local_epochs = 1.0

@@ -127,3 +127,30 @@ def test_invalid_clients_per_round():
                           rounds_lib.RoundsOptions(num_rounds=1,
                                                    clients_per_round=5,
                                                    progress=False))
+
+
+def test_client_sampling_is_seeded_and_without_replacement():
+  a = rounds_lib.sample_clients(jax.random.PRNGKey(3), 10, 4)
+  b = rounds_lib.sample_clients(jax.random.PRNGKey(3), 10, 4)
+  c = rounds_lib.sample_clients(jax.random.PRNGKey(4), 10, 4)
+  np.testing.assert_array_equal(a, b)
+  assert len(set(np.asarray(a).tolist())) == 4 and not np.array_equal(a, c)
+  np.testing.assert_array_equal(rounds_lib.sample_clients(jax.random.PRNGKey(0), 5, 5),
+                                np.arange(5))
+
+
+def test_per_client_evaluation_matches_global_evaluator():
+  from fedjax_dd.core.evaluate import make_client_evaluator
+  task = tiny_task()
+  x, y, _ = synthetic_clients()
+  xs, ys = x.reshape(-1, 4, 4, 1), y.reshape(-1)
+  p0, s0 = task.init(jax.random.PRNGKey(0))
+  p1, s1 = task.init(jax.random.PRNGKey(1))
+  stacked = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), p0, p1)
+  per_client = make_client_evaluator(task, xs, ys, batch_size=7)(stacked, {})
+  single = make_evaluator(task, xs, ys, batch_size=7)
+  for i, p in enumerate([p0, p1]):
+    np.testing.assert_allclose(per_client["accuracy"][i], single(p, {})["accuracy"], rtol=1e-6)
+    np.testing.assert_allclose(per_client["loss"][i], single(p, {})["loss"], rtol=1e-5)
+  # Hand check: accuracy is a fraction of the 48 rows, whatever the padding.
+  assert (per_client["accuracy"] * 48) == pytest.approx(np.round(per_client["accuracy"] * 48))
