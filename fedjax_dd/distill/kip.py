@@ -19,6 +19,7 @@ meaningful) and mapped back to pixels for transmission as uint8.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable
 
@@ -219,6 +220,12 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
   return init, segment, normalise
 
 
+@functools.lru_cache(maxsize=16)
+def _cached_distiller(kernel_fn, **kwargs):
+  """:func:`make_distiller` memoised, so repeated calls reuse compiled programs."""
+  return make_distiller(kernel_fn, **kwargs)
+
+
 def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
                     kernel_fn: KernelFn, mean, std,
                     images_per_class: int | None = None,
@@ -269,8 +276,10 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
           "KIP: %d clients hold fewer than %d examples; their support is capped "
           "at their local count (e.g. client %d has %d).", short.size,
           support_size, short[0], int(np.asarray(num_examples)[short[0]]))
-  init, segment, _ = make_distiller(
-      kernel_fn, num_classes=num_classes, mean=mean, std=std,
+  init, segment, _ = _cached_distiller(
+      kernel_fn, num_classes=num_classes,
+      mean=tuple(np.asarray(mean, np.float32).reshape(-1).tolist()),
+      std=tuple(np.asarray(std, np.float32).reshape(-1).tolist()),
       images_per_class=images_per_class, support_size=support_size, lr=lr,
       target_batch_size=target_batch_size, reg=reg, learn_labels=learn_labels,
       centered_labels=centered_labels, stop_accuracy=stop_accuracy,

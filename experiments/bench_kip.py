@@ -1,0 +1,130 @@
+r"""KIP benchmark: all clients in one program vs per-client loops.
+
+  python -m fedjax_dd.experiments.bench_kip --out bench_kip.json
+  python -m fedjax_dd.experiments.bench_kip --clients 10,100 --ipc 1 --out b.json
+
+For C clients holding MNIST-shaped data (two classes each, as FedD3's
+non-IID split), reports ms per KIP iteration per client for:
+
+* ``batched``: the all-client jitted program (``distill.kip``, vmap backend);
+* ``loop``: a Python loop over clients calling one jitted per-client program
+  (the ``loop`` backend);
+* ``rejit``: a loop that builds and jits a fresh per-client program for every
+  client, as the reference implementation does (its compile time is part of
+  the cost, which is the point of the comparison).
+
+``speedup_vs_loop`` per client count is ``loop / batched``. Peak resident
+memory of each measurement (run in its own subprocess) is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def _data(num_clients: int, per_client: int, seed: int = 0):
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  x = rng.integers(0, 255, (num_clients, per_client, 28, 28, 1), np.uint8)
+  y = np.stack([np.resize([c % 10, (c + 1) % 10], per_client)
+                for c in range(num_clients)]).astype(np.int32)
+  n = np.full((num_clients,), per_client, np.int32)
+  return x, y, n
+
+
+def measure(mode: str, num_clients: int, ipc: int, iterations: int,
+            per_client: int) -> dict:
+  import jax
+  import numpy as np
+  from fedjax_dd.core.clients import ClientMapper
+  from fedjax_dd.distill import kip
+  from fedjax_dd.kernels.ntk import fc_kernel
+
+  x, y, n = _data(num_clients, per_client)
+  common = dict(num_classes=10, mean=[0.13], std=[0.31], images_per_class=ipc,
+                max_iterations=iterations, segment_iterations=iterations,
+                stop_accuracy=2.0)  # never stop early: time full iterations
+  key = jax.random.PRNGKey(0)
+
+  def batched(backend, xs, ys, ns, kernel):
+    res = kip.distill_clients(key, xs, ys, ns, kernel_fn=kernel,
+                              mapper=ClientMapper(backend=backend), **common)
+    jax.block_until_ready(res.x)
+
+  kernel = fc_kernel()
+  if mode == "batched":
+    batched("vmap", x, y, n, kernel)  # compile
+    start = time.perf_counter()
+    batched("vmap", x, y, n, kernel)
+  elif mode == "loop":
+    batched("loop", x[:1], y[:1], n[:1], kernel)  # compile the per-client program
+    start = time.perf_counter()
+    batched("loop", x, y, n, kernel)
+  else:  # rejit: a fresh kernel closure, so a fresh program, per client
+    start = time.perf_counter()
+    for c in range(num_clients):
+      batched("vmap", x[c:c + 1], y[c:c + 1], n[c:c + 1], fc_kernel())
+  seconds = time.perf_counter() - start
+  return {"mode": mode, "num_clients": num_clients, "images_per_class": ipc,
+          "iterations": iterations,
+          "ms_per_iteration_per_client": 1e3 * seconds / (iterations * num_clients),
+          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+          "devices": str(jax.devices()), "numpy": np.__version__}
+
+
+def _subprocess(**kwargs) -> dict:
+  proc = subprocess.run([sys.executable, "-m", "fedjax_dd.experiments.bench_kip",
+                         "--_worker", json.dumps(kwargs)],
+                        capture_output=True, text=True, check=False)
+  if proc.returncode != 0:
+    return {"error": proc.stderr[-2000:], **kwargs}
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--out", default="bench_kip.json")
+  p.add_argument("--clients", default="10,100,500")
+  p.add_argument("--ipc", default="1,10")
+  p.add_argument("--iterations", type=int, default=50)
+  p.add_argument("--per_client", type=int, default=120)
+  p.add_argument("--modes", default="batched,loop,rejit")
+  p.add_argument("--rejit_max_clients", type=int, default=100,
+                 help="skip the re-jitting loop above this many clients")
+  p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args._worker:
+    print(json.dumps(measure(**json.loads(args._worker))))
+    return {}
+  report = {"results": [], "speedup_vs_loop": {}, "speedup_vs_rejit": {}}
+  for ipc in [int(v) for v in args.ipc.split(",")]:
+    for c in [int(v) for v in args.clients.split(",")]:
+      rows = {}
+      for mode in args.modes.split(","):
+        if mode == "rejit" and c > args.rejit_max_clients:
+          continue
+        r = _subprocess(mode=mode, num_clients=c, ipc=ipc,
+                        iterations=args.iterations, per_client=args.per_client)
+        report["results"].append(r)
+        rows[mode] = r.get("ms_per_iteration_per_client")
+        print(json.dumps(r), file=sys.stderr)
+      key = f"{c}" if len(args.ipc.split(",")) == 1 else f"{c}/ipc{ipc}"
+      if rows.get("batched") and rows.get("loop"):
+        report["speedup_vs_loop"][key] = rows["loop"] / rows["batched"]
+      if rows.get("batched") and rows.get("rejit"):
+        report["speedup_vs_rejit"][key] = rows["rejit"] / rows["batched"]
+  with open(args.out, "w") as f:
+    json.dump(report, f, indent=2)
+  print(json.dumps({k: report[k] for k in ("speedup_vs_loop", "speedup_vs_rejit")},
+                   indent=2))
+  return report
+
+
+if __name__ == "__main__":
+  main()
