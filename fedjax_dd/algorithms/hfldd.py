@@ -1,0 +1,366 @@
+"""HFLDD: dataset-distillation-based hybrid federated learning.
+
+Reference: Shi et al., "Dataset Distillation-based Hybrid Federated Learning
+on Non-IID Data", 2024 (Alg. 2). The pipeline is a chain of separate stages:
+
+1. label-knowledge collection and similarity ``M`` (Eq. 4):
+   :mod:`fedjax_dd.distill.soft_labels`;
+2. homogeneous KMeans clustering and ClusterSampling (Alg. 1):
+   :mod:`fedjax_dd.clustering`;
+3. IID dataset generation (this module): every non-head member distills its
+   data with the batched KIP (:func:`distill_members`) -- or, for the paper's
+   "w/o DD" ablation, sends its raw data (:func:`raw_members`) -- and each
+   head's hybrid dataset is its raw data plus everything it received
+   (:func:`build_hybrid_data`);
+4. model training: FedAvg between the server and the ``H`` heads only,
+   weighted by ``|D_h|`` (:func:`head_training`).
+
+Distilled labels may be centred (``one_hot - 1/K``) or learned, so the heads
+train on target vectors ``[N_max, K]`` rather than class ids:
+:func:`soft_target_task` wraps a classifier with a soft-target cross-entropy
+and every other piece of the engine (local update, client stage, FedAvg,
+rounds loop) is used unchanged.
+
+Communication follows Eq. 18 (:func:`eq18_bits`, :func:`setup_ledger`):
+``N |D_g| N_c B1`` for the soft labels, ``sum_i |D~_i| B2`` for the distilled
+images (``|D~_i|`` counted in pixel channels) and ``H |w| (2T - 1) B1`` for
+the model exchange, which the rounds loop records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_dd.algorithms.fedavg import fedavg
+from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core.algorithm import FederatedAlgorithm
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill import kip
+
+if TYPE_CHECKING:
+  # Host-side (scikit-learn); only its Topology type is used here.
+  from fedjax_dd.clustering import Topology
+
+PyTree = Any
+
+
+# ----------------------------------------------------------------------------
+# Soft targets.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftTargetClassifier(Classifier):
+  """A :class:`Classifier` whose loss also accepts target vectors.
+
+  ``loss(params, batch_stats, x_uint8, targets)`` with ``targets [B, K]``
+  float computes ``softmax_cross_entropy(logits, targets)``; with integer
+  labels ``[B]`` it is the base classifier's loss. Accuracy compares the
+  argmax of logits and targets.
+  """
+
+  def loss(self, params, batch_stats, x_uint8, y, *, train=True, weights=None):
+    if y.ndim == 1:
+      return super().loss(params, batch_stats, x_uint8, y, train=train,
+                          weights=weights)
+    logits, new_stats = self.apply(params, batch_stats,
+                                   self.preprocess(x_uint8), train=train)
+    y = y.astype(jnp.float32)
+    ce = optax.softmax_cross_entropy(logits, y)
+    correct = (jnp.argmax(logits, -1) == jnp.argmax(y, -1)).astype(jnp.float32)
+    if weights is None:
+      return ce.mean(), (new_stats, correct.mean())
+    total = jnp.maximum(weights.sum(), 1.0)
+    return ((ce * weights).sum() / total,
+            (new_stats, (correct * weights).sum() / total))
+
+
+def soft_target_task(task: Classifier) -> SoftTargetClassifier:
+  """The same classifier, trainable on target vectors ``[B, K]``."""
+  return SoftTargetClassifier(module=task.module, input_shape=task.input_shape,
+                              preprocess=task.preprocess,
+                              num_classes=task.num_classes)
+
+
+def labels_to_targets(y: jax.Array | np.ndarray, *, centered: bool) -> np.ndarray:
+  """KIP support labels ``[..., K]`` to cross-entropy target distributions.
+
+  Centring is undone (``+ 1/K``), so fixed centred labels become one-hot
+  again. Learned labels may leave the simplex: negative entries are clipped
+  to zero and each row is renormalised to sum to one; a row with no positive
+  entry falls back to the one-hot of its argmax.
+
+  Args:
+    y: ``[..., K]`` support labels.
+    centered: whether they were built with KIP's centred convention.
+
+  Returns:
+    ``[..., K]`` float32 rows on the probability simplex.
+  """
+  y = np.asarray(y, np.float32)
+  k = y.shape[-1]
+  if centered:
+    y = y + np.float32(1.0 / k)
+  pos = np.clip(y, 0.0, None)
+  total = pos.sum(-1, keepdims=True)
+  fallback = np.eye(k, dtype=np.float32)[np.argmax(y, -1)]
+  with np.errstate(invalid="ignore", divide="ignore"):
+    out = np.where(total > 1e-12, pos / np.where(total > 0, total, 1.0),
+                   fallback)
+  return out.astype(np.float32)
+
+
+# ----------------------------------------------------------------------------
+# Stage 5: IID dataset generation.
+# ----------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class SentData:
+  """What the members send to their heads, stacked over senders ``[M, ...]``.
+
+  Attributes:
+    x: ``[M, S, H, W, Ch]`` uint8 images (quantised for transmission).
+    y: ``[M, S, K]`` float32 target vectors (simplex rows).
+    mask: ``[M, S]`` bool, True on rows actually sent.
+    senders: ``[M]`` client ids.
+  """
+  x: np.ndarray
+  y: np.ndarray
+  mask: np.ndarray
+  senders: np.ndarray
+
+  @property
+  def counts(self) -> np.ndarray:
+    """``[M]`` rows sent by each member (``|D~_i|``)."""
+    return np.asarray(self.mask).sum(axis=1).astype(np.int64)
+
+
+def _member_rows(data: ClientData, topology: Topology):
+  members = topology.members
+  return (members, np.asarray(data.x)[members], np.asarray(data.y)[members],
+          np.asarray(data.num_examples)[members])
+
+
+def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
+                    kernel_fn: kip.KernelFn, mean: np.ndarray, std: np.ndarray,
+                    num_classes: int, support_size: int = 400,
+                    lr: float = 0.004, max_iterations: int = 3000,
+                    target_batch_size: int = 10, reg: float = 1e-6,
+                    learn_labels: bool = False, centered_labels: bool = False,
+                    stop_accuracy: float = 0.999, min_iterations: int = 0,
+                    segment_iterations: int = 100,
+                    mapper: ClientMapper = ClientMapper(),
+                    progress: Callable[[int, int], None] | None = None
+                    ) -> tuple[SentData, kip.KipResult]:
+  """Every non-head member distills ``|D~_i|`` images with the batched KIP.
+
+  All members run in one batched KIP program (``fedjax_dd.distill.kip``).
+  Members holding fewer than ``support_size`` examples send their local
+  count (KIP warns); the images are quantised to uint8 for transmission.
+
+  Args:
+    key: PRNG key; member ``j`` (in member order) uses ``fold_in(key, j)``.
+    data: all clients' data ``[N, N_max, ...]``.
+    topology: clusters and heads.
+    kernel_fn: KIP kernel, e.g. ``fedjax_dd.kernels.ntk.fc_kernel()``.
+    mean: per-channel mean on the ``[0, 1]`` scale (KIP's normalised space).
+    std: per-channel standard deviation.
+    num_classes: ``N_c``.
+    support_size: ``|D~_i|`` per member (HFLDD: 400).
+    lr: KIP Adam learning rate (0.004).
+    max_iterations: KIP iteration cap (3000).
+    target_batch_size: targets per KIP iteration (10).
+    reg: KRR ridge ``lambda`` (1e-6).
+    learn_labels: also learn the support labels.
+    centered_labels: KIP's centred one-hot labels.
+    stop_accuracy: per-member early stop on target-batch accuracy. A member
+      holding one class reaches it at the first iteration (KRR on one-class
+      labels predicts that class), so its support stays close to real
+      images unless ``min_iterations`` is set.
+    min_iterations: iterations before the early stop may trigger.
+    segment_iterations: KIP iterations per batched program.
+    mapper: client-axis backend.
+    progress: optional KIP progress callback.
+
+  Returns:
+    ``(sent, kip_result)``; ``sent.y`` holds target distributions (see
+    :func:`labels_to_targets`).
+  """
+  members, x, y, n = _member_rows(data, topology)
+  if members.size == 0:
+    raise ValueError("The topology has no members (every client is a head).")
+  support = min(int(support_size), x.shape[1])
+  res = kip.distill_clients(
+      key, x, y, n, num_classes=num_classes, kernel_fn=kernel_fn, mean=mean,
+      std=std, support_size=support, lr=lr, max_iterations=max_iterations,
+      target_batch_size=target_batch_size, reg=reg, learn_labels=learn_labels,
+      centered_labels=centered_labels, stop_accuracy=stop_accuracy,
+      min_iterations=min_iterations, segment_iterations=segment_iterations,
+      mapper=mapper, progress=progress)
+  res = jax.device_get(res)
+  sent = SentData(x=np.asarray(kip.quantize(res.x)),
+                  y=labels_to_targets(res.y, centered=centered_labels),
+                  mask=np.asarray(res.mask, bool), senders=members)
+  return sent, res
+
+
+def raw_members(data: ClientData, topology: Topology, *, num_classes: int
+                ) -> SentData:
+  """The "w/o DD" ablation: members send their raw data to their heads."""
+  members, x, y, n = _member_rows(data, topology)
+  mask = np.arange(x.shape[1])[None, :] < n[:, None]
+  targets = np.eye(num_classes, dtype=np.float32)[y] * mask[..., None]
+  return SentData(x=x, y=targets, mask=mask, senders=members)
+
+
+def build_hybrid_data(data: ClientData, topology: Topology, sent: SentData, *,
+                      num_classes: int) -> ClientData:
+  """Each head's ``D_h``: its raw data plus all data its members sent.
+
+  Host-side assembly (one concatenation per head, once per run).
+
+  Args:
+    data: all clients' data ``[N, N_max, ...]`` with integer labels.
+    topology: clusters and heads.
+    sent: the members' transmissions.
+    num_classes: ``N_c``.
+
+  Returns:
+    ``ClientData`` over the heads: ``x [H, D_max, H, W, Ch]`` uint8,
+    ``y [H, D_max, K]`` float32 target vectors (one-hot for raw rows) and
+    ``num_examples [H] = |D_h|``, zero-padded.
+  """
+  x_all, y_all = np.asarray(data.x), np.asarray(data.y)
+  n_all = np.asarray(data.num_examples)
+  eye = np.eye(num_classes, dtype=np.float32)
+  sender_row = {int(c): j for j, c in enumerate(np.asarray(sent.senders))}
+  xs, ys = [], []
+  for h, head in enumerate(topology.heads):
+    parts_x = [x_all[head, :n_all[head]]]
+    parts_y = [eye[y_all[head, :n_all[head]]]]
+    for c in topology.cluster(h):
+      if c == head:
+        continue
+      j = sender_row[int(c)]
+      m = np.asarray(sent.mask[j], bool)
+      parts_x.append(np.asarray(sent.x[j])[m])
+      parts_y.append(np.asarray(sent.y[j], np.float32)[m])
+    xs.append(np.concatenate(parts_x))
+    ys.append(np.concatenate(parts_y))
+  sizes = np.array([len(v) for v in xs], np.int32)
+  d_max = int(sizes.max())
+  x = np.zeros((len(xs), d_max, *x_all.shape[2:]), np.uint8)
+  y = np.zeros((len(xs), d_max, num_classes), np.float32)
+  for h, (xh, yh) in enumerate(zip(xs, ys)):
+    x[h, :len(xh)] = xh
+    y[h, :len(yh)] = yh
+  return ClientData(x=x, y=y, num_examples=sizes)
+
+
+# ----------------------------------------------------------------------------
+# Stage 6: model training among the heads.
+# ----------------------------------------------------------------------------
+
+
+def head_training(task: Classifier,
+                  client_optimizer: optax.GradientTransformation, *,
+                  batch_size: int, max_steps: int,
+                  mapper: ClientMapper = ClientMapper(),
+                  server_optimizer: optax.GradientTransformation = optax.sgd(1.0)
+                  ) -> FederatedAlgorithm:
+  """FedAvg between the server and the heads on their hybrid datasets.
+
+  The heads' data carry target vectors ``[D_max, K]``; aggregation is
+  weighted by ``|D_h|`` (FedAvg's ``num_examples`` rule), padding is masked
+  by the engine's local update.
+
+  Args:
+    task: the classifier (its integer-label loss is generalised with
+      :func:`soft_target_task`).
+    client_optimizer: the heads' local optimizer (HFLDD: SGD, lr 0.01).
+    batch_size: local batch size (32).
+    max_steps: static local scan length (the largest head's ``E2`` epochs).
+    mapper: client-axis backend over the heads.
+    server_optimizer: ``sgd(1.0)`` is plain averaging.
+
+  Returns:
+    A :class:`FederatedAlgorithm` for :func:`fedjax_dd.core.rounds.run_rounds`.
+  """
+  return fedavg(soft_target_task(task), client_optimizer,
+                batch_size=batch_size, max_steps=max_steps, mapper=mapper,
+                server_optimizer=server_optimizer)
+
+
+# ----------------------------------------------------------------------------
+# Communication (Eq. 18).
+# ----------------------------------------------------------------------------
+
+
+def eq18_bits(*, num_clients: int, aux_size: int, num_classes: int,
+              distilled_samples: int, pixels_per_sample: int, num_heads: int,
+              num_params: int, rounds: int, bits_per_param: int = 32,
+              bits_per_pixel_channel: int = 8) -> int:
+  """HFLDD Eq. 18 in bits.
+
+  ``N |D_g| N_c B1 + sum_i |D~_i| B2 + H |w| (2T - 1) B1`` with ``|D~_i|`` in
+  pixel channels (``samples * H * W * Ch``).
+  """
+  soft = num_clients * aux_size * num_classes * bits_per_param
+  data = distilled_samples * pixels_per_sample * bits_per_pixel_channel
+  model = num_heads * num_params * (2 * rounds - 1) * bits_per_param if rounds else 0
+  return int(soft + data + model)
+
+
+def setup_ledger(topology: Topology, sent_counts: np.ndarray, *, aux_size: int,
+                 num_classes: int, pixels_per_sample: int,
+                 bits_per_soft_label: int = ledger_lib.BITS_PER_SOFT_LABEL,
+                 bits_per_pixel_channel: int = ledger_lib.BITS_PER_PIXEL_CHANNEL,
+                 bits_per_sent_label: int = 0,
+                 ledger: ledger_lib.Ledger | None = None) -> ledger_lib.Ledger:
+  """Records the one-shot traffic before training, at round 0.
+
+  * every client uploads ``|D_g| x N_c`` soft labels (tag ``soft_labels``);
+  * every member sends its ``|D~_i|`` images to its head as peer traffic,
+    ``bits_per_pixel_channel`` per pixel channel (tag ``distilled_data``).
+
+  Eq. 18 does not charge the labels of the sent data; ``bits_per_sent_label``
+  (default 0) charges each of the ``|D~_i| x N_c`` label entries, e.g. 32 for
+  learned labels (tag ``distilled_labels``).
+
+  Args:
+    topology: clusters and heads (``N`` clients upload soft labels).
+    sent_counts: ``[M]`` samples each member sent (``SentData.counts``).
+    aux_size: ``|D_g|``.
+    num_classes: ``N_c``.
+    pixels_per_sample: ``H * W * Ch``.
+    bits_per_soft_label: ``B1``.
+    bits_per_pixel_channel: ``B2``.
+    bits_per_sent_label: see above.
+    ledger: ledger to extend (new if None).
+
+  Returns:
+    The ledger with these entries added.
+  """
+  ledger = ledger if ledger is not None else ledger_lib.Ledger()
+  ledger = ledger.record(
+      0, kind="upload", bits=aux_size * num_classes * bits_per_soft_label,
+      count=topology.num_clients, tag="soft_labels")
+  for count in np.asarray(sent_counts):
+    ledger = ledger.record(
+        0, kind="peer", bits=int(count) * pixels_per_sample * bits_per_pixel_channel,
+        tag="distilled_data")
+    if bits_per_sent_label:
+      ledger = ledger.record(
+          0, kind="peer", bits=int(count) * num_classes * bits_per_sent_label,
+          tag="distilled_labels")
+  return ledger

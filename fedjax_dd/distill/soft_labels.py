@@ -1,0 +1,202 @@
+"""Label-knowledge collection: pretrain every client, soft labels, similarity.
+
+HFLDD's first stage (Shi et al., "Dataset Distillation-based Hybrid Federated
+Learning on Non-IID Data", 2024, Sec. IV-A and Eq. 4). Every client trains a
+local model from one common initialisation, predicts softmax soft labels on a
+public auxiliary set ``D_g`` and uploads them; the server measures how
+differently two clients label ``D_g`` with the KL divergence
+
+    M_ij = KL(S_i || S_j) = 1/|D_g| sum_m sum_c S_i[m, c] log(S_i[m, c] / S_j[m, c]).
+
+Clients with similar label distributions label ``D_g`` alike, so ``M`` is the
+feature matrix the homogeneous clustering (:mod:`fedjax_dd.clustering`) runs
+on.
+
+All three steps are device programs: pretraining is one batched program over
+the clients (``fedjax_dd.algorithms.stages.client_stage``), inference is one
+batched program over the clients' models, and ``M`` is one jitted einsum.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_dd.algorithms import stages
+from fedjax_dd.core.algorithm import Cohort
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import LocalResult, make_local_update
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.data.stacked import ClientData
+
+PyTree = Any
+
+DEFAULT_EPS = 1e-8
+"""Soft labels are clamped to at least this before any logarithm."""
+
+
+def pretrain_clients(task: Classifier, params: PyTree, batch_stats: PyTree,
+                     data: ClientData, num_steps: jax.Array, key: jax.Array, *,
+                     optimizer: optax.GradientTransformation, batch_size: int,
+                     mapper: ClientMapper = ClientMapper()) -> LocalResult:
+  """Trains every client's local model from one common initialisation.
+
+  One batched program over all ``N`` clients (the engine's client stage).
+
+  Args:
+    task: the classifier.
+    params: the common initial parameters (broadcast).
+    batch_stats: the common initial BatchNorm statistics.
+    data: all clients' padded data ``x [N, N_max, H, W, Ch]``.
+    num_steps: ``[N]`` local SGD steps per client (``E1``).
+    key: PRNG key; client ``i`` uses ``fold_in(key, i)``.
+    optimizer: the local optimizer (HFLDD: SGD, lr 0.01).
+    batch_size: local batch size (HFLDD: 64).
+    mapper: client-axis backend.
+
+  Returns:
+    A :class:`LocalResult` stacked ``[N, ...]``.
+  """
+  num_steps = jnp.asarray(num_steps, jnp.int32)
+  max_steps = max(int(jax.device_get(jnp.max(num_steps))), 1)
+  local = make_local_update(task, optimizer, batch_size=batch_size,
+                            max_steps=max_steps)
+  train = stages.client_stage(local, mapper)
+  n = data.num_clients
+  ids = jnp.arange(n)
+  cohort = Cohort(x=jnp.asarray(data.x), y=jnp.asarray(data.y),
+                  num_examples=jnp.asarray(data.num_examples),
+                  num_steps=num_steps, client_ids=ids)
+  no_ctx = jnp.zeros((n,), jnp.float32)
+  return train(params, batch_stats, (), cohort, stages.client_keys(key, ids),
+               no_ctx)
+
+
+def make_soft_labeler(task: Classifier, *, mapper: ClientMapper = ClientMapper(),
+                      temperature: float = 1.0, aux_batch_size: int = 100):
+  """Builds ``label(params [N], batch_stats [N], x_aux [M, H, W, Ch]) -> S``.
+
+  The auxiliary images are broadcast to every client; the result is
+  ``S [N, M, K]`` softmax probabilities, computed in one batched program
+  (the per-client function is written for one model). Inside it ``D_g`` is
+  visited in batches of ``aux_batch_size`` so that peak activation memory is
+  ``N * aux_batch_size`` images, not ``N * M``.
+
+  Args:
+    task: the classifier.
+    mapper: client-axis backend.
+    temperature: softmax temperature (1 in HFLDD).
+    aux_batch_size: images of ``D_g`` per forward pass.
+
+  Returns:
+    The batched labelling function.
+  """
+  if temperature <= 0:
+    raise ValueError(f"temperature must be > 0, got {temperature}.")
+  if aux_batch_size < 1:
+    raise ValueError(f"aux_batch_size must be >= 1, got {aux_batch_size}.")
+
+  def one_client(params, batch_stats, x_batches):
+    def one_batch(xb):
+      logits, _ = task.apply(params, batch_stats, task.preprocess(xb),
+                             train=False)
+      return jax.nn.softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+
+    probs = jax.lax.map(one_batch, x_batches)          # [M / b, b, K]
+    return probs.reshape(-1, probs.shape[-1])
+
+  mapped = mapper.map(one_client, in_axes=(0, 0, None))
+
+  def label(params, batch_stats, x_aux):
+    x_aux = jnp.asarray(x_aux)
+    m = x_aux.shape[0]
+    b = min(aux_batch_size, m)
+    pad = -m % b
+    if pad:
+      x_aux = jnp.concatenate(
+          [x_aux, jnp.zeros((pad, *x_aux.shape[1:]), x_aux.dtype)])
+    batches = x_aux.reshape(-1, b, *x_aux.shape[1:])
+    return mapped(params, batch_stats, batches)[:, :m]
+
+  return label
+
+
+@jax.jit
+def _pairwise_kl(s: jax.Array, eps: jax.Array) -> jax.Array:
+  s = jnp.clip(s.astype(jnp.float32), eps, 1.0)
+  log_s = jnp.log(s)
+  m = s.shape[1]
+  self_term = jnp.einsum("imc,imc->i", s, log_s) / m         # [N]
+  cross = jnp.einsum("imc,jmc->ij", s, log_s) / m            # [N, N]
+  kl = self_term[:, None] - cross
+  # Rounding can make the diagonal a tiny non-zero; KL(S || S) is 0 exactly.
+  kl = kl * (1.0 - jnp.eye(kl.shape[0], dtype=kl.dtype))
+  return jnp.maximum(kl, 0.0)
+
+
+def pairwise_kl(soft_labels: jax.Array, *, eps: float = DEFAULT_EPS) -> jax.Array:
+  """HFLDD Eq. 4: ``M_ij = KL(S_i || S_j)`` averaged over the auxiliary set.
+
+  Probabilities are clamped to ``[eps, 1]`` before the logarithm, so clients
+  that give a class zero probability produce a large but finite divergence.
+  Computed as one jitted program: ``M_ij = a_i - b_ij`` with
+  ``a_i = mean_m sum_c S_i log S_i`` and ``b_ij = mean_m sum_c S_i log S_j``.
+
+  Args:
+    soft_labels: ``S [N, M, K]`` probabilities.
+    eps: clamp floor.
+
+  Returns:
+    ``[N, N]`` float32, zero on the diagonal, non-negative.
+  """
+  s = jnp.asarray(soft_labels)
+  if s.ndim != 3:
+    raise ValueError(f"soft_labels must be [N, M, K], got shape {s.shape}.")
+  return _pairwise_kl(s, jnp.asarray(eps, jnp.float32))
+
+
+def soft_label_bits(num_clients: int, aux_size: int, num_classes: int, *,
+                    bits_per_entry: int = 32) -> int:
+  """Upload of all soft labels: ``N * |D_g| * N_c * B1`` (first term of Eq. 18)."""
+  return int(num_clients) * int(aux_size) * int(num_classes) * int(bits_per_entry)
+
+
+def collect_label_knowledge(task: Classifier, params: PyTree, batch_stats: PyTree,
+                            data: ClientData, x_aux: np.ndarray | jax.Array,
+                            num_steps: jax.Array, key: jax.Array, *,
+                            optimizer: optax.GradientTransformation,
+                            batch_size: int,
+                            mapper: ClientMapper = ClientMapper(),
+                            eps: float = DEFAULT_EPS,
+                            aux_batch_size: int = 100
+                            ) -> tuple[jax.Array, jax.Array, LocalResult]:
+  """Pretrains every client, labels ``D_g`` and computes ``M`` (Eq. 4).
+
+  Args:
+    task: the classifier.
+    params: common initial parameters.
+    batch_stats: common initial BatchNorm statistics.
+    data: all clients' data ``[N, N_max, ...]``.
+    x_aux: ``D_g`` images ``[M, H, W, Ch]`` uint8, in the task's input shape.
+    num_steps: ``[N]`` pretraining steps per client.
+    key: PRNG key for pretraining.
+    optimizer: local optimizer.
+    batch_size: local batch size.
+    mapper: client-axis backend.
+    eps: clamp floor of :func:`pairwise_kl`.
+    aux_batch_size: see :func:`make_soft_labeler`.
+
+  Returns:
+    ``(S [N, M, K], M [N, N], pretrain_result)``.
+  """
+  result = pretrain_clients(task, params, batch_stats, data, num_steps, key,
+                            optimizer=optimizer, batch_size=batch_size,
+                            mapper=mapper)
+  labeler = make_soft_labeler(task, mapper=mapper,
+                              aux_batch_size=aux_batch_size)
+  s = labeler(result.params, result.batch_stats, jnp.asarray(x_aux))
+  return s, pairwise_kl(s, eps=eps), result

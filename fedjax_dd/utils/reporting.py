@@ -1,0 +1,99 @@
+"""Rounds and traffic to reach a target accuracy, in HFLDD's table format.
+
+HFLDD (Shi et al., "Dataset Distillation-based Hybrid Federated Learning on
+Non-IID Data", 2024), Tables III-V, compare methods by the communication
+rounds and the traffic each needs to reach a target test accuracy, and by the
+ratio of that traffic to HFLDD's. :func:`target_table` computes those rows
+for any set of runs from their ``metrics.jsonl`` rows (through
+:func:`fedjax_dd.core.ledger.traffic_to_target`); :func:`format_table`
+renders them as Markdown.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+from fedjax_dd.core import ledger as ledger_lib
+
+Rows = Sequence[Mapping[str, Any]]
+
+
+def load_runs(workdirs: Mapping[str, str | os.PathLike]) -> dict[str, list[dict[str, Any]]]:
+  """``{name: metrics rows}`` read from each ``WORKDIR/metrics.jsonl``."""
+  return {name: ledger_lib.load_metrics(os.path.join(d, "metrics.jsonl"))
+          for name, d in workdirs.items()}
+
+
+def target_table(runs: Mapping[str, Rows], target_accuracy: float, *,
+                 reference: str = "hfldd",
+                 accuracy_key: str = "test_accuracy",
+                 bytes_key: str = "bytes_total_cumulative"
+                 ) -> list[dict[str, Any]]:
+  """Rounds and bytes to reach ``target_accuracy`` for every run.
+
+  Args:
+    runs: ``{name: metrics rows}`` in round order.
+    target_accuracy: accuracy to reach (``>=``).
+    reference: the run the ratios are relative to (HFLDD in the paper).
+    accuracy_key: row key of the test accuracy.
+    bytes_key: row key of the cumulative traffic.
+
+  Returns:
+    One dict per run, in the order of ``runs``: ``name``, ``target``,
+    ``round`` and ``bytes`` (``None`` if never reached), ``best_accuracy``,
+    ``rounds_ratio`` and ``traffic_ratio`` (this run over the reference;
+    ``None`` when either did not reach the target or the reference is
+    absent from ``runs``).
+  """
+  reached = {
+      name: ledger_lib.traffic_to_target(rows, target_accuracy,
+                                         accuracy_key=accuracy_key,
+                                         bytes_key=bytes_key)
+      for name, rows in runs.items()
+  }
+  ref = reached.get(reference)
+  table = []
+  for name, rows in runs.items():
+    hit = reached[name]
+    accs = [float(r[accuracy_key]) for r in rows
+            if r.get(accuracy_key) is not None]
+    row: dict[str, Any] = {
+        "name": name,
+        "target": float(target_accuracy),
+        "round": None if hit is None else hit["round"],
+        "bytes": None if hit is None else hit["bytes"],
+        "best_accuracy": max(accs) if accs else None,
+        "rounds_ratio": None,
+        "traffic_ratio": None,
+    }
+    if hit is not None and ref is not None:
+      if ref["round"]:
+        row["rounds_ratio"] = hit["round"] / ref["round"]
+      if ref["bytes"]:
+        row["traffic_ratio"] = hit["bytes"] / ref["bytes"]
+    table.append(row)
+  return table
+
+
+def _fmt_bytes(b: float | None) -> str:
+  if b is None:
+    return "-"
+  for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    if b >= scale:
+      return f"{b / scale:.2f} {unit}"
+  return f"{b:.0f} B"
+
+
+def format_table(table: Sequence[Mapping[str, Any]]) -> str:
+  """Markdown rendering of :func:`target_table` rows."""
+  lines = ["| method | target | rounds | traffic | x rounds | x traffic | best acc |",
+           "|---|---|---|---|---|---|---|"]
+  for r in table:
+    ratio = lambda v: "-" if v is None else f"{v:.2f}x"
+    lines.append(
+        f"| {r['name']} | {r['target']:.2%} | "
+        f"{'-' if r['round'] is None else r['round']} | {_fmt_bytes(r['bytes'])} | "
+        f"{ratio(r['rounds_ratio'])} | {ratio(r['traffic_ratio'])} | "
+        f"{'-' if r['best_accuracy'] is None else format(r['best_accuracy'], '.4f')} |")
+  return "\n".join(lines)

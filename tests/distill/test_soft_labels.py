@@ -1,0 +1,132 @@
+"""Label-knowledge collection: batched pretraining, soft labels, Eq. 4 KL."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dd.algorithms.stages import client_keys
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill import soft_labels
+from tests.conftest import TinyNet, synthetic_clients, tiny_task
+
+
+def _kl_reference(s, eps):
+  s = np.clip(np.asarray(s, np.float64), eps, 1.0)
+  n, m, _ = s.shape
+  out = np.zeros((n, n))
+  for i in range(n):
+    for j in range(n):
+      out[i, j] = np.mean(np.sum(s[i] * np.log(s[i] / s[j]), axis=-1))
+  return out
+
+
+def test_pairwise_kl_hand_checked():
+  s = np.array([[[0.5, 0.5]], [[0.9, 0.1]]], np.float32)
+  m = np.asarray(soft_labels.pairwise_kl(s))
+  want = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)
+  np.testing.assert_allclose(m[0, 1], want, rtol=1e-5)
+  want_rev = 0.9 * math.log(0.9 / 0.5) + 0.1 * math.log(0.1 / 0.5)
+  np.testing.assert_allclose(m[1, 0], want_rev, rtol=1e-5)
+  np.testing.assert_array_equal(np.diag(m), [0.0, 0.0])
+
+
+def test_pairwise_kl_matches_numpy_double_loop_with_zeros():
+  rng = np.random.default_rng(0)
+  s = rng.dirichlet(np.ones(4), size=(5, 7)).astype(np.float32)
+  s[0, :, 1] = 0.0                                  # a class never predicted
+  s[0] /= s[0].sum(-1, keepdims=True)
+  s[3, 2] = [1.0, 0.0, 0.0, 0.0]
+  m = np.asarray(soft_labels.pairwise_kl(s, eps=1e-8))
+  assert np.isfinite(m).all() and (m >= 0).all()
+  np.testing.assert_allclose(m, _kl_reference(s, 1e-8), rtol=2e-4, atol=2e-5)
+  with pytest.raises(ValueError):
+    soft_labels.pairwise_kl(s[0])
+
+
+def test_pretrain_clients_is_one_batched_program_matching_per_client_runs():
+  task = tiny_task()
+  x, y, n = synthetic_clients()
+  data = ClientData(x=x, y=y, num_examples=n)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  steps = jnp.array([2, 3, 0, 1], jnp.int32)
+  key = jax.random.PRNGKey(4)
+  res = soft_labels.pretrain_clients(task, params, stats, data, steps, key,
+                                     optimizer=optax.sgd(0.1), batch_size=4)
+  assert jax.tree_util.tree_leaves(res.params)[0].shape[0] == 4
+  np.testing.assert_array_equal(res.steps, [2, 3, 0, 1])
+  local = make_local_update(task, optax.sgd(0.1), batch_size=4, max_steps=3)
+  keys = client_keys(key, jnp.arange(4))
+  run = jax.jit(local.run)
+  for i in range(4):
+    ref = run(params, stats, local.optimizer.init(params),
+                    jnp.asarray(x[i]), jnp.asarray(y[i]), n[i], steps[i],
+                    keys[i], ((), 0.0))
+    for a, b in zip(jax.tree_util.tree_leaves(res.params),
+                    jax.tree_util.tree_leaves(ref.params)):
+      np.testing.assert_allclose(a[i], b, rtol=1e-5, atol=1e-6)
+  # The client with zero steps keeps the common initialisation.
+  for a, b in zip(jax.tree_util.tree_leaves(res.params),
+                  jax.tree_util.tree_leaves(params)):
+    np.testing.assert_array_equal(a[2], b)
+
+
+def test_soft_labeler_shapes_values_and_no_recompilation():
+  traces = []
+
+  def preprocess(x):
+    traces.append(1)
+    return x.astype(jnp.float32) / 255.0
+
+  task = Classifier(module=TinyNet(), input_shape=(4, 4, 1),
+                    preprocess=preprocess, num_classes=3)
+  keys = jax.random.split(jax.random.PRNGKey(0), 3)
+  params = jax.vmap(lambda k: task.init(k)[0])(keys)
+  aux = np.random.default_rng(0).integers(0, 255, (7, 4, 4, 1)).astype(np.uint8)
+  label = soft_labels.make_soft_labeler(
+      task, mapper=ClientMapper(backend="vmap"), aux_batch_size=3)
+  s = np.asarray(label(params, {}, aux))
+  assert s.shape == (3, 7, 3) and np.isfinite(s).all()
+  np.testing.assert_allclose(s.sum(-1), 1.0, rtol=1e-5)
+  for i in range(3):
+    p_i = jax.tree_util.tree_map(lambda a: a[i], params)
+    logits, _ = task.apply(p_i, {}, jnp.asarray(aux, jnp.float32) / 255.0,
+                           train=False)
+    np.testing.assert_allclose(s[i], jax.nn.softmax(logits), rtol=1e-5,
+                               atol=1e-6)
+  count = len(traces)
+  params2 = jax.tree_util.tree_map(lambda a: a + 0.01, params)
+  label(params2, {}, aux)
+  assert len(traces) == count                     # same shapes: no retrace
+
+
+def test_collect_label_knowledge_separates_label_distributions():
+  # Clients 0,1 only see class 0; clients 2,3 only class 2: after training,
+  # KL within a pair is smaller than across pairs.
+  rng = np.random.default_rng(0)
+  x = np.zeros((4, 12, 4, 4, 1), np.uint8)
+  y = np.zeros((4, 12), np.int32)
+  for c, label in enumerate([0, 0, 2, 2]):
+    imgs = rng.integers(0, 60, (12, 4, 4, 1))
+    imgs[:, label, 0, 0] += 180
+    x[c], y[c] = imgs, label
+  data = ClientData(x=x, y=y, num_examples=np.full(4, 12, np.int32))
+  task = tiny_task()
+  params, stats = task.init(jax.random.PRNGKey(1))
+  aux = rng.integers(0, 255, (10, 4, 4, 1)).astype(np.uint8)
+  s, m, _ = soft_labels.collect_label_knowledge(
+      task, params, stats, data, aux, jnp.full((4,), 20, jnp.int32),
+      jax.random.PRNGKey(2), optimizer=optax.sgd(0.5), batch_size=4)
+  m = np.asarray(m)
+  assert s.shape == (4, 10, 3) and m.shape == (4, 4)
+  assert np.isfinite(m).all()
+  within = max(m[0, 1], m[1, 0], m[2, 3], m[3, 2])
+  across = min(m[0, 2], m[0, 3], m[1, 2], m[1, 3], m[2, 0], m[3, 1])
+  assert within < across
+  assert soft_labels.soft_label_bits(4, 10, 3) == 4 * 10 * 3 * 32
