@@ -19,13 +19,10 @@ import numpy as np
 
 from fedjax_dd import clustering
 from fedjax_dd.algorithms import fedseq
-from fedjax_dd.core import rounds as rounds_lib
-from fedjax_dd.core.algorithm import ExperimentState
-from fedjax_dd.core.checkpoint import CheckpointStore
-from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import steps_for
-from fedjax_dd.core.metrics import MetricsWriter, write_json
+from fedjax_dd.core.metrics import write_json
 from fedjax_dd.experiments import common
+from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import run_hfldd
 
 
@@ -60,62 +57,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   algorithm = fedseq.fedseq(task, common.make_optimizer(config),
                             batch_size=config.batch_size, max_steps=max_steps,
                             group_size=group_size, mapper=common.mapper(config))
-  server, client_states = algorithm.init(params, batch_stats, len(groups))
-  state = ExperimentState(server=server, clients=client_states,
-                          key=jax.random.fold_in(root, run_hfldd._ROUNDS),  # pylint: disable=protected-access
-                          round=jnp.asarray(0, jnp.int32))
-  writer = MetricsWriter(common.workdir_path(workdir, "metrics.jsonl"))
-  store = CheckpointStore(common.workdir_path(workdir, "checkpoints"),
-                          max_to_keep=config.get("keep_checkpoints", 2),
-                          save_every=config.get("checkpoint_every", 1))
-  resumed = rounds_lib.resume(store, state, writer)
-  ledger = None
-  if resumed is not None:
-    state, ledger = resumed
-  else:
-    writer.truncate_after(0)
-  options = rounds_lib.RoundsOptions(
-      num_rounds=config.rounds, clients_per_round=len(groups),
-      eval_every=config.get("eval_every", 1),
-      checkpoint_every=config.get("checkpoint_every", 1),
-      progress=config.get("progress", True),
-      initial_model_as_seed=config.get("initial_model_as_seed", True))
-  evaluate = make_evaluator(task, ds.x_test, ds.y_test)
-  state, ledger, _ = rounds_lib.run_rounds(
-      algorithm, state, jax.device_put(grouped), jnp.asarray(grouped_steps),
-      options, evaluate=evaluate, ledger=ledger, writer=writer, store=store)
-  store.close()
+  summary = runners.train_rounds(
+      config, workdir, prepared=prepared, algorithm=algorithm,
+      data=jax.device_put(grouped), num_steps=jnp.asarray(grouped_steps),
+      start_time=start, initial_model=(params, batch_stats),
+      run_key=jax.random.fold_in(root, run_hfldd._ROUNDS))  # pylint: disable=protected-access
   times["training"] = time.time() - t0
-
-  rows = writer.rows()
-  accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
-  totals = ledger.cumulative()
-  param_count = rounds_lib.num_params(state.server.params)
-  summary = {
-      "method": config.method,
-      "dataset": config.dataset,
-      "model": config.model,
-      "final_test_accuracy": accs[-1] if accs else None,
-      "best_test_accuracy": max(accs) if accs else None,
-      "rounds": int(state.round),
-      "num_clients": int(config.num_clients),
+  config_dict = summary.pop("config")
+  summary.update({
       "num_groups": len(groups),
       "group_size": int(group_size),
       "groups": member_ids.tolist(),
       "homogeneous": np.asarray(homo).tolist(),
       "num_classes": int(ds.num_classes),
-      "param_count": param_count,
-      "bytes_uploaded": totals["bytes_uploaded"],
-      "bytes_downloaded": totals["bytes_downloaded"],
-      "bytes_total": totals["bytes_total"],
       "eq19_bytes": fedseq.eq19_bits(
           num_groups=len(groups), group_size=group_size,
-          num_params=param_count, rounds=int(state.round)) / 8,
+          num_params=summary["param_count"], rounds=summary["rounds"]) / 8,
       "stage_seconds": times,
       "wall_seconds": time.time() - start,
-      "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
-                            if "test_accuracy" in r],
-      "config": config.to_dict(),
-  }
+      "config": config_dict,
+  })
   write_json(common.workdir_path(workdir, "summary.json"), summary)
   return summary

@@ -29,17 +29,14 @@ import numpy as np
 
 from fedjax_dd import clustering
 from fedjax_dd.algorithms import hfldd
-from fedjax_dd.core import rounds as rounds_lib
-from fedjax_dd.core.algorithm import ExperimentState
-from fedjax_dd.core.checkpoint import CheckpointStore
-from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import steps_for
-from fedjax_dd.core.metrics import MetricsWriter, write_json
+from fedjax_dd.core.metrics import write_json
 from fedjax_dd.data import preprocess
 from fedjax_dd.data import sources
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import soft_labels
 from fedjax_dd.experiments import common
+from fedjax_dd.experiments import runners
 from fedjax_dd.kernels import ntk
 from fedjax_dd.utils import figures
 
@@ -215,77 +212,38 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   t0 = time.time()
   head_steps = steps_for(hybrid.num_examples, config.batch_size,
                          epochs=config.local_epochs)
-  max_steps = int(jnp.max(head_steps))
   algorithm = hfldd.head_training(task, common.make_optimizer(config),
                                   batch_size=config.batch_size,
-                                  max_steps=max_steps,
+                                  max_steps=int(jnp.max(head_steps)),
                                   mapper=common.mapper(config))
-  server, client_states = algorithm.init(params, batch_stats, topo.num_heads)
-  state = ExperimentState(server=server, clients=client_states,
-                          key=jax.random.fold_in(root, _ROUNDS),
-                          round=jnp.asarray(0, jnp.int32))
-  writer = MetricsWriter(common.workdir_path(workdir, "metrics.jsonl"))
-  store = CheckpointStore(common.workdir_path(workdir, "checkpoints"),
-                          max_to_keep=config.get("keep_checkpoints", 2),
-                          save_every=config.get("checkpoint_every", 1))
-  resumed = rounds_lib.resume(store, state, writer)
-  ledger = ledger0
-  if resumed is not None:
-    state, ledger = resumed
-  else:
-    writer.truncate_after(0)
-  options = rounds_lib.RoundsOptions(
-      num_rounds=config.rounds, clients_per_round=topo.num_heads,
-      eval_every=config.get("eval_every", 1),
-      checkpoint_every=config.get("checkpoint_every", 1),
-      progress=config.get("progress", True),
-      initial_model_as_seed=config.get("initial_model_as_seed", True))
-  evaluate = make_evaluator(task, ds.x_test, ds.y_test)
-  state, ledger, _ = rounds_lib.run_rounds(
-      algorithm, state, jax.device_put(hybrid), head_steps, options,
-      evaluate=evaluate, ledger=ledger, writer=writer, store=store)
-  store.close()
+  summary = runners.train_rounds(
+      config, workdir, prepared=prepared, algorithm=algorithm,
+      data=jax.device_put(hybrid), num_steps=head_steps, ledger=ledger0,
+      start_time=start, initial_model=(params, batch_stats),
+      run_key=jax.random.fold_in(root, _ROUNDS))
   times["training"] = time.time() - t0
-
-  rows = writer.rows()
-  accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
-  totals = ledger.cumulative()
-  param_count = rounds_lib.num_params(state.server.params)
   distilled_total = int(np.sum(counts))
-  summary = {
-      "method": config.method,
-      "dataset": config.dataset,
-      "model": config.model,
-      "final_test_accuracy": accs[-1] if accs else None,
-      "best_test_accuracy": max(accs) if accs else None,
-      "rounds": int(state.round),
+  config_dict = summary.pop("config")
+  summary.update({
       "num_clients": int(topo.num_clients),
       "aux_size": int(config.aux_size),
       "num_classes": int(ds.num_classes),
       "num_heads": int(topo.num_heads),
-      "param_count": param_count,
       "distilled_samples_total": distilled_total,
       "pixels_per_sample": pixels,
       "head_dataset_sizes": np.asarray(hybrid.num_examples).tolist(),
-      "bytes_uploaded": totals["bytes_uploaded"],
-      "bytes_downloaded": totals["bytes_downloaded"],
-      "bytes_peer": totals["bytes_peer"],
-      "bytes_total": totals["bytes_total"],
-      "bytes_by_tag": {k: v["bytes_total"] for k, v in ledger.tag_totals().items()},
       "eq18_bytes": hfldd.eq18_bits(
           num_clients=topo.num_clients, aux_size=config.aux_size,
           num_classes=ds.num_classes, distilled_samples=distilled_total,
           pixels_per_sample=pixels, num_heads=topo.num_heads,
-          num_params=param_count, rounds=int(state.round)) / 8,
+          num_params=summary["param_count"], rounds=summary["rounds"]) / 8,
       "clusters": topo.to_dict(),
       "stage_seconds": times,
       "stages_cached": cached,
       "stage_info": info,
       "topology_figure": figure_path,
       "wall_seconds": time.time() - start,
-      "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
-                            if "test_accuracy" in r],
-      "config": config.to_dict(),
-  }
+      "config": config_dict,
+  })
   write_json(common.workdir_path(workdir, "summary.json"), summary)
   return summary

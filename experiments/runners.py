@@ -67,18 +67,22 @@ def _client_partition(config, prepared):
 def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
                  prepared: common.Prepared, algorithm: FederatedAlgorithm,
                  data, num_steps, ledger=None, start_time: float | None = None,
-                 extra_summary: dict[str, Any] | None = None) -> dict[str, Any]:
+                 extra_summary: dict[str, Any] | None = None,
+                 initial_model: tuple[Any, Any] | None = None,
+                 run_key: jax.Array | None = None) -> dict[str, Any]:
   """Drives ``algorithm`` through the shared rounds loop and writes the summary.
 
   Resumes from ``workdir/checkpoints`` when possible. ``ledger`` holds traffic
   recorded before the rounds (e.g. a one-shot upload); it is checkpointed with
-  the state.
+  the state. ``initial_model`` (``(params, batch_stats)``) and ``run_key``
+  default to a split of the config's model key.
   """
   start = time.time() if start_time is None else start_time
   task = prepared.task
-  root = common.model_key(config)
-  init_key, run_key = jax.random.split(root)
-  params, batch_stats = task.init(init_key)
+  init_key, default_run_key = jax.random.split(common.model_key(config))
+  run_key = default_run_key if run_key is None else run_key
+  params, batch_stats = (task.init(init_key) if initial_model is None
+                         else initial_model)
   server, client_states = algorithm.init(params, batch_stats, data.num_clients)
   state = ExperimentState(server=server, clients=client_states, key=run_key,
                           round=jnp.asarray(0, jnp.int32))
@@ -124,6 +128,9 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       "bytes_uploaded": totals["bytes_uploaded"],
       "bytes_downloaded": totals["bytes_downloaded"],
       "bytes_total": totals["bytes_total"],
+      "bytes_peer": totals["bytes_peer"],
+      "bytes_by_tag": {k: v["bytes_total"]
+                       for k, v in ledger.tag_totals().items()},
       "wall_seconds": time.time() - start,
       "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
                             if "test_accuracy" in r],
