@@ -29,12 +29,8 @@ from fedjax_dd.experiments import run_hfldd
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs FedSeq as described by ``config``."""
   start = time.time()
-  prepared = common.load_and_prepare(config)
+  prepared, data, root, params, batch_stats = run_hfldd.setup(config)
   ds, task = prepared.dataset, prepared.task
-  parts = common.partition(config, ds.y_train)
-  data = common.client_data(ds, parts)
-  root = common.model_key(config)
-  params, batch_stats = task.init(jax.random.fold_in(root, run_hfldd._INIT))  # pylint: disable=protected-access
 
   times: dict[str, float] = {}
   if config.group_by_similarity:

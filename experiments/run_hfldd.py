@@ -177,15 +177,25 @@ def _load_stages(path, config):
     return topo, f["counts"], hybrid, meta["times"], meta["info"]
 
 
+def setup(config: ml_collections.ConfigDict):
+  """Data, partition and the common initial model shared with FedSeq.
+
+  Returns:
+    ``(prepared, data, root_key, params, batch_stats)``.
+  """
+  prepared = common.load_and_prepare(config)
+  parts = common.partition(config, prepared.dataset.y_train)
+  data = common.client_data(prepared.dataset, parts)
+  root = common.model_key(config)
+  params, batch_stats = prepared.task.init(jax.random.fold_in(root, _INIT))
+  return prepared, data, root, params, batch_stats
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs HFLDD (or HFLDD w/o DD) as described by ``config``."""
   start = time.time()
-  prepared = common.load_and_prepare(config)
+  prepared, data, root, params, batch_stats = setup(config)
   ds, task = prepared.dataset, prepared.task
-  parts = common.partition(config, ds.y_train)
-  data = common.client_data(ds, parts)
-  root = common.model_key(config)
-  params, batch_stats = task.init(jax.random.fold_in(root, _INIT))
 
   stages_path = common.workdir_path(workdir, _STAGES_FILE)
   if os.path.exists(stages_path):

@@ -92,8 +92,8 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
         stop_accuracy=stop_accuracy, min_iterations=min_iterations,
         segment_iterations=segment_iterations, mapper=mapper,
         progress=progress)
-    x, y_soft, owner = kip_lib.flatten_support(res)
-    x_float, _, _ = kip_lib.flatten_support(res, quantized=False)
+    x_float, y_soft, owner = kip_lib.flatten_support(res, quantized=False)
+    x = np.asarray(kip_lib.quantize(x_float))
     return DistilledSet(x=x, y=np.argmax(y_soft, -1).astype(np.int32),
                         y_soft=y_soft.astype(np.float32), owner=owner,
                         learned_labels=learn_labels, x_float=x_float)
@@ -174,9 +174,7 @@ def hybrid_client_data(data: ClientData, distilled: DistilledSet) -> ClientData:
 
 def hybrid_download_bits(distilled: DistilledSet, num_clients: int, **kwargs) -> int:
   """Round-1 download of the hybrid: each client receives the others' sets."""
-  per_image = upload_bits(
-      DistilledSet(x=distilled.x[:1], y=distilled.y[:1],
-                   y_soft=distilled.y_soft[:1], owner=distilled.owner[:1],
-                   learned_labels=distilled.learned_labels), **kwargs)
+  # Every image (with its label) has the same size, so the upload divides.
+  per_image = upload_bits(distilled, **kwargs) // max(distilled.size, 1)
   own = np.bincount(distilled.owner, minlength=num_clients)
   return int(per_image * (num_clients * distilled.size - own.sum()))

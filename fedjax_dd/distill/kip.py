@@ -30,6 +30,7 @@ import numpy as np
 import optax
 
 from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.data.stacked import sample_batch
 from fedjax_dd.kernels.kip_loss import kip_loss, one_hot_labels
 
 PyTree = Any
@@ -194,10 +195,10 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def step(state: KipState, key, x, y, n):
-    idx = jax.random.randint(jax.random.fold_in(key, state.iteration),
-                             (target_batch_size,), 0, 2**31 - 1) % jnp.maximum(n, 1)
-    xt = normalise(x[idx])
-    yt = one_hot_labels(y[idx], num_classes, centered_labels)
+    xb, yb = sample_batch(jax.random.fold_in(key, state.iteration), x, y, n,
+                          target_batch_size)
+    xt = normalise(xb)
+    yt = one_hot_labels(yb, num_classes, centered_labels)
     (loss, aux), (gz, gy) = grad_fn((state.z, state.y), state.mask, xt, yt)
     if not learn_labels:
       gy = jnp.zeros_like(gy)
