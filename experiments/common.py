@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import ml_collections
@@ -103,9 +103,29 @@ def client_data(ds: sources.Dataset, parts: list[np.ndarray]) -> ClientData:
 CLASSIC_RUNTIME_UNSAFE = frozenset({"resnet18"})
 
 
-def classic_runtime(config: ml_collections.ConfigDict) -> bool:
-  """Whether the engine's per-program CPU options apply to this config."""
-  default = config.get("model") not in CLASSIC_RUNTIME_UNSAFE
+def client_models(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The client architectures of ``config.client_models`` (comma-separated).
+
+  Returns ``()`` for homogeneous clients: ``client_models`` unset, empty, or
+  naming only ``config.model``.
+  """
+  names = tuple(s.strip() for s in config.get("client_models", "").split(",")
+                if s.strip())
+  return names if set(names) - {config.get("model")} else ()
+
+
+def classic_runtime(config: ml_collections.ConfigDict,
+                    model_names: Sequence[str] | None = None) -> bool:
+  """Whether the engine's per-program CPU options apply.
+
+  Args:
+    config: the experiment config (``classic_cpu_runtime`` overrides).
+    model_names: the models of the programs; default every model the config
+      names (``model`` and ``client_models``).
+  """
+  if model_names is None:
+    model_names = (config.get("model"), *client_models(config))
+  default = not CLASSIC_RUNTIME_UNSAFE.intersection(model_names)
   return bool(config.get("classic_cpu_runtime", default))
 
 
@@ -119,10 +139,13 @@ def clients_per_round(config: ml_collections.ConfigDict, num_clients: int) -> in
   return max(1, int(round(fraction * num_clients)))
 
 
-def mapper(config: ml_collections.ConfigDict) -> clients_lib.ClientMapper:
+def mapper(config: ml_collections.ConfigDict,
+           model_names: Sequence[str] | None = None) -> clients_lib.ClientMapper:
+  """The client mapper; ``model_names`` as in :func:`classic_runtime`."""
   return clients_lib.ClientMapper(backend=config.get("backend", "auto"),
-                                  chunk_size=config.get("chunk_size", 16),
-                                  classic_runtime=classic_runtime(config))
+                                  chunk_size=config.get("chunk_size") or None,
+                                  classic_runtime=classic_runtime(config,
+                                                                  model_names))
 
 
 def workdir_path(workdir: str, *parts: str) -> str:

@@ -6,16 +6,27 @@ leading client axis ``[C, ...]`` with one of four backends:
 
 * ``vmap``: the whole cohort as one jitted, vectorised program.
 * ``chunked``: ``lax.map(..., batch_size=k)``; vectorised over chunks of ``k``
-  clients and sequential over chunks, to bound peak memory.
-* ``sharded``: vmap inside ``jit`` with the client axis laid over a 1-D device
-  mesh through ``NamedSharding`` (GSPMD partitions the program). With several
+  clients and sequential over chunks, to bound peak memory and keep each
+  chunk's activations in cache.
+* ``sharded``: the client axis laid over a 1-D device mesh (``jit`` of a
+  ``shard_map`` with ``NamedSharding`` inputs); each device runs its share of
+  the clients in chunks of ``chunk_size`` (``None``: one vmap). With several
   hosts, call ``jax.distributed.initialize()`` first (see
   :func:`initialize_multihost`); the mesh then spans every process's devices.
 * ``loop``: a Python loop over clients calling one jitted per-client function.
   For debugging and as the sequential reference of the benchmarks.
 
-The default backend per platform is chosen by measurement
-(``experiments/bench_engine.py``), see :func:`default_backend`.
+The default backend and chunk size per platform are chosen by measurement
+(``experiments/bench_engine.py``), see :func:`default_backend` and
+:func:`default_chunk_size`. On CPU, ``fedjax_dd`` exposes one XLA host device
+per core (``fedjax_dd/_xla_setup.py``), and the default is ``sharded`` with
+chunks of 2 clients per device: each core then runs its own stream of small
+programs, which beats one vmap over the whole cohort (whose activations fall
+out of cache) and XLA's intra-op threading of tiny convolutions.
+
+A mapped function called *inside* another traced program (e.g. the teacher
+ensemble inside a jitted generator step) is vectorised in place with
+``vmap``: the enclosing program owns the device layout.
 
 Arguments are split by ``in_axes`` (per positional argument: ``0`` for mapped,
 ``None`` for broadcast, e.g. the server model). Outputs are always mapped.
@@ -31,6 +42,7 @@ from typing import Any, Callable, Literal, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.shard_map import shard_map
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 Backend = Literal["vmap", "chunked", "sharded", "loop"]
@@ -47,13 +59,36 @@ CLIENT_AXIS = "clients"
 # epoch, ResNet-18's training gradient). Callers opt out per program with
 # ``classic_runtime=False``; ``FEDJAX_DD_NO_XLA_FLAGS=1`` turns them off.
 _HOT_PROGRAM_OPTIONS = {"cpu": {"xla_cpu_use_thunk_runtime": False}}
+# When the client axis is split over several host devices, each device's
+# stream of small per-client ops runs best single-threaded: XLA's intra-op
+# threads only add synchronisation there (C=100 LeNet-5 clients on 2 devices:
+# 4.1 -> 3.6 ms per client-step; experiments/perf_notes.md).
+_PER_CORE_OPTIONS = {"cpu": {"xla_cpu_multi_thread_eigen": False}}
+# Clients per vectorised chunk on each device, by platform (None: the whole
+# share at once). Measured on CPU, LeNet-5, C=100: chunks of 1-3 run at
+# 5.3-6.0 ms per client-step on one device against 9.2 for a full vmap.
+_DEFAULT_CHUNK = {"cpu": 2}
 
 
-def hot_program_options(classic_runtime: bool = True) -> dict[str, Any]:
-  """XLA compiler options for the engine's hot jitted programs."""
-  if not classic_runtime or os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
+def hot_program_options(classic_runtime: bool = True,
+                        per_core: bool = False) -> dict[str, Any]:
+  """XLA compiler options for the engine's hot jitted programs.
+
+  Args:
+    classic_runtime: include the classic-runtime option (see
+      :func:`engine_jit`).
+    per_core: the program is one of several running side by side, one per
+      host device, so it gets the single-threaded options.
+  """
+  if os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
     return {}
-  return dict(_HOT_PROGRAM_OPTIONS.get(jax.default_backend(), {}))
+  platform = jax.default_backend()
+  options = {}
+  if classic_runtime:
+    options.update(_HOT_PROGRAM_OPTIONS.get(platform, {}))
+  if per_core:
+    options.update(_PER_CORE_OPTIONS.get(platform, {}))
+  return options
 
 
 def engine_jit(fn: Callable[..., Any], *, classic_runtime: bool = True,
@@ -74,9 +109,9 @@ def engine_jit(fn: Callable[..., Any], *, classic_runtime: bool = True,
 def default_backend(platform: str | None = None) -> str:
   """The measured-fastest backend for a platform.
 
-  On CPU (2 cores, LeNet-5, batch 64) vmap beats both the per-client loop and
-  chunking with the classic runtime (:data:`_HOT_PROGRAM_OPTIONS`). On a
-  multi-device host the sharded backend spreads clients over devices.
+  With more than one device, ``sharded`` (on CPU these are the per-core host
+  devices that ``fedjax_dd`` sets up). With one device, ``chunked`` on CPU
+  (small chunks stay in cache) and ``vmap`` on accelerators.
 
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
@@ -85,9 +120,14 @@ def default_backend(platform: str | None = None) -> str:
     A backend name from :data:`BACKENDS`.
   """
   platform = platform or jax.default_backend()
-  if platform != "cpu" and jax.device_count() > 1:
+  if jax.device_count() > 1:
     return "sharded"
-  return "vmap"
+  return "chunked" if platform == "cpu" else "vmap"
+
+
+def default_chunk_size(platform: str | None = None) -> int | None:
+  """Clients per vectorised chunk (per device) for a platform; None: all."""
+  return _DEFAULT_CHUNK.get(platform or jax.default_backend())
 
 
 def initialize_multihost(**kwargs: Any) -> None:
@@ -150,6 +190,30 @@ def _pad_clients(tree: Any, target: int) -> Any:
   return jax.tree_util.tree_map(pad, tree)
 
 
+def _vectorise(fn: Callable[..., Any], axes: tuple[int | None, ...],
+               chunk: int | None) -> Callable[..., Any]:
+  """``fn`` over the leading client axis: one vmap, or ``lax.map`` in chunks."""
+  if chunk is None:
+    return jax.vmap(fn, in_axes=axes)
+
+  def chunked(*args):
+    mapped = [a for a, ax in zip(args, axes) if ax == 0]
+    fixed = [a for a, ax in zip(args, axes) if ax is None]
+
+    def one(mapped_args):
+      it_m, it_f = iter(mapped_args), iter(fixed)
+      return fn(*[next(it_m) if ax == 0 else next(it_f) for ax in axes])
+
+    return jax.lax.map(one, mapped, batch_size=chunk)
+
+  return chunked
+
+
+def _is_traced(args: Sequence[Any]) -> bool:
+  return any(isinstance(leaf, jax.core.Tracer)
+             for leaf in jax.tree_util.tree_leaves(args))
+
+
 @dataclasses.dataclass(frozen=True)
 class ClientMapper:
   """How to map a per-client function over the client axis.
@@ -157,13 +221,15 @@ class ClientMapper:
   Attributes:
     backend: one of :data:`BACKENDS`, or ``"auto"`` for
       :func:`default_backend`.
-    chunk_size: clients per chunk for the ``chunked`` backend.
+    chunk_size: clients per vectorised chunk for ``chunked`` and, per
+      device, for ``sharded``; ``None`` for :func:`default_chunk_size`
+      (``sharded`` on accelerators: one vmap per device).
     devices: devices of the ``sharded`` backend's mesh (default: all).
     classic_runtime: compile with :func:`hot_program_options` (see
       :func:`engine_jit`).
   """
   backend: str = "auto"
-  chunk_size: int = 16
+  chunk_size: int | None = None
   devices: tuple[Any, ...] | None = None
   classic_runtime: bool = True
 
@@ -172,12 +238,23 @@ class ClientMapper:
       raise ValueError(
           f"Unknown client backend {self.backend!r}; expected 'auto' or one "
           f"of {BACKENDS}.")
-    if self.chunk_size < 1:
-      raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}.")
+    if self.chunk_size is not None and self.chunk_size < 1:
+      raise ValueError(
+          f"chunk_size must be >= 1 or None, got {self.chunk_size}.")
 
   @property
   def resolved_backend(self) -> str:
     return default_backend() if self.backend == "auto" else self.backend
+
+  @property
+  def resolved_chunk_size(self) -> int | None:
+    """Chunk of the ``chunked``/``sharded`` backends (``chunked`` never None)."""
+    if self.chunk_size is not None:
+      return self.chunk_size
+    chunk = default_chunk_size()
+    if chunk is None and self.resolved_backend == "chunked":
+      return 16
+    return chunk
 
   def map(self,
           fn: Callable[..., Any],
@@ -210,60 +287,63 @@ class ClientMapper:
 
   # Backends -----------------------------------------------------------------
 
-  def _map_vmap(self, fn, in_axes, static_argnames):
+  def _jit_vectorised(self, fn, in_axes, static_argnames, chunk):
 
     def batched(*args, **kwargs):
       axes = _normalise_in_axes(in_axes, len(args))
-      return jax.vmap(functools.partial(fn, **kwargs), in_axes=axes)(*args)
+      return _vectorise(functools.partial(fn, **kwargs), axes, chunk)(*args)
 
     return engine_jit(batched, static_argnames=static_argnames,
                       classic_runtime=self.classic_runtime)
+
+  def _map_vmap(self, fn, in_axes, static_argnames):
+    return self._jit_vectorised(fn, in_axes, static_argnames, None)
 
   def _map_chunked(self, fn, in_axes, static_argnames):
-    chunk = self.chunk_size
-
-    def batched(*args, **kwargs):
-      axes = _normalise_in_axes(in_axes, len(args))
-      mapped = [a for a, ax in zip(args, axes) if ax == 0]
-      fixed = [a for a, ax in zip(args, axes) if ax is None]
-
-      def one(mapped_args):
-        it_m, it_f = iter(mapped_args), iter(fixed)
-        full = [next(it_m) if ax == 0 else next(it_f) for ax in axes]
-        return fn(*full, **kwargs)
-
-      return jax.lax.map(one, mapped, batch_size=chunk)
-
-    return engine_jit(batched, static_argnames=static_argnames,
-                      classic_runtime=self.classic_runtime)
+    return self._jit_vectorised(fn, in_axes, static_argnames,
+                                self.resolved_chunk_size)
 
   def _map_sharded(self, fn, in_axes, static_argnames):
     mesh = client_mesh(self.devices)
     num_devices = mesh.devices.size
+    chunk = self.resolved_chunk_size
+    options = hot_program_options(self.classic_runtime,
+                                  per_core=num_devices > 1)
     over_clients = NamedSharding(mesh, P(CLIENT_AXIS))
     replicated = NamedSharding(mesh, P())
     jitted_cache: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     def batched(*args, **kwargs):
       axes = _normalise_in_axes(in_axes, len(args))
+      per_client = functools.partial(fn, **kwargs)
+      if _is_traced(args):
+        return jax.vmap(per_client, in_axes=axes)(*args)
       n = num_clients_of(args, axes)
       padded_n = -(-n // num_devices) * num_devices
       key = (axes, tuple(sorted(kwargs.items())))
       if key not in jitted_cache:
-        shardings = tuple(over_clients if ax == 0 else replicated
-                          for ax in axes)
-        jitted_cache[key] = engine_jit(
-            jax.vmap(functools.partial(fn, **kwargs), in_axes=axes),
-            classic_runtime=self.classic_runtime,
-            in_shardings=shardings,
-            out_shardings=over_clients)
+        specs = tuple(P(CLIENT_AXIS) if ax == 0 else P() for ax in axes)
+        body = shard_map(_vectorise(per_client, axes, chunk), mesh=mesh,
+                         in_specs=specs, out_specs=P(CLIENT_AXIS),
+                         check_rep=False)
+        jitted_cache[key] = jax.jit(body, compiler_options=options or None,
+                                    out_shardings=over_clients)
+      # device_put reshards from any layout (arguments may come committed to
+      # one device, e.g. restored from a checkpoint); already placed arrays
+      # are not copied.
       args = [
-          _pad_clients(a, padded_n) if ax == 0 else a
-          for a, ax in zip(args, axes)
+          jax.device_put(_pad_clients(a, padded_n), over_clients) if ax == 0
+          else jax.device_put(a, replicated) for a, ax in zip(args, axes)
       ]
       out = jitted_cache[key](*args)
       if padded_n != n:
         out = jax.tree_util.tree_map(lambda x: x[:n], out)
+      if jax.process_count() == 1:
+        # Hand results back on the default device, where the server state
+        # lives: jitted code that mixes arrays committed to different device
+        # sets fails, and a changing input layout would recompile the
+        # aggregation every round. Multi-host runs keep the global layout.
+        out = jax.device_put(out, jax.devices()[0])
       return out
 
     return batched
@@ -291,7 +371,7 @@ def map_clients(fn: Callable[..., Any],
                 in_axes: int | None | Sequence[int | None] = 0,
                 *,
                 backend: str = "auto",
-                chunk_size: int = 16,
+                chunk_size: int | None = None,
                 static_argnames: Sequence[str] = ()) -> Callable[..., Any]:
   """Shorthand for ``ClientMapper(backend, chunk_size).map(fn, in_axes)``."""
   return ClientMapper(backend=backend, chunk_size=chunk_size).map(

@@ -119,6 +119,10 @@ def run_rounds(
   ledger = ledger if ledger is not None else ledger_lib.Ledger()
   model_size = num_params(state.server.params)
   start = int(state.round)
+  # One layout for every round: the client mapper hands results back
+  # committed to the default device, so a state that starts uncommitted (fresh
+  # init) would make round 2's eager gathers/scatters compile again.
+  state = jax.device_put(state, jax.devices()[0])
   show = options.progress and sys.stderr.isatty()
   rows = []
   bar = tqdm.tqdm(range(start + 1, options.num_rounds + 1), disable=not show,

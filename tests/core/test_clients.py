@@ -68,10 +68,17 @@ def test_sharded_on_four_cpu_devices():
       ref = ClientMapper(backend="vmap").map(f, in_axes=(0, 0))(w, x)
       np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
       assert out.shape == (10, 6, 2)
+      # Inside the shard_map each client sees the index of its device: 12
+      # clients over 4 devices put clients 3d..3d+2 on device d.
+      where = lambda w, x: jax.lax.axis_index("clients")
       w12 = np.concatenate([w, w[:2]])
       x12 = np.concatenate([x, x[:2]])
-      out12 = ClientMapper(backend="sharded").map(f, in_axes=(0, 0))(w12, x12)
-      assert len(out12.sharding.device_set) == 4, out12.sharding
+      dev = ClientMapper(backend="sharded", chunk_size=2).map(where, in_axes=(0, 0))(w12, x12)
+      np.testing.assert_array_equal(dev, np.repeat(np.arange(4), 3))
+      dev10 = ClientMapper(backend="sharded").map(where, in_axes=(0, 0))(w, x)
+      np.testing.assert_array_equal(dev10, np.repeat(np.arange(4), 3)[:10])
+      chunked = ClientMapper(backend="sharded", chunk_size=2).map(f, in_axes=(0, 0))(w, x)
+      np.testing.assert_allclose(chunked, ref, rtol=1e-5, atol=1e-6)
       print("OK")
   """)
   env = dict(os.environ)
@@ -105,3 +112,33 @@ def test_engine_jit_options_are_per_program():
     assert "onednn" in texts[True]
   assert "onednn" not in texts[False]
   np.testing.assert_allclose(engine_jit(conv)(x, w), conv(x, w), rtol=1e-5)
+
+
+def test_sharded_call_inside_a_traced_program_vectorises_in_place():
+  """Under an enclosing jit the mapper adds no device layout of its own."""
+  import jax
+  rng = np.random.default_rng(2)
+  w = rng.normal(size=(5, 3, 2)).astype(np.float32)
+  x = rng.normal(size=(5, 4, 3)).astype(np.float32)
+  mapped = ClientMapper(backend="sharded", chunk_size=2).map(
+      per_client, in_axes=(0, 0, None))
+  outer = jax.jit(lambda w, x: mapped(w, x, 3.0)["y"].sum(axis=(1, 2)))
+  direct = mapped(w, x, 3.0)["y"].sum(axis=(1, 2))
+  np.testing.assert_allclose(outer(w, x), direct, rtol=1e-5)
+  assert outer(w, x).shape == (5,)
+
+
+def test_auto_resolution_follows_the_devices():
+  """auto is sharded over several devices, else chunked on CPU / vmap on accelerators."""
+  import jax
+  from fedjax_dd.core.clients import default_backend, default_chunk_size
+  m = ClientMapper()
+  if jax.device_count() > 1:
+    assert m.resolved_backend == "sharded"
+  else:
+    assert default_backend("cpu") == "chunked"
+  assert default_chunk_size("cpu") == 2 and default_chunk_size("gpu") is None
+  assert ClientMapper(backend="chunked", chunk_size=5).resolved_chunk_size == 5
+  # The sharded backend hands results back on the default device.
+  out = ClientMapper(backend="sharded").map(lambda a: a * 2)(np.ones((3, 2), np.float32))
+  assert out.sharding.device_set == {jax.devices()[0]}

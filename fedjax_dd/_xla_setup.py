@@ -1,0 +1,70 @@
+"""One XLA host device per CPU core, set before JAX initialises a backend.
+
+The engine's default CPU backend (``sharded``, see
+:mod:`fedjax_dd.core.clients`) lays the client axis over host devices so that
+each core runs its own stream of small per-client programs. XLA exposes one
+host device unless ``--xla_force_host_platform_device_count`` is in
+``XLA_FLAGS`` when the CPU backend starts, so this module appends it, once, on
+``import fedjax_dd``. On a GPU/TPU machine the flag only shapes the (unused)
+host platform.
+
+Nothing is changed when:
+
+* ``FEDJAX_DD_NO_XLA_FLAGS=1`` (all of fedjax-dd's XLA options off);
+* ``XLA_FLAGS`` already sets the host device count (e.g. tests that force 4);
+* a JAX backend is already initialised (the flag would have no effect; the
+  engine then works with the devices it finds).
+
+``FEDJAX_DD_HOST_DEVICES=N`` overrides the count (default: the usable cores,
+at most 8).
+"""
+
+from __future__ import annotations
+
+import os
+
+_FLAG = "--xla_force_host_platform_device_count"
+MAX_HOST_DEVICES = 8
+
+
+def _usable_cores() -> int:
+  try:
+    return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError):
+    return os.cpu_count() or 1
+
+
+def host_device_count() -> int:
+  """How many host devices fedjax-dd asks XLA for."""
+  override = os.environ.get("FEDJAX_DD_HOST_DEVICES")
+  if override:
+    count = int(override)
+    if count < 1:
+      raise ValueError(f"FEDJAX_DD_HOST_DEVICES must be >= 1, got {override}.")
+    return count
+  return max(1, min(_usable_cores(), MAX_HOST_DEVICES))
+
+
+def _backend_initialised() -> bool:
+  try:
+    from jax._src import xla_bridge
+  except ImportError:  # jax not importable: nothing to configure.
+    return True
+  return bool(xla_bridge.backends_are_initialized())
+
+
+def configure() -> bool:
+  """Appends the host device count to ``XLA_FLAGS``; True if it did."""
+  if os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
+    return False
+  flags = os.environ.get("XLA_FLAGS", "")
+  if _FLAG in flags or _backend_initialised():
+    return False
+  count = host_device_count()
+  if count == 1:
+    return False
+  os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={count}".strip()
+  return True
+
+
+configure()

@@ -1,0 +1,60 @@
+"""fedjax_dd._xla_setup: when the host device count is (not) set."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedjax_dd import _xla_setup
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+  """A process whose JAX backend is not initialised yet, 2 usable cores."""
+  monkeypatch.setattr(_xla_setup, "_backend_initialised", lambda: False)
+  monkeypatch.setattr(_xla_setup, "_usable_cores", lambda: 2)
+  for var in ("XLA_FLAGS", "FEDJAX_DD_NO_XLA_FLAGS", "FEDJAX_DD_HOST_DEVICES"):
+    monkeypatch.delenv(var, raising=False)
+  return monkeypatch
+
+
+def test_appends_one_device_per_core(fresh):
+  fresh.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+  assert _xla_setup.configure()
+  import os
+  assert os.environ["XLA_FLAGS"] == (
+      "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=2")
+  # Idempotent: a second import adds nothing.
+  assert not _xla_setup.configure()
+
+
+def test_respects_an_explicit_count_and_the_opt_out(fresh):
+  import os
+  fresh.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+  assert not _xla_setup.configure()
+  assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+  fresh.delenv("XLA_FLAGS")
+  fresh.setenv("FEDJAX_DD_NO_XLA_FLAGS", "1")
+  assert not _xla_setup.configure()
+  assert "XLA_FLAGS" not in os.environ
+
+
+def test_leaves_an_initialised_backend_alone(fresh):
+  import os
+  fresh.setattr(_xla_setup, "_backend_initialised", lambda: True)
+  assert not _xla_setup.configure()
+  assert "XLA_FLAGS" not in os.environ
+
+
+def test_count_override_cap_and_single_core(fresh):
+  fresh.setattr(_xla_setup, "_usable_cores", lambda: 64)
+  assert _xla_setup.host_device_count() == _xla_setup.MAX_HOST_DEVICES
+  fresh.setenv("FEDJAX_DD_HOST_DEVICES", "3")
+  assert _xla_setup.host_device_count() == 3
+  fresh.setenv("FEDJAX_DD_HOST_DEVICES", "0")
+  with pytest.raises(ValueError, match="FEDJAX_DD_HOST_DEVICES"):
+    _xla_setup.host_device_count()
+  fresh.delenv("FEDJAX_DD_HOST_DEVICES")
+  fresh.setattr(_xla_setup, "_usable_cores", lambda: 1)
+  import os
+  assert not _xla_setup.configure()  # one device is XLA's default anyway
+  assert "XLA_FLAGS" not in os.environ
