@@ -16,6 +16,18 @@ variant of FedHydra's Tab. 5) the runner
 2. runs the server stage (stratification + HASA, DENSE, FedDF, or nothing);
 3. evaluates the global model every ``eval_every`` distillation epochs.
 
+Heterogeneous clients: with ``config.client_models`` (comma-separated
+registry names) client ``k`` uses architecture ``client_models[k % len]`` and
+``config.model`` is only the server (student) model, freshly initialised.
+The clients of one architecture form one group: one local-training program,
+one :class:`fedjax_dd.distill.dfkd.TeacherGroup` and one checkpoint
+(``r<r>/clients_<arch>``) per group; each client keeps the key of its id, so
+its model does not depend on the grouping. Every architecture is fed the
+dataset's images (``input_shape``); one that cannot take them is refused.
+Parameter averaging is undefined across architectures, so
+``os_fedavg_test_accuracy`` is null, ``method=os_fedavg`` is refused, and so
+is ``rounds > 1`` (the global model cannot seed other architectures).
+
 Resume: the client models (``r<r>/clients``), the stratification
 (``r<r>/stratification.npz``) and the distillation state (``r<r>/distill``:
 generator, student, synthetic pool and RNG key as ONE pytree) are
@@ -64,7 +76,7 @@ tree_map = jax.tree_util.tree_map
 # Config fields that determine the client models (checked by teachers_from).
 _PROTOCOL_FIELDS = ("dataset", "model", "input_shape", "num_clients", "seed",
                     "data_seed", "batch_size", "local_epochs", "local_steps",
-                    "optimizer", "lr", "momentum", "weight_decay")
+                    "optimizer", "lr", "momentum", "weight_decay", "partition")
 
 
 @dataclasses.dataclass
@@ -75,9 +87,7 @@ class RoundContext:
   input_fn: dfkd.InputFn
   groups: tuple[dfkd.TeacherGroup, ...]
   teacher_vars: dfkd.TeacherVars
-  client_params: PyTree
-  client_stats: PyTree
-  num_examples: jax.Array
+  average: tuple[PyTree, PyTree] | None  # one-shot FedAvg; None if heterogeneous
   global_params: PyTree
   global_stats: PyTree
   key: jax.Array
@@ -89,8 +99,12 @@ class RoundContext:
 
 
 def _protocol(config) -> str:
+  # client_models only when heterogeneous, so homogeneous protocols of older
+  # workdirs still match.
+  fields = _PROTOCOL_FIELDS + (("client_models",) if common.client_models(config)
+                               else ())
   return json.dumps({k: (config.get(k).to_dict() if hasattr(config.get(k), "to_dict")
-                         else config.get(k)) for k in (*_PROTOCOL_FIELDS, "partition")},
+                         else config.get(k)) for k in fields},
                     sort_keys=True, default=str)
 
 
@@ -208,8 +222,8 @@ def _stage_feddf(ctx: RoundContext):
                steps_per_epoch=config.student_steps,
                temperature=config.temperature, mapper=common.mapper(config))
   public = jax.device_put(_public_images(config, ctx.task.input_shape))
-  params = stages.weighted_mean(ctx.client_params, ctx.num_examples)
-  stats = stages.weighted_mean(ctx.client_stats, ctx.num_examples)
+  # The student starts from the one-shot FedAvg average if there is one.
+  params, stats = ctx.average or (ctx.global_params, ctx.global_stats)
   state = algo.init(jax.random.fold_in(ctx.key, 1), params, stats)
   offset = (ctx.round - 1) * config.distill_epochs
   ctx.writer.truncate_after(offset, key="step")
@@ -229,8 +243,7 @@ def _stage_feddf(ctx: RoundContext):
 
 
 def _stage_os_fedavg(ctx: RoundContext):
-  params = stages.weighted_mean(ctx.client_params, ctx.num_examples)
-  stats = stages.weighted_mean(ctx.client_stats, ctx.num_examples)
+  params, stats = ctx.average
   ev = ctx.evaluate(params, stats)
   ctx.writer.truncate_after((ctx.round - 1) * ctx.config.distill_epochs,
                             key="step")
@@ -253,24 +266,75 @@ AGGREGATIONS: dict[str, dfkd.CombineFn] = {
 }
 
 
-def _train_clients(config, workdir, r, task, data, num_steps, params, stats,
-                   train_key, timings):
-  """The client stage of round ``r``, restored from a checkpoint if present."""
-  m = data.num_clients
-  template = {"params": tree_map(lambda a: jnp.zeros((m, *a.shape), a.dtype), params),
-              "batch_stats": tree_map(lambda a: jnp.zeros((m, *a.shape), a.dtype), stats)}
-  store = CheckpointStore(common.workdir_path(workdir, f"r{r}", "clients"),
+def _client_groups(config, task: Any, input_fn: dfkd.InputFn, m: int
+                   ) -> tuple[tuple[str, ...], tuple[dfkd.TeacherGroup, ...]]:
+  """One teacher group per client architecture, in order of first client.
+
+  Returns:
+    ``(names, groups)``: homogeneous clients form one group ``config.model``
+    with the server ``task``; otherwise client ``k`` joins the group of
+    ``client_models[k % len(client_models)]``.
+
+  Raises:
+    ValueError: an architecture does not accept ``task.input_shape``.
+  """
+  names = common.client_models(config)
+  if not names:
+    return (config.model,), (dfkd.TeacherGroup(task, input_fn, tuple(range(m))),)
+  arch = [names[k % len(names)] for k in range(m)]
+  archs = tuple(dict.fromkeys(arch))
+  groups = []
+  for name in archs:
+    g_task = task if name == config.model else dataclasses.replace(
+        task, module=models.get_model(name).build(task.num_classes))
+    try:
+      jax.eval_shape(g_task.init, jax.random.PRNGKey(0))
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(
+          f"Client model {name!r} does not accept the input shape "
+          f"{tuple(task.input_shape)} of dataset {config.dataset!r}; every "
+          "client architecture is fed the same images, so set input_shape to "
+          "a shape all of client_models accept.") from e
+    groups.append(dfkd.TeacherGroup(
+        g_task, input_fn, tuple(k for k, a in enumerate(arch) if a == name)))
+  return archs, tuple(groups)
+
+
+def _record_models(ledger, r: int, kind: str, groups, bits) -> ledger_lib.Ledger:
+  """One model per client, each of its own architecture's size."""
+  for g, b in zip(groups, bits):
+    ledger = ledger.record(r, kind=kind, bits=b, count=len(g.client_ids),
+                           tag="model")
+  return ledger
+
+
+def _train_clients(config, workdir, r, store_name, group, mapper, data,
+                   num_steps, params, stats, train_key, timings):
+  """The client stage of round ``r`` for one architecture group.
+
+  Restored from the checkpoint ``r<r>/<store_name>`` if present (or, in round
+  1, from ``config.teachers_from``).
+
+  Returns:
+    ``(params, batch_stats)`` stacked ``[m_g, ...]`` in the order of
+    ``group.client_ids``.
+  """
+  ids = jnp.asarray(group.client_ids)
+  m_g = len(group.client_ids)
+  template = {"params": tree_map(lambda a: jnp.zeros((m_g, *a.shape), a.dtype), params),
+              "batch_stats": tree_map(lambda a: jnp.zeros((m_g, *a.shape), a.dtype), stats)}
+  store = CheckpointStore(common.workdir_path(workdir, f"r{r}", store_name),
                           max_to_keep=1)
   restored = store.restore(template)
   protocol = _protocol(config)
   if restored is None and r == 1 and config.get("teachers_from"):
-    other = CheckpointStore(os.path.join(config.teachers_from, "r1", "clients"),
+    other = CheckpointStore(os.path.join(config.teachers_from, "r1", store_name),
                             max_to_keep=1)
     restored = other.restore(template)
     other.close()
     if restored is None:
       raise ValueError(f"teachers_from={config.teachers_from!r} holds no "
-                       "client checkpoint.")
+                       f"client checkpoint {store_name!r}.")
     if restored[2].get("protocol") != protocol:
       raise ValueError(
           "teachers_from was trained under another client protocol:\n"
@@ -279,12 +343,14 @@ def _train_clients(config, workdir, r, task, data, num_steps, params, stats,
     models_ = restored[1]
   else:
     t0 = time.time()
-    train = local_stage(task, common.make_optimizer(config),
+    steps = num_steps[ids]
+    train = local_stage(group.task, common.make_optimizer(config),
                         batch_size=config.batch_size,
-                        max_steps=int(jnp.max(num_steps)),
-                        mapper=common.mapper(config))
-    cohort = Cohort(x=data.x, y=data.y, num_examples=data.num_examples,
-                    num_steps=num_steps, client_ids=jnp.arange(m))
+                        max_steps=int(jnp.max(steps)), mapper=mapper)
+    # Client ids are kept, so each client's key is that of its id.
+    cohort = Cohort(x=data.x[ids], y=data.y[ids],
+                    num_examples=data.num_examples[ids], num_steps=steps,
+                    client_ids=ids)
     result = train(params, stats, cohort, train_key)
     models_ = {"params": result.params, "batch_stats": result.batch_stats}
     jax.block_until_ready(models_)
@@ -344,6 +410,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if config.method not in SERVER_STAGES:
     raise ValueError(f"Unknown method {config.method!r} for the fedhydra runner; "
                      f"expected one of {sorted(SERVER_STAGES)}.")
+  hetero = bool(common.client_models(config))
+  if hetero and config.method == "os_fedavg":
+    raise ValueError(
+        "One-shot FedAvg averages parameters, which is undefined across the "
+        f"client architectures client_models={config.client_models!r}; use "
+        "fedhydra, dense or feddf, or homogeneous clients.")
+  if hetero and config.rounds > 1:
+    raise ValueError(
+        "Heterogeneous clients (client_models) need rounds=1: the distilled "
+        f"{config.model!r} cannot seed clients of other architectures.")
   start = time.time()
   prepared = common.load_and_prepare(config)
   task, ds = prepared.task, prepared.dataset
@@ -358,16 +434,21 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   mean, std = preprocess.channel_stats(ds.x_train)
   input_fn = dfkd.unit_normalizer(mean, std)
   m = data.num_clients
-  groups = (dfkd.TeacherGroup(task=task, input_fn=input_fn,
-                              client_ids=tuple(range(m))),)
+  names, groups = _client_groups(config, task, input_fn, m)
+  mappers = [common.mapper(config, (name,)) for name in names]
+  store_names = [f"clients_{n}" if hetero else "clients" for n in names]
   evaluate = make_evaluator(task, ds.x_test, ds.y_test)
-  client_evaluate = make_client_evaluator(task, ds.x_test, ds.y_test,
-                                          mapper=common.mapper(config))
+  client_evaluators = [make_client_evaluator(g.task, ds.x_test, ds.y_test,
+                                             mapper=mp)
+                       for g, mp in zip(groups, mappers)]
   writer = MetricsWriter(common.workdir_path(workdir, "metrics.jsonl"))
 
   init_key, run_key = jax.random.split(common.model_key(config))
   global_params, global_stats = task.init(init_key)
-  model_bits = ledger_lib.model_bits(global_params)
+  # Round-1 client models: one init per architecture from the same key.
+  starts = [(global_params, global_stats) if g.task is task else
+            g.task.init(init_key) for g in groups]
+  bits = [ledger_lib.model_bits(p) for p, _ in starts]
   ledger = ledger_lib.Ledger()
   timings: dict[str, float] = {}
   per_round = []
@@ -376,28 +457,33 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     round_key = jax.random.fold_in(run_key, r)
     _, train_key = jax.random.split(round_key)  # as run_rounds
     server_key = jax.random.fold_in(round_key, 2**20)
+    if r > 1:  # Homogeneous only: the clients restart from the global model.
+      starts = [(global_params, global_stats)]
     if r > 1 or not config.get("initial_model_as_seed", True):
-      ledger = ledger.record(r, kind="download", bits=model_bits, count=m,
-                             tag="model")
-    client_params, client_stats = _train_clients(
-        config, workdir, r, task, data, num_steps, global_params, global_stats,
-        train_key, timings)
-    ledger = ledger.record(r, kind="upload", bits=model_bits, count=m,
-                           tag="model")
-    client_acc = client_evaluate(client_params, client_stats)["accuracy"]
-    avg = (stages.weighted_mean(client_params, data.num_examples),
-           stages.weighted_mean(client_stats, data.num_examples))
-    os_fedavg_acc = evaluate(*avg)["accuracy"]
+      ledger = _record_models(ledger, r, "download", groups, bits)
+    teacher_vars = tuple(
+        _train_clients(config, workdir, r, sn, g, mp, data, num_steps, p, s,
+                       train_key, timings)
+        for sn, g, mp, (p, s) in zip(store_names, groups, mappers, starts))
+    ledger = _record_models(ledger, r, "upload", groups, bits)
+    client_acc = np.zeros(m)
+    for g, ev, tv in zip(groups, client_evaluators, teacher_vars):
+      client_acc[list(g.client_ids)] = ev(*tv)["accuracy"]
+    average, os_fedavg_acc = None, None
+    if not hetero:  # One group of all clients in client order.
+      average = tuple(stages.weighted_mean(t, data.num_examples)
+                      for t in teacher_vars[0])
+      os_fedavg_acc = evaluate(*average)["accuracy"]
     if config.progress:
+      fedavg = "n/a" if os_fedavg_acc is None else f"{os_fedavg_acc:.4f}"
       print(f"round {r}: client accuracies {np.round(client_acc, 4).tolist()}, "
-            f"one-shot FedAvg {os_fedavg_acc:.4f}, stages {timings}", flush=True)
+            f"one-shot FedAvg {fedavg}, stages {timings}", flush=True)
     ctx = RoundContext(
         config=config, task=task, input_fn=input_fn, groups=groups,
-        teacher_vars=dfkd.stack_teachers(client_params, client_stats, groups),
-        client_params=client_params, client_stats=client_stats,
-        num_examples=data.num_examples, global_params=global_params,
-        global_stats=global_stats, key=server_key, round=r, workdir=workdir,
-        evaluate=evaluate, writer=writer, timings=timings)
+        teacher_vars=teacher_vars, average=average,
+        global_params=global_params, global_stats=global_stats,
+        key=server_key, round=r, workdir=workdir, evaluate=evaluate,
+        writer=writer, timings=timings)
     global_params, global_stats, info = SERVER_STAGES[config.method](ctx)
     per_round.append({"round": r,
                       "client_test_accuracy": [float(a) for a in client_acc],
@@ -409,10 +495,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   totals = ledger.cumulative()
   samples = info.get("samples")
   figures = _figures(workdir, info.get("U_r"), samples, rows, task.num_classes)
+  arch_of = {k: n for n, g in zip(names, groups) for k in g.client_ids}
   summary = {
       "method": config.method,
       "dataset": config.dataset,
       "model": config.model,
+      "client_models": [arch_of[k] for k in range(m)],
       "final_test_accuracy": per_round[-1]["test_accuracy"],
       "best_test_accuracy": max(accs) if accs else per_round[-1]["test_accuracy"],
       "client_test_accuracy": per_round[-1]["client_test_accuracy"],

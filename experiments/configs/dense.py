@@ -8,6 +8,8 @@ distil identical client models.
     MNIST, Dirichlet α = 0.5 (paper Tab. 1: DENSE 77.86 %).
   ... --config.teachers_from=/tmp/fh5  reuses the clients of a FedHydra run
     of the same protocol (checked) instead of training them again.
+  ...dense.py:mnist_a0.5_hetero  heterogeneous clients (``client_models``),
+    server ResNet-18; ...dense.py:smoke_hetero on digits (see fedhydra.py).
 """
 
 from fedjax_dd.experiments.configs import fedhydra

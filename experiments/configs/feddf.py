@@ -10,6 +10,9 @@ of ``../shared/datasets`` for CIFAR-10 -- an unlabeled set of the same image
 shape from another domain, since the clients' own domain is private.
 
   fedjax-dd --config=experiments/configs/feddf.py:mnist_a0.5 --workdir=/tmp/df5
+
+With heterogeneous clients (``*_hetero`` presets, ``client_models``) there is
+no average to start from: the student starts from a fresh init of ``model``.
 """
 
 from fedjax_dd.experiments.configs import fedhydra

@@ -1,11 +1,14 @@
-"""End-to-end runner smoke test on sklearn digits: outputs, ledger, resume."""
+"""End-to-end runner smoke tests on sklearn digits: outputs, ledger, resume,
+heterogeneous client architectures."""
 
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
+from fedjax_dd import models
 from fedjax_dd.experiments import run_fedhydra
 from fedjax_dd.experiments.configs import dense as dense_config
 from fedjax_dd.experiments.configs import fedhydra as fedhydra_config
@@ -55,3 +58,79 @@ def test_dense_reuses_fedhydra_clients(tmp_path):
   dconf.seed = 1
   with pytest.raises(ValueError, match="client protocol"):
     run_fedhydra.run(dconf, str(tmp_path / "de2"))
+
+
+def _upload_bytes(names, num_classes, input_shape):
+  """Σ_k 4 · |w_k| over the clients' architectures, from the registry."""
+  counts = {n: models.param_count(models.init_model(
+      models.get_model(n).build(num_classes), jax.random.PRNGKey(0),
+      input_shape)["params"]) for n in set(names)}
+  return sum(4 * counts[n] for n in names)
+
+
+def _check_hetero(config, summary, workdir):
+  m = config.num_clients
+  assert summary["client_models"] == ["cnn2", "digits_cnn", "cnn2"]
+  assert len(summary["client_test_accuracy"]) == m
+  assert all(0.0 <= a <= 1.0 for a in summary["client_test_accuracy"])
+  assert summary["os_fedavg_test_accuracy"] is None
+  assert np.isfinite(summary["final_test_accuracy"])
+  # Each client uploads its own architecture: 2 x cnn2 + 1 x digits_cnn.
+  expected = _upload_bytes(summary["client_models"], 10, (8, 8, 1))
+  assert expected == 2 * 54762 * 4 + 53002 * 4
+  assert summary["bytes_uploaded"] == expected
+  assert summary["bytes_downloaded"] == 0
+  # The student is the server model (cnn2), not a client average.
+  assert summary["param_count"] == 54762
+  for name in ("clients_cnn2", "clients_digits_cnn"):
+    assert os.path.isdir(os.path.join(workdir, "r1", name)), name
+
+
+def test_dense_hetero_smoke(tmp_path):
+  config = dense_config.get_config("smoke_hetero")
+  workdir = str(tmp_path / "de")
+  summary = run_fedhydra.run(config, workdir)
+  _check_hetero(config, summary, workdir)
+  assert "U" not in summary
+
+
+def test_hetero_refusals(tmp_path):
+  config = fedhydra_config.get_config("smoke_hetero")
+  config.method = "os_fedavg"
+  with pytest.raises(ValueError, match="undefined across the client arch"):
+    run_fedhydra.run(config, str(tmp_path / "os"))
+  config = fedhydra_config.get_config("smoke_hetero")
+  config.rounds = 2
+  with pytest.raises(ValueError, match="rounds=1"):
+    run_fedhydra.run(config, str(tmp_path / "r2"))
+  # LeNet-5's two VALID 5x5 convolutions do not fit 8x8 digits.
+  config = fedhydra_config.get_config("smoke_hetero")
+  config.client_models = "cnn2,lenet5"
+  with pytest.raises(ValueError, match="'lenet5' does not accept"):
+    run_fedhydra.run(config, str(tmp_path / "le"))
+
+
+@pytest.mark.slow
+def test_fedhydra_hetero_smoke_then_resume(tmp_path):
+  config = fedhydra_config.get_config("smoke_hetero")
+  workdir = str(tmp_path / "fh")
+  summary = run_fedhydra.run(config, workdir)
+  _check_hetero(config, summary, workdir)
+  c, m = 10, config.num_clients
+  for k in ("U", "U_r", "U_c"):
+    assert np.asarray(summary[k]).shape == (c, m), k
+  np.testing.assert_allclose(np.asarray(summary["U_r"]).sum(1), 1.0, rtol=1e-5)
+  # A client's model depends on its id, not on its group: the cnn2 clients 0
+  # and 2 equal those of the homogeneous run (one digits test image = 1/360).
+  homo = fedhydra_config.get_config("smoke")
+  homo.method = "os_fedavg"
+  ref = run_fedhydra.run(homo, str(tmp_path / "os"))["client_test_accuracy"]
+  got = summary["client_test_accuracy"]
+  np.testing.assert_allclose([got[0], got[2]], [ref[0], ref[2]], atol=1.5 / 360)
+  assert abs(ref[0] - ref[2]) > 2 / 360  # so a swapped order would fail
+  # Re-running resumes every group's clients and the stratification.
+  again = run_fedhydra.run(config, workdir)
+  assert again["final_test_accuracy"] == summary["final_test_accuracy"]
+  assert again["client_test_accuracy"] == summary["client_test_accuracy"]
+  assert "local_training_seconds" not in again["stage_seconds"]
+  assert "stratification_seconds" not in again["stage_seconds"]
