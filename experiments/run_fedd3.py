@@ -4,11 +4,16 @@
 ``rounds`` epochs) or ``"fedd3_hybrid"`` (App. F: ``rounds`` FedAvg rounds on
 local plus received distilled data). ``config.distiller`` picks KIP or GMM.
 The distilled set is cached in ``workdir/distilled.npz`` so that a resumed
-run does not distill again.
+run does not distill again. ``config.distilled_from`` names the
+``distilled.npz`` of another run to train on instead of distilling, so that
+server-side variants reuse one distillation; both caches are refused if they
+were written under different distillation settings (:data:`DISTILL_KEYS`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import time
 from typing import Any, Callable
@@ -73,14 +78,49 @@ def _distiller(config, prepared, num_classes):
   return builders[config.distiller]()
 
 
-def _distill_or_load(config, workdir, prepared, data) -> tuple[fedd3.DistilledSet, float]:
-  path = common.workdir_path(workdir, "distilled.npz")
-  if os.path.exists(path):
-    z = np.load(path)
-    return fedd3.DistilledSet(
+# Config keys that determine the distilled set (the upload); every other key
+# (server optimiser, epochs, evaluation, backend) may differ from the run that
+# wrote a cached ``distilled.npz``.
+DISTILL_KEYS = (
+    "dataset", "model", "input_shape", "resize_method", "num_clients",
+    "data_seed", "seed", "partition", "distiller", "kernel", "kernel_depth",
+    "kernel_kind", "images_per_class", "kip_lr", "kip_max_iterations",
+    "kip_target_batch", "kip_reg", "learn_labels", "centered_labels",
+    "stop_accuracy", "min_iterations", "allow_raw_upload")
+
+
+def distill_fingerprint(config) -> str:
+  """The distillation settings of ``config`` as canonical JSON."""
+  d = config.to_dict()
+  return json.dumps({k: d.get(k) for k in DISTILL_KEYS}, sort_keys=True,
+                    default=str)
+
+
+def _load_distilled(path, config) -> tuple[fedd3.DistilledSet, float]:
+  with np.load(path) as z:
+    if "fingerprint" in z:
+      if str(z["fingerprint"]) != distill_fingerprint(config):
+        raise ValueError(
+            f"{path} was distilled with different settings; use a fresh "
+            "workdir or matching distillation keys.\n"
+            f"  cached:  {z['fingerprint']}\n"
+            f"  current: {distill_fingerprint(config)}")
+    else:
+      logging.warning("%s has no distillation fingerprint; trusting it.", path)
+    distilled = fedd3.DistilledSet(
         x=z["x"], y=z["y"], y_soft=z["y_soft"], owner=z["owner"],
         learned_labels=bool(z["learned_labels"]),
-        x_float=z["x_float"] if z["x_float"].size else None), float(z["seconds"])
+        x_float=z["x_float"] if z["x_float"].size else None)
+    return distilled, float(z["seconds"])
+
+
+def _distill_or_load(config, workdir, prepared, data) -> tuple[fedd3.DistilledSet, float]:
+  source = config.get("distilled_from") or ""
+  if source:
+    return _load_distilled(source, config)
+  path = common.workdir_path(workdir, "distilled.npz")
+  if os.path.exists(path):
+    return _load_distilled(path, config)
   start = time.time()
   key = jax.random.fold_in(common.model_key(config), 1)
   distilled = _distiller(config, prepared, prepared.dataset.num_classes)(key, data)
@@ -89,7 +129,8 @@ def _distill_or_load(config, workdir, prepared, data) -> tuple[fedd3.DistilledSe
       path, x=distilled.x, y=distilled.y, y_soft=distilled.y_soft,
       owner=distilled.owner, learned_labels=distilled.learned_labels,
       x_float=(distilled.x_float if distilled.x_float is not None
-               else np.zeros((0,), np.float32)), seconds=seconds)
+               else np.zeros((0,), np.float32)), seconds=seconds,
+      fingerprint=np.asarray(distill_fingerprint(config)))
   return distilled, seconds
 
 
@@ -153,6 +194,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "distiller": config.distiller,
       "distilled_images_total": distilled.size,
       "distill_seconds": distill_seconds,
+      "distilled_from": config.get("distilled_from") or "",
       "pixels_per_sample": int(np.prod(distilled.x.shape[1:])),
       "distilled_grid": os.path.basename(grid),
       **quantisation_cost(config, prepared, distilled),
