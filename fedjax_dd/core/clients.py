@@ -59,17 +59,38 @@ CLIENT_AXIS = "clients"
 # epoch, ResNet-18's training gradient). Callers opt out per program with
 # ``classic_runtime=False``; ``FEDJAX_DD_NO_XLA_FLAGS=1`` turns them off.
 _HOT_PROGRAM_OPTIONS = {"cpu": {"xla_cpu_use_thunk_runtime": False}}
+# When the client axis is split over several host devices, each device's
+# program runs single-threaded. This is needed for correctness, not speed:
+# without it the devices' concurrent programs, each using XLA's intra-op
+# threads, deadlocked (the FedHydra smoke test hung with no CPU use; jax 0.5.3,
+# 2 cores). Its speed effect measured neutral per program (LeNet-5, C=100:
+# 4.76 ms with it, 4.62 without; experiments/perf_notes.md).
+_PER_CORE_OPTIONS = {"cpu": {"xla_cpu_multi_thread_eigen": False}}
 # Clients per vectorised chunk on each device, by platform (None: the whole
 # share at once). Measured on CPU, LeNet-5, C=100: chunks of 1-3 run at
 # 5.3-6.0 ms per client-step on one device against 9.2 for a full vmap.
 _DEFAULT_CHUNK = {"cpu": 2}
 
 
-def hot_program_options(classic_runtime: bool = True) -> dict[str, Any]:
-  """XLA compiler options for the engine's hot jitted programs."""
-  if not classic_runtime or os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
+def hot_program_options(classic_runtime: bool = True,
+                        per_core: bool = False) -> dict[str, Any]:
+  """XLA compiler options for the engine's hot jitted programs.
+
+  Args:
+    classic_runtime: include the classic-runtime option (see
+      :func:`engine_jit`).
+    per_core: the program is one of several running side by side, one per
+      host device, so it gets the single-threaded options.
+  """
+  if os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
     return {}
-  return dict(_HOT_PROGRAM_OPTIONS.get(jax.default_backend(), {}))
+  platform = jax.default_backend()
+  options = {}
+  if classic_runtime:
+    options.update(_HOT_PROGRAM_OPTIONS.get(platform, {}))
+  if per_core:
+    options.update(_PER_CORE_OPTIONS.get(platform, {}))
+  return options
 
 
 def engine_jit(fn: Callable[..., Any], *, classic_runtime: bool = True,
@@ -288,7 +309,8 @@ class ClientMapper:
     mesh = client_mesh(self.devices)
     num_devices = mesh.devices.size
     chunk = self.resolved_chunk_size
-    options = hot_program_options(self.classic_runtime)
+    options = hot_program_options(self.classic_runtime,
+                                  per_core=num_devices > 1)
     over_clients = NamedSharding(mesh, P(CLIENT_AXIS))
     replicated = NamedSharding(mesh, P())
     jitted_cache: dict[tuple[Any, ...], Callable[..., Any]] = {}
