@@ -319,7 +319,7 @@ class ClientMapper:
       axes = _normalise_in_axes(in_axes, len(args))
       per_client = functools.partial(fn, **kwargs)
       if _is_traced(args):
-        return jax.vmap(per_client, in_axes=axes)(*args)
+        return _vectorise(per_client, axes, None)(*args)
       n = num_clients_of(args, axes)
       padded_n = -(-n // num_devices) * num_devices
       key = (axes, tuple(sorted(kwargs.items())))
