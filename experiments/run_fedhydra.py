@@ -113,11 +113,19 @@ def _hparams(config) -> dfkd.DFKDHyperParams:
       batch_size=config.synthetic_batch_size,
       generator_steps=config.generator_steps,
       student_steps=config.student_steps,
-      pool_size=config.pool_size,
+      pool_size=config.pool_size or config.distill_epochs,
       lambda_bn=config.lambda_bn,
       lambda_adv=config.lambda_adv,
       beta=config.beta,
-      temperature=config.temperature)
+      temperature=config.temperature,
+      reset_generator=config.reset_generator,
+      learn_noise=config.learn_noise,
+      keep_best=config.keep_best,
+      adv_mask=config.adv_mask)
+
+
+def _generator_optimizer(config) -> optax.GradientTransformation:
+  return optax.adam(config.generator_lr, b1=config.generator_b1)
 
 
 def _generator(config, task) -> models.Generator:
@@ -161,7 +169,7 @@ def _distill_loop(ctx: RoundContext, distiller: dfkd.DataFreeKD,
   ctx.timings["distillation_seconds"] = (
       ctx.timings.get("distillation_seconds", 0.0) + time.time() - t0)
   pool_x, pool_y = jax.device_get((state.pool_x, state.pool_y))
-  last = (int(state.epoch) - 1) % config.pool_size
+  last = (int(state.epoch) - 1) % state.pool_x.shape[0]
   return state.params, state.batch_stats, {"samples": (pool_x[last], pool_y[last])}
 
 
@@ -169,6 +177,7 @@ def _stage_fedhydra(ctx: RoundContext):
   config = ctx.config
   algo = fedhydra(ctx.groups, _generator(config, ctx.task), ctx.task,
                   ctx.input_fn, _hparams(config),
+                  generator_optimizer=_generator_optimizer(config),
                   stratify_steps=config.stratify_steps,
                   stratify_batch_size=config.stratify_batch_size,
                   combine=AGGREGATIONS[config.aggregation],
@@ -196,6 +205,7 @@ def _stage_dense(ctx: RoundContext):
   config = ctx.config
   distiller = dense(ctx.groups, _generator(config, ctx.task), ctx.task,
                     ctx.input_fn, _hparams(config),
+                    generator_optimizer=_generator_optimizer(config),
                     student_optimizer=_student_optimizer(config),
                     mapper=common.mapper(config))
   return _distill_loop(ctx, distiller, ())
@@ -219,7 +229,7 @@ def _stage_feddf(ctx: RoundContext):
   algo = feddf(ctx.groups, ctx.task, ctx.input_fn,
                optimizer=optax.adam(config.feddf_lr),
                batch_size=config.synthetic_batch_size,
-               steps_per_epoch=config.student_steps,
+               steps_per_epoch=config.feddf_steps,
                temperature=config.temperature, mapper=common.mapper(config))
   public = jax.device_put(_public_images(config, ctx.task.input_shape))
   # The student starts from the one-shot FedAvg average if there is one.

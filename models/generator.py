@@ -17,20 +17,22 @@ from fedjax_dd.models import layers
 class Generator(nn.Module):
   """Noise ``z [B, nz]`` -> images ``[B, H, W, Ch]`` in ``(0, 1)``.
 
-  Layout for ``out_shape = (H, W, Ch)`` with ``H, W`` divisible by 4::
+  Layout for ``out_shape = (H, W, Ch)`` with ``H, W`` divisible by 4 (the
+  generator of DENSE's and FedHydra's released code)::
 
     dense nz -> (H/4)*(W/4)*2ngf, reshape to [B, H/4, W/4, 2ngf]
-    BN -> LeakyReLU(0.2) -> conv-transpose 2ngf 4x4 stride 2   # H/4 -> H/2
-    BN -> LeakyReLU(0.2) -> conv-transpose ngf  4x4 stride 2   # H/2 -> H
-    BN -> LeakyReLU(0.2) -> conv-transpose Ch   3x3 stride 1   # H -> H
+    BN -> nearest-upsample x2 -> conv 3x3 2ngf (no bias)   # H/4 -> H/2
+    BN -> LeakyReLU(0.2) -> nearest-upsample x2 -> conv 3x3 ngf (no bias)
+    BN -> LeakyReLU(0.2) -> conv 3x3 Ch                    # H -> H
     sigmoid
 
-  So 28x28x1 output starts from a 7x7 map and 32x32x3 from 8x8. All
-  upsampling happens in the stride-2 transposed convolutions; their kernel
-  size 4 is a multiple of the stride, which avoids the checkerboard pattern of
-  uneven kernel overlap. The sigmoid yields images in ``(0, 1)``, i.e. the
-  range of un-normalised pixel data; callers apply the same normalisation as
-  to real data before feeding a classifier.
+  So 28x28x1 output starts from a 7x7 map and 32x32x3 from 8x8. Upsampling
+  followed by a 3x3 convolution avoids the checkerboard pattern of uneven
+  transposed-convolution overlap, and on XLA:CPU its gradient is about 4x
+  cheaper than that of stride-2 transposed convolutions (ngf 32, batch 64,
+  28x28: 101 vs 418 ms per forward and backward pass). The sigmoid yields
+  images in ``(0, 1)``, i.e. the range of un-normalised pixel data; callers
+  apply the same normalisation as to real data before feeding a classifier.
 
   Conditional variant (``conditional=True``): a learned label embedding
   ``[num_classes, nz]`` (initialised N(0, 1)) is multiplied element-wise into
@@ -108,10 +110,22 @@ class Generator(nn.Module):
     c0 = 2 * self.ngf
     x = nn.Dense(h // 4 * (w // 4) * c0, name="fc")(z)
     x = x.reshape(z.shape[0], h // 4, w // 4, c0)
-    for i, (width, kernel, stride) in enumerate(
-        [(c0, 4, 2), (self.ngf, 4, 2), (ch, 3, 1)]):
-      x = layers.batch_norm(train, name=f"bn{i + 1}")(x)
-      x = nn.leaky_relu(x, negative_slope=0.2)
-      x = nn.ConvTranspose(width, (kernel, kernel), strides=(stride, stride),
-                           padding="SAME", name=f"deconv{i + 1}")(x)
+    x = layers.batch_norm(train, name="bn1")(x)
+    for i, width in enumerate([c0, self.ngf]):
+      if i:
+        x = nn.leaky_relu(layers.batch_norm(train, name=f"bn{i + 1}")(x),
+                          negative_slope=0.2)
+      x = _upsample2(x)
+      x = nn.Conv(width, (3, 3), padding="SAME", use_bias=False,
+                  name=f"conv{i + 1}")(x)
+    x = nn.leaky_relu(layers.batch_norm(train, name="bn3")(x),
+                      negative_slope=0.2)
+    x = nn.Conv(ch, (3, 3), padding="SAME", name="conv3")(x)
     return nn.sigmoid(x)
+
+
+def _upsample2(x: jnp.ndarray) -> jnp.ndarray:
+  """Nearest-neighbour x2 upsampling of ``[B, H, W, C]`` (a broadcast)."""
+  b, h, w, c = x.shape
+  x = jnp.broadcast_to(x[:, :, None, :, None, :], (b, h, 2, w, 2, c))
+  return x.reshape(b, 2 * h, 2 * w, c)

@@ -2,7 +2,7 @@ r"""FedDF (one-shot): ensemble distillation on an unlabeled public set.
 
 Same presets and client protocol as ``fedhydra.py``. The student starts from
 the one-shot FedAvg average and is distilled with Adam (lr 1e-3) towards the
-averaged client logits for ``distill_epochs`` x ``student_steps`` steps of
+averaged client logits for ``distill_epochs`` x ``feddf_steps`` steps of
 ``synthetic_batch_size`` public images. Public sets (``public_data``, first
 ``public_size`` images drawn with ``data_seed + 1``): Fashion-MNIST train
 images for MNIST, MNIST for Fashion-MNIST, and the 1000 Tiny-ImageNet images

@@ -89,10 +89,17 @@ def _server_defaults(c: ml_collections.ConfigDict) -> None:
   c.nz = 100
   c.ngf = 32
   c.synthetic_batch_size = 64
-  c.generator_steps = 5  # T_G of HASA.
-  c.student_steps = 10
-  c.pool_size = 20
+  c.generator_steps = 30  # T_G of HASA.
+  c.student_steps = 0  # 0: one pass over the pool per epoch (reference code).
+  c.pool_size = 0  # 0: keep every epoch's batch (pool of distill_epochs).
   c.distill_epochs = 40  # T_g.
+  # Synthesis protocol of the authors' released code (dfkd module docstring).
+  c.generator_lr = 1e-3
+  c.generator_b1 = 0.5
+  c.reset_generator = True
+  c.learn_noise = True
+  c.keep_best = True
+  c.adv_mask = "disagree"  # disagree | agree | none
   c.lambda_bn = 1.0
   c.lambda_adv = 1.0
   c.beta = 1.0
@@ -108,6 +115,7 @@ def _server_defaults(c: ml_collections.ConfigDict) -> None:
   c.public_data = ""
   c.public_size = 1000
   c.feddf_lr = 1e-3
+  c.feddf_steps = 10  # FedDF student steps per epoch on the public set.
   c.client_models = ""  # comma-separated client architectures; "": all `model`
 
 
@@ -129,7 +137,7 @@ def preset(method: str, arg: str) -> ml_collections.ConfigDict:
     _server_defaults(c)
     c.nz, c.ngf = 8, 4
     c.synthetic_batch_size = 16
-    c.generator_steps, c.student_steps, c.pool_size = 2, 2, 2
+    c.generator_steps, c.feddf_steps = 2, 2
     c.distill_epochs = 4
     c.stratify_steps, c.stratify_batch_size = 3, 8
     c.eval_every, c.checkpoint_every = 2, 2
@@ -168,8 +176,6 @@ def preset(method: str, arg: str) -> ml_collections.ConfigDict:
     c.ngf = 64
     c.synthetic_batch_size = 256
     c.stratify_batch_size = 64
-    c.student_steps = 50
-    c.pool_size = 50
     c.eval_every = 10
     c.checkpoint_every = 10
   return c

@@ -28,7 +28,7 @@ def dense(groups: Sequence[dfkd.TeacherGroup],
           student_input: dfkd.InputFn,
           hparams: dfkd.DFKDHyperParams = dfkd.DFKDHyperParams(lambda_adv=0.5),
           *,
-          generator_optimizer: optax.GradientTransformation = optax.adam(1e-3),
+          generator_optimizer: optax.GradientTransformation = optax.adam(1e-3, b1=0.5),
           student_optimizer: optax.GradientTransformation = optax.sgd(0.01),
           mapper: ClientMapper = ClientMapper()) -> dfkd.DataFreeKD:
   """DENSE's distillation loop; ``epoch`` takes ``ctx = ()``.
@@ -39,7 +39,7 @@ def dense(groups: Sequence[dfkd.TeacherGroup],
     student: the global model.
     student_input: maps generated images in ``[0, 1]`` to the student input.
     hparams: loss weights and step counts (DENSE's adversarial weight 0.5).
-    generator_optimizer: [Adam, lr 1e-3].
+    generator_optimizer: [Adam, lr 1e-3, β1 = 0.5 as in the reference code].
     student_optimizer: [SGD, lr 0.01].
     mapper: how each architecture's teachers are batched.
   """

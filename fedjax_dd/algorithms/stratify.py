@@ -142,7 +142,7 @@ def make_stratifier(groups: Sequence[TeacherGroup],
                     num_classes: int,
                     steps: int = 30,
                     batch_size: int = 64,
-                    optimizer: optax.GradientTransformation = optax.adam(1e-3),
+                    optimizer: optax.GradientTransformation = optax.adam(1e-3, b1=0.5),
                     mapper: ClientMapper = ClientMapper()
                     ) -> Callable[[TeacherVars, jax.Array], Stratification]:
   """Builds Algorithm 2 over all ``(client, class)`` pairs.
@@ -159,7 +159,7 @@ def make_stratifier(groups: Sequence[TeacherGroup],
     num_classes: ``c``.
     steps: ``T_G`` [30].
     batch_size: noise samples per step.
-    optimizer: [Adam, lr 1e-3].
+    optimizer: [Adam, lr 1e-3, β1 = 0.5 as in the reference code].
     mapper: how the pairs are batched.
 
   Returns:

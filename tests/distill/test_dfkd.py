@@ -158,3 +158,70 @@ def test_hparams_validation():
     dfkd.DFKDHyperParams(generator_steps=0)
   with pytest.raises(ValueError, match="temperature"):
     dfkd.DFKDHyperParams(temperature=0.0)
+  with pytest.raises(ValueError, match="student_steps"):
+    dfkd.DFKDHyperParams(student_steps=-1)
+
+
+def test_adversarial_kl_masks_hand_computed():
+  ln3 = np.log(3.0)
+  p = jnp.array([[ln3, 0.0], [0.0, ln3]])  # (3/4, 1/4) and (1/4, 3/4)
+  s = jnp.array([[0.0, 0.0], [ln3, 0.0]])  # (1/2, 1/2) and (3/4, 1/4)
+  # Row 0 agrees (both argmax 0, the tie resolving to 0); row 1 disagrees.
+  kl0 = 0.75 * np.log(1.5) + 0.25 * np.log(0.5)
+  kl1 = 0.25 * np.log(1 / 3) + 0.75 * np.log(3.0)
+  np.testing.assert_allclose(dfkd.adversarial_kl(p, s, 1.0, "none"),
+                             -(kl0 + kl1) / 2, rtol=1e-5)
+  np.testing.assert_allclose(dfkd.adversarial_kl(p, s, 1.0, "agree"),
+                             -kl0 / 2, rtol=1e-5)
+  np.testing.assert_allclose(dfkd.adversarial_kl(p, s, 1.0, "disagree"),
+                             -kl1 / 2, rtol=1e-5)
+  with pytest.raises(ValueError, match="adv_mask"):
+    dfkd.DFKDHyperParams(adv_mask="some")
+
+
+def _small(hp_kwargs):
+  task = tiny_task(bn=True)
+  ident = lambda x: x
+  group = dfkd.TeacherGroup(task, ident, (0, 1))
+  tv = ((_stacked(task, [jax.random.PRNGKey(0), jax.random.PRNGKey(1)])),)
+  gen = models.Generator(out_shape=(4, 4, 1), nz=4, ngf=2)
+  hp = dfkd.DFKDHyperParams(batch_size=6, **hp_kwargs)
+  d = dfkd.make_dfkd((group,), gen, task, ident, dfkd.average_ensemble, hp,
+                     student_optimizer=optax.sgd(0.05, momentum=0.9))
+  s_params, s_stats = task.init(jax.random.PRNGKey(9))
+  return d, d.init(jax.random.PRNGKey(3), s_params, s_stats), tv
+
+
+def test_student_pass_over_filled_pool_and_stored_logits():
+  d, state, tv = _small(dict(generator_steps=2, student_steps=0, pool_size=3))
+  steps = []
+  for _ in range(4):
+    state, m = d.epoch(state, tv, ())
+    steps.append(int(m["student_steps"]))
+  # One step per filled batch: the pass grows until the pool (3) is full.
+  assert steps == [1, 2, 3, 3]
+  # The stored P of every slot is the ensemble of its stored images.
+  logits, _ = d.teachers(tv, state.pool_x.reshape(-1, 4, 4, 1))
+  np.testing.assert_allclose(
+      state.pool_p.reshape(-1, 3),
+      dfkd.average_ensemble(logits, None, ()), rtol=1e-5, atol=1e-5)
+  # A fixed step count wraps around the shuffled pool.
+  d2, s2, _ = _small(dict(generator_steps=1, student_steps=5, pool_size=3))
+  _, m2 = d2.epoch(s2, tv, ())
+  assert int(m2["student_steps"]) == 5
+
+
+def test_protocol_switches_change_the_pool():
+  """Reset + learnable noise + best batch (the reference code) vs. off."""
+  pools = {}
+  for name, kw in {"ref": {}, "plain": dict(reset_generator=False,
+                                            learn_noise=False,
+                                            keep_best=False, adv_mask="none")
+                   }.items():
+    d, state, tv = _small(dict(generator_steps=3, pool_size=2, **kw))
+    for _ in range(2):
+      state, m = d.epoch(state, tv, ())
+    assert all(np.isfinite(float(v)) for v in m.values())
+    pools[name] = np.asarray(state.pool_x)
+    assert np.all((pools[name] > 0) & (pools[name] < 1))
+  assert not np.allclose(pools["ref"], pools["plain"])

@@ -86,3 +86,11 @@ def test_bad_configuration_raises(kwargs, z_shape, match):
   gen = models.Generator(nz=NZ, ngf=2, **kwargs)
   with pytest.raises(ValueError, match=match):
     gen.init(KEY(0), jnp.zeros(z_shape), train=False)
+
+
+def test_upsample_is_nearest_neighbour():
+  from fedjax_dd.models.generator import _upsample2
+  x = jnp.arange(4.0).reshape(1, 2, 2, 1)
+  np.testing.assert_array_equal(
+      _upsample2(x)[0, :, :, 0],
+      [[0, 0, 1, 1], [0, 0, 1, 1], [2, 2, 3, 3], [2, 2, 3, 3]])

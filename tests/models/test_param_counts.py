@@ -134,17 +134,17 @@ def test_digits_cnn():
 
 
 def test_generator_small_config_by_hand():
-  # nz 4, ngf 2, 8x8x1: dense 4 -> 2*2*4, then BN(4) deconv 4x4 4->4,
-  # BN(4) deconv 4x4 4->2, BN(2) deconv 3x3 2->1.
-  expected = (dense(4, 16) + BN(4) + conv(4, 4, 4) + BN(4) + conv(4, 4, 2)
-              + BN(2) + conv(3, 2, 1))
-  assert expected == 509
+  # nz 4, ngf 2, 8x8x1: dense 4 -> 2*2*4, then BN(4) up conv 3x3 4->4 (no
+  # bias), BN(4) up conv 3x3 4->2 (no bias), BN(2) conv 3x3 2->1.
+  expected = (dense(4, 16) + BN(4) + conv(3, 4, 4, bias=False) + BN(4)
+              + conv(3, 4, 2, bias=False) + BN(2) + conv(3, 2, 1))
+  assert expected == 335
   gen = models.Generator(out_shape=(8, 8, 1), nz=4, ngf=2)
-  assert _count(gen, (4,)) == 509
+  assert _count(gen, (4,)) == 335
   cond = models.Generator(out_shape=(8, 8, 1), nz=4, ngf=2, conditional=True,
                           num_classes=3)
   # Plus the [3, 4] label embedding.
-  assert _count(cond, (4,), y=jnp.zeros((2,), jnp.int32)) == 509 + 12
+  assert _count(cond, (4,), y=jnp.zeros((2,), jnp.int32)) == 335 + 12
 
 
 @pytest.mark.parametrize("num_classes", [2, 7])
