@@ -525,10 +525,19 @@ def make_dfkd(groups: Sequence[TeacherGroup],
     # and aborts on values computed from PRNG bits inside the same program
     # (jax 0.5.3).
     z, y, order, filled, gp, gs = draw(state.key, state.epoch)
-    return epoch_core(state, teacher_vars, ctx, z, y, order, filled, gp, gs)
+    carry = gen_begin(state, z, gp, gs)
+    # A host loop over one jitted step: XLA:CPU (jax 0.5.3) ran this step
+    # about 14x slower inside a rolled while loop (lax.scan) than as one
+    # program (MNIST, 5 CNN2 teachers, batch 64: 6.0 vs 0.42 s per step), and
+    # unrolling T_G = 30 steps took minutes to compile.
+    for _ in range(hp.generator_steps):
+      carry, gen_metrics = gen_step(carry, state.params, state.batch_stats,
+                                    teacher_vars, ctx, y)
+    return epoch_end(state, teacher_vars, ctx, carry, gen_metrics, y, order,
+                     filled)
 
-  def epoch_core(state, teacher_vars, ctx, z, y, order, filled, fresh_gp,
-                 fresh_gs):
+  @jax.jit
+  def gen_begin(state, z, fresh_gp, fresh_gs):
     if hp.reset_generator:
       gp0, gs0 = fresh_gp, fresh_gs
       go0 = generator_optimizer.init((gp0, z))
@@ -537,29 +546,27 @@ def make_dfkd(groups: Sequence[TeacherGroup],
       # The noise is new every epoch; so is its optimizer state.
       go0 = (generator_optimizer.init((gp0, z)) if hp.learn_noise
              else state.gen_opt_state)
+    return ((gp0, z), gs0, go0, jnp.array(jnp.inf, jnp.float32),
+            jnp.zeros(state.pool_x.shape[1:], jnp.float32))
 
-    def gen_step(carry, _):
-      (gp, z_cur), gs, go, best_loss, best_x = carry
-      (loss, (gs_new, x01, m)), (g_gen, g_z) = gen_grad(
-          (gp, z_cur), gs, state.params, state.batch_stats, teacher_vars, ctx,
-          y)
-      if not hp.learn_noise:
-        g_z = jnp.zeros_like(g_z)
-      updates, go = generator_optimizer.update((g_gen, g_z), go, (gp, z_cur))
-      new_vars = optax.apply_updates((gp, z_cur), updates)
-      better = loss < best_loss
-      best_x = jnp.where(better, jax.lax.stop_gradient(x01), best_x)
-      return (new_vars, gs_new, go, jnp.minimum(loss, best_loss), best_x), m
+  @jax.jit
+  def gen_step(carry, params, batch_stats, teacher_vars, ctx, y):
+    (gp, z_cur), gs, go, best_loss, best_x = carry
+    (loss, (gs_new, x01, m)), (g_gen, g_z) = gen_grad(
+        (gp, z_cur), gs, params, batch_stats, teacher_vars, ctx, y)
+    if not hp.learn_noise:
+      g_z = jnp.zeros_like(g_z)
+    updates, go = generator_optimizer.update((g_gen, g_z), go, (gp, z_cur))
+    new_vars = optax.apply_updates((gp, z_cur), updates)
+    better = loss < best_loss
+    best_x = jnp.where(better, jax.lax.stop_gradient(x01), best_x)
+    return (new_vars, gs_new, go, jnp.minimum(loss, best_loss), best_x), m
 
+  @jax.jit
+  def epoch_end(state, teacher_vars, ctx, carry, gen_metrics, y, order,
+                filled):
+    (gp, z_end), gs, go, _, best_x = carry
     x_shape = state.pool_x.shape[1:]
-    carry0 = ((gp0, z), gs0, go0, jnp.array(jnp.inf, jnp.float32),
-              jnp.zeros(x_shape, jnp.float32))
-    # Unrolled: XLA:CPU (jax 0.5.3) ran this step about 14x slower inside a
-    # rolled while loop than as straight-line code (MNIST, 5 CNN2 teachers,
-    # batch 64: 6.0 vs 0.42 s per step), at the price of compile time
-    # growing with T_G.
-    ((gp, z_end), gs, go, _, best_x), gen_metrics = jax.lax.scan(
-        gen_step, carry0, None, length=hp.generator_steps, unroll=True)
     if hp.keep_best:
       x_new = best_x
     else:
@@ -590,7 +597,7 @@ def make_dfkd(groups: Sequence[TeacherGroup],
     p, s, o, sums = jax.lax.fori_loop(
         0, num_steps, student_step,
         (state.params, state.batch_stats, state.opt_state, sums0))
-    metrics = {k: v[-1] for k, v in gen_metrics.items()}
+    metrics = dict(gen_metrics)
     metrics.update({k: v / num_steps for k, v in sums.items()})
     metrics["student_steps"] = jnp.asarray(num_steps, jnp.float32)
     new_state = DFKDState(gen_params=gp, gen_stats=gs, gen_opt_state=go,
@@ -598,8 +605,6 @@ def make_dfkd(groups: Sequence[TeacherGroup],
                           pool_y=pool_y, pool_p=pool_p, key=state.key,
                           epoch=state.epoch + 1)
     return new_state, metrics
-
-  epoch_core = jax.jit(epoch_core)
 
   @jax.jit
   def generate(state: DFKDState, z: jax.Array, y: jax.Array) -> jax.Array:
