@@ -225,11 +225,16 @@ def kl_divergence(teacher_logits: jax.Array, student_logits: jax.Array,
   The ``T²`` factor (Hinton et al.) keeps gradient magnitudes independent of
   the temperature; with ``T = 1`` it is the plain KL.
   """
+  return jnp.mean(_kl_per_sample(teacher_logits, student_logits, temperature))
+
+
+def _kl_per_sample(teacher_logits: jax.Array, student_logits: jax.Array,
+                   temperature: float) -> jax.Array:
+  """``[B]`` ``KL_i(σ(P/T) ‖ σ(S/T))·T²``."""
   t = temperature
   p_log = jax.nn.log_softmax(teacher_logits / t)
   s_log = jax.nn.log_softmax(student_logits / t)
-  kl = jnp.sum(jnp.exp(p_log) * (p_log - s_log), axis=-1)
-  return jnp.mean(kl) * t * t
+  return jnp.sum(jnp.exp(p_log) * (p_log - s_log), axis=-1) * t * t
 
 
 @flax.struct.dataclass
@@ -362,6 +367,26 @@ def kd_objective(p: jax.Array, s_logits: jax.Array, *, beta: float,
                           "student_agreement": agree}
 
 
+def make_student_objective(student: Classifier, student_input: InputFn, *,
+                           beta: float, temperature: float
+                           ) -> Callable[..., Any]:
+  """The student in training mode against given ensemble logits.
+
+  Returns:
+    ``objective(params, batch_stats, x01 [B, ...], p [B, K]) -> (loss,
+    (new_batch_stats, metrics))`` with the loss of :func:`kd_objective`.
+  """
+
+  def objective(params, batch_stats, x01, p):
+    s_logits, new_stats = student.apply(params, batch_stats, student_input(x01),
+                                        train=True)
+    value, metrics = kd_objective(p, s_logits, beta=beta,
+                                  temperature=temperature)
+    return value, (new_stats, metrics)
+
+  return objective
+
+
 def make_student_loss(teachers: Callable[..., tuple[jax.Array, jax.Array]],
                       combine: CombineFn, student: Classifier,
                       student_input: InputFn, *, beta: float,
@@ -373,14 +398,13 @@ def make_student_loss(teachers: Callable[..., tuple[jax.Array, jax.Array]],
     (loss, (new_batch_stats, metrics))``; the student runs in training mode.
   """
 
+  objective = make_student_objective(student, student_input, beta=beta,
+                                     temperature=temperature)
+
   def loss(params, batch_stats, teacher_vars, ctx, x01, y):
     t_logits, _ = teachers(teacher_vars, jax.lax.stop_gradient(x01))
     p = jax.lax.stop_gradient(combine(t_logits, y, ctx))
-    s_logits, new_stats = student.apply(params, batch_stats, student_input(x01),
-                                        train=True)
-    value, metrics = kd_objective(p, s_logits, beta=beta,
-                                  temperature=temperature)
-    return value, (new_stats, metrics)
+    return objective(params, batch_stats, x01, p)
 
   return loss
 
@@ -393,10 +417,7 @@ def adversarial_kl(p: jax.Array, s_logits: jax.Array, temperature: float,
   and ``S`` differ (``"disagree"``) or agree (``"agree"``); the mean is over
   all ``B`` samples, as in the reference code.
   """
-  t = temperature
-  p_log = jax.nn.log_softmax(p / t)
-  s_log = jax.nn.log_softmax(s_logits / t)
-  kl = jnp.sum(jnp.exp(p_log) * (p_log - s_log), axis=-1) * t * t
+  kl = _kl_per_sample(p, s_logits, temperature)
   same = jnp.argmax(p, -1) == jnp.argmax(s_logits, -1)
   w = {"none": jnp.ones_like(kl), "agree": same.astype(kl.dtype),
        "disagree": (~same).astype(kl.dtype)}[mask]
@@ -470,14 +491,9 @@ def make_dfkd(groups: Sequence[TeacherGroup],
 
   gen_grad = jax.value_and_grad(gen_loss, has_aux=True)
 
-  def student_objective(params, batch_stats, x01, p):
-    s_logits, new_stats = student.apply(params, batch_stats, student_input(x01),
-                                        train=True)
-    value, metrics = kd_objective(p, s_logits, beta=hp.beta,
-                                  temperature=hp.temperature)
-    return value, (new_stats, metrics)
-
-  student_grad = jax.value_and_grad(student_objective, has_aux=True)
+  student_grad = jax.value_and_grad(
+      make_student_objective(student, student_input, beta=hp.beta,
+                             temperature=hp.temperature), has_aux=True)
 
   def fresh_generator(key):
     z = jnp.zeros((1, nz), jnp.float32)
@@ -582,7 +598,7 @@ def make_dfkd(groups: Sequence[TeacherGroup],
     flat_x = pool_x.reshape((-1, *x_shape[1:]))
     flat_p = pool_p.reshape((-1, num_classes))
     num_steps = filled if hp.student_steps == 0 else hp.student_steps
-    zeros = {"student_kl": 0.0, "student_ce": 0.0, "student_agreement": 0.0}
+    names = ("student_kl", "student_ce", "student_agreement")
 
     def student_step(i, carry):
       p, s, o, sums = carry
@@ -593,7 +609,7 @@ def make_dfkd(groups: Sequence[TeacherGroup],
       sums = {k: sums[k] + m[k] for k in sums}
       return optax.apply_updates(p, updates), s_new, o, sums
 
-    sums0 = {k: jnp.zeros((), jnp.float32) for k in zeros}
+    sums0 = {k: jnp.zeros((), jnp.float32) for k in names}
     p, s, o, sums = jax.lax.fori_loop(
         0, num_steps, student_step,
         (state.params, state.batch_stats, state.opt_state, sums0))
