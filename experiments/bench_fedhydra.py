@@ -3,7 +3,8 @@ r"""Benchmark of FedHydra's server stages on MNIST-shaped inputs.
 1. Model stratification (Alg. 2), m = 5 clients x c = 10 classes with the
    2-layer CNN: all m·c generator trainings as ONE batched program (the
    engine's default backend, and plain ``vmap``) against a Python loop over
-   the pairs (the ``loop`` client backend, one jitted per-pair program).
+   the pairs (the ``loop`` client backend: one jitted per-pair step, called
+   for every pair and step). Both make ``T_G`` host-side steps.
    Reports ms per generator step (one step of one pair) and
    ``speedup_vs_loop`` of the default backend.
 2. HASA: seconds per global epoch (T_G generator steps + the student phase).
@@ -48,6 +49,10 @@ def main(argv=None):
   ap.add_argument("--batch", type=int, default=16)
   ap.add_argument("--ngf", type=int, default=32)
   ap.add_argument("--repeats", type=int, default=1)
+  ap.add_argument("--hasa_generator_steps", type=int, default=30,
+                  help="T_G of HASA (CPU preset: 30)")
+  ap.add_argument("--hasa_student_steps", type=int, default=40,
+                  help="student steps per HASA epoch (CPU preset: 40)")
   args = ap.parse_args(argv)
   m, c = args.clients, 10
   task = Classifier(models.get_model("cnn2").build(c), (28, 28, 1),
@@ -74,8 +79,10 @@ def main(argv=None):
     results[f"stratify_{backend}_ms_per_generator_step"] = 1e3 * sec / pair_steps
   results["speedup_vs_loop"] = (results["stratify_loop_seconds"] /
                                 results[f"stratify_{default}_seconds"])
-  hp = dfkd.DFKDHyperParams(batch_size=64, generator_steps=5, student_steps=10,
-                            pool_size=20)
+  hp = dfkd.DFKDHyperParams(batch_size=64,
+                            generator_steps=args.hasa_generator_steps,
+                            student_steps=args.hasa_student_steps,
+                            pool_size=40)
   d = dfkd.make_dfkd(groups, gen, task, norm,
                      stratify_lib.stratified_ensemble, hp,
                      student_optimizer=optax.sgd(0.01, momentum=0.9))
@@ -88,8 +95,10 @@ def main(argv=None):
     return holder["s"].params
 
   results["hasa_seconds_per_epoch"] = _timed(one_epoch, max(args.repeats, 2))
-  results["hasa_config"] = {"batch_size": 64, "generator_steps": 5,
-                            "student_steps": 10, "ngf": args.ngf}
+  results["hasa_config"] = {"batch_size": 64,
+                            "generator_steps": args.hasa_generator_steps,
+                            "student_steps": args.hasa_student_steps,
+                            "ngf": args.ngf}
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2, sort_keys=True)
   print(json.dumps(results, indent=2, sort_keys=True))

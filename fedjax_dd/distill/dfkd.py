@@ -336,7 +336,9 @@ class DataFreeKD(NamedTuple):
       the given student.
     epoch: ``(state, teacher_vars, ctx) -> (state, metrics)``: one epoch of
       Algorithm 1 (``T_G`` generator steps on one ``(z, y)`` batch, then the
-      student steps), jitted.
+      student steps): a host loop over a few jitted programs (noise draw,
+      one generator step, pool insert, one student step), each compiled
+      once.
     generate: ``(state, z [B, nz], y [B]) -> images [B, H, W, Ch]`` in
       ``[0, 1]`` from the last epoch's generator, e.g. for sample grids (the
       pool holds the images the student actually saw).
@@ -579,43 +581,49 @@ def make_dfkd(groups: Sequence[TeacherGroup],
     return (new_vars, gs_new, go, jnp.minimum(loss, best_loss), best_x), m
 
   @jax.jit
-  def epoch_end(state, teacher_vars, ctx, carry, gen_metrics, y, order,
-                filled):
-    (gp, z_end), gs, go, _, best_x = carry
-    x_shape = state.pool_x.shape[1:]
+  def pool_insert(state, teacher_vars, ctx, carry, y):
+    (gp, _), gs, _, _, best_x = carry
     if hp.keep_best:
       x_new = best_x
     else:
-      x_new, _ = gen_apply(gp, gs, z_end, y, True)
+      x_new, _ = gen_apply(gp, gs, carry[0][1], y, True)
       x_new = jax.lax.stop_gradient(x_new)
     t_logits, _ = teachers(teacher_vars, x_new)
     p_new = jax.lax.stop_gradient(combine(t_logits, y, ctx))
     slot = state.epoch % hp.pool_size
-    pool_x = state.pool_x.at[slot].set(x_new)
-    pool_y = state.pool_y.at[slot].set(y)
-    pool_p = state.pool_p.at[slot].set(p_new)
+    return (state.pool_x.at[slot].set(x_new), state.pool_y.at[slot].set(y),
+            state.pool_p.at[slot].set(p_new))
 
-    flat_x = pool_x.reshape((-1, *x_shape[1:]))
+  @jax.jit
+  def student_step(params, batch_stats, opt_state, pool_x, pool_p, order,
+                   start):
+    x_shape = pool_x.shape[2:]
+    idx = jax.lax.dynamic_slice_in_dim(order, start, hp.batch_size)
+    flat_x = pool_x.reshape((-1, *x_shape))
     flat_p = pool_p.reshape((-1, num_classes))
+    (_, (new_stats, m)), g = student_grad(params, batch_stats, flat_x[idx],
+                                          flat_p[idx])
+    updates, opt_state = student_optimizer.update(g, opt_state, params)
+    return optax.apply_updates(params, updates), new_stats, opt_state, m
+
+  def epoch_end(state, teacher_vars, ctx, carry, gen_metrics, y, order,
+                filled):
+    pool_x, pool_y, pool_p = pool_insert(state, teacher_vars, ctx, carry, y)
+    filled = int(filled)
     num_steps = filled if hp.student_steps == 0 else hp.student_steps
-    names = ("student_kl", "student_ce", "student_agreement")
-
-    def student_step(i, carry):
-      p, s, o, sums = carry
+    # A host loop over one jitted step, for the reason given in ``epoch``
+    # (the student's rolled loop cost ~14x on XLA:CPU as well).
+    p, s, o = state.params, state.batch_stats, state.opt_state
+    step_metrics = []
+    for i in range(num_steps):
       start = (i % filled) * hp.batch_size
-      idx = jax.lax.dynamic_slice_in_dim(order, start, hp.batch_size)
-      (_, (s_new, m)), g = student_grad(p, s, flat_x[idx], flat_p[idx])
-      updates, o = student_optimizer.update(g, o, p)
-      sums = {k: sums[k] + m[k] for k in sums}
-      return optax.apply_updates(p, updates), s_new, o, sums
-
-    sums0 = {k: jnp.zeros((), jnp.float32) for k in names}
-    p, s, o, sums = jax.lax.fori_loop(
-        0, num_steps, student_step,
-        (state.params, state.batch_stats, state.opt_state, sums0))
+      p, s, o, m = student_step(p, s, o, pool_x, pool_p, order, start)
+      step_metrics.append(m)
     metrics = dict(gen_metrics)
-    metrics.update({k: v / num_steps for k, v in sums.items()})
+    metrics.update({k: jnp.mean(jnp.stack([m[k] for m in step_metrics]))
+                    for k in step_metrics[0]})
     metrics["student_steps"] = jnp.asarray(num_steps, jnp.float32)
+    (gp, _), gs, go, _, _ = carry
     new_state = DFKDState(gen_params=gp, gen_stats=gs, gen_opt_state=go,
                           params=p, batch_stats=s, opt_state=o, pool_x=pool_x,
                           pool_y=pool_y, pool_p=pool_p, key=state.key,

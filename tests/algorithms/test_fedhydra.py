@@ -94,8 +94,11 @@ def test_stratifier_vmap_equals_loop_and_does_not_recompile(caplog):
   kw = dict(num_classes=3, steps=3, batch_size=4)
   vm = st.make_stratifier(groups, gen, mapper=ClientMapper("vmap"), **kw)
   lp = st.make_stratifier(groups, gen, mapper=ClientMapper("loop"), **kw)
+  sh = st.make_stratifier(groups, gen, mapper=ClientMapper("sharded"), **kw)
   a = vm(tv, jax.random.PRNGKey(0))
   b = lp(tv, jax.random.PRNGKey(0))
+  np.testing.assert_allclose(sh(tv, jax.random.PRNGKey(0)).curves, b.curves,
+                             rtol=2e-4, atol=1e-5)
   assert a.curves.shape == (2, 3, 3)
   assert a.u.shape == a.u_r.shape == a.u_c.shape == (3, 2)
   assert np.all(np.isfinite(a.curves)) and np.all(a.curves > 0)
