@@ -140,12 +140,18 @@ def clients_per_round(config: ml_collections.ConfigDict, num_clients: int) -> in
 
 
 def mapper(config: ml_collections.ConfigDict,
-           model_names: Sequence[str] | None = None) -> clients_lib.ClientMapper:
-  """The client mapper; ``model_names`` as in :func:`classic_runtime`."""
+           model_names: Sequence[str] | None = None,
+           workload: str = "train") -> clients_lib.ClientMapper:
+  """The client mapper; ``model_names`` as in :func:`classic_runtime`.
+
+  ``workload`` (:data:`fedjax_dd.core.clients.WORKLOADS`) picks the measured
+  default when ``config.backend`` is ``"auto"``.
+  """
   return clients_lib.ClientMapper(backend=config.get("backend", "auto"),
                                   chunk_size=config.get("chunk_size") or None,
                                   classic_runtime=classic_runtime(config,
-                                                                  model_names))
+                                                                  model_names),
+                                  workload=workload)
 
 
 def workdir_path(workdir: str, *parts: str) -> str:

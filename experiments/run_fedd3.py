@@ -66,7 +66,8 @@ def _distiller(config, prepared, num_classes):
           learn_labels=config.learn_labels,
           centered_labels=config.centered_labels,
           stop_accuracy=config.stop_accuracy,
-          min_iterations=config.min_iterations, mapper=common.mapper(config),
+          min_iterations=config.min_iterations,
+          mapper=common.mapper(config, workload="kip"),
           allow_raw_upload=config.allow_raw_upload, progress=progress),
       "gmm": lambda: fedd3.gmm_distiller(
           num_classes=num_classes, images_per_class=config.images_per_class,

@@ -128,7 +128,7 @@ def _stages(config, prepared, data, params, batch_stats, root):
         stop_accuracy=config.kip_stop_accuracy,
         min_iterations=config.get("kip_min_iterations", 0),
         segment_iterations=config.get("kip_segment_iterations", 100),
-        mapper=common.mapper(config))
+        mapper=common.mapper(config, workload="kip"))
     kip_info = {
         "kip_members": int(sent.senders.size),
         "kip_support_size": int(sent.x.shape[1]),

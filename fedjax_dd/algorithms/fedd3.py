@@ -70,7 +70,7 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
                   reg: float = 1e-6, learn_labels: bool = False,
                   centered_labels: bool = False, stop_accuracy: float = 0.999,
                   min_iterations: int = 0, segment_iterations: int = 100,
-                  mapper: ClientMapper = ClientMapper(),
+                  mapper: ClientMapper = ClientMapper(workload="kip"),
                   allow_raw_upload: bool = False,
                   progress: Callable[[int, int], None] | None = None
                   ) -> Distiller:

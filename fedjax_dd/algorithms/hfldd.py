@@ -159,7 +159,7 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
                     learn_labels: bool = False, centered_labels: bool = False,
                     stop_accuracy: float = 0.999, min_iterations: int = 0,
                     segment_iterations: int = 100,
-                    mapper: ClientMapper = ClientMapper(),
+                    mapper: ClientMapper = ClientMapper(workload="kip"),
                     progress: Callable[[int, int], None] | None = None
                     ) -> tuple[SentData, kip.KipResult]:
   """Every non-head member distills ``|D~_i|`` images with the batched KIP.

@@ -70,6 +70,13 @@ _PER_CORE_OPTIONS = {"cpu": {"xla_cpu_multi_thread_eigen": False}}
 # share at once). Measured on CPU, LeNet-5, C=100: chunks of 1-3 run at
 # 5.3-6.0 ms per client-step on one device against 9.2 for a full vmap.
 _DEFAULT_CHUNK = {"cpu": 2}
+# Measured exceptions by (platform, workload). KIP's per-client program is a
+# few kernel matmuls and a Cholesky solve on small matrices, where XLA's
+# intra-op threads on one vmap over the cohort beat per-core chunks of 2
+# (experiments/bench_kip.py, 2 cores: Img/Cls 10, C = 100: 2.24 vs 3.23 ms per
+# client-iteration; Img/Cls 1, C = 500: 0.111 vs 0.158).
+WORKLOADS: tuple[str, ...] = ("train", "kip")
+_WORKLOAD_BACKEND = {("cpu", "kip"): "vmap"}
 
 
 def hot_program_options(classic_runtime: bool = True,
@@ -108,20 +115,29 @@ def engine_jit(fn: Callable[..., Any], *, classic_runtime: bool = True,
   return jax.jit(fn, compiler_options=options or None, **kwargs)
 
 
-def default_backend(platform: str | None = None) -> str:
-  """The measured-fastest backend for a platform.
+def default_backend(platform: str | None = None,
+                    workload: str = "train") -> str:
+  """The measured-fastest backend for a platform and workload.
 
   With more than one device, ``sharded`` (on CPU these are the per-core host
   devices that ``fedjax_dd`` sets up). With one device, ``chunked`` on CPU
-  (small chunks stay in cache) and ``vmap`` on accelerators.
+  (small chunks stay in cache) and ``vmap`` on accelerators. KIP on CPU is
+  the measured exception: ``vmap``.
 
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
+    workload: one of :data:`WORKLOADS`: ``"train"`` (per-client training and
+      generator steps, the default) or ``"kip"``.
 
   Returns:
     A backend name from :data:`BACKENDS`.
   """
+  if workload not in WORKLOADS:
+    raise ValueError(f"Unknown workload {workload!r}; expected one of "
+                     f"{WORKLOADS}.")
   platform = platform or jax.default_backend()
+  if (platform, workload) in _WORKLOAD_BACKEND:
+    return _WORKLOAD_BACKEND[(platform, workload)]
   if jax.device_count() > 1:
     return "sharded"
   return "chunked" if platform == "cpu" else "vmap"
@@ -222,31 +238,38 @@ class ClientMapper:
 
   Attributes:
     backend: one of :data:`BACKENDS`, or ``"auto"`` for
-      :func:`default_backend`.
+      :func:`default_backend` of ``workload``.
     chunk_size: clients per vectorised chunk for ``chunked`` and, per
       device, for ``sharded``; ``None`` for :func:`default_chunk_size`
       (``sharded`` on accelerators: one vmap per device).
     devices: devices of the ``sharded`` backend's mesh (default: all).
     classic_runtime: compile with :func:`hot_program_options` (see
       :func:`engine_jit`).
+    workload: what is mapped (:data:`WORKLOADS`); only picks the ``"auto"``
+      backend.
   """
   backend: str = "auto"
   chunk_size: int | None = None
   devices: tuple[Any, ...] | None = None
   classic_runtime: bool = True
+  workload: str = "train"
 
   def __post_init__(self):
     if self.backend != "auto" and self.backend not in BACKENDS:
       raise ValueError(
           f"Unknown client backend {self.backend!r}; expected 'auto' or one "
           f"of {BACKENDS}.")
+    if self.workload not in WORKLOADS:
+      raise ValueError(f"Unknown workload {self.workload!r}; expected one of "
+                       f"{WORKLOADS}.")
     if self.chunk_size is not None and self.chunk_size < 1:
       raise ValueError(
           f"chunk_size must be >= 1 or None, got {self.chunk_size}.")
 
   @property
   def resolved_backend(self) -> str:
-    return default_backend() if self.backend == "auto" else self.backend
+    return (default_backend(workload=self.workload) if self.backend == "auto"
+            else self.backend)
 
   @property
   def resolved_chunk_size(self) -> int | None:

@@ -154,7 +154,7 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
                    reg: float = 1e-6, learn_labels: bool = False,
                    centered_labels: bool = False,
                    stop_accuracy: float = 0.999, min_iterations: int = 0,
-                   mapper: ClientMapper = ClientMapper()):
+                   mapper: ClientMapper = ClientMapper(workload="kip")):
   """Builds the batched ``init`` and ``segment`` programs.
 
   Returns:
@@ -236,7 +236,7 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
                     centered_labels: bool = False,
                     stop_accuracy: float = 0.999, min_iterations: int = 0,
                     segment_iterations: int = 100,
-                    mapper: ClientMapper = ClientMapper(),
+                    mapper: ClientMapper = ClientMapper(workload="kip"),
                     progress: Callable[[int, int], None] | None = None
                     ) -> KipResult:
   """Distills every client's data with KIP; notebook-friendly.

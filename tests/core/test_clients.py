@@ -38,6 +38,8 @@ def test_invalid_backend_and_axes():
     ClientMapper(backend="pmap")
   with pytest.raises(ValueError, match="chunk_size"):
     ClientMapper(chunk_size=0)
+  with pytest.raises(ValueError, match="Unknown workload"):
+    ClientMapper(workload="kpi")
   f = map_clients(per_client, in_axes=(None, None, None), backend="vmap")
   with pytest.raises(ValueError, match="At least one argument"):
     f(np.ones((3, 2)), np.ones((5, 3)), 1.0)
@@ -142,3 +144,17 @@ def test_auto_resolution_follows_the_devices():
   # The sharded backend hands results back on the default device.
   out = ClientMapper(backend="sharded").map(lambda a: a * 2)(np.ones((3, 2), np.float32))
   assert out.sharding.device_set == {jax.devices()[0]}
+
+
+def test_workload_defaults():
+  from fedjax_dd.core import clients
+  # KIP on CPU was measured faster as one vmap; training keeps the per-device
+  # default; an explicit backend always wins.
+  assert clients.default_backend("cpu", "kip") == "vmap"
+  assert clients.default_backend("cpu") == clients.default_backend(
+      "cpu", "train")
+  assert clients.default_backend("gpu", "kip") == clients.default_backend(
+      "gpu")
+  assert ClientMapper(backend="loop", workload="kip").resolved_backend == "loop"
+  with pytest.raises(ValueError, match="Unknown workload"):
+    clients.default_backend("cpu", "kernel")
