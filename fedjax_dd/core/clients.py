@@ -22,7 +22,8 @@ The default backend and chunk size per platform are chosen by measurement
 per core (``fedjax_dd/_xla_setup.py``), and the default is ``sharded`` with
 chunks of 2 clients per device: each core then runs its own stream of small
 programs, which beats one vmap over the whole cohort (whose activations fall
-out of cache) and XLA's intra-op threading of tiny convolutions.
+out of cache) and XLA's intra-op threading of tiny convolutions. KIP
+(``workload="kip"``) is the measured exception: one vmap on CPU.
 
 A mapped function called *inside* another traced program (e.g. the teacher
 ensemble inside a jitted generator step) is vectorised in place with
