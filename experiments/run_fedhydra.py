@@ -195,8 +195,10 @@ def _stage_fedhydra(ctx: RoundContext):
     tmp = path + ".tmp.npz"
     np.savez(tmp, curves=np.asarray(strat.curves))
     os.replace(tmp, path)
-  params, stats, info = _distill_loop(ctx, algo.distill,
-                                      algo.ensemble_context(strat))
+  params, stats, info = _distill_loop(
+      ctx, algo.distill,
+      algo.ensemble_context(strat,
+                            average_scale=config.get("sa_average_scale", True)))
   info.update({"U": strat.u, "U_r": strat.u_r, "U_c": strat.u_c})
   return params, stats, info
 

@@ -90,9 +90,12 @@ class FedHydra(NamedTuple):
   distill: dfkd.DataFreeKD
 
   @staticmethod
-  def ensemble_context(s: stratify_lib.Stratification) -> tuple[jax.Array, jax.Array]:
-    """The ``ctx`` of :func:`stratify.stratified_ensemble`: ``(U_r, U_c)``."""
-    return (s.u_r, s.u_c)
+  def ensemble_context(s: stratify_lib.Stratification,
+                       average_scale: bool = True
+                       ) -> tuple[jax.Array, jax.Array]:
+    """The ``ctx`` of :func:`stratify.stratified_ensemble`; see
+    :func:`stratify.sa_context` for ``average_scale``."""
+    return stratify_lib.sa_context(s, average_scale=average_scale)
 
 
 def fedhydra(groups: Sequence[dfkd.TeacherGroup],

@@ -76,6 +76,23 @@ def test_stratified_ensemble_matches_numpy():
   flat = st.stratified_ensemble(jnp.asarray(logits), jnp.asarray(y),
                                 (jnp.full((c, m), 1 / m), jnp.full((c, m), 1 / c)))
   np.testing.assert_allclose(flat, logits.mean(0) / c, rtol=1e-5, atol=1e-6)
+  # sa_context rescales U_c by c: uniform U then gives exactly the average,
+  # and an informative U gives c times Eqs. 8-11.
+  curves = np.ones((m, c, 3), np.float32)
+  curves[..., 0] = 2.0  # u = (2 - 1) / 1 = 1 for every pair
+  uniform = st.stratification_from_curves(jnp.asarray(curves))
+  np.testing.assert_allclose(uniform.u, np.ones((c, m)))
+  ae = st.stratified_ensemble(jnp.asarray(logits, jnp.float32), jnp.asarray(y),
+                              st.sa_context(uniform))
+  np.testing.assert_allclose(ae, logits.mean(0), rtol=1e-5, atol=1e-6)
+  literal = st.sa_context(uniform, average_scale=False)
+  np.testing.assert_allclose(literal[1], np.full((c, m), 1 / c), rtol=1e-6)
+  s = st.Stratification(curves=None, u=jnp.asarray(u), u_r=jnp.asarray(u_r),
+                        u_c=jnp.asarray(u_c))
+  scaled = st.stratified_ensemble(jnp.asarray(logits, jnp.float32),
+                                  jnp.asarray(y), st.sa_context(s))
+  np.testing.assert_allclose(scaled, c * _sa_numpy(logits, y, u_r, u_c),
+                             rtol=1e-5, atol=1e-5)
 
 
 def _groups_and_vars():
