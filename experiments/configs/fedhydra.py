@@ -30,7 +30,12 @@ Commands:
   fedjax-dd --config=experiments/configs/fedhydra.py:mnist_a0.5 --workdir=/tmp/fh5
     MNIST, Dirichlet α = 0.5 (paper Tab. 1: FedHydra 88.75 %, DENSE 77.86 %,
     FedAvg 81.89 %). summary.json also reports one-shot FedAvg of the same
-    clients (``os_fedavg_test_accuracy``).
+    clients (``os_fedavg_test_accuracy``). Measured (CPU preset, seed 0,
+    ~30 min on 2 cores): FedHydra final 0.9397 / best 0.9404; DENSE on the
+    same clients (dense.py:mnist_a0.5 --config.teachers_from=/tmp/fh5)
+    final 0.8920 / best 0.9358; one-shot FedAvg 0.9363; clients
+    0.76-0.96. With ``--config.sa_average_scale=False`` FedHydra reached
+    only 0.7563.
   ...fedhydra.py:mnist_a0.1     Dirichlet α = 0.1.
   ...fedhydra.py:mnist_2cc      disjoint 2 classes per client (paper 40.81 %).
   ...fedhydra.py:fmnist_a0.5    Fashion-MNIST α = 0.5 (paper 77.20 %).
