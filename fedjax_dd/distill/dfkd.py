@@ -582,11 +582,11 @@ def make_dfkd(groups: Sequence[TeacherGroup],
 
   @jax.jit
   def pool_insert(state, teacher_vars, ctx, carry, y):
-    (gp, _), gs, _, _, best_x = carry
+    (gp, z_end), gs, _, _, best_x = carry
     if hp.keep_best:
       x_new = best_x
     else:
-      x_new, _ = gen_apply(gp, gs, carry[0][1], y, True)
+      x_new, _ = gen_apply(gp, gs, z_end, y, True)
       x_new = jax.lax.stop_gradient(x_new)
     t_logits, _ = teachers(teacher_vars, x_new)
     p_new = jax.lax.stop_gradient(combine(t_logits, y, ctx))
