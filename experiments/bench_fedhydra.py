@@ -45,7 +45,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser()
   ap.add_argument("--out", required=True)
   ap.add_argument("--clients", type=int, default=5)
-  ap.add_argument("--steps", type=int, default=5, help="T_G of Alg. 2")
+  ap.add_argument("--steps", type=int, default=30, help="T_G of Alg. 2")
   ap.add_argument("--batch", type=int, default=16)
   ap.add_argument("--ngf", type=int, default=32)
   ap.add_argument("--repeats", type=int, default=1)
