@@ -146,8 +146,9 @@ def _stages(config, prepared, data, params, batch_stats, root):
 
 
 # Config keys that do not change stages 1-3 (a cached run may alter them).
-_NOT_STAGE_KEYS = ("rounds", "progress", "eval_every", "checkpoint_every",
-                   "keep_checkpoints", "backend", "chunk_size", "multihost")
+_NOT_STAGE_KEYS = ("rounds", "max_wall_seconds", "progress", "eval_every",
+                   "checkpoint_every", "keep_checkpoints", "backend",
+                   "chunk_size", "multihost")
 
 
 def _stage_fingerprint(config) -> str:

@@ -64,6 +64,19 @@ def _client_partition(config, prepared):
   return common.partition(config, prepared.dataset.y_train)
 
 
+def _remaining_budget(config: ml_collections.ConfigDict, start: float) -> float:
+  """Seconds left of ``config.max_wall_seconds`` (0: no budget).
+
+  The budget counts from the run's start, so stages before the rounds (HFLDD's
+  clustering and KIP, a one-shot upload) use it too. When they used it up, the
+  loop still runs one round (a tiny positive budget).
+  """
+  budget = float(config.get("max_wall_seconds", 0) or 0)
+  if budget <= 0:
+    return 0.0
+  return max(budget - (time.time() - start), 1e-6)
+
+
 def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
                  prepared: common.Prepared, algorithm: FederatedAlgorithm,
                  data, num_steps, ledger=None, start_time: float | None = None,
@@ -105,7 +118,8 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       eval_every=config.get("eval_every", 1),
       checkpoint_every=config.get("checkpoint_every", 1),
       progress=config.get("progress", True),
-      initial_model_as_seed=config.get("initial_model_as_seed", True))
+      initial_model_as_seed=config.get("initial_model_as_seed", True),
+      max_seconds=_remaining_budget(config, start))
   evaluate = make_evaluator(task, prepared.dataset.x_test,
                             prepared.dataset.y_test)
   state, ledger, _ = rounds_lib.run_rounds(
@@ -123,6 +137,7 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       "final_test_accuracy": accs[-1] if accs else None,
       "best_test_accuracy": max(accs) if accs else None,
       "rounds": int(state.round),
+      "stopped_by_time_budget": int(state.round) < int(config.rounds),
       "num_clients": int(config.num_clients),
       "param_count": rounds_lib.num_params(state.server.params),
       "bytes_uploaded": totals["bytes_uploaded"],

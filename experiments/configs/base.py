@@ -30,6 +30,10 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
   c.clients_per_round = 0  # > 0: sampled clients per round (seeded) ...
   c.client_fraction = 1.0  # ... else this fraction of all clients.
   c.rounds = 1
+  # > 0: stop after the first round that ends this many seconds after the
+  # run's start ("as many rounds as fit"); the summary then says
+  # stopped_by_time_budget. Resuming continues towards ``rounds``.
+  c.max_wall_seconds = 0.0
   c.batch_size = 64
   c.local_epochs = 1.0
   c.local_steps = 0  # > 0 overrides local_epochs with a fixed step count.

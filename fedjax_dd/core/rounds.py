@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from typing import Any, Callable
 
 import jax
@@ -42,6 +43,11 @@ class RoundsOptions:
     initial_model_as_seed: if True the round-1 model download is not counted
       (clients regenerate the initial model from a shared seed), giving HFLDD
       Eq. 3's ``N·(2T−1)·|ω|``.
+    max_seconds: wall-clock budget of this call; ``0`` means none. The loop
+      stops after the first round that ends past it, and treats that round as
+      the last one (evaluated and checkpointed), so a resumed run with a new
+      budget continues from it. At least one round always runs.
+    clock: the clock the budget is read from (injectable for tests).
   """
   num_rounds: int
   clients_per_round: int
@@ -50,6 +56,8 @@ class RoundsOptions:
   progress: bool = True
   bits_per_param: int = 32
   initial_model_as_seed: bool = True
+  max_seconds: float = 0.0
+  clock: Callable[[], float] = time.monotonic
 
 
 def sample_clients(key: jax.Array, num_clients: int, num_sampled: int) -> jax.Array:
@@ -94,7 +102,8 @@ def run_rounds(
     store: CheckpointStore | None = None,
     on_round: Callable[[ExperimentState, dict[str, Any]], None] | None = None,
 ) -> tuple[ExperimentState, ledger_lib.Ledger, list[dict[str, Any]]]:
-  """Runs rounds ``state.round + 1 .. options.num_rounds``.
+  """Runs rounds ``state.round + 1 .. options.num_rounds`` (or fewer, see
+  ``options.max_seconds``).
 
   Args:
     algorithm: the federated algorithm.
@@ -125,6 +134,7 @@ def run_rounds(
   state = jax.device_put(state, jax.devices()[0])
   show = options.progress and sys.stderr.isatty()
   rows = []
+  t_start = options.clock()
   bar = tqdm.tqdm(range(start + 1, options.num_rounds + 1), disable=not show,
                   initial=start, total=options.num_rounds, desc="rounds")
   for r in bar:
@@ -147,13 +157,17 @@ def run_rounds(
     ledger = ledger.record(r, kind="upload", bits=up, tag="model")
 
     row: dict[str, Any] = {"round": r}
+    # device_get waits for the round, so the budget check below sees its cost.
     row.update({k: float(v) for k, v in jax.device_get(metrics).items()})
+    out_of_time = bool(options.max_seconds) and (
+        options.clock() - t_start >= options.max_seconds)
+    last = r == options.num_rounds or out_of_time
     row.update({f"{k}_cumulative": v for k, v in ledger.cumulative().items()
                 if k.startswith("bytes_")})
     row.update({f"{k}_round": v for k, v in ledger.round_totals(r).items()
                 if k.startswith("bytes_")})
     if evaluate is not None and options.eval_every and (
-        r % options.eval_every == 0 or r == options.num_rounds):
+        r % options.eval_every == 0 or last):
       ev = evaluate(state.server.params, state.server.batch_stats)
       row["test_accuracy"] = ev["accuracy"]
       row["test_loss"] = ev["loss"]
@@ -162,10 +176,11 @@ def run_rounds(
     if writer is not None:
       writer.write(row)
     if store is not None:
-      store.save(r, state, {"ledger": ledger.to_dict()},
-                 force=(r == options.num_rounds))
+      store.save(r, state, {"ledger": ledger.to_dict()}, force=last)
     if on_round is not None:
       on_round(state, row)
+    if out_of_time:
+      break
   bar.close()
   return state, ledger, rows
 

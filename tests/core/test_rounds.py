@@ -154,3 +154,28 @@ def test_per_client_evaluation_matches_global_evaluator():
     np.testing.assert_allclose(per_client["loss"][i], single(p, {})["loss"], rtol=1e-5)
   # Hand check: accuracy is a fraction of the 48 rows, whatever the padding.
   assert (per_client["accuracy"] * 48) == pytest.approx(np.round(per_client["accuracy"] * 48))
+
+
+def test_time_budget_ends_on_an_evaluated_checkpointed_round(tmp_path):
+  alg, state0, data, num_steps, evaluate = _setup()
+  ticks = iter(range(0, 1000, 10))  # each clock read advances 10 "seconds"
+  opts = rounds_lib.RoundsOptions(
+      num_rounds=6, clients_per_round=2, progress=False, eval_every=5,
+      checkpoint_every=5, max_seconds=15.0, clock=lambda: next(ticks))
+  store = CheckpointStore(tmp_path / "ckpt", save_every=5)
+  state, _, rows = rounds_lib.run_rounds(alg, state0, data, num_steps, opts,
+                                         evaluate=evaluate, store=store)
+  # Start reads 0; round 1 ends at 10 (< 15), round 2 at 20: stop there.
+  assert int(state.round) == 2 and [r["round"] for r in rows] == [1, 2]
+  assert "test_accuracy" not in rows[0] and "test_accuracy" in rows[1]
+  store.close()
+  restored, _ = rounds_lib.resume(CheckpointStore(tmp_path / "ckpt"), state0)
+  assert int(restored.round) == 2
+
+
+def test_no_budget_runs_all_rounds():
+  alg, state0, data, num_steps, _ = _setup()
+  opts = rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=2,
+                                  progress=False, clock=lambda: 1e9)
+  state, _, rows = rounds_lib.run_rounds(alg, state0, data, num_steps, opts)
+  assert int(state.round) == 3 and len(rows) == 3

@@ -45,7 +45,14 @@ def test_fedavg_resume_with_more_rounds_continues(tmp_path):
   workdir = str(tmp_path / "f")
   config = fedavg.get_config("smoke")
   config.progress = False
+  # A spent time budget still runs (and checkpoints) one round ...
+  config.max_wall_seconds = 1e-9
+  budgeted = runners.RUNNERS[config.runner](config, workdir)
+  assert budgeted["rounds"] == 1 and budgeted["stopped_by_time_budget"]
+  # ... and the run resumes from it.
+  config.max_wall_seconds = 0.0
   first = runners.RUNNERS[config.runner](config, workdir)
+  assert not first["stopped_by_time_budget"]
   _, rows2 = _read(workdir)
   config.rounds = 3
   second = runners.RUNNERS[config.runner](config, workdir)
