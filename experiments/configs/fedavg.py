@@ -8,6 +8,8 @@ Commands and expected results (CPU, 2 cores):
     pathological C=2 (HFLDD style): reported in the project notes.
   fedjax-dd --config=experiments/configs/fedavg.py:mnist_c1 --workdir=/tmp/fa1
     pathological C=1, the HFLDD baseline.
+  ...fedavg.py:cifar10_c1 / cifar10_c2   CIFAR-10, HFLDD's CIFAR CNN, the
+    baseline of hfldd.py:cifar10_c1 / _c2 (same protocol and model override).
   ...fedavg.py:smoke  digits, 8 clients, 2 rounds.
 """
 
@@ -29,11 +31,17 @@ def federated_preset(method: str, arg: str):
       "mnist_c1": base_lib.pathological(1),
       "mnist_c2": base_lib.pathological(2),
       "mnist_c10": base_lib.pathological(10),
+      "cifar10_c1": base_lib.pathological(1),
+      "cifar10_c2": base_lib.pathological(2),
   }
   if arg not in partitions:
     raise ValueError(f"Unknown preset {arg!r}; expected one of "
                      f"{sorted([*partitions, 'smoke'])}.")
-  c = base_lib.base(method=method, dataset=base_lib.MNIST, model="lenet5")
+  if arg.startswith("cifar10"):
+    c = base_lib.base(method=method, dataset=base_lib.CIFAR10,
+                      model="hfldd_cifar_cnn")
+  else:
+    c = base_lib.base(method=method, dataset=base_lib.MNIST, model="lenet5")
   c.partition = partitions[arg]
   c.num_clients = 100
   c.rounds = 30
