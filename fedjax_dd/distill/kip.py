@@ -126,22 +126,28 @@ def check_privacy(y: np.ndarray, num_examples: np.ndarray, num_classes: int, *,
         "would upload a raw image. Set allow_raw_upload=True to accept this.")
 
 
-def _init_support(key, x, y, n, *, num_classes, images_per_class, support_size):
+def _init_support(key, x, y, n, *, num_classes, images_per_class, support_size,
+                  class_blocks):
   """Indices ``[S]`` and mask ``[S]`` of the initial support for one client.
 
-  With ``images_per_class`` the support holds that many random images of each
-  class the client has (fewer if it has fewer; the rest is masked). Otherwise
-  it holds ``support_size`` random local images (capped by ``n``).
+  With ``images_per_class`` the support has ``class_blocks`` blocks of
+  ``images_per_class`` slots. The classes the client holds fill the blocks in
+  class order, each with that many random images (fewer if it has fewer; the
+  rest is masked), and blocks beyond the held classes are masked. Otherwise it
+  holds ``support_size`` random local images (capped by ``n``).
   """
   n_max = y.shape[0]
   valid = jnp.arange(n_max) < n
   u = jax.random.uniform(key, (n_max,))
   if images_per_class is not None:
     is_class = (y[None, :] == jnp.arange(num_classes)[:, None]) & valid[None]
-    scores = jnp.where(is_class, u[None, :], 2.0)                # [K, N_max]
-    order = jnp.argsort(scores, axis=1)[:, :images_per_class]    # [K, ipc]
-    counts = is_class.sum(axis=1)
-    mask = jnp.arange(images_per_class)[None, :] < counts[:, None]
+    counts = is_class.sum(axis=1)                                # [K]
+    # Held classes first, in class order (argsort is stable).
+    block_class = jnp.argsort(counts == 0)[:class_blocks]       # [B]
+    scores = jnp.where(is_class, u[None, :], 2.0)[block_class]   # [B, N_max]
+    order = jnp.argsort(scores, axis=1)[:, :images_per_class]    # [B, ipc]
+    mask = (jnp.arange(images_per_class)[None, :]
+            < counts[block_class][:, None])
     return order.reshape(-1), mask.reshape(-1)
   order = jnp.argsort(jnp.where(valid, u, 2.0))[:support_size]
   return order, jnp.arange(support_size) < n
@@ -150,12 +156,17 @@ def _init_support(key, x, y, n, *, num_classes, images_per_class, support_size):
 def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
                    images_per_class: int | None = None,
                    support_size: int | None = None,
+                   class_blocks: int | None = None,
                    lr: float = 0.004, target_batch_size: int = 10,
                    reg: float = 1e-6, learn_labels: bool = False,
                    centered_labels: bool = False,
                    stop_accuracy: float = 0.999, min_iterations: int = 0,
                    mapper: ClientMapper = ClientMapper(workload="kip")):
   """Builds the batched ``init`` and ``segment`` programs.
+
+  ``class_blocks`` (with ``images_per_class``; default ``num_classes``) is the
+  number of classes a support has room for, so ``S = class_blocks ·
+  images_per_class``. See :func:`distill_clients`.
 
   Returns:
     ``(init, segment, normalise)``: ``init(keys [C], x, y, n) -> KipState [C]``
@@ -169,6 +180,10 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
     raise ValueError("images_per_class / support_size must be >= 1.")
   if target_batch_size < 1:
     raise ValueError(f"target_batch_size must be >= 1, got {target_batch_size}.")
+  class_blocks = num_classes if class_blocks is None else class_blocks
+  if not 1 <= class_blocks <= num_classes:
+    raise ValueError(f"class_blocks must be in [1, {num_classes}], got "
+                     f"{class_blocks}.")
   mean = jnp.asarray(mean, jnp.float32)
   std = jnp.asarray(std, jnp.float32)
   opt = optax.adam(lr)
@@ -179,7 +194,8 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
   def init_one(key, x, y, n):
     idx, mask = _init_support(key, x, y, n, num_classes=num_classes,
                               images_per_class=images_per_class,
-                              support_size=support_size)
+                              support_size=support_size,
+                              class_blocks=class_blocks)
     z = normalise(x[idx]) * mask[:, None, None, None]
     ys = one_hot_labels(y[idx], num_classes, centered_labels)
     ys = ys * mask[:, None]
@@ -230,7 +246,8 @@ def _cached_distiller(kernel_fn, **kwargs):
 def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
                     kernel_fn: KernelFn, mean, std,
                     images_per_class: int | None = None,
-                    support_size: int | None = None, lr: float = 0.004,
+                    support_size: int | None = None,
+                    class_blocks: int | None = None, lr: float = 0.004,
                     max_iterations: int = 3000, target_batch_size: int = 10,
                     reg: float = 1e-6, learn_labels: bool = False,
                     centered_labels: bool = False,
@@ -253,6 +270,12 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
     images_per_class: Img/Cls for each class a client holds (FedD3), or
     support_size: a fixed support size per client (HFLDD's |D̃_i|), capped by
       each client's count (with a warning).
+    class_blocks: with ``images_per_class``, the classes a support has room
+      for (``S = class_blocks · images_per_class``). Default: the most classes
+      any client holds, counted on the host. Room for all ``num_classes``
+      would give every 2-class FedD3 client a 5× larger support of masked
+      slots, and a 25× larger ``K_ss``; the real points are the same either
+      way. Must be at least that maximum.
     lr: Adam learning rate.
     max_iterations: iteration cap per client.
     target_batch_size: targets sampled from the client's data per iteration.
@@ -268,6 +291,15 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
   Returns:
     A :class:`KipResult` (float pixels; see :func:`quantize`).
   """
+  if images_per_class is not None:
+    held = class_counts(jax.device_get(y), jax.device_get(num_examples),
+                        num_classes) > 0
+    most = max(int(held.sum(axis=1).max(initial=0)), 1)
+    if class_blocks is None:
+      class_blocks = most
+    elif class_blocks < most:
+      raise ValueError(f"class_blocks={class_blocks} leaves out classes: a "
+                       f"client holds {most} classes.")
   x, y = jnp.asarray(x), jnp.asarray(y, jnp.int32)
   n = jnp.asarray(num_examples, jnp.int32)
   if support_size is not None:
@@ -281,8 +313,9 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
       kernel_fn, num_classes=num_classes,
       mean=tuple(np.asarray(mean, np.float32).reshape(-1).tolist()),
       std=tuple(np.asarray(std, np.float32).reshape(-1).tolist()),
-      images_per_class=images_per_class, support_size=support_size, lr=lr,
-      target_batch_size=target_batch_size, reg=reg, learn_labels=learn_labels,
+      images_per_class=images_per_class, support_size=support_size,
+      class_blocks=class_blocks, lr=lr, target_batch_size=target_batch_size,
+      reg=reg, learn_labels=learn_labels,
       centered_labels=centered_labels, stop_accuracy=stop_accuracy,
       min_iterations=min_iterations, mapper=mapper)
   ids = jnp.arange(x.shape[0])

@@ -38,8 +38,8 @@ def _distill(backend="vmap", **kw):
 
 def test_shapes_and_support_per_held_class():
   res, (x, y, n) = _distill()
-  assert res.x.shape == (3, 6, 6, 6, 1) and res.y.shape == (3, 6, 3)
-  # 2 images for each of the 2 classes each client holds; the third is masked.
+  # Room for 2 classes (the most any client holds) x 2 images: S = 4.
+  assert res.x.shape == (3, 4, 6, 6, 1) and res.y.shape == (3, 4, 3)
   np.testing.assert_array_equal(res.counts, [4, 4, 4])
   labels = np.asarray(res.labels)
   for c, held in enumerate([(0, 1), (1, 2), (0, 2)]):
@@ -47,6 +47,30 @@ def test_shapes_and_support_per_held_class():
   assert np.isfinite(np.asarray(res.x)).all()
   assert float(jnp.min(res.x)) >= 0 and float(jnp.max(res.x)) <= 255
   np.testing.assert_array_equal(res.iterations, [20, 20, 20])
+
+
+def _per_class_rows(res, c):
+  """Client ``c``'s real support as ``{label: rows sorted}`` (order-free)."""
+  mask = np.asarray(res.mask[c])
+  x = np.asarray(res.x[c])[mask].reshape(mask.sum(), -1)
+  labels = np.asarray(res.labels[c])[mask]
+  return {int(k): x[labels == k][np.lexsort(x[labels == k].T)]
+          for k in np.unique(labels)}
+
+
+def test_room_for_every_class_holds_the_same_real_support():
+  # S = 3 classes x 2 (one masked block per client) against the compact S = 4.
+  wide, _ = _distill(class_blocks=3)
+  compact, _ = _distill()
+  assert wide.x.shape[1] == 6 and compact.x.shape[1] == 4
+  np.testing.assert_array_equal(wide.counts, compact.counts)
+  for c in range(3):
+    a, b = _per_class_rows(wide, c), _per_class_rows(compact, c)
+    assert a.keys() == b.keys()
+    for k in a:
+      np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-2)
+  with pytest.raises(ValueError, match="leaves out classes"):
+    _distill(class_blocks=1)
 
 
 def test_loss_decreases_and_images_move():
