@@ -148,3 +148,32 @@ def test_scaffold_variates_follow_option_two():
   c_expect = jax.tree_util.tree_map(lambda *cs: (4 / 8) * sum(cs) / 4, *expect_ci)
   _allclose(new_server.extra["c"], c_expect, rtol=1e-4, atol=1e-5)
   assert alg.comm.upload == 2 and alg.comm.download == 2
+
+
+@pytest.mark.parametrize("bn", [False, True])
+def test_centralized_equals_one_local_run_with_persistent_optimizer(bn):
+  from fedjax_dd.algorithms.centralized import centralized
+  task = tiny_task(bn=bn)
+  x, y, n = synthetic_clients()
+  pooled = Cohort(x=jnp.asarray(x[2:3]), y=jnp.asarray(y[2:3]),
+                  num_examples=jnp.asarray(n[2:3]),
+                  num_steps=jnp.asarray([3], jnp.int32),
+                  client_ids=jnp.arange(1))
+  opt = optax.sgd(LR, momentum=0.9)
+  alg = centralized(task, opt, batch_size=B, max_steps=3)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  server, clients = alg.init(params, stats, 1)
+  local = make_local_update(task, opt, batch_size=B, max_steps=3)
+  p, s, o = params, stats, opt.init(params)
+  for r in range(2):  # the momentum buffer carries over to the second epoch
+    key = jax.random.PRNGKey(10 + r)
+    server, clients, metrics = alg.apply(server, clients, pooled, key)
+    ref = local.run(p, s, o, pooled.x[0], pooled.y[0], pooled.num_examples[0],
+                    pooled.num_steps[0], key, ())
+    p, s, o = ref.params, ref.batch_stats, ref.opt_state
+    for a, b in zip(jax.tree_util.tree_leaves((server.params, server.opt_state,
+                                               server.batch_stats)),
+                    jax.tree_util.tree_leaves((p, o, s))):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
+                                 atol=1e-6)
+  assert float(metrics["local_steps_mean"]) == 3.0
