@@ -15,10 +15,12 @@ Ill-conditioning. With duplicate support points and ``reg=0`` (or a tiny
 Cholesky factorisation returns NaNs. Instead of propagating them silently,
 :func:`krr_predict` walks a fixed ladder of extra relative jitters
 (``DEFAULT_JITTER_LADDER``) and uses the first one whose solve is finite. The
-search runs on ``stop_gradient`` copies inside a ``lax.while_loop`` (so it is
-cheap when the first rung works); the chosen jitter is then treated as a
-constant and one differentiable Cholesky solve is done with it. The choice is
-reported in :class:`KRRInfo`. If every rung fails (e.g. ``K_ss`` itself holds
+first rung is factorised outside the loop, so a ``lax.while_loop`` only runs
+(under ``vmap``: for the whole batch) when some solve failed. The chosen
+jitter is treated as a constant, and the solve has a custom VJP that reuses
+the forward Cholesky factor (``ȳ = A⁻¹ḡ``, ``Ā = −ȳ αᵀ``), so a KIP step
+factorises ``K_ss`` once instead of once for the search and once more for
+the gradient. The choice is reported in :class:`KRRInfo`. If every rung fails (e.g. ``K_ss`` itself holds
 NaN or inf) the prediction is non-finite and ``info.finite`` is False; the
 host-side :func:`krr_predict_checked` raises in that case.
 """
@@ -73,6 +75,61 @@ def _check_x64(use_float64: bool) -> None:
         "jax.config.update('jax_enable_x64', True) at program start (or run "
         "inside jax.experimental.enable_x64()). Without it float64 arrays are "
         "silently created as float32.")
+
+
+def _factor_and_solve(a, y, ridge):
+  n = a.shape[0]
+  factor, _ = jax.scipy.linalg.cho_factor(
+      a + ridge * jnp.eye(n, dtype=a.dtype), lower=True)
+  alpha = jax.scipy.linalg.cho_solve((factor, True), y)
+  return factor, alpha
+
+
+def _search(a, y, scale, ladder):
+  """First ladder rung with a finite solve: ``(factor, alpha, jitter)``."""
+  ladder_arr = jnp.asarray(ladder, a.dtype)
+  finite = lambda x: jnp.all(jnp.isfinite(x))
+  factor, alpha = _factor_and_solve(a, y, ladder_arr[0] * scale)
+
+  def cond(state):
+    i, _, alpha = state[0], state[1], state[2]
+    return (i < len(ladder)) & jnp.logical_not(finite(alpha))
+
+  def body(state):
+    i = state[0]
+    factor, alpha = _factor_and_solve(a, y, ladder_arr[i] * scale)
+    return i + 1, factor, alpha
+
+  i_end, factor, alpha = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), factor, alpha))
+  # The loop stops one past the rung that worked (or past the last rung).
+  return factor, alpha, ladder_arr[i_end - 1]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _psd_solve(a, y, scale, ladder):
+  """``((a + jitter·scale·I)⁻¹ y, jitter)`` with the jitter of :func:`_search`."""
+  _, alpha, jitter = _search(a, y, scale, ladder)
+  return alpha, jitter
+
+
+def _psd_solve_fwd(a, y, scale, ladder):
+  factor, alpha, jitter = _search(a, y, scale, ladder)
+  return (alpha, jitter), (factor, alpha, jitter)
+
+
+def _psd_solve_bwd(ladder, residuals, cotangents):
+  del ladder
+  factor, alpha, jitter = residuals
+  g_alpha, _ = cotangents  # the jitter is a constant of the ladder
+  y_bar = jax.scipy.linalg.cho_solve((factor, True), g_alpha)
+  a_bar = -y_bar @ alpha.T
+  # d(jitter·scale·I)/d scale = jitter·I, so scalē = jitter · tr(Ā).
+  scale_bar = -jitter * jnp.sum(y_bar * alpha)
+  return a_bar, y_bar, scale_bar
+
+
+_psd_solve.defvjp(_psd_solve_fwd, _psd_solve_bwd)
 
 
 def krr_predict(
@@ -144,32 +201,7 @@ def krr_predict(
                     trace_scale, jnp.ones_like(trace_scale))
   a = k_ss + reg * scale * eye
 
-  # Jitter search: forward only, no gradient flows through the loop.
-  a_ng = jax.lax.stop_gradient(a)
-  y_ng = jax.lax.stop_gradient(y)
-  scale_ng = jax.lax.stop_gradient(scale)
-  ladder_arr = jnp.asarray(ladder, work_dtype)
-
-  def try_rung(i):
-    factor = jax.scipy.linalg.cho_factor(
-        a_ng + ladder_arr[i] * scale_ng * eye, lower=True)
-    sol = jax.scipy.linalg.cho_solve(factor, y_ng)
-    return jnp.all(jnp.isfinite(sol))
-
-  def cond(state):
-    i, ok = state
-    return (i < len(ladder)) & jnp.logical_not(ok)
-
-  def body(state):
-    i, _ = state
-    return i + 1, try_rung(i)
-
-  i_end, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), jnp.bool_(False)))
-  # On success rung i_end - 1 worked; if all failed, keep the last rung.
-  jitter = ladder_arr[i_end - 1]
-
-  factor = jax.scipy.linalg.cho_factor(a + jitter * scale * eye, lower=True)
-  alpha = jax.scipy.linalg.cho_solve(factor, y)
+  alpha, jitter = _psd_solve(a, y, scale, ladder)
   pred = (k_ts @ alpha).astype(out_dtype)
   if squeeze:
     pred = pred[:, 0]

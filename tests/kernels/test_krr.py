@@ -119,6 +119,43 @@ def test_gradient_through_singular_solve_is_finite():
   assert float(jnp.max(jnp.abs(grads[2]))) > 0
 
 
+def _direct_loss(x, t, y_s, reg, jitter):
+  """A plain ``jnp.linalg.solve`` KRR loss, differentiated by JAX itself."""
+  k_ss, k_ts = x @ x.T, t @ x.T
+  n = k_ss.shape[0]
+  ridge = (reg + jitter) * jnp.trace(k_ss) / n
+  pred = k_ts @ jnp.linalg.solve(k_ss + ridge * jnp.eye(n), y_s)
+  return jnp.sum(jnp.sin(pred))
+
+
+def _krr_loss(x, t, y_s, reg):
+  return jnp.sum(jnp.sin(krr.krr_predict(x @ x.T, t @ x.T, y_s, reg)))
+
+
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_custom_gradient_matches_a_direct_solve(duplicate):
+  # The solve's VJP reuses the forward factor; it must equal autodiff of a
+  # direct solve, for the support points, labels and ridge, also when the
+  # ladder added a jitter (duplicated points, reg = 0).
+  with enable_x64():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(5, 7))
+    if duplicate:
+      x = np.concatenate([x[:3], x[:2]])
+    t = rng.normal(size=(4, 7))
+    y_s = rng.normal(size=(5, 2))
+    reg = 0.0 if duplicate else 1e-2
+    _, info = krr.krr_predict(x @ x.T, t @ x.T, y_s, reg, return_info=True)
+    assert (float(info.jitter) > 0) == duplicate
+    got = jax.grad(_krr_loss, argnums=(0, 2, 3))(x, t, y_s, reg)
+    want = jax.grad(_direct_loss, argnums=(0, 2, 3))(x, t, y_s, reg,
+                                                      float(info.jitter))
+    # K_ss + jitter is conditioned ~1e6 in the duplicate case.
+    rtol = 1e-4 if duplicate else 1e-6
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-8)
+
+
 def test_non_finite_input_is_flagged_and_checked_raises():
   k_ss, k_ts, y_s = _problem()
   k_ss[0, 0] = np.nan
