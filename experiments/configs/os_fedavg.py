@@ -4,7 +4,7 @@ r"""One-shot FedAvg: E local epochs on every client, one aggregation.
     FedD3's non-IID MNIST split (500 clients, C_k = 2, FedD3 style), E = 10.
   fedjax-dd --config=experiments/configs/os_fedavg.py:mnist_a0.5 --workdir=/tmp/os5
     FedHydra's protocol (5 clients, Dirichlet alpha = 0.5, CNN2, batch 128,
-    SGD lr 0.01, seeds 0/0, E = 2 as the CPU presets of fedhydra.py): the
+    SGD lr 0.01, seeds 0/0, E = 10 as the CPU presets of fedhydra.py): the
     same client models as fedhydra.py:mnist_a0.5, whose summary reports this
     average as ``os_fedavg_test_accuracy``.
   ...os_fedavg.py:smoke  digits, 8 clients.
@@ -30,7 +30,7 @@ def get_config(arg: str = "mnist_noniid"):
     c = base_lib.base(method="os_fedavg", dataset=base_lib.MNIST, model="cnn2")
     c.num_clients = 5
     c.batch_size = 128
-    c.local_epochs = 2.0
+    c.local_epochs = 10.0
     c.partition = base_lib.dirichlet(0.5)
   else:
     raise ValueError(f"Unknown preset {arg!r}.")

@@ -83,3 +83,14 @@ def test_os_fedavg_and_fedd3_smoke(tmp_path):
 def test_unknown_preset_raises():
   with pytest.raises(ValueError, match="Unknown preset"):
     centralized.get_config("nope")
+
+
+def test_os_fedavg_a05_trains_the_same_clients_as_fedhydra():
+  from fedjax_dd.experiments.configs import fedhydra as fedhydra_config
+  from fedjax_dd.experiments.configs import os_fedavg as os_config
+  os_c, fh_c = os_config.get_config("mnist_a0.5"), fedhydra_config.get_config(
+      "mnist_a0.5")
+  for key in ("dataset", "model", "num_clients", "batch_size", "local_epochs",
+              "lr", "momentum", "optimizer", "seed", "data_seed"):
+    assert os_c[key] == fh_c[key], key
+  assert os_c.partition.to_dict() == fh_c.partition.to_dict()
