@@ -16,12 +16,17 @@ Commands (CPU, 2 cores; figures measured are in the project notes):
     only its own two classes). With 2-class clients the rule fires after a few
     to a few tens of iterations, so the upload stays close to real local
     samples (as in the paper); the privacy guard (App. G) still applies.
+    Measured (seed 0): 0.9448 final / 0.9452 best, GCE(0.01) 0.0431,
+    GCE(0.5) 0.1781, 785,000 bytes, 50 s wall.
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_iid_kip --workdir=/tmp/d3i
-    Same, IID clients (10 classes each). Paper: 94.37 %.
+    Same, IID clients (10 classes each). Paper: 94.37 %. Measured: 0.9599 /
+    0.9607, 3,925,000 bytes.
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_noniid_gmm --workdir=/tmp/d3g
-    GMM coreset instead of KIP. Paper: 77.29 %.
+    GMM coreset instead of KIP. Paper: 77.29 %. Measured: 0.7563 / 0.7565.
   fedjax-dd --config=experiments/configs/fedd3.py:cifar10_noniid_kip --workdir=/tmp/d3c
-    CIFAR-10, 500 clients, C_k = 2, AlexNet server model.
+    CIFAR-10, 500 clients, C_k = 2, AlexNet server model. Measured with
+    --config.max_wall_seconds=600 (32 of 200 epochs, still rising): 0.4108;
+    the FC-NTK KRR on the same 1,000 images 0.382. About 9 s per epoch.
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_noniid_hybrid --workdir=/tmp/d3h
     Multi-shot hybrid (App. F): FedAvg on local + all distilled data.
   ...fedd3.py:smoke  digits, 10 clients, a few KIP iterations.
