@@ -26,7 +26,8 @@ Commands (CPU, 2 cores; figures measured are in the project notes):
   fedjax-dd --config=experiments/configs/fedd3.py:cifar10_noniid_kip --workdir=/tmp/d3c
     CIFAR-10, 500 clients, C_k = 2, AlexNet server model. Measured with
     --config.max_wall_seconds=600 (32 of 200 epochs, still rising): 0.4108;
-    the FC-NTK KRR on the same 1,000 images 0.382. About 9 s per epoch.
+    the FC-NTK KRR on the same 1,000 images 0.382. About 15 s per epoch
+    with other jobs on the machine.
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_noniid_hybrid --workdir=/tmp/d3h
     Multi-shot hybrid (App. F): FedAvg on local + all distilled data.
   ...fedd3.py:smoke  digits, 10 clients, a few KIP iterations.
