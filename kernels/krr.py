@@ -20,9 +20,10 @@ first rung is factorised outside the loop, so a ``lax.while_loop`` only runs
 jitter is treated as a constant, and the solve has a custom VJP that reuses
 the forward Cholesky factor (``ȳ = A⁻¹ḡ``, ``Ā = −ȳ αᵀ``), so a KIP step
 factorises ``K_ss`` once instead of once for the search and once more for
-the gradient. The choice is reported in :class:`KRRInfo`. If every rung fails (e.g. ``K_ss`` itself holds
-NaN or inf) the prediction is non-finite and ``info.finite`` is False; the
-host-side :func:`krr_predict_checked` raises in that case.
+the gradient. The choice is reported in :class:`KRRInfo`. If every rung
+fails (e.g. ``K_ss`` itself holds NaN or inf) the prediction is non-finite
+and ``info.finite`` is False; the host-side :func:`krr_predict_checked`
+raises in that case.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def _search(a, y, scale, ladder):
   factor, alpha = _factor_and_solve(a, y, ladder_arr[0] * scale)
 
   def cond(state):
-    i, _, alpha = state[0], state[1], state[2]
+    i, _, alpha = state
     return (i < len(ladder)) & jnp.logical_not(finite(alpha))
 
   def body(state):
