@@ -8,6 +8,10 @@ r"""Benchmark of FedHydra's server stages on MNIST-shaped inputs.
    Reports ms per generator step (one step of one pair) and
    ``speedup_vs_loop`` of the default backend.
 2. HASA: seconds per global epoch (T_G generator steps + the student phase).
+3. ``batching_gain_bound``: the per-image cost of one generator step (one
+   generator, one teacher) at the per-pair batch divided by that at the
+   batch of all m·c pairs. It bounds what any batched program can gain over
+   the loop on this backend; near 1 means the step is compute-bound.
 
 Teachers are freshly initialised CNN2s: timing does not depend on their
 weights. Compilation is excluded (one warm-up call each).
@@ -79,6 +83,33 @@ def main(argv=None):
     results[f"stratify_{backend}_ms_per_generator_step"] = 1e3 * sec / pair_steps
   results["speedup_vs_loop"] = (results["stratify_loop_seconds"] /
                                 results[f"stratify_{default}_seconds"])
+  # What batching could gain at best: one generator and one teacher (shared
+  # weights, so no grouped convolutions) at the per-pair batch and at all
+  # m·c pairs' batch. If the per-image cost does not fall, the step is
+  # compute-bound and no batched program can beat the loop by much.
+  per_image = {}
+  gv = gen.init(jax.random.PRNGKey(0), jnp.zeros((1, 100)), train=False)
+  tp, ts = jax.tree_util.tree_map(lambda a: a[0], tv[0])
+
+  @jax.jit
+  def gen_grad(gp, gs, z):
+    def loss(gp):
+      x, _ = gen.apply({"params": gp, "batch_stats": gs}, z, train=True,
+                       mutable=["batch_stats"])
+      logits, _ = task.apply(tp, ts, norm(x), train=False)
+      return optax.softmax_cross_entropy_with_integer_labels(
+          logits, jnp.zeros((z.shape[0],), jnp.int32)).mean()
+    return jax.grad(loss)(gp)
+
+  for b in (args.batch, m * c * args.batch):
+    z = jax.random.normal(jax.random.PRNGKey(1), (b, 100))
+    sec = _timed(lambda: gen_grad(gv["params"], gv["batch_stats"], z),
+                 max(args.repeats, 3))
+    per_image[b] = 1e3 * sec / b
+  results["generator_step_ms_per_image"] = {str(b): v
+                                            for b, v in per_image.items()}
+  results["batching_gain_bound"] = (per_image[args.batch] /
+                                    per_image[m * c * args.batch])
   hp = dfkd.DFKDHyperParams(batch_size=64,
                             generator_steps=args.hasa_generator_steps,
                             student_steps=args.hasa_student_steps,

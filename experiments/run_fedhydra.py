@@ -373,19 +373,29 @@ def _train_clients(config, workdir, r, store_name, group, mapper, data,
   return models_["params"], models_["batch_stats"]
 
 
-def _figures(workdir, u_r, samples, rows, num_classes) -> list[str]:
+def _figures(workdir, u_r, samples, rows, num_classes,
+             class_counts=None) -> list[str]:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   written = []
   if u_r is not None:
     u_r = np.asarray(u_r)
-    fig, ax = plt.subplots(figsize=(1 + 0.6 * u_r.shape[1], 4))
-    im = ax.imshow(u_r, cmap="viridis", aspect="auto")
-    ax.set_xlabel("client k")
-    ax.set_ylabel("class j")
-    ax.set_title("U_r")
-    fig.colorbar(im, ax=ax)
+    # Next to U_r (paper Fig. 5b), the oracle it estimates: each class's
+    # share held by each client, which stratification never sees.
+    panels = [("U_r", u_r)]
+    if class_counts is not None:
+      counts = np.asarray(class_counts, np.float64).T
+      share = counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
+      panels.append(("class share n_kj / Σ_k n_kj (truth)", share))
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(
+        len(panels) * (1.5 + 0.6 * u_r.shape[1]), 4))
+    for ax, (title, mat) in zip(axes[0], panels):
+      im = ax.imshow(mat, cmap="viridis", aspect="auto", vmin=0, vmax=1)
+      ax.set_xlabel("client k")
+      ax.set_ylabel("class j")
+      ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=list(axes[0]))
     fig.savefig(os.path.join(workdir, "u_r.png"), dpi=100, bbox_inches="tight")
     plt.close(fig)
     written.append("u_r.png")
@@ -506,7 +516,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   accs = [row["test_accuracy"] for row in rows if "test_accuracy" in row]
   totals = ledger.cumulative()
   samples = info.get("samples")
-  figures = _figures(workdir, info.get("U_r"), samples, rows, task.num_classes)
+  class_counts = np.stack([np.bincount(ds.y_train[p], minlength=task.num_classes)
+                           for p in parts])  # [m, c]
+  figures = _figures(workdir, info.get("U_r"), samples, rows, task.num_classes,
+                     class_counts)
   arch_of = {k: n for n, g in zip(names, groups) for k in g.client_ids}
   summary = {
       "method": config.method,
@@ -521,6 +534,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "rounds": config.rounds,
       "num_clients": m,
       "client_sizes": np.asarray(data.num_examples).tolist(),
+      "client_class_counts": class_counts.tolist(),
       "param_count": ledger_lib.num_params(global_params),
       "bytes_uploaded": totals["bytes_uploaded"],
       "bytes_downloaded": totals["bytes_downloaded"],
@@ -536,5 +550,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   for k in ("U", "U_r", "U_c"):
     if k in info:
       summary[k] = np.asarray(info[k]).tolist()
+  if "U_r" in info:
+    summary["U_r_vs_class_share"] = stratify_lib.agreement_with_class_shares(
+        np.asarray(info["U_r"]), class_counts)
   write_json(common.workdir_path(workdir, "summary.json"), summary)
   return summary

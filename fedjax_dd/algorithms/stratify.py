@@ -115,6 +115,40 @@ def stratification_from_curves(curves: jax.Array,
                         u_c=normalise_cols(u))
 
 
+def agreement_with_class_shares(u_r: np.ndarray, class_counts: np.ndarray
+                                 ) -> dict[str, float]:
+  """How well ``U_r`` recovers the clients' true class shares (host side).
+
+  Stratification never sees the clients' labels; on a simulated partition
+  they are known, so the row-normalised class counts ``S[j, k] =
+  n_kj / Σ_k' n_k'j`` are the ``U_r`` an oracle would give. A diagnostic for
+  ``summary.json``, not part of the algorithm.
+
+  Args:
+    u_r: ``[c, m]`` from :func:`normalise_rows`.
+    class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
+
+  Returns:
+    ``correlation``: Pearson correlation of ``U_r`` and ``S`` over all
+    entries (NaN if either is constant); ``argmax_agreement``: fraction of
+    the classes held by anyone whose largest ``U_r`` entry is a client
+    holding the most examples of that class.
+  """
+  u_r = np.asarray(u_r, np.float64)
+  counts = np.asarray(class_counts, np.float64).T  # [c, m]
+  if counts.shape != u_r.shape:
+    raise ValueError(f"class_counts {np.shape(class_counts)} does not match "
+                     f"U_r {u_r.shape} (expected [m, c] for U_r [c, m]).")
+  held = counts.sum(1) > 0
+  share = counts[held] / counts[held].sum(1, keepdims=True)
+  a, b = u_r[held].ravel(), share.ravel()
+  corr = (float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0
+          else float("nan"))
+  top = share == share.max(1, keepdims=True)
+  hit = top[np.arange(share.shape[0]), u_r[held].argmax(1)]
+  return {"correlation": corr, "argmax_agreement": float(hit.mean())}
+
+
 def stratified_ensemble(logits: jax.Array, y: jax.Array,
                         ctx: tuple[jax.Array, jax.Array]) -> jax.Array:
   """Stratified aggregation (Eqs. 8–11), a ``combine`` function for DFKD.

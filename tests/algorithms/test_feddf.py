@@ -1,9 +1,12 @@
 """FedDF: distillation on public data moves the student towards the ensemble."""
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from fedjax_dd.algorithms import stages
 from fedjax_dd.algorithms.feddf import feddf
@@ -14,7 +17,7 @@ from fedjax_dd.distill import dfkd
 from tests.conftest import synthetic_clients, tiny_task
 
 
-def test_feddf_raises_agreement_with_the_ensemble():
+def test_feddf_raises_agreement_with_the_ensemble(caplog):
   task = tiny_task()
   x, y, n = synthetic_clients()
   num_steps = steps_for(jnp.asarray(n), 4, epochs=5)
@@ -40,8 +43,12 @@ def test_feddf_raises_agreement_with_the_ensemble():
     return float(jnp.mean(jnp.argmax(ens, -1) == jnp.argmax(logits, -1)))
 
   before = agreement(state)
-  for _ in range(3):
-    state, metrics = algo.epoch(state, tv, public)
+  state, metrics = algo.epoch(state, tv, public)
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles(True):
+    for _ in range(2):
+      state, metrics = algo.epoch(state, tv, public)
+  assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
   assert int(state.epoch) == 3
   assert np.isfinite(float(metrics["student_kl"]))
   assert agreement(state) > before
@@ -49,3 +56,9 @@ def test_feddf_raises_agreement_with_the_ensemble():
   # One-shot FedAvg of the same clients is a valid FedDF starting point.
   avg = stages.weighted_mean(result.params, jnp.asarray(n))
   assert jax.tree_util.tree_structure(avg) == jax.tree_util.tree_structure(params)
+
+
+def test_feddf_refuses_empty_epochs():
+  group = dfkd.TeacherGroup(tiny_task(), lambda v: v, (0,))
+  with pytest.raises(ValueError, match="steps_per_epoch"):
+    feddf((group,), tiny_task(), lambda v: v, steps_per_epoch=0)

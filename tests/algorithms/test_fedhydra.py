@@ -95,6 +95,24 @@ def test_stratified_ensemble_matches_numpy():
                              rtol=1e-5, atol=1e-5)
 
 
+def test_agreement_with_class_shares_hand_checked():
+  # 3 classes x 2 clients; client 0 holds 4 x class 0 and 1 x class 1, client
+  # 1 holds 3 x class 1; nobody holds class 2 (its row is ignored).
+  counts = np.array([[4, 1, 0], [0, 3, 0]])  # [m, c]
+  # Truth S = [[1, 0], [0.25, 0.75]] on the held rows.
+  oracle = np.array([[1.0, 0.0], [0.25, 0.75], [0.5, 0.5]])
+  got = st.agreement_with_class_shares(oracle, counts)
+  assert got == pytest.approx({"correlation": 1.0, "argmax_agreement": 1.0})
+  swapped = oracle[:, ::-1]
+  got = st.agreement_with_class_shares(swapped, counts)
+  assert got == pytest.approx({"correlation": -1.0, "argmax_agreement": 0.0})
+  # Class 1 right, class 0 wrong: half the held classes agree.
+  half = np.array([[0.4, 0.6], [0.1, 0.9], [0.5, 0.5]])
+  assert st.agreement_with_class_shares(half, counts)["argmax_agreement"] == 0.5
+  with pytest.raises(ValueError, match="does not match"):
+    st.agreement_with_class_shares(oracle, counts.T)
+
+
 def _groups_and_vars():
   task = tiny_task(bn=True)
   keys = [jax.random.PRNGKey(i) for i in range(2)]

@@ -4,6 +4,7 @@ heterogeneous client architectures."""
 import json
 import os
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -27,6 +28,12 @@ def test_fedhydra_smoke_then_resume(tmp_path):
   assert np.asarray(summary["U_r"]).shape == (c, m)
   np.testing.assert_allclose(np.asarray(summary["U_r"]).sum(1), 1.0, rtol=1e-5)
   assert len(summary["client_test_accuracy"]) == m
+  counts = np.asarray(summary["client_class_counts"])
+  assert counts.shape == (m, c)
+  np.testing.assert_array_equal(counts.sum(1), summary["client_sizes"])
+  agree = summary["U_r_vs_class_share"]
+  assert -1.0 <= agree["correlation"] <= 1.0
+  assert 0.0 <= agree["argmax_agreement"] <= 1.0
   # One upload per client model, nothing downloaded (the init is a seed).
   assert summary["bytes_uploaded"] == m * summary["param_count"] * 4
   assert summary["bytes_downloaded"] == 0
@@ -41,6 +48,49 @@ def test_fedhydra_smoke_then_resume(tmp_path):
   assert again["final_test_accuracy"] == summary["final_test_accuracy"]
   assert "local_training_seconds" not in again["stage_seconds"]
   assert "stratification_seconds" not in again["stage_seconds"]
+
+
+def test_fedhydra_multi_round_then_resume(tmp_path, monkeypatch):
+  """Paper Tab. 5: clients restart from the distilled model each round."""
+  config = fedhydra_config.get_config("smoke")
+  config.rounds = 2
+  config.distill_epochs = 2
+  workdir = str(tmp_path / "fh")
+  starts, distilled = [], []
+  train, stage = run_fedhydra._train_clients, run_fedhydra.SERVER_STAGES["fedhydra"]
+
+  def spy_train(config, workdir, r, store_name, group, mapper, data, num_steps,
+                params, stats, *rest):
+    starts.append((params, stats))
+    return train(config, workdir, r, store_name, group, mapper, data,
+                 num_steps, params, stats, *rest)
+
+  def spy_stage(ctx):
+    out = stage(ctx)
+    distilled.append(out[:2])
+    return out
+
+  monkeypatch.setattr(run_fedhydra, "_train_clients", spy_train)
+  monkeypatch.setitem(run_fedhydra.SERVER_STAGES, "fedhydra", spy_stage)
+  summary = run_fedhydra.run(config, workdir)
+  monkeypatch.undo()
+  # Round 2's clients start from round 1's distilled global model.
+  assert len(starts) == 2 and len(distilled) == 2
+  chex.assert_trees_all_equal(starts[1], distilled[0])
+  with pytest.raises(AssertionError):
+    chex.assert_trees_all_equal(starts[0], distilled[0])
+  m, size = config.num_clients, summary["param_count"] * 4
+  assert summary["rounds"] == 2
+  assert [r["round"] for r in summary["per_round"]] == [1, 2]
+  # Round 1 uploads; round 2 downloads the global model, then uploads.
+  assert summary["bytes_uploaded"] == 2 * m * size
+  assert summary["bytes_downloaded"] == m * size
+  for r in (1, 2):
+    assert os.path.isdir(os.path.join(workdir, f"r{r}", "clients")), r
+  assert summary["final_test_accuracy"] == summary["per_round"][1]["test_accuracy"]
+  again = run_fedhydra.run(config, workdir)
+  assert again["per_round"] == summary["per_round"]
+  assert "local_training_seconds" not in again["stage_seconds"]
 
 
 @pytest.mark.slow
