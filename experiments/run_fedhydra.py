@@ -479,6 +479,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     round_key = jax.random.fold_in(run_key, r)
     _, train_key = jax.random.split(round_key)  # as run_rounds
     server_key = jax.random.fold_in(round_key, 2**20)
+    if config.get("server_seed", -1) >= 0:
+      # Stratification and distillation randomness apart from the clients',
+      # so the server stage can be repeated over fixed clients (with
+      # teachers_from) to measure its own spread.
+      server_key = jax.random.fold_in(
+          jax.random.PRNGKey(config.server_seed), r)
     if r > 1:  # Homogeneous only: the clients restart from the global model.
       starts = [(global_params, global_stats)]
     if r > 1 or not config.get("initial_model_as_seed", True):

@@ -73,6 +73,14 @@ dataset's images at ``input_shape``:
 Ablations: ``--config.lambda_bn=0 --config.lambda_adv=0.5`` (Tab. 6),
 ``--config.aggregation=ae`` (SA vs AE), ``--config.rounds=3
 --config.local_epochs=...`` (multi-round, Tab. 5).
+``--config.teachers_from=DIR --config.server_seed=S`` repeats only the
+server stage (stratification and distillation) over the clients of DIR with
+another key, to measure its spread.
+
+summary.json also holds ``client_class_counts`` ``[m, c]`` (known only in
+simulation) and ``U_r_vs_class_share``: the correlation of ``U_r`` with the
+clients' true class shares and how often its arg-max client holds the most of
+a class. ``u_r.png`` shows both matrices side by side.
 """
 
 import ml_collections
@@ -140,6 +148,10 @@ def _server_defaults(c: ml_collections.ConfigDict) -> None:
   c.eval_every = 5
   c.checkpoint_every = 5
   c.teachers_from = ""
+  # >= 0: the server stage's key comes from this seed instead of `seed`; with
+  # teachers_from it repeats stratification and distillation over the same
+  # clients (not part of the client protocol).
+  c.server_seed = -1
   c.public_data = ""
   c.public_size = 1000
   c.feddf_lr = 1e-3

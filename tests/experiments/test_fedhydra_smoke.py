@@ -104,6 +104,14 @@ def test_dense_reuses_fedhydra_clients(tmp_path):
   dsum = run_fedhydra.run(dconf, str(tmp_path / "de"))
   assert dsum["client_test_accuracy"] == summary["client_test_accuracy"]
   assert "U" not in dsum and np.isfinite(dsum["final_test_accuracy"])
+  # server_seed repeats the server stage over the same clients: the clients
+  # are reused, the stratification is drawn anew.
+  rconf = fedhydra_config.get_config("smoke")
+  rconf.teachers_from, rconf.server_seed = workdir, 3
+  rsum = run_fedhydra.run(rconf, str(tmp_path / "fh_s3"))
+  assert rsum["client_test_accuracy"] == summary["client_test_accuracy"]
+  assert "local_training_seconds" not in rsum["stage_seconds"]
+  assert not np.allclose(rsum["U"], summary["U"])
   # Another client protocol is refused.
   dconf.seed = 1
   with pytest.raises(ValueError, match="client protocol"):
