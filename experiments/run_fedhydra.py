@@ -385,9 +385,8 @@ def _figures(workdir, u_r, samples, rows, num_classes,
     # share held by each client, which stratification never sees.
     panels = [("U_r", u_r)]
     if class_counts is not None:
-      counts = np.asarray(class_counts, np.float64).T
-      share = counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
-      panels.append(("class share n_kj / Σ_k n_kj (truth)", share))
+      panels.append(("class share n_kj / Σ_k n_kj (truth)",
+                     stratify_lib.class_shares(class_counts)))
     fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(
         len(panels) * (1.5 + 0.6 * u_r.shape[1]), 4))
     for ax, (title, mat) in zip(axes[0], panels):
@@ -478,13 +477,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   for r in range(1, config.rounds + 1):
     round_key = jax.random.fold_in(run_key, r)
     _, train_key = jax.random.split(round_key)  # as run_rounds
-    server_key = jax.random.fold_in(round_key, 2**20)
     if config.get("server_seed", -1) >= 0:
       # Stratification and distillation randomness apart from the clients',
       # so the server stage can be repeated over fixed clients (with
       # teachers_from) to measure its own spread.
       server_key = jax.random.fold_in(
           jax.random.PRNGKey(config.server_seed), r)
+    else:
+      server_key = jax.random.fold_in(round_key, 2**20)
     if r > 1:  # Homogeneous only: the clients restart from the global model.
       starts = [(global_params, global_stats)]
     if r > 1 or not config.get("initial_model_as_seed", True):

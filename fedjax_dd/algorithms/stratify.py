@@ -115,14 +115,26 @@ def stratification_from_curves(curves: jax.Array,
                         u_c=normalise_cols(u))
 
 
+def class_shares(class_counts: np.ndarray) -> np.ndarray:
+  """The ``U_r`` an oracle would give: ``S[j, k] = n_kj / Σ_k' n_k'j``.
+
+  Args:
+    class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
+
+  Returns:
+    ``[c, m]`` float64; a class nobody holds gets an all-zero row.
+  """
+  counts = np.asarray(class_counts, np.float64).T
+  return counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
+
+
 def agreement_with_class_shares(u_r: np.ndarray, class_counts: np.ndarray
                                  ) -> dict[str, float]:
   """How well ``U_r`` recovers the clients' true class shares (host side).
 
   Stratification never sees the clients' labels; on a simulated partition
-  they are known, so the row-normalised class counts ``S[j, k] =
-  n_kj / Σ_k' n_k'j`` are the ``U_r`` an oracle would give. A diagnostic for
-  ``summary.json``, not part of the algorithm.
+  they are known, so :func:`class_shares` gives the ``U_r`` an oracle would
+  give. A diagnostic for ``summary.json``, not part of the algorithm.
 
   Args:
     u_r: ``[c, m]`` from :func:`normalise_rows`.
@@ -135,12 +147,12 @@ def agreement_with_class_shares(u_r: np.ndarray, class_counts: np.ndarray
     holding the most examples of that class.
   """
   u_r = np.asarray(u_r, np.float64)
-  counts = np.asarray(class_counts, np.float64).T  # [c, m]
-  if counts.shape != u_r.shape:
+  share = class_shares(class_counts)  # [c, m]
+  if share.shape != u_r.shape:
     raise ValueError(f"class_counts {np.shape(class_counts)} does not match "
                      f"U_r {u_r.shape} (expected [m, c] for U_r [c, m]).")
-  held = counts.sum(1) > 0
-  share = counts[held] / counts[held].sum(1, keepdims=True)
+  held = share.sum(1) > 0
+  share = share[held]
   a, b = u_r[held].ravel(), share.ravel()
   corr = (float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0
           else float("nan"))
