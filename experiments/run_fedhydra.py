@@ -337,7 +337,7 @@ def _train_clients(config, workdir, r, store_name, group, mapper, data,
               "batch_stats": tree_map(lambda a: jnp.zeros((m_g, *a.shape), a.dtype), stats)}
   store = CheckpointStore(common.workdir_path(workdir, f"r{r}", store_name),
                           max_to_keep=1)
-  restored = store.restore(template)
+  restored = own = store.restore(template)
   protocol = _protocol(config)
   if restored is None and r == 1 and config.get("teachers_from"):
     other = CheckpointStore(os.path.join(config.teachers_from, "r1", store_name),
@@ -368,7 +368,8 @@ def _train_clients(config, workdir, r, store_name, group, mapper, data,
     jax.block_until_ready(models_)
     timings["local_training_seconds"] = (
         timings.get("local_training_seconds", 0.0) + time.time() - t0)
-  store.save(r, models_, {"protocol": protocol}, force=True)
+  if own is None:  # Trained here or copied from teachers_from.
+    store.save(r, models_, {"protocol": protocol}, force=True)
   store.close()
   return models_["params"], models_["batch_stats"]
 

@@ -44,9 +44,13 @@ Commands:
     one-shot FedAvg but not DENSE; the gap is within both students'
     epoch-to-epoch spread (one seed). U_r vs the true class shares:
     correlation 0.93, arg-max agreement 1.0. Repeating the server stage
-    over the same clients with --config.server_seed=1: FedHydra 0.7964 /
-    0.8247, DENSE 0.7795 / 0.8032, so the ordering flips with the
-    server-side key alone.
+    over the same clients with --config.server_seed=S (S = 1, 2, 3),
+    FedHydra final / best: 0.7964 / 0.8247, 0.7582 / 0.8539, 0.7166 /
+    0.8298; DENSE: 0.7795 / 0.8032, 0.7425 / 0.7903, 0.7782 / 0.7836. Over
+    the four server keys FedHydra's best is higher (0.8204 ± 0.0339 against
+    0.7900 ± 0.0094; ahead on 3 of 4 keys) but its final is lower (0.7532
+    ± 0.0335 against 0.7708 ± 0.0190; ahead on 2 of 4): its student peaks
+    higher and swings more. Both beat one-shot FedAvg on every key.
   ...fedhydra.py:mnist_2cc      disjoint 2 classes per client (paper 40.81 %).
     Measured (CPU preset, seed 0): FedHydra final 0.3511 / best 0.3722;
     DENSE on the same clients 0.3599 / 0.4258; one-shot FedAvg 0.4264;
@@ -91,7 +95,13 @@ Ablations: ``--config.lambda_bn=0 --config.lambda_adv=0.5`` (Tab. 6; on
 mnist_a0.5 with the same clients, λ1 = 0, λ2 = 1 gave final 0.8463 / best
 0.8836 against 0.9397 / 0.9404 with λ1 = λ2 = 1),
 ``--config.aggregation=ae`` (SA vs AE), ``--config.rounds=3
---config.local_epochs=...`` (multi-round, Tab. 5).
+--config.local_epochs=...`` (multi-round, Tab. 5; ``local_epochs`` is per
+round). Measured: mnist_a0.1 with ``--config.rounds=2`` (E = 10 per round,
+round 1 resumed from the seed-0 run above; 67 min, round 2's local training
+42 min of it, with another run on the machine): round 1 0.7417, round 2
+final 0.8322 / best 0.8411. Round 2's clients (0.61-0.69) all start from
+round 1's student, so one-shot FedAvg of them reaches 0.8633, above
+FedHydra's round 2.
 ``--config.teachers_from=DIR --config.server_seed=S`` repeats only the
 server stage (stratification and distillation) over the clients of DIR with
 another key, to measure its spread.
