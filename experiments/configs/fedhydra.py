@@ -94,7 +94,8 @@ dataset's images at ``input_shape``:
 Ablations: ``--config.lambda_bn=0 --config.lambda_adv=0.5`` (Tab. 6; on
 mnist_a0.5 with the same clients, λ1 = 0, λ2 = 1 gave final 0.8463 / best
 0.8836 against 0.9397 / 0.9404 with λ1 = λ2 = 1; λ1 = 1, λ2 = 0 gave
-0.9367 / 0.9367),
+0.9367 / 0.9367; λ1 = 0.5, λ2 = 1 0.9260 / 0.9260; λ1 = 1, λ2 = 0.5
+0.9423 / 0.9496),
 ``--config.aggregation=ae`` (SA vs AE), ``--config.rounds=3
 --config.local_epochs=...`` (multi-round, Tab. 5; ``local_epochs`` is per
 round). Measured: mnist_a0.1 with ``--config.rounds=2`` (E = 10 per round,
