@@ -17,8 +17,8 @@ on Non-IID Data", 2024 (Alg. 2). The pipeline is a chain of separate stages:
 
 Distilled labels may be centred (``one_hot - 1/K``) or learned, so the heads
 train on target vectors ``[N_max, K]`` rather than class ids:
-:func:`soft_target_task` wraps a classifier with a soft-target cross-entropy
-and every other piece of the engine (local update, client stage, FedAvg,
+:meth:`fedjax_dd.core.task.Classifier.loss` takes them directly, and every
+other piece of the engine (local update, client stage, FedAvg,
 rounds loop) is used unchanged.
 
 Communication follows Eq. 18 (:func:`eq18_bits`, :func:`setup_ledger`):
@@ -29,7 +29,6 @@ the model exchange, which the rounds loop records.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
 import flax
@@ -56,39 +55,6 @@ PyTree = Any
 # ----------------------------------------------------------------------------
 # Soft targets.
 # ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class SoftTargetClassifier(Classifier):
-  """A :class:`Classifier` whose loss also accepts target vectors.
-
-  ``loss(params, batch_stats, x_uint8, targets)`` with ``targets [B, K]``
-  float computes ``softmax_cross_entropy(logits, targets)``; with integer
-  labels ``[B]`` it is the base classifier's loss. Accuracy compares the
-  argmax of logits and targets.
-  """
-
-  def loss(self, params, batch_stats, x_uint8, y, *, train=True, weights=None):
-    if y.ndim == 1:
-      return super().loss(params, batch_stats, x_uint8, y, train=train,
-                          weights=weights)
-    logits, new_stats = self.apply(params, batch_stats,
-                                   self.preprocess(x_uint8), train=train)
-    y = y.astype(jnp.float32)
-    ce = optax.softmax_cross_entropy(logits, y)
-    correct = (jnp.argmax(logits, -1) == jnp.argmax(y, -1)).astype(jnp.float32)
-    if weights is None:
-      return ce.mean(), (new_stats, correct.mean())
-    total = jnp.maximum(weights.sum(), 1.0)
-    return ((ce * weights).sum() / total,
-            (new_stats, (correct * weights).sum() / total))
-
-
-def soft_target_task(task: Classifier) -> SoftTargetClassifier:
-  """The same classifier, trainable on target vectors ``[B, K]``."""
-  return SoftTargetClassifier(module=task.module, input_shape=task.input_shape,
-                              preprocess=task.preprocess,
-                              num_classes=task.num_classes)
 
 
 def labels_to_targets(y: jax.Array | np.ndarray, *, centered: bool) -> np.ndarray:
@@ -285,8 +251,7 @@ def head_training(task: Classifier,
   by the engine's local update.
 
   Args:
-    task: the classifier (its integer-label loss is generalised with
-      :func:`soft_target_task`).
+    task: the classifier (its loss takes the heads' ``[B, K]`` targets).
     client_optimizer: the heads' local optimizer (HFLDD: SGD, lr 0.01).
     batch_size: local batch size (32).
     max_steps: static local scan length (the largest head's ``E2`` epochs).
@@ -296,7 +261,7 @@ def head_training(task: Classifier,
   Returns:
     A :class:`FederatedAlgorithm` for :func:`fedjax_dd.core.rounds.run_rounds`.
   """
-  return fedavg(soft_target_task(task), client_optimizer,
+  return fedavg(task, client_optimizer,
                 batch_size=batch_size, max_steps=max_steps, mapper=mapper,
                 server_optimizer=server_optimizer)
 

@@ -55,23 +55,36 @@ class Classifier:
   def loss(self, params: PyTree, batch_stats: PyTree, x_uint8: jax.Array,
            y: jax.Array, *, train: bool = True,
            weights: jax.Array | None = None) -> tuple[jax.Array, tuple[PyTree, jax.Array]]:
-    """Mean cross-entropy on a uint8 batch.
+    """Mean cross-entropy on a uint8 batch, for hard or soft targets.
 
     Args:
       params: model parameters.
       batch_stats: BatchNorm statistics (``{}`` if none).
       x_uint8: ``[B, H, W, Ch]`` uint8 images.
-      y: ``[B]`` int labels.
+      y: ``[B]`` int labels, or ``[B, K]`` float target distributions (e.g.
+        KIP's learned labels, FedD3 Sec. 3.2 / HFLDD Eq. 1, which the server
+        trains on as they were sent rather than their argmax).
       train: BatchNorm mode.
       weights: optional ``[B]`` example weights (e.g. a padding mask).
 
     Returns:
-      ``(loss, (new_batch_stats, accuracy))``.
+      ``(loss, (new_batch_stats, accuracy))``; with soft targets the accuracy
+      compares the argmax of logits and targets.
     """
     logits, new_stats = self.apply(
         params, batch_stats, self.preprocess(x_uint8), train=train)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-    correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
+    if y.ndim == logits.ndim:
+      targets = y.astype(jnp.float32)
+      ce = optax.softmax_cross_entropy(logits, targets)
+      hard = jnp.argmax(targets, -1)
+    elif y.ndim == logits.ndim - 1:
+      ce = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+      hard = y
+    else:
+      raise ValueError(
+          f"y must be [B] int labels or [B, {self.num_classes}] targets; got "
+          f"shape {y.shape}.")
+    correct = (jnp.argmax(logits, -1) == hard).astype(jnp.float32)
     if weights is None:
       return ce.mean(), (new_stats, correct.mean())
     total = jnp.maximum(weights.sum(), 1.0)

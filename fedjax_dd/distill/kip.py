@@ -50,6 +50,7 @@ class KipState:
     converged: whether the early-stop criterion was met.
     accuracy: target-batch accuracy of the last iteration.
     loss: KIP loss of the last iteration.
+    first_loss: KIP loss of the first iteration.
   """
   z: jax.Array
   y: jax.Array
@@ -59,6 +60,7 @@ class KipState:
   converged: jax.Array
   accuracy: jax.Array
   loss: jax.Array
+  first_loss: jax.Array
 
 
 @flax.struct.dataclass
@@ -74,6 +76,7 @@ class KipResult:
     converged: ``[C]`` early stop reached.
     accuracy: ``[C]`` last target-batch accuracy.
     loss: ``[C]`` last KIP loss.
+    first_loss: ``[C]`` KIP loss of the first iteration (0 if none ran).
   """
   x: jax.Array
   y: jax.Array
@@ -83,6 +86,7 @@ class KipResult:
   converged: jax.Array
   accuracy: jax.Array
   loss: jax.Array
+  first_loss: jax.Array
 
   @property
   def labels(self) -> jax.Array:
@@ -160,7 +164,7 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
                    lr: float = 0.004, target_batch_size: int = 10,
                    reg: float = 1e-6, learn_labels: bool = False,
                    centered_labels: bool = False,
-                   stop_accuracy: float = 0.999, min_iterations: int = 0,
+                   stop_accuracy: float | None = 0.999, min_iterations: int = 0,
                    mapper: ClientMapper = ClientMapper(workload="kip")):
   """Builds the batched ``init`` and ``segment`` programs.
 
@@ -187,6 +191,8 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
   mean = jnp.asarray(mean, jnp.float32)
   std = jnp.asarray(std, jnp.float32)
   opt = optax.adam(lr)
+  # None: a fixed iteration budget with no accuracy stop (HFLDD Sec. IV).
+  stop = jnp.inf if stop_accuracy is None else stop_accuracy
 
   def normalise(x):
     return (x.astype(jnp.float32) / 255.0 - mean) / std
@@ -202,7 +208,8 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
     zero = jnp.zeros((), jnp.float32)
     return KipState(z=z, y=ys, mask=mask, opt_state=opt.init((z, ys)),
                     iteration=jnp.zeros((), jnp.int32),
-                    converged=jnp.zeros((), bool), accuracy=zero, loss=zero)
+                    converged=jnp.zeros((), bool), accuracy=zero, loss=zero,
+                    first_loss=zero)
 
   def loss_fn(params, mask, xt, yt):
     z, ys = params
@@ -224,9 +231,17 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
     z = jnp.where(m[:, None, None, None], z, 0.0)
     ys = jnp.where(m[:, None], ys, 0.0)
     it = state.iteration + 1
-    converged = (aux.accuracy >= stop_accuracy) & (it >= min_iterations)
+    # A single-class target batch is fitted by any support that predicts its
+    # one class, so its accuracy says nothing about distillation: a one-class
+    # client (HFLDD with C = 1) would stop at iteration 1 and upload its raw
+    # initial images. Such a batch never counts towards the early stop.
+    informative = jnp.any(yb != yb[0])
+    converged = ((aux.accuracy >= stop) & (it >= min_iterations)
+                 & informative)
+    first_loss = jnp.where(state.iteration == 0, loss, state.first_loss)
     return KipState(z=z, y=ys, mask=m, opt_state=opt_state, iteration=it,
-                    converged=converged, accuracy=aux.accuracy, loss=loss)
+                    converged=converged, accuracy=aux.accuracy, loss=loss,
+                    first_loss=first_loss)
 
   def segment_one(state, key, x, y, n, until):
     active = lambda s: (~s.converged) & (s.iteration < until) & (n > 0)
@@ -251,7 +266,7 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
                     max_iterations: int = 3000, target_batch_size: int = 10,
                     reg: float = 1e-6, learn_labels: bool = False,
                     centered_labels: bool = False,
-                    stop_accuracy: float = 0.999, min_iterations: int = 0,
+                    stop_accuracy: float | None = 0.999, min_iterations: int = 0,
                     segment_iterations: int = 100,
                     mapper: ClientMapper = ClientMapper(workload="kip"),
                     progress: Callable[[int, int], None] | None = None
@@ -282,7 +297,10 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
     reg: relative KRR ridge λ.
     learn_labels: also optimise the support labels.
     centered_labels: KIP's centred one-hot convention.
-    stop_accuracy: per-client early stop on target-batch accuracy.
+    stop_accuracy: per-client early stop on target-batch accuracy (FedD3's
+      rule); ``None`` runs every client for ``max_iterations`` (HFLDD's
+      fixed budget). A target batch that holds a single class never
+      triggers the stop, since any support fits it.
     min_iterations: iterations before early stop may trigger.
     segment_iterations: iterations per batched program between host checks.
     mapper: client-axis backend.
@@ -337,7 +355,8 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
   return KipResult(x=pixels, y=state.y, mask=state.mask,
                    counts=state.mask.sum(axis=1).astype(jnp.int32),
                    iterations=state.iteration, converged=state.converged,
-                   accuracy=state.accuracy, loss=state.loss)
+                   accuracy=state.accuracy, loss=state.loss,
+                   first_loss=state.first_loss)
 
 
 def flatten_support(result: KipResult, *, quantized: bool = True

@@ -157,3 +157,54 @@ def test_invalid_arguments():
   with pytest.raises(ValueError, match="exactly one"):
     kip.make_distiller(fc_kernel(), num_classes=2, mean=MEAN, std=STD,
                        images_per_class=1, support_size=3)
+
+
+def _one_class_clients(n=12):
+  """Two clients that each hold a single class (HFLDD's C = 1 members)."""
+  rng = np.random.default_rng(3)
+  x = rng.integers(0, 60, (2, n, 6, 6, 1)).astype(np.uint8)
+  y = np.zeros((2, n), np.int32)
+  y[1] = 2
+  x[0, :, 0] += 150
+  x[1, :, 4] += 150
+  return x, y, np.full(2, n, np.int32)
+
+
+def test_single_class_target_batches_never_stop_early():
+  x, y, n = _one_class_clients()
+  res = kip.distill_clients(
+      jax.random.PRNGKey(0), x, y, n, num_classes=3,
+      kernel_fn=fc_kernel(depth=2), mean=MEAN, std=STD, support_size=3,
+      max_iterations=30, segment_iterations=10, stop_accuracy=0.999,
+      lr=0.05, mapper=ClientMapper(backend="vmap"))
+  # Every target batch is single-class, so accuracy 1.0 at iteration 1 must
+  # not count as convergence: both clients run the whole budget.
+  np.testing.assert_array_equal(np.asarray(res.iterations), [30, 30])
+  assert not np.asarray(res.converged).any()
+  first, last = np.asarray(res.first_loss), np.asarray(res.loss)
+  assert np.all(np.isfinite(first)) and np.all(np.isfinite(last))
+  assert np.all(last < first)
+
+
+def test_stop_accuracy_none_runs_the_fixed_budget():
+  res, _ = _distill(stop_accuracy=None, max_iterations=15)
+  np.testing.assert_array_equal(np.asarray(res.iterations), [15, 15, 15])
+
+
+def test_single_class_member_uploads_no_raw_image():
+  from fedjax_dd.distill import privacy
+  x, y, n = _one_class_clients()
+  res = kip.distill_clients(
+      jax.random.PRNGKey(1), x, y, n, num_classes=3,
+      kernel_fn=fc_kernel(depth=2), mean=MEAN, std=STD, support_size=4,
+      max_iterations=40, segment_iterations=20, stop_accuracy=0.999,
+      lr=0.05, mapper=ClientMapper(backend="vmap"))
+  ux, _, owner = kip.flatten_support(res, quantized=True)
+  p = privacy.upload_privacy(ux, owner, x, n)
+  assert p["uploaded_images"] == 8
+  assert p["identical_to_raw_count"] == 0
+  assert p["nearest_raw_l2_min"] > 0.0
+  # The initial support (iteration 0) is raw: the control the figure reads.
+  raw_init = privacy.upload_privacy(x[:, :4].reshape(8, 6, 6, 1),
+                                    np.repeat([0, 1], 4), x, n)
+  assert raw_init["identical_to_raw_fraction"] == 1.0

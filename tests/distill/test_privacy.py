@@ -1,0 +1,56 @@
+"""Privacy figure of an upload: identical-to-raw share and nearest distances."""
+
+import numpy as np
+import pytest
+
+from fedjax_dd.distill import privacy
+
+
+def _raw():
+  x = np.zeros((2, 3, 2, 2, 1), np.uint8)
+  x[0, 0] = 255            # all white
+  x[0, 1, 0, 0, 0] = 255   # one white pixel
+  x[1, 0] = 0              # black (client 1 holds 1 real image)
+  x[1, 1:] = 77            # padding: must be ignored
+  return x, np.array([2, 1], np.int32)
+
+
+def test_hand_checked_distances_and_identity():
+  x, n = _raw()
+  up = np.zeros((3, 2, 2, 1), np.uint8)
+  up[0] = 255                       # = client 0's raw image 0
+  up[1, 0, 0, 0] = 255              # client 1 sends it: nearest raw is black
+  up[1, 1, 1, 0] = 51               # and 0.2 more in one pixel
+  up[2] = 77                        # equals client 1's *padding* only
+  p = privacy.upload_privacy(up, np.array([0, 1, 1]), x, n)
+  assert p["uploaded_images"] == 3
+  assert p["identical_to_raw_count"] == 1
+  assert p["identical_to_raw_fraction"] == pytest.approx(1 / 3)
+  d1 = np.sqrt(1.0 + 0.2 ** 2)      # to client 1's black image
+  d2 = np.sqrt(4 * (77 / 255) ** 2)  # padding is not raw data
+  assert p["nearest_raw_l2_min"] == 0.0
+  assert p["nearest_raw_l2_median"] == pytest.approx(min(d1, d2))
+
+
+def test_own_raw_only():
+  x, n = _raw()
+  up = np.full((1, 2, 2, 1), 255, np.uint8)  # client 0's image, sent by 1
+  p = privacy.upload_privacy(up, np.array([1]), x, n)
+  assert p["identical_to_raw_count"] == 0
+  assert p["nearest_raw_l2_min"] == pytest.approx(2.0)
+
+
+def test_empty_upload_and_bad_inputs():
+  x, n = _raw()
+  p = privacy.upload_privacy(np.zeros((0, 2, 2, 1), np.uint8),
+                             np.zeros((0,), int), x, n)
+  assert p["identical_to_raw_fraction"] == 0.0 and p["nearest_raw_l2_min"] is None
+  with pytest.raises(ValueError, match="uint8"):
+    privacy.upload_privacy(np.zeros((1, 2, 2, 1), np.float32), [0], x, n)
+  with pytest.raises(ValueError, match="owner must be in"):
+    privacy.upload_privacy(np.zeros((1, 2, 2, 1), np.uint8), [5], x, n)
+  with pytest.raises(ValueError, match="differ in shape"):
+    privacy.upload_privacy(np.zeros((1, 3, 2, 1), np.uint8), [0], x, n)
+  with pytest.raises(ValueError, match="hold no raw"):
+    privacy.upload_privacy(np.zeros((1, 2, 2, 1), np.uint8), [1], x,
+                           np.array([2, 0]))
