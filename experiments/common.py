@@ -35,10 +35,34 @@ class Prepared:
   std: np.ndarray   # [Ch] train-split channel std
 
 
-def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
-  """Loads ``config.dataset``, resizes for ``config.model``, builds the task."""
+# Stream of the 80/20 re-split, apart from the partition's
+# ``default_rng(data_seed)`` and HFLDD's ``D_g`` draw ``[data_seed, 1]``.
+_RESPLIT_STREAM = 5
+
+
+def load_dataset(config: ml_collections.ConfigDict) -> sources.Dataset:
+  """Loads ``config.dataset``; re-split when ``config.resplit`` is set.
+
+  ``resplit`` (0: keep the dataset's own split) is the train fraction of
+  :func:`fedjax_dd.data.sources.resplit` (HFLDD: 0.8), drawn from
+  ``default_rng([data_seed, 5])``.
+  """
   ds = sources.load_dataset(config.dataset,
                             data_dir=config.get("data_dir") or None)
+  fraction = float(config.get("resplit", 0.0) or 0.0)
+  if fraction:
+    ds = sources.resplit(
+        ds, fraction,
+        rng=np.random.default_rng([config.get("data_seed", 0), _RESPLIT_STREAM]))
+  return ds
+
+
+def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
+  """Loads ``config.dataset``, resizes it for ``config.model``, builds the task.
+
+  Loading goes through :func:`load_dataset` (so ``config.resplit`` applies).
+  """
+  ds = load_dataset(config)
   spec = models.get_model(config.model)
   target = tuple(spec.input_shape)
   if config.get("input_shape"):

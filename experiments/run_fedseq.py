@@ -3,8 +3,11 @@
 Clients are grouped into ``config.num_groups`` superclients; with
 ``config.group_by_similarity`` the groups mix the homogeneous clusters of
 HFLDD's label-knowledge stage (same pretraining, ``D_g`` and KMeans), else
-they are random. Traffic follows HFLDD Eq. 19 (the label-knowledge upload
-used for grouping is not charged, as in Eq. 19).
+they are random. Traffic follows HFLDD Eq. 19 as printed (``J`` transfers
+per superclient and round; ``config.fedseq_traffic="physical"`` counts the
+``J - 1`` hand-offs made); the label-knowledge upload used for grouping is
+not charged, as in Eq. 19. Members train ``config.local_steps`` steps when
+set, else ``config.local_epochs`` epochs.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import numpy as np
 
 from fedjax_dd import clustering
 from fedjax_dd.algorithms import fedseq
-from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.metrics import write_json
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
@@ -41,18 +43,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     homo = np.zeros(data.num_clients, np.int64)
   groups = clustering.diverse_groups(homo, config.num_groups,
                                      np.random.default_rng([config.seed, 3]))
-  num_steps = steps_for(data.num_examples, config.batch_size,
-                        epochs=config.local_epochs)
+  num_steps = runners.local_steps(config, data.num_examples)
   max_steps = int(jnp.max(num_steps))
   grouped, grouped_steps, member_ids = fedseq.group_data(
       jax.device_get(data), np.asarray(num_steps), groups)
   del data
   group_size = grouped.x.shape[1]
 
+  traffic = config.get("fedseq_traffic", "eq19")
   t0 = time.time()
   algorithm = fedseq.fedseq(task, common.make_optimizer(config),
                             batch_size=config.batch_size, max_steps=max_steps,
-                            group_size=group_size, mapper=common.mapper(config))
+                            group_size=group_size, mapper=common.mapper(config),
+                            traffic=traffic)
   summary = runners.train_rounds(
       config, workdir, prepared=prepared, algorithm=algorithm,
       data=jax.device_put(grouped), num_steps=jnp.asarray(grouped_steps),
@@ -66,9 +69,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "groups": member_ids.tolist(),
       "homogeneous": np.asarray(homo).tolist(),
       "num_classes": int(ds.num_classes),
-      "eq19_bytes": fedseq.eq19_bits(
+      # bytes_total equals the count named by fedseq_traffic.
+      "fedseq_traffic": traffic,
+      **{f"{name}_bytes": fedseq.eq19_bits(
           num_groups=len(groups), group_size=group_size,
-          num_params=summary["param_count"], rounds=summary["rounds"]) / 8,
+          num_params=summary["param_count"], rounds=summary["rounds"],
+          traffic=name) / 8 for name in fedseq.TRAFFIC},
       "stage_seconds": times,
       "wall_seconds": time.time() - start,
       "config": config_dict,

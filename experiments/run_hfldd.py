@@ -5,9 +5,17 @@ Stages (HFLDD Alg. 2, Shi et al. 2024), each timed in ``summary.json``:
 1. ``label_knowledge``: all clients pretrain from one init, label ``D_g``,
    the server computes ``M`` (Eq. 4);
 2. ``clustering``: KMeans on ``M`` and ClusterSampling (Alg. 1);
-3. ``dataset_generation``: members distill with the batched KIP (or send raw
-   data when ``config.distill_members`` is False) and heads build ``D_h``;
-4. ``training``: FedAvg among the heads through the shared rounds loop.
+3. ``dataset_generation``: what members send is ``config.member_data``:
+   ``"kip"`` (distilled with the batched KIP for a fixed budget of
+   ``config.kip_iterations``), ``"random"`` (``config.support_size`` random
+   raw samples, the control) or ``"raw"`` (all raw data, the "w/o DD"
+   ablation); heads build ``D_h``;
+4. ``training``: FedAvg among the heads through the shared rounds loop
+   (``config.local_steps`` or ``config.local_epochs`` per head and round).
+
+``summary.json`` also holds ``privacy`` (the members' uploads against their
+own raw images, :func:`fedjax_dd.algorithms.hfldd.sent_privacy`) and, for
+KIP, ``kip_loss`` (first / last iteration, min and median over members).
 
 Stages 1-3 are deterministic given the seeds and are cached in
 ``WORKDIR/hfldd_stages.npz``; a resumed run loads them and continues the
@@ -44,7 +52,10 @@ _log = logging.getLogger(__name__)
 
 # Stage keys: fold_in(model_key, STAGE) so stages never share randomness.
 _INIT, _PRETRAIN, _KIP, _ROUNDS = 0, 1, 2, 3
+# NumPy streams default_rng([seed, STREAM]) (FedSeq's grouping uses 3).
+_TOPOLOGY_STREAM, _RANDOM_MEMBERS_STREAM = 2, 4
 _STAGES_FILE = "hfldd_stages.npz"
+MEMBER_DATA = ("kip", "random", "raw")
 
 KERNELS = {
     "fc": lambda c: ntk.fc_kernel(depth=c.get("kip_depth", 4)),
@@ -111,38 +122,68 @@ def _stages(config, prepared, data, params, batch_stats, root):
       config, prepared, data, params, batch_stats,
       jax.random.fold_in(root, _PRETRAIN))
   t0 = time.time()
-  topo = clustering.build_topology(homo, np.random.default_rng([config.seed, 2]))
+  topo = clustering.build_topology(
+      homo, np.random.default_rng([config.seed, _TOPOLOGY_STREAM]))
   times["cluster_sampling"] = time.time() - t0
   t0 = time.time()
-  kip_info = {}
-  if config.distill_members:
+  gen_info = {}
+  mode = config.member_data
+  if mode == "kip":
     mean, std = _kip_mean_std(ds)
+    total = int(config.kip_iterations)
+    progress = None
+    if config.get("progress", True):
+      progress = lambda done, _: _log.info("KIP: %d / %d iterations", done,
+                                           total)
     sent, res = hfldd.distill_members(
         jax.random.fold_in(root, _KIP), data, topo,
         kernel_fn=KERNELS[config.kip_kernel](config), mean=mean, std=std,
         num_classes=ds.num_classes, support_size=config.support_size,
-        lr=config.kip_lr, max_iterations=config.kip_iterations,
+        lr=config.kip_lr, max_iterations=total,
         target_batch_size=config.kip_target_batch_size, reg=config.kip_reg,
         learn_labels=config.kip_learn_labels,
-        centered_labels=config.kip_centered_labels,
-        stop_accuracy=config.kip_stop_accuracy,
-        min_iterations=config.get("kip_min_iterations", 0),
+        centered_labels=config.kip_centered_labels, stop_accuracy=None,
         segment_iterations=config.get("kip_segment_iterations", 100),
-        mapper=common.mapper(config, workload="kip"))
-    kip_info = {
+        mapper=common.mapper(config, workload="kip"), progress=progress)
+    gen_info = {
         "kip_members": int(sent.senders.size),
         "kip_support_size": int(sent.x.shape[1]),
         "kip_iterations_mean": float(np.mean(res.iterations)),
         "kip_iterations_max": int(np.max(res.iterations)),
-        "kip_converged": int(np.sum(res.converged)),
         "kip_final_accuracy_mean": float(np.mean(res.accuracy)),
+        "kip_loss": hfldd.kip_loss_summary(res),
     }
-  else:
+  elif mode == "random":
+    sent = hfldd.random_members(
+        data, topo, num_classes=ds.num_classes,
+        sample_size=config.support_size,
+        rng=np.random.default_rng([config.seed, _RANDOM_MEMBERS_STREAM]))
+  elif mode == "raw":
     sent = hfldd.raw_members(data, topo, num_classes=ds.num_classes)
+  else:
+    raise ValueError(f"member_data must be one of {MEMBER_DATA}, got "
+                     f"{mode!r}.")
   times["dataset_generation"] = time.time() - t0
+  t0 = time.time()
+  gen_info["privacy"] = hfldd.sent_privacy(data, sent)
+  times["privacy"] = time.time() - t0
   hybrid = hfldd.build_hybrid_data(data, topo, sent,
                                    num_classes=ds.num_classes)
-  return topo, sent.counts, hybrid, times, {**info, **kip_info}
+  return topo, sent.counts, hybrid, times, {**info, **gen_info}
+
+
+def sent_label_bits(config: ml_collections.ConfigDict) -> int:
+  """Bits charged per label entry of the members' uploads.
+
+  ``config.sent_label_bits >= 0`` is used as given; ``-1`` (default) counts
+  what is transmitted: 32 (float32) for learned KIP labels, else 0 (fixed
+  labels are implied by the class, as in Eq. 18).
+  """
+  bits = int(config.get("sent_label_bits", -1))
+  if bits >= 0:
+    return bits
+  learned = config.member_data == "kip" and config.kip_learn_labels
+  return 32 if learned else 0
 
 
 # Config keys that do not change stages 1-3 (a cached run may alter them).
@@ -210,10 +251,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   del data
 
   pixels = int(np.prod(ds.x_train.shape[1:]))
+  label_bits = sent_label_bits(config)
   ledger0 = hfldd.setup_ledger(
       topo, counts, aux_size=config.aux_size, num_classes=ds.num_classes,
-      pixels_per_sample=pixels,
-      bits_per_sent_label=config.get("sent_label_bits", 0))
+      pixels_per_sample=pixels, bits_per_sent_label=label_bits)
 
   figure_path = common.workdir_path(workdir, "topology.png")
   figures.plot_topology(topo.homogeneous, topo.heterogeneous, topo.heads,
@@ -221,8 +262,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                         title=f"{config.method}: {topo.num_heads} heads")
 
   t0 = time.time()
-  head_steps = steps_for(hybrid.num_examples, config.batch_size,
-                         epochs=config.local_epochs)
+  head_steps = runners.local_steps(config, hybrid.num_examples)
   algorithm = hfldd.head_training(task, common.make_optimizer(config),
                                   batch_size=config.batch_size,
                                   max_steps=int(jnp.max(head_steps)),
@@ -240,8 +280,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "aux_size": int(config.aux_size),
       "num_classes": int(ds.num_classes),
       "num_heads": int(topo.num_heads),
+      "member_data": config.member_data,
       "distilled_samples_total": distilled_total,
       "pixels_per_sample": pixels,
+      "sent_label_bytes": distilled_total * ds.num_classes * label_bits / 8,
+      "privacy": info.get("privacy"),
+      "kip_loss": info.get("kip_loss"),
       "head_dataset_sizes": np.asarray(hybrid.num_examples).tolist(),
       "eq18_bytes": hfldd.eq18_bits(
           num_clients=topo.num_clients, aux_size=config.aux_size,

@@ -18,6 +18,11 @@ shape from another domain, since the clients' own domain is private.
 
 With heterogeneous clients (``*_hetero`` presets, ``client_models``) there is
 no average to start from: the student starts from a fresh init of ``model``.
+
+FedDF has no generator and its own student optimiser (``feddf_lr``, Adam), so
+the data-free keys of the shared presets (``lambda_adv``, ``lambda_bn``,
+``student_lr``, ``student_momentum``, ...) are unused here; the FedHydra/DENSE
+choices about them (``fedhydra.py``, ``dense.py``) do not affect FedDF.
 """
 
 from fedjax_dd.experiments.configs import fedhydra

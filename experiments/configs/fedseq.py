@@ -8,16 +8,30 @@ which groups at random.
   fedjax-dd --config=experiments/configs/fedseq.py:mnist_c1 --workdir=/tmp/s1
     MNIST, 100 clients, C=1, 10 superclients of 10, LeNet-5, E=2, B=32,
     SGD lr 0.01.
-  ...fedseq.py:mnist_c2 / mnist_c10
+  ...fedseq.py:mnist_c2 / mnist_c10 / cifar10_c1 / cifar10_c2
+  ...fedseq.py:<preset>_gpu  the paper's protocol (T = 300, 80/20 re-split).
   ...fedseq.py:smoke    digits, for tests.
+
+Partitions are those of ``hfldd.py`` (balanced). Traffic is HFLDD Eq. 19 as
+printed, ``O |w| B1 ((2T - 1) + T J)``; ``--config.fedseq_traffic=physical``
+counts the ``J - 1`` hand-offs per round that the ring makes instead.
 """
 
 from fedjax_dd.experiments.configs import hfldd
 
 
 def get_config(arg: str = "mnist_c1"):
-  c = hfldd.hfldd_preset(arg, method="fedseq", distill_members=False)
+  c = hfldd.hfldd_preset(arg, method="fedseq", member_data="raw")
   c.runner = "fedseq"
+  # Stage-5 keys of the HFLDD presets; FedSeq has no member stage.
+  for key in ("member_data", "kip_kernel", "kip_lr", "kip_target_batch_size",
+              "kip_reg", "kip_learn_labels", "kip_centered_labels",
+              "kip_iterations", "kip_segment_iterations", "support_size",
+              "sent_label_bits"):
+    del c[key]
   c.num_groups = 5 if arg == "smoke" else 10  # O; J = num_clients / O.
   c.group_by_similarity = True
+  # Traffic: "eq19" (HFLDD Eq. 19 as printed, J transfers per superclient and
+  # round) or "physical" (the J - 1 hand-offs the ring makes).
+  c.fedseq_traffic = "eq19"
   return c

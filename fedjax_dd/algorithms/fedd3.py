@@ -2,7 +2,9 @@
 
 Every client distills its local data (KIP on an infinite-width kernel, or a
 Gaussian-mixture coreset), uploads the distilled set once, and the server
-trains a model on the union. The multi-shot hybrid (paper App. F) instead runs
+trains a model on the union. :func:`random_distiller` is the control that
+dataset-distillation papers report: random real images at the same upload
+budget. The multi-shot hybrid (paper App. F) instead runs
 FedAvg where each client trains on its own data plus everyone else's distilled
 data, received once in round 1.
 
@@ -13,10 +15,13 @@ Stages, each a function over explicit arrays:
 
 * a *distiller* ``(key, ClientData) -> DistilledSet`` (:func:`kip_distiller`
   runs all clients in one batched program; :func:`gmm_distiller` is the
-  host-side scikit-learn coreset);
-* :func:`upload_bits`, the single upload the ledger counts;
+  host-side scikit-learn coreset; :func:`random_distiller` the random-real
+  control);
+* :func:`client_upload_bits` / :func:`upload_bits`, the single upload the
+  ledger counts, per client and in total;
 * :func:`server_dataset`, the union as one-client :class:`ClientData` on which
-  the server trains with the engine's centralized algorithm;
+  the server trains with the engine's centralized algorithm (on the learned
+  soft labels ``[M, K]`` when KIP learned them, Sec. 3.2);
 * :func:`hybrid_client_data` for the multi-shot variant.
 """
 
@@ -28,6 +33,7 @@ import flax
 import jax
 import numpy as np
 
+from fedjax_dd.algorithms.hfldd import labels_to_targets
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.data.stacked import ClientData
@@ -41,24 +47,51 @@ class DistilledSet:
 
   Attributes:
     x: ``[M, H, W, Ch]`` uint8 images, as transmitted.
-    y: ``[M]`` int32 hard labels.
-    y_soft: ``[M, K]`` float32 support labels (learned labels when KIP learns
-      them, else one-hot).
+    y: ``[M]`` int32 hard labels (argmax of ``y_soft``).
+    y_soft: ``[M, K]`` float32 support labels in KIP's label space (learned
+      labels when KIP learns them, else one-hot; centred when
+      ``centered_labels``). :meth:`targets` maps them to distributions.
     owner: ``[M]`` index of the client that sent each image.
-    learned_labels: whether ``y_soft`` was optimised (then it is transmitted).
+    learned_labels: whether ``y_soft`` was optimised (then it is transmitted
+      and the server trains on it).
+    centered_labels: whether ``y_soft`` uses KIP's centred convention
+      (one-hot minus ``1/K``).
     x_float: ``[M, H, W, Ch]`` float32 pixels before quantisation (KIP only),
       to measure what quantisation costs.
+    iterations: ``[C]`` KIP iterations each client ran (KIP only).
+    converged: ``[C]`` whether each client met the early stop (KIP only).
+    first_loss: ``[C]`` KIP loss at each client's first iteration (KIP only).
+    last_loss: ``[C]`` KIP loss at each client's last iteration (KIP only).
   """
   x: np.ndarray
   y: np.ndarray
   y_soft: np.ndarray
   owner: np.ndarray
   learned_labels: bool = flax.struct.field(pytree_node=False, default=False)
+  centered_labels: bool = flax.struct.field(pytree_node=False, default=False)
   x_float: np.ndarray | None = None
+  iterations: np.ndarray | None = None
+  converged: np.ndarray | None = None
+  first_loss: np.ndarray | None = None
+  last_loss: np.ndarray | None = None
 
   @property
   def size(self) -> int:
     return int(self.x.shape[0])
+
+  def targets(self) -> np.ndarray:
+    """``[M, K]`` float32 training targets on the simplex.
+
+    Learned labels are what the server trains on (FedD3 Sec. 3.2 sends
+    them), mapped from KIP's label space by HFLDD's
+    :func:`~fedjax_dd.algorithms.hfldd.labels_to_targets`; fixed labels
+    give their one-hot rows.
+    """
+    return labels_to_targets(self.y_soft, centered=self.centered_labels)
+
+  def train_labels(self) -> np.ndarray:
+    """What the server trains on: ``targets() [M, K]`` if learned, else ``y [M]``."""
+    return self.targets() if self.learned_labels else self.y
 
 
 Distiller = Callable[[jax.Array, ClientData], DistilledSet]
@@ -76,8 +109,10 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
                   ) -> Distiller:
   """KIP on every client at once (FedD3 Sec. 3.2, Eq. 4).
 
-  See :func:`fedjax_dd.distill.kip.distill_clients` for the arguments. The
-  privacy guard (paper App. G) runs first on the host.
+  See :func:`fedjax_dd.distill.kip.distill_clients` for the arguments
+  (``stop_accuracy=None``: every client runs ``max_iterations``). The
+  privacy guard (paper App. G) runs first on the host. The result carries
+  each client's iterations, early-stop flag and first/last KIP loss.
   """
 
   def distill(key, data: ClientData) -> DistilledSet:
@@ -94,9 +129,15 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
         progress=progress)
     x_float, y_soft, owner = kip_lib.flatten_support(res, quantized=False)
     x = np.asarray(kip_lib.quantize(x_float))
+    res = jax.device_get(res)
     return DistilledSet(x=x, y=np.argmax(y_soft, -1).astype(np.int32),
                         y_soft=y_soft.astype(np.float32), owner=owner,
-                        learned_labels=learn_labels, x_float=x_float)
+                        learned_labels=learn_labels,
+                        centered_labels=centered_labels, x_float=x_float,
+                        iterations=np.asarray(res.iterations, np.int32),
+                        converged=np.asarray(res.converged, bool),
+                        first_loss=np.asarray(res.first_loss, np.float32),
+                        last_loss=np.asarray(res.loss, np.float32))
 
   return distill
 
@@ -127,26 +168,85 @@ def gmm_distiller(*, num_classes: int, images_per_class: int,
   return distill
 
 
+def random_distiller(*, num_classes: int, images_per_class: int
+                     ) -> Distiller:
+  """Random real images at KIP's upload budget: the distillation control.
+
+  Each client sends, for every class it holds, ``min(images_per_class,
+  n_class)`` of its own images of that class drawn without replacement,
+  as uint8 with hard labels: the same images per class per client that
+  :func:`kip_distiller` sends, so the server trains on an upload of the
+  same size and only distillation differs. FedD3's privacy guard (App. G)
+  does not apply: the control sends raw images by construction.
+
+  The NumPy generator is seeded by the JAX key's bits (no global state);
+  images come out client by client, classes in increasing order, as KIP's.
+  """
+
+  def distill(key, data: ClientData) -> DistilledSet:
+    host = jax.device_get(data)
+    x, y = np.asarray(host.x), np.asarray(host.y)
+    n = np.asarray(host.num_examples)
+    key_bits = np.asarray(jax.random.key_data(key)).ravel()
+    rng = np.random.default_rng([int(b) for b in key_bits])
+    c, n_max = y.shape
+    valid = np.arange(n_max)[None, :] < n[:, None]
+    u = rng.random((c, n_max))
+    picks, masks = [], []
+    for k in range(num_classes):  # a loop over classes; clients vectorised
+      score = np.where(valid & (y == k), u, np.inf)
+      order = np.argsort(score, axis=1, kind="stable")[:, :images_per_class]
+      picks.append(order)
+      masks.append(np.isfinite(np.take_along_axis(score, order, axis=1)))
+    idx = np.stack(picks, 1).reshape(c, -1)       # [C, K * ipc]
+    mask = np.stack(masks, 1).reshape(c, -1)      # [C, K * ipc]
+    owner = np.broadcast_to(np.arange(c)[:, None], mask.shape)[mask]
+    chosen = idx[mask]
+    labels = y[owner, chosen].astype(np.int32)
+    return DistilledSet(x=x[owner, chosen], y=labels,
+                        y_soft=np.eye(num_classes, dtype=np.float32)[labels],
+                        owner=owner.astype(np.int32), learned_labels=False)
+
+  return distill
+
+
+def client_upload_bits(distilled: DistilledSet, num_clients: int, *,
+                       bits_per_pixel_channel: int = ledger_lib.BITS_PER_PIXEL_CHANNEL,
+                       bits_per_label: int = 8) -> np.ndarray:
+  """``[C]`` bits of each client's one-shot message (0: sent nothing).
+
+  An image counts ``bits_per_pixel_channel`` per pixel channel (uint8)
+  plus its label: a hard label ``bits_per_label`` (a class index fits a
+  byte), a learned label its ``K`` soft entries at 32 bits each
+  (:data:`~fedjax_dd.core.ledger.BITS_PER_SOFT_LABEL`), as sent.
+  """
+  image_bits = int(np.prod(distilled.x.shape[1:])) * bits_per_pixel_channel
+  if distilled.learned_labels:
+    label_bits = int(distilled.y_soft.shape[-1]) * ledger_lib.BITS_PER_SOFT_LABEL
+  else:
+    label_bits = bits_per_label
+  images = np.bincount(np.asarray(distilled.owner, np.int64),
+                       minlength=num_clients)
+  return images.astype(np.int64) * (image_bits + label_bits)
+
+
 def upload_bits(distilled: DistilledSet, *,
                 bits_per_pixel_channel: int = ledger_lib.BITS_PER_PIXEL_CHANNEL,
                 bits_per_label: int = 8) -> int:
-  """Bits of the one-shot upload.
-
-  Images count ``bits_per_pixel_channel`` per pixel channel (uint8). Hard
-  labels count ``bits_per_label`` each (a class index fits a byte); learned
-  labels are soft vectors at 32 bits per entry.
-  """
-  image_bits = int(np.prod(distilled.x.shape)) * bits_per_pixel_channel
-  if distilled.learned_labels:
-    label_bits = int(np.prod(distilled.y_soft.shape)) * ledger_lib.BITS_PER_SOFT_LABEL
-  else:
-    label_bits = distilled.size * bits_per_label
-  return image_bits + label_bits
+  """Bits of the whole one-shot upload: :func:`client_upload_bits` summed."""
+  num_clients = int(np.max(distilled.owner, initial=-1)) + 1
+  return int(client_upload_bits(
+      distilled, num_clients, bits_per_pixel_channel=bits_per_pixel_channel,
+      bits_per_label=bits_per_label).sum())
 
 
 def server_dataset(distilled: DistilledSet) -> ClientData:
-  """The union of distilled sets as a one-client stack for server training."""
-  return ClientData(x=distilled.x[None], y=distilled.y[None],
+  """The union of distilled sets as a one-client stack for server training.
+
+  ``y`` is ``[1, M]`` int32 hard labels, or ``[1, M, K]`` float32 targets
+  when the labels were learned (:meth:`DistilledSet.train_labels`).
+  """
+  return ClientData(x=distilled.x[None], y=distilled.train_labels()[None],
                     num_examples=np.asarray([distilled.size], np.int32))
 
 
@@ -154,7 +254,9 @@ def hybrid_client_data(data: ClientData, distilled: DistilledSet) -> ClientData:
   """Multi-shot hybrid FedD3 (App. F): local data plus others' distilled data.
 
   Client ``i`` keeps its ``n_i`` local examples and appends every distilled
-  example it did not send itself, so its count is ``n_i + M − M_i``.
+  example it did not send itself, so its count is ``n_i + M − M_i``. With
+  learned labels ``y`` becomes ``[C, N_max, K]`` float32: one-hot rows for
+  the local data, the received soft targets for the distilled rows.
   """
   host = jax.device_get(data)
   x, y, n = np.asarray(host.x), np.asarray(host.y), np.asarray(host.num_examples)
@@ -162,19 +264,37 @@ def hybrid_client_data(data: ClientData, distilled: DistilledSet) -> ClientData:
   own = np.bincount(distilled.owner, minlength=c)
   n_new = n + distilled.size - own
   n_max = int(n_new.max())
+  received = distilled.train_labels()
+  soft = distilled.learned_labels
+  if soft:
+    k = received.shape[-1]
+    local_y = np.eye(k, dtype=np.float32)[y]  # [C, N_max, K]
+    yo = np.zeros((c, n_max, k), np.float32)
+  else:
+    local_y = y
+    yo = np.zeros((c, n_max), y.dtype)
   xo = np.zeros((c, n_max, *x.shape[2:]), x.dtype)
-  yo = np.zeros((c, n_max), y.dtype)
   for i in range(c):  # host-side data assembly, once per run
     others = distilled.owner != i
-    xo[i, :n[i]], yo[i, :n[i]] = x[i, :n[i]], y[i, :n[i]]
+    xo[i, :n[i]], yo[i, :n[i]] = x[i, :n[i]], local_y[i, :n[i]]
     xo[i, n[i]:n_new[i]] = distilled.x[others]
-    yo[i, n[i]:n_new[i]] = distilled.y[others]
+    yo[i, n[i]:n_new[i]] = received[others]
   return ClientData(x=xo, y=yo, num_examples=n_new.astype(np.int32))
 
 
-def hybrid_download_bits(distilled: DistilledSet, num_clients: int, **kwargs) -> int:
-  """Round-1 download of the hybrid: each client receives the others' sets."""
-  # Every image (with its label) has the same size, so the upload divides.
-  per_image = upload_bits(distilled, **kwargs) // max(distilled.size, 1)
+def hybrid_client_download_bits(distilled: DistilledSet, num_clients: int,
+                                **kwargs) -> np.ndarray:
+  """``[C]`` round-1 download of the hybrid: client ``i`` receives ``M − M_i`` images.
+
+  Every image (with its label) has the size it had on upload
+  (:func:`client_upload_bits`; ``kwargs`` are its conventions).
+  """
+  per_client = client_upload_bits(distilled, num_clients, **kwargs)
   own = np.bincount(distilled.owner, minlength=num_clients)
-  return int(per_image * (num_clients * distilled.size - own.sum()))
+  per_image = int(per_client.sum()) // max(distilled.size, 1)
+  return (distilled.size - own).astype(np.int64) * per_image
+
+
+def hybrid_download_bits(distilled: DistilledSet, num_clients: int, **kwargs) -> int:
+  """Round-1 download of the hybrid, summed over clients."""
+  return int(hybrid_client_download_bits(distilled, num_clients, **kwargs).sum())

@@ -23,11 +23,16 @@ The ring starts at member ``(r - 1) mod J`` in round ``r`` (1-based) so
 that, over ``J`` rounds, every member is once the last to train (the count
 of completed rounds lives in ``ServerState.extra["round"]``).
 
-Communication (Eq. 19): each round the ``O`` superclients download the model
-(not in round 1, whose model is regenerated from a seed), make ``J - 1``
-client-to-client hand-offs and upload once: ``O (2T - 1) |w| B1 +
-O (J - 1) T |w| B1``. The hand-offs are counted as uploads by their sender
-(``CommSpec(upload=J)``), which is how the ledger counts peer traffic.
+Communication. HFLDD Eq. 19 as printed, ``C_FedSeq = O |w| B1 ((2T - 1) +
+T J)`` (``O`` superclients of ``J`` clients, ``T`` rounds), is the default
+(``traffic="eq19"``): per round each superclient downloads the model (not in
+round 1, whose model is regenerated from a seed), uploads it once, and makes
+``J`` client-to-client transfers -- a closed ring, the model coming back to
+the member that talks to the server. ``traffic="physical"`` counts what
+this implementation moves: the last member of the ring uploads directly, so
+``J - 1`` hand-offs per round, ``O |w| B1 ((2T - 1) + T (J - 1))``. The
+hand-offs are counted as uploads by their sender (``CommSpec(upload=J + 1)``
+or ``CommSpec(upload=J)``), which is how the ledger counts peer traffic.
 """
 
 from __future__ import annotations
@@ -82,12 +87,26 @@ def group_data(data: ClientData, num_steps: np.ndarray,
   return ClientData(x=gx, y=gy, num_examples=gn), gs, ids
 
 
+TRAFFIC = ("eq19", "physical")
+
+
+def handoffs_per_round(group_size: int, traffic: str = "eq19") -> int:
+  """Client-to-client model transfers per superclient and round.
+
+  ``J`` for HFLDD Eq. 19 as printed (a closed ring), ``J - 1`` for the
+  hand-offs this implementation makes (``traffic="physical"``).
+  """
+  if traffic not in TRAFFIC:
+    raise ValueError(f"traffic must be one of {TRAFFIC}, got {traffic!r}.")
+  return group_size if traffic == "eq19" else group_size - 1
+
+
 def fedseq(task: Classifier,
            client_optimizer: optax.GradientTransformation, *,
            batch_size: int, max_steps: int, group_size: int,
            mapper: ClientMapper = ClientMapper(),
-           server_optimizer: optax.GradientTransformation = optax.sgd(1.0)
-           ) -> FederatedAlgorithm:
+           server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
+           traffic: str = "eq19") -> FederatedAlgorithm:
   """Builds FedSeq over superclients of ``group_size`` members.
 
   Args:
@@ -98,6 +117,9 @@ def fedseq(task: Classifier,
     group_size: ``J``, members per superclient (the member axis length).
     mapper: backend of the superclient axis.
     server_optimizer: applied to the aggregated delta (``sgd(1.0)``: FedAvg).
+    traffic: ``"eq19"`` (HFLDD Eq. 19, ``J`` transfers per superclient and
+      round) or ``"physical"`` (``J - 1``); see the module docstring. Only
+      the ledger's count changes.
 
   Returns:
     A :class:`FederatedAlgorithm` whose ``apply`` takes a :class:`Cohort` of
@@ -106,6 +128,7 @@ def fedseq(task: Classifier,
   """
   if group_size < 1:
     raise ValueError(f"group_size must be >= 1, got {group_size}.")
+  transfers = handoffs_per_round(group_size, traffic)
   local = make_local_update(task, client_optimizer, batch_size=batch_size,
                             max_steps=max_steps)
 
@@ -159,13 +182,27 @@ def fedseq(task: Classifier,
     return server, clients, metrics
 
   return FederatedAlgorithm(init=init, apply=apply,
-                            comm=CommSpec(download=1, upload=group_size))
+                            comm=CommSpec(download=1, upload=1 + transfers))
 
 
 def eq19_bits(*, num_groups: int, group_size: int, num_params: int,
-              rounds: int, bits_per_param: int = 32) -> int:
-  """FedSeq's traffic (HFLDD Eq. 19): ``O |w| B1 ((2T - 1) + (J - 1) T)``."""
+              rounds: int, bits_per_param: int = 32,
+              traffic: str = "eq19") -> int:
+  """FedSeq's traffic in bits, HFLDD Eq. 19.
+
+  ``O |w| B1 ((2T - 1) + T J)`` as printed (``traffic="eq19"``), or with
+  ``J - 1`` hand-offs per round (``traffic="physical"``).
+
+  Args:
+    num_groups: ``O`` superclients.
+    group_size: ``J`` clients per superclient.
+    num_params: ``|w|``.
+    rounds: ``T``.
+    bits_per_param: ``B1``.
+    traffic: ``"eq19"`` or ``"physical"``.
+  """
+  transfers = handoffs_per_round(group_size, traffic)
   if rounds == 0:
     return 0
   return int(num_groups * num_params * bits_per_param *
-             ((2 * rounds - 1) + (group_size - 1) * rounds))
+             ((2 * rounds - 1) + transfers * rounds))

@@ -8,10 +8,15 @@ on Non-IID Data", 2024 (Alg. 2). The pipeline is a chain of separate stages:
 2. homogeneous KMeans clustering and ClusterSampling (Alg. 1):
    :mod:`fedjax_dd.clustering`;
 3. IID dataset generation (this module): every non-head member distills its
-   data with the batched KIP (:func:`distill_members`) -- or, for the paper's
-   "w/o DD" ablation, sends its raw data (:func:`raw_members`) -- and each
-   head's hybrid dataset is its raw data plus everything it received
-   (:func:`build_hybrid_data`);
+   data with the batched KIP for a fixed iteration budget
+   (:func:`distill_members`; Sec. V-A: learning rate 0.004, at most 3,000
+   iterations, target batches of 10, ``lambda = 1e-6``) -- or, for the
+   paper's "w/o DD" ablation (Fig. 5), sends its raw data
+   (:func:`raw_members`), or, as a control, sends ``|D~_i|`` random raw
+   samples (:func:`random_members`, the same upload budget as KIP) -- and
+   each head's hybrid dataset is its raw data plus everything it received
+   (:func:`build_hybrid_data`). :func:`sent_privacy` measures how close the
+   uploads are to each member's raw images;
 4. model training: FedAvg between the server and the ``H`` heads only,
    weighted by ``|D_h|`` (:func:`head_training`).
 
@@ -24,7 +29,11 @@ rounds loop) is used unchanged.
 Communication follows Eq. 18 (:func:`eq18_bits`, :func:`setup_ledger`):
 ``N |D_g| N_c B1`` for the soft labels, ``sum_i |D~_i| B2`` for the distilled
 images (``|D~_i|`` counted in pixel channels) and ``H |w| (2T - 1) B1`` for
-the model exchange, which the rounds loop records.
+the model exchange, which the rounds loop records. Eq. 18 does not charge
+the labels of the sent data: fixed labels are implied by the class, but
+learned KIP labels are ``|D~_i| x N_c`` float32 values that must travel
+too, so :func:`setup_ledger` charges them when given
+``bits_per_sent_label=32`` (tag ``distilled_labels``).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
+from fedjax_dd.distill import privacy
 
 if TYPE_CHECKING:
   # Host-side (scikit-learn); only its Topology type is used here.
@@ -123,7 +133,8 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
                     lr: float = 0.004, max_iterations: int = 3000,
                     target_batch_size: int = 10, reg: float = 1e-6,
                     learn_labels: bool = False, centered_labels: bool = False,
-                    stop_accuracy: float = 0.999, min_iterations: int = 0,
+                    stop_accuracy: float | None = None,
+                    min_iterations: int = 0,
                     segment_iterations: int = 100,
                     mapper: ClientMapper = ClientMapper(workload="kip"),
                     progress: Callable[[int, int], None] | None = None
@@ -144,15 +155,16 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
     num_classes: ``N_c``.
     support_size: ``|D~_i|`` per member (HFLDD: 400).
     lr: KIP Adam learning rate (0.004).
-    max_iterations: KIP iteration cap (3000).
+    max_iterations: KIP iterations per member (HFLDD: at most 3,000). With
+      ``stop_accuracy=None`` every member runs exactly this many.
     target_batch_size: targets per KIP iteration (10).
     reg: KRR ridge ``lambda`` (1e-6).
     learn_labels: also learn the support labels.
     centered_labels: KIP's centred one-hot labels.
-    stop_accuracy: per-member early stop on target-batch accuracy. A member
-      holding one class reaches it at the first iteration (KRR on one-class
-      labels predicts that class), so its support stays close to real
-      images unless ``min_iterations`` is set.
+    stop_accuracy: None (default, HFLDD: a fixed budget, no accuracy stop),
+      or FedD3's per-member early stop on target-batch accuracy. A member
+      holding one class never meets it (a one-class target batch fits any
+      support; :func:`fedjax_dd.distill.kip.distill_clients`).
     min_iterations: iterations before the early stop may trigger.
     segment_iterations: KIP iterations per batched program.
     mapper: client-axis backend.
@@ -182,11 +194,83 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
 
 def raw_members(data: ClientData, topology: Topology, *, num_classes: int
                 ) -> SentData:
-  """The "w/o DD" ablation: members send their raw data to their heads."""
+  """The "w/o DD" ablation (Fig. 5): members send all their raw data."""
   members, x, y, n = _member_rows(data, topology)
   mask = np.arange(x.shape[1])[None, :] < n[:, None]
   targets = np.eye(num_classes, dtype=np.float32)[y] * mask[..., None]
   return SentData(x=x, y=targets, mask=mask, senders=members)
+
+
+def random_members(data: ClientData, topology: Topology, *, num_classes: int,
+                   sample_size: int, rng: np.random.Generator) -> SentData:
+  """Control for the distillation: members send random raw samples.
+
+  Each member sends ``min(sample_size, n_i)`` of its raw examples drawn
+  without replacement -- the upload budget of :func:`distill_members` with
+  ``support_size=sample_size`` -- so HFLDD's gain over this control is what
+  KIP adds beyond sending that many real images.
+
+  Args:
+    data: all clients' data ``[N, N_max, ...]``.
+    topology: clusters and heads.
+    num_classes: ``N_c``.
+    sample_size: ``|D~_i|`` per member.
+    rng: chooses the samples (host side).
+
+  Returns:
+    ``SentData`` with ``x [M, S, H, W, Ch]`` uint8 and one-hot ``y
+    [M, S, K]``, ``S = min(sample_size, N_max)``.
+  """
+  if not isinstance(rng, np.random.Generator):
+    raise TypeError(
+        f"rng must be a np.random.Generator, got {type(rng).__name__}.")
+  if sample_size < 1:
+    raise ValueError(f"sample_size must be >= 1, got {sample_size}.")
+  members, x, y, n = _member_rows(data, topology)
+  s = min(int(sample_size), x.shape[1])
+  idx = np.zeros((members.size, s), np.int64)
+  counts = np.minimum(n, s)
+  for j in range(members.size):  # host-side, once per run
+    idx[j, :counts[j]] = np.sort(rng.choice(int(n[j]), size=int(counts[j]),
+                                            replace=False))
+  mask = np.arange(s)[None, :] < counts[:, None]
+  rows = np.arange(members.size)[:, None]
+  sx = x[rows, idx] * mask.reshape(*mask.shape, *([1] * (x.ndim - 2))
+                                   ).astype(x.dtype)
+  sy = np.eye(num_classes, dtype=np.float32)[y[rows, idx]] * mask[..., None]
+  return SentData(x=sx, y=sy, mask=mask, senders=members)
+
+
+def sent_privacy(data: ClientData, sent: SentData) -> dict[str, Any]:
+  """How close each member's upload is to its own raw images.
+
+  :func:`fedjax_dd.distill.privacy.upload_privacy` over the rows actually
+  sent (uint8): the share byte-identical to one of the sender's raw images
+  (1.0 for the "w/o DD" ablation and the random-samples control) and the
+  nearest-raw L2 distance in ``[0, 1]`` pixel space.
+  """
+  mask = np.asarray(sent.mask, bool)
+  owner = np.broadcast_to(np.asarray(sent.senders)[:, None], mask.shape)
+  return privacy.upload_privacy(np.asarray(sent.x)[mask], owner[mask],
+                                np.asarray(data.x),
+                                np.asarray(data.num_examples))
+
+
+def kip_loss_summary(result: kip.KipResult) -> dict[str, float]:
+  """KIP loss at the first and the last iteration, min and median over members.
+
+  Members that ran no iteration (no data) are left out.
+  """
+  res = jax.device_get(result)
+  ran = np.asarray(res.iterations) > 0
+  if not ran.any():
+    return {}
+  first = np.asarray(res.first_loss, np.float64)[ran]
+  last = np.asarray(res.loss, np.float64)[ran]
+  return {"first_min": float(first.min()),
+          "first_median": float(np.median(first)),
+          "last_min": float(last.min()),
+          "last_median": float(np.median(last))}
 
 
 def build_hybrid_data(data: ClientData, topology: Topology, sent: SentData, *,
@@ -299,8 +383,10 @@ def setup_ledger(topology: Topology, sent_counts: np.ndarray, *, aux_size: int,
     ``bits_per_pixel_channel`` per pixel channel (tag ``distilled_data``).
 
   Eq. 18 does not charge the labels of the sent data; ``bits_per_sent_label``
-  (default 0) charges each of the ``|D~_i| x N_c`` label entries, e.g. 32 for
-  learned labels (tag ``distilled_labels``).
+  (default 0) charges each of the ``|D~_i| x N_c`` label entries. Learned
+  KIP labels are sent as float32 vectors: pass 32 to count exactly what
+  is transmitted (tag ``distilled_labels``); fixed labels are implied by
+  the class and Eq. 18 leaves them out.
 
   Args:
     topology: clusters and heads (``N`` clients upload soft labels).

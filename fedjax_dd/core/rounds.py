@@ -153,8 +153,12 @@ def run_rounds(
         initial_model_as_seed=options.initial_model_as_seed,
         upload_multiplier=algorithm.comm.upload,
         download_multiplier=algorithm.comm.download)
-    ledger = ledger.record(r, kind="download", bits=down, tag="model")
-    ledger = ledger.record(r, kind="upload", bits=up, tag="model")
+    # One entry per direction: s messages of one client's size, so that
+    # FedD3's per-message GCE (Eq. 6) reads V_t off the ledger directly.
+    ledger = ledger.record(r, kind="download", bits=down // s, count=s,
+                           tag="model")
+    ledger = ledger.record(r, kind="upload", bits=up // s, count=s,
+                           tag="model")
 
     row: dict[str, Any] = {"round": r}
     # device_get waits for the round, so the budget check below sees its cost.

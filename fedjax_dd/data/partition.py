@@ -14,8 +14,8 @@ index classes (``fedd3``) use their rank in sorted order.
 Schemes:
 
 * :func:`iid`: uniform shuffle, sizes differ by at most one.
-* :func:`pathological`: each client holds ``C`` classes (HFLDD or FedD3
-  assignment).
+* :func:`pathological`: each client holds ``C`` classes (balanced, HFLDD's
+  earlier random draw, or FedD3 assignment).
 * :func:`dirichlet`: per-class proportions over clients drawn from
   ``Dir(alpha)`` (Hsu et al., 2019), with a minimum client size.
 * :func:`disjoint_classes`: FedHydra's "2c/c": no class is shared.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_STYLES = ("hfldd", "fedd3")
+_STYLES = ("balanced", "hfldd", "fedd3")
 
 
 def _check_rng(rng) -> None:
@@ -123,6 +123,29 @@ def _hfldd_label_sets(num_classes: int, num_clients: int, per_client: int,
   return sets
 
 
+def _balanced_label_sets(num_classes: int, num_clients: int, per_client: int,
+                         rng: np.random.Generator) -> list[np.ndarray]:
+  """``per_client`` distinct class ranks per client, holders per class equal.
+
+  Clients are visited in a random order; each takes the ``per_client``
+  classes held by the fewest clients so far, ties broken at random. The
+  holder counts then never differ by more than one (after each client they
+  take two adjacent values), so every class ends with ``floor(M C / K)`` or
+  ``ceil(M C / K)`` holders -- exactly ``M C / K`` when ``K`` divides ``M C``
+  -- and a client's classes are distinct because it takes ``per_client``
+  different ranks at once.
+  """
+  held = np.zeros(num_classes, np.int64)
+  sets = [None] * num_clients
+  for k in rng.permutation(num_clients):
+    # Random tie-break: sort by (holders, random key).
+    order = np.lexsort((rng.random(num_classes), held))
+    own = np.sort(order[:per_client])
+    held[own] += 1
+    sets[k] = own
+  return sets
+
+
 def pathological(labels, num_clients: int, num_classes_per_client: int,
                  rng: np.random.Generator, *, style: str
                  ) -> list[np.ndarray]:
@@ -130,21 +153,31 @@ def pathological(labels, num_clients: int, num_classes_per_client: int,
 
   With ``K`` classes, ``M`` clients and ``C = num_classes_per_client``:
 
-  * ``style="hfldd"`` (HFLDD; Shi et al., "Dataset Distillation-based Hybrid
-    Federated Learning on Non-IID Data", 2024): each client holds ``C``
-    distinct classes drawn at random; label sets may overlap. The draw
-    covers first: a random permutation of the classes is dealt round-robin,
-    then free slots are filled at random (see ``_hfldd_label_sets``). Hence
-    when ``M * C >= K`` every class is held by at least one client; when
-    ``M * C < K`` the label sets are disjoint and the ``K - M * C`` classes
-    left over (chosen at random) belong to no client.
+  * ``style="balanced"`` (the setting of HFLDD; Shi et al., "Dataset
+    Distillation-based Hybrid Federated Learning on Non-IID Data", 2024,
+    Sec. V-A, "each client has 1, 2, or 10 of the ten classes", Fig. 4's
+    equal clusters): each client holds ``C`` distinct classes and every
+    class is held by the same number of clients, ``M C / K`` (when ``K``
+    does not divide ``M C``, by ``floor`` or ``ceil`` of it). Which clients
+    hold which classes is random (see ``_balanced_label_sets``). E.g.
+    ``M = 100``, ``C = 1``, ``K = 10``: 10 clients per class, each with a
+    tenth of its class.
+  * ``style="hfldd"`` (this project's earlier reading of HFLDD): each
+    client holds ``C`` distinct classes drawn at random; label sets may
+    overlap and the number of holders per class varies (MNIST, ``M = 100``,
+    ``C = 1``: 4 to 13 clients per class). The draw covers first: a random
+    permutation of the classes is dealt round-robin, then free slots are
+    filled at random (see ``_hfldd_label_sets``). Hence when ``M * C >= K``
+    every class is held by at least one client; when ``M * C < K`` the
+    label sets are disjoint and the ``K - M * C`` classes left over (chosen
+    at random) belong to no client.
   * ``style="fedd3"`` (FedD3; Song et al., "Federated Learning via
     Decentralized Dataset Distillation in Resource-Constrained Edge
     Environments", 2023): client ``i`` holds classes
     ``(i + j) mod K`` for ``j < C`` -- deterministic; only the split of the
     samples is random. Classes no client reaches (``M * C < K``) are unused.
 
-  In both styles each class's samples are shuffled and split as evenly as
+  In every style each class's samples are shuffled and split as evenly as
   possible (sizes differ by at most one, extras to random holders) among the
   clients that hold it.
 
@@ -153,7 +186,7 @@ def pathological(labels, num_clients: int, num_classes_per_client: int,
     num_clients: Number of clients ``M``.
     num_classes_per_client: ``C``, in ``[1, K]``.
     rng: Source of randomness.
-    style: ``"hfldd"`` or ``"fedd3"``.
+    style: ``"balanced"``, ``"hfldd"`` or ``"fedd3"``.
 
   Returns:
     ``M`` sorted int64 index arrays, pairwise disjoint.
@@ -176,6 +209,9 @@ def pathological(labels, num_clients: int, num_classes_per_client: int,
   if style == "fedd3":
     label_sets = [(i + np.arange(per_client)) % num_classes
                   for i in range(num_clients)]
+  elif style == "balanced":
+    label_sets = _balanced_label_sets(num_classes, num_clients, per_client,
+                                      rng)
   else:
     label_sets = _hfldd_label_sets(num_classes, num_clients, per_client, rng)
   holders = [[] for _ in range(num_classes)]

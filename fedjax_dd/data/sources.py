@@ -15,6 +15,9 @@ Names accepted by :func:`load_dataset`:
   ``x_test``, ``y_test`` (the Keras ``load_data`` convention). The offline
   copies under ``../shared/datasets`` use this format, e.g.
   ``load_dataset("npz:../shared/datasets/mnist.npz")``.
+
+:func:`resplit` pools a dataset's two splits and cuts them again at a given
+train fraction (HFLDD's 80 % / 20 %).
 """
 
 from __future__ import annotations
@@ -310,3 +313,47 @@ def load_unlabeled(spec: str, *, num: int, rng: np.random.Generator,
         f"{spec!r}: asked for {num} unlabelled images but only {x.shape[0]} "
         "are available.")
   return x[rng.choice(x.shape[0], size=num, replace=False)]
+
+
+def resplit(ds: Dataset, train_fraction: float, *, rng: np.random.Generator
+            ) -> Dataset:
+  """Pools train and test and splits them again, ``train_fraction`` to train.
+
+  HFLDD (Shi et al., 2024, Sec. V-A: "each dataset is divided into 80% for
+  training and 20% for testing") uses ``train_fraction=0.8``: MNIST's
+  60,000 + 10,000 images become 56,000 train and 14,000 test. The pooled
+  order is train then test; one permutation drawn from ``rng`` shuffles it,
+  the first ``round(train_fraction * N)`` images form the train split and
+  the rest the test split, each kept in pooled order (not stratified).
+
+  Args:
+    ds: The dataset as loaded.
+    train_fraction: Share of the pooled images that go to train, in
+      ``(0, 1)``.
+    rng: Draws the permutation.
+
+  Returns:
+    A dataset with the same name, image shape and ``num_classes``.
+
+  Raises:
+    TypeError: ``rng`` is not a ``np.random.Generator``.
+    ValueError: ``train_fraction`` outside ``(0, 1)`` or a split would be
+      empty.
+  """
+  if not isinstance(rng, np.random.Generator):
+    raise TypeError(
+        f"rng must be a np.random.Generator, got {type(rng).__name__}.")
+  f = float(train_fraction)
+  if not 0.0 < f < 1.0:
+    raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}.")
+  x = np.concatenate([ds.x_train, ds.x_test])
+  y = np.concatenate([ds.y_train, ds.y_test])
+  n_train = int(round(f * x.shape[0]))
+  if not 0 < n_train < x.shape[0]:
+    raise ValueError(
+        f"train_fraction={train_fraction} of {x.shape[0]} images leaves a "
+        "split empty.")
+  perm = rng.permutation(x.shape[0])
+  train, test = np.sort(perm[:n_train]), np.sort(perm[n_train:])
+  return Dataset(name=ds.name, x_train=x[train], y_train=y[train],
+                 x_test=x[test], y_test=y[test], num_classes=ds.num_classes)

@@ -1,19 +1,26 @@
 """Figures saved as PNG files; a module of independent plotting functions.
 
-Host-side only. Uses matplotlib's non-interactive ``Agg`` backend, so it works
-without a display. Each function takes plain NumPy/JSON data and a path.
+Host-side only. matplotlib is imported inside the plotting functions (with
+its non-interactive ``Agg`` backend, so they work without a display), so that
+importing this module costs nothing. Each function takes plain NumPy/JSON
+data and a path.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after selecting the backend)
-import numpy as np  # noqa: E402
+
+def _pyplot():
+  """``matplotlib.pyplot`` on the ``Agg`` backend, imported on first use."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
 
 
 def topology_layout(heterogeneous: np.ndarray, heads: np.ndarray, *,
@@ -73,6 +80,7 @@ def plot_topology(homogeneous: Sequence[int], heterogeneous: Sequence[int],
   Returns:
     The path written.
   """
+  plt = _pyplot()
   homogeneous = np.asarray(homogeneous)
   heterogeneous = np.asarray(heterogeneous)
   heads = np.asarray(heads)
@@ -109,6 +117,88 @@ def plot_topology(homogeneous: Sequence[int], heterogeneous: Sequence[int],
   ax.axis("off")
   ax.set_title(title or f"{heads.shape[0]} heads, "
                f"{int(members.sum())} members, {num_homo} homogeneous clusters")
+  fig.tight_layout()
+  fig.savefig(path, dpi=dpi)
+  plt.close(fig)
+  return os.fspath(path)
+
+
+def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
+                         path: str | os.PathLike, *,
+                         endpoints: Mapping[str, tuple[float, float, float]]
+                         | None = None,
+                         title: str | None = None, dpi: int = 120) -> str:
+  """Test accuracy over rounds and over traffic, mean ± sd over seeds.
+
+  Two panels: accuracy against the round (or distillation epoch) and against
+  the cumulative bytes sent. Each method is a line (the mean) in a shaded
+  band (mean ± sd; absent where fewer than two seeds have the point).
+
+  Args:
+    curves: ``{label: curve}``; a curve has ``x`` ``[P]``, ``mean`` ``[P]``,
+      ``sd`` ``[P]`` (NaN: no band), optional ``bytes`` ``[P]`` mean
+      cumulative bytes at each point (``None``: not in the traffic panel)
+      and optional ``x_label``.
+    path: output PNG path.
+    endpoints: ``{label: (bytes, mean, sd)}`` drawn as a point with an error
+      bar in the traffic panel, for curves without per-point traffic (e.g.
+      one-shot runs: final accuracy at the total traffic).
+    title: optional figure title.
+    dpi: resolution.
+
+  Returns:
+    The path written.
+  """
+  plt = _pyplot()
+  endpoints = dict(endpoints or {})
+  fig, (ax_r, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
+  cmap = plt.get_cmap("tab10")
+  x_labels = []
+  traffic = []
+  for i, (label, c) in enumerate(curves.items()):
+    colour = cmap(i % cmap.N)
+    x = np.asarray(c["x"], np.float64)
+    mean = np.asarray(c["mean"], np.float64)
+    sd = np.asarray(c["sd"], np.float64)
+    lo, hi = mean - sd, mean + sd  # NaN where sd is NaN: no band there.
+    if c.get("x_label") and c["x_label"] not in x_labels:
+      x_labels.append(c["x_label"])
+    ax_r.plot(x, mean, marker=".", color=colour, label=label)
+    ax_r.fill_between(x, lo, hi, color=colour, alpha=0.2, linewidth=0)
+    if c.get("bytes") is not None:
+      b = np.asarray(c["bytes"], np.float64)
+      traffic.extend(b.tolist())
+      ax_b.plot(b, mean, marker=".", color=colour, label=label)
+      ax_b.fill_between(b, lo, hi, color=colour, alpha=0.2, linewidth=0)
+    if label in endpoints:
+      b, m, s = endpoints[label]
+      traffic.append(b)
+      ax_b.errorbar([b], [m], yerr=[s], fmt="o", color=colour, capsize=4,
+                    label=f"{label} (final)")
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  ax_r.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+  ax_r.set_xlabel(" / ".join(x_labels) or "round")
+  ax_b.set_xlabel("bytes sent (cumulative)")
+  if not traffic:
+    ax_b.text(0.5, 0.5, "no traffic recorded", ha="center", va="center",
+              transform=ax_b.transAxes)
+  positive = [b for b in traffic if b > 0 and math.isfinite(b)]
+  # Traffic spans orders of magnitude across methods (a one-shot upload of
+  # distilled images vs rounds of model exchange).
+  if positive and len(positive) == len(traffic) and (
+      max(positive) / min(positive) >= 100):
+    ax_b.set_xscale("log")
+  for ax in (ax_r, ax_b):
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+  handles, _ = ax_r.get_legend_handles_labels()
+  if handles:
+    ax_r.legend(fontsize=8)
+  handles, _ = ax_b.get_legend_handles_labels()
+  if handles:
+    ax_b.legend(fontsize=8)
+  if title:
+    fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(path, dpi=dpi)
   plt.close(fig)

@@ -6,7 +6,8 @@ rounds and the traffic each needs to reach a target test accuracy, and by the
 ratio of that traffic to HFLDD's. :func:`target_table` computes those rows
 for any set of runs from their ``metrics.jsonl`` rows (through
 :func:`fedjax_dd.core.ledger.traffic_to_target`); :func:`format_table`
-renders them as Markdown.
+renders them as Markdown. Tables over seeds (mean ± sd) are in
+:mod:`fedjax_dd.utils.sweep`.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def target_table(runs: Mapping[str, Rows], target_accuracy: float, *,
   return table
 
 
-def _fmt_bytes(b: float | None) -> str:
+def format_bytes(b: float | None) -> str:
+  """``b`` bytes in B / KB / MB / GB (decimal units); ``"-"`` for ``None``."""
   if b is None:
     return "-"
   for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
@@ -93,7 +95,7 @@ def format_table(table: Sequence[Mapping[str, Any]]) -> str:
     ratio = lambda v: "-" if v is None else f"{v:.2f}x"
     lines.append(
         f"| {r['name']} | {r['target']:.2%} | "
-        f"{'-' if r['round'] is None else r['round']} | {_fmt_bytes(r['bytes'])} | "
+        f"{'-' if r['round'] is None else r['round']} | {format_bytes(r['bytes'])} | "
         f"{ratio(r['rounds_ratio'])} | {ratio(r['traffic_ratio'])} | "
         f"{'-' if r['best_accuracy'] is None else format(r['best_accuracy'], '.4f')} |")
   return "\n".join(lines)

@@ -78,3 +78,152 @@ def test_privacy_guard_refuses_single_sample_classes():
                             std=[0.3], images_per_class=1, max_iterations=2)
   with pytest.raises(ValueError, match="raw image"):
     kip(jax.random.PRNGKey(0), data)
+
+
+# ---------------------------------------------------------------- per client
+
+
+def test_client_upload_bits_by_hand():
+  # Owners [0, 0, 2]: client 0 sends 2 images, client 1 none, client 2 one;
+  # an image is 4 pixels * 8 bits + an 8-bit label = 40 bits.
+  np.testing.assert_array_equal(fedd3.client_upload_bits(_distilled(), 3),
+                                [80, 0, 40])
+  # Learned labels: 32 + 2 * 32 = 96 bits per image.
+  np.testing.assert_array_equal(
+      fedd3.client_upload_bits(_distilled(learned=True), 4), [192, 0, 96, 0])
+  # Downloads of the hybrid: client i receives M - M_i = 1, 3, 2 images.
+  np.testing.assert_array_equal(
+      fedd3.hybrid_client_download_bits(_distilled(), 3), [40, 120, 80])
+
+
+# ---------------------------------------------------------------- random control
+
+
+def _random_clients():
+  # Client 0: classes 0 (5 images) and 1 (3); client 1: class 1 (1 image),
+  # class 2 (4); client 2: class 0 only (2). Every image is unique.
+  labels = [[0, 1, 0, 1, 0, 1, 0, 0], [2, 1, 2, 2, 2], [0, 0]]
+  x = np.zeros((3, 8, 2, 2, 1), np.uint8)
+  y = np.zeros((3, 8), np.int32)
+  for c, lab in enumerate(labels):
+    y[c, :len(lab)] = lab
+    x[c, :len(lab)] = (100 * c + np.arange(len(lab)) + 1)[:, None, None, None]
+  return ClientData(x=x, y=y, num_examples=np.array([8, 5, 2], np.int32))
+
+
+def test_random_distiller_sends_raw_images_at_kips_budget():
+  data = _random_clients()
+  d = fedd3.random_distiller(num_classes=3, images_per_class=2)(
+      jax.random.PRNGKey(0), data)
+  assert d.x.dtype == np.uint8 and not d.learned_labels
+  # min(2, n_class) per held class: client 0 2 + 2, client 1 1 + 2, client 2 2.
+  counts = {(int(o), int(k)): int(((d.owner == o) & (d.y == k)).sum())
+            for o in range(3) for k in range(3)}
+  assert counts == {(0, 0): 2, (0, 1): 2, (0, 2): 0, (1, 0): 0, (1, 1): 1,
+                    (1, 2): 2, (2, 0): 2, (2, 1): 0, (2, 2): 0}
+  np.testing.assert_array_equal(d.owner, [0, 0, 0, 0, 1, 1, 1, 2, 2])
+  for img, lab, own in zip(d.x, d.y, d.owner):
+    # Each image is one of its owner's raw images, with that image's label.
+    n = data.num_examples[own]
+    hits = np.flatnonzero((data.x[own, :n] == img).all(axis=(1, 2, 3)))
+    assert hits.size == 1 and data.y[own, hits[0]] == lab
+  # Drawn without replacement: no image twice.
+  assert len({img.tobytes() for img in d.x}) == d.size
+  np.testing.assert_array_equal(d.y_soft, np.eye(3, dtype=np.float32)[d.y])
+  # Same budget as KIP: 9 images of 4 pixels.
+  assert fedd3.upload_bits(d) == 9 * (4 * 8 + 8)
+
+
+def test_random_distiller_is_a_function_of_the_key():
+  data = _random_clients()
+  make = fedd3.random_distiller(num_classes=3, images_per_class=2)
+  a = make(jax.random.PRNGKey(3), data)
+  b = make(jax.random.PRNGKey(3), data)
+  np.testing.assert_array_equal(a.x, b.x)
+  # Over a few keys the draw changes (client 0 has C(5, 2) * C(3, 2) = 30
+  # possible uploads).
+  draws = {make(jax.random.PRNGKey(k), data).x.tobytes() for k in range(6)}
+  assert len(draws) > 1
+
+
+# ---------------------------------------------------------------- learned labels
+
+
+def test_learned_centred_labels_become_training_distributions():
+  # K = 2, centred: one-hot - 1/2. A learned row [0.7, -0.2] maps to
+  # [1.2, 0.3] / 1.5 = [0.8, 0.2]; a fixed centred row back to one-hot.
+  y_soft = np.array([[0.7, -0.2], [-0.5, 0.5]], np.float32)
+  d = fedd3.DistilledSet(x=np.zeros((2, 1, 1, 1), np.uint8),
+                         y=np.array([0, 1], np.int32), y_soft=y_soft,
+                         owner=np.array([0, 1]), learned_labels=True,
+                         centered_labels=True)
+  np.testing.assert_allclose(d.targets(), [[0.8, 0.2], [0.0, 1.0]], atol=1e-6)
+  s = fedd3.server_dataset(d)
+  assert s.y.shape == (1, 2, 2) and s.y.dtype == np.float32
+  np.testing.assert_allclose(s.y[0], d.targets())
+  # Fixed labels: the server trains on the hard labels.
+  hard = fedd3.server_dataset(d.replace(learned_labels=False))
+  np.testing.assert_array_equal(hard.y, [[0, 1]])
+
+
+def test_hybrid_with_learned_labels_has_k_dim_targets():
+  x = np.full((3, 4, 2, 2, 1), 200, np.uint8)
+  y = np.array([[1, 0, 1, 1], [0, 1, 0, 0], [1, 1, 1, 0]], np.int32)
+  data = ClientData(x=x, y=y, num_examples=np.array([4, 2, 3], np.int32))
+  d = _distilled().replace(y_soft=np.array([[0.9, 0.1], [0.3, 0.7],
+                                            [0.2, 0.8]], np.float32),
+                           learned_labels=True)
+  h = fedd3.hybrid_client_data(data, d)
+  assert h.y.shape == (3, 5, 2) and h.y.dtype == np.float32
+  # Client 1: its 2 local rows one-hot, then all 3 received soft rows.
+  np.testing.assert_allclose(h.y[1, :2], [[1, 0], [0, 1]])
+  np.testing.assert_allclose(h.y[1, 2:5], d.y_soft)
+  # Client 2 receives what clients 0 sent.
+  np.testing.assert_allclose(h.y[2, 3:5], d.y_soft[:2])
+
+
+def test_kip_learned_labels_reach_server_training_as_soft_targets():
+  import optax
+  from fedjax_dd.algorithms.centralized import centralized
+  from fedjax_dd.core.algorithm import Cohort
+  from tests.conftest import tiny_task
+
+  data = _clients()
+  kip = fedd3.kip_distiller(fc_kernel(depth=2), num_classes=3, mean=[0.3],
+                            std=[0.3], images_per_class=1, max_iterations=5,
+                            segment_iterations=5, learn_labels=True,
+                            stop_accuracy=None)
+  d = kip(jax.random.PRNGKey(0), data)
+  assert d.learned_labels and d.y_soft.shape == (4, 3)
+  # Learned labels moved off the one-hot they started from.
+  assert not np.allclose(d.y_soft, np.eye(3)[d.y])
+  # Per-client KIP statistics: a fixed budget of 5 iterations for both.
+  np.testing.assert_array_equal(d.iterations, [5, 5])
+  assert np.isfinite(d.first_loss).all() and np.isfinite(d.last_loss).all()
+  assert not d.converged.any()
+  server = fedd3.server_dataset(d)
+  np.testing.assert_allclose(server.y.sum(-1), np.ones((1, 4)), rtol=1e-6)
+
+  task = tiny_task()
+  params, stats = task.init(jax.random.PRNGKey(1))
+
+  def train(y):
+    alg = centralized(task, optax.sgd(0.5), batch_size=4, max_steps=3)
+    state, _ = alg.init(params, stats, 1)
+    cohort = Cohort(x=server.x, y=y, num_examples=server.num_examples,
+                    num_steps=np.array([3], np.int32),
+                    client_ids=np.array([0]))
+    out, _, metrics = alg.apply(state, {}, cohort, jax.random.PRNGKey(2))
+    assert np.isfinite(float(metrics["train_loss"]))
+    return out.params
+
+  soft = train(server.y)
+  # One-hot [M, K] targets train exactly as the int labels they encode ...
+  hard_int = train(d.y[None])
+  hard_onehot = train(np.eye(3, dtype=np.float32)[d.y][None])
+  for a, b in zip(jax.tree_util.tree_leaves(hard_int),
+                  jax.tree_util.tree_leaves(hard_onehot)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  # ... and the learned soft targets train differently.
+  assert any(not np.allclose(a, b) for a, b in zip(
+      jax.tree_util.tree_leaves(soft), jax.tree_util.tree_leaves(hard_int)))

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from fedjax_dd.algorithms import fedseq
 from fedjax_dd.algorithms.stages import client_keys
@@ -100,6 +101,47 @@ def test_padding_member_leaves_model_unchanged():
   np.testing.assert_allclose(m["local_steps_mean"], 3.0)
 
 
+def test_eq19_formula_by_hand():
+  # O = 10 superclients of J = 10, |w| = 1,000 params, B1 = 32, T = 3:
+  # Eq. 19 = 10 * 1000 * 32 * ((2*3 - 1) + 3*10) = 320,000 * 35.
+  assert fedseq.eq19_bits(num_groups=10, group_size=10, num_params=1000,
+                          rounds=3) == 11_200_000
+  # Physical: 3 rounds x 9 hand-offs instead of 3 x 10: 320,000 * 32.
+  assert fedseq.eq19_bits(num_groups=10, group_size=10, num_params=1000,
+                          rounds=3, traffic="physical") == 10_240_000
+  assert fedseq.eq19_bits(num_groups=2, group_size=3, num_params=5, rounds=1,
+                          bits_per_param=8) == 2 * 5 * 8 * (1 + 3)
+  assert fedseq.eq19_bits(num_groups=2, group_size=3, num_params=5,
+                          rounds=0) == 0
+  assert fedseq.handoffs_per_round(10) == 10
+  assert fedseq.handoffs_per_round(10, "physical") == 9
+  with pytest.raises(ValueError, match="traffic"):
+    fedseq.eq19_bits(num_groups=1, group_size=2, num_params=1, rounds=1,
+                     traffic="ring")
+
+
+@pytest.mark.parametrize("traffic,transfers", [("eq19", 2), ("physical", 1)])
+def test_ledger_counts_eq19_or_physical_handoffs(traffic, transfers):
+  task = tiny_task()
+  (g, steps, _), _ = _grouped()
+  params, stats = task.init(jax.random.PRNGKey(0))
+  alg = fedseq.fedseq(task, optax.sgd(LR), batch_size=B, max_steps=MAX,
+                      group_size=2, traffic=traffic)
+  assert alg.comm.upload == 1 + transfers and alg.comm.download == 1
+  server, clients = alg.init(params, stats, 2)
+  state = ExperimentState(server=server, clients=clients,
+                          key=jax.random.PRNGKey(1), round=jnp.asarray(0))
+  opts = rounds_lib.RoundsOptions(num_rounds=2, clients_per_round=2,
+                                  progress=False)
+  _, ledger, _ = rounds_lib.run_rounds(alg, state, g, jnp.asarray(steps), opts)
+  p = rounds_lib.num_params(params)
+  # O = 2, T = 2: one download, two uploads and 2 * transfers hand-offs per
+  # superclient.
+  want = 2 * p * 32 * (1 + 2 + 2 * transfers)
+  assert ledger.cumulative()["bits_total"] == want == fedseq.eq19_bits(
+      num_groups=2, group_size=2, num_params=p, rounds=2, traffic=traffic)
+
+
 def test_eq19_ledger_and_no_recompilation():
   traces = []
   task = tiny_task()
@@ -125,7 +167,7 @@ def test_eq19_ledger_and_no_recompilation():
       on_round=lambda s, r: marks.append(len(traces)))
   p = rounds_lib.num_params(params)
   want = fedseq.eq19_bits(num_groups=2, group_size=2, num_params=p, rounds=3)
-  assert want == 2 * p * 32 * (5 + 3)
+  assert want == 2 * p * 32 * (5 + 3 * 2)     # Eq. 19: (2T - 1) + T J
   assert ledger.cumulative()["bits_total"] == want
   assert marks[0] == marks[-1] > 0          # traced in round 1 only
   assert all(np.isfinite(r["train_loss"]) for r in rows)

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from fedjax_dd.algorithms import hfldd
 from fedjax_dd.algorithms.fedavg import fedavg
@@ -14,6 +15,7 @@ from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill import kip
 from fedjax_dd.kernels.ntk import fc_kernel
 from fedjax_dd.utils import figures
 from fedjax_dd.utils import reporting
@@ -124,6 +126,126 @@ def test_distill_members_with_batched_kip_caps_small_clients():
   np.testing.assert_array_equal(res.iterations, [3, 3, 3])
   hyb = hfldd.build_hybrid_data(data, TOPO, sent, num_classes=3)
   np.testing.assert_array_equal(hyb.num_examples, [9 + 5 + 6, 6 + 6])
+
+
+# Three one-class clients (client c holds class c); client 0 heads them all.
+ONE_HEAD = Topology(homogeneous=np.arange(3), heterogeneous=np.zeros(3, int),
+                    heads=np.array([0]))
+
+
+def _one_class_data():
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 256, (3, 8, 4, 4, 1)).astype(np.uint8)
+  y = np.repeat(np.arange(3)[:, None], 8, axis=1).astype(np.int32)
+  return ClientData(x=x, y=y, num_examples=np.array([8, 8, 6], np.int32))
+
+
+def _distill_one_class(iterations, **kw):
+  return hfldd.distill_members(
+      jax.random.PRNGKey(1), _one_class_data(), ONE_HEAD,
+      kernel_fn=fc_kernel(depth=1), mean=np.array([0.5], np.float32),
+      std=np.array([0.29], np.float32), num_classes=3, support_size=4,
+      max_iterations=iterations, segment_iterations=10,
+      mapper=ClientMapper(backend="vmap"), **kw)
+
+
+def test_single_class_members_upload_images_unlike_any_raw_image():
+  data = _one_class_data()
+  # No iteration: the support is 4 raw images per member, sent as they are.
+  sent0, _ = _distill_one_class(0)
+  p0 = hfldd.sent_privacy(data, sent0)
+  assert p0["uploaded_images"] == 8                 # members 1, 2 x 4
+  assert p0["identical_to_raw_fraction"] == 1.0
+  assert p0["nearest_raw_l2_min"] == 0.0
+  # The default is a fixed budget: each one-class member runs all 30
+  # iterations (FedD3's accuracy stop would end them at iteration 1).
+  sent, res = _distill_one_class(30)
+  np.testing.assert_array_equal(res.iterations, [30, 30])
+  assert not np.asarray(res.converged).any()
+  p = hfldd.sent_privacy(data, sent)
+  assert p["uploaded_images"] == 8
+  assert p["identical_to_raw_count"] == 0 and p["identical_to_raw_fraction"] == 0.0
+  assert p["nearest_raw_l2_min"] > 0.0
+  # Byte-level check against every raw image of the sender.
+  for j, c in enumerate(sent.senders):
+    raw = data.x[c, :data.num_examples[c]].reshape(int(data.num_examples[c]), -1)
+    for img in sent.x[j][sent.mask[j]]:
+      assert not (raw == img.reshape(1, -1)).all(axis=1).any()
+  loss = hfldd.kip_loss_summary(res)
+  assert set(loss) == {"first_min", "first_median", "last_min", "last_median"}
+  assert all(np.isfinite(v) and v >= 0 for v in loss.values())
+
+
+def test_kip_loss_summary_min_median_skipping_idle_members():
+  res = kip.KipResult(
+      x=np.zeros((3, 1, 1, 1, 1)), y=np.zeros((3, 1, 2)),
+      mask=np.ones((3, 1), bool), counts=np.ones(3, np.int32),
+      iterations=np.array([3, 0, 5]), converged=np.zeros(3, bool),
+      accuracy=np.zeros(3), loss=np.array([0.5, 0.0, 0.1]),
+      first_loss=np.array([1.0, 0.0, 3.0]))
+  assert hfldd.kip_loss_summary(res) == {
+      "first_min": 1.0, "first_median": 2.0, "last_min": 0.1,
+      "last_median": 0.3}
+
+
+def test_random_members_send_own_raw_samples_at_the_kip_budget():
+  data = _data()
+  sent = hfldd.random_members(data, TOPO, num_classes=3, sample_size=6,
+                              rng=np.random.default_rng(0))
+  np.testing.assert_array_equal(sent.senders, [0, 2, 3])
+  # Members hold 5, 12, 7 examples: min(6, n) each, as KIP's support.
+  np.testing.assert_array_equal(sent.counts, [5, 6, 6])
+  assert sent.x.shape == (3, 6, 4, 4, 1) and sent.x.dtype == np.uint8
+  for j, c in enumerate(sent.senders):
+    raw = data.x[c, :data.num_examples[c]].reshape(int(data.num_examples[c]), -1)
+    raw_y = data.y[c, :data.num_examples[c]]
+    rows = sent.x[j][sent.mask[j]].reshape(int(sent.counts[j]), -1)
+    hits = [np.flatnonzero((raw == r).all(axis=1)) for r in rows]
+    assert all(h.size for h in hits)
+    idx = [h[0] for h in hits]
+    assert len(set(idx)) == len(idx)               # without replacement
+    np.testing.assert_array_equal(sent.y[j][sent.mask[j]], np.eye(3)[raw_y[idx]])
+  assert (sent.x[0, 5] == 0).all() and (sent.y[0, 5] == 0).all()
+  # Client 0 has 5 examples: it sends all of them.
+  assert sorted(map(bytes, sent.x[0, :5])) == sorted(map(bytes, data.x[0, :5]))
+  assert hfldd.sent_privacy(data, sent)["identical_to_raw_fraction"] == 1.0
+  again = hfldd.random_members(data, TOPO, num_classes=3, sample_size=6,
+                               rng=np.random.default_rng(0))
+  np.testing.assert_array_equal(again.x, sent.x)
+  with pytest.raises(TypeError, match="Generator"):
+    hfldd.random_members(data, TOPO, num_classes=3, sample_size=6, rng=0)
+
+
+def test_raw_members_privacy_reads_all_identical():
+  data = _data()
+  p = hfldd.sent_privacy(data, hfldd.raw_members(data, TOPO, num_classes=3))
+  assert p["uploaded_images"] == 5 + 12 + 7
+  assert p["identical_to_raw_fraction"] == 1.0 and p["nearest_raw_l2_median"] == 0.0
+
+
+def test_learned_labels_reach_the_heads_and_are_charged_32_bits():
+  data = _data()
+  sent, res = hfldd.distill_members(
+      jax.random.PRNGKey(0), data, TOPO, kernel_fn=fc_kernel(depth=1),
+      mean=np.array([0.3], np.float32), std=np.array([0.3], np.float32),
+      num_classes=3, support_size=6, max_iterations=5, segment_iterations=5,
+      learn_labels=True, mapper=ClientMapper(backend="vmap"))
+  mask = np.asarray(sent.mask)
+  learned = np.asarray(res.y)[mask]
+  one_hot = np.eye(3)[learned.argmax(-1)]
+  assert np.abs(learned - one_hot).max() > 1e-3     # the labels moved
+  np.testing.assert_allclose(sent.y, hfldd.labels_to_targets(res.y,
+                                                             centered=False))
+  hyb = hfldd.build_hybrid_data(data, TOPO, sent, num_classes=3)
+  # Head 1 holds its 9 raw rows, then client 0's 5 and client 2's 6 rows.
+  np.testing.assert_allclose(hyb.y[0, 9:14], sent.y[0, :5])
+  np.testing.assert_allclose(hyb.y[0, 14:20], sent.y[1, :6])
+  ledger = hfldd.setup_ledger(TOPO, sent.counts, aux_size=10, num_classes=3,
+                              pixels_per_sample=16, bits_per_sent_label=32)
+  tags = ledger.tag_totals()
+  # 5 + 6 + 6 = 17 rows x 3 float32 entries; images 17 x 16 x 8 bits.
+  assert tags["distilled_labels"]["bits_total"] == 17 * 3 * 32
+  assert tags["distilled_data"]["bits_total"] == 17 * 16 * 8
 
 
 def test_head_training_on_one_hot_targets_equals_fedavg_on_labels():

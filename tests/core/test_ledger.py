@@ -219,8 +219,11 @@ def _run_fedavg(n, t, p, b1, **kwargs):
   ledger = L.Ledger()
   for r in range(1, t + 1):
     down, up = L.fedavg_round_bits(p, n, r, bits_per_param=b1, **kwargs)
-    ledger = ledger.record(r, kind="download", bits=down, tag="model")
-    ledger = ledger.record(r, kind="upload", bits=up, tag="model")
+    # As the rounds loop records it: n messages of one client's size.
+    ledger = ledger.record(r, kind="download", bits=down // n, count=n,
+                           tag="model")
+    ledger = ledger.record(r, kind="upload", bits=up // n, count=n,
+                           tag="model")
   return ledger
 
 
@@ -372,3 +375,109 @@ def test_load_metrics_rejects_bad_middle_line_and_non_objects(tmp_path):
   path.write_text('{"round": 1}\n{oops\n')
   with pytest.raises(ValueError, match=r"bad.jsonl:2"):
     L.load_metrics(path)
+
+
+# ----------------------------------------------------------------------------
+# Per-client messages (FedD3's V_t)
+# ----------------------------------------------------------------------------
+
+
+def test_record_messages_groups_equal_sizes_and_skips_silent_senders():
+  ledger = L.Ledger().record_messages(1, kind="upload", bits=[40, 0, 40, 24],
+                                      tag="distilled_data")
+  assert [(e.bits, e.count) for e in ledger.entries] == [(24, 1), (40, 2)]
+  assert ledger.cumulative()["bits_uploaded"] == 104
+  assert L.Ledger().record_messages(1, kind="upload", bits=[0, 0]).entries == ()
+
+
+def test_message_bits_mean_max_and_groups_add_up():
+  ledger = (L.Ledger()
+            .record_messages(1, kind="upload", bits=[10, 10, 40], tag="data")
+            .record(1, kind="upload", bits=5, count=3, tag="model")
+            .record(1, kind="download", bits=1000, count=3, tag="model")
+            .record(1, kind="peer", bits=2, count=1, tag="labels")
+            .record(3, kind="upload", bits=6, count=2, tag="model"))
+  # data: mean (10 + 10 + 40) / 3 = 20, max 40; model 5; peer 2; downloads
+  # are not what a client sends.
+  assert ledger.message_bits(1) == 20 + 5 + 2
+  assert ledger.message_bits(1, reduce="max") == 40 + 5 + 2
+  assert ledger.message_bits(1, kinds=("upload",)) == 25
+  assert ledger.message_bits(1, kinds=("download",)) == 1000
+  assert ledger.message_bits(2) == 0
+  assert ledger.message_bits_per_round() == [(1, 27.0), (3, 6.0)]
+  with pytest.raises(ValueError, match="reduce"):
+    ledger.message_bits(1, reduce="median")
+
+
+def test_gce_table_is_none_where_eq6_is_undefined():
+  assert L.gce_table(0.5, [1, 3], (1, 0)) == {"1": pytest.approx(1 / 3),
+                                              "0": pytest.approx(1 / 6)}
+  assert L.gce_table(None, [1], (0.5,)) == {"0.5": None}
+  assert L.gce_table(1.0, [1], (0.5,)) == {"0.5": None}
+  assert L.gce_table(0.5, [0, 0], (0.5,)) == {"0.5": None}
+
+
+# FedD3 Table 2 cells, (accuracy, V_t of one client, gamma, GCE % printed).
+# Image uploads: uint8 pixels, 1 image per class per client (2 classes
+# non-IID, 10 IID); MNIST 784 pixels, CIFAR-10 32*32*3 = 3,072.
+_MNIST_2 = 2 * 784 * 8  # 12,544 bits
+_MNIST_10 = 10 * 784 * 8
+_CIFAR_2 = 2 * 3072 * 8
+_CIFAR_10 = 10 * 3072 * 8
+# Model uploads: |w| * 32 bits per round. The paper's AlexNet is the
+# two-conv AlexCifarNet (1,756,426 params); its LeNet the classic LeNet-5 on
+# 32x32 inputs (156 + 2,416 + 48,120 + 10,164 + 850 = 61,706 params).
+_ALEX = 1_756_426 * 32
+_LENET = 61_706 * 32
+
+_TABLE2_ONE_SHOT = [
+    # FedD3 KIP, MNIST non-IID: 94.74 %.
+    (0.9474, _MNIST_2, 0.01, 7.17),
+    # FedD3 KIP, MNIST IID: 94.37 %.
+    (0.9437, _MNIST_10, 0.01, 6.09),
+    # FedD3 Coreset, MNIST non-IID: 77.29 %.
+    (0.7729, _MNIST_2, 0.01, 5.76),
+    # FedD3 KIP, CIFAR-10 non-IID: 38.27 %.
+    (0.3827, _CIFAR_2, 0.1, 2.58),
+    # FedD3 KIP, CIFAR-10 IID: 48.97 %.
+    (0.4897, _CIFAR_10, 2.0, 10.50),
+    # OSFL FedAvg, CIFAR-10 IID: 36.23 %, one model upload.
+    (0.3623, _ALEX, 0.1, 1.47),
+    (0.3623, _ALEX, 2.0, 3.46),
+]
+
+
+@pytest.mark.parametrize("acc, bits, gamma, printed", _TABLE2_ONE_SHOT)
+def test_gce_reproduces_fedd3_table2_one_shot_cells(acc, bits, gamma, printed):
+  # 500 clients each send one message of `bits` in round 1.
+  ledger = L.Ledger().record_messages(1, kind="upload", bits=[bits] * 500,
+                                      tag="distilled_data")
+  volumes = [v for _, v in ledger.message_bits_per_round()]
+  assert volumes == [bits]
+  assert 100 * L.gce(acc, volumes, gamma) == pytest.approx(printed, abs=0.005)
+  # The cohort total would charge log2(500 * bits + 1) instead: far lower.
+  cohort = [ledger.round_totals(1)["bits_total"]]
+  assert 100 * L.gce(acc, cohort, gamma) < printed - 0.3
+
+
+_TABLE2_MULTI_SHOT = [
+    # MSFL FedAvg, MNIST IID: 96.97 %, best of the first 18 rounds.
+    (0.9697, _LENET, 18, 0.01, 0.27),
+    (0.9697, _LENET, 18, 0.5, 1.48),
+    # MSFL FedProx, CIFAR-10 IID: 47.89 %, first 6 rounds.
+    (0.4789, _ALEX, 6, 0.1, 0.33),
+    (0.4789, _ALEX, 6, 2.0, 1.14),
+]
+
+
+@pytest.mark.parametrize("acc, model, rounds, gamma, printed", _TABLE2_MULTI_SHOT)
+def test_gce_reproduces_fedd3_table2_multi_shot_cells(acc, model, rounds, gamma,
+                                                      printed):
+  # The rounds loop's ledger: per round, 500 model messages each way; each
+  # round charges one client's message, log2(|w| 32 + 1).
+  num_params = model // 32
+  ledger = _run_fedavg(500, rounds, num_params, 32)
+  volumes = ledger.message_bits_per_round()
+  assert volumes == [(r, float(model)) for r in range(1, rounds + 1)]
+  v = [bits for _, bits in volumes]
+  assert 100 * L.gce(acc, v, gamma) == pytest.approx(printed, abs=0.005)

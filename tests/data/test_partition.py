@@ -35,6 +35,8 @@ def _covers_all(parts, n):
 SCHEMES = {
     "iid": lambda rng: P.iid(LABELS, 3, rng),
     "hfldd": lambda rng: P.pathological(LABELS, 3, 2, rng, style="hfldd"),
+    "balanced": lambda rng: P.pathological(LABELS, 4, 2, rng,
+                                           style="balanced"),
     "fedd3": lambda rng: P.pathological(LABELS, 4, 2, rng, style="fedd3"),
     "dirichlet": lambda rng: P.dirichlet(LABELS, 2, 1.0, rng, min_size=2),
     "disjoint": lambda rng: P.disjoint_classes(LABELS, 2, rng),
@@ -158,7 +160,54 @@ def test_hfldd_single_client_takes_whole_classes():
   assert sorted(counts[0].tolist()) == [0, 0, 5, 5]
 
 
-@pytest.mark.parametrize("style", ["hfldd", "fedd3"])
+# ---------------------------------------------------------------- balanced
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_balanced_c1_two_clients_per_class_with_equal_shares(seed):
+  # 8 clients x 1 class over 4 classes: each class (5 samples) goes to
+  # exactly 2 clients, cut 3 + 2.
+  parts = P.pathological(LABELS, 8, 1, _rng(seed), style="balanced")
+  _covers_all(parts, 20)
+  counts = P.class_counts(LABELS, parts, 4)
+  assert np.all((counts > 0).sum(axis=1) == 1)
+  np.testing.assert_array_equal((counts > 0).sum(axis=0), [2, 2, 2, 2])
+  for c in range(4):
+    assert sorted(counts[:, c][counts[:, c] > 0].tolist()) == [2, 3]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_balanced_c2_distinct_classes_and_equal_holders(seed):
+  # 4 clients x 2 classes over 4 classes: 8 slots, 2 holders per class.
+  parts = P.pathological(LABELS, 4, 2, _rng(seed), style="balanced")
+  _covers_all(parts, 20)
+  counts = P.class_counts(LABELS, parts, 4)
+  assert np.all((counts > 0).sum(axis=1) == 2)
+  np.testing.assert_array_equal((counts > 0).sum(axis=0), [2, 2, 2, 2])
+
+
+def test_balanced_hfldd_mnist_shape_ten_clients_per_class():
+  # HFLDD's C = 1, N = 100, K = 10 with 60 samples per class: 10 clients per
+  # class, 6 samples each.
+  labels = np.repeat(np.arange(10), 60)
+  parts = P.pathological(labels, 100, 1, _rng(4), style="balanced")
+  counts = P.class_counts(labels, parts, 10)
+  np.testing.assert_array_equal((counts > 0).sum(axis=0), [10] * 10)
+  np.testing.assert_array_equal([p.size for p in parts], [6] * 100)
+  # The earlier draw on the same labels is uneven (the reason for the fix).
+  old = P.class_counts(labels, P.pathological(labels, 100, 1, _rng(4),
+                                              style="hfldd"), 10)
+  assert (old > 0).sum(axis=0).max() > 10
+
+
+def test_balanced_holders_differ_by_at_most_one_when_not_divisible():
+  # 6 clients x 1 class over 4 classes: 6 = 4 + 2, so holders are 1 or 2.
+  parts = P.pathological(LABELS, 6, 1, _rng(1), style="balanced")
+  holders = (P.class_counts(LABELS, parts, 4) > 0).sum(axis=0)
+  assert sorted(holders.tolist()) == [1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("style", ["balanced", "hfldd", "fedd3"])
 @pytest.mark.parametrize("per_client", [0, 5, 2.0])
 def test_pathological_bad_classes_per_client(style, per_client):
   with pytest.raises(ValueError, match="num_classes_per_client"):

@@ -264,6 +264,50 @@ def test_load_unlabeled_errors(tmp_path):
     sources.load_unlabeled(f"npz:{bad}", num=1, rng=np.random.default_rng(0))
 
 
+# ---------------------------------------------------------------- resplit
+
+
+def _tagged_dataset():
+  """8 train + 2 test 1x1 images whose pixel is the pooled index 0..9."""
+  x = np.arange(10, dtype=np.uint8).reshape(10, 1, 1, 1)
+  y = (np.arange(10) % 3).astype(np.int32)
+  return sources.Dataset(name="tagged", x_train=x[:8], y_train=y[:8],
+                         x_test=x[8:], y_test=y[8:], num_classes=3)
+
+
+def test_resplit_pools_and_cuts_80_20():
+  out = sources.resplit(_tagged_dataset(), 0.8, rng=np.random.default_rng(0))
+  assert out.x_train.shape == (8, 1, 1, 1) and out.x_test.shape == (2, 1, 1, 1)
+  train, test = out.x_train.ravel(), out.x_test.ravel()
+  # Every pooled image once, labels travel with their image, pooled order.
+  np.testing.assert_array_equal(np.sort(np.concatenate([train, test])),
+                                np.arange(10))
+  np.testing.assert_array_equal(out.y_train, train % 3)
+  np.testing.assert_array_equal(out.y_test, test % 3)
+  assert np.all(np.diff(train.astype(int)) > 0)
+  assert out.num_classes == 3 and out.name == "tagged"
+  again = sources.resplit(_tagged_dataset(), 0.8, rng=np.random.default_rng(0))
+  np.testing.assert_array_equal(again.x_test, out.x_test)
+  tests = {tuple(sources.resplit(_tagged_dataset(), 0.8,
+                                 rng=np.random.default_rng(s)).x_test.ravel())
+           for s in range(6)}
+  assert len(tests) > 1  # the seed matters
+  # round(0.75 * 10) = round(7.5) = 8 train images.
+  assert sources.resplit(_tagged_dataset(), 0.75,
+                         rng=np.random.default_rng(0)).x_train.shape[0] == 8
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.2, 0.01, 0.99])
+def test_resplit_rejects_empty_splits(fraction):
+  with pytest.raises(ValueError, match="train_fraction"):
+    sources.resplit(_tagged_dataset(), fraction, rng=np.random.default_rng(0))
+
+
+def test_resplit_needs_a_generator():
+  with pytest.raises(TypeError, match="Generator"):
+    sources.resplit(_tagged_dataset(), 0.8, rng=0)
+
+
 # ---------------------------------------------------------------- real data
 
 
@@ -276,6 +320,10 @@ def test_real_mnist_npz():
   assert ds.x_test.shape == (10000, 28, 28, 1)
   assert ds.num_classes == 10
   assert np.bincount(ds.y_train)[0] == 5923
+  # HFLDD's 80/20 re-split of the 70,000 pooled images.
+  re = sources.resplit(ds, 0.8, rng=np.random.default_rng(0))
+  assert re.x_train.shape[0] == 56000 and re.x_test.shape[0] == 14000
+  assert np.bincount(np.concatenate([re.y_train, re.y_test]))[0] == 5923 + 980
 
 
 def test_real_tiny_imagenet_unlabeled():

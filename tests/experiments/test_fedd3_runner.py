@@ -1,47 +1,155 @@
-"""FedD3 runner: reusing a distillation through ``distilled_from``."""
+"""FedD3 runner: summary figures, the distilled cache, the random control."""
 
+import json
+import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
 
+from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.experiments import run_fedd3
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs import fedd3
 
 
-def _smoke():
+def _smoke(**overrides):
   config = fedd3.get_config("smoke")
   config.progress = False
   config.rounds = 1
+  for k, v in overrides.items():
+    config[k] = v
   return config
 
 
-def test_distilled_from_reuses_the_upload_and_checks_settings(tmp_path):
-  config = _smoke()
-  first = runners.RUNNERS[config.runner](config, str(tmp_path / "a"))
-  cache = tmp_path / "a" / "distilled.npz"
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+  """One KIP smoke run (10 clients x 2 classes x 2 images), shared."""
+  workdir = tmp_path_factory.mktemp("fedd3") / "a"
+  summary = runners.RUNNERS["fedd3"](_smoke(), str(workdir))
+  return workdir, summary
+
+
+def test_smoke_summary_reports_gce_privacy_and_kip_statistics(smoke_run):
+  workdir, s = smoke_run
+  with open(workdir / "summary.json") as f:
+    assert json.load(f)["gce"] == s["gce"]
+  # Each client sends 4 images of 8x8 uint8 pixels plus a byte per label:
+  # V_1 = 4 * (64 * 8 + 8) = 2,080 bits; the cohort total is ten of them.
+  assert s["gce_message_bits"] == [[1, 2080.0]]
+  assert s["bytes_uploaded"] == 10 * 2080 // 8
+  acc = s["final_test_accuracy"]
+  assert s["gce"] == ledger_lib.gce_table(acc, [2080], (0.01, 0.5))
+  assert s["gce_cohort"] == ledger_lib.gce_table(acc, [20800], (0.01, 0.5))
+  assert s["gce"]["0.5"] > s["gce_cohort"]["0.5"]
+  p = s["privacy"]
+  assert p["uploaded_images"] == 40
+  assert 0.0 <= p["identical_to_raw_fraction"] <= 1.0
+  assert p["identical_to_raw_count"] == round(40 * p["identical_to_raw_fraction"])
+  assert 0.0 <= p["nearest_raw_l2_min"] <= p["nearest_raw_l2_median"]
+  kl, ki = s["kip_loss"], s["kip_iterations"]
+  assert set(kl) == {"first_min", "first_median", "last_min", "last_median"}
+  assert all(np.isfinite(v) and v >= 0 for v in kl.values())
+  assert kl["first_min"] <= kl["first_median"]
+  assert 1 <= ki["min"] <= ki["median"] <= ki["max"] <= 20
+  with np.load(workdir / "distilled.npz") as z:
+    assert z["iterations"].shape == (10,) and z["first_loss"].shape == (10,)
+    assert json.loads(str(z["fingerprint"]))["cache_format"] == run_fedd3.CACHE_FORMAT
+
+
+def test_distilled_from_reuses_the_upload_and_checks_settings(smoke_run, tmp_path):
+  workdir, first = smoke_run
+  cache = workdir / "distilled.npz"
   with np.load(cache) as z:
     x_first = z["x"].copy()
-    assert str(z["fingerprint"]) == run_fedd3.distill_fingerprint(config)
+    assert str(z["fingerprint"]) == run_fedd3.distill_fingerprint(_smoke())
 
   # A server-side variant trains on the same upload without distilling.
-  config = _smoke()
-  config.distilled_from = str(cache)
-  config.lr = 0.05
-  config.batch_size = 8
+  config = _smoke(distilled_from=str(cache), lr=0.05, batch_size=8)
   second = runners.RUNNERS[config.runner](config, str(tmp_path / "b"))
   assert not os.path.exists(tmp_path / "b" / "distilled.npz")
   assert second["distilled_from"] == str(cache)
   assert second["distilled_images_total"] == first["distilled_images_total"] == 40
   assert second["bytes_total"] == first["bytes_total"]
   assert second["distill_seconds"] == first["distill_seconds"]
+  assert second["kip_loss"] == first["kip_loss"]
+  assert second["privacy"] == first["privacy"]
   loaded, _ = run_fedd3._load_distilled(str(cache), config)
   np.testing.assert_array_equal(loaded.x, x_first)
 
   # A distillation setting differs: the cache is refused.
-  config = _smoke()
-  config.distilled_from = str(cache)
-  config.kip_lr = 0.01
+  config = _smoke(distilled_from=str(cache), kip_lr=0.01)
   with pytest.raises(ValueError, match="different settings"):
     runners.RUNNERS[config.runner](config, str(tmp_path / "c"))
+
+
+def _write_old_cache(src, dst, *, fingerprint=True):
+  """``src`` as the previous format wrote it: no KIP statistics, no version,
+  no ``resplit`` in the fingerprint."""
+  with np.load(src) as z:
+    fields = {k: z[k] for k in ("x", "y", "y_soft", "owner", "learned_labels",
+                                "x_float", "seconds")}
+    settings = json.loads(str(z["fingerprint"]))
+  settings.pop("cache_format")
+  settings.pop("resplit")  # a key that format did not record yet
+  if fingerprint:
+    fields["fingerprint"] = np.asarray(json.dumps(settings, sort_keys=True))
+  np.savez_compressed(dst, **fields)
+
+
+def test_a_stale_cache_is_refused_as_source_and_recomputed_in_place(
+    smoke_run, tmp_path, caplog):
+  workdir, first = smoke_run
+  old = tmp_path / "old.npz"
+  _write_old_cache(workdir / "distilled.npz", old)
+  config = _smoke(distilled_from=str(old))
+  with pytest.raises(ValueError, match="cache format 1"):
+    runners.RUNNERS[config.runner](config, str(tmp_path / "src"))
+  unversioned = tmp_path / "unversioned.npz"
+  _write_old_cache(workdir / "distilled.npz", unversioned, fingerprint=False)
+  config = _smoke(distilled_from=str(unversioned))
+  with pytest.raises(ValueError, match="no distillation fingerprint"):
+    runners.RUNNERS[config.runner](config, str(tmp_path / "src2"))
+
+  # In the run's own workdir the same settings are distilled again.
+  again = tmp_path / "again"
+  again.mkdir()
+  shutil.copy(old, again / "distilled.npz")
+  with caplog.at_level(logging.WARNING):
+    s = runners.RUNNERS["fedd3"](_smoke(), str(again))
+  assert "Distilling again" in caplog.text
+  assert s["kip_loss"] == first["kip_loss"]
+  with np.load(again / "distilled.npz") as z, np.load(workdir / "distilled.npz") as ref:
+    assert "iterations" in z
+    np.testing.assert_array_equal(z["x"], ref["x"])
+
+
+def test_random_control_sends_raw_images_at_the_same_budget(smoke_run, tmp_path):
+  _, kip = smoke_run
+  s = runners.RUNNERS["fedd3"](_smoke(distiller="random"), str(tmp_path / "r"))
+  assert s["distiller"] == "random"
+  assert s["distilled_images_total"] == kip["distilled_images_total"] == 40
+  assert s["bytes_total"] == kip["bytes_total"]
+  assert s["gce_message_bits"] == kip["gce_message_bits"]
+  p = s["privacy"]
+  assert p["identical_to_raw_fraction"] == 1.0
+  assert p["nearest_raw_l2_median"] == 0.0
+  assert s["kip_loss"] is None and s["kip_iterations"] is None
+
+
+def test_hybrid_with_learned_labels_trains_on_soft_targets(tmp_path):
+  config = _smoke(method="fedd3_hybrid", learn_labels=True,
+                  kip_max_iterations=3, stop_accuracy=None)
+  s = runners.RUNNERS["fedd3"](config, str(tmp_path / "h"))
+  assert s["learned_labels"] is True
+  assert np.isfinite(s["final_test_accuracy"])
+  assert s["kip_iterations"]["min"] == s["kip_iterations"]["max"] == 3
+  # Each image travels with 10 float32 soft-label entries: 64 * 8 + 320
+  # bits. Round 1: each client uploads its 4 images and its model.
+  image = 64 * 8 + 10 * 32
+  model = s["param_count"] * 32
+  assert s["gce_message_bits"] == [[1, 4 * image + model]]
+  # Downloads: each client receives the other 36 images (no model: seeded).
+  assert s["bytes_downloaded"] == 10 * 36 * image // 8
+  assert s["bytes_uploaded"] == (40 * image + 10 * model) // 8

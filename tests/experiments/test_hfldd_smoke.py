@@ -1,4 +1,4 @@
-"""End-to-end HFLDD / w/o-DD / FedSeq runners on sklearn digits (and MNIST, slow)."""
+"""End-to-end HFLDD / w/o-DD / random-samples / FedSeq runners on digits (MNIST: slow)."""
 
 import json
 import os
@@ -7,10 +7,14 @@ import numpy as np
 import pytest
 
 from fedjax_dd.algorithms import hfldd
+from fedjax_dd.core.ledger import load_metrics
 from fedjax_dd.data import sources
+from fedjax_dd.experiments import run_hfldd
 from fedjax_dd.experiments import runners
+from fedjax_dd.experiments.configs import centralized as centralized_config
 from fedjax_dd.experiments.configs import fedseq as fedseq_config
 from fedjax_dd.experiments.configs import hfldd as hfldd_config
+from fedjax_dd.experiments.configs import hfldd_random as random_config
 from fedjax_dd.experiments.configs import hfldd_wodd as wodd_config
 from tests.conftest import shared_dataset
 
@@ -19,8 +23,11 @@ SUMMARY_KEYS = {
     "wall_seconds", "config", "num_clients", "aux_size", "num_classes",
     "num_heads", "param_count", "rounds", "distilled_samples_total",
     "pixels_per_sample", "bytes_total", "accuracy_by_round", "clusters",
-    "stage_seconds",
+    "stage_seconds", "privacy", "kip_loss", "member_data", "sent_label_bytes",
 }
+PRIVACY_KEYS = {"uploaded_images", "identical_to_raw_count",
+                "identical_to_raw_fraction", "nearest_raw_l2_min",
+                "nearest_raw_l2_median"}
 
 
 def _check_hfldd_summary(s, workdir):
@@ -43,6 +50,9 @@ def _check_hfldd_summary(s, workdir):
     assert json.load(f)["bytes_total"] == s["bytes_total"]
   for stage in ("label_knowledge", "dataset_generation", "training"):
     assert s["stage_seconds"][stage] >= 0
+  assert set(s["privacy"]) == PRIVACY_KEYS
+  assert s["privacy"]["uploaded_images"] == s["distilled_samples_total"]
+  assert 0.0 <= s["privacy"]["identical_to_raw_fraction"] <= 1.0
 
 
 def _smoke(tmp_path, rounds=2):
@@ -60,6 +70,15 @@ def test_hfldd_smoke(tmp_path):
   assert s["distilled_samples_total"] == (20 - s["num_heads"]) * config.support_size
   assert s["rounds"] == 2
   assert s["stage_info"]["kip_members"] == 20 - s["num_heads"]
+  # A fixed budget: every member ran all kip_iterations.
+  assert s["stage_info"]["kip_iterations_max"] == config.kip_iterations
+  assert s["stage_info"]["kip_iterations_mean"] == config.kip_iterations
+  assert set(s["kip_loss"]) == {"first_min", "first_median", "last_min",
+                                "last_median"}
+  assert s["privacy"]["identical_to_raw_fraction"] < 1.0
+  assert s["member_data"] == "kip" and s["sent_label_bytes"] == 0
+  # Balanced C = 1: 2 clients per digit class.
+  assert s["config"]["partition"]["style"] == "balanced"
 
 
 def test_hfldd_survives_iid_clients_and_unbalanced_clusters(tmp_path):
@@ -91,16 +110,69 @@ def test_hfldd_resume_reuses_cached_stages(tmp_path):
     runners.RUNNERS[config.runner](config, str(tmp_path))
 
 
-def test_fedseq_smoke(tmp_path):
+def test_fedseq_smoke_eq19_traffic_and_local_steps(tmp_path):
   config = fedseq_config.get_config("smoke")
   config.progress = False
   config.rounds = 1
   config.group_by_similarity = False
+  config.local_steps = 2
   s = runners.RUNNERS[config.runner](config, str(tmp_path))
   assert s["num_groups"] == 5 and s["group_size"] == 4
   assert sorted(i for g in s["groups"] for i in g) == list(range(20))
+  assert s["fedseq_traffic"] == "eq19"
   assert s["bytes_total"] == s["eq19_bytes"]
+  # T = 1: O |w| B1 (1 + J) bytes as printed; J - 1 hand-offs physically.
+  assert s["eq19_bytes"] == 5 * s["param_count"] * 4 * (1 + 4)
+  assert s["physical_bytes"] == 5 * s["param_count"] * 4 * (1 + 3)
   assert np.isfinite(s["final_test_accuracy"])
+  rows = load_metrics(os.path.join(tmp_path, "metrics.jsonl"))
+  # local_steps = 2 per member, 4 members per superclient.
+  assert rows[-1]["local_steps_mean"] == 8.0
+
+
+def test_sent_label_bits_counts_what_is_sent():
+  config = hfldd_config.get_config("smoke")
+  assert run_hfldd.sent_label_bits(config) == 0       # fixed labels
+  config.kip_learn_labels = True
+  assert run_hfldd.sent_label_bits(config) == 32      # float32 learned labels
+  config.sent_label_bits = 0                          # Eq. 18 to the letter
+  assert run_hfldd.sent_label_bits(config) == 0
+  raw = wodd_config.get_config("smoke")
+  raw.kip_learn_labels = True
+  assert run_hfldd.sent_label_bits(raw) == 0
+
+
+def test_presets_follow_the_paper():
+  for preset in hfldd_config.PRESETS:
+    c = hfldd_config.get_config(preset)
+    assert c.partition.style == "balanced" and c.member_data == "kip"
+    if preset.endswith("_gpu"):
+      assert (c.kip_iterations, c.rounds, c.resplit) == (3000, 300, 0.8)
+    else:
+      assert 0 < c.kip_iterations < 3000 and c.resplit == 0.0
+  assert random_config.get_config("mnist_c1").member_data == "random"
+  assert wodd_config.get_config("mnist_c1_gpu").member_data == "raw"
+  cl = centralized_config.get_config("mnist_hfldd")
+  assert (cl.optimizer, cl.lr, cl.batch_size) == ("sgd", 0.01, 64)
+  assert centralized_config.get_config("cifar10_hfldd_gpu").resplit == 0.8
+  with pytest.raises(ValueError, match="member_data"):
+    hfldd_config.hfldd_preset("smoke", member_data="distilled")
+
+
+@pytest.mark.slow
+def test_hfldd_random_control_smoke(tmp_path):
+  config = random_config.get_config("smoke")
+  config.progress = False
+  config.rounds = 1
+  config.local_steps = 2
+  s = runners.RUNNERS[config.runner](config, str(tmp_path))
+  _check_hfldd_summary(s, tmp_path)
+  # The KIP upload budget, but raw images.
+  assert s["distilled_samples_total"] == (20 - s["num_heads"]) * config.support_size
+  assert s["privacy"]["identical_to_raw_fraction"] == 1.0
+  assert s["kip_loss"] is None and s["member_data"] == "random"
+  rows = load_metrics(os.path.join(tmp_path, "metrics.jsonl"))
+  assert rows[-1]["local_steps_mean"] == 2.0
 
 
 @pytest.mark.slow
@@ -114,6 +186,8 @@ def test_hfldd_wodd_smoke(tmp_path):
   assert sum(s["head_dataset_sizes"]) == total
   assert s["bytes_by_tag"]["distilled_data"] == (
       s["distilled_samples_total"] * s["pixels_per_sample"])
+  assert s["privacy"]["identical_to_raw_fraction"] == 1.0
+  assert s["privacy"]["nearest_raw_l2_median"] == 0.0
 
 
 @pytest.mark.slow

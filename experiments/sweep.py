@@ -1,0 +1,261 @@
+r"""Seed sweeps and method comparisons (glue around ``fedjax_dd.utils.sweep``).
+
+Over seeds: ``--seeds`` on the entry point runs a preset once per seed, with
+the partition seed ``data_seed`` and the model seed ``seed`` both set to it::
+
+  fedjax-dd --config=experiments/configs/fedavg.py:smoke --workdir=/tmp/sw \
+      --seeds=0,1,2
+
+Seed ``S`` runs in ``/tmp/sw/seed_S`` exactly as the command written to
+``/tmp/sw/seed_S/command.txt``::
+
+  fedjax-dd --config=experiments/configs/fedavg.py:smoke \
+      --workdir=/tmp/sw/seed_S --config.seed=S --config.data_seed=S
+
+so it resumes from its checkpoints like any run, and a seed whose
+``summary.json`` was written under the same config (and not cut short by
+``max_wall_seconds``) is not run again. Then ``/tmp/sw/sweep.md``,
+``sweep.json`` (mean ± sd of final/best test accuracy, traffic and wall time,
+the per-seed values and commands, the averaged curves) and
+``sweep_curves.png`` (accuracy against round and against bytes sent, mean ±
+sd band) are written.
+
+``--seeds`` runs each seed as its own process, so every seed's
+``wall_seconds`` includes its own compilation, as a single run's does. A
+seed resumed from a checkpoint reports the wall time of its last invocation
+(as any resumed run's ``summary.json`` does).
+
+Several methods on one table and one figure: give their sweep workdirs to
+``fedjax-dd-sweep`` (``python -m fedjax_dd.experiments.sweep``)::
+
+  fedjax-dd-sweep --out=/tmp/cmp fedhydra=/tmp/fh dense=/tmp/de /tmp/df
+
+Each argument is ``[LABEL=]DIR``: a sweep workdir (its ``seed_*`` runs) or a
+single run's workdir; the label defaults to the runs' ``method``. It writes
+``/tmp/cmp/compare.{md,json}`` and ``compare_curves.png``. With one sweep
+workdir and ``--out`` equal to it and ``--name=sweep`` it re-renders that
+sweep's own report (e.g. after more seeds were added).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shlex
+import subprocess
+import sys
+from typing import Any, Callable, Sequence
+
+import ml_collections
+
+from fedjax_dd.core import metrics as metrics_lib
+from fedjax_dd.utils import sweep as sweep_lib
+
+# Flags a seed's command sets itself.
+_SWEEP_FLAGS = ("--workdir", "--seeds", "--config.seed", "--config.data_seed")
+# Config keys that do not change a run's result.
+_COSMETIC_KEYS = ("progress",)
+
+Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
+
+
+def parse_seeds(values: Sequence[str] | str) -> list[int]:
+  """``"0,1,2"`` or ``["0", "1", "2"]`` -> ``[0, 1, 2]`` (distinct)."""
+  if isinstance(values, str):
+    values = values.split(",")
+  seeds = [int(v) for v in (str(v).strip() for v in values) if v]
+  if not seeds:
+    raise ValueError("No seeds given.")
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(f"Seeds repeat: {seeds}.")
+  return seeds
+
+
+def seed_flags_in(argv: Sequence[str]) -> list[str]:
+  """The flags of ``argv`` that set ``seed`` or ``data_seed``."""
+  return [a for a in argv[1:]
+          if a.split("=", 1)[0] in ("--config.seed", "--config.data_seed")]
+
+
+def seed_args(argv: Sequence[str], workdir: str, seed: int) -> list[str]:
+  """The flags of the single run of ``seed`` in a sweep started as ``argv``.
+
+  Args:
+    argv: the sweep's command line (``sys.argv``, program first).
+    workdir: the sweep's workdir (as given).
+    seed: the seed.
+
+  Returns:
+    ``argv[1:]`` without ``--workdir``, ``--seeds``, ``--config.seed`` and
+    ``--config.data_seed`` (as ``--flag=value`` or ``--flag value``), then
+    ``--workdir=WORKDIR/seed_S --config.seed=S --config.data_seed=S``.
+  """
+  args = list(argv[1:])
+  out = []
+  i = 0
+  while i < len(args):
+    name = args[i].split("=", 1)[0]
+    if name in _SWEEP_FLAGS:
+      i += 1 if "=" in args[i] else 2
+      continue
+    out.append(args[i])
+    i += 1
+  return out + [f"--workdir={sweep_lib.seed_dir(workdir, seed)}",
+                f"--config.seed={seed}", f"--config.data_seed={seed}"]
+
+
+def seed_command(argv: Sequence[str], workdir: str, seed: int) -> str:
+  """:func:`seed_args` as a shell-quoted ``fedjax-dd`` command."""
+  return shlex.join(["fedjax-dd", *seed_args(argv, workdir, seed)])
+
+
+def seed_config(config: ml_collections.ConfigDict,
+                seed: int) -> ml_collections.ConfigDict:
+  """A copy of ``config`` with ``seed`` and ``data_seed`` set to ``seed``."""
+  c = copy.deepcopy(config)
+  c.seed = int(seed)
+  c.data_seed = int(seed)
+  return c
+
+
+def _comparable(config_dict: dict[str, Any]) -> str:
+  d = json.loads(json.dumps(metrics_lib.to_jsonable(config_dict)))
+  for k in _COSMETIC_KEYS:
+    d.pop(k, None)
+  return json.dumps(d, sort_keys=True)
+
+
+def is_finished(workdir: str, config: ml_collections.ConfigDict) -> bool:
+  """Whether ``workdir`` holds a complete run of exactly ``config``."""
+  path = os.path.join(workdir, "summary.json")
+  if not os.path.isfile(path):
+    return False
+  with open(path) as f:
+    summary = json.load(f)
+  if summary.get("stopped_by_time_budget"):
+    return False
+  return _comparable(summary.get("config") or {}) == _comparable(
+      config.to_dict())
+
+
+def run_seeds(config: ml_collections.ConfigDict, workdir: str,
+              seeds: Sequence[int], *, argv: Sequence[str],
+              runner: Runner | None = None) -> dict[str, Any]:
+  """Runs ``config`` once per seed and writes the sweep's report.
+
+  Args:
+    config: the resolved config (flags applied), for the finished-run check
+      and the labels.
+    workdir: the sweep's workdir; seed ``S`` runs in ``WORKDIR/seed_S``.
+    seeds: the seeds; each sets both ``seed`` and ``data_seed``.
+    argv: the sweep's command line (``sys.argv``).
+    runner: ``(config, workdir) -> summary`` to run each seed in this
+      process. Default: each seed runs as its own command
+      (``python -m fedjax_dd.experiments.main`` with :func:`seed_args`), so
+      its wall time includes its own compilation like a single run's, and
+      the command recorded is the one that ran.
+
+  Returns:
+    The report written by :func:`fedjax_dd.utils.sweep.write_report` to
+    ``WORKDIR/sweep.{md,json}`` and ``WORKDIR/sweep_curves.png``, covering
+    exactly ``seeds``.
+
+  Raises:
+    RuntimeError: a seed's run failed or wrote no summary of that seed.
+  """
+  dirs = []
+  for seed in seeds:
+    c = seed_config(config, seed)
+    d = sweep_lib.seed_dir(workdir, seed)
+    if is_finished(d, c):
+      print(f"seed {seed}: finished in {d}, skipped", flush=True)
+    else:
+      print(f"seed {seed}: running in {d}", flush=True)
+      if runner is not None:
+        runner(c, d)
+      else:
+        cmd = [sys.executable, "-m", "fedjax_dd.experiments.main",
+               *seed_args(argv, workdir, seed)]
+        proc = subprocess.run(cmd, check=False)
+        if proc.returncode:
+          raise RuntimeError(f"seed {seed} failed (exit {proc.returncode}): "
+                             f"{shlex.join(cmd)}")
+    _check_summary(d, seed)
+    with open(os.path.join(d, "command.txt"), "w") as f:
+      f.write(seed_command(argv, workdir, seed) + "\n")
+    dirs.append(d)
+  label = config.get("method", "run")
+  return sweep_lib.write_report(
+      {label: dirs}, workdir, name="sweep",
+      title=f"{label} on {config.get('dataset')}, seeds {list(seeds)}")
+
+
+def _check_summary(workdir: str, seed: int) -> None:
+  path = os.path.join(workdir, "summary.json")
+  if not os.path.isfile(path):
+    raise RuntimeError(f"seed {seed} wrote no {path}.")
+  with open(path) as f:
+    config = json.load(f).get("config") or {}
+  if (config.get("seed"), config.get("data_seed")) != (seed, seed):
+    raise RuntimeError(f"{path} is a run of seed {config.get('seed')} / "
+                       f"data_seed {config.get('data_seed')}, not {seed}.")
+
+
+def _group_dirs(path: str) -> list[str]:
+  """The run workdirs of a sweep workdir, or ``[path]`` for a single run."""
+  found = [d for _, d in sweep_lib.find_seed_dirs(path)]
+  if found:
+    return found
+  if os.path.isfile(os.path.join(path, "summary.json")):
+    return [path]
+  raise ValueError(f"{path!r} holds neither seed_*/summary.json nor "
+                   "summary.json.")
+
+
+def compare(specs: Sequence[str], out_dir: str, *, name: str = "compare",
+            title: str | None = None) -> dict[str, Any]:
+  """Report over ``[LABEL=]DIR`` specs (see the module docstring)."""
+  groups: dict[str, list[str]] = {}
+  for spec in specs:
+    label, sep, path = spec.partition("=")
+    if not sep:
+      label, path = "", spec
+    dirs = _group_dirs(path)
+    if not label:
+      with open(os.path.join(dirs[0], "summary.json")) as f:
+        label = str(json.load(f).get("method", os.path.basename(path)))
+    if label in groups:
+      label = f"{label} ({os.path.basename(os.path.normpath(path))})"
+    if label in groups:
+      raise ValueError(f"Two groups are labelled {label!r}; name them "
+                       "LABEL=DIR.")
+    groups[label] = dirs
+  return sweep_lib.write_report(groups, out_dir, name=name, title=title)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  parser = argparse.ArgumentParser(
+      prog="fedjax-dd-sweep",
+      description="Mean ± sd table and learning curves over seed sweeps; "
+                  "several methods on one figure.")
+  parser.add_argument("runs", nargs="+", metavar="[LABEL=]DIR",
+                      help="a sweep workdir (seed_* runs) or a run workdir")
+  parser.add_argument("--out", required=True, help="output directory")
+  parser.add_argument("--name", default="compare", help="output file stem")
+  parser.add_argument("--title", default=None, help="figure title")
+  args = parser.parse_args(argv)
+  report = compare(args.runs, args.out, name=args.name, title=args.title)
+  with open(report["files"]["markdown"]) as f:
+    print(f.read())
+  return report
+
+
+def run():
+  """Console-script entry point (``fedjax-dd-sweep``)."""
+  main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,391 @@
+"""Results over seeds: mean ± sd tables and learning curves with bands.
+
+A *seed sweep* runs one preset once per seed, each in its own sub-workdir
+``WORKDIR/seed_<S>`` (see :func:`seed_dir`) holding the usual
+``summary.json`` and ``metrics.jsonl`` of a run, plus ``command.txt`` (the
+command that reproduces it). This module turns such runs into
+
+* a table (:func:`seed_table`, :func:`format_tables`): mean ± sample standard
+  deviation (``ddof=1``) over the seeds of the final and best test accuracy,
+  the total traffic and the wall time, next to the per-seed values and
+  commands;
+* learning curves (:func:`learning_curve`): test accuracy against the round
+  (or the distillation epoch ``step`` of the one-shot data-free runners),
+  averaged over the seeds, with the cumulative traffic at each point.
+
+Runs may stop at different rounds (a time budget, an unfinished seed): curves
+are aligned by round and each point averages the seeds that have it; its
+``n`` says how many. :func:`write_report` writes both for one or several
+groups of runs (one group per method) to ``NAME.md``, ``NAME.json`` and
+``NAME_curves.png``.
+
+Host-side only; every function takes explicit rows, summaries or paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import metrics as metrics_lib
+from fedjax_dd.utils import reporting
+
+Row = Mapping[str, Any]
+
+STATS = ("final_test_accuracy", "best_test_accuracy", "bytes_total",
+         "wall_seconds")
+"""Summary keys averaged over the seeds."""
+
+NESTED_STATS = {"gce": None,
+                "privacy": ("identical_to_raw_fraction",
+                            "nearest_raw_l2_median")}
+"""Nested summary entries also averaged when the runs report them, as
+``"<entry>/<key>"``: FedD3's GCE per gamma (every key) and the upload's
+privacy figure (the keys named)."""
+
+
+def get_stat(summary: Mapping[str, Any], key: str) -> Any:
+  """``summary[key]``, or ``summary[a][b]`` for ``key = "a/b"`` (else None)."""
+  value: Any = summary
+  for part in key.split("/"):
+    if not isinstance(value, Mapping) or part not in value:
+      return None
+    value = value[part]
+  return value
+
+
+def stats_for(summaries: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+  """:data:`STATS` plus the :data:`NESTED_STATS` that any summary reports."""
+  extra = []
+  for entry, keys in NESTED_STATS.items():
+    found = set()
+    for s in summaries:
+      if isinstance(s.get(entry), Mapping):
+        found.update(s[entry] if keys is None else
+                     [k for k in keys if k in s[entry]])
+    extra += [f"{entry}/{k}" for k in sorted(found)]
+  return STATS + tuple(extra)
+
+X_LABELS = {"round": "round", "step": "distillation epoch"}
+
+_SEED_DIR = re.compile(r"^seed_(-?\d+)$")
+
+
+def seed_dir(workdir: str | os.PathLike, seed: int) -> str:
+  """The sub-workdir of ``seed`` in a sweep: ``WORKDIR/seed_<seed>``."""
+  return os.path.join(os.fspath(workdir), f"seed_{int(seed)}")
+
+
+def find_seed_dirs(workdir: str | os.PathLike) -> list[tuple[int, str]]:
+  """``(seed, path)`` of every ``seed_<S>`` directory with a ``summary.json``.
+
+  Sorted by seed; directories of unfinished first runs (no summary yet) are
+  left out.
+  """
+  found = []
+  for path in glob.glob(os.path.join(os.fspath(workdir), "seed_*")):
+    m = _SEED_DIR.match(os.path.basename(path))
+    if m and os.path.isfile(os.path.join(path, "summary.json")):
+      found.append((int(m.group(1)), path))
+  return sorted(found)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One finished run read from its workdir."""
+  workdir: str
+  summary: dict[str, Any]
+  rows: list[dict[str, Any]]
+  command: str | None
+
+
+def load_run(workdir: str | os.PathLike) -> Run:
+  """Reads ``summary.json``, ``metrics.jsonl`` and (if any) ``command.txt``."""
+  workdir = os.fspath(workdir)
+  with open(os.path.join(workdir, "summary.json")) as f:
+    summary = json.load(f)
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  rows = ledger_lib.load_metrics(metrics) if os.path.exists(metrics) else []
+  command = None
+  cmd_path = os.path.join(workdir, "command.txt")
+  if os.path.exists(cmd_path):
+    with open(cmd_path) as f:
+      command = f.read().strip() or None
+  return Run(workdir=workdir, summary=summary, rows=rows, command=command)
+
+
+def _number(v: Any) -> float | None:
+  """A finite float, or ``None`` (missing, null, NaN, or a string)."""
+  if v is None or isinstance(v, (bool, str)):
+    return None
+  v = float(v)
+  return v if math.isfinite(v) else None
+
+
+def mean_sd(values: Sequence[Any]) -> dict[str, Any]:
+  """Mean and sample standard deviation (``ddof=1``) of the numbers given.
+
+  ``None`` and non-finite entries are skipped.
+
+  Returns:
+    ``{"mean", "sd", "n"}``: ``mean`` is ``None`` without values, ``sd`` is
+    ``None`` with fewer than two.
+  """
+  xs = [x for x in map(_number, values) if x is not None]
+  n = len(xs)
+  return {"mean": float(np.mean(xs)) if n else None,
+          "sd": float(np.std(xs, ddof=1)) if n > 1 else None,
+          "n": n}
+
+
+def seed_table(name: str, summaries: Sequence[Mapping[str, Any]], *,
+               commands: Sequence[str | None] | None = None,
+               workdirs: Sequence[str] | None = None,
+               stats: Sequence[str] | None = None) -> dict[str, Any]:
+  """The table entry of one group of runs (one method over several seeds).
+
+  Args:
+    name: the group's label (e.g. the method).
+    summaries: one ``summary.json`` dict per seed.
+    commands: the command of each run (``None`` if unknown).
+    workdirs: the workdir of each run.
+    stats: summary keys to average (``"a/b"`` for a nested entry); default
+      :func:`stats_for` the summaries.
+
+  Returns:
+    ``{"name", "method", "dataset", "num_seeds", "seeds", "stats", "runs"}``:
+    ``stats[key]`` is :func:`mean_sd` of that key over the runs; ``runs``
+    holds per run its ``seed`` and ``data_seed`` (from the summary's
+    ``config``), ``rounds``, the ``stats`` values, ``command`` and
+    ``workdir``.
+  """
+  n = len(summaries)
+  stats = stats_for(summaries) if stats is None else tuple(stats)
+  commands = list(commands) if commands is not None else [None] * n
+  workdirs = list(workdirs) if workdirs is not None else [None] * n
+  if not len(commands) == len(workdirs) == n:
+    raise ValueError("summaries, commands and workdirs differ in length: "
+                     f"{n}, {len(commands)}, {len(workdirs)}.")
+  runs = []
+  for s, cmd, wd in zip(summaries, commands, workdirs):
+    config = s.get("config") or {}
+    run = {"seed": config.get("seed"), "data_seed": config.get("data_seed"),
+           "rounds": s.get("rounds")}
+    run.update({k: _number(get_stat(s, k)) for k in stats})
+    run.update(command=cmd, workdir=wd)
+    runs.append(run)
+  methods = sorted({str(s.get("method")) for s in summaries})
+  datasets = sorted({str(s.get("dataset")) for s in summaries})
+  return {
+      "name": name,
+      "method": ",".join(methods),
+      "dataset": ",".join(datasets),
+      "num_seeds": n,
+      "seeds": [r["seed"] for r in runs],
+      "stats": {k: mean_sd([get_stat(s, k) for s in summaries])
+                for k in stats},
+      "runs": runs,
+  }
+
+
+def _fmt(key: str, v: float | None) -> str:
+  if v is None:
+    return "-"
+  if key.startswith("bytes"):
+    return reporting.format_bytes(v)
+  if key.endswith("accuracy") or "/" in key:
+    return f"{v:.4f}"
+  return f"{v:.1f}"
+
+
+def _fmt_stat(key: str, stat: Mapping[str, Any]) -> str:
+  if stat["mean"] is None:
+    return "-"
+  if stat["sd"] is None:
+    return _fmt(key, stat["mean"])
+  return f"{_fmt(key, stat['mean'])} ± {_fmt(key, stat['sd'])}"
+
+
+_NONE = {"mean": None, "sd": None, "n": 0}
+_HEADERS = {"privacy/identical_to_raw_fraction": "identical to raw",
+            "privacy/nearest_raw_l2_median": "nearest-raw L2 (median)",
+            "final_test_accuracy": "final acc",
+            "best_test_accuracy": "best acc", "bytes_total": "traffic",
+            "wall_seconds": "wall s"}
+
+
+def format_tables(tables: Sequence[Mapping[str, Any]]) -> str:
+  """Markdown: mean ± sd per group, then every run with its command."""
+  # Columns: every stat any group reports (groups may differ, e.g. FedD3's
+  # GCE beside a data-free method's runs).
+  stats = list(dict.fromkeys(k for t in tables for k in t["stats"])) or list(
+      STATS)
+  head = [_HEADERS.get(k, k) for k in stats]
+  lines = ["| method | dataset | seeds | " + " | ".join(head) + " |",
+           "|---|---|---|" + "---|" * len(stats)]
+  for t in tables:
+    lines.append(f"| {t['name']} | {t['dataset']} | {t['num_seeds']} | "
+                 + " | ".join(_fmt_stat(k, t["stats"].get(k, _NONE))
+                              for k in stats)
+                 + " |")
+  lines += ["", "Mean ± sample sd (ddof = 1) over the seeds; per run:", "",
+            "| method | seed | data_seed | rounds | " + " | ".join(head)
+            + " | command |",
+            "|---|---|---|---|" + "---|" * len(stats) + "---|"]
+  for t in tables:
+    for r in t["runs"]:
+      cmd = f"`{r['command']}`" if r.get("command") else "-"
+      lines.append(f"| {t['name']} | {r['seed']} | {r['data_seed']} | "
+                   f"{'-' if r['rounds'] is None else r['rounds']} | "
+                   + " | ".join(_fmt(k, r.get(k)) for k in stats)
+                   + f" | {cmd} |")
+  return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+  """A learning curve averaged over seeds.
+
+  Attributes:
+    x_key: the row key of the x axis (``"round"`` or ``"step"``).
+    x: ``[P]`` x values present in at least one run, ascending.
+    mean: ``[P]`` mean accuracy over the runs that have that x.
+    sd: ``[P]`` sample sd (``ddof=1``) over those runs; NaN where ``n < 2``.
+    n: ``[P]`` number of runs with that x.
+    bytes_mean: ``[P]`` mean cumulative traffic over the same runs, or
+      ``None`` when the rows carry no traffic (the data-free runners log
+      per distillation epoch, without a ledger column).
+  """
+  x_key: str
+  x: np.ndarray
+  mean: np.ndarray
+  sd: np.ndarray
+  n: np.ndarray
+  bytes_mean: np.ndarray | None
+
+  def to_json(self) -> dict[str, Any]:
+    nan_to_none = lambda a: [None if not math.isfinite(v) else float(v)
+                             for v in a]
+    return {"x_key": self.x_key, "x": self.x.tolist(),
+            "mean": nan_to_none(self.mean), "sd": nan_to_none(self.sd),
+            "n": self.n.tolist(),
+            "bytes_mean": (None if self.bytes_mean is None
+                           else nan_to_none(self.bytes_mean))}
+
+
+def curve_x_key(runs: Sequence[Sequence[Row]],
+                y_key: str = "test_accuracy") -> str:
+  """``"step"`` if evaluated rows carry a distillation ``step``, else round."""
+  for rows in runs:
+    for r in rows:
+      if r.get(y_key) is not None and "step" in r:
+        return "step"
+  return "round"
+
+
+def learning_curve(runs: Sequence[Sequence[Row]], *, x_key: str | None = None,
+                   y_key: str = "test_accuracy",
+                   bytes_key: str = "bytes_total_cumulative") -> Curve:
+  """Averages ``y_key`` over runs, aligned by ``x_key``.
+
+  Args:
+    runs: the metric rows of each run (one ``metrics.jsonl`` each).
+    x_key: row key to align on; default :func:`curve_x_key`.
+    y_key: the value to average; rows without it (rounds that were not
+      evaluated) are skipped.
+    bytes_key: the cumulative traffic column.
+
+  Returns:
+    The :class:`Curve`. Where one run logs the same x twice, its last row
+    counts (the rows of a resumed run are truncated, so this is rare).
+  """
+  x_key = x_key or curve_x_key(runs, y_key)
+  points: dict[float, list[tuple[float, float | None]]] = {}
+  for rows in runs:
+    seen: dict[float, tuple[float, float | None]] = {}
+    for r in rows:
+      y = _number(r.get(y_key))
+      x = _number(r.get(x_key))
+      if y is None or x is None:
+        continue
+      seen[x] = (y, _number(r.get(bytes_key)))
+    for x, v in seen.items():
+      points.setdefault(x, []).append(v)
+  xs = np.asarray(sorted(points), np.float64)
+  mean, sd, n, traffic = [], [], [], []
+  for x in xs:
+    ys = [y for y, _ in points[x]]
+    bs = [b for _, b in points[x]]
+    mean.append(float(np.mean(ys)))
+    sd.append(float(np.std(ys, ddof=1)) if len(ys) > 1 else math.nan)
+    n.append(len(ys))
+    traffic.append(None if any(b is None for b in bs) else float(np.mean(bs)))
+  has_bytes = bool(traffic) and all(b is not None for b in traffic)
+  if xs.size and np.all(xs == np.round(xs)):
+    xs = xs.astype(np.int64)
+  return Curve(x_key=x_key, x=xs, mean=np.asarray(mean, np.float64),
+               sd=np.asarray(sd, np.float64), n=np.asarray(n, np.int64),
+               bytes_mean=(np.asarray(traffic, np.float64) if has_bytes
+                           else None))
+
+
+def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
+                 out_dir: str | os.PathLike, *, name: str = "sweep",
+                 title: str | None = None) -> dict[str, Any]:
+  """Table and learning curves of one or several groups of runs.
+
+  Args:
+    groups: ``{label: [run workdir, ...]}``, one group per method; each
+      workdir holds a finished run's ``summary.json`` and ``metrics.jsonl``
+      (and optionally ``command.txt``).
+    out_dir: where ``<name>.md``, ``<name>.json`` and ``<name>_curves.png``
+      go.
+    name: the file stem.
+    title: the figure title.
+
+  Returns:
+    The JSON written: ``{"tables": [...], "curves": {label: ...},
+    "files": {...}}``.
+  """
+  from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
+  out_dir = os.fspath(out_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  tables, curves, plotted, endpoints = [], {}, {}, {}
+  for label, dirs in groups.items():
+    if not dirs:
+      raise ValueError(f"Group {label!r} has no runs.")
+    runs = [load_run(d) for d in dirs]
+    table = seed_table(label, [r.summary for r in runs],
+                       commands=[r.command for r in runs],
+                       workdirs=[r.workdir for r in runs])
+    curve = learning_curve([r.rows for r in runs])
+    tables.append(table)
+    curves[label] = curve.to_json()
+    shown = f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+    plotted[shown] = {"x": curve.x, "mean": curve.mean, "sd": curve.sd,
+                      "bytes": curve.bytes_mean,
+                      "x_label": X_LABELS.get(curve.x_key, curve.x_key)}
+    if curve.bytes_mean is None:
+      traffic = table["stats"]["bytes_total"]["mean"]
+      final = table["stats"]["final_test_accuracy"]
+      if traffic is not None and final["mean"] is not None:
+        endpoints[shown] = (traffic, final["mean"], final["sd"] or 0.0)
+  paths = {"markdown": os.path.join(out_dir, f"{name}.md"),
+           "json": os.path.join(out_dir, f"{name}.json"),
+           "curves": os.path.join(out_dir, f"{name}_curves.png")}
+  figures.plot_learning_curves(plotted, paths["curves"], endpoints=endpoints,
+                               title=title)
+  with open(paths["markdown"] + ".tmp", "w") as f:
+    f.write(format_tables(tables))
+  os.replace(paths["markdown"] + ".tmp", paths["markdown"])
+  report = {"tables": tables, "curves": curves, "files": paths}
+  metrics_lib.write_json(paths["json"], report)
+  return report

@@ -1,0 +1,182 @@
+"""Tables and learning curves over seeds, on tiny hand-checked runs."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedjax_dd.utils import figures
+from fedjax_dd.utils import sweep
+from tests.conftest import REPO_ROOT
+
+
+def _summary(final, best, traffic, wall, seed, method="fedavg"):
+  return {"method": method, "dataset": "digits", "final_test_accuracy": final,
+          "best_test_accuracy": best, "bytes_total": traffic,
+          "wall_seconds": wall, "rounds": 2,
+          "config": {"seed": seed, "data_seed": seed}}
+
+
+SUMMARIES = [_summary(0.5, 0.6, 1000, 10.0, 0), _summary(0.7, 0.8, 1000, 14.0, 1),
+             _summary(0.9, 1.0, 1000, 12.0, 2)]
+
+# Seed A reaches round 3 (round 4 was not evaluated), seed B stops at round 2.
+RUN_A = [{"round": 1, "test_accuracy": 0.1, "bytes_total_cumulative": 100},
+         {"round": 2, "test_accuracy": 0.2, "bytes_total_cumulative": 200},
+         {"round": 3, "test_accuracy": 0.3, "bytes_total_cumulative": 300},
+         {"round": 4, "bytes_total_cumulative": 400}]
+RUN_B = [{"round": 1, "test_accuracy": 0.3, "bytes_total_cumulative": 100},
+         {"round": 2, "test_accuracy": 0.4, "bytes_total_cumulative": 300}]
+
+
+def test_mean_sd_is_the_sample_sd():
+  assert sweep.mean_sd([0.5, 0.7, 0.9]) == pytest.approx(
+      {"mean": 0.7, "sd": 0.2, "n": 3})
+  # None and non-finite values (NaN is written to JSON as "nan") are skipped.
+  got = sweep.mean_sd([1.0, None, "nan", float("inf"), 3.0])
+  assert got["n"] == 2 and got["mean"] == pytest.approx(2.0)
+  assert got["sd"] == pytest.approx(math.sqrt(2.0))
+  assert sweep.mean_sd([4.0]) == {"mean": 4.0, "sd": None, "n": 1}
+  assert sweep.mean_sd([]) == {"mean": None, "sd": None, "n": 0}
+
+
+def test_seed_table_and_markdown():
+  cmds = [f"fedjax-dd --config.seed={s}" for s in range(3)]
+  t = sweep.seed_table("fedavg", SUMMARIES, commands=cmds,
+                       workdirs=["a", "b", "c"])
+  assert t["num_seeds"] == 3 and t["seeds"] == [0, 1, 2]
+  assert t["method"] == "fedavg" and t["dataset"] == "digits"
+  s = t["stats"]
+  assert s["final_test_accuracy"] == pytest.approx({"mean": 0.7, "sd": 0.2, "n": 3})
+  assert s["best_test_accuracy"] == pytest.approx({"mean": 0.8, "sd": 0.2, "n": 3})
+  assert s["bytes_total"] == pytest.approx({"mean": 1000.0, "sd": 0.0, "n": 3})
+  assert s["wall_seconds"] == pytest.approx({"mean": 12.0, "sd": 2.0, "n": 3})
+  assert [r["final_test_accuracy"] for r in t["runs"]] == [0.5, 0.7, 0.9]
+  assert [r["command"] for r in t["runs"]] == cmds
+  md = sweep.format_tables([t])
+  assert "| fedavg | digits | 3 | 0.7000 ± 0.2000 | 0.8000 ± 0.2000 | " \
+         "1.00 KB ± 0 B | 12.0 ± 2.0 |" in md
+  assert "| fedavg | 1 | 1 | 2 | 0.7000 | 0.8000 | 1.00 KB | 14.0 | " \
+         "`fedjax-dd --config.seed=1` |" in md
+  with pytest.raises(ValueError, match="differ in length"):
+    sweep.seed_table("x", SUMMARIES, commands=cmds[:2])
+
+
+def test_learning_curve_aligns_runs_of_different_lengths():
+  c = sweep.learning_curve([RUN_A, RUN_B])
+  assert c.x_key == "round"
+  np.testing.assert_array_equal(c.x, [1, 2, 3])
+  np.testing.assert_allclose(c.mean, [0.2, 0.3, 0.3])
+  np.testing.assert_array_equal(c.n, [2, 2, 1])
+  np.testing.assert_allclose(c.sd[:2], [math.sqrt(0.02)] * 2)
+  assert math.isnan(c.sd[2])  # one seed: no spread
+  np.testing.assert_allclose(c.bytes_mean, [100, 250, 300])
+  j = c.to_json()
+  assert j["sd"][2] is None and j["n"] == [2, 2, 1]
+  json.dumps(j)  # plain JSON types
+
+
+def test_learning_curve_over_distillation_epochs_has_no_traffic():
+  run = lambda a, b: [{"step": 2, "round": 1, "epoch": 2, "test_accuracy": a},
+                      {"step": 4, "round": 1, "epoch": 4, "test_accuracy": b}]
+  c = sweep.learning_curve([run(0.2, 0.4), run(0.4, 0.6)])
+  assert c.x_key == "step" and sweep.curve_x_key([run(0.2, 0.4)]) == "step"
+  np.testing.assert_array_equal(c.x, [2, 4])
+  np.testing.assert_allclose(c.mean, [0.3, 0.5])
+  assert c.bytes_mean is None
+  # Aligning by round instead: both epochs are round 1, the last row counts.
+  by_round = sweep.learning_curve([run(0.2, 0.4), run(0.4, 0.6)],
+                                  x_key="round")
+  np.testing.assert_allclose(by_round.mean, [0.5])
+
+
+def _write_run(d, summary, rows, command=None):
+  os.makedirs(d, exist_ok=True)
+  with open(os.path.join(d, "summary.json"), "w") as f:
+    json.dump(summary, f)
+  with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  if command:
+    with open(os.path.join(d, "command.txt"), "w") as f:
+      f.write(command + "\n")
+
+
+def test_find_seed_dirs_and_write_report(tmp_path):
+  wd = tmp_path / "sw"
+  _write_run(sweep.seed_dir(wd, 0), SUMMARIES[0], RUN_A, "cmd 0")
+  _write_run(sweep.seed_dir(wd, 10), SUMMARIES[1], RUN_B, "cmd 10")
+  os.makedirs(sweep.seed_dir(wd, 2))  # an unfinished first run: no summary
+  dirs = sweep.find_seed_dirs(wd)
+  assert [s for s, _ in dirs] == [0, 10]  # numeric order
+  one_shot = [{"step": 1, "round": 1, "test_accuracy": 0.5}]
+  _write_run(tmp_path / "fh", _summary(0.5, 0.5, 64, 3.0, 0, "fedhydra"),
+             one_shot)
+  report = sweep.write_report(
+      {"fedavg": [d for _, d in dirs], "fedhydra": [str(tmp_path / "fh")]},
+      tmp_path / "out", name="cmp")
+  for key in ("markdown", "json", "curves"):
+    assert os.path.getsize(report["files"][key]) > 0, key
+  with open(report["files"]["curves"], "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  with open(report["files"]["json"]) as f:
+    saved = json.load(f)
+  fedavg, fedhydra = saved["tables"]
+  assert fedavg["stats"]["final_test_accuracy"]["mean"] == pytest.approx(0.6)
+  assert [r["command"] for r in fedavg["runs"]] == ["cmd 0", "cmd 10"]
+  assert fedhydra["num_seeds"] == 1
+  assert fedhydra["stats"]["final_test_accuracy"]["sd"] is None
+  assert saved["curves"]["fedavg"]["mean"] == pytest.approx([0.2, 0.3, 0.3])
+  assert saved["curves"]["fedhydra"]["x_key"] == "step"
+  with open(report["files"]["markdown"]) as f:
+    assert "| fedhydra | digits | 1 | 0.5000 |" in f.read()
+  with pytest.raises(ValueError, match="no runs"):
+    sweep.write_report({"empty": []}, tmp_path / "out")
+
+
+def test_plot_learning_curves_writes_a_png(tmp_path):
+  curves = {
+      "a": {"x": [1, 2, 3], "mean": [0.2, 0.3, 0.3],
+            "sd": [0.1, 0.1, float("nan")], "bytes": [1e3, 2e3, 3e3],
+            "x_label": "round"},
+      "b": {"x": [2, 4], "mean": [0.3, 0.5], "sd": [0.1, 0.1], "bytes": None,
+            "x_label": "distillation epoch"},
+  }
+  path = figures.plot_learning_curves(curves, tmp_path / "c.png",
+                                      endpoints={"b": (1e6, 0.5, 0.1)},
+                                      title="t")
+  assert path == str(tmp_path / "c.png") and os.path.getsize(path) > 0
+  # Nothing with traffic at all still draws.
+  path = figures.plot_learning_curves({"b": curves["b"]}, tmp_path / "d.png")
+  assert os.path.getsize(path) > 0
+
+
+def test_figures_and_sweep_import_without_matplotlib():
+  code = ("import sys; import fedjax_dd.utils.figures, fedjax_dd.utils.sweep; "
+          "sys.exit('matplotlib' in sys.modules)")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_nested_gce_and_privacy_stats_are_averaged_when_reported():
+  runs = [{"method": "fedd3", "final_test_accuracy": 0.9, "config": {"seed": s},
+           "gce": {"0.01": g, "0.5": 2 * g},
+           "privacy": {"identical_to_raw_fraction": p,
+                       "nearest_raw_l2_median": 0.5, "uploaded_images": 10}}
+          for s, g, p in [(0, 0.07, 0.1), (1, 0.09, 0.3)]]
+  t = sweep.seed_table("fedd3", runs)
+  assert "gce/0.01" in t["stats"] and "gce/0.5" in t["stats"]
+  assert "privacy/uploaded_images" not in t["stats"]
+  assert t["stats"]["gce/0.01"]["mean"] == pytest.approx(0.08)
+  assert t["stats"]["gce/0.5"]["sd"] == pytest.approx(np.sqrt(2) * 0.02)
+  assert t["stats"]["privacy/identical_to_raw_fraction"]["mean"] == (
+      pytest.approx(0.2))
+  other = sweep.seed_table("fedavg", [{"method": "fedavg", "config": {},
+                                       "final_test_accuracy": 0.5}])
+  md = sweep.format_tables([t, other])
+  assert "identical to raw" in md and "gce/0.01" in md
+  assert "| fedavg |" in md  # the group without GCE shows "-"
