@@ -200,7 +200,9 @@ def test_hfldd_mnist_reaches_target(tmp_path, preset, target, rounds):
   config.dataset = "npz:" + shared_dataset("mnist.npz")
   config.aux_dataset = "npz:" + shared_dataset("fashion_mnist.npz")
   config.progress = False
-  config.rounds = rounds      # the paper's bound is 50; measured: 7 and 11
+  # The paper's bound is 50. Measured (balanced split, 100 KIP iterations):
+  # mnist_c1 reaches 0.95 at round 4; mnist_c2 not yet re-measured.
+  config.rounds = rounds
   s = runners.RUNNERS[config.runner](config, str(tmp_path))
   _check_hfldd_summary(s, tmp_path)
   assert s["best_test_accuracy"] >= target
