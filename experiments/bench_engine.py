@@ -3,7 +3,7 @@ r"""Engine benchmark: ms per client-step for every client backend.
   python -m fedjax_dd.experiments.bench_engine --out bench_engine.json
   python -m fedjax_dd.experiments.bench_engine --clients 10,100 --models lenet5 --out b.json
 
-Every backend runs with the package's defaults: on CPU ``import fedjax_dd``
+Every backend runs with the package's defaults: on CPU ``configure_cpu()``
 exposes one host device per core, ``sharded`` splits the clients over them
 and ``chunked``/``sharded`` use the measured chunk size unless
 ``--chunk_size`` is given. The HFLDD CIFAR CNN (about 0.5 s per client-step
@@ -37,6 +37,8 @@ import resource
 import subprocess
 import sys
 import time
+
+import fedjax_dd
 
 MODELS = {
     # name: (registry name, input shape)
@@ -267,4 +269,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+  fedjax_dd.configure_cpu()  # one host device per core, before JAX starts
   main()

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+import fedjax_dd
 from fedjax_dd import models
 from fedjax_dd.algorithms import stratify as stratify_lib
 from fedjax_dd.core.clients import ClientMapper, default_backend
@@ -136,4 +137,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  fedjax_dd.configure_cpu()  # one host device per core, before JAX starts
   main()

@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+import fedjax_dd
+
 
 def _data(num_clients: int, per_client: int, seed: int = 0):
   import numpy as np
@@ -141,4 +143,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+  fedjax_dd.configure_cpu()  # one host device per core, before JAX starts
   main()

@@ -28,6 +28,8 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+import fedjax_dd
+
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import sweep
 
@@ -78,6 +80,9 @@ def main(argv):
 
 def run():
   """Console-script entry point."""
+  # One host device per core for the engine's CPU backend, before JAX
+  # initialises (importing the package sets nothing).
+  fedjax_dd.configure_cpu()
   app.run(main, argv=sys.argv)
 
 

@@ -4,9 +4,11 @@ The engine's default CPU backend (``sharded``, see
 :mod:`fedjax_dd.core.clients`) lays the client axis over host devices so that
 each core runs its own stream of small per-client programs. XLA exposes one
 host device unless ``--xla_force_host_platform_device_count`` is in
-``XLA_FLAGS`` when the CPU backend starts, so this module appends it, once, on
-``import fedjax_dd``. On a GPU/TPU machine the flag only shapes the (unused)
-host platform.
+``XLA_FLAGS`` when the CPU backend starts. Importing the package changes
+nothing: the ``fedjax-dd`` entry point and the benchmarks call
+:func:`configure` (public as :func:`fedjax_dd.configure_cpu`) before any JAX
+computation, and a notebook calls it itself, first. On a GPU/TPU machine the
+flag only shapes the (unused) host platform.
 
 Nothing is changed when:
 
@@ -65,6 +67,3 @@ def configure() -> bool:
     return False
   os.environ["XLA_FLAGS"] = f"{flags} {_FLAG}={count}".strip()
   return True
-
-
-configure()

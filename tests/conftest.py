@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import os
 
-import flax.linen as nn
-import jax.numpy as jnp
-import numpy as np
-import pytest
+import fedjax_dd
 
-from fedjax_dd.core.task import Classifier
+# The suite runs on the engine's default CPU layout (one host device per
+# core), as the entry point sets it; importing the package sets nothing.
+fedjax_dd.configure_cpu()
+
+import flax.linen as nn  # noqa: E402  (after the device layout)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from fedjax_dd.core.task import Classifier  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATASETS = os.path.join(REPO_ROOT, "..", "shared", "datasets")

@@ -58,3 +58,33 @@ def test_count_override_cap_and_single_core(fresh):
   import os
   assert not _xla_setup.configure()  # one device is XLA's default anyway
   assert "XLA_FLAGS" not in os.environ
+
+
+def _clean_env():
+  import os
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "FEDJAX_DD_NO_XLA_FLAGS",
+                      "FEDJAX_DD_HOST_DEVICES")}
+  return env
+
+
+def test_import_has_no_side_effects():
+  import subprocess
+  import sys
+  out = subprocess.run(
+      [sys.executable, "-c",
+       "import fedjax_dd, os; print(os.environ.get('XLA_FLAGS'))"],
+      env=_clean_env(), capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "None"
+
+
+def test_configure_cpu_before_jax_gives_one_device_per_core():
+  import subprocess
+  import sys
+  env = {**_clean_env(), "FEDJAX_DD_HOST_DEVICES": "2"}
+  out = subprocess.run(
+      [sys.executable, "-c",
+       "import fedjax_dd; print(fedjax_dd.configure_cpu()); import jax; "
+       "print(jax.local_device_count()); print(fedjax_dd.configure_cpu())"],
+      env=env, capture_output=True, text=True, check=True)
+  assert out.stdout.split() == ["True", "2", "False"]

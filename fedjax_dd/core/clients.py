@@ -18,8 +18,8 @@ leading client axis ``[C, ...]`` with one of four backends:
 
 The default backend and chunk size per platform are chosen by measurement
 (``experiments/bench_engine.py``), see :func:`default_backend` and
-:func:`default_chunk_size`. On CPU, ``fedjax_dd`` exposes one XLA host device
-per core (``fedjax_dd/_xla_setup.py``), and the default is ``sharded`` with
+:func:`default_chunk_size`. On CPU, ``fedjax_dd.configure_cpu()`` (called by
+the entry point) exposes one XLA host device per core, and the default is ``sharded`` with
 chunks of 2 clients per device: each core then runs its own stream of small
 programs, which beats one vmap over the whole cohort (whose activations fall
 out of cache) and XLA's intra-op threading of tiny convolutions. KIP

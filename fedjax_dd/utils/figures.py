@@ -1,9 +1,10 @@
 """Figures saved as PNG files; a module of independent plotting functions.
 
-Host-side only. matplotlib is imported inside the plotting functions (with
-its non-interactive ``Agg`` backend, so they work without a display), so that
-importing this module costs nothing. Each function takes plain NumPy/JSON
-data and a path.
+Host-side only. matplotlib is imported inside the plotting functions, so
+that importing this module costs nothing, and figures are built with its
+object-oriented API (``matplotlib.figure.Figure``), not pyplot: saving a PNG
+needs no display, and a notebook's pyplot backend is never switched. Each
+function takes plain NumPy/JSON data and a path.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 
-def _pyplot():
-  """``matplotlib.pyplot`` on the ``Agg`` backend, imported on first use."""
+def new_figure(**kwargs):
+  """A ``matplotlib.figure.Figure`` outside pyplot (imported on first use)."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  return Figure(**kwargs)
+
+
+def colormap(name: str):
+  """A registered matplotlib colormap, e.g. ``"tab10"``."""
   import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  return plt
+  return matplotlib.colormaps[name]
 
 
 def topology_layout(heterogeneous: np.ndarray, heads: np.ndarray, *,
@@ -80,18 +85,18 @@ def plot_topology(homogeneous: Sequence[int], heterogeneous: Sequence[int],
   Returns:
     The path written.
   """
-  plt = _pyplot()
   homogeneous = np.asarray(homogeneous)
   heterogeneous = np.asarray(heterogeneous)
   heads = np.asarray(heads)
   pos = topology_layout(heterogeneous, heads)
   num_homo = int(homogeneous.max()) + 1 if homogeneous.size else 1
-  cmap = plt.get_cmap("tab10" if num_homo <= 10 else "tab20")
+  cmap = colormap("tab10" if num_homo <= 10 else "tab20")
   colours = [cmap(k % cmap.N) for k in homogeneous]
   is_head = np.zeros(homogeneous.shape[0], bool)
   is_head[heads] = True
 
-  fig, ax = plt.subplots(figsize=(7, 7))
+  fig = new_figure(figsize=(7, 7))
+  ax = fig.subplots()
   for h, head in enumerate(heads):
     ax.plot([0, pos[head, 0]], [0, pos[head, 1]], color="0.3", lw=1.2,
             zorder=1)
@@ -119,7 +124,6 @@ def plot_topology(homogeneous: Sequence[int], heterogeneous: Sequence[int],
                f"{int(members.sum())} members, {num_homo} homogeneous clusters")
   fig.tight_layout()
   fig.savefig(path, dpi=dpi)
-  plt.close(fig)
   return os.fspath(path)
 
 
@@ -149,10 +153,10 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
   Returns:
     The path written.
   """
-  plt = _pyplot()
   endpoints = dict(endpoints or {})
-  fig, (ax_r, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
-  cmap = plt.get_cmap("tab10")
+  fig = new_figure(figsize=(11, 4))
+  ax_r, ax_b = fig.subplots(1, 2)
+  cmap = colormap("tab10")
   x_labels = []
   traffic = []
   for i, (label, c) in enumerate(curves.items()):
@@ -201,5 +205,4 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
     fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(path, dpi=dpi)
-  plt.close(fig)
   return os.fspath(path)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from fedjax_dd.utils import figures
 
 
 def save_image_grid(path: str | os.PathLike, images: np.ndarray,
@@ -35,8 +33,8 @@ def save_image_grid(path: str | os.PathLike, images: np.ndarray,
     raise ValueError(f"images must be a non-empty [M, H, W, Ch] array, got {images.shape}.")
   groups = np.unique(rows)[:max_rows]
   ncols = max(1, min(max_cols, max(int((rows == g).sum()) for g in groups)))
-  fig, axes = plt.subplots(len(groups), ncols, squeeze=False,
-                           figsize=(1.2 * ncols, 1.3 * len(groups)))
+  fig = figures.new_figure(figsize=(1.2 * ncols, 1.3 * len(groups)))
+  axes = fig.subplots(len(groups), ncols, squeeze=False)
   for r, g in enumerate(groups):
     idx = np.flatnonzero(rows == g)[:ncols]
     for c in range(ncols):
@@ -53,5 +51,4 @@ def save_image_grid(path: str | os.PathLike, images: np.ndarray,
     fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
-  plt.close(fig)
   return os.fspath(path)
