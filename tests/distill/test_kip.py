@@ -170,13 +170,19 @@ def _one_class_clients(n=12):
   return x, y, np.full(2, n, np.int32)
 
 
-def test_single_class_target_batches_never_stop_early():
+def _distill_one_class(seed, support_size, max_iterations):
   x, y, n = _one_class_clients()
   res = kip.distill_clients(
-      jax.random.PRNGKey(0), x, y, n, num_classes=3,
-      kernel_fn=fc_kernel(depth=2), mean=MEAN, std=STD, support_size=3,
-      max_iterations=30, segment_iterations=10, stop_accuracy=0.999,
-      lr=0.05, mapper=ClientMapper(backend="vmap"))
+      jax.random.PRNGKey(seed), x, y, n, num_classes=3,
+      kernel_fn=fc_kernel(depth=2), mean=MEAN, std=STD,
+      support_size=support_size, max_iterations=max_iterations,
+      segment_iterations=10, stop_accuracy=0.999, lr=0.05,
+      mapper=ClientMapper(backend="vmap"))
+  return res, (x, y, n)
+
+
+def test_single_class_target_batches_never_stop_early():
+  res, _ = _distill_one_class(0, support_size=3, max_iterations=30)
   # Every target batch is single-class, so accuracy 1.0 at iteration 1 must
   # not count as convergence: both clients run the whole budget.
   np.testing.assert_array_equal(np.asarray(res.iterations), [30, 30])
@@ -193,12 +199,7 @@ def test_stop_accuracy_none_runs_the_fixed_budget():
 
 def test_single_class_member_uploads_no_raw_image():
   from fedjax_dd.distill import privacy
-  x, y, n = _one_class_clients()
-  res = kip.distill_clients(
-      jax.random.PRNGKey(1), x, y, n, num_classes=3,
-      kernel_fn=fc_kernel(depth=2), mean=MEAN, std=STD, support_size=4,
-      max_iterations=40, segment_iterations=20, stop_accuracy=0.999,
-      lr=0.05, mapper=ClientMapper(backend="vmap"))
+  res, (x, _, n) = _distill_one_class(1, support_size=4, max_iterations=40)
   ux, _, owner = kip.flatten_support(res, quantized=True)
   p = privacy.upload_privacy(ux, owner, x, n)
   assert p["uploaded_images"] == 8

@@ -13,6 +13,7 @@ from fedjax_dd.experiments import sweep
 from fedjax_dd.experiments.configs import fedavg
 from fedjax_dd.utils import sweep as sweep_lib
 from tests.conftest import REPO_ROOT
+from tests.experiments.test_entrypoint import _read
 
 
 def test_seed_command_replaces_workdir_and_seeds():
@@ -132,14 +133,6 @@ def test_compare_labels_and_single_runs(tmp_path):
     assert os.path.isfile(os.path.join(out, name)), name
   with pytest.raises(ValueError, match="neither"):
     sweep.compare([str(tmp_path / "nothing")], out)
-
-
-def _read(workdir):
-  with open(os.path.join(workdir, "summary.json")) as f:
-    summary = json.load(f)
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f]
-  return summary, rows
 
 
 def test_cli_sweep_over_two_seeds_of_fedavg_smoke(tmp_path):
