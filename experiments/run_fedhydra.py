@@ -533,6 +533,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "dataset": config.dataset,
       "model": config.model,
       "client_models": [arch_of[k] for k in range(m)],
+      "paper_departures": list(config.get("paper_departures") or ()),
       "final_test_accuracy": per_round[-1]["test_accuracy"],
       "best_test_accuracy": max(accs) if accs else per_round[-1]["test_accuracy"],
       "client_test_accuracy": per_round[-1]["client_test_accuracy"],

@@ -193,6 +193,7 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
                             if "test_accuracy" in r],
       **efficiency,
+      "paper_departures": list(config.get("paper_departures") or ()),
       **(extra_summary or {}),
       "config": config.to_dict(),
   }

@@ -54,6 +54,9 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
   c.tensorboard = False  # also write TensorBoard scalars to DIR/tensorboard
   c.initial_model_as_seed = True
   c.multihost = False
+  # Where this preset departs from its paper's protocol, one sentence each;
+  # copied into summary.json["paper_departures"].
+  c.paper_departures = ()
   return c
 
 

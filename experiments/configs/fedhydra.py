@@ -271,6 +271,12 @@ def preset(method: str, arg: str) -> ml_collections.ConfigDict:
   if hetero:
     c.client_models = f"{model},lenet5,{model},lenet5,resnet18"
     c.input_shape = _SHAPES[ds_name]
+  if not gpu:
+    c.paper_departures = (
+        "CPU scale: E = 10 local epochs (paper 200), T_g = 40 distillation "
+        "epochs (paper 200), synthetic batch 64 (paper 256).",
+        "Student SGD keeps momentum 0.9 (paper: 'SGD, lr 0.01'; DENSE's "
+        "code uses 0.9).")
   if gpu:
     c.student_steps = 0
     c.local_epochs = 200.0

@@ -135,6 +135,12 @@ def hfldd_preset(arg: str, *, method: str = "hfldd",
     c.kip_segment_iterations = 50
     c.pretrain_steps = 10
     c.num_homogeneous = 10
+  if name != "smoke" and not gpu:
+    c.paper_departures = (
+        f"KIP runs {CPU_KIP_ITERATIONS} iterations per member (paper: "
+        f"{PAPER_KIP_ITERATIONS}), a CPU budget; see the config docstring.",
+        "The dataset's own train/test split (paper: an 80/20 re-split; "
+        "--config.resplit=0.8).")
   if gpu:
     c.kip_iterations = PAPER_KIP_ITERATIONS
     c.kip_segment_iterations = 100

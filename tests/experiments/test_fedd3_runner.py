@@ -43,6 +43,9 @@ def test_smoke_summary_reports_gce_privacy_and_kip_statistics(smoke_run):
   assert s["gce"] == ledger_lib.gce_table(acc, [2080], (0.01, 0.5))
   assert s["gce_cohort"] == ledger_lib.gce_table(acc, [20800], (0.01, 0.5))
   assert s["gce"]["0.5"] > s["gce_cohort"]["0.5"]
+  departures = s["paper_departures"]
+  assert departures == list(fedd3.get_config("smoke").paper_departures)
+  assert departures and all(isinstance(d, str) for d in departures)
   p = s["privacy"]
   assert p["uploaded_images"] == 40
   assert 0.0 <= p["identical_to_raw_fraction"] <= 1.0

@@ -148,8 +148,13 @@ def test_presets_follow_the_paper():
     assert c.partition.style == "balanced" and c.member_data == "kip"
     if preset.endswith("_gpu"):
       assert (c.kip_iterations, c.rounds, c.resplit) == (3000, 300, 0.8)
+      assert not c.paper_departures
     else:
       assert 0 < c.kip_iterations < 3000 and c.resplit == 0.0
+      # A CPU preset says where it departs (the smoke preset is no protocol).
+      assert bool(c.paper_departures) == (preset != "smoke")
+      if preset != "smoke":
+        assert str(c.kip_iterations) in c.paper_departures[0]
   assert random_config.get_config("mnist_c1").member_data == "random"
   assert wodd_config.get_config("mnist_c1_gpu").member_data == "raw"
   cl = centralized_config.get_config("mnist_hfldd")
