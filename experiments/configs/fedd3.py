@@ -65,6 +65,12 @@ Measured over 3 seeds (seed = data_seed = 0, 1, 2; mean ± sd; 2-core CPU;
   mnist_iid_kip        0.9640 ± 0.0036  0.0625    0.3198    0.0007     1.17    166 s
   mnist_iid_random     0.9762 ± 0.0009  0.0636    0.3975    1.0        0       104 s
 
+Baselines on the same non-IID split (GCE from one client's model upload per
+round): os_fedavg.py:mnist_noniid 0.3332 ± 0.0267 (3 seeds), GCE 0.0164 /
+0.0200; fedavg.py:mnist_fedd3 (seed 0, 18 rounds) 0.8211 final / 0.8971
+best, GCE 0.0023 / 0.0053 (paper cell: 0.20 % at γ = 0.01), 3.11 GB, 736 s;
+fedprox.py:mnist_fedd3 (seed 0) 0.8932, GCE 0.0025 / 0.0074, 878 s.
+
 (Paper Tab. 2: non-IID KIP 94.74 %, 0.01-GCE 7.17 %, 0.5-GCE 30.43 %; GMM
 77.29 %.) KIP with the paper's stop rule is not distinguishable from sending
 one random real image per class (non-IID), and is 1.2 points below it on IID
