@@ -18,7 +18,7 @@ run's own workdir and refused as ``distilled_from``.
 
 The ledger records each client's upload as its own message, so
 ``summary.json["gce"]`` is FedD3's Table 2 GCE (one client's message,
-:func:`fedjax_dd.experiments.runners.gce_summary`) and ``gce_cohort`` the
+:func:`fedjax_dd.core.ledger.gce_summary`) and ``gce_cohort`` the
 cohort-total variant. The summary also reports ``privacy``
 (:func:`fedjax_dd.distill.privacy.upload_privacy` of the uploaded uint8
 images against their sender's raw data) and, for KIP, ``kip_loss`` and
@@ -44,6 +44,7 @@ from fedjax_dd.algorithms.centralized import centralized
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill import kip as kip_lib
 from fedjax_dd.distill import privacy as privacy_lib
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
@@ -237,13 +238,9 @@ def kip_statistics(distilled: fedd3.DistilledSet) -> dict[str, Any]:
   ran = it > 0
   if not ran.any():
     return {"kip_loss": None, "kip_iterations": None}
-  first = np.asarray(distilled.first_loss)[ran]
-  last = np.asarray(distilled.last_loss)[ran]
   return {
-      "kip_loss": {"first_min": float(first.min()),
-                   "first_median": float(np.median(first)),
-                   "last_min": float(last.min()),
-                   "last_median": float(np.median(last))},
+      "kip_loss": kip_lib.loss_summary(it, distilled.first_loss,
+                                       distilled.last_loss),
       "kip_iterations": {
           "min": int(it[ran].min()), "median": float(np.median(it[ran])),
           "max": int(it[ran].max()),

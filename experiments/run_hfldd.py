@@ -37,14 +37,17 @@ import numpy as np
 
 from fedjax_dd import clustering
 from fedjax_dd.algorithms import hfldd
+from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.metrics import write_json
 from fedjax_dd.data import preprocess
 from fedjax_dd.data import sources
 from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill import kip
 from fedjax_dd.distill import soft_labels
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
+from fedjax_dd.experiments.configs.hfldd import MEMBER_DATA
 from fedjax_dd.kernels import ntk
 from fedjax_dd.utils import figures
 
@@ -55,7 +58,6 @@ _INIT, _PRETRAIN, _KIP, _ROUNDS = 0, 1, 2, 3
 # NumPy streams default_rng([seed, STREAM]) (FedSeq's grouping uses 3).
 _TOPOLOGY_STREAM, _RANDOM_MEMBERS_STREAM = 2, 4
 _STAGES_FILE = "hfldd_stages.npz"
-MEMBER_DATA = ("kip", "random", "raw")
 
 KERNELS = {
     "fc": lambda c: ntk.fc_kernel(depth=c.get("kip_depth", 4)),
@@ -151,7 +153,8 @@ def _stages(config, prepared, data, params, batch_stats, root):
         "kip_iterations_mean": float(np.mean(res.iterations)),
         "kip_iterations_max": int(np.max(res.iterations)),
         "kip_final_accuracy_mean": float(np.mean(res.accuracy)),
-        "kip_loss": hfldd.kip_loss_summary(res),
+        "kip_loss": kip.loss_summary(res.iterations, res.first_loss,
+                                     res.loss),
     }
   elif mode == "random":
     sent = hfldd.random_members(
@@ -176,14 +179,14 @@ def sent_label_bits(config: ml_collections.ConfigDict) -> int:
   """Bits charged per label entry of the members' uploads.
 
   ``config.sent_label_bits >= 0`` is used as given; ``-1`` (default) counts
-  what is transmitted: 32 (float32) for learned KIP labels, else 0 (fixed
+  what is transmitted: float32 (32 bits) for learned KIP labels, else 0 (fixed
   labels are implied by the class, as in Eq. 18).
   """
   bits = int(config.get("sent_label_bits", -1))
   if bits >= 0:
     return bits
   learned = config.member_data == "kip" and config.kip_learn_labels
-  return 32 if learned else 0
+  return ledger_lib.BITS_PER_SOFT_LABEL if learned else 0
 
 
 # Config keys that do not change stages 1-3 (a cached run may alter them).

@@ -78,41 +78,6 @@ def _remaining_budget(config: ml_collections.ConfigDict, start: float) -> float:
   return max(budget - (time.time() - start), 1e-6)
 
 
-def gce_summary(ledger: ledger_lib.Ledger, *, final_accuracy: float | None,
-                best_accuracy: float | None, gammas
-                ) -> dict[str, Any]:
-  """FedD3's GCE (Eq. 6) of a run, from its in-memory ledger.
-
-  ``gce`` is the paper's Table 2 definition: ``V_t`` is the bits ONE client
-  uploads in round ``t`` (:meth:`~fedjax_dd.core.ledger.Ledger.message_bits`
-  over uploads and peer messages, downloads excluded as in FedD3 Sec. 4.2):
-  a model upload per round for the FedAvg family, the distilled upload once
-  for FedD3. When clients' messages differ in size (e.g. a client holding
-  fewer classes sends fewer distilled images) the mean message is taken, so
-  that ``V_t`` times the senders is the round's upload; the paper's clients
-  all send the same size, where mean and max agree.
-
-  Returns:
-    ``{"gce", "gce_best", "gce_cohort", "gce_message_bits"}``: ``gce`` with
-    the final accuracy; ``gce_best`` with the best accuracy over the same
-    rounds (Table 2's multi-shot footnote: the best result of the first 18 /
-    6 rounds, charged for all of them); ``gce_cohort`` with ``V_t`` = all
-    traffic of round ``t`` (every client, uploads and downloads);
-    ``gce_message_bits`` the ``[[round, V_t]]`` used by ``gce``. Values are
-    ``None`` where Eq. 6 is undefined (see
-    :func:`~fedjax_dd.core.ledger.gce_table`).
-  """
-  volumes = ledger.message_bits_per_round(kinds=("upload", "peer"))
-  v = [bits for _, bits in volumes]
-  cohort = [ledger.round_totals(r)["bits_total"] for r in ledger.rounds]
-  return {
-      "gce": ledger_lib.gce_table(final_accuracy, v, gammas),
-      "gce_best": ledger_lib.gce_table(best_accuracy, v, gammas),
-      "gce_cohort": ledger_lib.gce_table(final_accuracy, cohort, gammas),
-      "gce_message_bits": [[r, bits] for r, bits in volumes],
-  }
-
-
 def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
                  prepared: common.Prepared, algorithm: FederatedAlgorithm,
                  data, num_steps, ledger=None, start_time: float | None = None,
@@ -125,7 +90,8 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   recorded before the rounds (e.g. a one-shot upload); it is checkpointed with
   the state. ``initial_model`` (``(params, batch_stats)``) and ``run_key``
   default to a split of the config's model key. With ``config.gce_gammas``
-  the summary adds :func:`gce_summary` of the final ledger.
+  the summary adds :func:`fedjax_dd.core.ledger.gce_summary` of the final
+  ledger.
   """
   start = time.time() if start_time is None else start_time
   task = prepared.task
@@ -169,7 +135,7 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   totals = ledger.cumulative()
   efficiency = {}
   if config.get("gce_gammas"):
-    efficiency = gce_summary(
+    efficiency = ledger_lib.gce_summary(
         ledger, final_accuracy=accs[-1] if accs else None,
         best_accuracy=max(accs) if accs else None,
         gammas=tuple(config.gce_gammas))

@@ -33,7 +33,6 @@ import flax
 import jax
 import numpy as np
 
-from fedjax_dd.algorithms.hfldd import labels_to_targets
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.data.stacked import ClientData
@@ -83,11 +82,11 @@ class DistilledSet:
     """``[M, K]`` float32 training targets on the simplex.
 
     Learned labels are what the server trains on (FedD3 Sec. 3.2 sends
-    them), mapped from KIP's label space by HFLDD's
-    :func:`~fedjax_dd.algorithms.hfldd.labels_to_targets`; fixed labels
+    them), mapped from KIP's label space by
+    :func:`~fedjax_dd.distill.kip.labels_to_targets`; fixed labels
     give their one-hot rows.
     """
-    return labels_to_targets(self.y_soft, centered=self.centered_labels)
+    return kip_lib.labels_to_targets(self.y_soft, centered=self.centered_labels)
 
   def train_labels(self) -> np.ndarray:
     """What the server trains on: ``targets() [M, K]`` if learned, else ``y [M]``."""

@@ -53,6 +53,7 @@ from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
+from fedjax_dd.distill.kip import labels_to_targets
 from fedjax_dd.distill import privacy
 
 if TYPE_CHECKING:
@@ -60,39 +61,6 @@ if TYPE_CHECKING:
   from fedjax_dd.clustering import Topology
 
 PyTree = Any
-
-
-# ----------------------------------------------------------------------------
-# Soft targets.
-# ----------------------------------------------------------------------------
-
-
-def labels_to_targets(y: jax.Array | np.ndarray, *, centered: bool) -> np.ndarray:
-  """KIP support labels ``[..., K]`` to cross-entropy target distributions.
-
-  Centring is undone (``+ 1/K``), so fixed centred labels become one-hot
-  again. Learned labels may leave the simplex: negative entries are clipped
-  to zero and each row is renormalised to sum to one; a row with no positive
-  entry falls back to the one-hot of its argmax.
-
-  Args:
-    y: ``[..., K]`` support labels.
-    centered: whether they were built with KIP's centred convention.
-
-  Returns:
-    ``[..., K]`` float32 rows on the probability simplex.
-  """
-  y = np.asarray(y, np.float32)
-  k = y.shape[-1]
-  if centered:
-    y = y + np.float32(1.0 / k)
-  pos = np.clip(y, 0.0, None)
-  total = pos.sum(-1, keepdims=True)
-  fallback = np.eye(k, dtype=np.float32)[np.argmax(y, -1)]
-  with np.errstate(invalid="ignore", divide="ignore"):
-    out = np.where(total > 1e-12, pos / np.where(total > 0, total, 1.0),
-                   fallback)
-  return out.astype(np.float32)
 
 
 # ----------------------------------------------------------------------------
@@ -254,23 +222,6 @@ def sent_privacy(data: ClientData, sent: SentData) -> dict[str, Any]:
   return privacy.upload_privacy(np.asarray(sent.x)[mask], owner[mask],
                                 np.asarray(data.x),
                                 np.asarray(data.num_examples))
-
-
-def kip_loss_summary(result: kip.KipResult) -> dict[str, float]:
-  """KIP loss at the first and the last iteration, min and median over members.
-
-  Members that ran no iteration (no data) are left out.
-  """
-  res = jax.device_get(result)
-  ran = np.asarray(res.iterations) > 0
-  if not ran.any():
-    return {}
-  first = np.asarray(res.first_loss, np.float64)[ran]
-  last = np.asarray(res.loss, np.float64)[ran]
-  return {"first_min": float(first.min()),
-          "first_median": float(np.median(first)),
-          "last_min": float(last.min()),
-          "last_median": float(np.median(last))}
 
 
 def build_hybrid_data(data: ClientData, topology: Topology, sent: SentData, *,

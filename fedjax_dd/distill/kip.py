@@ -359,6 +359,59 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
                    first_loss=state.first_loss)
 
 
+def labels_to_targets(y: jax.Array | np.ndarray, *, centered: bool) -> np.ndarray:
+  """KIP support labels ``[..., K]`` to cross-entropy target distributions.
+
+  Centring is undone (``+ 1/K``), so fixed centred labels become one-hot
+  again. Learned labels may leave the simplex: negative entries are clipped
+  to zero and each row is renormalised to sum to one; a row with no positive
+  entry falls back to the one-hot of its argmax.
+
+  Args:
+    y: ``[..., K]`` support labels.
+    centered: whether they were built with KIP's centred convention.
+
+  Returns:
+    ``[..., K]`` float32 rows on the probability simplex.
+  """
+  y = np.asarray(y, np.float32)
+  k = y.shape[-1]
+  if centered:
+    y = y + np.float32(1.0 / k)
+  pos = np.clip(y, 0.0, None)
+  total = pos.sum(-1, keepdims=True)
+  fallback = np.eye(k, dtype=np.float32)[np.argmax(y, -1)]
+  with np.errstate(invalid="ignore", divide="ignore"):
+    out = np.where(total > 1e-12, pos / np.where(total > 0, total, 1.0),
+                   fallback)
+  return out.astype(np.float32)
+
+
+def loss_summary(iterations, first_loss, last_loss) -> dict[str, float]:
+  """KIP loss at the first and last iteration, min and median over clients.
+
+  Clients that ran no iteration (no data) are left out.
+
+  Args:
+    iterations: ``[C]`` iterations each client ran (``KipResult.iterations``).
+    first_loss: ``[C]`` loss at the first iteration.
+    last_loss: ``[C]`` loss at the last iteration (``KipResult.loss``).
+
+  Returns:
+    ``{"first_min", "first_median", "last_min", "last_median"}``, or ``{}``
+    when no client ran.
+  """
+  ran = np.asarray(iterations) > 0
+  if not ran.any():
+    return {}
+  first = np.asarray(first_loss, np.float64)[ran]
+  last = np.asarray(last_loss, np.float64)[ran]
+  return {"first_min": float(first.min()),
+          "first_median": float(np.median(first)),
+          "last_min": float(last.min()),
+          "last_median": float(np.median(last))}
+
+
 def flatten_support(result: KipResult, *, quantized: bool = True
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """All clients' real support points as host arrays (the server's union).

@@ -37,10 +37,10 @@ def _data():
 
 def test_labels_to_targets_centred_learned_and_degenerate():
   centred = np.array([[-.25, .75, -.25, -.25]])
-  np.testing.assert_allclose(hfldd.labels_to_targets(centred, centered=True),
+  np.testing.assert_allclose(kip.labels_to_targets(centred, centered=True),
                              [[0, 1, 0, 0]], atol=1e-7)
   learned = np.array([[2.0, -1.0, 1.0], [-1.0, -0.5, -2.0], [0, 0, 1]])
-  t = hfldd.labels_to_targets(learned, centered=False)
+  t = kip.labels_to_targets(learned, centered=False)
   np.testing.assert_allclose(t, [[2 / 3, 0, 1 / 3], [0, 1, 0], [0, 0, 1]],
                              rtol=1e-6)
   np.testing.assert_allclose(t.sum(-1), 1.0, rtol=1e-6)
@@ -171,7 +171,7 @@ def test_single_class_members_upload_images_unlike_any_raw_image():
     raw = data.x[c, :data.num_examples[c]].reshape(int(data.num_examples[c]), -1)
     for img in sent.x[j][sent.mask[j]]:
       assert not (raw == img.reshape(1, -1)).all(axis=1).any()
-  loss = hfldd.kip_loss_summary(res)
+  loss = kip.loss_summary(res.iterations, res.first_loss, res.loss)
   assert set(loss) == {"first_min", "first_median", "last_min", "last_median"}
   assert all(np.isfinite(v) and v >= 0 for v in loss.values())
 
@@ -183,7 +183,7 @@ def test_kip_loss_summary_min_median_skipping_idle_members():
       iterations=np.array([3, 0, 5]), converged=np.zeros(3, bool),
       accuracy=np.zeros(3), loss=np.array([0.5, 0.0, 0.1]),
       first_loss=np.array([1.0, 0.0, 3.0]))
-  assert hfldd.kip_loss_summary(res) == {
+  assert kip.loss_summary(res.iterations, res.first_loss, res.loss) == {
       "first_min": 1.0, "first_median": 2.0, "last_min": 0.1,
       "last_median": 0.3}
 
@@ -234,7 +234,7 @@ def test_learned_labels_reach_the_heads_and_are_charged_32_bits():
   learned = np.asarray(res.y)[mask]
   one_hot = np.eye(3)[learned.argmax(-1)]
   assert np.abs(learned - one_hot).max() > 1e-3     # the labels moved
-  np.testing.assert_allclose(sent.y, hfldd.labels_to_targets(res.y,
+  np.testing.assert_allclose(sent.y, kip.labels_to_targets(res.y,
                                                              centered=False))
   hyb = hfldd.build_hybrid_data(data, TOPO, sent, num_classes=3)
   # Head 1 holds its 9 raw rows, then client 0's 5 and client 2's 6 rows.

@@ -481,3 +481,19 @@ def test_gce_reproduces_fedd3_table2_multi_shot_cells(acc, model, rounds, gamma,
   assert volumes == [(r, float(model)) for r in range(1, rounds + 1)]
   v = [bits for _, bits in volumes]
   assert 100 * L.gce(acc, v, gamma) == pytest.approx(printed, abs=0.005)
+
+
+def test_gce_summary_charges_one_client_message_and_the_cohort_separately():
+  # 4 clients, 2 rounds, |w| 32 = 40 bits; round 1 has no download.
+  ledger = _run_fedavg(4, 2, 10, 4)
+  s = L.gce_summary(ledger, final_accuracy=0.5, best_accuracy=0.75,
+                    gammas=(0.0,))
+  assert s["gce_message_bits"] == [[1, 40.0], [2, 40.0]]
+  per_client = 2 * math.log2(41)
+  assert s["gce"]["0.0"] == pytest.approx(0.5 / per_client)
+  assert s["gce_best"]["0.0"] == pytest.approx(0.75 / per_client)
+  # Cohort: round 1 = 4 uploads (160 bits), round 2 = 4 up + 4 down (320).
+  assert s["gce_cohort"]["0.0"] == pytest.approx(
+      0.5 / (math.log2(161) + math.log2(321)))
+  assert L.gce_summary(L.Ledger(), final_accuracy=None, best_accuracy=None,
+                       gammas=(0.5,))["gce"] == {"0.5": None}
