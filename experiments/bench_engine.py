@@ -68,6 +68,7 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
 
   from fedjax_dd import models
   from fedjax_dd.algorithms import stages
+  from fedjax_dd.core import keys as keys_lib
   from fedjax_dd.core.algorithm import Cohort
   from fedjax_dd.core.clients import ClientMapper
   from fedjax_dd.core.local import make_local_update
@@ -91,7 +92,7 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
       num_steps=jnp.full((num_clients,), steps, jnp.int32),
       client_ids=jnp.arange(num_clients))
   params, stats = task.init(jax.random.PRNGKey(0))
-  keys = stages.client_keys(jax.random.PRNGKey(1), cohort.client_ids)
+  keys = keys_lib.client_keys(jax.random.PRNGKey(1), cohort.client_ids)
   ctx = jnp.zeros((num_clients,), jnp.float32)
 
   def run():

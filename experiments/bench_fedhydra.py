@@ -35,6 +35,7 @@ from fedjax_dd.algorithms import stratify as stratify_lib
 from fedjax_dd.core.clients import ClientMapper, default_backend
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import dfkd
+from fedjax_dd.distill import ensemble
 
 
 def _timed(fn, repeats):
@@ -66,8 +67,8 @@ def main(argv=None):
   stack = lambda i: jax.tree_util.tree_map(lambda *a: jnp.stack(a),
                                            *[x[i] for x in inits])
   tv = ((stack(0), stack(1)),)
-  norm = dfkd.unit_normalizer([0.1307], [0.3081])
-  groups = (dfkd.TeacherGroup(task, norm, tuple(range(m))),)
+  norm = ensemble.unit_normalizer([0.1307], [0.3081])
+  groups = (ensemble.TeacherGroup(task, norm, tuple(range(m))),)
   gen = models.Generator(out_shape=(28, 28, 1), nz=100, ngf=args.ngf)
   default = default_backend()
   results = {"m": m, "c": c, "stratify_steps": args.steps,

@@ -55,8 +55,10 @@ def measure(mode: str, num_clients: int, ipc: int, iterations: int,
 
   x, y, n = _data(num_clients, per_client)
   common = dict(num_classes=10, mean=[0.13], std=[0.31], images_per_class=ipc,
-                max_iterations=iterations, segment_iterations=iterations,
-                stop_accuracy=2.0)  # never stop early: time full iterations
+                # Never stop early: time full iterations.
+                options=kip.KipOptions(max_iterations=iterations,
+                                       segment_iterations=iterations,
+                                       stop_accuracy=2.0))
   key = jax.random.PRNGKey(0)
 
   def batched(backend, xs, ys, ns, kernel):

@@ -18,63 +18,81 @@ import optax
 
 from fedjax_dd import models
 from fedjax_dd.core import clients as clients_lib
+from fedjax_dd.core import keys
+from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import partition as partition_lib
 from fedjax_dd.data import preprocess
 from fedjax_dd.data import sources
 from fedjax_dd.data.stacked import ClientData, stack_clients
+from fedjax_dd.distill import kip as kip_lib
+
+
+# Floor of the channel std: a constant channel would divide by zero.
+MIN_STD = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-  """A dataset resized for the model, plus the task built on it."""
+  """A dataset resized for the model, plus the task built on it.
+
+  ``mean`` / ``std`` are THE normalisation of a run (the task's
+  preprocessing, KIP's space, the KRR checks): computed once here.
+  """
   dataset: sources.Dataset
   task: Classifier
   spec: models.ModelSpec
   mean: np.ndarray  # [Ch] train-split channel mean on the [0, 1] scale
-  std: np.ndarray   # [Ch] train-split channel std
+  std: np.ndarray   # [Ch] train-split channel std, at least MIN_STD
 
 
-# Stream of the 80/20 re-split, apart from the partition's
-# ``default_rng(data_seed)`` and HFLDD's ``D_g`` draw ``[data_seed, 1]``.
-_RESPLIT_STREAM = 5
+def data_dir(config: ml_collections.ConfigDict) -> str | None:
+  """``config.data_dir`` ("" : the loaders' default)."""
+  return config.data_dir or None
 
 
 def load_dataset(config: ml_collections.ConfigDict) -> sources.Dataset:
   """Loads ``config.dataset``; re-split when ``config.resplit`` is set.
 
   ``resplit`` (0: keep the dataset's own split) is the train fraction of
-  :func:`fedjax_dd.data.sources.resplit` (HFLDD: 0.8), drawn from
-  ``default_rng([data_seed, 5])``.
+  :func:`fedjax_dd.data.sources.resplit` (HFLDD: 0.8), drawn from the
+  partition seed's :attr:`fedjax_dd.core.keys.Stream.RESPLIT` stream.
   """
-  ds = sources.load_dataset(config.dataset,
-                            data_dir=config.get("data_dir") or None)
-  fraction = float(config.get("resplit", 0.0) or 0.0)
+  ds = sources.load_dataset(config.dataset, data_dir=data_dir(config))
+  fraction = float(config.resplit or 0.0)
   if fraction:
     ds = sources.resplit(
         ds, fraction,
-        rng=np.random.default_rng([config.get("data_seed", 0), _RESPLIT_STREAM]))
+        rng=keys.numpy_stream(config.data_seed, keys.Stream.RESPLIT))
   return ds
+
+
+def resize(config: ml_collections.ConfigDict, x: np.ndarray,
+           shape: Sequence[int]) -> np.ndarray:
+  """``x`` resized to ``shape`` with ``config.resize_method`` (if it differs)."""
+  if x.shape[1:] == tuple(shape):
+    return x
+  return preprocess.resize_images(x, tuple(shape),
+                                  method=config.resize_method)
 
 
 def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
   """Loads ``config.dataset``, resizes it for ``config.model``, builds the task.
 
-  Loading goes through :func:`load_dataset` (so ``config.resplit`` applies).
+  Loading goes through :func:`load_dataset` (so ``config.resplit`` applies);
+  ``config.input_shape`` (if set) overrides the model's input shape. The
+  channel statistics of the (resized) train split, the std floored at
+  :data:`MIN_STD`, normalise the task's inputs.
   """
   ds = load_dataset(config)
   spec = models.get_model(config.model)
-  target = tuple(spec.input_shape)
-  if config.get("input_shape"):
-    target = tuple(config.input_shape)
+  target = tuple(config.input_shape or spec.input_shape)
   if ds.x_train.shape[1:] != target:
-    method = config.get("resize_method", "bilinear")
-    ds = dataclasses.replace(
-        ds,
-        x_train=preprocess.resize_images(ds.x_train, target, method=method),
-        x_test=preprocess.resize_images(ds.x_test, target, method=method))
+    ds = dataclasses.replace(ds, x_train=resize(config, ds.x_train, target),
+                             x_test=resize(config, ds.x_test, target))
   mean, std = preprocess.channel_stats(ds.x_train)
-  mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+  mean = np.asarray(mean, np.float32)
+  std = np.maximum(np.asarray(std, np.float32), np.float32(MIN_STD))
   module = spec.build(ds.num_classes)
   task = Classifier(module=module, input_shape=target,
                     preprocess=functools.partial(preprocess.normalize,
@@ -85,12 +103,12 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``config.optimizer`` in {sgd, adam, adamw} with ``lr``, ``momentum``, ``weight_decay``."""
-  name = config.get("optimizer", "sgd")
+  name = config.optimizer
   lr = config.lr
   builders: dict[str, Callable[[], optax.GradientTransformation]] = {
-      "sgd": lambda: optax.sgd(lr, momentum=config.get("momentum") or None),
+      "sgd": lambda: optax.sgd(lr, momentum=config.momentum or None),
       "adam": lambda: optax.adam(lr),
-      "adamw": lambda: optax.adamw(lr, weight_decay=config.get("weight_decay", 0.0)),
+      "adamw": lambda: optax.adamw(lr, weight_decay=config.weight_decay),
   }
   if name not in builders:
     raise ValueError(f"Unknown optimizer {name!r}; expected one of {sorted(builders)}.")
@@ -112,7 +130,7 @@ def partition(config: ml_collections.ConfigDict, labels: np.ndarray) -> list[np.
   if p.name not in PARTITIONERS:
     raise ValueError(f"Unknown partition {p.name!r}; expected one of {sorted(PARTITIONERS)}.")
   kwargs = {k: v for k, v in p.items() if k != "name"}
-  rng = np.random.default_rng(config.data_seed)
+  rng = keys.numpy_stream(config.data_seed)
   return PARTITIONERS[p.name](labels, config.num_clients, rng=rng, **kwargs)
 
 
@@ -133,9 +151,9 @@ def client_models(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   Returns ``()`` for homogeneous clients: ``client_models`` unset, empty, or
   naming only ``config.model``.
   """
-  names = tuple(s.strip() for s in config.get("client_models", "").split(",")
+  names = tuple(s.strip() for s in config.client_models.split(",")
                 if s.strip())
-  return names if set(names) - {config.get("model")} else ()
+  return names if set(names) - {config.model} else ()
 
 
 def classic_runtime(config: ml_collections.ConfigDict,
@@ -148,16 +166,16 @@ def classic_runtime(config: ml_collections.ConfigDict,
       names (``model`` and ``client_models``).
   """
   if model_names is None:
-    model_names = (config.get("model"), *client_models(config))
+    model_names = (config.model, *client_models(config))
   default = not CLASSIC_RUNTIME_UNSAFE.intersection(model_names)
   return bool(config.get("classic_cpu_runtime", default))
 
 
 def clients_per_round(config: ml_collections.ConfigDict, num_clients: int) -> int:
   """``clients_per_round`` if set, else ``client_fraction`` of N (at least 1)."""
-  if config.get("clients_per_round"):
+  if config.clients_per_round:
     return int(config.clients_per_round)
-  fraction = config.get("client_fraction", 1.0)
+  fraction = config.client_fraction
   if not 0.0 < fraction <= 1.0:
     raise ValueError(f"client_fraction must be in (0, 1], got {fraction}.")
   return max(1, int(round(fraction * num_clients)))
@@ -171,8 +189,8 @@ def mapper(config: ml_collections.ConfigDict,
   ``workload`` (:data:`fedjax_dd.core.clients.WORKLOADS`) picks the measured
   default when ``config.backend`` is ``"auto"``.
   """
-  return clients_lib.ClientMapper(backend=config.get("backend", "auto"),
-                                  chunk_size=config.get("chunk_size") or None,
+  return clients_lib.ClientMapper(backend=config.backend,
+                                  chunk_size=config.chunk_size or None,
                                   classic_runtime=classic_runtime(config,
                                                                   model_names),
                                   workload=workload)
@@ -183,7 +201,47 @@ def workdir_path(workdir: str, *parts: str) -> str:
   return os.path.join(workdir, *parts)
 
 
-def model_key(config: ml_collections.ConfigDict) -> jax.Array:
-  """The root model key; independent of ``config.data_seed``."""
-  return jax.random.PRNGKey(config.seed)
+def local_steps(config: ml_collections.ConfigDict, num_examples) -> jax.Array:
+  """``[C]`` active local steps per client, the one rule of every runner.
+
+  ``config.local_steps > 0`` fixed steps per client (clients without data
+  take none), else ``config.local_epochs`` epochs of ``config.batch_size``
+  (:func:`fedjax_dd.core.local.steps_for`).
+  """
+  if config.local_steps:
+    return steps_for(num_examples, config.batch_size, steps=config.local_steps)
+  return steps_for(num_examples, config.batch_size, epochs=config.local_epochs)
+
+
+# Kernel builders of fedjax_dd.kernels.ntk, imported on first use (it loads
+# neural-tangents, which most runs never need).
+KIP_KERNELS = ("fc", "conv")
+
+
+def kip_kernel(config: ml_collections.ConfigDict, *,
+               batched: bool = False) -> kip_lib.KernelFn:
+  """The KIP kernel of ``config.kip_kernel`` / ``_depth`` / ``_kind``.
+
+  ``kip_kernel_depth`` 0 keeps the kernel's default depth (FC 4, conv 3).
+  ``batched`` evaluates in blocks of ``config.kip_kernel_batch`` images (if
+  set), for KRR over many test images.
+  """
+  if config.kip_kernel not in KIP_KERNELS:
+    raise ValueError(f"Unknown kip_kernel {config.kip_kernel!r}; expected one "
+                     f"of {sorted(KIP_KERNELS)}.")
+  kwargs: dict = {"kind": config.kip_kernel_kind}
+  if config.kip_kernel_depth:
+    kwargs["depth"] = int(config.kip_kernel_depth)
+  if batched and config.kip_kernel_batch:
+    kwargs["batch_size"] = int(config.kip_kernel_batch)
+  from fedjax_dd.kernels import ntk  # pylint: disable=g-import-not-at-top
+  return {"fc": ntk.fc_kernel, "conv": ntk.conv_kernel}[config.kip_kernel](
+      **kwargs)
+
+
+def kip_options(config: ml_collections.ConfigDict) -> kip_lib.KipOptions:
+  """:class:`fedjax_dd.distill.kip.KipOptions` from the ``kip_<field>`` keys."""
+  return kip_lib.KipOptions(**{
+      f.name: config[f"kip_{f.name}"]
+      for f in dataclasses.fields(kip_lib.KipOptions)})
 

@@ -7,14 +7,14 @@ local plus received distilled data). ``config.distiller`` picks KIP, GMM or
 ``learn_labels`` the server (and the hybrid's clients) train on the learned
 soft labels as sent.
 
-The distilled set is cached in ``workdir/distilled.npz`` so that a resumed
-run does not distill again. ``config.distilled_from`` names the
-``distilled.npz`` of another run to train on instead of distilling, so that
-server-side variants reuse one distillation. A cache is used only if its
-fingerprint (the :data:`DISTILL_KEYS` settings plus :data:`CACHE_FORMAT`)
-matches: a cache written under other settings is refused; a stale one (an
-older format, missing fields this runner now records) is recomputed in the
-run's own workdir and refused as ``distilled_from``.
+The distilled set is the stage ``"distilled"`` of the run's
+:class:`~fedjax_dd.core.stage_cache.StageCache` (``workdir/stages``), so a
+resumed run does not distill again. ``config.distilled_from`` names the
+workdir of another run to train on its distilled set instead of
+distilling, so that server-side variants reuse one distillation. Either is
+used only if its fingerprint (:func:`distill_fingerprint`: the
+:data:`DISTILL_KEYS` settings plus :data:`CACHE_FORMAT`) matches; an entry
+written under other settings is refused with the differing fields.
 
 The ledger records each client's upload as its own message, so
 ``summary.json["gce"]`` is FedD3's Table 2 GCE (one client's message,
@@ -27,11 +27,9 @@ images against their sender's raw data) and, for KIP, ``kip_loss`` and
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,29 +40,24 @@ import tqdm
 from fedjax_dd.algorithms import fedd3
 from fedjax_dd.algorithms.centralized import centralized
 from fedjax_dd.algorithms.fedavg import fedavg
+from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core.stage_cache import StageCache
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip as kip_lib
 from fedjax_dd.distill import privacy as privacy_lib
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
+from fedjax_dd.experiments.configs import base as base_config
 from fedjax_dd.kernels import krr as krr_lib
-from fedjax_dd.kernels import ntk
 from fedjax_dd.utils.image_grid import save_image_grid
-
-KERNELS: dict[str, Callable[..., Any]] = {"fc": ntk.fc_kernel,
-                                          "conv": ntk.conv_kernel}
-
-
-def _kernel(config):
-  return KERNELS[config.kernel](depth=config.kernel_depth,
-                                kind=config.kernel_kind)
 
 
 def _distiller(config, prepared, num_classes):
   progress_bar = None
-  if config.get("progress", True):
-    progress_bar = tqdm.tqdm(total=config.kip_max_iterations, desc="KIP",
+  options = common.kip_options(config)
+  if config.progress:
+    progress_bar = tqdm.tqdm(total=options.max_iterations, desc="KIP",
                              disable=None)
 
   def progress(done, converged):
@@ -75,14 +68,9 @@ def _distiller(config, prepared, num_classes):
 
   builders = {
       "kip": lambda: fedd3.kip_distiller(
-          _kernel(config), num_classes=num_classes, mean=prepared.mean,
-          std=prepared.std, images_per_class=config.images_per_class,
-          lr=config.kip_lr, max_iterations=config.kip_max_iterations,
-          target_batch_size=config.kip_target_batch, reg=config.kip_reg,
-          learn_labels=config.learn_labels,
-          centered_labels=config.centered_labels,
-          stop_accuracy=config.stop_accuracy,
-          min_iterations=config.min_iterations,
+          common.kip_kernel(config), num_classes=num_classes,
+          mean=prepared.mean, std=prepared.std,
+          images_per_class=config.images_per_class, options=options,
           mapper=common.mapper(config, workload="kip"),
           allow_raw_upload=config.allow_raw_upload, progress=progress),
       "gmm": lambda: fedd3.gmm_distiller(
@@ -99,126 +87,57 @@ def _distiller(config, prepared, num_classes):
 
 # Config keys that determine the distilled set (the upload); every other key
 # (server optimiser, epochs, evaluation, backend) may differ from the run that
-# wrote a cached ``distilled.npz``.
+# cached it. KIP's segment length only paces progress reports.
 DISTILL_KEYS = (
     "dataset", "resplit", "model", "input_shape", "resize_method",
-    "num_clients", "data_seed", "seed", "partition", "distiller", "kernel",
-    "kernel_depth", "kernel_kind", "images_per_class", "kip_lr",
-    "kip_max_iterations", "kip_target_batch", "kip_reg", "learn_labels",
-    "centered_labels", "stop_accuracy", "min_iterations", "allow_raw_upload")
+    "num_clients", "data_seed", "seed", "partition", "distiller",
+    "images_per_class", "allow_raw_upload", "kip_kernel", "kip_kernel_depth",
+    "kip_kernel_kind",
+    *(k for k in base_config.KIP_OPTION_KEYS if k != "kip_segment_iterations"))
 
-# Version of what ``distilled.npz`` holds. 2: per-client KIP statistics
-# (iterations, converged, first/last loss) and ``centered_labels``.
-CACHE_FORMAT = 2
+# Version of what the "distilled" stage holds (in its fingerprint).
+CACHE_FORMAT = 1
 
-# Arrays every cache of the current format holds (optional ones are empty).
-_CACHE_FIELDS = ("x", "y", "y_soft", "owner", "learned_labels",
-                 "centered_labels", "x_float", "iterations", "converged",
-                 "first_loss", "last_loss", "seconds", "fingerprint")
+STAGE = "distilled"
 
 
-def _settings(config) -> dict[str, Any]:
+def distill_fingerprint(config) -> dict[str, Any]:
+  """The distillation settings of ``config`` and the cache format."""
   d = config.to_dict()
-  return {k: d.get(k) for k in DISTILL_KEYS}
+  return {**{k: d[k] for k in DISTILL_KEYS}, "cache_format": CACHE_FORMAT}
 
 
-def distill_fingerprint(config) -> str:
-  """The distillation settings of ``config`` and the cache format, as JSON."""
-  return json.dumps({**_settings(config), "cache_format": CACHE_FORMAT},
-                    sort_keys=True, default=str)
-
-
-class StaleCacheError(ValueError):
-  """A ``distilled.npz`` of an older format (same or unknown settings)."""
-
-
-def _optional(z, name):
-  a = z[name]
-  return a if a.size else None
-
-
-def _load_distilled(path, config) -> tuple[fedd3.DistilledSet, float]:
-  """Reads a cache written by :func:`_save_distilled` under ``config``'s settings.
+def _distill_or_load(config, workdir, prepared, data
+                     ) -> tuple[fedd3.DistilledSet, float, bool]:
+  """The distilled set, the seconds its distillation took, and whether it
+  came from a cache (this run's or ``distilled_from``'s).
 
   Raises:
-    ValueError: if it was distilled under other settings.
-    StaleCacheError: if it has an older format (no fingerprint, an older
-      ``cache_format`` or missing fields).
+    ValueError: if ``distilled_from`` holds no distilled set, or a cached
+      set was distilled under other settings.
   """
-  with np.load(path) as z:
-    if "fingerprint" not in z:
-      raise StaleCacheError(f"{path} has no distillation fingerprint (an "
-                            "older cache format).")
-    cached = json.loads(str(z["fingerprint"]))
-    version = cached.pop("cache_format", 1)
-    current = json.loads(json.dumps(_settings(config), sort_keys=True,
-                                    default=str))
-    for k, v in current.items():
-      # A key added to DISTILL_KEYS after the cache was written: its off
-      # value (0, None, "", False) is what the older run did.
-      if k not in cached and not v:
-        cached[k] = v
-    if cached != current:
-      raise ValueError(
-          f"{path} was distilled with different settings; use a fresh "
-          "workdir or matching distillation keys.\n"
-          f"  cached:  {z['fingerprint']}\n"
-          f"  current: {distill_fingerprint(config)}")
-    missing = [f for f in _CACHE_FIELDS if f not in z]
-    if version != CACHE_FORMAT or missing:
-      raise StaleCacheError(
-          f"{path} has cache format {version} (current {CACHE_FORMAT}); "
-          f"missing fields: {missing}.")
-    distilled = fedd3.DistilledSet(
-        x=z["x"], y=z["y"], y_soft=z["y_soft"], owner=z["owner"],
-        learned_labels=bool(z["learned_labels"]),
-        centered_labels=bool(z["centered_labels"]),
-        x_float=_optional(z, "x_float"),
-        iterations=_optional(z, "iterations"),
-        converged=_optional(z, "converged"),
-        first_loss=_optional(z, "first_loss"),
-        last_loss=_optional(z, "last_loss"))
-    return distilled, float(z["seconds"])
-
-
-def _save_distilled(path, config, distilled: fedd3.DistilledSet,
-                    seconds: float) -> None:
-  empty = lambda a, dtype: (np.zeros((0,), dtype) if a is None
-                            else np.asarray(a))
-  np.savez_compressed(
-      path, x=distilled.x, y=distilled.y, y_soft=distilled.y_soft,
-      owner=distilled.owner, learned_labels=distilled.learned_labels,
-      centered_labels=distilled.centered_labels,
-      x_float=empty(distilled.x_float, np.float32),
-      iterations=empty(distilled.iterations, np.int32),
-      converged=empty(distilled.converged, bool),
-      first_loss=empty(distilled.first_loss, np.float32),
-      last_loss=empty(distilled.last_loss, np.float32),
-      seconds=seconds, fingerprint=np.asarray(distill_fingerprint(config)))
-
-
-def _distill_or_load(config, workdir, prepared, data) -> tuple[fedd3.DistilledSet, float]:
-  source = config.get("distilled_from") or ""
-  if source:
-    try:
-      return _load_distilled(source, config)
-    except StaleCacheError as e:
-      raise ValueError(f"distilled_from: {e} Re-run the distillation that "
-                       "wrote it.") from e
-  path = common.workdir_path(workdir, "distilled.npz")
-  if os.path.exists(path):
-    try:
-      return _load_distilled(path, config)
-    except StaleCacheError as e:
-      # Same (or unrecorded) settings and the same key: distilling again
-      # gives the same upload, now with every field recorded.
-      logging.warning("%s Distilling again.", e)
+  fingerprint = distill_fingerprint(config)
+  source = config.distilled_from
+  cache = StageCache.for_workdir(source or workdir)
+  hit = cache.load(STAGE, fingerprint)
+  if hit is None and source:
+    raise ValueError(f"distilled_from: {source!r} holds no distilled set "
+                     f"({cache.path(STAGE)}).")
+  if hit is not None:
+    info = hit.info
+    distilled = fedd3.DistilledSet.from_arrays(
+        hit.arrays, learned_labels=info["learned_labels"],
+        centered_labels=info["centered_labels"])
+    return distilled, float(info["seconds"]), True
   start = time.time()
-  key = jax.random.fold_in(common.model_key(config), 1)
+  key = keys.stage_key(keys.model_root(config.seed), keys.FEDD3_DISTILL)
   distilled = _distiller(config, prepared, prepared.dataset.num_classes)(key, data)
   seconds = time.time() - start
-  _save_distilled(path, config, distilled, seconds)
-  return distilled, seconds
+  cache.save(STAGE, fingerprint, distilled.arrays(),
+             {"learned_labels": distilled.learned_labels,
+              "centered_labels": distilled.centered_labels,
+              "seconds": seconds})
+  return distilled, seconds, False
 
 
 def kip_statistics(distilled: fedd3.DistilledSet) -> dict[str, Any]:
@@ -253,9 +172,7 @@ def quantisation_cost(config, prepared, distilled: fedd3.DistilledSet,
   """KRR test accuracy of the union support before and after uint8 quantisation."""
   if distilled.x_float is None:
     return {}
-  kernel = KERNELS[config.kernel](depth=config.kernel_depth,
-                                  kind=config.kernel_kind,
-                                  batch_size=config.get("kernel_batch") or None)
+  kernel = common.kip_kernel(config, batched=True)
   mean, std = jnp.asarray(prepared.mean), jnp.asarray(prepared.std)
   norm = lambda x: (jnp.asarray(x, jnp.float32) / 255.0 - mean) / std
   x_test = prepared.dataset.x_test[:num_test]
@@ -276,7 +193,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   prepared = common.load_and_prepare(config)
   parts = common.partition(config, prepared.dataset.y_train)
   data = common.client_data(prepared.dataset, parts)
-  distilled, distill_seconds = _distill_or_load(config, workdir, prepared, data)
+  distilled, distill_seconds, cached = _distill_or_load(config, workdir,
+                                                        prepared, data)
 
   # One message per client, so the ledger knows each client's upload (GCE).
   ledger = ledger_lib.Ledger().record_messages(
@@ -296,24 +214,25 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         1, kind="download", tag="distilled_data",
         bits=fedd3.hybrid_client_download_bits(distilled, hybrid.num_clients))
     server_data: ClientData = hybrid
-    num_steps = runners.local_steps(config, hybrid.num_examples)
+    num_steps = common.local_steps(config, hybrid.num_examples)
     algorithm = fedavg(prepared.task, common.make_optimizer(config),
                        batch_size=config.batch_size,
                        max_steps=int(jnp.max(num_steps)),
                        mapper=common.mapper(config))
   else:
     server_data = jax.device_put(fedd3.server_dataset(distilled))
-    num_steps = runners.local_steps(config, server_data.num_examples)
+    num_steps = common.local_steps(config, server_data.num_examples)
     algorithm = centralized(prepared.task, common.make_optimizer(config),
                             batch_size=config.batch_size,
                             max_steps=int(jnp.max(num_steps)),
-                            classic_runtime=common.classic_runtime(config))
+                            mapper=common.mapper(config))
 
   extra = {
       "distiller": config.distiller,
       "distilled_images_total": distilled.size,
       "distill_seconds": distill_seconds,
-      "distilled_from": config.get("distilled_from") or "",
+      "distilled_cached": cached,
+      "distilled_from": config.distilled_from,
       "pixels_per_sample": int(np.prod(distilled.x.shape[1:])),
       "learned_labels": distilled.learned_labels,
       "distilled_grid": os.path.basename(grid),

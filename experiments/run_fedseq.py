@@ -22,7 +22,8 @@ import numpy as np
 
 from fedjax_dd import clustering
 from fedjax_dd.algorithms import fedseq
-from fedjax_dd.core.metrics import write_json
+from fedjax_dd.core import keys
+from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import run_hfldd
@@ -37,47 +38,50 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   times: dict[str, float] = {}
   if config.group_by_similarity:
     homo, times, _ = run_hfldd.label_knowledge_clusters(
-        config, prepared, data, params, batch_stats,
-        jax.random.fold_in(root, run_hfldd._PRETRAIN))  # pylint: disable=protected-access
+        config, prepared, data, params, batch_stats, root)
   else:
     homo = np.zeros(data.num_clients, np.int64)
-  groups = clustering.diverse_groups(homo, config.num_groups,
-                                     np.random.default_rng([config.seed, 3]))
-  num_steps = runners.local_steps(config, data.num_examples)
+  groups = clustering.diverse_groups(
+      homo, config.num_groups,
+      keys.numpy_stream(config.seed, keys.Stream.FEDSEQ_GROUPS))
+  num_steps = common.local_steps(config, data.num_examples)
   max_steps = int(jnp.max(num_steps))
   grouped, grouped_steps, member_ids = fedseq.group_data(
       jax.device_get(data), np.asarray(num_steps), groups)
   del data
   group_size = grouped.x.shape[1]
 
-  traffic = config.get("fedseq_traffic", "eq19")
+  traffic = config.fedseq_traffic
   t0 = time.time()
   algorithm = fedseq.fedseq(task, common.make_optimizer(config),
                             batch_size=config.batch_size, max_steps=max_steps,
                             group_size=group_size, mapper=common.mapper(config),
                             traffic=traffic)
-  summary = runners.train_rounds(
+
+  def finalize(summary: dict[str, Any]) -> dict[str, Any]:
+    """FedSeq's grouping and Eq. 19 figures of the finished run."""
+    times["training"] = time.time() - t0
+    config_dict = summary.pop("config")
+    summary.update({
+        "num_groups": len(groups),
+        "group_size": int(group_size),
+        "groups": member_ids.tolist(),
+        "homogeneous": np.asarray(homo).tolist(),
+        "num_classes": int(ds.num_classes),
+        # bytes_total equals the count named by fedseq_traffic.
+        "fedseq_traffic": traffic,
+        **{f"{name}_bytes": ledger_lib.bits_to_bytes(fedseq.eq19_bits(
+            num_groups=len(groups), group_size=group_size,
+            num_params=summary["param_count"], rounds=summary["rounds"],
+            traffic=name)) for name in fedseq.TRAFFIC},
+        "stage_seconds": times,
+        "wall_seconds": time.time() - start,
+        "config": config_dict,
+    })
+    return summary
+
+  return runners.train_rounds(
       config, workdir, prepared=prepared, algorithm=algorithm,
       data=jax.device_put(grouped), num_steps=jnp.asarray(grouped_steps),
       start_time=start, initial_model=(params, batch_stats),
-      run_key=jax.random.fold_in(root, run_hfldd._ROUNDS))  # pylint: disable=protected-access
-  times["training"] = time.time() - t0
-  config_dict = summary.pop("config")
-  summary.update({
-      "num_groups": len(groups),
-      "group_size": int(group_size),
-      "groups": member_ids.tolist(),
-      "homogeneous": np.asarray(homo).tolist(),
-      "num_classes": int(ds.num_classes),
-      # bytes_total equals the count named by fedseq_traffic.
-      "fedseq_traffic": traffic,
-      **{f"{name}_bytes": fedseq.eq19_bits(
-          num_groups=len(groups), group_size=group_size,
-          num_params=summary["param_count"], rounds=summary["rounds"],
-          traffic=name) / 8 for name in fedseq.TRAFFIC},
-      "stage_seconds": times,
-      "wall_seconds": time.time() - start,
-      "config": config_dict,
-  })
-  write_json(common.workdir_path(workdir, "summary.json"), summary)
-  return summary
+      run_key=keys.stage_key(root, keys.Stage.ROUNDS), finalize=finalize)

@@ -22,14 +22,13 @@ from fedjax_dd.algorithms.fednova import fednova
 from fedjax_dd.algorithms.fedprox import fedprox
 from fedjax_dd.algorithms.os_fedavg import os_fedavg
 from fedjax_dd.algorithms.scaffold import scaffold
+from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState, FederatedAlgorithm
-from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.evaluate import make_evaluator
-from fedjax_dd.core.local import steps_for
-from fedjax_dd.core.metrics import MetricsWriter, write_json
 from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.experiments import common
 
 Builder = Callable[[ml_collections.ConfigDict, Classifier, int], FederatedAlgorithm]
@@ -43,7 +42,7 @@ def _fedavg_kwargs(config, max_steps):
 BUILDERS: dict[str, Builder] = {
     "centralized": lambda c, task, m: centralized(
         task, common.make_optimizer(c), batch_size=c.batch_size, max_steps=m,
-        classic_runtime=common.classic_runtime(c)),
+        mapper=common.mapper(c)),
     "fedavg": lambda c, task, m: fedavg(task, common.make_optimizer(c),
                                         **_fedavg_kwargs(c, m)),
     "os_fedavg": lambda c, task, m: os_fedavg(task, common.make_optimizer(c),
@@ -51,7 +50,7 @@ BUILDERS: dict[str, Builder] = {
     "fedprox": lambda c, task, m: fedprox(task, common.make_optimizer(c),
                                           mu=c.mu, **_fedavg_kwargs(c, m)),
     "fednova": lambda c, task, m: fednova(
-        task, common.make_optimizer(c), momentum=c.get("momentum", 0.0) or 0.0,
+        task, common.make_optimizer(c), momentum=c.momentum,
         **_fedavg_kwargs(c, m)),
     "scaffold": lambda c, task, m: scaffold(
         task, learning_rate=c.lr, server_learning_rate=c.get("server_lr", 1.0),
@@ -65,14 +64,14 @@ def _client_partition(config, prepared):
   return common.partition(config, prepared.dataset.y_train)
 
 
-def _remaining_budget(config: ml_collections.ConfigDict, start: float) -> float:
+def remaining_budget(config: ml_collections.ConfigDict, start: float) -> float:
   """Seconds left of ``config.max_wall_seconds`` (0: no budget).
 
   The budget counts from the run's start, so stages before the rounds (HFLDD's
   clustering and KIP, a one-shot upload) use it too. When they used it up, the
   loop still runs one round (a tiny positive budget).
   """
-  budget = float(config.get("max_wall_seconds", 0) or 0)
+  budget = float(config.max_wall_seconds)
   if budget <= 0:
     return 0.0
   return max(budget - (time.time() - start), 1e-6)
@@ -83,7 +82,9 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
                  data, num_steps, ledger=None, start_time: float | None = None,
                  extra_summary: dict[str, Any] | None = None,
                  initial_model: tuple[Any, Any] | None = None,
-                 run_key: jax.Array | None = None) -> dict[str, Any]:
+                 run_key: jax.Array | None = None,
+                 finalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                 ) -> dict[str, Any]:
   """Drives ``algorithm`` through the shared rounds loop and writes the summary.
 
   Resumes from ``workdir/checkpoints`` when possible. ``ledger`` holds traffic
@@ -91,11 +92,12 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   the state. ``initial_model`` (``(params, batch_stats)``) and ``run_key``
   default to a split of the config's model key. With ``config.gce_gammas``
   the summary adds :func:`fedjax_dd.core.ledger.gce_summary` of the final
-  ledger.
+  ledger. ``finalize(summary) -> summary`` adds what depends on the finished
+  run (e.g. HFLDD's Eq. 3 traffic) before the one write of ``summary.json``.
   """
   start = time.time() if start_time is None else start_time
   task = prepared.task
-  init_key, default_run_key = jax.random.split(common.model_key(config))
+  init_key, default_run_key = keys.init_and_run(keys.model_root(config.seed))
   run_key = default_run_key if run_key is None else run_key
   params, batch_stats = (task.init(init_key) if initial_model is None
                          else initial_model)
@@ -103,34 +105,25 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   state = ExperimentState(server=server, clients=client_states, key=run_key,
                           round=jnp.asarray(0, jnp.int32))
 
-  writer = MetricsWriter(
-      common.workdir_path(workdir, "metrics.jsonl"),
-      tensorboard_dir=(common.workdir_path(workdir, "tensorboard")
-                       if config.get("tensorboard") else None))
-  store = CheckpointStore(common.workdir_path(workdir, "checkpoints"),
-                          max_to_keep=config.get("keep_checkpoints", 2),
-                          save_every=config.get("checkpoint_every", 1))
-  resumed = rounds_lib.resume(store, state, writer)
-  if resumed is not None:
-    state, ledger = resumed
-  else:
-    writer.truncate_after(0)
+  work = Workdir(workdir, tensorboard=config.tensorboard)
   options = rounds_lib.RoundsOptions(
       num_rounds=config.rounds,
       clients_per_round=common.clients_per_round(config, data.num_clients),
-      eval_every=config.get("eval_every", 1),
-      checkpoint_every=config.get("checkpoint_every", 1),
-      progress=config.get("progress", True),
-      initial_model_as_seed=config.get("initial_model_as_seed", True),
-      max_seconds=_remaining_budget(config, start))
+      eval_every=config.eval_every,
+      checkpoint_every=config.checkpoint_every,
+      progress=config.progress,
+      initial_model_as_seed=config.initial_model_as_seed,
+      max_seconds=remaining_budget(config, start))
   evaluate = make_evaluator(task, prepared.dataset.x_test,
                             prepared.dataset.y_test)
-  state, ledger, _ = rounds_lib.run_rounds(
-      algorithm, state, data, num_steps, options, evaluate=evaluate,
-      ledger=ledger, writer=writer, store=store)
-  store.close()
+  result = rounds_lib.train(
+      algorithm, state, data, num_steps, options, writer=work.writer,
+      store=work.store(max_to_keep=config.keep_checkpoints,
+                       save_every=config.checkpoint_every),
+      evaluate=evaluate, ledger=ledger)
+  state, ledger = result.state, result.ledger
 
-  rows = writer.rows()
+  rows = result.rows
   accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
   totals = ledger.cumulative()
   efficiency = {}
@@ -148,7 +141,7 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       "rounds": int(state.round),
       "stopped_by_time_budget": int(state.round) < int(config.rounds),
       "num_clients": int(config.num_clients),
-      "param_count": rounds_lib.num_params(state.server.params),
+      "param_count": ledger_lib.num_params(state.server.params),
       "bytes_uploaded": totals["bytes_uploaded"],
       "bytes_downloaded": totals["bytes_downloaded"],
       "bytes_total": totals["bytes_total"],
@@ -159,19 +152,14 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
                             if "test_accuracy" in r],
       **efficiency,
-      "paper_departures": list(config.get("paper_departures") or ()),
+      "paper_departures": list(config.paper_departures),
       **(extra_summary or {}),
       "config": config.to_dict(),
   }
-  write_json(common.workdir_path(workdir, "summary.json"), summary)
+  if finalize is not None:
+    summary = finalize(summary)
+  work.write_summary(summary)
   return summary
-
-
-def local_steps(config: ml_collections.ConfigDict, num_examples) -> jax.Array:
-  """Active local steps per client from ``local_steps`` or ``local_epochs``."""
-  if config.get("local_steps"):
-    return steps_for(num_examples, config.batch_size, steps=config.local_steps)
-  return steps_for(num_examples, config.batch_size, epochs=config.local_epochs)
 
 
 def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -180,7 +168,7 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   prepared = common.load_and_prepare(config)
   parts = _client_partition(config, prepared)
   data = common.client_data(prepared.dataset, parts)
-  num_steps = local_steps(config, data.num_examples)
+  num_steps = common.local_steps(config, data.num_examples)
   algorithm = BUILDERS[config.method](config, prepared.task,
                                       int(jnp.max(num_steps)))
   return train_rounds(config, workdir, prepared=prepared, algorithm=algorithm,

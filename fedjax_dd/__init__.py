@@ -11,11 +11,128 @@ device per core, which the engine's default CPU backend shards clients over
 
 The engine's hot per-client programs carry their other measured compiler
 options themselves (:mod:`fedjax_dd.core.clients`).
+
+The public API, as one flat namespace (loaded on first use, so importing the
+package stays cheap)::
+
+  algorithms   fedavg, fedprox, fednova, scaffold, centralized, os_fedavg,
+               fedseq, fedhydra, dense, feddf, one_shot (client stage and
+               one-shot averaging), fedd3 and hfldd (their stages)
+  shapes       FederatedAlgorithm, ServerDistillation, ServerState,
+               ExperimentState, Cohort, Teachers, CommSpec
+  loops        run_loop, run_rounds, train_rounds, run_server_rounds and
+               their options; CheckpointStore, StageCache, Workdir
+  clients      ClientMapper, client_stage, make_local_update, Classifier
+  distillation distill_kip (batched KIP), KipOptions, gmm_coreset_clients,
+               collect_label_knowledge, make_dfkd, DFKDHyperParams,
+               TeacherGroup, upload_privacy
+  data         load_dataset, load_unlabeled, resplit, iid, dirichlet,
+               pathological, disjoint_classes, quantity_skew, class_counts,
+               stack_clients, ClientData
+  ledger       Ledger, gce, num_params, model_bits
+  keys         keys (the module of named key derivations)
+
+See ``docs/architecture.md`` for how they fit together.
 """
+
+import importlib
+from typing import Any
 
 from fedjax_dd import _xla_setup
 
 __version__ = "0.1.0"
+
+# name -> (module, attribute); attribute None exports the module itself.
+_API: dict[str, tuple[str, str | None]] = {
+    # Algorithms (FederatedAlgorithm factories).
+    "fedavg": ("fedjax_dd.algorithms.fedavg", "fedavg"),
+    "fedprox": ("fedjax_dd.algorithms.fedprox", "fedprox"),
+    "fednova": ("fedjax_dd.algorithms.fednova", "fednova"),
+    "scaffold": ("fedjax_dd.algorithms.scaffold", "scaffold"),
+    "centralized": ("fedjax_dd.algorithms.centralized", "centralized"),
+    "os_fedavg": ("fedjax_dd.algorithms.os_fedavg", "os_fedavg"),
+    "fedseq": ("fedjax_dd.algorithms.fedseq", "fedseq"),
+    # Server-side distillation (ServerDistillation factories).
+    "fedhydra": ("fedjax_dd.algorithms.fedhydra", "fedhydra"),
+    "dense": ("fedjax_dd.algorithms.dense", "dense"),
+    "feddf": ("fedjax_dd.algorithms.feddf", "feddf"),
+    "one_shot": ("fedjax_dd.algorithms.one_shot", None),
+    # Stage modules of FedD3 and HFLDD.
+    "fedd3": ("fedjax_dd.algorithms.fedd3", None),
+    "hfldd": ("fedjax_dd.algorithms.hfldd", None),
+    # Shapes and state.
+    "FederatedAlgorithm": ("fedjax_dd.core.algorithm", "FederatedAlgorithm"),
+    "ServerDistillation": ("fedjax_dd.core.algorithm", "ServerDistillation"),
+    "ServerState": ("fedjax_dd.core.algorithm", "ServerState"),
+    "ExperimentState": ("fedjax_dd.core.algorithm", "ExperimentState"),
+    "Cohort": ("fedjax_dd.core.algorithm", "Cohort"),
+    "Teachers": ("fedjax_dd.core.algorithm", "Teachers"),
+    "CommSpec": ("fedjax_dd.core.algorithm", "CommSpec"),
+    # Loops, checkpoints, run directory.
+    "run_loop": ("fedjax_dd.core.loop", "run_loop"),
+    "LoopOptions": ("fedjax_dd.core.loop", "LoopOptions"),
+    "run_rounds": ("fedjax_dd.core.rounds", "run_rounds"),
+    "train_rounds": ("fedjax_dd.core.rounds", "train"),
+    "RoundsOptions": ("fedjax_dd.core.rounds", "RoundsOptions"),
+    "run_server_rounds": ("fedjax_dd.core.server", "run_server_rounds"),
+    "ServerOptions": ("fedjax_dd.core.server", "ServerOptions"),
+    "CheckpointStore": ("fedjax_dd.core.checkpoint", "CheckpointStore"),
+    "StageCache": ("fedjax_dd.core.stage_cache", "StageCache"),
+    "Workdir": ("fedjax_dd.core.workdir", "Workdir"),
+    # The client axis and local training.
+    "ClientMapper": ("fedjax_dd.core.clients", "ClientMapper"),
+    "client_stage": ("fedjax_dd.core.clients", "client_stage"),
+    "make_local_update": ("fedjax_dd.core.local", "make_local_update"),
+    "Classifier": ("fedjax_dd.core.task", "Classifier"),
+    "make_evaluator": ("fedjax_dd.core.evaluate", "make_evaluator"),
+    # Batched distillation.
+    "distill_kip": ("fedjax_dd.distill.kip", "distill_clients"),
+    "KipOptions": ("fedjax_dd.distill.kip", "KipOptions"),
+    "gmm_coreset_clients": ("fedjax_dd.distill.gmm", "gmm_coreset_clients"),
+    "collect_label_knowledge": ("fedjax_dd.distill.soft_labels",
+                                "collect_label_knowledge"),
+    "make_dfkd": ("fedjax_dd.distill.dfkd", "make_dfkd"),
+    "DFKDHyperParams": ("fedjax_dd.distill.dfkd", "DFKDHyperParams"),
+    "TeacherGroup": ("fedjax_dd.distill.ensemble", "TeacherGroup"),
+    "upload_privacy": ("fedjax_dd.distill.privacy", "upload_privacy"),
+    # Data and partitions.
+    "load_dataset": ("fedjax_dd.data.sources", "load_dataset"),
+    "load_unlabeled": ("fedjax_dd.data.sources", "load_unlabeled"),
+    "resplit": ("fedjax_dd.data.sources", "resplit"),
+    "iid": ("fedjax_dd.data.partition", "iid"),
+    "dirichlet": ("fedjax_dd.data.partition", "dirichlet"),
+    "pathological": ("fedjax_dd.data.partition", "pathological"),
+    "disjoint_classes": ("fedjax_dd.data.partition", "disjoint_classes"),
+    "quantity_skew": ("fedjax_dd.data.partition", "quantity_skew"),
+    "class_counts": ("fedjax_dd.data.partition", "class_counts"),
+    "stack_clients": ("fedjax_dd.data.stacked", "stack_clients"),
+    "ClientData": ("fedjax_dd.data.stacked", "ClientData"),
+    # The ledger.
+    "Ledger": ("fedjax_dd.core.ledger", "Ledger"),
+    "gce": ("fedjax_dd.core.ledger", "gce"),
+    "num_params": ("fedjax_dd.core.ledger", "num_params"),
+    "model_bits": ("fedjax_dd.core.ledger", "model_bits"),
+    # Named key derivations.
+    "keys": ("fedjax_dd.core.keys", None),
+}
+
+__all__ = sorted(_API) + ["configure_cpu", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+  """Loads a public name on first use (PEP 562)."""
+  if name not in _API:
+    raise AttributeError(f"module 'fedjax_dd' has no attribute {name!r}")
+  module, attr = _API[name]
+  value = importlib.import_module(module)
+  if attr is not None:
+    value = getattr(value, attr)
+  globals()[name] = value  # later lookups skip __getattr__
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_API))
 
 
 def configure_cpu() -> bool:

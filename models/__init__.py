@@ -15,7 +15,6 @@ Example::
 """
 
 import dataclasses
-import math
 import types
 from typing import Any, Callable, Mapping
 
@@ -104,17 +103,6 @@ def get_model(name: str) -> ModelSpec:
     ) from None
 
 
-def param_count(params: Any) -> int:
-  """Number of scalars in a pytree of arrays (or ``jax.ShapeDtypeStruct``).
-
-  Pass ``variables['params']`` to count trainable parameters only; BatchNorm
-  running statistics live in ``variables['batch_stats']``.
-  """
-  return sum(
-      math.prod(leaf.shape if hasattr(leaf, "shape") else jnp.shape(leaf))
-      for leaf in jax.tree_util.tree_leaves(params))
-
-
 def _init(module, key, input_shape, call_kwargs):
   x = jnp.zeros((1, *input_shape), jnp.float32)
   return module.init(key, x, train=False, **call_kwargs)
@@ -156,6 +144,6 @@ def init_model(
 __all__ = [
     "AlexCifarNet", "AlexNet", "BasicBlock", "CNN2", "CNN3", "ConvBNNet",
     "ConvNet", "DigitsCNN", "FC", "Generator", "HFLDDCifarCNN", "LeNet5",
-    "MODELS", "ModelSpec", "ResNet", "get_model", "init_model", "param_count",
+    "MODELS", "ModelSpec", "ResNet", "get_model", "init_model",
     "resnet18",
 ]

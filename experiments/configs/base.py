@@ -24,6 +24,9 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
   c.dataset = dataset
   c.data_dir = ""
   c.model = model
+  c.input_shape = ()  # the model's input shape; set to resize the images to another
+  c.resize_method = "bilinear"  # bilinear | pad (fedjax_dd.data.resize_images)
+  c.client_models = ""  # comma-separated client architectures; "": all `model`
   c.seed = 0
   c.data_seed = 0
   c.num_clients = 1
@@ -78,3 +81,43 @@ def pathological(num_classes_per_client: int, style: str = "hfldd"
 def dirichlet(alpha: float, min_size: int = 10) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({"name": "dirichlet", "alpha": alpha,
                                     "min_size": min_size})
+
+
+# The KIP keys set by :func:`kip`: ``kip_<field>`` of
+# ``fedjax_dd.distill.kip.KipOptions`` plus the kernel's.
+KIP_OPTION_KEYS = ("kip_lr", "kip_max_iterations", "kip_target_batch_size",
+                   "kip_reg", "kip_learn_labels", "kip_centered_labels",
+                   "kip_stop_accuracy", "kip_min_iterations",
+                   "kip_segment_iterations")
+KIP_KERNEL_KEYS = ("kip_kernel", "kip_kernel_depth", "kip_kernel_kind",
+                   "kip_kernel_batch")
+KIP_KEYS = KIP_OPTION_KEYS + KIP_KERNEL_KEYS
+
+
+def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
+        stop_accuracy: float | None, kernel_depth: int = 0,
+        segment_iterations: int = 100) -> ml_collections.ConfigDict:
+  """Adds the KIP keys (one name per setting, shared by FedD3 and HFLDD).
+
+  ``kip_<name>`` for every field of ``fedjax_dd.distill.kip.KipOptions``
+  (FedD3 App. C / HFLDD Sec. V-A: Adam lr 0.004, target batches of 10,
+  ``lambda = 1e-6``, fixed labels) and the kernel: ``kip_kernel`` (fc |
+  conv), ``kip_kernel_depth`` (0: the kernel's default, FC 4 / conv 3),
+  ``kip_kernel_kind`` (ntk | nngp), ``kip_kernel_batch`` (> 0: blocks of
+  that many images when evaluating KRR, FedD3's quantisation check).
+  ``kip_stop_accuracy`` None runs a fixed budget of ``kip_max_iterations``.
+  """
+  c.kip_kernel = "fc"
+  c.kip_kernel_depth = kernel_depth
+  c.kip_kernel_kind = "ntk"
+  c.kip_kernel_batch = 0
+  c.kip_lr = 0.004
+  c.kip_max_iterations = max_iterations
+  c.kip_target_batch_size = 10
+  c.kip_reg = 1e-6
+  c.kip_learn_labels = False
+  c.kip_centered_labels = False
+  c.kip_stop_accuracy = stop_accuracy
+  c.kip_min_iterations = 0
+  c.kip_segment_iterations = segment_iterations
+  return c

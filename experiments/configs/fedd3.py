@@ -7,9 +7,9 @@ Commands (CPU, 2 cores; figures measured are in the project notes):
     KIP with the 4-layer FC NTK, LeNet-5 server model. Paper Tab. 2: 94.74 %.
     Every KIP preset uses the paper's early-stop rule as written (App. C:
     stop once the target batch reaches accuracy 0.999, at most 3000
-    iterations; ``min_iterations = 0``, as in the authors' code, which has
-    no minimum). With a former ``min_iterations = 100`` the server reached
-    92.2 %; 1000 forced iterations gave 77.3 %: every KIP step (Adam, lr
+    iterations; ``kip_min_iterations = 0``, as in the authors' code, which
+    has no minimum). With a former minimum of 100 iterations the server
+    reached 92.2 %; 1000 forced iterations gave 77.3 %: every KIP step (Adam, lr
     0.004 in normalised space) moves each pixel, background included, by
     about 0.3 grey levels, and LeNet-5 generalises worse from the noisier
     images (the FC-NTK KRR test accuracy of the union also falls, 90.3 % ->
@@ -25,7 +25,7 @@ Commands (CPU, 2 cores; figures measured are in the project notes):
     median nearest-raw L2 0.18 (two different digits: 5-10); 52 s wall.
   ...fedd3.py:mnist_noniid_kip_full
     The same with no early stop: every client runs all 3000 iterations
-    (``stop_accuracy = None``), what "distilled" means without the rule.
+    (``kip_stop_accuracy = None``), what "distilled" means without the rule.
   ...fedd3.py:mnist_noniid_random / mnist_iid_random / cifar10_noniid_random
     The control: random real images, the same number per class per client
     as KIP sends (1), same server training. Measured (mnist_noniid_random,
@@ -38,7 +38,7 @@ Commands (CPU, 2 cores; figures measured are in the project notes):
     (10 float32 entries per image in the ledger).
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_iid_kip --workdir=/tmp/d3i
     Same, IID clients (10 classes each). Paper: 94.37 %. Measured with the
-    former ``min_iterations = 100``: 0.9599 / 0.9607, 3,925,000 bytes.
+    former minimum of 100 iterations: 0.9599 / 0.9607, 3,925,000 bytes.
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_noniid_gmm --workdir=/tmp/d3g
     GMM coreset instead of KIP. Paper: 77.29 %. Measured: 0.7563 / 0.7565.
   fedjax-dd --config=experiments/configs/fedd3.py:cifar10_noniid_kip --workdir=/tmp/d3c
@@ -46,7 +46,7 @@ Commands (CPU, 2 cores; figures measured are in the project notes):
     ``alexcifarnet`` (1,756,426 parameters), the size whose
     ``log2(|w|·32 + 1)`` reproduces Tab. 2's baseline GCE cells (the
     five-conv ``alexnet``, 3.9 M, does not). Paper: 38.27 %. Measured with
-    the former ``alexnet`` and ``min_iterations = 100`` under
+    the former ``alexnet`` and ``kip_min_iterations = 100`` under
     --config.max_wall_seconds=600 (32 of 200 epochs, still rising): 0.4108.
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_noniid_hybrid --workdir=/tmp/d3h
     Multi-shot hybrid (App. F): FedAvg on local + all distilled data, batch
@@ -97,8 +97,9 @@ rounds (hybrid). ``summary.json`` adds ``gce`` (FedD3's Tab. 2 GCE: one
 client's upload per round), ``gce_best``, ``gce_cohort`` (the cohort's total
 traffic per round) for ``gce_gammas``, ``privacy``, ``kip_loss``,
 ``kip_iterations``, ``distilled_images_total`` and ``bytes_total`` (the single
-upload). ``--config.distilled_from=/tmp/d3/distilled.npz`` reuses a
-distillation.
+upload). The distilled set is cached in ``WORKDIR/stages/distilled`` (a
+resumed run does not distill again); ``--config.distilled_from=/tmp/d3``
+trains on the distilled set of the run in ``/tmp/d3``.
 """
 
 from fedjax_dd.experiments.configs import base as base_lib
@@ -112,24 +113,15 @@ def get_config(arg: str = "mnist_noniid_kip"):
   c.num_clients = 500
   c.partition = base_lib.pathological(2, style="fedd3")
   c.distiller = "kip"  # kip | gmm | random
-  c.kernel = "fc"
-  c.kernel_depth = 4
-  c.kernel_kind = "ntk"
-  c.kernel_batch = 0
   c.images_per_class = 1
-  c.kip_lr = 0.004
-  c.kip_max_iterations = 3000
-  c.kip_target_batch = 10
-  c.kip_reg = 1e-6
-  c.learn_labels = False
-  c.centered_labels = False
-  # FedD3's rule (App. C): stop at target-batch accuracy 0.999, no minimum.
-  # None runs every client for kip_max_iterations.
-  c.stop_accuracy = 0.999
-  c.min_iterations = 0
+  # KIP (base.kip): 4-layer FC NTK; FedD3's rule (App. C): stop at
+  # target-batch accuracy 0.999, no minimum, at most 3000 iterations.
+  # kip_stop_accuracy None runs every client for kip_max_iterations.
+  base_lib.kip(c, max_iterations=3000, stop_accuracy=0.999, kernel_depth=4)
   c.allow_raw_upload = False
-  # Path of another run's distilled.npz: train on it instead of distilling
-  # (server-side variants; refused if its distillation settings differ).
+  # Workdir of another run: train on its cached distilled set (its
+  # workdir/stages/distilled) instead of distilling (server-side variants;
+  # refused if its distillation settings differ).
   c.distilled_from = ""
   # Server training on the union (paper App. C: SGD, momentum 0.9, batch 50;
   # lr not stated per dataset, see the module docstring).
@@ -151,8 +143,8 @@ def get_config(arg: str = "mnist_noniid_kip"):
            "gce_gammas": (0.1, 2.0)}
   presets = {
       "mnist_noniid_kip": {},
-      "mnist_noniid_kip_full": {"stop_accuracy": None},
-      "mnist_noniid_kip_labels": {"learn_labels": True},
+      "mnist_noniid_kip_full": {"kip_stop_accuracy": None},
+      "mnist_noniid_kip_labels": {"kip_learn_labels": True},
       "mnist_iid_kip": {"partition": base_lib.ml_collections.ConfigDict(_IID)},
       "mnist_noniid_gmm": {"distiller": "gmm"},
       "mnist_noniid_random": {"distiller": "random"},

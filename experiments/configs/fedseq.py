@@ -24,10 +24,7 @@ def get_config(arg: str = "mnist_c1"):
   c = hfldd.hfldd_preset(arg, method="fedseq", member_data="raw")
   c.runner = "fedseq"
   # Stage-5 keys of the HFLDD presets; FedSeq has no member stage.
-  for key in ("member_data", "kip_kernel", "kip_lr", "kip_target_batch_size",
-              "kip_reg", "kip_learn_labels", "kip_centered_labels",
-              "kip_iterations", "kip_segment_iterations", "support_size",
-              "sent_label_bits"):
+  for key in hfldd.MEMBER_STAGE_KEYS:
     del c[key]
   c.num_groups = 5 if arg == "smoke" else 10  # O; J = num_clients / O.
   c.group_by_similarity = True

@@ -19,8 +19,8 @@ Members' data (``member_data``): ``"kip"`` (HFLDD), ``"random"``
 ``"raw"`` (all raw data, "w/o DD"; ``hfldd_wodd.py``).
 
 KIP budget. The paper gives KIP "a maximum of 3,000 iterations" and no
-accuracy stop, so members run a fixed budget (``kip_iterations``;
-``stop_accuracy=None`` in the library). FedD3's rule (stop once the target
+accuracy stop, so members run a fixed budget (``kip_max_iterations``;
+``kip_stop_accuracy = None``). FedD3's rule (stop once the target
 batch is fitted) stopped every one-class member at iteration 1, so members
 uploaded their raw images and HFLDD equalled its w/o-DD ablation. The CPU
 presets use ``CPU_KIP_ITERATIONS`` = 100, chosen by timing the MNIST C = 1
@@ -91,7 +91,7 @@ at round 5; cifar10_c1 with ``--config.model=convnet3`` 0.3388 / 0.3849 /
 0.4090 / 0.4793 / 0.5290 after rounds 1-3.
 
 Sweeps: ``--config.num_homogeneous=K`` (clusters), ``--config.support_size``,
-``--config.kip_iterations``, ``--config.partition.num_classes_per_client``,
+``--config.kip_max_iterations``, ``--config.partition.num_classes_per_client``,
 ``--config.partition.style=hfldd`` (the earlier uneven split).
 """
 
@@ -133,8 +133,7 @@ def hfldd_preset(arg: str, *, method: str = "hfldd",
     c.aux_dataset = "digits"
     c.aux_size = 50
     c.support_size = 20
-    c.kip_iterations = 4
-    c.kip_segment_iterations = 2
+    kip_iterations, kip_segment = 4, 2
     c.pretrain_steps = 3
     c.num_homogeneous = 10
   else:
@@ -152,8 +151,7 @@ def hfldd_preset(arg: str, *, method: str = "hfldd",
                      else base_lib.TINY_IMAGENET_AUX)
     c.aux_size = 1000
     c.support_size = 400
-    c.kip_iterations = CPU_KIP_ITERATIONS
-    c.kip_segment_iterations = 50
+    kip_iterations, kip_segment = CPU_KIP_ITERATIONS, 50
     c.pretrain_steps = 10
     c.num_homogeneous = 10
   if name != "smoke" and not gpu:
@@ -163,8 +161,7 @@ def hfldd_preset(arg: str, *, method: str = "hfldd",
         "The dataset's own train/test split (paper: an 80/20 re-split; "
         "--config.resplit=0.8).")
   if gpu:
-    c.kip_iterations = PAPER_KIP_ITERATIONS
-    c.kip_segment_iterations = 100
+    kip_iterations, kip_segment = PAPER_KIP_ITERATIONS, 100
     c.rounds = 300
     c.resplit = 0.8
   # Stage 1: label knowledge (E1 steps, batch 64, SGD lr 0.01 = c.lr).
@@ -173,13 +170,11 @@ def hfldd_preset(arg: str, *, method: str = "hfldd",
   c.kmeans_n_init = 10
   # Stage 5: IID dataset generation.
   c.member_data = member_data
-  # KIP (member_data="kip"): a fixed budget of kip_iterations, no early stop.
-  c.kip_kernel = "fc"  # fc | conv
-  c.kip_lr = 0.004
-  c.kip_target_batch_size = 10
-  c.kip_reg = 1e-6
-  c.kip_learn_labels = False
-  c.kip_centered_labels = False
+  # KIP (member_data="kip", base.kip): a fixed budget of kip_max_iterations,
+  # no early stop; FC NTK (kip_kernel_depth 0: the kernel's default depth,
+  # FC 4, conv 3).
+  base_lib.kip(c, max_iterations=kip_iterations, stop_accuracy=None,
+               segment_iterations=kip_segment)
   # Bits per label entry of the uploads; -1: what is sent (32 for learned
   # KIP labels, 0 for fixed ones, which Eq. 18 leaves out).
   c.sent_label_bits = -1
@@ -192,3 +187,8 @@ def hfldd_preset(arg: str, *, method: str = "hfldd",
 
 def get_config(arg: str = "mnist_c1"):
   return hfldd_preset(arg)
+
+
+# Keys of stage 5 (the members' uploads); FedSeq has no such stage.
+MEMBER_STAGE_KEYS = ("member_data", "support_size", "sent_label_bits",
+                     *base_lib.KIP_KEYS)

@@ -14,6 +14,8 @@ stand-alone speed; see ``experiments/perf_notes.md``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import optax
 
@@ -25,7 +27,7 @@ from fedjax_dd.core.task import Classifier
 
 def centralized(task: Classifier, optimizer: optax.GradientTransformation, *,
                 batch_size: int, max_steps: int,
-                classic_runtime: bool = True) -> FederatedAlgorithm:
+                mapper: ClientMapper = ClientMapper()) -> FederatedAlgorithm:
   """Builds centralized training on a cohort of exactly one client.
 
   Args:
@@ -33,15 +35,15 @@ def centralized(task: Classifier, optimizer: optax.GradientTransformation, *,
     optimizer: its optimizer; the state persists across rounds (epochs).
     batch_size: batch size.
     max_steps: steps per round (one epoch: ``ceil(N / B)``).
-    classic_runtime: see :func:`fedjax_dd.core.clients.engine_jit`.
+    mapper: the engine's compile settings; the one client is always
+      vmapped (its ``backend`` is ignored).
 
   Returns:
     A :class:`FederatedAlgorithm`; ``apply`` expects a one-client cohort.
   """
   local = make_local_update(task, optimizer, batch_size=batch_size,
                             max_steps=max_steps)
-  run = ClientMapper(backend="vmap", classic_runtime=classic_runtime).map(
-      local.run)
+  run = dataclasses.replace(mapper, backend="vmap").map(local.run)
   stack = lambda tree: jax.tree_util.tree_map(lambda a: a[None], tree)
   unstack = lambda tree: jax.tree_util.tree_map(lambda a: a[0], tree)
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import stages
+from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.clients import ClientMapper
@@ -76,7 +77,7 @@ def fedavg(task: Classifier,
     return ServerState(params, batch_stats, server_optimizer.init(params)), {}
 
   def apply(server, clients, cohort, key):
-    keys = stages.client_keys(key, cohort.client_ids)
+    keys = keys_lib.client_keys(key, cohort.client_ids)
     no_ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
     result = train(server.params, server.batch_stats, server.params, cohort,
                    keys, no_ctx)

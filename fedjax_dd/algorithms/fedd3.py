@@ -92,16 +92,31 @@ class DistilledSet:
     """What the server trains on: ``targets() [M, K]`` if learned, else ``y [M]``."""
     return self.targets() if self.learned_labels else self.y
 
+  def arrays(self) -> dict[str, np.ndarray]:
+    """The array fields as ``{name: host array}`` (absent ones left out),
+    e.g. for :class:`fedjax_dd.core.stage_cache.StageCache`."""
+    return {f: np.asarray(getattr(self, f)) for f in _ARRAY_FIELDS
+            if getattr(self, f) is not None}
+
+  @classmethod
+  def from_arrays(cls, arrays, *, learned_labels: bool,
+                  centered_labels: bool) -> DistilledSet:
+    """Inverse of :meth:`arrays` (fields it lacks are None)."""
+    return cls(**{f: arrays.get(f) for f in _ARRAY_FIELDS},
+               learned_labels=bool(learned_labels),
+               centered_labels=bool(centered_labels))
+
+
+_ARRAY_FIELDS = ("x", "y", "y_soft", "owner", "x_float", "iterations",
+                 "converged", "first_loss", "last_loss")
+
 
 Distiller = Callable[[jax.Array, ClientData], DistilledSet]
 
 
 def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
-                  images_per_class: int, lr: float = 0.004,
-                  max_iterations: int = 3000, target_batch_size: int = 10,
-                  reg: float = 1e-6, learn_labels: bool = False,
-                  centered_labels: bool = False, stop_accuracy: float = 0.999,
-                  min_iterations: int = 0, segment_iterations: int = 100,
+                  images_per_class: int,
+                  options: kip_lib.KipOptions = kip_lib.KipOptions(),
                   mapper: ClientMapper = ClientMapper(workload="kip"),
                   allow_raw_upload: bool = False,
                   progress: Callable[[int, int], None] | None = None
@@ -109,9 +124,10 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
   """KIP on every client at once (FedD3 Sec. 3.2, Eq. 4).
 
   See :func:`fedjax_dd.distill.kip.distill_clients` for the arguments
-  (``stop_accuracy=None``: every client runs ``max_iterations``). The
-  privacy guard (paper App. G) runs first on the host. The result carries
-  each client's iterations, early-stop flag and first/last KIP loss.
+  (``options.stop_accuracy=None``: every client runs
+  ``options.max_iterations``). The privacy guard (paper App. G) runs first
+  on the host. The result carries each client's iterations, early-stop flag
+  and first/last KIP loss.
   """
 
   def distill(key, data: ClientData) -> DistilledSet:
@@ -120,19 +136,16 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
     res = kip_lib.distill_clients(
         key, data.x, data.y, data.num_examples, num_classes=num_classes,
         kernel_fn=kernel_fn, mean=mean, std=std,
-        images_per_class=images_per_class, lr=lr,
-        max_iterations=max_iterations, target_batch_size=target_batch_size,
-        reg=reg, learn_labels=learn_labels, centered_labels=centered_labels,
-        stop_accuracy=stop_accuracy, min_iterations=min_iterations,
-        segment_iterations=segment_iterations, mapper=mapper,
+        images_per_class=images_per_class, options=options, mapper=mapper,
         progress=progress)
     x_float, y_soft, owner = kip_lib.flatten_support(res, quantized=False)
     x = np.asarray(kip_lib.quantize(x_float))
     res = jax.device_get(res)
     return DistilledSet(x=x, y=np.argmax(y_soft, -1).astype(np.int32),
                         y_soft=y_soft.astype(np.float32), owner=owner,
-                        learned_labels=learn_labels,
-                        centered_labels=centered_labels, x_float=x_float,
+                        learned_labels=options.learn_labels,
+                        centered_labels=options.centered_labels,
+                        x_float=x_float,
                         iterations=np.asarray(res.iterations, np.int32),
                         converged=np.asarray(res.converged, bool),
                         first_loss=np.asarray(res.first_loss, np.float32),
@@ -209,34 +222,33 @@ def random_distiller(*, num_classes: int, images_per_class: int
   return distill
 
 
-def client_upload_bits(distilled: DistilledSet, num_clients: int, *,
-                       bits_per_pixel_channel: int = ledger_lib.BITS_PER_PIXEL_CHANNEL,
-                       bits_per_label: int = 8) -> np.ndarray:
+def client_upload_bits(
+    distilled: DistilledSet, num_clients: int, *,
+    bits_per_pixel_channel: int = ledger_lib.BITS_PER_PIXEL_CHANNEL,
+    bits_per_hard_label: int = ledger_lib.BITS_PER_HARD_LABEL,
+    bits_per_soft_label: int = ledger_lib.BITS_PER_SOFT_LABEL) -> np.ndarray:
   """``[C]`` bits of each client's one-shot message (0: sent nothing).
 
   An image counts ``bits_per_pixel_channel`` per pixel channel (uint8)
-  plus its label: a hard label ``bits_per_label`` (a class index fits a
-  byte), a learned label its ``K`` soft entries at 32 bits each
-  (:data:`~fedjax_dd.core.ledger.BITS_PER_SOFT_LABEL`), as sent.
+  plus its label as sent: a hard label ``bits_per_hard_label`` (a class
+  index fits a byte), a learned label its ``K`` soft entries at
+  ``bits_per_soft_label`` each.
   """
   image_bits = int(np.prod(distilled.x.shape[1:])) * bits_per_pixel_channel
   if distilled.learned_labels:
-    label_bits = int(distilled.y_soft.shape[-1]) * ledger_lib.BITS_PER_SOFT_LABEL
+    label_bits = int(distilled.y_soft.shape[-1]) * bits_per_soft_label
   else:
-    label_bits = bits_per_label
+    label_bits = bits_per_hard_label
   images = np.bincount(np.asarray(distilled.owner, np.int64),
                        minlength=num_clients)
   return images.astype(np.int64) * (image_bits + label_bits)
 
 
-def upload_bits(distilled: DistilledSet, *,
-                bits_per_pixel_channel: int = ledger_lib.BITS_PER_PIXEL_CHANNEL,
-                bits_per_label: int = 8) -> int:
-  """Bits of the whole one-shot upload: :func:`client_upload_bits` summed."""
+def upload_bits(distilled: DistilledSet, **widths) -> int:
+  """Bits of the whole one-shot upload: :func:`client_upload_bits` summed
+  (``widths``: its bit widths)."""
   num_clients = int(np.max(distilled.owner, initial=-1)) + 1
-  return int(client_upload_bits(
-      distilled, num_clients, bits_per_pixel_channel=bits_per_pixel_channel,
-      bits_per_label=bits_per_label).sum())
+  return int(client_upload_bits(distilled, num_clients, **widths).sum())
 
 
 def server_dataset(distilled: DistilledSet) -> ClientData:
@@ -282,18 +294,18 @@ def hybrid_client_data(data: ClientData, distilled: DistilledSet) -> ClientData:
 
 
 def hybrid_client_download_bits(distilled: DistilledSet, num_clients: int,
-                                **kwargs) -> np.ndarray:
+                                **widths) -> np.ndarray:
   """``[C]`` round-1 download of the hybrid: client ``i`` receives ``M − M_i`` images.
 
   Every image (with its label) has the size it had on upload
-  (:func:`client_upload_bits`; ``kwargs`` are its conventions).
+  (:func:`client_upload_bits`; ``widths`` are its bit widths).
   """
-  per_client = client_upload_bits(distilled, num_clients, **kwargs)
+  per_client = client_upload_bits(distilled, num_clients, **widths)
   own = np.bincount(distilled.owner, minlength=num_clients)
   per_image = int(per_client.sum()) // max(distilled.size, 1)
   return (distilled.size - own).astype(np.int64) * per_image
 
 
-def hybrid_download_bits(distilled: DistilledSet, num_clients: int, **kwargs) -> int:
+def hybrid_download_bits(distilled: DistilledSet, num_clients: int, **widths) -> int:
   """Round-1 download of the hybrid, summed over clients."""
-  return int(hybrid_client_download_bits(distilled, num_clients, **kwargs).sum())
+  return int(hybrid_client_download_bits(distilled, num_clients, **widths).sum())

@@ -7,26 +7,31 @@ the averaged client logits on an unlabeled public set it holds:
 setting the only traffic is each client's single upload; the public set never
 leaves the server.
 
-The distillation loss is :func:`fedjax_dd.distill.dfkd.make_student_loss`
+The distillation loss is :func:`fedjax_dd.distill.ensemble.make_student_loss`
 with ``β = 0`` and the plain average, so FedDF differs from DENSE only in
 where the inputs come from (a real public set instead of a generator).
 
 Reference: Lin et al., "Ensemble Distillation for Robust Model Fusion in
-Federated Learning", NeurIPS 2020.
+Federated Learning", NeurIPS 2020 (Alg. 1, the server's ensemble
+distillation).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from fedjax_dd.algorithms import one_shot
+from fedjax_dd.core.algorithm import ServerDistillation, Teachers, no_setup
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
-from fedjax_dd.distill import dfkd
+from fedjax_dd.data import preprocess
+from fedjax_dd.distill import ensemble
 
 PyTree = Any
 
@@ -49,49 +54,66 @@ class FedDFState:
   epoch: jax.Array
 
 
-class FedDF(NamedTuple):
-  """``init(key, params, batch_stats)`` and ``epoch(state, teacher_vars,
-  public_x [N, H, W, Ch] uint8) -> (state, metrics)``, a host loop over one
-  jitted student step."""
-  init: Callable[..., FedDFState]
-  epoch: Callable[..., tuple[FedDFState, dict[str, jax.Array]]]
+def public_set(x: np.ndarray, input_shape: Sequence[int]) -> np.ndarray:
+  """Fits an unlabeled public set ``[N, H', W', Ch'] uint8`` to the model input.
+
+  RGB becomes grayscale (ITU-R 601 luma) for a one-channel model, and the
+  images are resized to ``input_shape`` ``(H, W, Ch)``.
+  """
+  if x.shape[-1] == 3 and input_shape[-1] == 1:
+    gray = x.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+    x = np.clip(np.round(gray), 0, 255).astype(np.uint8)[..., None]
+  if x.shape[1:] != tuple(input_shape):
+    x = preprocess.resize_images(x, tuple(input_shape))
+  return x
 
 
-def feddf(groups: Sequence[dfkd.TeacherGroup],
+def feddf(client_stage: Callable[..., Teachers],
+          groups: Sequence[ensemble.TeacherGroup],
           student: Classifier,
-          student_input: dfkd.InputFn,
+          student_input: ensemble.InputFn,
+          public_x: jax.Array,
           *,
           optimizer: optax.GradientTransformation = optax.adam(1e-3),
           batch_size: int = 128,
           steps_per_epoch: int = 50,
           temperature: float = 1.0,
-          mapper: ClientMapper = ClientMapper()) -> FedDF:
-  """Builds FedDF's server-side distillation.
+          mapper: ClientMapper = ClientMapper()) -> ServerDistillation:
+  """Builds FedDF.
 
   Args:
+    client_stage: the one-shot client stage
+      (:func:`fedjax_dd.algorithms.one_shot.client_stage`).
     groups: the uploaded client models, one group per architecture.
-    student: the global model; initialise it with the averaged clients.
+    student: the global model. With homogeneous clients it starts from their
+      average (one-shot FedAvg), otherwise from the given model.
     student_input: maps public images in ``[0, 1]`` to the student input.
+    public_x: ``[N, H, W, Ch]`` uint8 unlabeled public set (see
+      :func:`public_set`).
     optimizer: [Adam, lr 1e-3].
     batch_size: public images per step.
-    steps_per_epoch: steps per call of ``epoch`` (batches drawn with
-      replacement from the public set).
+    steps_per_epoch: steps per epoch (batches drawn with replacement).
     temperature: KD temperature.
     mapper: how each architecture's teachers are batched.
 
   Returns:
-    A :class:`FedDF`.
+    A :class:`~fedjax_dd.core.algorithm.ServerDistillation` whose state is a
+    :class:`FedDFState`.
   """
   if steps_per_epoch < 1 or batch_size < 1:
     raise ValueError(f"steps_per_epoch and batch_size must be >= 1, got "
                      f"{steps_per_epoch} and {batch_size}.")
-  teachers = dfkd.make_teacher_fn(groups, mapper)
-  loss = dfkd.make_student_loss(teachers, dfkd.average_ensemble, student,
-                                student_input, beta=0.0,
-                                temperature=temperature)
+  public_x = jnp.asarray(public_x)
+  teachers_fn = ensemble.make_teacher_fn(groups, mapper)
+  loss = ensemble.make_student_loss(teachers_fn, ensemble.average_ensemble,
+                                    student, student_input, beta=0.0,
+                                    temperature=temperature)
   grad = jax.value_and_grad(loss, has_aux=True)
 
-  def init(key, params, batch_stats) -> FedDFState:
+  def init(key, setup, teachers: Teachers, params, batch_stats) -> FedDFState:
+    del setup
+    if len(teachers.vars) == 1:
+      params, batch_stats = one_shot.average(teachers)
     return FedDFState(params, batch_stats, optimizer.init(params), key,
                       jnp.zeros((), jnp.int32))
 
@@ -105,7 +127,7 @@ def feddf(groups: Sequence[dfkd.TeacherGroup],
     updates, o = optimizer.update(g, o, p)
     return optax.apply_updates(p, updates), s, o, m
 
-  def epoch(state: FedDFState, teacher_vars, public_x):
+  def epoch(state: FedDFState, teachers: Teachers):
     key = jax.random.fold_in(state.key, state.epoch)
     p, s, o = state.params, state.batch_stats, state.opt_state
     # A host loop over one jitted step, as in ``dfkd.make_dfkd``: XLA:CPU
@@ -113,11 +135,13 @@ def feddf(groups: Sequence[dfkd.TeacherGroup],
     # while loop (lax.scan); on mnist_a0.5 an epoch of 10 steps took 33 s.
     step_metrics = []
     for t in range(steps_per_epoch):
-      p, s, o, m = step(p, s, o, teacher_vars, public_x, key,
+      p, s, o, m = step(p, s, o, teachers.vars, public_x, key,
                         jnp.asarray(t, jnp.int32))
       step_metrics.append(m)
     metrics = {k: jnp.mean(jnp.stack([m[k] for m in step_metrics]))
                for k in step_metrics[0]}
     return FedDFState(p, s, o, state.key, state.epoch + 1), metrics
 
-  return FedDF(init=init, epoch=epoch)
+  return ServerDistillation(
+      client_stage=client_stage, setup=no_setup, init=init, epoch=epoch,
+      model=lambda state: (state.params, state.batch_stats))

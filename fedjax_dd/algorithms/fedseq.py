@@ -45,6 +45,8 @@ import numpy as np
 import optax
 
 from fedjax_dd.algorithms import stages
+from fedjax_dd.core import keys as keys_lib
+from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.clients import ClientMapper
@@ -174,7 +176,7 @@ def fedseq(task: Classifier,
       raise ValueError(
           f"Expected superclients of {group_size} members, got member axis "
           f"{cohort.x.shape[1]}.")
-    keys = stages.client_keys(key, cohort.client_ids)
+    keys = keys_lib.client_keys(key, cohort.client_ids)
     start = server.extra["round"] % group_size
     result = mapped(server.params, server.batch_stats, start, cohort.x,
                     cohort.y, cohort.num_examples, cohort.num_steps, keys)
@@ -186,7 +188,7 @@ def fedseq(task: Classifier,
 
 
 def eq19_bits(*, num_groups: int, group_size: int, num_params: int,
-              rounds: int, bits_per_param: int = 32,
+              rounds: int, bits_per_param: int = ledger_lib.BITS_PER_PARAM,
               traffic: str = "eq19") -> int:
   """FedSeq's traffic in bits, HFLDD Eq. 19.
 

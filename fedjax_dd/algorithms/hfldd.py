@@ -95,15 +95,15 @@ def _member_rows(data: ClientData, topology: Topology):
           np.asarray(data.num_examples)[members])
 
 
+HFLDD_KIP = kip.KipOptions(stop_accuracy=None)
+"""HFLDD's KIP (Sec. V-A): lr 0.004, at most 3,000 iterations, target batches
+of 10, ``lambda = 1e-6`` and a fixed budget (no accuracy stop)."""
+
+
 def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
                     kernel_fn: kip.KernelFn, mean: np.ndarray, std: np.ndarray,
                     num_classes: int, support_size: int = 400,
-                    lr: float = 0.004, max_iterations: int = 3000,
-                    target_batch_size: int = 10, reg: float = 1e-6,
-                    learn_labels: bool = False, centered_labels: bool = False,
-                    stop_accuracy: float | None = None,
-                    min_iterations: int = 0,
-                    segment_iterations: int = 100,
+                    options: kip.KipOptions = HFLDD_KIP,
                     mapper: ClientMapper = ClientMapper(workload="kip"),
                     progress: Callable[[int, int], None] | None = None
                     ) -> tuple[SentData, kip.KipResult]:
@@ -122,19 +122,10 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
     std: per-channel standard deviation.
     num_classes: ``N_c``.
     support_size: ``|D~_i|`` per member (HFLDD: 400).
-    lr: KIP Adam learning rate (0.004).
-    max_iterations: KIP iterations per member (HFLDD: at most 3,000). With
-      ``stop_accuracy=None`` every member runs exactly this many.
-    target_batch_size: targets per KIP iteration (10).
-    reg: KRR ridge ``lambda`` (1e-6).
-    learn_labels: also learn the support labels.
-    centered_labels: KIP's centred one-hot labels.
-    stop_accuracy: None (default, HFLDD: a fixed budget, no accuracy stop),
-      or FedD3's per-member early stop on target-batch accuracy. A member
-      holding one class never meets it (a one-class target batch fits any
+    options: KIP's settings; :data:`HFLDD_KIP` by default (a fixed budget of
+      ``max_iterations``). With FedD3's ``stop_accuracy`` a member holding
+      one class never meets the stop (a one-class target batch fits any
       support; :func:`fedjax_dd.distill.kip.distill_clients`).
-    min_iterations: iterations before the early stop may trigger.
-    segment_iterations: KIP iterations per batched program.
     mapper: client-axis backend.
     progress: optional KIP progress callback.
 
@@ -148,14 +139,11 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
   support = min(int(support_size), x.shape[1])
   res = kip.distill_clients(
       key, x, y, n, num_classes=num_classes, kernel_fn=kernel_fn, mean=mean,
-      std=std, support_size=support, lr=lr, max_iterations=max_iterations,
-      target_batch_size=target_batch_size, reg=reg, learn_labels=learn_labels,
-      centered_labels=centered_labels, stop_accuracy=stop_accuracy,
-      min_iterations=min_iterations, segment_iterations=segment_iterations,
-      mapper=mapper, progress=progress)
+      std=std, support_size=support, options=options, mapper=mapper,
+      progress=progress)
   res = jax.device_get(res)
   sent = SentData(x=np.asarray(kip.quantize(res.x)),
-                  y=labels_to_targets(res.y, centered=centered_labels),
+                  y=labels_to_targets(res.y, centered=options.centered_labels),
                   mask=np.asarray(res.mask, bool), senders=members)
   return sent, res
 
@@ -308,14 +296,20 @@ def head_training(task: Classifier,
 
 def eq18_bits(*, num_clients: int, aux_size: int, num_classes: int,
               distilled_samples: int, pixels_per_sample: int, num_heads: int,
-              num_params: int, rounds: int, bits_per_param: int = 32,
-              bits_per_pixel_channel: int = 8) -> int:
+              num_params: int, rounds: int,
+              bits_per_param: int = ledger_lib.BITS_PER_PARAM,
+              bits_per_soft_label: int = ledger_lib.BITS_PER_SOFT_LABEL,
+              bits_per_pixel_channel: int = ledger_lib.BITS_PER_PIXEL_CHANNEL
+              ) -> int:
   """HFLDD Eq. 18 in bits.
 
   ``N |D_g| N_c B1 + sum_i |D~_i| B2 + H |w| (2T - 1) B1`` with ``|D~_i|`` in
-  pixel channels (``samples * H * W * Ch``).
+  pixel channels (``samples * H * W * Ch``). Eq. 18's ``B1`` is both the
+  soft labels' width (``bits_per_soft_label``, as :func:`setup_ledger`
+  charges them) and the parameters' (``bits_per_param``); ``B2`` is
+  ``bits_per_pixel_channel``.
   """
-  soft = num_clients * aux_size * num_classes * bits_per_param
+  soft = num_clients * aux_size * num_classes * bits_per_soft_label
   data = distilled_samples * pixels_per_sample * bits_per_pixel_channel
   model = num_heads * num_params * (2 * rounds - 1) * bits_per_param if rounds else 0
   return int(soft + data + model)

@@ -12,8 +12,6 @@ import optax
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm
 
-ROUNDS = 1
-
 
 def os_fedavg(task, client_optimizer: optax.GradientTransformation,
               **kwargs) -> FederatedAlgorithm:

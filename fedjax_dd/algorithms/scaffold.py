@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import stages
+from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import make_local_update
@@ -92,7 +93,7 @@ def scaffold(task: Classifier,
                                                        cohort.num_examples)
 
   def apply(server, clients, cohort, key):
-    keys = stages.client_keys(key, cohort.client_ids)
+    keys = keys_lib.client_keys(key, cohort.client_ids)
     result = train(server.params, server.batch_stats, server.extra["c"],
                    cohort, keys, clients["c"])
     return aggregate(server, clients, result, cohort)

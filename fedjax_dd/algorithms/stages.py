@@ -7,47 +7,20 @@ algorithms differ only in the hooks they pass and in how they aggregate.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dd.core.algorithm import Cohort, ServerState
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import LocalResult, LocalUpdate
+from fedjax_dd.core.algorithm import ServerState
+# ``client_stage`` lives in the core (distill/ uses it too); re-exported here.
+from fedjax_dd.core.clients import client_stage  # noqa: F401
+from fedjax_dd.core.local import LocalResult
 
 PyTree = Any
 
 tree_map = jax.tree_util.tree_map
-
-
-def client_stage(local: LocalUpdate, mapper: ClientMapper) -> Callable[..., LocalResult]:
-  """Local training of a cohort from the broadcast server model.
-
-  Each client starts a fresh local optimizer from the server parameters.
-
-  Returns:
-    ``train(params, batch_stats, shared_ctx, cohort, keys [S], client_ctx)``
-    returning a :class:`LocalResult` stacked ``[S, ...]``. ``shared_ctx`` is
-    broadcast to every client, ``client_ctx`` is per client; the local hooks
-    receive ``(shared_ctx, client_ctx)``.
-  """
-
-  def one_client(params, batch_stats, shared_ctx, x, y, n, num_steps, key,
-                 client_ctx):
-    opt_state = local.optimizer.init(params)
-    return local.run(params, batch_stats, opt_state, x, y, n, num_steps, key,
-                     (shared_ctx, client_ctx))
-
-  mapped = mapper.map(one_client,
-                      in_axes=(None, None, None, 0, 0, 0, 0, 0, 0))
-
-  def train(params, batch_stats, shared_ctx, cohort: Cohort, keys, client_ctx):
-    return mapped(params, batch_stats, shared_ctx, cohort.x, cohort.y,
-                  cohort.num_examples, cohort.num_steps, keys, client_ctx)
-
-  return train
 
 
 def weighted_mean(tree: PyTree, weights: jax.Array) -> PyTree:
@@ -92,10 +65,3 @@ def cohort_metrics(result: LocalResult, weights: jax.Array) -> dict[str, jax.Arr
   }
 
 
-def client_keys(key: jax.Array, client_ids: jax.Array) -> jax.Array:
-  """One key per client, derived from the round key and the client's id.
-
-  Deriving from the id (not the cohort position) keeps a client's randomness
-  the same whatever the cohort composition, and identical across backends.
-  """
-  return jax.vmap(lambda i: jax.random.fold_in(key, i))(client_ids)

@@ -39,7 +39,7 @@ import numpy as np
 import optax
 
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.distill.dfkd import TeacherGroup, TeacherVars, _check_groups
+from fedjax_dd.distill.ensemble import TeacherGroup, TeacherVars, check_groups
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
@@ -245,7 +245,7 @@ def make_stratifier(groups: Sequence[TeacherGroup],
   if steps < 2:
     raise ValueError(f"A loss curve needs steps >= 2, got {steps}.")
   groups = tuple(groups)
-  m, _ = _check_groups(groups)
+  m, _ = check_groups(groups)
   nz = int(getattr(generator, "nz"))
   c = num_classes
 

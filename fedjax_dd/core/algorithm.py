@@ -85,3 +85,62 @@ class FederatedAlgorithm(NamedTuple):
   init: Callable[..., tuple[ServerState, PyTree]]
   apply: Callable[..., tuple[ServerState, PyTree, dict[str, jax.Array]]]
   comm: CommSpec = CommSpec()
+
+
+# ----------------------------------------------------------------------------
+# The second shape: methods whose server does more than average.
+# ----------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class Teachers:
+  """The client models a server-side method receives, one group per
+  architecture.
+
+  Attributes:
+    vars: per group ``(params, batch_stats)``, each stacked ``[m_g, ...]`` in
+      the order of the group's client ids.
+    num_examples: ``[m]`` training examples per client (client order), the
+      weights of parameter averaging.
+  """
+  vars: tuple[tuple[PyTree, PyTree], ...]
+  num_examples: jax.Array
+
+
+class ServerDistillation(NamedTuple):
+  """A one-shot or server-side-distillation method as pure functions.
+
+  The library's driver (:func:`fedjax_dd.core.server.run_server_rounds`)
+  runs, per round, ``client_stage → setup → init → epoch × E`` and owns
+  checkpoints, metrics, the ledger and the time budget; a notebook can call
+  the same functions itself.
+
+  Attributes:
+    client_stage: ``(starts, cohort, key) -> Teachers``: every client trains
+      once from ``starts`` (per group ``(params, batch_stats)``) on its data
+      (the mapped client program; client ``i`` keys from its id).
+    setup: ``(teachers, key) -> dict[str, Array]``: a one-off server
+      computation before the epochs (FedHydra's stratification, Alg. 2),
+      cached with the round's checkpoints; ``{}`` when there is none. May
+      run host loops.
+    init: ``(key, setup, teachers, params, batch_stats) -> state``: the
+      server state, a pytree; cheap and traceable (its shapes are read with
+      ``jax.eval_shape`` to restore a checkpoint).
+    epoch: ``(state, teachers) -> (state, metrics)``: one server epoch; the
+      one signature of every method (DENSE, FedHydra's HASA, FedDF).
+    model: ``state -> (params, batch_stats)``: the global model.
+    report: ``(state, setup) -> dict`` of host values for the summary and
+      figures (e.g. ``U_r``, sample images); ``None`` for nothing.
+  """
+  client_stage: Callable[..., Teachers]
+  setup: Callable[..., dict[str, jax.Array]]
+  init: Callable[..., PyTree]
+  epoch: Callable[..., tuple[PyTree, dict[str, jax.Array]]]
+  model: Callable[[PyTree], tuple[PyTree, PyTree]]
+  report: Callable[..., dict[str, Any]] | None = None
+
+
+def no_setup(teachers: Teachers, key: jax.Array) -> dict[str, jax.Array]:
+  """The ``setup`` of a method without one."""
+  del teachers, key
+  return {}

@@ -416,6 +416,8 @@ class CheckpointStore:
         (without sharding) on the default device, dataclass nodes as the same
         dataclasses; array dtypes are cast to the template's. Typed key
         leaves are rebuilt with the template leaf's PRNG implementation.
+        ``None`` restores the tree as saved (nested dicts and lists of NumPy
+        arrays), for outputs whose shapes the caller cannot know in advance.
       step: step to restore; None walks from the newest step to the oldest
         and returns the first one that passes the integrity check, warning
         about each one skipped.
@@ -460,6 +462,8 @@ class CheckpointStore:
     return None
 
   def _restore_step(self, step: int, template: PyTree) -> tuple[int, PyTree, dict]:
+    if template is None:
+      return self._restore_as_saved(step)
     target = jax.tree_util.tree_map(_restore_target, template)
     try:
       restored = self._manager.restore(
@@ -488,6 +492,40 @@ class CheckpointStore:
             f"template: leaf {jax.tree_util.keystr(path)} has shape "
             f"{tuple(got_shape or ())} on disk, template has {tuple(want_shape)}."
         )
+    meta = restored[_META]
+    return step, state, {} if meta is None else dict(meta)
+
+  def _restore_as_saved(self, step: int) -> tuple[int, PyTree, dict]:
+    """Restores ``step`` without a template: nested dicts of NumPy arrays.
+
+    For stage outputs whose shapes only the computation knows (a cached
+    stratification, a distilled set); the caller rebuilds its own types.
+    """
+    try:
+      # The saved shapes and dtypes, restored onto the default device (not
+      # onto the saved topology, which may not exist here).
+      saved = ocp.StandardCheckpointHandler().metadata(
+          self._step_dir(step) / _STATE)
+      target = jax.tree_util.tree_map(
+          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype,
+                                         sharding=_default_sharding()),
+          saved.tree)
+      restored = self._manager.restore(
+          step,
+          args=ocp.args.Composite(
+              **{
+                  _STATE: ocp.args.StandardRestore(target),
+                  _META: ocp.args.JsonRestore(),
+              }
+          ),
+      )
+    except Exception as e:  # Orbax raises several types.
+      raise ValueError(
+          f"Checkpoint step {step} in {self._directory} passed its integrity "
+          f"check but could not be read: {type(e).__name__}: {e}"
+      ) from e
+    state = jax.tree_util.tree_map(lambda x: jax.device_get(x),
+                                   restored[_STATE])
     meta = restored[_META]
     return step, state, {} if meta is None else dict(meta)
 

@@ -38,13 +38,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.shard_map import shard_map
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+if TYPE_CHECKING:  # Annotations only: core.local and core.algorithm stay above.
+  from fedjax_dd.core.algorithm import Cohort
+  from fedjax_dd.core.local import LocalResult, LocalUpdate
 
 Backend = Literal["vmap", "chunked", "sharded", "loop"]
 BACKENDS: tuple[str, ...] = ("vmap", "chunked", "sharded", "loop")
@@ -402,3 +406,38 @@ def map_clients(fn: Callable[..., Any],
   """Shorthand for ``ClientMapper(backend, chunk_size).map(fn, in_axes)``."""
   return ClientMapper(backend=backend, chunk_size=chunk_size).map(
       fn, in_axes, static_argnames=static_argnames)
+
+
+def client_stage(local: LocalUpdate,
+                 mapper: ClientMapper) -> Callable[..., LocalResult]:
+  """Local training of a cohort from the broadcast server model.
+
+  Each client starts a fresh local optimizer from the server parameters; the
+  per-client :class:`~fedjax_dd.core.local.LocalUpdate` is mapped over the
+  cohort's client axis with ``mapper``.
+
+  Args:
+    local: the per-client local update.
+    mapper: the client-axis backend.
+
+  Returns:
+    ``train(params, batch_stats, shared_ctx, cohort, keys [S], client_ctx)``
+    returning a :class:`~fedjax_dd.core.local.LocalResult` stacked
+    ``[S, ...]``. ``shared_ctx`` is broadcast to every client, ``client_ctx``
+    is per client; the local hooks receive ``(shared_ctx, client_ctx)``.
+  """
+
+  def one_client(params, batch_stats, shared_ctx, x, y, n, num_steps, key,
+                 client_ctx):
+    opt_state = local.optimizer.init(params)
+    return local.run(params, batch_stats, opt_state, x, y, n, num_steps, key,
+                     (shared_ctx, client_ctx))
+
+  mapped = mapper.map(one_client,
+                      in_axes=(None, None, None, 0, 0, 0, 0, 0, 0))
+
+  def train(params, batch_stats, shared_ctx, cohort: Cohort, keys, client_ctx):
+    return mapped(params, batch_stats, shared_ctx, cohort.x, cohort.y,
+                  cohort.num_examples, cohort.num_steps, keys, client_ctx)
+
+  return train

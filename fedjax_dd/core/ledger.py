@@ -1,16 +1,18 @@
 """Communication ledger: what is actually sent between server and clients.
 
-Every message is recorded by the size of the arrays it carries. Sizes come
-from shapes and dtypes (:func:`payload_bits`) or from the conventions below,
-which follow FedD3 and HFLDD:
+Every message is recorded by the size of what it carries, under the
+conventions below, which follow FedD3 and HFLDD:
 
 * model parameters count :data:`BITS_PER_PARAM` (32) bits each;
 * images sent as data count :data:`BITS_PER_PIXEL_CHANNEL` (8) bits per pixel
   channel, i.e. after uint8 quantisation;
-* soft labels count :data:`BITS_PER_SOFT_LABEL` (32) bits each.
+* soft labels count :data:`BITS_PER_SOFT_LABEL` (32) bits each;
+* hard labels (class indices) count :data:`BITS_PER_HARD_LABEL` (8) bits each.
 
-Every helper takes the convention as a keyword argument, so a run can override
-it per call.
+Every size function here and in the algorithm modules (FedD3's upload,
+HFLDD's Eq. 18, FedSeq's Eq. 19) takes these widths as keyword arguments,
+defaulting to the constants, so a run can override them per call.
+:func:`bits_to_bytes` is the one bits-to-bytes conversion.
 
 Three kinds of traffic are recorded:
 
@@ -60,20 +62,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
     "BITS_PER_PARAM",
     "BITS_PER_PIXEL_CHANNEL",
     "BITS_PER_SOFT_LABEL",
+    "BITS_PER_HARD_LABEL",
     "KINDS",
     "LedgerEntry",
     "Ledger",
-    "payload_bits",
+    "bits_to_bytes",
     "num_params",
     "model_bits",
-    "data_bits",
     "fedavg_round_bits",
     "gce",
     "gce_table",
@@ -92,6 +93,9 @@ BITS_PER_PIXEL_CHANNEL = 8
 
 BITS_PER_SOFT_LABEL = 32
 """Bits per soft-label entry sent (float32)."""
+
+BITS_PER_HARD_LABEL = 8
+"""Bits per hard label sent (a class index fits a byte)."""
 
 Kind = Literal["upload", "download", "peer"]
 KINDS: tuple[str, ...] = ("upload", "download", "peer")
@@ -119,8 +123,9 @@ def _as_int(value: Any, name: str, *, minimum: int | None = 0) -> int:
   return result
 
 
-def _bytes(bits: int) -> int | float:
+def bits_to_bytes(bits: int) -> int | float:
   """Bits -> bytes: an int when exact, a float otherwise."""
+  bits = _as_int(bits, "bits")
   return bits // 8 if bits % 8 == 0 else bits / 8
 
 
@@ -129,87 +134,30 @@ def _bytes(bits: int) -> int | float:
 # ----------------------------------------------------------------------------
 
 
-def _leaf_size_and_bits(leaf: Any) -> tuple[int, int]:
-  """Returns (number of elements, bits per element from the dtype)."""
-  shape = getattr(leaf, "shape", None)
-  dtype = getattr(leaf, "dtype", None)
-  if shape is None or dtype is None:
-    raise ValueError(
-        "payload_bits expects array leaves (jax/numpy arrays or "
-        f"jax.ShapeDtypeStruct); got {type(leaf).__name__} {leaf!r}."
-    )
-  if jnp.issubdtype(dtype, jax.dtypes.prng_key):
-    # A typed key travels as its raw key data.
-    data = jax.eval_shape(
-        jax.random.key_data, jax.ShapeDtypeStruct(shape, dtype)
-    )
-    return math.prod(data.shape), np.dtype(data.dtype).itemsize * 8
-  return math.prod(shape), np.dtype(dtype).itemsize * 8
+def num_params(tree: Any) -> int:
+  """Number of scalar entries in a pytree of arrays (``|w|``).
 
-
-def payload_bits(tree: Any, bits_per_element: int | None = None) -> int:
-  """Bits needed to send every array in ``tree``.
-
-  Args:
-    tree: a pytree whose leaves are jax/numpy arrays or
-      ``jax.ShapeDtypeStruct`` (only shapes and dtypes are read, so abstract
-      trees from ``jax.eval_shape`` work). ``None`` subtrees are empty.
-    bits_per_element: bits charged per element. ``None`` uses each leaf's
-      dtype (``itemsize * 8``); e.g. pass :data:`BITS_PER_PARAM` to charge a
-      bfloat16 model as if it were sent in float32.
-
-  Returns:
-    ``sum(leaf.size * bits)`` over leaves, as a Python int.
+  Leaves are jax/numpy arrays or ``jax.ShapeDtypeStruct`` (only shapes are
+  read, so abstract trees from ``jax.eval_shape`` work); ``None`` subtrees
+  are empty. This is the library's one parameter counter.
 
   Raises:
-    ValueError: if a leaf has no shape/dtype (e.g. a Python number) or
-      ``bits_per_element`` is not a non-negative integer.
+    ValueError: if a leaf has no shape (e.g. a Python number).
   """
-  if bits_per_element is not None:
-    bits_per_element = _as_int(bits_per_element, "bits_per_element")
   total = 0
   for leaf in jax.tree_util.tree_leaves(tree):
-    size, dtype_bits = _leaf_size_and_bits(leaf)
-    total += size * (dtype_bits if bits_per_element is None else bits_per_element)
+    shape = getattr(leaf, "shape", None)
+    if shape is None or getattr(leaf, "dtype", None) is None:
+      raise ValueError(
+          "num_params expects array leaves (jax/numpy arrays or "
+          f"jax.ShapeDtypeStruct); got {type(leaf).__name__} {leaf!r}.")
+    total += math.prod(shape)
   return total
-
-
-def num_params(tree: Any) -> int:
-  """Number of scalar entries in a pytree of arrays (``|w|``)."""
-  return payload_bits(tree, bits_per_element=1)
 
 
 def model_bits(tree: Any, *, bits_per_param: int = BITS_PER_PARAM) -> int:
   """Bits to send a model: ``num_params(tree) * bits_per_param``."""
-  return payload_bits(tree, bits_per_element=bits_per_param)
-
-
-def data_bits(
-    images: Any,
-    labels: Any = None,
-    *,
-    bits_per_pixel_channel: int = BITS_PER_PIXEL_CHANNEL,
-    bits_per_label: int = BITS_PER_SOFT_LABEL,
-) -> int:
-  """Bits to send a (distilled) data set, FedD3/HFLDD convention.
-
-  The images are charged ``bits_per_pixel_channel`` per entry whatever their
-  in-memory dtype (float32 distilled images are quantised to uint8 before
-  sending), the labels ``bits_per_label`` per entry.
-
-  Args:
-    images: ``[N, H, W, Ch]`` array or ``ShapeDtypeStruct`` (any pytree).
-    labels: ``[N, K]`` soft labels or ``[N]`` hard labels, or ``None``.
-    bits_per_pixel_channel: bits per image entry.
-    bits_per_label: bits per label entry.
-
-  Returns:
-    ``images.size * bits_per_pixel_channel + labels.size * bits_per_label``.
-  """
-  bits = payload_bits(images, bits_per_element=bits_per_pixel_channel)
-  if labels is not None:
-    bits += payload_bits(labels, bits_per_element=bits_per_label)
-  return bits
+  return num_params(tree) * _as_int(bits_per_param, "bits_per_param")
 
 
 # ----------------------------------------------------------------------------
@@ -258,7 +206,7 @@ def _summary(bits_by_kind: Mapping[str, int]) -> dict[str, int | float]:
       "bits_total": up + down,
   }
   for name in ("uploaded", "downloaded", "peer", "total"):
-    out[f"bytes_{name}"] = _bytes(out[f"bits_{name}"])
+    out[f"bytes_{name}"] = bits_to_bytes(out[f"bits_{name}"])
   return out
 
 
@@ -381,23 +329,6 @@ class Ledger:
       return _summary(self._bits_by_kind(lambda e: True))
     t = _as_int(through_round, "through_round")
     return _summary(self._bits_by_kind(lambda e: e.round <= t))
-
-  def metrics_row(self, round: int) -> dict[str, int | float]:  # pylint: disable=redefined-builtin
-    """Round totals plus running totals, ready to merge into a metrics row.
-
-    Returns:
-      :meth:`round_totals` ``(round)`` plus every totals key again with the
-      suffix ``_cumulative`` (e.g. ``bytes_total_cumulative``) holding
-      :meth:`cumulative` ``(through_round=round)``.
-    """
-    row = self.round_totals(round)
-    for key, value in self.cumulative(through_round=round).items():
-      row[f"{key}_cumulative"] = value
-    return row
-
-  def per_round(self) -> list[dict[str, int | float]]:
-    """:meth:`metrics_row` for every round that has entries, in round order."""
-    return [self.metrics_row(r) for r in self.rounds]
 
   def tag_totals(self) -> dict[str, dict[str, int | float]]:
     """Totals per tag over all rounds, ``{tag: totals}``, tags sorted."""

@@ -9,16 +9,15 @@ run resumed from a checkpoint reproduces an uninterrupted one bit for bit.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import tqdm
 
+from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState, FederatedAlgorithm
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.metrics import MetricsWriter
@@ -85,10 +84,6 @@ def _scatter(tree: PyTree, ids: jax.Array, values: PyTree) -> PyTree:
   return tree_map(lambda a, v: a.at[ids].set(v), tree, values)
 
 
-def num_params(tree: PyTree) -> int:
-  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
-
-
 def run_rounds(
     algorithm: FederatedAlgorithm,
     state: ExperimentState,
@@ -103,7 +98,7 @@ def run_rounds(
     on_round: Callable[[ExperimentState, dict[str, Any]], None] | None = None,
 ) -> tuple[ExperimentState, ledger_lib.Ledger, list[dict[str, Any]]]:
   """Runs rounds ``state.round + 1 .. options.num_rounds`` (or fewer, see
-  ``options.max_seconds``).
+  ``options.max_seconds``) through :func:`fedjax_dd.core.loop.run_loop`.
 
   Args:
     algorithm: the federated algorithm.
@@ -126,20 +121,15 @@ def run_rounds(
   if not 1 <= s <= n:
     raise ValueError(f"clients_per_round must be in [1, {n}], got {s}.")
   ledger = ledger if ledger is not None else ledger_lib.Ledger()
-  model_size = num_params(state.server.params)
-  start = int(state.round)
+  model_size = ledger_lib.num_params(state.server.params)
   # One layout for every round: the client mapper hands results back
   # committed to the default device, so a state that starts uncommitted (fresh
   # init) would make round 2's eager gathers/scatters compile again.
   state = jax.device_put(state, jax.devices()[0])
-  show = options.progress and sys.stderr.isatty()
-  rows = []
-  t_start = options.clock()
-  bar = tqdm.tqdm(range(start + 1, options.num_rounds + 1), disable=not show,
-                  initial=start, total=options.num_rounds, desc="rounds")
-  for r in bar:
-    round_key = jax.random.fold_in(state.key, r)
-    sample_key, train_key = jax.random.split(round_key)
+
+  def step(carry, r):
+    state, ledger = carry
+    sample_key, train_key = keys.sample_and_train(keys.round_key(state.key, r))
     ids = sample_clients(sample_key, n, s)
     cohort = gather_cohort(data, num_steps, ids)
     server, client_slice, metrics = algorithm.apply(
@@ -147,7 +137,6 @@ def run_rounds(
     clients = _scatter(state.clients, ids, client_slice)
     state = ExperimentState(server=server, clients=clients, key=state.key,
                             round=jnp.asarray(r, jnp.int32))
-
     down, up = ledger_lib.fedavg_round_bits(
         model_size, s, r, bits_per_param=options.bits_per_param,
         initial_model_as_seed=options.initial_model_as_seed,
@@ -159,34 +148,34 @@ def run_rounds(
                            tag="model")
     ledger = ledger.record(r, kind="upload", bits=up // s, count=s,
                            tag="model")
-
-    row: dict[str, Any] = {"round": r}
-    # device_get waits for the round, so the budget check below sees its cost.
-    row.update({k: float(v) for k, v in jax.device_get(metrics).items()})
-    out_of_time = bool(options.max_seconds) and (
-        options.clock() - t_start >= options.max_seconds)
-    last = r == options.num_rounds or out_of_time
+    row = dict(metrics)
     row.update({f"{k}_cumulative": v for k, v in ledger.cumulative().items()
                 if k.startswith("bytes_")})
     row.update({f"{k}_round": v for k, v in ledger.round_totals(r).items()
                 if k.startswith("bytes_")})
-    if evaluate is not None and options.eval_every and (
-        r % options.eval_every == 0 or last):
-      ev = evaluate(state.server.params, state.server.batch_stats)
-      row["test_accuracy"] = ev["accuracy"]
-      row["test_loss"] = ev["loss"]
-      bar.set_postfix(acc=f"{ev['accuracy']:.4f}")
-    rows.append(row)
-    if writer is not None:
-      writer.write(row)
+    return (state, ledger), row
+
+  def save(r, carry, force):
+    state, ledger = carry
     if store is not None:
-      store.save(r, state, {"ledger": ledger.to_dict()}, force=last)
-    if on_round is not None:
-      on_round(state, row)
-    if out_of_time:
-      break
-  bar.close()
-  return state, ledger, rows
+      store.save(r, state, {"ledger": ledger.to_dict()}, force=force)
+
+  result = loop_lib.run_loop(
+      step, (state, ledger),
+      loop_lib.LoopOptions(num_steps=options.num_rounds,
+                           eval_every=options.eval_every,
+                           progress=options.progress,
+                           max_seconds=options.max_seconds,
+                           clock=options.clock, desc="rounds"),
+      start=int(state.round), index=lambda r: {"round": r},
+      evaluate=None if evaluate is None else (
+          lambda carry: evaluate(carry[0].server.params,
+                                 carry[0].server.batch_stats)),
+      writer=writer, save=save,
+      on_step=None if on_round is None else (
+          lambda carry, row: on_round(carry[0], row)))
+  state, ledger = result.carry
+  return state, ledger, result.rows
 
 
 def resume(store: CheckpointStore | None, template: ExperimentState,
@@ -206,3 +195,55 @@ def resume(store: CheckpointStore | None, template: ExperimentState,
   if writer is not None:
     writer.truncate_after(step)
   return state, ledger_lib.Ledger.from_dict(meta["ledger"])
+
+
+@dataclasses.dataclass
+class TrainResult:
+  """What :func:`train` returns.
+
+  Attributes:
+    state: the final state.
+    ledger: the final ledger.
+    rows: every row of the run, including those of earlier (resumed)
+      processes.
+    out_of_time: the time budget stopped the rounds early.
+  """
+  state: ExperimentState
+  ledger: ledger_lib.Ledger
+  rows: list[dict[str, Any]]
+  out_of_time: bool
+
+
+def train(
+    algorithm: FederatedAlgorithm,
+    state: ExperimentState,
+    data: ClientData,
+    num_steps: jax.Array,
+    options: RoundsOptions,
+    *,
+    writer: MetricsWriter,
+    store: CheckpointStore,
+    evaluate: Callable[[PyTree, PyTree], dict[str, float]] | None = None,
+    ledger: ledger_lib.Ledger | None = None,
+) -> TrainResult:
+  """Resumes from ``store`` if it holds a checkpoint, then :func:`run_rounds`.
+
+  A fresh run (nothing to resume) starts from ``state`` and ``ledger`` (the
+  traffic of stages before the rounds, e.g. a one-shot upload) and clears
+  ``writer``'s rows; a resumed run continues from the checkpoint's state and
+  ledger, with the rows written after it dropped. ``store`` is closed on
+  return.
+  """
+  try:
+    resumed = resume(store, state, writer)
+    if resumed is not None:
+      state, ledger = resumed
+    else:
+      writer.truncate_after(0)
+    state, ledger, _ = run_rounds(algorithm, state, data, num_steps, options,
+                                  evaluate=evaluate, ledger=ledger,
+                                  writer=writer, store=store)
+  finally:
+    store.close()
+  return TrainResult(state=state, ledger=ledger, rows=writer.rows(),
+                     out_of_time=int(state.round) < options.num_rounds)

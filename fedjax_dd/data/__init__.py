@@ -13,7 +13,6 @@ from fedjax_dd.data.sources import Dataset
 from fedjax_dd.data.sources import load_dataset
 from fedjax_dd.data.sources import load_unlabeled
 from fedjax_dd.data.stacked import ClientData
-from fedjax_dd.data.stacked import epoch_steps
 from fedjax_dd.data.stacked import sample_batch
 from fedjax_dd.data.stacked import stack_clients
 
@@ -24,7 +23,6 @@ __all__ = [
     "class_counts",
     "dirichlet",
     "disjoint_classes",
-    "epoch_steps",
     "iid",
     "load_dataset",
     "load_unlabeled",

@@ -148,17 +148,3 @@ def sample_batch(key: jax.Array, x: jax.Array, y: jax.Array,
   idx = raw % jnp.maximum(num_examples, 1).astype(raw.dtype)
   return x[idx], y[idx]
 
-
-def epoch_steps(num_examples, batch_size: int):
-  """Steps for one pass over the data: ``ceil(num_examples / batch_size)``.
-
-  Args:
-    num_examples: An int or an integer array of client sizes, e.g. ``[C]``.
-    batch_size: Batch size, >= 1.
-
-  Returns:
-    Same kind as ``num_examples``: ``(n + B - 1) // B`` elementwise.
-  """
-  if isinstance(batch_size, (int, np.integer)) and batch_size < 1:
-    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-  return (num_examples + batch_size - 1) // batch_size

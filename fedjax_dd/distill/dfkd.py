@@ -1,4 +1,4 @@
-"""Data-free knowledge distillation (DFKD) from an ensemble of client models.
+"""DENSE / HASA data-free distillation: a fresh generator per epoch and a pool.
 
 The server holds ``m`` uploaded client models (teachers) and no data. A
 generator ``G`` learns to synthesise images ``x̂ = G(z)`` on which the teacher
@@ -7,36 +7,11 @@ BatchNorm running statistics; the global model (student) ``F_g`` is then
 distilled from the ensemble on ``x̂``. The two steps alternate for ``T_g``
 epochs (FedHydra's HASA, Alg. 1; DENSE's training loop).
 
-Everything here is parameterised by a **combine function**
-
-    ``combine(logits [m, B, K], y [B], ctx) -> [B, K]``
-
-which turns the stacked teacher logits on a batch with target labels ``y``
-into the ensemble logits ``P``. ``ctx`` is a pytree of traced parameters of
-the rule (FedHydra's ``(U_r, U_c)``, DisUE's per-class cluster weights, or
-``()``), so changing it never recompiles. This module ships the plain logit
-average (:func:`average_ensemble`, DENSE / FedHydra's "AE"); FedHydra's
-stratified aggregation lives in :mod:`fedjax_dd.algorithms.stratify`.
-
-Losses (FedHydra Eqs. 13–19, DENSE Eqs. 4–8):
-
-* generator: ``L_Gen = CE(P, y) + λ1·L_BN + λ2·L_AD`` with
-  ``L_AD = −KL(σ(P/T) ‖ σ(F_g(x̂)/T))``, which pushes the generator to samples
-  where student and ensemble disagree;
-* student: ``L_Glo = KL(σ(P/T) ‖ σ(F_g(x̂)/T)) + β·CE(F_g(x̂), argmax P)``.
-
-``L_BN`` (FedHydra Eq. 14) is read in the DeepInversion / DENSE form: for
-teacher ``k`` and each of its BatchNorm layers ``l`` with running statistics
-``(μ_kl, σ²_kl)``, let ``μ_l(x̂), σ²_l(x̂)`` be the per-channel batch mean and
-(biased) variance of the features *entering* that layer when the teacher runs
-in inference mode on ``x̂``; then
-
-    ``L_BN = (1/m) Σ_k Σ_l ‖μ_l(x̂) − μ_kl‖₂ + ‖σ²_l(x̂) − σ²_kl‖₂``.
-
-The paper writes the sum over layers for one model; we average it over the
-teachers so that ``λ1`` does not scale with ``m``. The BatchNorm inputs are
-captured with ``flax.linen.intercept_methods``, so any Flax model with
-``nn.BatchNorm`` layers works unchanged; models without BatchNorm contribute 0.
+The teachers, the combine rule ``combine(logits [m, B, K], y [B], ctx) ->
+[B, K]`` and the losses ``L_Gen`` / ``L_Glo`` come from
+:mod:`fedjax_dd.distill.ensemble`; this module is the *synthesis protocol*
+around them. A conditional-generator loop (FedFTG / DisUE style) is a sibling
+built from the same parts, not a variant of this one.
 
 Synthesis protocol. The papers' text leaves it open; the authors' released
 code (DENSE's ``AdvSynthesizer``, which FedHydra's code extends) fixes it, and
@@ -57,184 +32,35 @@ The ensemble logits ``P`` of a pooled image never change (the teachers are
 frozen), so they are stored with the image instead of recomputing ``m``
 teacher passes per student step; the result is the same.
 
-Teachers of one architecture are stacked on a client axis and evaluated with
-ONE mapped call (:class:`fedjax_dd.core.clients.ClientMapper`); teachers of
-several architectures form one group per architecture (:class:`TeacherGroup`).
+One epoch is a host loop over five jitted programs, each compiled once:
+:func:`_draw` (noise, labels, pool order, a fresh generator),
+:func:`_generator_begin`, ``T_G`` × :func:`_generator_step`,
+:func:`_pool_insert` and the student steps (:func:`_student_step`).
 
 References:
-  Bai et al., "A Unified Solution to Diverse Heterogeneities in One-Shot
-  Federated Learning" (FedHydra), Alg. 1 and Eqs. 12–19.
   Zhang et al., "DENSE: Data-Free One-Shot Federated Learning", NeurIPS 2022.
-  Yin et al., "Dreaming to Distill: Data-free Knowledge Transfer via
-  DeepInversion", CVPR 2020.
+  Bai et al., "A Unified Solution to Diverse Heterogeneities in One-Shot
+  Federated Learning" (FedHydra), Alg. 1 (HASA) and Eqs. 12–19.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
+from fedjax_dd.distill import ensemble
+from fedjax_dd.distill.ensemble import CombineFn, InputFn, TeacherVars
 
 PyTree = Any
-# (teacher logits [m, B, K], target labels [B], ctx) -> ensemble logits [B, K].
-CombineFn = Callable[[jax.Array, jax.Array, PyTree], jax.Array]
-# Images in (0, 1) [B, H, W, Ch] -> the model's float input.
-InputFn = Callable[[jax.Array], jax.Array]
-# One group's stacked variables: (params [m_g, ...], batch_stats [m_g, ...]).
-TeacherVars = tuple[tuple[PyTree, PyTree], ...]
-
-tree_map = jax.tree_util.tree_map
-
-
-def unit_normalizer(mean: Any, std: Any) -> InputFn:
-  """``x ↦ (x − mean) / std`` for images in ``[0, 1]``.
-
-  The differentiable counterpart of :func:`fedjax_dd.data.preprocess.normalize`
-  (which takes uint8): generated images are float, and gradients must flow
-  through the normalisation into the generator.
-
-  Args:
-    mean: per-channel mean ``[Ch]`` on the ``[0, 1]`` scale.
-    std: per-channel standard deviation ``[Ch]``.
-  """
-  mean = jnp.asarray(np.asarray(mean, np.float32))
-  std = jnp.asarray(np.asarray(std, np.float32))
-  return lambda x: (x - mean) / std
-
-
-@dataclasses.dataclass(frozen=True)
-class TeacherGroup:
-  """The static description of the teachers sharing one architecture.
-
-  Their variables are passed separately, stacked ``[m_g, ...]``, in the
-  same order as ``client_ids``.
-
-  Attributes:
-    task: the classifier (module) of this architecture.
-    input_fn: maps generated images in ``[0, 1]`` to the model's input.
-    client_ids: the global client index of each stacked teacher; over all
-      groups they must be a permutation of ``range(m)``.
-  """
-  task: Classifier
-  input_fn: InputFn
-  client_ids: tuple[int, ...]
-
-
-def _check_groups(groups: Sequence[TeacherGroup]) -> tuple[int, np.ndarray]:
-  ids = [i for g in groups for i in g.client_ids]
-  m = len(ids)
-  if m == 0 or sorted(ids) != list(range(m)):
-    raise ValueError(
-        f"Teacher client_ids over all groups must be a permutation of "
-        f"range(m); got {ids}.")
-  # Position of client k in the concatenation of the groups.
-  return m, np.argsort(np.asarray(ids))
-
-
-def _safe_norm(v: jax.Array) -> jax.Array:
-  # ‖v‖₂ whose gradient stays finite at v = 0 (sqrt'(0) is infinite).
-  return jnp.sqrt(jnp.maximum(jnp.sum(jnp.square(v)), 1e-20))
-
-
-def apply_with_bn_loss(task: Classifier, params: PyTree, batch_stats: PyTree,
-                       x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """One teacher in inference mode: logits and its BatchNorm-statistics loss.
-
-  Args:
-    task: the teacher's classifier.
-    params: its parameters.
-    batch_stats: its BatchNorm running statistics (``{}`` if none).
-    x: model inputs ``[B, H, W, Ch]``.
-
-  Returns:
-    ``(logits [B, K], Σ_l ‖μ_l(x) − μ_l‖₂ + ‖σ²_l(x) − σ²_l‖₂)``; the second is
-    0 for a model without BatchNorm.
-  """
-  terms = []
-
-  def capture(next_fun, args, kwargs, context):
-    out = next_fun(*args, **kwargs)
-    module = context.module
-    if isinstance(module, nn.BatchNorm) and context.method_name == "__call__":
-      feats = args[0]
-      feature_axes = {a % feats.ndim for a in np.atleast_1d(module.axis)}
-      axes = tuple(a for a in range(feats.ndim) if a not in feature_axes)
-      running = module.variables["batch_stats"]
-      mean = jnp.mean(feats, axes)
-      var = jnp.mean(jnp.square(feats - jnp.mean(feats, axes, keepdims=True)),
-                     axes)
-      terms.append(_safe_norm(mean - running["mean"]) +
-                   _safe_norm(var - running["var"]))
-    return out
-
-  with nn.intercept_methods(capture):
-    logits, _ = task.apply(params, batch_stats, x, train=False)
-  bn = sum(terms) if terms else jnp.zeros((), jnp.float32)
-  return logits, bn
-
-
-def make_teacher_fn(groups: Sequence[TeacherGroup],
-                    mapper: ClientMapper = ClientMapper()
-                    ) -> Callable[[TeacherVars, jax.Array], tuple[jax.Array, jax.Array]]:
-  """Evaluates every teacher on one batch: one mapped call per architecture.
-
-  Returns:
-    ``teachers(teacher_vars, x01) -> (logits [m, B, K], bn [m])`` in client
-    order, where ``teacher_vars[g] = (params, batch_stats)`` stacked
-    ``[m_g, ...]`` for group ``g`` and ``x01`` are images ``[B, H, W, Ch]`` in
-    ``[0, 1]``.
-  """
-  groups = tuple(groups)
-  _, order = _check_groups(groups)
-  mapped = tuple(
-      mapper.map(lambda p, s, x, task=g.task: apply_with_bn_loss(task, p, s, x),
-                 in_axes=(0, 0, None)) for g in groups)
-
-  def teachers(teacher_vars: TeacherVars, x01: jax.Array):
-    if len(teacher_vars) != len(groups):
-      raise ValueError(f"Expected variables for {len(groups)} teacher groups, "
-                       f"got {len(teacher_vars)}.")
-    outs = [fn(p, s, g.input_fn(x01))
-            for fn, g, (p, s) in zip(mapped, groups, teacher_vars)]
-    logits = jnp.concatenate([o[0] for o in outs])[order]
-    bn = jnp.concatenate([o[1] for o in outs])[order]
-    return logits, bn
-
-  return teachers
-
-
-def average_ensemble(logits: jax.Array, y: jax.Array, ctx: PyTree) -> jax.Array:
-  """Plain logit average ``(1/m) Σ_k P_k`` (DENSE; FedHydra's "AE")."""
-  del y, ctx
-  return jnp.mean(logits, axis=0)
-
-
-def kl_divergence(teacher_logits: jax.Array, student_logits: jax.Array,
-                  temperature: float) -> jax.Array:
-  """Mean over the batch of ``KL(σ(P/T) ‖ σ(S/T))``, scaled by ``T²``.
-
-  The ``T²`` factor (Hinton et al.) keeps gradient magnitudes independent of
-  the temperature; with ``T = 1`` it is the plain KL.
-  """
-  return jnp.mean(_kl_per_sample(teacher_logits, student_logits, temperature))
-
-
-def _kl_per_sample(teacher_logits: jax.Array, student_logits: jax.Array,
-                   temperature: float) -> jax.Array:
-  """``[B]`` ``KL_i(σ(P/T) ‖ σ(S/T))·T²``."""
-  t = temperature
-  p_log = jax.nn.log_softmax(teacher_logits / t)
-  s_log = jax.nn.log_softmax(student_logits / t)
-  return jnp.sum(jnp.exp(p_log) * (p_log - s_log), axis=-1) * t * t
 
 
 @flax.struct.dataclass
@@ -266,9 +92,6 @@ class DFKDState:
   pool_p: jax.Array
   key: jax.Array
   epoch: jax.Array
-
-
-ADV_MASKS = ("disagree", "agree", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,8 +146,8 @@ class DFKDHyperParams:
           f"{self.student_steps}.")
     if self.temperature <= 0:
       raise ValueError(f"temperature must be > 0, got {self.temperature}.")
-    if self.adv_mask not in ADV_MASKS:
-      raise ValueError(f"adv_mask must be one of {ADV_MASKS}, got "
+    if self.adv_mask not in ensemble.ADV_MASKS:
+      raise ValueError(f"adv_mask must be one of {ensemble.ADV_MASKS}, got "
                        f"{self.adv_mask!r}.")
 
 
@@ -332,101 +155,283 @@ class DataFreeKD(NamedTuple):
   """The distillation loop as pure functions.
 
   Attributes:
-    init: ``(key, params, batch_stats) -> DFKDState``: a fresh generator and
-      the given student.
+    init: ``(key, params, batch_stats) -> DFKDState``: a fresh generator, an
+      empty pool and the given student.
     epoch: ``(state, teacher_vars, ctx) -> (state, metrics)``: one epoch of
-      Algorithm 1 (``T_G`` generator steps on one ``(z, y)`` batch, then the
-      student steps): a host loop over a few jitted programs (noise draw,
-      one generator step, pool insert, one student step), each compiled
-      once.
-    generate: ``(state, z [B, nz], y [B]) -> images [B, H, W, Ch]`` in
-      ``[0, 1]`` from the last epoch's generator, e.g. for sample grids (the
-      pool holds the images the student actually saw).
-    student_loss: ``(params, batch_stats, teacher_vars, ctx, x01, y) -> (loss,
-      (new_stats, metrics))``; shared with FedDF.
-    teachers: the teacher function of :func:`make_teacher_fn`.
+      HASA / DENSE (``T_G`` generator steps on one ``(z, y)`` batch, then the
+      student steps over the pool) for the teachers' stacked variables and
+      the combine rule's ``ctx``.
   """
   init: Callable[..., DFKDState]
   epoch: Callable[..., tuple[DFKDState, dict[str, jax.Array]]]
-  generate: Callable[..., jax.Array]
-  student_loss: Callable[..., Any]
-  teachers: Callable[..., tuple[jax.Array, jax.Array]]
 
 
-def kd_objective(p: jax.Array, s_logits: jax.Array, *, beta: float,
-                 temperature: float) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """``KL(σ(P/T) ‖ σ(S/T)) + β·CE(S, argmax P)`` and its parts (Eqs. 17–19).
-
-  Args:
-    p: ensemble logits ``[B, K]`` (constants).
-    s_logits: student logits ``[B, K]``.
-  """
-  kl = kl_divergence(p, s_logits, temperature)
-  hard = jnp.argmax(p, -1)
-  ce = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(s_logits, hard))
-  agree = jnp.mean((jnp.argmax(s_logits, -1) == hard).astype(jnp.float32))
-  return kl + beta * ce, {"student_kl": kl, "student_ce": ce,
-                          "student_agreement": agree}
+# ----------------------------------------------------------------------------
+# The static parts of one loop and the values passed between its programs.
 
 
-def make_student_objective(student: Classifier, student_input: InputFn, *,
-                           beta: float, temperature: float
-                           ) -> Callable[..., Any]:
-  """The student in training mode against given ensemble logits.
+@dataclasses.dataclass(frozen=True)
+class _Loop:
+  """What :func:`make_dfkd` fixes: the models, the rule, the optimizers."""
+  hp: DFKDHyperParams
+  generator: nn.Module
+  teachers: ensemble.TeacherFn
+  combine: CombineFn
+  student: Classifier
+  student_input: InputFn
+  generator_optimizer: optax.GradientTransformation
+  student_optimizer: optax.GradientTransformation
+
+  @property
+  def nz(self) -> int:
+    return ensemble.generator_nz(self.generator)
+
+  @property
+  def num_classes(self) -> int:
+    return self.student.num_classes
+
+
+class _Draw(NamedTuple):
+  """The random inputs of one epoch (:func:`_draw`)."""
+  z: jax.Array            # [B, nz] initial noise.
+  y: jax.Array            # [B] target labels.
+  order: jax.Array        # [S·B] the student's visiting order of the pool.
+  filled: jax.Array       # () filled pool slots after this epoch's insert.
+  gen_params: PyTree      # a freshly initialised generator.
+  gen_stats: PyTree
+
+
+class _GenCarry(NamedTuple):
+  """The generator's state across the ``T_G`` steps of one epoch."""
+  gen_vars: tuple[PyTree, jax.Array]  # (generator params, noise z [B, nz]).
+  gen_stats: PyTree
+  opt_state: PyTree                   # of generator_optimizer over gen_vars.
+  best_loss: jax.Array                # () lowest L_Gen so far.
+  best_x: jax.Array                   # [B, H, W, Ch] the images achieving it.
+
+
+class _Programs(NamedTuple):
+  """The jitted programs of one epoch."""
+  draw: Callable[..., _Draw]
+  generator_begin: Callable[..., _GenCarry]
+  generator_step: Callable[..., tuple[_GenCarry, dict[str, jax.Array]]]
+  pool_insert: Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
+  student_step: Callable[..., Any]
+
+
+# ----------------------------------------------------------------------------
+# The pieces of an epoch (pure; jitted by make_dfkd).
+
+
+def _init_state(loop: _Loop, key: jax.Array, params: PyTree,
+                batch_stats: PyTree) -> DFKDState:
+  """A fresh generator, an all-zero pool ``[S, B, ...]`` and the student."""
+  hp = loop.hp
+  init_key, run_key = jax.random.split(key)
+  gp, gs = ensemble.init_generator(loop.generator, init_key)
+  z = jnp.zeros((1, loop.nz), jnp.float32)
+  image = jax.eval_shape(
+      lambda: ensemble.apply_generator(loop.generator, gp, gs, z,
+                                       jnp.zeros((1,), jnp.int32), False)[0])
+  pool_x = jnp.zeros((hp.pool_size, hp.batch_size, *image.shape[1:]),
+                     jnp.float32)
+  pool_y = jnp.zeros((hp.pool_size, hp.batch_size), jnp.int32)
+  pool_p = jnp.zeros((hp.pool_size, hp.batch_size, loop.num_classes),
+                     jnp.float32)
+  gen_opt_state = loop.generator_optimizer.init(
+      (gp, jnp.zeros((hp.batch_size, loop.nz), jnp.float32)))
+  return DFKDState(gen_params=gp, gen_stats=gs, gen_opt_state=gen_opt_state,
+                   params=params, batch_stats=batch_stats,
+                   opt_state=loop.student_optimizer.init(params),
+                   pool_x=pool_x, pool_y=pool_y, pool_p=pool_p, key=run_key,
+                   epoch=jnp.zeros((), jnp.int32))
+
+
+def _pool_order(key: jax.Array, epoch_index: jax.Array, pool_size: int,
+                batch_size: int) -> tuple[jax.Array, jax.Array]:
+  """A random order of the pool's filled entries, this epoch's slot included.
 
   Returns:
-    ``objective(params, batch_stats, x01 [B, ...], p [B, K]) -> (loss,
-    (new_batch_stats, metrics))`` with the loss of :func:`kd_objective`.
+    ``(order [S·B], filled)``: flat pool indices with the unfilled entries
+    sorted last, and the number of filled slots.
   """
-
-  def objective(params, batch_stats, x01, p):
-    s_logits, new_stats = student.apply(params, batch_stats, student_input(x01),
-                                        train=True)
-    value, metrics = kd_objective(p, s_logits, beta=beta,
-                                  temperature=temperature)
-    return value, (new_stats, metrics)
-
-  return objective
+  filled = jnp.minimum(epoch_index + 1, pool_size)
+  slot_of = jnp.arange(pool_size * batch_size) // batch_size
+  u = jax.random.uniform(key, slot_of.shape)
+  order = jnp.argsort(jnp.where(slot_of < filled, u, 2.0))
+  return order, filled
 
 
-def make_student_loss(teachers: Callable[..., tuple[jax.Array, jax.Array]],
-                      combine: CombineFn, student: Classifier,
-                      student_input: InputFn, *, beta: float,
-                      temperature: float) -> Callable[..., Any]:
-  """``L_Glo`` (:func:`kd_objective`) with the teachers evaluated on ``x̂``.
+def _draw(loop: _Loop, key: jax.Array, epoch_index: jax.Array) -> _Draw:
+  """Epoch ``e``'s noise, labels, pool order and fresh generator.
+
+  All from ``fold_in(key, e)``, so an epoch's randomness does not depend on
+  how the run was resumed.
+  """
+  hp = loop.hp
+  gen_key, order_key, init_key = jax.random.split(
+      jax.random.fold_in(key, epoch_index), 3)
+  kz, ky = jax.random.split(gen_key)
+  z = jax.random.normal(kz, (hp.batch_size, loop.nz), jnp.float32)
+  y = jax.random.randint(ky, (hp.batch_size,), 0, loop.num_classes)
+  order, filled = _pool_order(order_key, epoch_index, hp.pool_size,
+                              hp.batch_size)
+  gp, gs = ensemble.init_generator(loop.generator, init_key)
+  return _Draw(z=z, y=y, order=order, filled=filled, gen_params=gp,
+               gen_stats=gs)
+
+
+def _generator_begin(loop: _Loop, state: DFKDState, z: jax.Array,
+                     fresh_params: PyTree, fresh_stats: PyTree) -> _GenCarry:
+  """The generator, its optimizer and the noise at the start of an epoch."""
+  hp, opt = loop.hp, loop.generator_optimizer
+  if hp.reset_generator:
+    gp, gs = fresh_params, fresh_stats
+    opt_state = opt.init((gp, z))
+  else:
+    gp, gs = state.gen_params, state.gen_stats
+    # The noise is new every epoch; so is its optimizer state.
+    opt_state = opt.init((gp, z)) if hp.learn_noise else state.gen_opt_state
+  return _GenCarry(gen_vars=(gp, z), gen_stats=gs, opt_state=opt_state,
+                   best_loss=jnp.array(jnp.inf, jnp.float32),
+                   best_x=jnp.zeros(state.pool_x.shape[1:], jnp.float32))
+
+
+def _generator_loss(loop: _Loop, gen_vars: tuple[PyTree, jax.Array],
+                    gen_stats: PyTree, params: PyTree, batch_stats: PyTree,
+                    teacher_vars: TeacherVars, ctx: PyTree, y: jax.Array):
+  """``L_Gen`` of :func:`ensemble.generator_objective` on ``x̂ = G(z)``.
 
   Returns:
-    ``loss(params, batch_stats, teacher_vars, ctx, x01 [B, ...], y [B]) ->
-    (loss, (new_batch_stats, metrics))``; the student runs in training mode.
+    ``(loss, (new_gen_stats, x̂ [B, H, W, Ch], metrics))``.
   """
+  hp = loop.hp
+  gen_params, z = gen_vars
+  x01, new_stats = ensemble.apply_generator(loop.generator, gen_params,
+                                            gen_stats, z, y, True)
+  t_logits, bn = loop.teachers(teacher_vars, x01)
+  p = loop.combine(t_logits, y, ctx)
+  s_logits, _ = loop.student.apply(params, batch_stats, loop.student_input(x01),
+                                   train=False)
+  loss, metrics = ensemble.generator_objective(
+      p, y, bn, s_logits, lambda_bn=hp.lambda_bn, lambda_adv=hp.lambda_adv,
+      temperature=hp.temperature, adv_mask=hp.adv_mask)
+  return loss, (new_stats, x01, metrics)
 
-  objective = make_student_objective(student, student_input, beta=beta,
-                                     temperature=temperature)
 
-  def loss(params, batch_stats, teacher_vars, ctx, x01, y):
-    t_logits, _ = teachers(teacher_vars, jax.lax.stop_gradient(x01))
-    p = jax.lax.stop_gradient(combine(t_logits, y, ctx))
-    return objective(params, batch_stats, x01, p)
+def _generator_step(loop: _Loop, carry: _GenCarry, params: PyTree,
+                    batch_stats: PyTree, teacher_vars: TeacherVars,
+                    ctx: PyTree, y: jax.Array
+                    ) -> tuple[_GenCarry, dict[str, jax.Array]]:
+  """One optimizer step on the generator (and the noise); tracks the best."""
+  (loss, (gen_stats, x01, metrics)), (g_gen, g_z) = jax.value_and_grad(
+      functools.partial(_generator_loss, loop), has_aux=True)(
+          carry.gen_vars, carry.gen_stats, params, batch_stats, teacher_vars,
+          ctx, y)
+  if not loop.hp.learn_noise:
+    g_z = jnp.zeros_like(g_z)
+  updates, opt_state = loop.generator_optimizer.update(
+      (g_gen, g_z), carry.opt_state, carry.gen_vars)
+  gen_vars = optax.apply_updates(carry.gen_vars, updates)
+  better = loss < carry.best_loss
+  best_x = jnp.where(better, jax.lax.stop_gradient(x01), carry.best_x)
+  return _GenCarry(gen_vars=gen_vars, gen_stats=gen_stats,
+                   opt_state=opt_state,
+                   best_loss=jnp.minimum(loss, carry.best_loss),
+                   best_x=best_x), metrics
 
-  return loss
 
+def _pool_insert(loop: _Loop, state: DFKDState, teacher_vars: TeacherVars,
+                 ctx: PyTree, carry: _GenCarry, y: jax.Array
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Writes the epoch's batch and its ensemble logits into slot ``e % S``.
 
-def adversarial_kl(p: jax.Array, s_logits: jax.Array, temperature: float,
-                   mask: str) -> jax.Array:
-  """``L_AD = −mean_i w_i · KL_i(σ(P/T) ‖ σ(S/T))·T²`` with the sample mask ``w``.
-
-  ``w_i`` is 1 for every sample (``"none"``), where the arg-maxes of ``P``
-  and ``S`` differ (``"disagree"``) or agree (``"agree"``); the mean is over
-  all ``B`` samples, as in the reference code.
+  Returns:
+    The new ``(pool_x, pool_y, pool_p)``.
   """
-  kl = _kl_per_sample(p, s_logits, temperature)
-  same = jnp.argmax(p, -1) == jnp.argmax(s_logits, -1)
-  w = {"none": jnp.ones_like(kl), "agree": same.astype(kl.dtype),
-       "disagree": (~same).astype(kl.dtype)}[mask]
-  return -jnp.mean(w * kl)
+  hp = loop.hp
+  if hp.keep_best:
+    x_new = carry.best_x
+  else:
+    gp, z_end = carry.gen_vars
+    x_new, _ = ensemble.apply_generator(loop.generator, gp, carry.gen_stats,
+                                        z_end, y, True)
+    x_new = jax.lax.stop_gradient(x_new)
+  t_logits, _ = loop.teachers(teacher_vars, x_new)
+  p_new = jax.lax.stop_gradient(loop.combine(t_logits, y, ctx))
+  slot = state.epoch % hp.pool_size
+  return (state.pool_x.at[slot].set(x_new), state.pool_y.at[slot].set(y),
+          state.pool_p.at[slot].set(p_new))
 
 
-def make_dfkd(groups: Sequence[TeacherGroup],
+def _student_step(loop: _Loop, params: PyTree, batch_stats: PyTree,
+                  opt_state: PyTree, pool_x: jax.Array, pool_p: jax.Array,
+                  order: jax.Array, start: jax.Array):
+  """One student step on pool entries ``order[start : start + B]``.
+
+  Returns:
+    ``(params, batch_stats, opt_state, metrics)``.
+  """
+  hp = loop.hp
+  objective = ensemble.make_student_objective(
+      loop.student, loop.student_input, beta=hp.beta,
+      temperature=hp.temperature)
+  idx = jax.lax.dynamic_slice_in_dim(order, start, hp.batch_size)
+  flat_x = pool_x.reshape((-1, *pool_x.shape[2:]))
+  flat_p = pool_p.reshape((-1, loop.num_classes))
+  (_, (new_stats, metrics)), grads = jax.value_and_grad(
+      objective, has_aux=True)(params, batch_stats, flat_x[idx], flat_p[idx])
+  updates, opt_state = loop.student_optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), new_stats, opt_state, metrics
+
+
+def _epoch(loop: _Loop, programs: _Programs, state: DFKDState,
+           teacher_vars: TeacherVars, ctx: PyTree
+           ) -> tuple[DFKDState, dict[str, jax.Array]]:
+  """One epoch: ``T_G`` generator steps, pool insert, the student steps.
+
+  Host loops over single jitted steps: XLA:CPU (jax 0.5.3) ran the generator
+  step about 14x slower inside a rolled while loop (``lax.scan``) than as one
+  program (MNIST, 5 CNN2 teachers, batch 64: 6.0 vs 0.42 s per step; the
+  student's rolled loop cost as much), and unrolling ``T_G = 30`` steps took
+  minutes to compile. The random inputs are drawn by a separate program:
+  XLA:CPU's oneDNN rewriter tries to constant-fold dot operands and aborts on
+  values computed from PRNG bits inside the same program (jax 0.5.3).
+  """
+  hp = loop.hp
+  draw = programs.draw(state.key, state.epoch)
+  carry = programs.generator_begin(state, draw.z, draw.gen_params,
+                                   draw.gen_stats)
+  for _ in range(hp.generator_steps):
+    carry, gen_metrics = programs.generator_step(
+        carry, state.params, state.batch_stats, teacher_vars, ctx, draw.y)
+
+  pool_x, pool_y, pool_p = programs.pool_insert(state, teacher_vars, ctx,
+                                                carry, draw.y)
+  filled = int(draw.filled)
+  num_steps = filled if hp.student_steps == 0 else hp.student_steps
+  p, s, o = state.params, state.batch_stats, state.opt_state
+  step_metrics = []
+  for i in range(num_steps):
+    start = (i % filled) * hp.batch_size
+    p, s, o, m = programs.student_step(p, s, o, pool_x, pool_p, draw.order,
+                                       start)
+    step_metrics.append(m)
+
+  metrics = dict(gen_metrics)
+  metrics.update({k: jnp.mean(jnp.stack([m[k] for m in step_metrics]))
+                  for k in step_metrics[0]})
+  metrics["student_steps"] = jnp.asarray(num_steps, jnp.float32)
+  gen_params, _ = carry.gen_vars
+  new_state = DFKDState(gen_params=gen_params, gen_stats=carry.gen_stats,
+                        gen_opt_state=carry.opt_state, params=p,
+                        batch_stats=s, opt_state=o, pool_x=pool_x,
+                        pool_y=pool_y, pool_p=pool_p, key=state.key,
+                        epoch=state.epoch + 1)
+  return new_state, metrics
+
+
+def make_dfkd(groups: Sequence[ensemble.TeacherGroup],
               generator: nn.Module,
               student: Classifier,
               student_input: InputFn,
@@ -439,7 +444,8 @@ def make_dfkd(groups: Sequence[TeacherGroup],
   """Builds the generator/student alternation of FedHydra's HASA and DENSE.
 
   Args:
-    groups: the teachers, one :class:`TeacherGroup` per architecture.
+    groups: the teachers, one :class:`~fedjax_dd.distill.ensemble.TeacherGroup`
+      per architecture.
     generator: a Flax generator called as ``generator.apply(vars, z, [y],
       train=)`` returning images in ``[0, 1]``, e.g.
       :class:`fedjax_dd.models.Generator`. A label-conditional generator
@@ -458,196 +464,16 @@ def make_dfkd(groups: Sequence[TeacherGroup],
   Returns:
     A :class:`DataFreeKD`.
   """
-  hp = hparams
-  num_classes = student.num_classes
-  nz = int(getattr(generator, "nz"))
-  conditional = bool(getattr(generator, "conditional", False))
-  teachers = make_teacher_fn(groups, mapper)
-  student_loss = make_student_loss(teachers, combine, student, student_input,
-                                   beta=hp.beta, temperature=hp.temperature)
-
-  def gen_apply(gen_params, gen_stats, z, y, train):
-    variables = {"params": gen_params, "batch_stats": gen_stats}
-    args = (z, y) if conditional else (z,)
-    if train:
-      x, upd = generator.apply(variables, *args, train=True,
-                               mutable=["batch_stats"])
-      return x, upd["batch_stats"]
-    return generator.apply(variables, *args, train=False), gen_stats
-
-  def gen_loss(opt_vars, gen_stats, params, batch_stats, teacher_vars, ctx, y):
-    gen_params, z = opt_vars
-    x01, new_stats = gen_apply(gen_params, gen_stats, z, y, True)
-    t_logits, bn = teachers(teacher_vars, x01)
-    p = combine(t_logits, y, ctx)
-    ce = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(p, y))
-    bn = jnp.mean(bn)
-    s_logits, _ = student.apply(params, batch_stats, student_input(x01),
-                                train=False)
-    adv = adversarial_kl(p, s_logits, hp.temperature, hp.adv_mask)
-    loss = ce + hp.lambda_bn * bn + hp.lambda_adv * adv
-    acc = jnp.mean((jnp.argmax(p, -1) == y).astype(jnp.float32))
-    return loss, (new_stats, x01, {"gen_loss": loss, "gen_ce": ce,
-                                   "gen_bn": bn, "gen_adv": adv,
-                                   "ensemble_accuracy": acc})
-
-  gen_grad = jax.value_and_grad(gen_loss, has_aux=True)
-
-  student_grad = jax.value_and_grad(
-      make_student_objective(student, student_input, beta=hp.beta,
-                             temperature=hp.temperature), has_aux=True)
-
-  def fresh_generator(key):
-    z = jnp.zeros((1, nz), jnp.float32)
-    extra = (jnp.zeros((1,), jnp.int32),) if conditional else ()
-    variables = generator.init(key, z, *extra, train=False)
-    return variables["params"], variables.get("batch_stats", {})
-
-  def init(key, params, batch_stats) -> DFKDState:
-    init_key, run_key = jax.random.split(key)
-    gp, gs = fresh_generator(init_key)
-    z = jnp.zeros((1, nz), jnp.float32)
-    image = jax.eval_shape(
-        lambda: gen_apply(gp, gs, z, jnp.zeros((1,), jnp.int32), False)[0])
-    pool_x = jnp.zeros((hp.pool_size, hp.batch_size, *image.shape[1:]),
-                       jnp.float32)
-    pool_y = jnp.zeros((hp.pool_size, hp.batch_size), jnp.int32)
-    pool_p = jnp.zeros((hp.pool_size, hp.batch_size, num_classes), jnp.float32)
-    return DFKDState(gen_params=gp, gen_stats=gs,
-                     gen_opt_state=generator_optimizer.init(
-                         (gp, jnp.zeros((hp.batch_size, nz), jnp.float32))),
-                     params=params, batch_stats=batch_stats,
-                     opt_state=student_optimizer.init(params), pool_x=pool_x,
-                     pool_y=pool_y, pool_p=pool_p, key=run_key,
-                     epoch=jnp.zeros((), jnp.int32))
-
-  @jax.jit
-  def draw(key, epoch_index):
-    gen_key, order_key, init_key = jax.random.split(
-        jax.random.fold_in(key, epoch_index), 3)
-    kz, ky = jax.random.split(gen_key)
-    z = jax.random.normal(kz, (hp.batch_size, nz), jnp.float32)
-    y = jax.random.randint(ky, (hp.batch_size,), 0, num_classes)
-    # A random order of the pool's filled entries (this epoch's slot
-    # included): unfilled entries sort last.
-    filled = jnp.minimum(epoch_index + 1, hp.pool_size)
-    slot_of = jnp.arange(hp.pool_size * hp.batch_size) // hp.batch_size
-    u = jax.random.uniform(order_key, slot_of.shape)
-    order = jnp.argsort(jnp.where(slot_of < filled, u, 2.0))
-    gp, gs = fresh_generator(init_key)
-    return z, y, order, filled, gp, gs
-
-  def epoch(state: DFKDState, teacher_vars: TeacherVars, ctx: PyTree):
-    # The noise, the pool order and a fresh generator are drawn by a separate
-    # program: XLA:CPU's oneDNN rewriter tries to constant-fold dot operands
-    # and aborts on values computed from PRNG bits inside the same program
-    # (jax 0.5.3).
-    z, y, order, filled, gp, gs = draw(state.key, state.epoch)
-    carry = gen_begin(state, z, gp, gs)
-    # A host loop over one jitted step: XLA:CPU (jax 0.5.3) ran this step
-    # about 14x slower inside a rolled while loop (lax.scan) than as one
-    # program (MNIST, 5 CNN2 teachers, batch 64: 6.0 vs 0.42 s per step), and
-    # unrolling T_G = 30 steps took minutes to compile.
-    for _ in range(hp.generator_steps):
-      carry, gen_metrics = gen_step(carry, state.params, state.batch_stats,
-                                    teacher_vars, ctx, y)
-    return epoch_end(state, teacher_vars, ctx, carry, gen_metrics, y, order,
-                     filled)
-
-  @jax.jit
-  def gen_begin(state, z, fresh_gp, fresh_gs):
-    if hp.reset_generator:
-      gp0, gs0 = fresh_gp, fresh_gs
-      go0 = generator_optimizer.init((gp0, z))
-    else:
-      gp0, gs0 = state.gen_params, state.gen_stats
-      # The noise is new every epoch; so is its optimizer state.
-      go0 = (generator_optimizer.init((gp0, z)) if hp.learn_noise
-             else state.gen_opt_state)
-    return ((gp0, z), gs0, go0, jnp.array(jnp.inf, jnp.float32),
-            jnp.zeros(state.pool_x.shape[1:], jnp.float32))
-
-  @jax.jit
-  def gen_step(carry, params, batch_stats, teacher_vars, ctx, y):
-    (gp, z_cur), gs, go, best_loss, best_x = carry
-    (loss, (gs_new, x01, m)), (g_gen, g_z) = gen_grad(
-        (gp, z_cur), gs, params, batch_stats, teacher_vars, ctx, y)
-    if not hp.learn_noise:
-      g_z = jnp.zeros_like(g_z)
-    updates, go = generator_optimizer.update((g_gen, g_z), go, (gp, z_cur))
-    new_vars = optax.apply_updates((gp, z_cur), updates)
-    better = loss < best_loss
-    best_x = jnp.where(better, jax.lax.stop_gradient(x01), best_x)
-    return (new_vars, gs_new, go, jnp.minimum(loss, best_loss), best_x), m
-
-  @jax.jit
-  def pool_insert(state, teacher_vars, ctx, carry, y):
-    (gp, z_end), gs, _, _, best_x = carry
-    if hp.keep_best:
-      x_new = best_x
-    else:
-      x_new, _ = gen_apply(gp, gs, z_end, y, True)
-      x_new = jax.lax.stop_gradient(x_new)
-    t_logits, _ = teachers(teacher_vars, x_new)
-    p_new = jax.lax.stop_gradient(combine(t_logits, y, ctx))
-    slot = state.epoch % hp.pool_size
-    return (state.pool_x.at[slot].set(x_new), state.pool_y.at[slot].set(y),
-            state.pool_p.at[slot].set(p_new))
-
-  @jax.jit
-  def student_step(params, batch_stats, opt_state, pool_x, pool_p, order,
-                   start):
-    x_shape = pool_x.shape[2:]
-    idx = jax.lax.dynamic_slice_in_dim(order, start, hp.batch_size)
-    flat_x = pool_x.reshape((-1, *x_shape))
-    flat_p = pool_p.reshape((-1, num_classes))
-    (_, (new_stats, m)), g = student_grad(params, batch_stats, flat_x[idx],
-                                          flat_p[idx])
-    updates, opt_state = student_optimizer.update(g, opt_state, params)
-    return optax.apply_updates(params, updates), new_stats, opt_state, m
-
-  def epoch_end(state, teacher_vars, ctx, carry, gen_metrics, y, order,
-                filled):
-    pool_x, pool_y, pool_p = pool_insert(state, teacher_vars, ctx, carry, y)
-    filled = int(filled)
-    num_steps = filled if hp.student_steps == 0 else hp.student_steps
-    # A host loop over one jitted step, for the reason given in ``epoch``
-    # (the student's rolled loop cost ~14x on XLA:CPU as well).
-    p, s, o = state.params, state.batch_stats, state.opt_state
-    step_metrics = []
-    for i in range(num_steps):
-      start = (i % filled) * hp.batch_size
-      p, s, o, m = student_step(p, s, o, pool_x, pool_p, order, start)
-      step_metrics.append(m)
-    metrics = dict(gen_metrics)
-    metrics.update({k: jnp.mean(jnp.stack([m[k] for m in step_metrics]))
-                    for k in step_metrics[0]})
-    metrics["student_steps"] = jnp.asarray(num_steps, jnp.float32)
-    (gp, _), gs, go, _, _ = carry
-    new_state = DFKDState(gen_params=gp, gen_stats=gs, gen_opt_state=go,
-                          params=p, batch_stats=s, opt_state=o, pool_x=pool_x,
-                          pool_y=pool_y, pool_p=pool_p, key=state.key,
-                          epoch=state.epoch + 1)
-    return new_state, metrics
-
-  @jax.jit
-  def generate(state: DFKDState, z: jax.Array, y: jax.Array) -> jax.Array:
-    return gen_apply(state.gen_params, state.gen_stats, z, y, True)[0]
-
-  return DataFreeKD(init=init, epoch=epoch, generate=generate,
-                    student_loss=student_loss, teachers=teachers)
-
-
-def stack_teachers(params: PyTree, batch_stats: PyTree,
-                   groups: Sequence[TeacherGroup]) -> TeacherVars:
-  """Splits client models stacked ``[m, ...]`` (one architecture) into groups.
-
-  Only for the homogeneous case where every client shares one pytree
-  structure; heterogeneous clients are stacked per group by the caller.
-  """
-  out = []
-  for g in groups:
-    idx = jnp.asarray(g.client_ids)
-    out.append((tree_map(lambda a: a[idx], params),
-                tree_map(lambda a: a[idx], batch_stats)))
-  return tuple(out)
+  loop = _Loop(hp=hparams, generator=generator,
+               teachers=ensemble.make_teacher_fn(groups, mapper),
+               combine=combine, student=student, student_input=student_input,
+               generator_optimizer=generator_optimizer,
+               student_optimizer=student_optimizer)
+  programs = _Programs(
+      draw=jax.jit(functools.partial(_draw, loop)),
+      generator_begin=jax.jit(functools.partial(_generator_begin, loop)),
+      generator_step=jax.jit(functools.partial(_generator_step, loop)),
+      pool_insert=jax.jit(functools.partial(_pool_insert, loop)),
+      student_step=jax.jit(functools.partial(_student_step, loop)))
+  return DataFreeKD(init=functools.partial(_init_state, loop),
+                    epoch=functools.partial(_epoch, loop, programs))

@@ -15,10 +15,15 @@ is false, and under ``vmap`` its carry is no longer updated.
 Support sets are optimised in the normalised input space
 ``z = (x / 255 − mean) / std`` (where Adam's default learning rate 0.004 is
 meaningful) and mapped back to pixels for transmission as uint8.
+
+The optimisation settings travel together as one :class:`KipOptions`
+(FedD3 and HFLDD pass it through unchanged; the experiments build it from
+the config keys ``kip_<field>``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Any, Callable
@@ -30,11 +35,64 @@ import numpy as np
 import optax
 
 from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.data.partition import class_counts
 from fedjax_dd.data.stacked import sample_batch
 from fedjax_dd.kernels.kip_loss import kip_loss, one_hot_labels
 
 PyTree = Any
 KernelFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class KipOptions:
+  """KIP's optimisation settings, one name each (config key ``kip_<name>``).
+
+  Defaults are FedD3's (App. C) and HFLDD's (Sec. V-A) shared values;
+  FedD3 stops each client early on ``stop_accuracy``, HFLDD runs the fixed
+  budget (``stop_accuracy=None``).
+
+  Attributes:
+    lr: Adam learning rate in the normalised space.
+    max_iterations: iteration cap per client (the exact budget when
+      ``stop_accuracy`` is None).
+    target_batch_size: targets sampled from the client's data per iteration.
+    reg: relative KRR ridge ``lambda``.
+    learn_labels: also optimise the support labels.
+    centered_labels: KIP's centred one-hot convention (``one_hot - 1/K``).
+    stop_accuracy: per-client early stop on target-batch accuracy (FedD3's
+      rule), or None for a fixed budget. A target batch that holds a single
+      class never triggers it, since any support fits it.
+    min_iterations: iterations before the early stop may trigger.
+    segment_iterations: iterations per batched program between host checks
+      (progress reports); the result does not depend on it.
+  """
+  lr: float = 0.004
+  max_iterations: int = 3000
+  target_batch_size: int = 10
+  reg: float = 1e-6
+  learn_labels: bool = False
+  centered_labels: bool = False
+  stop_accuracy: float | None = 0.999
+  min_iterations: int = 0
+  segment_iterations: int = 100
+
+  def __post_init__(self):
+    if self.target_batch_size < 1:
+      raise ValueError(
+          f"target_batch_size must be >= 1, got {self.target_batch_size}.")
+    if self.max_iterations < 0 or self.min_iterations < 0:
+      raise ValueError("max_iterations and min_iterations must be >= 0, got "
+                       f"{self.max_iterations}, {self.min_iterations}.")
+    if self.segment_iterations < 1:
+      raise ValueError(
+          f"segment_iterations must be >= 1, got {self.segment_iterations}.")
+
+  def program(self) -> KipOptions:
+    """The settings that shape the compiled programs: the host loop's
+    (``max_iterations``, ``segment_iterations``) reset to their defaults, so
+    runs that differ only in them share the compiled programs."""
+    return dataclasses.replace(self, max_iterations=KipOptions.max_iterations,
+                               segment_iterations=KipOptions.segment_iterations)
 
 
 @flax.struct.dataclass
@@ -104,12 +162,16 @@ def dequantize(x_uint8: jax.Array) -> jax.Array:
   return jnp.asarray(x_uint8, jnp.float32)
 
 
-def class_counts(y: np.ndarray, num_examples: np.ndarray, num_classes: int) -> np.ndarray:
-  """``[C, K]`` examples per (client, class), ignoring padding (host side)."""
+def _stack_class_counts(y, num_examples, num_classes: int) -> np.ndarray:
+  """``[C, K]`` examples per (client, class) of stacked data, padding ignored.
+
+  :func:`fedjax_dd.data.class_counts` over the stack's valid rows (host side).
+  """
   y = np.asarray(y)
-  valid = np.arange(y.shape[1])[None, :] < np.asarray(num_examples)[:, None]
-  return np.stack([np.bincount(row[v], minlength=num_classes)[:num_classes]
-                   for row, v in zip(y, valid)])
+  n_max = y.shape[1]
+  parts = [c * n_max + np.arange(int(n))
+           for c, n in enumerate(np.asarray(num_examples))]
+  return class_counts(y.reshape(-1), parts, num_classes)
 
 
 def check_privacy(y: np.ndarray, num_examples: np.ndarray, num_classes: int, *,
@@ -120,7 +182,7 @@ def check_privacy(y: np.ndarray, num_examples: np.ndarray, num_classes: int, *,
     ValueError: if some client holds exactly one example of a class and
       ``allow_raw_upload`` is False.
   """
-  counts = class_counts(y, num_examples, num_classes)
+  counts = _stack_class_counts(y, num_examples, num_classes)
   singles = np.argwhere(counts == 1)
   if singles.size and not allow_raw_upload:
     examples = ", ".join(f"client {c} class {k}" for c, k in singles[:5])
@@ -161,16 +223,14 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
                    images_per_class: int | None = None,
                    support_size: int | None = None,
                    class_blocks: int | None = None,
-                   lr: float = 0.004, target_batch_size: int = 10,
-                   reg: float = 1e-6, learn_labels: bool = False,
-                   centered_labels: bool = False,
-                   stop_accuracy: float | None = 0.999, min_iterations: int = 0,
+                   options: KipOptions = KipOptions(),
                    mapper: ClientMapper = ClientMapper(workload="kip")):
   """Builds the batched ``init`` and ``segment`` programs.
 
   ``class_blocks`` (with ``images_per_class``; default ``num_classes``) is the
   number of classes a support has room for, so ``S = class_blocks ·
-  images_per_class``. See :func:`distill_clients`.
+  images_per_class``. ``options`` gives the optimisation settings (its host
+  loop settings are not used here). See :func:`distill_clients`.
 
   Returns:
     ``(init, segment, normalise)``: ``init(keys [C], x, y, n) -> KipState [C]``
@@ -182,17 +242,18 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
     raise ValueError("Give exactly one of images_per_class and support_size.")
   if (images_per_class or 1) < 1 or (support_size or 1) < 1:
     raise ValueError("images_per_class / support_size must be >= 1.")
-  if target_batch_size < 1:
-    raise ValueError(f"target_batch_size must be >= 1, got {target_batch_size}.")
+  target_batch_size = options.target_batch_size
+  reg, learn_labels = options.reg, options.learn_labels
+  centered_labels, min_iterations = options.centered_labels, options.min_iterations
   class_blocks = num_classes if class_blocks is None else class_blocks
   if not 1 <= class_blocks <= num_classes:
     raise ValueError(f"class_blocks must be in [1, {num_classes}], got "
                      f"{class_blocks}.")
   mean = jnp.asarray(mean, jnp.float32)
   std = jnp.asarray(std, jnp.float32)
-  opt = optax.adam(lr)
+  opt = optax.adam(options.lr)
   # None: a fixed iteration budget with no accuracy stop (HFLDD Sec. IV).
-  stop = jnp.inf if stop_accuracy is None else stop_accuracy
+  stop = jnp.inf if options.stop_accuracy is None else options.stop_accuracy
 
   def normalise(x):
     return (x.astype(jnp.float32) / 255.0 - mean) / std
@@ -262,12 +323,8 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
                     kernel_fn: KernelFn, mean, std,
                     images_per_class: int | None = None,
                     support_size: int | None = None,
-                    class_blocks: int | None = None, lr: float = 0.004,
-                    max_iterations: int = 3000, target_batch_size: int = 10,
-                    reg: float = 1e-6, learn_labels: bool = False,
-                    centered_labels: bool = False,
-                    stop_accuracy: float | None = 0.999, min_iterations: int = 0,
-                    segment_iterations: int = 100,
+                    class_blocks: int | None = None,
+                    options: KipOptions = KipOptions(),
                     mapper: ClientMapper = ClientMapper(workload="kip"),
                     progress: Callable[[int, int], None] | None = None
                     ) -> KipResult:
@@ -291,18 +348,8 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
       would give every 2-class FedD3 client a 5× larger support of masked
       slots, and a 25× larger ``K_ss``; the real points are the same either
       way. Must be at least that maximum.
-    lr: Adam learning rate.
-    max_iterations: iteration cap per client.
-    target_batch_size: targets sampled from the client's data per iteration.
-    reg: relative KRR ridge λ.
-    learn_labels: also optimise the support labels.
-    centered_labels: KIP's centred one-hot convention.
-    stop_accuracy: per-client early stop on target-batch accuracy (FedD3's
-      rule); ``None`` runs every client for ``max_iterations`` (HFLDD's
-      fixed budget). A target batch that holds a single class never
-      triggers the stop, since any support fits it.
-    min_iterations: iterations before early stop may trigger.
-    segment_iterations: iterations per batched program between host checks.
+    options: the optimisation settings (:class:`KipOptions`);
+      ``stop_accuracy=None`` runs every client for ``max_iterations``.
     mapper: client-axis backend.
     progress: optional ``callback(iterations_done, clients_converged)``.
 
@@ -310,8 +357,8 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
     A :class:`KipResult` (float pixels; see :func:`quantize`).
   """
   if images_per_class is not None:
-    held = class_counts(jax.device_get(y), jax.device_get(num_examples),
-                        num_classes) > 0
+    held = _stack_class_counts(jax.device_get(y), jax.device_get(num_examples),
+                             num_classes) > 0
     most = max(int(held.sum(axis=1).max(initial=0)), 1)
     if class_blocks is None:
       class_blocks = most
@@ -332,17 +379,14 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
       mean=tuple(np.asarray(mean, np.float32).reshape(-1).tolist()),
       std=tuple(np.asarray(std, np.float32).reshape(-1).tolist()),
       images_per_class=images_per_class, support_size=support_size,
-      class_blocks=class_blocks, lr=lr, target_batch_size=target_batch_size,
-      reg=reg, learn_labels=learn_labels,
-      centered_labels=centered_labels, stop_accuracy=stop_accuracy,
-      min_iterations=min_iterations, mapper=mapper)
+      class_blocks=class_blocks, options=options.program(), mapper=mapper)
   ids = jnp.arange(x.shape[0])
   keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
   init_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2**31 - 1))(keys)
   state = init(init_keys, x, y, n)
   done = 0
-  while done < max_iterations:
-    done = min(done + segment_iterations, max_iterations)
+  while done < options.max_iterations:
+    done = min(done + options.segment_iterations, options.max_iterations)
     state = segment(state, keys, x, y, n, jnp.asarray(done, jnp.int32))
     finished = np.asarray(jax.device_get(state.converged | (n == 0)))
     if progress is not None:

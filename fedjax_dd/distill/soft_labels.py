@@ -13,7 +13,7 @@ feature matrix the homogeneous clustering (:mod:`fedjax_dd.clustering`) runs
 on.
 
 All three steps are device programs: pretraining is one batched program over
-the clients (``fedjax_dd.algorithms.stages.client_stage``), inference is one
+the clients (:func:`fedjax_dd.core.clients.client_stage`), inference is one
 batched program over the clients' models, and ``M`` is one jitted einsum.
 """
 
@@ -26,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dd.algorithms import stages
 from fedjax_dd.core.algorithm import Cohort
-from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core import keys
+from fedjax_dd.core.clients import ClientMapper, client_stage
 from fedjax_dd.core.local import LocalResult, make_local_update
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
@@ -65,14 +65,14 @@ def pretrain_clients(task: Classifier, params: PyTree, batch_stats: PyTree,
   max_steps = max(int(jax.device_get(jnp.max(num_steps))), 1)
   local = make_local_update(task, optimizer, batch_size=batch_size,
                             max_steps=max_steps)
-  train = stages.client_stage(local, mapper)
+  train = client_stage(local, mapper)
   n = data.num_clients
   ids = jnp.arange(n)
   cohort = Cohort(x=jnp.asarray(data.x), y=jnp.asarray(data.y),
                   num_examples=jnp.asarray(data.num_examples),
                   num_steps=num_steps, client_ids=ids)
   no_ctx = jnp.zeros((n,), jnp.float32)
-  return train(params, batch_stats, (), cohort, stages.client_keys(key, ids),
+  return train(params, batch_stats, (), cohort, keys.client_keys(key, ids),
                no_ctx)
 
 
@@ -157,12 +157,6 @@ def pairwise_kl(soft_labels: jax.Array, *, eps: float = DEFAULT_EPS) -> jax.Arra
   if s.ndim != 3:
     raise ValueError(f"soft_labels must be [N, M, K], got shape {s.shape}.")
   return _pairwise_kl(s, jnp.asarray(eps, jnp.float32))
-
-
-def soft_label_bits(num_clients: int, aux_size: int, num_classes: int, *,
-                    bits_per_entry: int = 32) -> int:
-  """Upload of all soft labels: ``N * |D_g| * N_c * B1`` (first term of Eq. 18)."""
-  return int(num_clients) * int(aux_size) * int(num_classes) * int(bits_per_entry)
 
 
 def collect_label_knowledge(task: Classifier, params: PyTree, batch_stats: PyTree,

@@ -206,3 +206,81 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
   fig.tight_layout()
   fig.savefig(path, dpi=dpi)
   return os.fspath(path)
+
+
+def plot_u_r(u_r: np.ndarray, path: str | os.PathLike, *,
+             class_shares: np.ndarray | None = None, dpi: int = 100) -> str:
+  """FedHydra's ``U_r`` (paper Fig. 5b) as a heat map, next to the truth.
+
+  Args:
+    u_r: ``[c, m]`` row-normalised stratification matrix.
+    path: output PNG path.
+    class_shares: ``[c, m]`` each class's share held by each client (the
+      oracle ``U_r`` estimates, which stratification never sees), drawn as a
+      second panel when given.
+    dpi: resolution.
+
+  Returns:
+    The path written.
+  """
+  u_r = np.asarray(u_r)
+  panels = [("U_r", u_r)]
+  if class_shares is not None:
+    panels.append(("class share n_kj / Σ_k n_kj (truth)",
+                   np.asarray(class_shares)))
+  fig = new_figure(figsize=(len(panels) * (1.5 + 0.6 * u_r.shape[1]), 4))
+  axes = np.atleast_1d(fig.subplots(1, len(panels), squeeze=False)[0])
+  im = None
+  for ax, (title, mat) in zip(axes, panels):
+    im = ax.imshow(mat, cmap="viridis", aspect="auto", vmin=0, vmax=1)
+    ax.set_xlabel("client k")
+    ax.set_ylabel("class j")
+    ax.set_title(title, fontsize=9)
+  fig.colorbar(im, ax=list(axes))
+  fig.savefig(path, dpi=dpi, bbox_inches="tight")
+  return os.fspath(path)
+
+
+def plot_class_samples(x: np.ndarray, y: np.ndarray, num_classes: int,
+                       path: str | os.PathLike, *, per_class: int = 8,
+                       dpi: int = 80) -> str:
+  """Up to ``per_class`` images of each class, one row per class.
+
+  Args:
+    x: ``[B, H, W, Ch]`` images in ``[0, 1]``.
+    y: ``[B]`` their labels.
+    num_classes: rows.
+    path: output PNG path.
+    per_class: columns.
+    dpi: resolution.
+
+  Returns:
+    The path written.
+  """
+  x, y = np.asarray(x), np.asarray(y)
+  fig = new_figure(figsize=(per_class, num_classes))
+  axes = fig.subplots(num_classes, per_class, squeeze=False)
+  for j in range(num_classes):
+    idx = np.flatnonzero(y == j)[:per_class]
+    for i in range(per_class):
+      ax = axes[j, i]
+      ax.axis("off")
+      if i < idx.size:
+        img = x[idx[i]]
+        gray = img.shape[-1] == 1
+        ax.imshow(img[..., 0] if gray else img, cmap="gray" if gray else None,
+                  vmin=0, vmax=1)
+  fig.savefig(path, dpi=dpi, bbox_inches="tight")
+  return os.fspath(path)
+
+
+def plot_accuracy(points: Sequence[Sequence[float]], path: str | os.PathLike,
+                  *, xlabel: str = "distillation epoch", dpi: int = 100) -> str:
+  """Test accuracy against a step index, from ``[[step, accuracy], ...]``."""
+  fig = new_figure(figsize=(5, 3.5))
+  ax = fig.subplots()
+  ax.plot(*zip(*points), marker=".")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel("test accuracy")
+  fig.savefig(path, dpi=dpi, bbox_inches="tight")
+  return os.fspath(path)

@@ -4,7 +4,8 @@ HFLDD (Shi et al., "Dataset Distillation-based Hybrid Federated Learning on
 Non-IID Data", 2024), Tables III-V, compare methods by the communication
 rounds and the traffic each needs to reach a target test accuracy, and by the
 ratio of that traffic to HFLDD's. :func:`target_table` computes those rows
-for any set of runs from their ``metrics.jsonl`` rows (through
+for any set of runs from their ``metrics.jsonl`` rows (read with
+:func:`fedjax_dd.core.ledger.load_metrics`; through
 :func:`fedjax_dd.core.ledger.traffic_to_target`); :func:`format_table`
 renders them as Markdown. Tables over seeds (mean ± sd) are in
 :mod:`fedjax_dd.utils.sweep`.
@@ -12,18 +13,11 @@ renders them as Markdown. Tables over seeds (mean ± sd) are in
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping, Sequence
 
 from fedjax_dd.core import ledger as ledger_lib
 
 Rows = Sequence[Mapping[str, Any]]
-
-
-def load_runs(workdirs: Mapping[str, str | os.PathLike]) -> dict[str, list[dict[str, Any]]]:
-  """``{name: metrics rows}`` read from each ``WORKDIR/metrics.jsonl``."""
-  return {name: ledger_lib.load_metrics(os.path.join(d, "metrics.jsonl"))
-          for name, d in workdirs.items()}
 
 
 def target_table(runs: Mapping[str, Rows], target_accuracy: float, *,

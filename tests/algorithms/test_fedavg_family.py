@@ -10,7 +10,7 @@ from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.algorithms.fednova import fednova, normaliser
 from fedjax_dd.algorithms.fedprox import fedprox
 from fedjax_dd.algorithms.scaffold import scaffold
-from fedjax_dd.algorithms.stages import client_keys
+from fedjax_dd.core.keys import client_keys
 from fedjax_dd.core.algorithm import Cohort
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import make_local_update

@@ -6,6 +6,7 @@ import pytest
 
 from fedjax_dd.algorithms import fedd3
 from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill.kip import KipOptions
 from fedjax_dd.kernels.ntk import fc_kernel
 
 
@@ -21,6 +22,22 @@ def test_upload_bits_by_hand():
   assert fedd3.upload_bits(_distilled()) == 3 * 4 * 8 + 3 * 8
   # Learned labels travel as 2 float32 entries each: 96 + 3 * 2 * 32.
   assert fedd3.upload_bits(_distilled(learned=True)) == 96 + 192
+  # The widths are the payload's: e.g. 4-bit pixels, 16-bit soft labels.
+  assert fedd3.upload_bits(_distilled(), bits_per_pixel_channel=4,
+                           bits_per_hard_label=2) == 3 * 4 * 4 + 3 * 2
+  assert fedd3.upload_bits(_distilled(learned=True),
+                           bits_per_soft_label=16) == 96 + 3 * 2 * 16
+
+
+def test_distilled_set_round_trips_through_arrays():
+  d = _distilled(learned=True).replace(iterations=np.array([3, 0, 5]))
+  arrays = d.arrays()
+  assert set(arrays) == {"x", "y", "y_soft", "owner", "iterations"}
+  back = fedd3.DistilledSet.from_arrays(arrays, learned_labels=True,
+                                        centered_labels=False)
+  assert back.learned_labels and back.x_float is None
+  np.testing.assert_array_equal(back.iterations, [3, 0, 5])
+  np.testing.assert_array_equal(back.x, d.x)
 
 
 def test_server_dataset_is_one_client_union():
@@ -60,8 +77,9 @@ def _clients():
 def test_kip_and_gmm_distillers_shapes():
   data = _clients()
   kip = fedd3.kip_distiller(fc_kernel(depth=2), num_classes=3, mean=[0.3],
-                            std=[0.3], images_per_class=1, max_iterations=5,
-                            segment_iterations=5)
+                            std=[0.3], images_per_class=1,
+                            options=KipOptions(max_iterations=5,
+                                               segment_iterations=5))
   d = kip(jax.random.PRNGKey(0), data)
   assert d.size == 4 and d.x.dtype == np.uint8 and d.x_float.shape == (4, 4, 4, 1)
   np.testing.assert_array_equal(np.bincount(d.owner), [2, 2])
@@ -75,7 +93,8 @@ def test_privacy_guard_refuses_single_sample_classes():
   data = _clients()
   data = data.replace(num_examples=np.array([8, 3], np.int32))  # client 1: 1x class 2
   kip = fedd3.kip_distiller(fc_kernel(depth=2), num_classes=3, mean=[0.3],
-                            std=[0.3], images_per_class=1, max_iterations=2)
+                            std=[0.3], images_per_class=1,
+                            options=KipOptions(max_iterations=2))
   with pytest.raises(ValueError, match="raw image"):
     kip(jax.random.PRNGKey(0), data)
 
@@ -189,10 +208,11 @@ def test_kip_learned_labels_reach_server_training_as_soft_targets():
   from tests.conftest import tiny_task
 
   data = _clients()
-  kip = fedd3.kip_distiller(fc_kernel(depth=2), num_classes=3, mean=[0.3],
-                            std=[0.3], images_per_class=1, max_iterations=5,
-                            segment_iterations=5, learn_labels=True,
-                            stop_accuracy=None)
+  kip = fedd3.kip_distiller(
+      fc_kernel(depth=2), num_classes=3, mean=[0.3], std=[0.3],
+      images_per_class=1,
+      options=KipOptions(max_iterations=5, segment_iterations=5,
+                         learn_labels=True, stop_accuracy=None))
   d = kip(jax.random.PRNGKey(0), data)
   assert d.learned_labels and d.y_soft.shape == (4, 3)
   # Learned labels moved off the one-hot they started from.

@@ -10,7 +10,7 @@ import pytest
 
 from fedjax_dd import models
 from fedjax_dd.algorithms import stratify as st
-from fedjax_dd.algorithms.fedhydra import local_stage
+from fedjax_dd.algorithms.one_shot import local_stage
 from fedjax_dd.algorithms.os_fedavg import os_fedavg
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
@@ -18,7 +18,7 @@ from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import steps_for
 from fedjax_dd.algorithms import stages
 from fedjax_dd.data.stacked import ClientData
-from fedjax_dd.distill import dfkd
+from fedjax_dd.distill import ensemble
 from tests.conftest import synthetic_clients, tiny_task
 
 
@@ -119,7 +119,7 @@ def _groups_and_vars():
   inits = [task.init(k) for k in keys]
   stack = lambda i: jax.tree_util.tree_map(lambda *a: jnp.stack(a),
                                            *[x[i] for x in inits])
-  group = dfkd.TeacherGroup(task, lambda x: x, (0, 1))
+  group = ensemble.TeacherGroup(task, lambda x: x, (0, 1))
   return (group,), ((stack(0), stack(1)),)
 
 

@@ -9,7 +9,8 @@ import optax
 import pytest
 
 from fedjax_dd.algorithms import fedseq
-from fedjax_dd.algorithms.stages import client_keys
+from fedjax_dd.core.keys import client_keys
+from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.local import make_local_update
@@ -134,7 +135,7 @@ def test_ledger_counts_eq19_or_physical_handoffs(traffic, transfers):
   opts = rounds_lib.RoundsOptions(num_rounds=2, clients_per_round=2,
                                   progress=False)
   _, ledger, _ = rounds_lib.run_rounds(alg, state, g, jnp.asarray(steps), opts)
-  p = rounds_lib.num_params(params)
+  p = ledger_lib.num_params(params)
   # O = 2, T = 2: one download, two uploads and 2 * transfers hand-offs per
   # superclient.
   want = 2 * p * 32 * (1 + 2 + 2 * transfers)
@@ -165,7 +166,7 @@ def test_eq19_ledger_and_no_recompilation():
   state, ledger, rows = rounds_lib.run_rounds(
       alg, state, g, jnp.asarray(steps), opts,
       on_round=lambda s, r: marks.append(len(traces)))
-  p = rounds_lib.num_params(params)
+  p = ledger_lib.num_params(params)
   want = fedseq.eq19_bits(num_groups=2, group_size=2, num_params=p, rounds=3)
   assert want == 2 * p * 32 * (5 + 3 * 2)     # Eq. 19: (2T - 1) + T J
   assert ledger.cumulative()["bits_total"] == want

@@ -1,5 +1,7 @@
 """HFLDD stages 5-6 and the Eq. 18 ledger on tiny hand-checkable data."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from fedjax_dd.algorithms import hfldd
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.clustering import Topology
+from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.clients import ClientMapper
@@ -116,8 +119,10 @@ def test_distill_members_with_batched_kip_caps_small_clients():
   sent, res = hfldd.distill_members(
       jax.random.PRNGKey(0), data, TOPO, kernel_fn=fc_kernel(depth=1),
       mean=np.array([0.3], np.float32), std=np.array([0.3], np.float32),
-      num_classes=3, support_size=6, max_iterations=3, segment_iterations=3,
-      stop_accuracy=2.0, mapper=ClientMapper(backend="vmap"))
+      num_classes=3, support_size=6,
+      options=kip.KipOptions(max_iterations=3, segment_iterations=3,
+                             stop_accuracy=2.0),
+      mapper=ClientMapper(backend="vmap"))
   # Members 0, 2, 3 hold 5, 12, 7 examples: client 0 sends only 5.
   np.testing.assert_array_equal(sent.counts, [5, 6, 6])
   assert sent.x.dtype == np.uint8 and sent.x.shape == (3, 6, 4, 4, 1)
@@ -140,13 +145,15 @@ def _one_class_data():
   return ClientData(x=x, y=y, num_examples=np.array([8, 8, 6], np.int32))
 
 
-def _distill_one_class(iterations, **kw):
+def _distill_one_class(iterations):
+  # HFLDD's default options (a fixed budget), this many iterations.
   return hfldd.distill_members(
       jax.random.PRNGKey(1), _one_class_data(), ONE_HEAD,
       kernel_fn=fc_kernel(depth=1), mean=np.array([0.5], np.float32),
       std=np.array([0.29], np.float32), num_classes=3, support_size=4,
-      max_iterations=iterations, segment_iterations=10,
-      mapper=ClientMapper(backend="vmap"), **kw)
+      options=dataclasses.replace(hfldd.HFLDD_KIP, max_iterations=iterations,
+                                  segment_iterations=10),
+      mapper=ClientMapper(backend="vmap"))
 
 
 def test_single_class_members_upload_images_unlike_any_raw_image():
@@ -228,8 +235,10 @@ def test_learned_labels_reach_the_heads_and_are_charged_32_bits():
   sent, res = hfldd.distill_members(
       jax.random.PRNGKey(0), data, TOPO, kernel_fn=fc_kernel(depth=1),
       mean=np.array([0.3], np.float32), std=np.array([0.3], np.float32),
-      num_classes=3, support_size=6, max_iterations=5, segment_iterations=5,
-      learn_labels=True, mapper=ClientMapper(backend="vmap"))
+      num_classes=3, support_size=6,
+      options=dataclasses.replace(hfldd.HFLDD_KIP, max_iterations=5,
+                                  segment_iterations=5, learn_labels=True),
+      mapper=ClientMapper(backend="vmap"))
   mask = np.asarray(sent.mask)
   learned = np.asarray(res.y)[mask]
   one_hot = np.eye(3)[learned.argmax(-1)]
@@ -294,7 +303,7 @@ def test_eq18_ledger_through_the_rounds_loop_and_no_recompilation():
   state, ledger, rows = rounds_lib.run_rounds(
       alg, state, jax.device_put(hyb), steps, opts, ledger=ledger,
       on_round=lambda s, r: traces.append("round"))
-  p = rounds_lib.num_params(params)                     # 8*16+8 + 3*8+3 = 163
+  p = ledger_lib.num_params(params)                     # 8*16+8 + 3*8+3 = 163
   assert p == 163
   want = hfldd.eq18_bits(num_clients=5, aux_size=10, num_classes=3,
                          distilled_samples=6, pixels_per_sample=16,
@@ -309,6 +318,16 @@ def test_eq18_ledger_through_the_rounds_loop_and_no_recompilation():
   # the local update); later rounds reuse it.
   per_round = [i for i, t in enumerate(traces) if t == "round"]
   assert sum(1 for t in traces[per_round[0]:] if t == 1) == 0
+
+
+def test_eq18_bits_takes_the_payload_widths():
+  kw = dict(num_clients=5, aux_size=10, num_classes=3, distilled_samples=6,
+            pixels_per_sample=16, num_heads=2, num_params=163, rounds=3)
+  assert hfldd.eq18_bits(**kw) == 4800 + 768 + 52160
+  # 16-bit soft labels, 4-bit pixels, 8-bit parameters.
+  assert hfldd.eq18_bits(**kw, bits_per_soft_label=16, bits_per_pixel_channel=4,
+                         bits_per_param=8) == 4800 // 2 + 768 // 2 + 52160 // 4
+  assert hfldd.eq18_bits(**{**kw, "rounds": 0}) == 4800 + 768
 
 
 def test_target_table_rounds_traffic_and_ratios():

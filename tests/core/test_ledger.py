@@ -18,66 +18,43 @@ from fedjax_dd.core import ledger as L
 # ----------------------------------------------------------------------------
 
 
-def test_payload_bits_uses_dtypes():
-  tree = {
-      "w": jnp.zeros((2, 3), jnp.float32),  # 6 * 32 = 192
-      "b": np.zeros((4,), np.uint8),  # 4 * 8 = 32
-      "h": jnp.zeros((5,), jnp.bfloat16),  # 5 * 16 = 80
-      "none": None,
-  }
-  assert L.payload_bits(tree) == 192 + 32 + 80
-
-
-def test_payload_bits_override_and_shape_dtype_struct():
-  tree = [jax.ShapeDtypeStruct((3, 4), jnp.float16), np.zeros((2,), np.int64)]
-  assert L.payload_bits(tree) == 12 * 16 + 2 * 64
-  assert L.payload_bits(tree, bits_per_element=32) == 14 * 32
-  assert L.payload_bits(tree, bits_per_element=1) == 14
-
-
-def test_payload_bits_from_eval_shape_of_a_model():
+def test_num_params_and_model_bits_from_eval_shape_of_a_model():
   def init():
     return {"dense": {"kernel": jnp.ones((784, 10)), "bias": jnp.ones((10,))}}
 
   abstract = jax.eval_shape(init)
   assert L.num_params(abstract) == 7850
+  assert L.num_params(init()) == 7850
   assert L.model_bits(abstract) == 7850 * 32
   assert L.model_bits(abstract, bits_per_param=16) == 7850 * 16
 
 
-def test_payload_bits_typed_key_counts_its_key_data():
-  key = jax.random.key(0)  # threefry: 2 x uint32
-  assert L.payload_bits(key) == 64
-  assert L.payload_bits(jax.random.PRNGKey(0)) == 64
+def test_num_params_counts_entries_whatever_the_dtype():
+  tree = [jax.ShapeDtypeStruct((3, 4), jnp.float16), np.zeros((2,), np.int64),
+          None]
+  assert L.num_params(tree) == 14
+  assert L.num_params({}) == 0 and L.num_params(None) == 0
 
 
-def test_payload_bits_empty_tree_is_zero():
-  assert L.payload_bits({}) == 0
-  assert L.payload_bits(None) == 0
-
-
-def test_payload_bits_rejects_python_numbers_and_bad_bits():
+def test_num_params_rejects_python_numbers_and_bad_bits():
   with pytest.raises(ValueError, match="array leaves"):
-    L.payload_bits({"lr": 0.1})
-  with pytest.raises(ValueError, match="bits_per_element"):
-    L.payload_bits(jnp.zeros(3), bits_per_element=-1)
-  with pytest.raises(ValueError, match="bits_per_element"):
-    L.payload_bits(jnp.zeros(3), bits_per_element=2.5)
+    L.num_params({"lr": 0.1})
+  with pytest.raises(ValueError, match="bits_per_param"):
+    L.model_bits(jnp.zeros(3), bits_per_param=-1)
+  with pytest.raises(ValueError, match="bits_per_param"):
+    L.model_bits(jnp.zeros(3), bits_per_param=2.5)
 
 
-def test_data_bits_fedd3_convention():
-  # 10 distilled CIFAR images in float32 are charged 8 bits per channel.
-  images = jnp.zeros((10, 32, 32, 3), jnp.float32)
-  soft = jnp.zeros((10, 10), jnp.float32)
-  assert L.data_bits(images) == 10 * 32 * 32 * 3 * 8
-  assert L.data_bits(images, soft) == 10 * 32 * 32 * 3 * 8 + 100 * 32
-  assert L.data_bits(images, soft, bits_per_pixel_channel=32, bits_per_label=16) == (
-      10 * 32 * 32 * 3 * 32 + 100 * 16
-  )
+def test_bits_to_bytes():
+  assert L.bits_to_bytes(16) == 2 and isinstance(L.bits_to_bytes(16), int)
+  assert L.bits_to_bytes(np.int64(12)) == 1.5
+  with pytest.raises(ValueError, match="bits"):
+    L.bits_to_bytes(-8)
 
 
 def test_convention_constants():
-  assert (L.BITS_PER_PARAM, L.BITS_PER_PIXEL_CHANNEL, L.BITS_PER_SOFT_LABEL) == (32, 8, 32)
+  assert (L.BITS_PER_PARAM, L.BITS_PER_PIXEL_CHANNEL, L.BITS_PER_SOFT_LABEL,
+          L.BITS_PER_HARD_LABEL) == (32, 8, 32, 8)
 
 
 # ----------------------------------------------------------------------------
@@ -142,19 +119,11 @@ def test_cumulative():
   assert "round" not in total
 
 
-def test_per_round_rows_carry_cumulative_totals():
-  rows = _example_ledger().per_round()
-  assert [r["round"] for r in rows] == [1, 2]
-  assert [r["bits_total"] for r in rows] == [38, 8]
-  assert [r["bits_total_cumulative"] for r in rows] == [38, 46]
-  assert [r["bytes_total_cumulative"] for r in rows] == [4.75, 5.75]
-  assert rows[1]["bits_peer_cumulative"] == 5
-
-
-def test_per_round_sorted_even_if_recorded_out_of_order():
+def test_rounds_sorted_even_if_recorded_out_of_order():
   ledger = L.Ledger().record(3, kind="upload", bits=8).record(1, kind="download", bits=16)
-  assert [r["round"] for r in ledger.per_round()] == [1, 3]
   assert ledger.rounds == [1, 3]
+  assert [ledger.cumulative(through_round=r)["bits_total"]
+          for r in ledger.rounds] == [16, 24]
 
 
 def test_tag_totals():
@@ -340,7 +309,11 @@ def test_traffic_to_target_missing_bytes_is_an_error():
 def test_traffic_to_target_from_ledger_rows():
   ledger = _run_fedavg(3, 4, 10, 32)
   accs = [0.2, 0.4, 0.6, 0.8]
-  rows = [{**row, "test_accuracy": a} for row, a in zip(ledger.per_round(), accs)]
+  # The rows the rounds loop writes: the running totals after each round.
+  rows = [{"round": r, "test_accuracy": a,
+           "bytes_total_cumulative":
+               ledger.cumulative(through_round=r)["bytes_total"]}
+          for r, a in zip(ledger.rounds, accs)]
   # Through round 3: uploads 3*3*320 = 2880 bits, downloads 2*3*320 = 1920
   # bits; 4800 bits = 600 bytes.
   assert L.traffic_to_target(rows, 0.55) == {"round": 3, "bytes": 600}

@@ -10,6 +10,7 @@ import pytest
 
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.algorithms.scaffold import scaffold
+from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
@@ -41,7 +42,7 @@ def _setup(algorithm_name="fedavg", num_clients=4):
 
 def test_fedavg_ledger_matches_hfldd_eq3():
   alg, state, data, num_steps, _ = _setup()
-  n_params = rounds_lib.num_params(state.server.params)
+  n_params = ledger_lib.num_params(state.server.params)
   for seed_convention, factor in [(True, 2 * 3 - 1), (False, 2 * 3)]:
     opts = rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=4,
                                     progress=False,
@@ -54,7 +55,7 @@ def test_fedavg_ledger_matches_hfldd_eq3():
 
 def test_scaffold_ledger_counts_two_models_up():
   alg, state, data, num_steps, _ = _setup("scaffold")
-  n_params = rounds_lib.num_params(state.server.params)
+  n_params = ledger_lib.num_params(state.server.params)
   opts = rounds_lib.RoundsOptions(num_rounds=2, clients_per_round=2,
                                   progress=False)
   _, ledger, _ = rounds_lib.run_rounds(alg, state, data, num_steps, opts)

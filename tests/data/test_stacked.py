@@ -138,14 +138,3 @@ def test_sample_batch_is_deterministic_given_key():
   b = stacked.sample_batch(jax.random.key(3), xs[0], ys[0], num[0], 6)
   np.testing.assert_array_equal(a[1], b[1])
 
-
-def test_epoch_steps():
-  assert stacked.epoch_steps(10, 4) == 3
-  assert stacked.epoch_steps(8, 4) == 2
-  assert stacked.epoch_steps(1, 64) == 1
-  np.testing.assert_array_equal(stacked.epoch_steps(np.array([3, 1, 2]), 2),
-                                [2, 1, 1])
-  out = jax.jit(stacked.epoch_steps, static_argnums=1)(jnp.array([5, 6]), 3)
-  np.testing.assert_array_equal(out, [2, 2])
-  with pytest.raises(ValueError, match="batch_size"):
-    stacked.epoch_steps(3, 0)

@@ -13,6 +13,7 @@ from fedjax_dd import models
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import dfkd
+from fedjax_dd.distill import ensemble
 from tests.conftest import tiny_task
 
 tree_map = jax.tree_util.tree_map
@@ -35,16 +36,16 @@ def test_bn_loss_hand_computed():
   # Batch features: column 0 = [-1, 3] (mean 1, var 4); column 1 = [2, 2]
   # (mean 2, var 0).  Loss = ‖(1, 2)‖ + ‖(4 − 1, 0 − 1)‖ = √5 + √10.
   x = jnp.array([[-1.0, 2.0], [3.0, 2.0]]).reshape(2, 1, 2, 1)
-  logits, bn = dfkd.apply_with_bn_loss(task, params, stats, x)
+  logits, bn = ensemble.apply_with_bn_loss(task, params, stats, x)
   assert logits.shape == (2, 3)
   np.testing.assert_allclose(bn, np.sqrt(5) + np.sqrt(10), rtol=1e-5)
   # A model without BatchNorm contributes 0.
   plain = tiny_task()
   p, s = plain.init(jax.random.PRNGKey(0))
-  _, bn0 = dfkd.apply_with_bn_loss(plain, p, s, jnp.ones((2, 4, 4, 1)))
+  _, bn0 = ensemble.apply_with_bn_loss(plain, p, s, jnp.ones((2, 4, 4, 1)))
   assert float(bn0) == 0.0
   # Finite gradient even when the statistics match exactly.
-  g = jax.grad(lambda x: dfkd.apply_with_bn_loss(
+  g = jax.grad(lambda x: ensemble.apply_with_bn_loss(
       task, params, stats, x)[1])(jnp.array([[-1., -1.], [1., 1.]]).reshape(2, 1, 2, 1))
   assert np.all(np.isfinite(g))
 
@@ -59,11 +60,11 @@ def test_teacher_groups_restore_client_order():
   plain, bn = tiny_task(), tiny_task(bn=True)
   ident = lambda x: x
   # Clients 0 and 2 use the plain net, client 1 the BN net.
-  groups = (dfkd.TeacherGroup(plain, ident, (2, 0)),
-            dfkd.TeacherGroup(bn, ident, (1,)))
+  groups = (ensemble.TeacherGroup(plain, ident, (2, 0)),
+            ensemble.TeacherGroup(bn, ident, (1,)))
   pp, ps = _stacked(plain, [jax.random.PRNGKey(2), jax.random.PRNGKey(0)])
   bp, bs = _stacked(bn, [jax.random.PRNGKey(1)])
-  teachers = dfkd.make_teacher_fn(groups)
+  teachers = ensemble.make_teacher_fn(groups)
   x = jax.random.uniform(jax.random.PRNGKey(5), (6, 4, 4, 1))
   logits, bn_loss = teachers(((pp, ps), (bp, bs)), x)
   assert logits.shape == (3, 6, 3) and bn_loss.shape == (3,)
@@ -73,19 +74,22 @@ def test_teacher_groups_restore_client_order():
     np.testing.assert_allclose(logits[k], want, rtol=1e-5, atol=1e-6)
   assert bn_loss[0] == 0 and bn_loss[2] == 0 and bn_loss[1] > 0
   with pytest.raises(ValueError, match="permutation"):
-    dfkd.make_teacher_fn((dfkd.TeacherGroup(plain, ident, (0, 2)),))
+    ensemble.make_teacher_fn((ensemble.TeacherGroup(plain, ident, (0, 2)),))
 
 
 def test_average_ensemble_and_kl():
   logits = jnp.array([[[1.0, 0.0]], [[3.0, 2.0]]])  # [m=2, B=1, K=2]
-  np.testing.assert_allclose(dfkd.average_ensemble(logits, None, ()),
+  np.testing.assert_allclose(ensemble.average_ensemble(logits, None, ()),
                              [[2.0, 1.0]])
   a = jnp.array([[0.0, 0.0]])
   b = jnp.array([[np.log(3.0), 0.0]])  # probabilities (3/4, 1/4)
   # KL((1/2, 1/2) ‖ (3/4, 1/4)) = ½ log(2/3) + ½ log 2.
   want = 0.5 * np.log(2 / 3) + 0.5 * np.log(2)
-  np.testing.assert_allclose(dfkd.kl_divergence(a, b, 1.0), want, rtol=1e-5)
-  np.testing.assert_allclose(dfkd.kl_divergence(b, b, 2.0), 0.0, atol=1e-6)
+  np.testing.assert_allclose(ensemble.kl_divergence(a, b, 1.0), want, rtol=1e-5)
+  np.testing.assert_allclose(ensemble.kl_divergence(b, b, 2.0), 0.0, atol=1e-6)
+
+
+_GEN = models.Generator(out_shape=(4, 4, 1), nz=4, ngf=2)
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +97,12 @@ def distiller():
   return _distiller()
 
 
-def _distiller(pool_size=2, combine=dfkd.average_ensemble):
+def _distiller(pool_size=2, combine=ensemble.average_ensemble):
   task = tiny_task(bn=True)
   ident = lambda x: x
-  group = dfkd.TeacherGroup(task, ident, (0, 1))
+  group = ensemble.TeacherGroup(task, ident, (0, 1))
   params, stats = _stacked(task, [jax.random.PRNGKey(0), jax.random.PRNGKey(1)])
-  gen = models.Generator(out_shape=(4, 4, 1), nz=4, ngf=2)
+  gen = _GEN
   hp = dfkd.DFKDHyperParams(batch_size=6, generator_steps=2, student_steps=3,
                             pool_size=pool_size)
   d = dfkd.make_dfkd((group,), gen, task, ident, combine, hp,
@@ -129,7 +133,10 @@ def test_epoch_shapes_finite_and_no_recompilation(caplog, distiller):
     s3, _ = d.epoch(s2, tv, ())
   assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
   assert int(s3.epoch) == 3
-  imgs = d.generate(s3, jnp.zeros((5, 4)), jnp.zeros((5,), jnp.int32))
+  # The state's generator is a valid variable set of the generator.
+  imgs, _ = ensemble.apply_generator(_GEN, s3.gen_params, s3.gen_stats,
+                                     jnp.zeros((5, 4)),
+                                     jnp.zeros((5,), jnp.int32), True)
   assert imgs.shape == (5, 4, 4, 1)
 
 
@@ -169,24 +176,43 @@ def test_adversarial_kl_masks_hand_computed():
   # Row 0 agrees (both argmax 0, the tie resolving to 0); row 1 disagrees.
   kl0 = 0.75 * np.log(1.5) + 0.25 * np.log(0.5)
   kl1 = 0.25 * np.log(1 / 3) + 0.75 * np.log(3.0)
-  np.testing.assert_allclose(dfkd.adversarial_kl(p, s, 1.0, "none"),
+  np.testing.assert_allclose(ensemble.adversarial_kl(p, s, 1.0, "none"),
                              -(kl0 + kl1) / 2, rtol=1e-5)
-  np.testing.assert_allclose(dfkd.adversarial_kl(p, s, 1.0, "agree"),
+  np.testing.assert_allclose(ensemble.adversarial_kl(p, s, 1.0, "agree"),
                              -kl0 / 2, rtol=1e-5)
-  np.testing.assert_allclose(dfkd.adversarial_kl(p, s, 1.0, "disagree"),
+  np.testing.assert_allclose(ensemble.adversarial_kl(p, s, 1.0, "disagree"),
                              -kl1 / 2, rtol=1e-5)
   with pytest.raises(ValueError, match="adv_mask"):
     dfkd.DFKDHyperParams(adv_mask="some")
 
 
+def test_generator_objective_combines_its_terms():
+  ln3 = np.log(3.0)
+  p = jnp.array([[ln3, 0.0], [0.0, ln3]])
+  s = jnp.array([[0.0, 0.0], [ln3, 0.0]])
+  y = jnp.array([0, 0])
+  bn = jnp.array([1.0, 3.0])  # L_BN is the mean over teachers: 2.
+  loss, m = ensemble.generator_objective(p, y, bn, s, lambda_bn=0.5,
+                                         lambda_adv=2.0, temperature=1.0,
+                                         adv_mask="disagree")
+  ce = -(np.log(0.75) + np.log(0.25)) / 2
+  adv = ensemble.adversarial_kl(p, s, 1.0, "disagree")
+  np.testing.assert_allclose(m["gen_ce"], ce, rtol=1e-5)
+  np.testing.assert_allclose(m["gen_bn"], 2.0)
+  np.testing.assert_allclose(m["gen_adv"], adv)
+  np.testing.assert_allclose(loss, ce + 0.5 * 2.0 + 2.0 * adv, rtol=1e-5)
+  np.testing.assert_allclose(m["gen_loss"], loss)
+  np.testing.assert_allclose(m["ensemble_accuracy"], 0.5)
+
+
 def _small(hp_kwargs):
   task = tiny_task(bn=True)
   ident = lambda x: x
-  group = dfkd.TeacherGroup(task, ident, (0, 1))
+  group = ensemble.TeacherGroup(task, ident, (0, 1))
   tv = ((_stacked(task, [jax.random.PRNGKey(0), jax.random.PRNGKey(1)])),)
-  gen = models.Generator(out_shape=(4, 4, 1), nz=4, ngf=2)
+  gen = _GEN
   hp = dfkd.DFKDHyperParams(batch_size=6, **hp_kwargs)
-  d = dfkd.make_dfkd((group,), gen, task, ident, dfkd.average_ensemble, hp,
+  d = dfkd.make_dfkd((group,), gen, task, ident, ensemble.average_ensemble, hp,
                      student_optimizer=optax.sgd(0.05, momentum=0.9))
   s_params, s_stats = task.init(jax.random.PRNGKey(9))
   return d, d.init(jax.random.PRNGKey(3), s_params, s_stats), tv
@@ -201,10 +227,12 @@ def test_student_pass_over_filled_pool_and_stored_logits():
   # One step per filled batch: the pass grows until the pool (3) is full.
   assert steps == [1, 2, 3, 3]
   # The stored P of every slot is the ensemble of its stored images.
-  logits, _ = d.teachers(tv, state.pool_x.reshape(-1, 4, 4, 1))
+  teachers = ensemble.make_teacher_fn(
+      (ensemble.TeacherGroup(tiny_task(bn=True), lambda x: x, (0, 1)),))
+  logits, _ = teachers(tv, state.pool_x.reshape(-1, 4, 4, 1))
   np.testing.assert_allclose(
       state.pool_p.reshape(-1, 3),
-      dfkd.average_ensemble(logits, None, ()), rtol=1e-5, atol=1e-5)
+      ensemble.average_ensemble(logits, None, ()), rtol=1e-5, atol=1e-5)
   # A fixed step count wraps around the shuffled pool.
   d2, s2, _ = _small(dict(generator_steps=1, student_steps=5, pool_size=3))
   _, m2 = d2.epoch(s2, tv, ())

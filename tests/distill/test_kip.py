@@ -1,5 +1,7 @@
 """Batched KIP: shapes, support init, early stop, backends, padding, quantisation."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,6 +27,13 @@ def _clients(seed=0, sizes=(12, 20, 7), n_max=20, classes_of=((0, 1), (1, 2), (0
 
 
 MEAN, STD = np.array([0.3], np.float32), np.array([0.3], np.float32)
+_OPTIONS = {f.name for f in dataclasses.fields(kip.KipOptions)}
+
+
+def _args(**kw):
+  """``distill_clients`` arguments; KipOptions fields go into ``options``."""
+  options = {k: kw.pop(k) for k in list(kw) if k in _OPTIONS}
+  return dict(kw, options=kip.KipOptions(**options))
 
 
 def _distill(backend="vmap", **kw):
@@ -33,7 +42,8 @@ def _distill(backend="vmap", **kw):
               images_per_class=2, max_iterations=20, segment_iterations=10,
               stop_accuracy=2.0, mapper=ClientMapper(backend=backend))
   args.update(kw)
-  return kip.distill_clients(jax.random.PRNGKey(0), x, y, n, **args), (x, y, n)
+  return (kip.distill_clients(jax.random.PRNGKey(0), x, y, n, **_args(**args)),
+          (x, y, n))
 
 
 def test_shapes_and_support_per_held_class():
@@ -103,9 +113,9 @@ def test_backends_agree(backend):
 
 def test_padding_does_not_change_results():
   x, y, n = _clients()
-  args = dict(num_classes=3, kernel_fn=fc_kernel(depth=2), mean=MEAN, std=STD,
-              support_size=5, max_iterations=10, segment_iterations=10,
-              stop_accuracy=2.0)
+  args = _args(num_classes=3, kernel_fn=fc_kernel(depth=2), mean=MEAN,
+               std=STD, support_size=5, max_iterations=10,
+               segment_iterations=10, stop_accuracy=2.0)
   a = kip.distill_clients(jax.random.PRNGKey(1), x, y, n, **args)
   xp = np.concatenate([x, np.full((3, 15, 6, 6, 1), 255, np.uint8)], axis=1)
   yp = np.concatenate([y, np.full((3, 15), 2, np.int32)], axis=1)
@@ -124,8 +134,10 @@ def test_support_size_is_capped_with_warning(caplog):
   x, y, n = _clients()
   res = kip.distill_clients(jax.random.PRNGKey(0), x, y, n, num_classes=3,
                             kernel_fn=fc_kernel(depth=2), mean=MEAN, std=STD,
-                            support_size=10, max_iterations=2,
-                            segment_iterations=2, stop_accuracy=2.0)
+                            support_size=10,
+                            options=kip.KipOptions(max_iterations=2,
+                                                   segment_iterations=2,
+                                                   stop_accuracy=2.0))
   np.testing.assert_array_equal(res.counts, [10, 10, 7])
   assert "fewer than 10" in caplog.text
 
@@ -148,7 +160,19 @@ def test_privacy_guard():
   with pytest.raises(ValueError, match="single example"):
     kip.check_privacy(y, np.array([5, 4]), 3)
   kip.check_privacy(y, np.array([5, 4]), 3, allow_raw_upload=True)
-  np.testing.assert_array_equal(kip.class_counts(y, n, 3), [[2, 3, 0], [0, 0, 3]])
+  # Labels outside [0, K) on real rows are refused (fedjax_dd.data.class_counts).
+  with pytest.raises(ValueError, match="labels must lie"):
+    kip.check_privacy(y, n, 2)
+
+
+def test_options_validate_and_host_loop_settings_share_programs():
+  with pytest.raises(ValueError, match="target_batch_size"):
+    kip.KipOptions(target_batch_size=0)
+  with pytest.raises(ValueError, match="segment_iterations"):
+    kip.KipOptions(segment_iterations=0)
+  a = kip.KipOptions(max_iterations=5, segment_iterations=2, lr=0.1)
+  b = kip.KipOptions(max_iterations=50, lr=0.1)
+  assert a.program() == b.program() != kip.KipOptions().program()
 
 
 def test_invalid_arguments():
@@ -175,8 +199,10 @@ def _distill_one_class(seed, support_size, max_iterations):
   res = kip.distill_clients(
       jax.random.PRNGKey(seed), x, y, n, num_classes=3,
       kernel_fn=fc_kernel(depth=2), mean=MEAN, std=STD,
-      support_size=support_size, max_iterations=max_iterations,
-      segment_iterations=10, stop_accuracy=0.999, lr=0.05,
+      support_size=support_size,
+      options=kip.KipOptions(max_iterations=max_iterations,
+                             segment_iterations=10, stop_accuracy=0.999,
+                             lr=0.05),
       mapper=ClientMapper(backend="vmap"))
   return res, (x, y, n)
 

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dd.algorithms.stages import client_keys
+from fedjax_dd.core.keys import client_keys
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import make_local_update
 from fedjax_dd.core.task import Classifier
@@ -129,4 +129,3 @@ def test_collect_label_knowledge_separates_label_distributions():
   within = max(m[0, 1], m[1, 0], m[2, 3], m[3, 2])
   across = min(m[0, 2], m[0, 3], m[1, 2], m[1, 3], m[2, 0], m[3, 1])
   assert within < across
-  assert soft_labels.soft_label_bits(4, 10, 3) == 4 * 10 * 3 * 32

@@ -1,28 +1,85 @@
-"""Config glue of experiments/common.py: the dataset re-split option."""
+"""Config glue of experiments/common.py: re-split, steps, KIP options, stats."""
+
+import dataclasses
 
 import ml_collections
 import numpy as np
+import pytest
 
+from fedjax_dd.core import keys
+from fedjax_dd.data import preprocess
 from fedjax_dd.data import sources
+from fedjax_dd.distill.kip import KipOptions
 from fedjax_dd.experiments import common
+from fedjax_dd.experiments.configs import fedd3 as fedd3_config
+from fedjax_dd.experiments.configs import hfldd as hfldd_config
 
 
 def _config(**kw):
   return ml_collections.ConfigDict({"dataset": "digits", "data_dir": "",
-                                    "data_seed": 0, **kw})
+                                    "data_seed": 0, "resplit": 0.0, **kw})
 
 
 def test_load_dataset_resplit_80_20_on_digits():
   plain = common.load_dataset(_config())
   assert (plain.x_train.shape[0], plain.x_test.shape[0]) == (1437, 360)
-  off = common.load_dataset(_config(resplit=0.0))
-  np.testing.assert_array_equal(off.x_test, plain.x_test)
   re = common.load_dataset(_config(resplit=0.8))
   # 1,797 pooled images: round(1437.6) = 1438 train, 359 test.
   assert (re.x_train.shape[0], re.x_test.shape[0]) == (1438, 359)
-  want = sources.resplit(plain, 0.8, rng=np.random.default_rng(
-      [0, common._RESPLIT_STREAM]))  # pylint: disable=protected-access
-  np.testing.assert_array_equal(re.x_test, want.x_test)
-  np.testing.assert_array_equal(re.y_train, want.y_train)
+  # The named stream is default_rng([data_seed, 5]), as it has always been.
+  for rng in (keys.numpy_stream(0, keys.Stream.RESPLIT),
+              np.random.default_rng([0, 5])):
+    want = sources.resplit(plain, 0.8, rng=rng)
+    np.testing.assert_array_equal(re.x_test, want.x_test)
+    np.testing.assert_array_equal(re.y_train, want.y_train)
   other = common.load_dataset(_config(resplit=0.8, data_seed=1))
   assert not np.array_equal(other.y_test, re.y_test)
+
+
+def test_local_steps_from_steps_or_epochs():
+  n = np.array([0, 1, 16, 17, 100])
+  c = ml_collections.ConfigDict({"batch_size": 16, "local_steps": 0,
+                                 "local_epochs": 1.0})
+  np.testing.assert_array_equal(common.local_steps(c, n), [0, 1, 1, 2, 7])
+  c.local_epochs = 2.0
+  np.testing.assert_array_equal(common.local_steps(c, n), [0, 2, 2, 4, 14])
+  c.local_steps = 5                 # overrides the epochs
+  np.testing.assert_array_equal(common.local_steps(c, n), [0, 5, 5, 5, 5])
+
+
+def test_kip_options_one_name_per_setting():
+  c = fedd3_config.get_config("mnist_noniid_kip_labels")
+  opts = common.kip_options(c)
+  assert opts == KipOptions(max_iterations=3000, learn_labels=True)
+  for f in dataclasses.fields(KipOptions):   # every field from kip_<field>
+    assert c[f"kip_{f.name}"] == getattr(opts, f.name)
+  h = common.kip_options(hfldd_config.get_config("smoke"))
+  assert h.stop_accuracy is None and h.max_iterations == 4
+  assert h.segment_iterations == 2
+
+
+def test_kip_kernel_depth_zero_is_the_kernels_default():
+  c = hfldd_config.get_config("smoke")
+  x = np.random.default_rng(0).normal(size=(3, 8, 8, 1)).astype(np.float32)
+  from fedjax_dd.kernels import ntk
+  np.testing.assert_allclose(common.kip_kernel(c)(x, x),
+                             ntk.fc_kernel(depth=4)(x, x), rtol=1e-6)
+  c.kip_kernel = "nope"
+  with pytest.raises(ValueError, match="kip_kernel"):
+    common.kip_kernel(c)
+
+
+def test_prepared_channel_stats_are_the_floored_train_stats(monkeypatch):
+  c = fedd3_config.get_config("smoke")
+  p = common.load_and_prepare(c)
+  mean, std = preprocess.channel_stats(p.dataset.x_train)
+  np.testing.assert_array_equal(p.mean, mean)
+  np.testing.assert_array_equal(p.std, std)         # digits: above the floor
+  assert p.std.dtype == np.float32
+  # A constant channel would divide by zero: its std is floored.
+  flat = dataclasses.replace(
+      p.dataset, x_train=np.full_like(p.dataset.x_train, 7))
+  monkeypatch.setattr(common, "load_dataset", lambda config: flat)
+  q = common.load_and_prepare(c)
+  np.testing.assert_array_equal(q.std, np.float32([common.MIN_STD]))
+  np.testing.assert_allclose(q.mean, [7 / 255], rtol=1e-6)

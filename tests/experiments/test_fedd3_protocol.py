@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from fedjax_dd import models
+from fedjax_dd.core.ledger import num_params
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs import fedavg, fedd3, fedprox, os_fedavg
@@ -23,9 +24,10 @@ FEDAVG_PRESETS = ("mnist_iid", "mnist_c1", "mnist_c2", "mnist_c10",
 def test_fedd3_presets_follow_the_paper(arg):
   c = fedd3.get_config(arg)
   # The early-stop rule as written (App. C), or a fixed budget for _full.
-  assert c.min_iterations == 0
-  assert c.stop_accuracy == (None if arg == "mnist_noniid_kip_full" else 0.999)
+  assert c.kip_min_iterations == 0
+  assert c.kip_stop_accuracy == (None if arg == "mnist_noniid_kip_full" else 0.999)
   assert c.kip_max_iterations == (20 if arg == "smoke" else 3000)
+  assert c.kip_learn_labels == (arg == "mnist_noniid_kip_labels")
   # Server training: SGD, momentum 0.9, batch 50 (App. C).
   assert (c.optimizer, c.momentum, c.batch_size) == ("sgd", 0.9, 50)
   assert c.distiller == ("random" if "random" in arg else
@@ -47,7 +49,7 @@ def _param_count(name):
   shapes = jax.eval_shape(
       lambda k: module.init(k, jnp.zeros((1, *spec.input_shape)), train=False),
       jax.random.key(0))
-  return models.param_count(shapes["params"])
+  return num_params(shapes["params"])
 
 
 def test_the_papers_alexnet_is_the_registered_alexcifarnet():

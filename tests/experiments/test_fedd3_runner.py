@@ -1,14 +1,14 @@
-"""FedD3 runner: summary figures, the distilled cache, the random control."""
+"""FedD3 runner: summary figures, the distilled-set stage cache, the random control."""
 
 import json
-import logging
 import os
-import shutil
 
 import numpy as np
 import pytest
 
+from fedjax_dd.algorithms import fedd3 as fedd3_lib
 from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core.stage_cache import StageCache, StaleStageError
 from fedjax_dd.experiments import run_fedd3
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs import fedd3
@@ -56,76 +56,85 @@ def test_smoke_summary_reports_gce_privacy_and_kip_statistics(smoke_run):
   assert all(np.isfinite(v) and v >= 0 for v in kl.values())
   assert kl["first_min"] <= kl["first_median"]
   assert 1 <= ki["min"] <= ki["median"] <= ki["max"] <= 20
-  with np.load(workdir / "distilled.npz") as z:
-    assert z["iterations"].shape == (10,) and z["first_loss"].shape == (10,)
-    assert json.loads(str(z["fingerprint"]))["cache_format"] == run_fedd3.CACHE_FORMAT
+  assert s["distilled_cached"] is False
+  hit = StageCache.for_workdir(workdir).load(
+      run_fedd3.STAGE, run_fedd3.distill_fingerprint(_smoke()))
+  assert hit.arrays["iterations"].shape == (10,)
+  assert hit.arrays["first_loss"].shape == (10,)
+  assert hit.info["seconds"] == s["distill_seconds"]
+
+
+def _cached(workdir):
+  hit = StageCache.for_workdir(workdir).load(
+      run_fedd3.STAGE, run_fedd3.distill_fingerprint(_smoke()))
+  return fedd3_lib.DistilledSet.from_arrays(hit.arrays, **{
+      k: hit.info[k] for k in ("learned_labels", "centered_labels")})
 
 
 def test_distilled_from_reuses_the_upload_and_checks_settings(smoke_run, tmp_path):
   workdir, first = smoke_run
-  cache = workdir / "distilled.npz"
-  with np.load(cache) as z:
-    x_first = z["x"].copy()
-    assert str(z["fingerprint"]) == run_fedd3.distill_fingerprint(_smoke())
+  x_first = _cached(workdir).x
 
   # A server-side variant trains on the same upload without distilling.
-  config = _smoke(distilled_from=str(cache), lr=0.05, batch_size=8)
+  config = _smoke(distilled_from=str(workdir), lr=0.05, batch_size=8)
   second = runners.RUNNERS[config.runner](config, str(tmp_path / "b"))
-  assert not os.path.exists(tmp_path / "b" / "distilled.npz")
-  assert second["distilled_from"] == str(cache)
+  assert not os.path.exists(tmp_path / "b" / "stages")
+  assert second["distilled_from"] == str(workdir) and second["distilled_cached"]
   assert second["distilled_images_total"] == first["distilled_images_total"] == 40
   assert second["bytes_total"] == first["bytes_total"]
   assert second["distill_seconds"] == first["distill_seconds"]
   assert second["kip_loss"] == first["kip_loss"]
   assert second["privacy"] == first["privacy"]
-  loaded, _ = run_fedd3._load_distilled(str(cache), config)
-  np.testing.assert_array_equal(loaded.x, x_first)
+  np.testing.assert_array_equal(_cached(workdir).x, x_first)
 
-  # A distillation setting differs: the cache is refused.
-  config = _smoke(distilled_from=str(cache), kip_lr=0.01)
-  with pytest.raises(ValueError, match="different settings"):
+  # A distillation setting differs: the cache is refused, naming it.
+  config = _smoke(distilled_from=str(workdir), kip_lr=0.01)
+  with pytest.raises(StaleStageError, match="kip_lr"):
     runners.RUNNERS[config.runner](config, str(tmp_path / "c"))
+  # A workdir without a distilled set.
+  config = _smoke(distilled_from=str(tmp_path / "nothing"))
+  with pytest.raises(ValueError, match="holds no distilled set"):
+    runners.RUNNERS[config.runner](config, str(tmp_path / "d"))
 
 
-def _write_old_cache(src, dst, *, fingerprint=True):
-  """``src`` as the previous format wrote it: no KIP statistics, no version,
-  no ``resplit`` in the fingerprint."""
-  with np.load(src) as z:
-    fields = {k: z[k] for k in ("x", "y", "y_soft", "owner", "learned_labels",
-                                "x_float", "seconds")}
-    settings = json.loads(str(z["fingerprint"]))
-  settings.pop("cache_format")
-  settings.pop("resplit")  # a key that format did not record yet
-  if fingerprint:
-    fields["fingerprint"] = np.asarray(json.dumps(settings, sort_keys=True))
-  np.savez_compressed(dst, **fields)
+def test_own_cache_under_other_settings_is_refused(smoke_run, tmp_path):
+  workdir, _ = smoke_run
+  # Reusing a workdir with another partition seed is a different experiment.
+  with pytest.raises(ValueError, match="data_seed"):
+    runners.RUNNERS["fedd3"](_smoke(data_seed=1), str(workdir))
 
 
-def test_a_stale_cache_is_refused_as_source_and_recomputed_in_place(
-    smoke_run, tmp_path, caplog):
-  workdir, first = smoke_run
-  old = tmp_path / "old.npz"
-  _write_old_cache(workdir / "distilled.npz", old)
-  config = _smoke(distilled_from=str(old))
-  with pytest.raises(ValueError, match="cache format 1"):
-    runners.RUNNERS[config.runner](config, str(tmp_path / "src"))
-  unversioned = tmp_path / "unversioned.npz"
-  _write_old_cache(workdir / "distilled.npz", unversioned, fingerprint=False)
-  config = _smoke(distilled_from=str(unversioned))
-  with pytest.raises(ValueError, match="no distillation fingerprint"):
-    runners.RUNNERS[config.runner](config, str(tmp_path / "src2"))
+def test_a_killed_run_resumes_on_its_cached_distilled_set(
+    smoke_run, tmp_path, monkeypatch):
+  _, reference = smoke_run
+  workdir = tmp_path / "killed"
 
-  # In the run's own workdir the same settings are distilled again.
-  again = tmp_path / "again"
-  again.mkdir()
-  shutil.copy(old, again / "distilled.npz")
-  with caplog.at_level(logging.WARNING):
-    s = runners.RUNNERS["fedd3"](_smoke(), str(again))
-  assert "Distilling again" in caplog.text
-  assert s["kip_loss"] == first["kip_loss"]
-  with np.load(again / "distilled.npz") as z, np.load(workdir / "distilled.npz") as ref:
-    assert "iterations" in z
-    np.testing.assert_array_equal(z["x"], ref["x"])
+  def killed(*args, **kwargs):
+    raise KeyboardInterrupt("killed after the distillation")
+
+  # Killed once the distilled set is cached, before the server trains.
+  with monkeypatch.context() as m:
+    m.setattr(run_fedd3.runners, "train_rounds", killed)
+    with pytest.raises(KeyboardInterrupt):
+      runners.RUNNERS["fedd3"](_smoke(), str(workdir))
+  assert not os.path.exists(workdir / "summary.json")
+
+  # The rerun must not distill again.
+  def no_distiller(*args, **kwargs):
+    raise AssertionError("distilled again")
+
+  monkeypatch.setattr(run_fedd3, "_distiller", no_distiller)
+  s = runners.RUNNERS["fedd3"](_smoke(), str(workdir))
+  assert s["distilled_cached"] is True
+  # The same upload and training as an uninterrupted run.
+  for k in ("final_test_accuracy", "bytes_total", "gce", "privacy",
+            "kip_loss", "kip_iterations", "accuracy_by_round"):
+    assert s[k] == reference[k], k
+  hit = StageCache.for_workdir(workdir).load(
+      run_fedd3.STAGE, run_fedd3.distill_fingerprint(_smoke()))
+  assert s["distill_seconds"] == hit.info["seconds"]
+  with open(workdir / "summary.json") as f:
+    assert json.load(f)["distilled_cached"] is True
 
 
 def test_random_control_sends_raw_images_at_the_same_budget(smoke_run, tmp_path):
@@ -142,8 +151,8 @@ def test_random_control_sends_raw_images_at_the_same_budget(smoke_run, tmp_path)
 
 
 def test_hybrid_with_learned_labels_trains_on_soft_targets(tmp_path):
-  config = _smoke(method="fedd3_hybrid", learn_labels=True,
-                  kip_max_iterations=3, stop_accuracy=None)
+  config = _smoke(method="fedd3_hybrid", kip_learn_labels=True,
+                  kip_max_iterations=3, kip_stop_accuracy=None)
   s = runners.RUNNERS["fedd3"](config, str(tmp_path / "h"))
   assert s["learned_labels"] is True
   assert np.isfinite(s["final_test_accuracy"])

@@ -70,13 +70,14 @@ def test_hfldd_smoke(tmp_path):
   assert s["distilled_samples_total"] == (20 - s["num_heads"]) * config.support_size
   assert s["rounds"] == 2
   assert s["stage_info"]["kip_members"] == 20 - s["num_heads"]
-  # A fixed budget: every member ran all kip_iterations.
-  assert s["stage_info"]["kip_iterations_max"] == config.kip_iterations
-  assert s["stage_info"]["kip_iterations_mean"] == config.kip_iterations
+  # A fixed budget: every member ran all kip_max_iterations.
+  assert s["stage_info"]["kip_iterations_max"] == config.kip_max_iterations
+  assert s["stage_info"]["kip_iterations_mean"] == config.kip_max_iterations
   assert set(s["kip_loss"]) == {"first_min", "first_median", "last_min",
                                 "last_median"}
   assert s["privacy"]["identical_to_raw_fraction"] < 1.0
   assert s["member_data"] == "kip" and s["sent_label_bytes"] == 0
+  assert s["eq18_bytes"] == s["bytes_total"] and not s["stages_cached"]
   # Balanced C = 1: 2 clients per digit class.
   assert s["config"]["partition"]["style"] == "balanced"
 
@@ -88,8 +89,11 @@ def test_hfldd_survives_iid_clients_and_unbalanced_clusters(tmp_path):
   config.progress = False
   config.rounds = 1
   config.partition.num_classes_per_client = 10
+  config.local_steps = 3                    # the heads honour local_steps
   s = runners.RUNNERS[config.runner](config, str(tmp_path))
   _check_hfldd_summary(s, tmp_path)
+  rows = load_metrics(os.path.join(tmp_path, "metrics.jsonl"))
+  assert rows[-1]["local_steps_mean"] == 3.0
   sizes = np.bincount(s["clusters"]["homogeneous"])
   assert sizes.sum() == 20 and s["num_heads"] >= 1
   assert np.isfinite(s["final_test_accuracy"])
@@ -106,7 +110,7 @@ def test_hfldd_resume_reuses_cached_stages(tmp_path):
   assert s2["clusters"] == s["clusters"]
   _check_hfldd_summary(s2, tmp_path)
   config.support_size = 10                  # a stage setting: refuse the cache
-  with pytest.raises(ValueError, match="different configuration"):
+  with pytest.raises(ValueError, match="support_size"):
     runners.RUNNERS[config.runner](config, str(tmp_path))
 
 
@@ -147,14 +151,16 @@ def test_presets_follow_the_paper():
     c = hfldd_config.get_config(preset)
     assert c.partition.style == "balanced" and c.member_data == "kip"
     if preset.endswith("_gpu"):
-      assert (c.kip_iterations, c.rounds, c.resplit) == (3000, 300, 0.8)
+      assert (c.kip_max_iterations, c.rounds, c.resplit) == (3000, 300, 0.8)
       assert not c.paper_departures
     else:
-      assert 0 < c.kip_iterations < 3000 and c.resplit == 0.0
+      assert 0 < c.kip_max_iterations < 3000 and c.resplit == 0.0
       # A CPU preset says where it departs (the smoke preset is no protocol).
       assert bool(c.paper_departures) == (preset != "smoke")
       if preset != "smoke":
-        assert str(c.kip_iterations) in c.paper_departures[0]
+        assert str(c.kip_max_iterations) in c.paper_departures[0]
+    # HFLDD's KIP runs a fixed budget (no accuracy stop).
+    assert c.kip_stop_accuracy is None and c.kip_min_iterations == 0
   assert random_config.get_config("mnist_c1").member_data == "random"
   assert wodd_config.get_config("mnist_c1_gpu").member_data == "raw"
   cl = centralized_config.get_config("mnist_hfldd")

@@ -74,12 +74,6 @@ def test_registry_is_read_only_and_spec_frozen():
     models.get_model("fc").name = "y"
 
 
-def test_param_count_hand_example():
-  tree = {"a": jnp.zeros((2, 3)), "b": [jnp.zeros(4), jnp.zeros(())]}
-  assert models.param_count(tree) == 6 + 4 + 1
-  assert models.param_count({}) == 0
-
-
 def _check_forward(module, variables, input_shape, has_batch_stats):
   assert module.num_classes == NUM_CLASSES
   assert set(variables) == (

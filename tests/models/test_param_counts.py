@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from fedjax_dd import models
+from fedjax_dd.core.ledger import num_params
 
 
 def _variables(module, input_shape, **kwargs):
@@ -16,7 +17,7 @@ def _variables(module, input_shape, **kwargs):
 
 
 def _count(module, input_shape, **kwargs):
-  return models.param_count(_variables(module, input_shape, **kwargs)["params"])
+  return num_params(_variables(module, input_shape, **kwargs)["params"])
 
 
 def conv(k, cin, cout, bias=True):
@@ -35,7 +36,7 @@ def test_lenet5():
               + dense(120, 84) + dense(84, 10))
   assert expected == 156 + 2416 + 30840 + 10164 + 850 == 44_426
   v = _variables(models.LeNet5(10), (28, 28, 1))
-  assert models.param_count(v["params"]) == 44_426
+  assert num_params(v["params"]) == 44_426
   assert v["params"]["fc1"]["kernel"].shape == (256, 120)
 
 
@@ -99,10 +100,10 @@ def test_resnet18():
   expected += dense(512, 10)
   assert expected == 11_173_962
   v = _variables(models.resnet18(10), (32, 32, 3))
-  assert models.param_count(v["params"]) == 11_173_962
+  assert num_params(v["params"]) == 11_173_962
   # batch_stats hold a running mean and var for every BN channel.
   bn_channels = (64 + 4 * 64 + 4 * 128 + 128 + 4 * 256 + 256 + 4 * 512 + 512)
-  assert models.param_count(v["batch_stats"]) == 2 * bn_channels
+  assert num_params(v["batch_stats"]) == 2 * bn_channels
 
 
 def test_cnn2_cnn3():

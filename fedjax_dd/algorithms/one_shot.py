@@ -1,0 +1,225 @@
+"""The shared client stage of the one-shot methods, and one-shot FedAvg.
+
+FedHydra, DENSE, FedDF and one-shot FedAvg share their client stage: every
+client trains once, from the global model, to convergence and uploads its
+model. :func:`client_stage` is that stage for any number of architecture
+groups (heterogeneous clients); client ``i`` keys from its id, so with the
+rounds loop's round key the models equal one round of FedAvg's clients, and
+the four methods are compared on bit-identical clients.
+
+:func:`os_fedavg` is the simplest server of the
+:class:`~fedjax_dd.core.algorithm.ServerDistillation` shape: the example-
+weighted average of the uploads, no epochs.
+
+Reference: Guha et al., "One-Shot Federated Learning", 2019 (one-shot
+averaging); FedHydra (Bai et al.) Alg. 1 line 2-5 (local training).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_dd.algorithms import stages
+from fedjax_dd.core import keys
+from fedjax_dd.core.algorithm import Cohort, ServerDistillation, Teachers
+from fedjax_dd.core.algorithm import no_setup
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import LocalResult, make_local_update
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill import ensemble
+
+PyTree = Any
+
+
+def local_stage(task: Classifier,
+                optimizer: optax.GradientTransformation,
+                *,
+                batch_size: int,
+                max_steps: int,
+                mapper: ClientMapper = ClientMapper()
+                ) -> Callable[[PyTree, PyTree, Cohort, jax.Array], LocalResult]:
+  """One-shot local training of every client of one architecture.
+
+  Args:
+    task: the client model.
+    optimizer: local optimizer [SGD lr 0.01], fresh per client.
+    batch_size: [128].
+    max_steps: static scan length (``max(cohort.num_steps)``).
+    mapper: how the clients are batched.
+
+  Returns:
+    ``train(params, batch_stats, cohort, key) -> LocalResult [S, ...]``.
+    Client ``i`` uses ``keys.client_keys(key, ids)[i]``, so with the rounds
+    loop's train key the result equals one-shot FedAvg's client models.
+  """
+  local = make_local_update(task, optimizer, batch_size=batch_size,
+                            max_steps=max_steps)
+  train_all = stages.client_stage(local, mapper)
+
+  def train(params, batch_stats, cohort: Cohort, key: jax.Array) -> LocalResult:
+    client_keys = keys.client_keys(key, cohort.client_ids)
+    no_ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
+    return train_all(params, batch_stats, (), cohort, client_keys, no_ctx)
+
+  return train
+
+
+def client_stage(groups: Sequence[ensemble.TeacherGroup],
+                 optimizer: optax.GradientTransformation,
+                 *,
+                 batch_size: int,
+                 num_steps: jax.Array,
+                 mappers: Sequence[ClientMapper] | None = None
+                 ) -> Callable[..., Teachers]:
+  """The one-shot client stage over architecture groups.
+
+  Args:
+    groups: one group per architecture (``group.task`` is the client model).
+    optimizer: local optimizer, fresh per client.
+    batch_size: local batch size.
+    num_steps: ``[m]`` local steps per client (client order).
+    mappers: one client mapper per group (default: the engine's default).
+
+  Returns:
+    ``stage(starts, data, key) -> Teachers``: ``starts`` holds per group the
+    ``(params, batch_stats)`` every client of the group starts from; ``data``
+    is every client's padded data ``[m, N_max, ...]``; ``key`` is the
+    round's train key.
+  """
+  groups = tuple(groups)
+  mappers = tuple(mappers) if mappers is not None else (ClientMapper(),) * len(groups)
+  num_steps = jnp.asarray(num_steps)
+  trains = tuple(
+      local_stage(g.task, optimizer, batch_size=batch_size,
+                  max_steps=int(jnp.max(num_steps[np.asarray(g.client_ids)])),
+                  mapper=mp)
+      for g, mp in zip(groups, mappers))
+
+  def stage(starts, data: ClientData, key: jax.Array) -> Teachers:
+    out = []
+    for g, train, (params, stats) in zip(groups, trains, starts):
+      ids = jnp.asarray(g.client_ids)
+      # Client ids are kept, so each client's key is that of its id.
+      cohort = Cohort(x=data.x[ids], y=data.y[ids],
+                      num_examples=data.num_examples[ids],
+                      num_steps=num_steps[ids], client_ids=ids)
+      result = train(params, stats, cohort, key)
+      out.append((result.params, result.batch_stats))
+    return Teachers(vars=tuple(out), num_examples=data.num_examples)
+
+  return stage
+
+
+def average(teachers: Teachers) -> tuple[PyTree, PyTree]:
+  """One-shot FedAvg: the example-weighted mean of one group's models.
+
+  Raises:
+    ValueError: with more than one architecture (parameter averaging is
+      undefined across architectures).
+  """
+  if len(teachers.vars) != 1:
+    raise ValueError(
+        "Parameter averaging needs homogeneous clients; got "
+        f"{len(teachers.vars)} architecture groups.")
+  params, stats = teachers.vars[0]
+  return (stages.weighted_mean(params, teachers.num_examples),
+          stages.weighted_mean(stats, teachers.num_examples))
+
+
+def os_fedavg(stage: Callable[..., Teachers]) -> ServerDistillation:
+  """One-shot FedAvg in the server-side shape: the average, no epochs.
+
+  Args:
+    stage: the client stage (:func:`client_stage`).
+  """
+
+  def init(key, setup, teachers, params, batch_stats):
+    del key, setup, params, batch_stats
+    p, s = average(teachers)
+    return {"params": p, "batch_stats": s}
+
+  def epoch(state, teachers):
+    del teachers
+    return state, {}
+
+  return ServerDistillation(
+      client_stage=stage, setup=no_setup, init=init, epoch=epoch,
+      model=lambda state: (state["params"], state["batch_stats"]))
+
+
+def architecture_groups(task: Classifier,
+                        client_archs: Sequence[str],
+                        tasks: Mapping[str, Classifier],
+                        num_clients: int,
+                        input_fn: ensemble.InputFn
+                        ) -> tuple[tuple[str, ...], tuple[ensemble.TeacherGroup, ...]]:
+  """One teacher group per client architecture, in order of first client.
+
+  Args:
+    task: the server (student) model; the one group of homogeneous clients.
+    client_archs: ``()`` for homogeneous clients; else client ``k`` uses
+      architecture ``client_archs[k % len(client_archs)]``.
+    tasks: the model of each architecture name in ``client_archs``.
+    num_clients: ``m``.
+    input_fn: maps images in ``[0, 1]`` to every model's input.
+
+  Returns:
+    ``(names, groups)``; each client keeps its id (and so its key).
+
+  Raises:
+    ValueError: an architecture does not accept ``task.input_shape``.
+  """
+  if not client_archs:
+    return ("",), (ensemble.TeacherGroup(task, input_fn,
+                                         tuple(range(num_clients))),)
+  arch = [client_archs[k % len(client_archs)] for k in range(num_clients)]
+  names = tuple(dict.fromkeys(arch))
+  groups = []
+  for name in names:
+    g_task = tasks[name]
+    try:
+      jax.eval_shape(g_task.init, jax.random.PRNGKey(0))
+    except Exception as e:  # pylint: disable=broad-except
+      raise ValueError(
+          f"Client model {name!r} does not accept the input shape "
+          f"{tuple(task.input_shape)}; every client architecture is fed the "
+          "same images, so choose an input shape all client models "
+          "accept.") from e
+    groups.append(ensemble.TeacherGroup(
+        g_task, input_fn, tuple(k for k, a in enumerate(arch) if a == name)))
+  return names, tuple(groups)
+
+
+def client_report(groups: Sequence[ensemble.TeacherGroup],
+                  client_evaluators: Sequence[Callable[..., dict[str, Any]]],
+                  evaluate: Callable[..., dict[str, float]] | None
+                  ) -> Callable[[int, Teachers], dict[str, Any]]:
+  """The driver's ``on_clients``: every client's test accuracy and, for
+  homogeneous clients, one-shot FedAvg's.
+
+  Args:
+    groups: the architecture groups.
+    client_evaluators: per group, a mapped evaluator of its stacked models
+      (:func:`fedjax_dd.core.evaluate.make_client_evaluator`).
+    evaluate: the global model's evaluator, or ``None`` (no averaging).
+  """
+  m = sum(len(g.client_ids) for g in groups)
+
+  def report(r: int, teachers: Teachers) -> dict[str, Any]:
+    del r
+    acc = np.zeros(m)
+    for g, ev, tv in zip(groups, client_evaluators, teachers.vars):
+      acc[list(g.client_ids)] = ev(*tv)["accuracy"]
+    averaged = None
+    if evaluate is not None and len(groups) == 1:
+      averaged = evaluate(*average(teachers))["accuracy"]
+    return {"client_test_accuracy": [float(a) for a in acc],
+            "os_fedavg_test_accuracy": averaged}
+
+  return report

@@ -1,0 +1,325 @@
+"""The driver of server-side methods: clients once per round, then epochs.
+
+:func:`run_server_rounds` runs a
+:class:`~fedjax_dd.core.algorithm.ServerDistillation` for ``T`` rounds (one
+for the one-shot methods; FedHydra's multi-round variant, Tab. 5, uses more):
+
+::
+
+    round r:  key_r = keys.round_key(run_key, r)
+      1. teachers = client_stage(starts, data, train key)    -> r<r>/clients
+         (round 1 may reuse another run's clients: ``teachers_from``)
+      2. ledger: one model down (r > 1) and one up per client
+      3. setup = setup(teachers, setup key)                  -> r<r>/setup
+      4. state = init(epochs key, setup, teachers, global model)
+         E × epoch(state, teachers) in core.loop.run_loop    -> r<r>/server
+      5. global model = model(state); clients restart from it
+
+Every step is checkpointed through :class:`CheckpointStore` (the client
+models, the setup with its fingerprint, the server state every
+``checkpoint_every`` epochs), so a run killed anywhere resumes bit-identically:
+finished stages are restored, the interrupted epoch loop continues from its
+last checkpoint, and ``metrics.jsonl`` is trimmed to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from fedjax_dd.core import keys
+from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import loop as loop_lib
+from fedjax_dd.core.algorithm import ServerDistillation, Teachers
+from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.metrics import MetricsWriter
+from fedjax_dd.data.stacked import ClientData
+
+PyTree = Any
+Evaluate = Callable[[PyTree, PyTree], dict[str, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerOptions:
+  """Options of :func:`run_server_rounds`.
+
+  Attributes:
+    num_rounds: ``T`` (1: one-shot).
+    num_epochs: server epochs per round (0: none, e.g. one-shot FedAvg).
+    eval_every: evaluate every this many epochs and at the last.
+    checkpoint_every: save the server state every this many epochs (and at
+      the last).
+    progress: show a tqdm bar (on a TTY).
+    max_seconds: wall-clock budget of the call (0: none); the epoch loop
+      stops after the first epoch past it, checkpointed, and the run can be
+      resumed with a new budget.
+    initial_model_as_seed: round 1's download is not counted (clients
+      regenerate the initial model from a shared seed).
+    server_seed: ``>= 0`` draws the server stages' keys from this seed
+      instead of the round key (repeat the server over fixed clients).
+    teachers_from: a workdir whose round-1 client models are reused; its
+      ``protocol`` must equal ours.
+    protocol: a string naming everything that determines the client models
+      (checked against ``teachers_from``).
+    setup_fingerprint: the settings that determine ``setup`` besides the
+      clients; a cached setup with another fingerprint is refused.
+  """
+  num_rounds: int = 1
+  num_epochs: int = 1
+  eval_every: int = 1
+  checkpoint_every: int = 1
+  progress: bool = True
+  max_seconds: float = 0.0
+  initial_model_as_seed: bool = True
+  server_seed: int = -1
+  teachers_from: str | None = None
+  protocol: str = ""
+  setup_fingerprint: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class ServerResult:
+  """What :func:`run_server_rounds` returns (host values).
+
+  Attributes:
+    params, batch_stats: the global model after the last round run.
+    state: the last round's server state.
+    setup: the last round's setup.
+    teachers: the last round's client models.
+    ledger: the communication ledger.
+    per_round: per round: ``round``, ``test_accuracy`` and what
+      ``on_clients`` returned.
+    rounds: rounds completed.
+    out_of_time: the budget stopped the run early.
+    seconds: wall time per stage (``client``, ``setup``, ``server``) spent
+      in this call; stages restored from checkpoints count 0.
+  """
+  params: PyTree
+  batch_stats: PyTree
+  state: PyTree
+  setup: dict[str, Any]
+  teachers: Teachers
+  ledger: ledger_lib.Ledger
+  per_round: list[dict[str, Any]]
+  rounds: int
+  out_of_time: bool
+  seconds: dict[str, float]
+
+
+def _teachers_template(starts, sizes, num_examples) -> Teachers:
+  stack = lambda tree, m: jax.tree_util.tree_map(
+      lambda a: jax.ShapeDtypeStruct((m, *a.shape), a.dtype), tree)
+  return Teachers(vars=tuple((stack(p, m), stack(s, m))
+                             for (p, s), m in zip(starts, sizes)),
+                  num_examples=jax.ShapeDtypeStruct(num_examples.shape,
+                                                    num_examples.dtype))
+
+
+def _clients(algorithm, directory, r, starts, sizes, data, train_key,
+             options) -> tuple[Teachers, bool]:
+  """Round ``r``'s client models: restored, reused, or trained and saved.
+
+  Returns:
+    ``(teachers, trained_here)``.
+  """
+  template = _teachers_template(starts, sizes, data.num_examples)
+  with CheckpointStore(os.path.join(directory, f"r{r}", "clients"),
+                       max_to_keep=1) as store:
+    restored = store.restore(template)
+    if restored is not None:
+      return restored[1], False
+    if r == 1 and options.teachers_from:
+      with CheckpointStore(os.path.join(options.teachers_from, "r1", "clients"),
+                           max_to_keep=1) as other:
+        theirs = other.restore(template)
+      if theirs is None:
+        raise ValueError(f"teachers_from={options.teachers_from!r} holds no "
+                         "round-1 client checkpoint.")
+      if theirs[2].get("protocol") != options.protocol:
+        raise ValueError(
+            "teachers_from was trained under another client protocol:\n"
+            f"  theirs: {theirs[2].get('protocol')}\n"
+            f"  ours:   {options.protocol}")
+      teachers, trained = theirs[1], False
+    else:
+      # One layout whether trained here or restored: the client mapper may
+      # hand back models sharded over devices, and a server program compiled
+      # for sharded inputs rounds differently from the restored (one-device)
+      # run's, which would break bit-identical resume.
+      teachers = jax.device_put(
+          algorithm.client_stage(starts, data, train_key), jax.devices()[0])
+      jax.block_until_ready(teachers)
+      trained = True
+    store.save(r, teachers, {"protocol": options.protocol}, force=True)
+  return teachers, trained
+
+
+def _setup(algorithm, directory, r, teachers, key, options
+           ) -> tuple[dict[str, Any], bool]:
+  """Round ``r``'s setup, from its cache when the fingerprint matches.
+
+  Returns:
+    ``(setup, computed_here)``.
+  """
+  fingerprint = json.loads(json.dumps(options.setup_fingerprint, default=str))
+  with CheckpointStore(os.path.join(directory, f"r{r}", "setup"),
+                       max_to_keep=1) as store:
+    restored = store.restore(None)
+    if restored is not None:
+      theirs = restored[2].get("fingerprint")
+      if theirs != fingerprint:
+        diff = sorted(k for k in set(theirs or {}) | set(fingerprint)
+                      if (theirs or {}).get(k) != fingerprint.get(k))
+        raise ValueError(
+            f"The cached setup of round {r} in {store.directory} was computed "
+            f"with other settings ({', '.join(diff)}); use a fresh workdir.")
+      return jax.tree_util.tree_map(jax.numpy.asarray, restored[1]), False
+    setup = algorithm.setup(teachers, key)
+    if setup:  # Nothing to cache for a method without a setup.
+      store.save(r, jax.device_get(setup), {"fingerprint": fingerprint},
+                 force=True)
+  return setup, True
+
+
+def run_server_rounds(
+    algorithm: ServerDistillation,
+    data: ClientData,
+    *,
+    run_key: jax.Array,
+    initial_models: Sequence[tuple[PyTree, PyTree]],
+    global_model: tuple[PyTree, PyTree],
+    group_sizes: Sequence[int],
+    options: ServerOptions,
+    directory: str,
+    evaluate: Evaluate,
+    writer: MetricsWriter | None = None,
+    on_clients: Callable[[int, Teachers], dict[str, Any]] | None = None,
+) -> ServerResult:
+  """Runs ``options.num_rounds`` rounds of ``algorithm`` (see module doc).
+
+  Args:
+    algorithm: the method.
+    data: every client's padded data ``[m, N_max, ...]``.
+    run_key: the rounds' key (:func:`keys.init_and_run`).
+    initial_models: round 1's start, per architecture group.
+    global_model: ``(params, batch_stats)`` the server state starts from in
+      round 1 (the student's initialisation).
+    group_sizes: clients per group (group order).
+    options: see :class:`ServerOptions`.
+    directory: where the round checkpoints go (``r<r>/...``).
+    evaluate: ``(params, batch_stats) -> {"accuracy", "loss"}``.
+    writer: one row per evaluated epoch; ``step`` counts epochs over rounds.
+    on_clients: ``(r, teachers) -> dict`` for the round's record (e.g.
+      client accuracies).
+
+  Returns:
+    A :class:`ServerResult`.
+
+  Raises:
+    ValueError: ``num_rounds > 1`` with several architecture groups (the
+      global model cannot seed other architectures).
+  """
+  if options.num_rounds > 1 and len(initial_models) != 1:
+    raise ValueError(
+        "Several rounds need homogeneous clients: the distilled global model "
+        f"cannot seed {len(initial_models)} client architectures.")
+  t_start = time.monotonic()
+  bits = [ledger_lib.model_bits(p) for p, _ in initial_models]
+  ledger = ledger_lib.Ledger()
+  seconds = {"client": 0.0, "setup": 0.0, "server": 0.0}
+  per_round: list[dict[str, Any]] = []
+  starts = tuple(initial_models)
+  params, batch_stats = global_model
+  state, setup, teachers = None, {}, None
+  out_of_time = False
+  e_total = options.num_epochs
+  r_done = 0
+  for r in range(1, options.num_rounds + 1):
+    round_key = keys.round_key(run_key, r)
+    _, train_key = keys.sample_and_train(round_key)
+    server_key = (keys.server_seed_key(options.server_seed, r)
+                  if options.server_seed >= 0 else keys.server_key(round_key))
+    setup_key, epochs_key = keys.server_parts(server_key)
+    if r > 1:  # The clients restart from the global model.
+      starts = ((params, batch_stats),)
+    if r > 1 or not options.initial_model_as_seed:
+      for b, m in zip(bits, group_sizes):
+        ledger = ledger.record(r, kind="download", bits=b, count=m, tag="model")
+
+    t0 = time.monotonic()
+    teachers, trained = _clients(algorithm, directory, r, starts, group_sizes,
+                                 data, train_key, options)
+    if trained:
+      seconds["client"] += time.monotonic() - t0
+    for b, m in zip(bits, group_sizes):
+      ledger = ledger.record(r, kind="upload", bits=b, count=m, tag="model")
+    record = {"round": r}
+    if on_clients is not None:
+      record.update(on_clients(r, teachers))
+
+    t0 = time.monotonic()
+    setup, computed = _setup(algorithm, directory, r, teachers, setup_key,
+                             options)
+    if computed:
+      seconds["setup"] += time.monotonic() - t0
+
+    state = jax.device_put(
+        algorithm.init(epochs_key, setup, teachers, params, batch_stats),
+        jax.devices()[0])
+    offset = (r - 1) * e_total
+    with CheckpointStore(os.path.join(directory, f"r{r}", "server"),
+                         max_to_keep=2,
+                         save_every=options.checkpoint_every) as store:
+      restored = store.restore(state)
+      start = 0
+      if restored is not None:
+        start, state = restored[0], restored[1]
+      if writer is not None:
+        writer.truncate_after(offset + start, key="step")
+      budget = 0.0
+      if options.max_seconds:
+        budget = max(options.max_seconds - (time.monotonic() - t_start), 1e-6)
+      t0 = time.monotonic()
+      if e_total == 0:
+        # Nothing to iterate: one row for the round's model.
+        ev = evaluate(*algorithm.model(state))
+        if writer is not None and start == 0:
+          writer.write({"step": r, "round": r, "epoch": 0,
+                        "test_accuracy": ev["accuracy"],
+                        "test_loss": ev["loss"]})
+        store.save(0, state, {"round": r}, force=True)
+      else:
+        result = loop_lib.run_loop(
+            lambda st, e: algorithm.epoch(st, teachers), state,
+            loop_lib.LoopOptions(num_steps=e_total,
+                                 eval_every=options.eval_every,
+                                 progress=options.progress,
+                                 max_seconds=budget,
+                                 desc=f"round {r} epochs"),
+            start=start,
+            index=lambda e, r=r, offset=offset: {"step": offset + e,
+                                                 "round": r, "epoch": e},
+            evaluate=lambda st: evaluate(*algorithm.model(st)),
+            writer=writer,
+            save=lambda e, st, force, r=r, store=store: store.save(
+                e, st, {"round": r}, force=force))
+        state = result.carry
+        out_of_time = result.out_of_time
+      seconds["server"] += time.monotonic() - t0
+    params, batch_stats = algorithm.model(state)
+    record["test_accuracy"] = evaluate(params, batch_stats)["accuracy"]
+    per_round.append(record)
+    r_done = r
+    if out_of_time:
+      break
+  host_setup = jax.device_get(setup)
+  return ServerResult(params=params, batch_stats=batch_stats, state=state,
+                      setup={k: np.asarray(v) for k, v in host_setup.items()},
+                      teachers=teachers, ledger=ledger, per_round=per_round,
+                      rounds=r_done, out_of_time=out_of_time, seconds=seconds)

@@ -1,0 +1,223 @@
+"""A fingerprinted cache of one-off stage outputs on the checkpoint store.
+
+Some stages run once before the rounds and are deterministic given a few
+settings: FedD3's client distillation, HFLDD's label knowledge, topology and
+member uploads. A resumed run (or a server-side variant of it) loads their
+output instead of computing it again. :class:`StageCache` keeps each named
+stage in its own :class:`~fedjax_dd.core.checkpoint.CheckpointStore` under
+``<root>/<name>`` (runs use ``root = workdir/stages``, :meth:`for_workdir`),
+so the output gets the store's integrity checks (commit marker, checksums).
+One entry per stage: saving replaces it.
+
+What is cached is a flat ``{name: array}`` dict of host arrays (the output)
+plus a JSON-able ``info`` dict (timings, statistics, flags). The checkpoint's
+meta holds::
+
+    {"fingerprint": {...},            # the settings that determine the output
+     "spec": {name: {"shape": [...], "dtype": "uint8"}, ...},
+     "info": {...}}
+
+Fingerprints. A fingerprint is a JSON dict of the settings that determine the
+output (the caller picks them, e.g. FedD3's distillation keys plus a format
+number). :meth:`StageCache.load` compares the stored fingerprint with the
+current one after a JSON round trip (tuples and lists compare equal). A
+field the stored fingerprint lacks whose current value is "off" (``0``,
+``None``, ``""``, ``False``, empty) counts as equal: it is a setting added
+after the entry was written, whose off value is what the older run did.
+Any other difference raises :class:`StaleStageError` (a ``ValueError``)
+naming every differing field; a stale entry is never silently recomputed
+over, since it usually means the workdir belongs to another experiment.
+
+Templates. :meth:`CheckpointStore.restore` needs a template of the saved
+tree. The output's shapes are known only to the computation (a distilled set
+holds one block per class each client happens to hold), so the cache writes
+the shape and dtype of every array into the meta (``spec``) and rebuilds the
+template (NumPy arrays of those shapes and dtypes) from it. The meta is read
+first from the store's documented layout (``<step>/meta/metadata``, see
+:mod:`fedjax_dd.core.checkpoint`) to compare fingerprints and build the
+template; the arrays are then restored through the store, whose integrity
+check decides whether the entry is usable (a damaged or half-written entry
+is a miss, with the store's warning). Zero-size arrays, which Orbax does not
+save, live in the spec only and come back empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from fedjax_dd.core.checkpoint import COMMIT_MARKER, CheckpointStore
+
+__all__ = ["CachedStage", "StageCache", "StaleStageError"]
+
+_log = logging.getLogger(__name__)
+
+# The one step each stage's store holds.
+_STEP = 0
+# Where CheckpointStore puts a step's meta item (its documented layout).
+_META_FILE = ("meta", "metadata")
+
+
+class StaleStageError(ValueError):
+  """A cached stage was computed under other settings."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedStage:
+  """A stage output read back from the cache.
+
+  Attributes:
+    arrays: ``{name: np.ndarray}`` as saved (shapes and dtypes included).
+    info: the JSON ``info`` dict saved with it.
+  """
+  arrays: dict[str, np.ndarray]
+  info: dict[str, Any]
+
+
+def _normalise(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+  """The fingerprint as it reads back from JSON (tuples become lists)."""
+  if not isinstance(fingerprint, Mapping):
+    raise ValueError(
+        f"fingerprint must be a dict, got {type(fingerprint).__name__}.")
+  try:
+    return json.loads(json.dumps(dict(fingerprint), sort_keys=True))
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"fingerprint must be JSON-serialisable: {e}") from e
+
+
+def _is_off(value: Any) -> bool:
+  return value is None or value is False or value == 0 or (
+      isinstance(value, (str, list, dict)) and not value)
+
+
+def fingerprint_differences(cached: Mapping[str, Any],
+                            current: Mapping[str, Any]) -> list[str]:
+  """Fields on which two (normalised) fingerprints differ, sorted.
+
+  A field missing from ``cached`` whose current value is off (see the module
+  docstring) is not a difference.
+  """
+  out = []
+  for k in sorted(set(cached) | set(current)):
+    if k not in cached:
+      if not _is_off(current[k]):
+        out.append(f"{k} (cached: absent, current: {current[k]!r})")
+    elif k not in current:
+      out.append(f"{k} (cached: {cached[k]!r}, current: absent)")
+    elif cached[k] != current[k]:
+      out.append(f"{k} (cached: {cached[k]!r}, current: {current[k]!r})")
+  return out
+
+
+class StageCache:
+  """Named, fingerprinted stage outputs, one checkpoint store per stage.
+
+  Example::
+
+      cache = StageCache.for_workdir(workdir)
+      hit = cache.load("distilled", fingerprint)
+      if hit is None:
+        arrays, info = compute()
+        cache.save("distilled", fingerprint, arrays, info)
+      else:
+        arrays, info = hit.arrays, hit.info
+
+  Args:
+    root: directory holding one sub-directory per stage. Nothing is created
+      until :meth:`save`, so a cache can be read from another run's workdir.
+  """
+
+  def __init__(self, root: str | os.PathLike):
+    self._root = pathlib.Path(os.path.abspath(os.fspath(root)))
+
+  @classmethod
+  def for_workdir(cls, workdir: str | os.PathLike) -> StageCache:
+    """The cache of a run: ``workdir/stages``."""
+    return cls(os.path.join(os.fspath(workdir), "stages"))
+
+  @property
+  def root(self) -> pathlib.Path:
+    return self._root
+
+  def path(self, name: str) -> pathlib.Path:
+    """The checkpoint directory of stage ``name``."""
+    if not name or os.sep in name or name in (".", ".."):
+      raise ValueError(f"Invalid stage name {name!r}.")
+    return self._root / name
+
+  def load(self, name: str, fingerprint: Mapping[str, Any]
+           ) -> CachedStage | None:
+    """The cached output of stage ``name``, or None on a miss.
+
+    A miss is no entry, or an entry that fails the store's integrity check
+    (e.g. a save cut short; the store logs a warning).
+
+    Raises:
+      StaleStageError: if the entry was saved under another fingerprint; the
+        message names the differing fields.
+    """
+    current = _normalise(fingerprint)
+    directory = self.path(name)
+    step_dir = directory / str(_STEP)
+    if not (step_dir / COMMIT_MARKER).exists():
+      return None
+    try:
+      with open(step_dir.joinpath(*_META_FILE), encoding="utf-8") as f:
+        meta = json.load(f)
+      cached, spec = meta["fingerprint"], meta["spec"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      _log.warning("Stage %r in %s has unreadable metadata (%s); computing "
+                   "it again.", name, directory, e)
+      return None
+    diffs = fingerprint_differences(cached, current)
+    if diffs:
+      raise StaleStageError(
+          f"Stage {name!r} cached in {directory} was computed under other "
+          f"settings; differing fields: {'; '.join(diffs)}. Use a fresh "
+          "workdir, or the settings it was computed with.")
+    template = {k: np.empty(tuple(s["shape"]), np.dtype(s["dtype"]))
+                for k, s in spec.items() if int(np.prod(s["shape"]))}
+    with CheckpointStore(directory, max_to_keep=1) as store:
+      restored = store.restore(template)
+    if restored is None:
+      return None
+    _, stored, meta = restored
+    if _normalise(meta.get("fingerprint", {})) != _normalise(cached):
+      return None  # replaced between the two reads
+    arrays = {k: (np.asarray(stored[k]) if k in stored
+                  else np.empty(tuple(s["shape"]), np.dtype(s["dtype"])))
+              for k, s in spec.items()}
+    return CachedStage(arrays=arrays, info=dict(meta.get("info") or {}))
+
+  def save(self, name: str, fingerprint: Mapping[str, Any],
+           arrays: Mapping[str, Any], info: Mapping[str, Any] | None = None
+           ) -> None:
+    """Saves (replaces) the output of stage ``name``.
+
+    Args:
+      name: the stage.
+      fingerprint: JSON dict of the settings that determine the output.
+      arrays: ``{name: array}``; host or device arrays, or scalars.
+      info: JSON-able extras returned by :meth:`load`.
+
+    Raises:
+      ValueError: on a fingerprint or info that is not JSON-serialisable, or
+        no non-empty array to save.
+    """
+    current = _normalise(fingerprint)
+    host = {str(k): np.asarray(v) for k, v in arrays.items()}
+    spec = {k: {"shape": list(a.shape), "dtype": a.dtype.name}
+            for k, a in host.items()}
+    tree = {k: a for k, a in host.items() if a.size}
+    if not tree:
+      raise ValueError(f"Stage {name!r} has no non-empty array to save.")
+    meta = {"fingerprint": current, "spec": spec, "info": dict(info or {})}
+    with CheckpointStore(self.path(name), max_to_keep=1) as store:
+      store.save(_STEP, tree, meta, force=True)

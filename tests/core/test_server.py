@@ -1,0 +1,219 @@
+"""The server-side driver: kill anywhere, resume bit-identically.
+
+A run is "killed" by an epoch (or client stage) that raises part-way; the
+same call with the intact algorithm then resumes from the checkpoints and must
+reproduce an uninterrupted run bit for bit: the model, the server state, the
+ledger and every metrics row.
+"""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dd import models
+from fedjax_dd.algorithms import one_shot
+from fedjax_dd.algorithms.dense import dense
+from fedjax_dd.algorithms.feddf import feddf
+from fedjax_dd.algorithms.fedhydra import fedhydra
+from fedjax_dd.core import keys
+from fedjax_dd.core import server as server_lib
+from fedjax_dd.core.evaluate import make_evaluator
+from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.metrics import MetricsWriter
+from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill import dfkd
+from fedjax_dd.distill import ensemble
+from tests.conftest import synthetic_clients, tiny_task
+
+
+class Killed(Exception):
+  pass
+
+
+def _identity(x):
+  return x
+
+
+def _problem():
+  task = tiny_task(bn=True)
+  x, y, n = synthetic_clients()
+  data = jax.device_put(ClientData(x=x, y=y, num_examples=n))
+  num_steps = steps_for(data.num_examples, 4, epochs=1)
+  groups = (ensemble.TeacherGroup(task, _identity, (0, 1, 2, 3)),)
+  stage = one_shot.client_stage(groups, optax.sgd(0.1), batch_size=4,
+                                num_steps=num_steps)
+  evaluate = make_evaluator(task, x.reshape(-1, 4, 4, 1), y.reshape(-1),
+                            batch_size=16)
+  return task, data, groups, stage, evaluate
+
+
+def _hparams():
+  return dfkd.DFKDHyperParams(batch_size=4, generator_steps=2,
+                              student_steps=2, pool_size=3)
+
+
+def _fedhydra(task, groups, stage):
+  gen = models.Generator(out_shape=(4, 4, 1), nz=4, ngf=2)
+  return fedhydra(stage, groups, gen, task, _identity, _hparams(),
+                  stratify_steps=2, stratify_batch_size=4)
+
+
+def _feddf(task, groups, stage, data):
+  public = data.x.reshape(-1, 4, 4, 1)[:20]
+  return feddf(stage, groups, task, _identity, public,
+               optimizer=optax.adam(0.01), batch_size=4, steps_per_epoch=3)
+
+
+def _killing(algorithm, *, epoch_calls=None, stage_calls=None):
+  """``algorithm`` whose epoch / client stage raises at the given call."""
+  counts = {"epoch": 0, "stage": 0}
+
+  def epoch(state, teachers):
+    counts["epoch"] += 1
+    if counts["epoch"] == epoch_calls:
+      raise Killed
+    return algorithm.epoch(state, teachers)
+
+  def stage(*args):
+    counts["stage"] += 1
+    if counts["stage"] == stage_calls:
+      raise Killed
+    return algorithm.client_stage(*args)
+
+  return algorithm._replace(epoch=epoch, client_stage=stage)
+
+
+def _run(algorithm, data, task, evaluate, directory, **options):
+  init_key, run_key = keys.init_and_run(keys.model_root(0))
+  model = task.init(init_key)
+  writer = MetricsWriter(directory / "metrics.jsonl")
+  result = server_lib.run_server_rounds(
+      algorithm, data, run_key=run_key, initial_models=[model],
+      global_model=model, group_sizes=[4],
+      options=server_lib.ServerOptions(progress=False, **options),
+      directory=str(directory), evaluate=evaluate, writer=writer)
+  return result, writer.rows()
+
+
+def _assert_same(a, b):
+  (ra, rows_a), (rb, rows_b) = a, b
+  for x, y in zip(jax.tree_util.tree_leaves((ra.params, ra.batch_stats,
+                                             ra.state)),
+                  jax.tree_util.tree_leaves((rb.params, rb.batch_stats,
+                                             rb.state))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert ra.ledger.to_dict() == rb.ledger.to_dict()
+  assert rows_a == rows_b
+  assert ra.per_round == rb.per_round
+
+
+@pytest.mark.parametrize("kill_at", [3, 4])
+def test_feddf_killed_mid_distillation_resumes_bit_identically(tmp_path,
+                                                               kill_at):
+  task, data, groups, stage, evaluate = _problem()
+  algo = _feddf(task, groups, stage, data)
+  opts = dict(num_epochs=5, eval_every=1, checkpoint_every=2)
+  full = _run(algo, data, task, evaluate, tmp_path / "full", **opts)
+  with pytest.raises(Killed):
+    _run(_killing(algo, epoch_calls=kill_at), data, task, evaluate,
+         tmp_path / "part", **opts)
+  resumed = _run(algo, data, task, evaluate, tmp_path / "part", **opts)
+  _assert_same(full, resumed)
+  assert [r["epoch"] for r in resumed[1]] == [1, 2, 3, 4, 5]
+  assert np.all(np.isfinite([r["test_loss"] for r in resumed[1]]))
+
+
+def test_fedhydra_killed_in_a_hasa_epoch_resumes_bit_identically(tmp_path,
+                                                                 caplog):
+  task, data, groups, stage, evaluate = _problem()
+  algo = _fedhydra(task, groups, stage)
+  opts = dict(num_epochs=4, eval_every=2, checkpoint_every=1)
+  full = _run(algo, data, task, evaluate, tmp_path / "full", **opts)
+  with pytest.raises(Killed):
+    _run(_killing(algo, epoch_calls=3), data, task, evaluate,
+         tmp_path / "part", **opts)
+  # The setup (stratification) was cached: resuming does not redo it.
+  calls = []
+  cached = algo._replace(setup=lambda *a: calls.append(1) or algo.setup(*a))
+  resumed = _run(cached, data, task, evaluate, tmp_path / "part", **opts)
+  assert not calls
+  _assert_same(full, resumed)
+  assert resumed[0].setup["curves"].shape == (4, 3, 2)  # [m, c, T_G]
+  report = algo.report(resumed[0].state, resumed[0].setup)
+  assert report["U_r"].shape == (3, 4)
+  assert report["samples"][0].shape == (4, 4, 4, 1)
+  # A further epoch of the resumed run compiles nothing new.
+  caplog.set_level(logging.WARNING)
+  teachers = resumed[0].teachers
+  with jax.log_compiles(True):
+    algo.epoch(resumed[0].state, teachers)
+  assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+
+
+@pytest.mark.parametrize("kill", [dict(epoch_calls=3), dict(stage_calls=2)])
+def test_two_round_fedhydra_resumes_bit_identically(tmp_path, kill):
+  task, data, groups, stage, evaluate = _problem()
+  algo = _fedhydra(task, groups, stage)
+  opts = dict(num_rounds=2, num_epochs=2, eval_every=1, checkpoint_every=1)
+  full = _run(algo, data, task, evaluate, tmp_path / "full", **opts)
+  assert full[0].rounds == 2 and len(full[0].per_round) == 2
+  assert [r["step"] for r in full[1]] == [1, 2, 3, 4]
+  # Round 2 downloads the distilled model to every client.
+  by_kind = full[0].ledger.to_dict()
+  assert full[0].ledger.cumulative()["bytes_downloaded"] > 0, by_kind
+  with pytest.raises(Killed):
+    _run(_killing(algo, **kill), data, task, evaluate, tmp_path / "part",
+         **opts)
+  resumed = _run(algo, data, task, evaluate, tmp_path / "part", **opts)
+  _assert_same(full, resumed)
+
+
+def test_teachers_from_and_refusals(tmp_path):
+  task, data, groups, stage, evaluate = _problem()
+  algo = dense(stage, groups, models.Generator(out_shape=(4, 4, 1), nz=4,
+                                               ngf=2),
+               task, _identity, _hparams())
+  first, _ = _run(algo, data, task, evaluate, tmp_path / "a", num_epochs=1,
+                  protocol="p1")
+  # Reused clients are the same models; the stage does not run.
+  reuse = algo._replace(client_stage=lambda *a: pytest.fail("retrained"))
+  second, _ = _run(reuse, data, task, evaluate, tmp_path / "b", num_epochs=1,
+                   protocol="p1", teachers_from=str(tmp_path / "a"))
+  for x, y in zip(jax.tree_util.tree_leaves(first.teachers),
+                  jax.tree_util.tree_leaves(second.teachers)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  with pytest.raises(ValueError, match="another client protocol"):
+    _run(reuse, data, task, evaluate, tmp_path / "c", num_epochs=1,
+         protocol="p2", teachers_from=str(tmp_path / "a"))
+  # A cached setup computed under other settings is refused.
+  hydra = _fedhydra(task, groups, stage)
+  _run(hydra, data, task, evaluate, tmp_path / "d", num_epochs=1,
+       setup_fingerprint={"stratify_steps": 2})
+  with pytest.raises(ValueError, match="stratify_steps"):
+    _run(hydra, data, task, evaluate, tmp_path / "d", num_epochs=1,
+         setup_fingerprint={"stratify_steps": 3})
+  with pytest.raises(ValueError, match="homogeneous"):
+    server_lib.run_server_rounds(
+             hydra, data, run_key=jax.random.PRNGKey(0),
+             initial_models=[task.init(jax.random.PRNGKey(0))] * 2,
+             global_model=task.init(jax.random.PRNGKey(0)),
+             group_sizes=[2, 2],
+             options=server_lib.ServerOptions(num_rounds=2, progress=False),
+             directory=str(tmp_path / "e"), evaluate=evaluate)
+
+
+def test_os_fedavg_is_the_average_and_writes_one_row(tmp_path):
+  task, data, groups, stage, evaluate = _problem()
+  result, rows = _run(one_shot.os_fedavg(stage), data, task, evaluate,
+                      tmp_path / "os", num_epochs=0)
+  avg = one_shot.average(result.teachers)
+  for a, b in zip(jax.tree_util.tree_leaves(avg),
+                  jax.tree_util.tree_leaves((result.params,
+                                             result.batch_stats))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert len(rows) == 1 and rows[0]["epoch"] == 0
+  assert rows[0]["test_accuracy"] == result.per_round[0]["test_accuracy"]
