@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import ml_collections
@@ -46,47 +46,72 @@ class Prepared:
   std: np.ndarray   # [Ch] train-split channel std, at least MIN_STD
 
 
+def config_value(config: ml_collections.ConfigDict, path: str) -> Any:
+  """The value at the dotted ``path`` of ``config`` (``"data.seed"``), as
+  plain Python (a sub-dict as a ``dict``)."""
+  value = config
+  for part in path.split("."):
+    value = value[part]
+  return value.to_dict() if hasattr(value, "to_dict") else value
+
+
+def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """``config`` as ``{dotted path: leaf value}`` (fingerprints name the
+  setting that differs, e.g. ``hfldd.support_size``)."""
+
+  def walk(d: dict[str, Any], prefix: str):
+    for k, v in d.items():
+      if isinstance(v, dict):
+        yield from walk(v, f"{prefix}{k}.")
+      else:
+        yield f"{prefix}{k}", v
+
+  return dict(walk(config.to_dict(), ""))
+
+
 def data_dir(config: ml_collections.ConfigDict) -> str | None:
-  """``config.data_dir`` ("" : the loaders' default)."""
-  return config.data_dir or None
+  """``config.data.data_dir`` ("" : the loaders' default)."""
+  return config.data.data_dir or None
 
 
 def load_dataset(config: ml_collections.ConfigDict) -> sources.Dataset:
-  """Loads ``config.dataset``; re-split when ``config.resplit`` is set.
+  """Loads ``config.data.dataset``; re-split when ``data.resplit`` is set.
 
-  ``resplit`` (0: keep the dataset's own split) is the train fraction of
-  :func:`fedjax_dd.data.sources.resplit` (HFLDD: 0.8), drawn from the
+  ``data.resplit`` (0: keep the dataset's own split) is the train fraction
+  of :func:`fedjax_dd.data.sources.resplit` (HFLDD: 0.8), drawn from the
   partition seed's :attr:`fedjax_dd.core.keys.Stream.RESPLIT` stream.
   """
-  ds = sources.load_dataset(config.dataset, data_dir=data_dir(config))
-  fraction = float(config.resplit or 0.0)
+  ds = sources.load_dataset(config.data.dataset, data_dir=data_dir(config))
+  fraction = float(config.data.resplit)
   if fraction:
     ds = sources.resplit(
         ds, fraction,
-        rng=keys.numpy_stream(config.data_seed, keys.Stream.RESPLIT))
+        rng=keys.numpy_stream(config.data.seed, keys.Stream.RESPLIT))
   return ds
 
 
 def resize(config: ml_collections.ConfigDict, x: np.ndarray,
            shape: Sequence[int]) -> np.ndarray:
-  """``x`` resized to ``shape`` with ``config.resize_method`` (if it differs)."""
+  """``x`` resized to ``shape`` with ``config.data.resize_method`` (if it
+  differs)."""
   if x.shape[1:] == tuple(shape):
     return x
   return preprocess.resize_images(x, tuple(shape),
-                                  method=config.resize_method)
+                                  method=config.data.resize_method)
 
 
 def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
-  """Loads ``config.dataset``, resizes it for ``config.model``, builds the task.
+  """Loads ``config.data.dataset``, resizes it for ``config.model.name``,
+  builds the task.
 
-  Loading goes through :func:`load_dataset` (so ``config.resplit`` applies);
-  ``config.input_shape`` (if set) overrides the model's input shape. The
-  channel statistics of the (resized) train split, the std floored at
+  Loading goes through :func:`load_dataset` (so ``data.resplit`` applies);
+  ``config.data.input_shape`` (if set) overrides the model's input shape.
+  The channel statistics of the (resized) train split, the std floored at
   :data:`MIN_STD`, normalise the task's inputs.
   """
   ds = load_dataset(config)
-  spec = models.get_model(config.model)
-  target = tuple(config.input_shape or spec.input_shape)
+  spec = models.get_model(config.model.name)
+  target = tuple(config.data.input_shape or spec.input_shape)
   if ds.x_train.shape[1:] != target:
     ds = dataclasses.replace(ds, x_train=resize(config, ds.x_train, target),
                              x_test=resize(config, ds.x_test, target))
@@ -102,13 +127,15 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """``config.optimizer`` in {sgd, adam, adamw} with ``lr``, ``momentum``, ``weight_decay``."""
-  name = config.optimizer
-  lr = config.lr
+  """``config.client.optimizer`` in {sgd, adam, adamw} with ``client.lr``,
+  ``client.momentum``, ``client.weight_decay``."""
+  c = config.client
+  name = c.optimizer
+  lr = c.lr
   builders: dict[str, Callable[[], optax.GradientTransformation]] = {
-      "sgd": lambda: optax.sgd(lr, momentum=config.momentum or None),
+      "sgd": lambda: optax.sgd(lr, momentum=c.momentum or None),
       "adam": lambda: optax.adam(lr),
-      "adamw": lambda: optax.adamw(lr, weight_decay=config.weight_decay),
+      "adamw": lambda: optax.adamw(lr, weight_decay=c.weight_decay),
   }
   if name not in builders:
     raise ValueError(f"Unknown optimizer {name!r}; expected one of {sorted(builders)}.")
@@ -125,13 +152,15 @@ PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
 
 
 def partition(config: ml_collections.ConfigDict, labels: np.ndarray) -> list[np.ndarray]:
-  """Splits the train labels with ``config.partition`` and ``config.data_seed``."""
-  p = config.partition
+  """Splits the train labels with ``config.data.partition`` and
+  ``config.data.seed``."""
+  p = config.data.partition
   if p.name not in PARTITIONERS:
     raise ValueError(f"Unknown partition {p.name!r}; expected one of {sorted(PARTITIONERS)}.")
   kwargs = {k: v for k, v in p.items() if k != "name"}
-  rng = keys.numpy_stream(config.data_seed)
-  return PARTITIONERS[p.name](labels, config.num_clients, rng=rng, **kwargs)
+  rng = keys.numpy_stream(config.data.seed)
+  return PARTITIONERS[p.name](labels, config.data.num_clients, rng=rng,
+                              **kwargs)
 
 
 def client_data(ds: sources.Dataset, parts: list[np.ndarray]) -> ClientData:
@@ -146,14 +175,15 @@ CLASSIC_RUNTIME_UNSAFE = frozenset({"resnet18"})
 
 
 def client_models(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-  """The client architectures of ``config.client_models`` (comma-separated).
+  """The client architectures of ``config.model.client_models``
+  (comma-separated).
 
-  Returns ``()`` for homogeneous clients: ``client_models`` unset, empty, or
-  naming only ``config.model``.
+  Returns ``()`` for homogeneous clients: ``model.client_models`` empty or
+  naming only ``config.model.name``.
   """
-  names = tuple(s.strip() for s in config.client_models.split(",")
+  names = tuple(s.strip() for s in config.model.client_models.split(",")
                 if s.strip())
-  return names if set(names) - {config.model} else ()
+  return names if set(names) - {config.model.name} else ()
 
 
 def classic_runtime(config: ml_collections.ConfigDict,
@@ -161,21 +191,24 @@ def classic_runtime(config: ml_collections.ConfigDict,
   """Whether the engine's per-program CPU options apply.
 
   Args:
-    config: the experiment config (``classic_cpu_runtime`` overrides).
+    config: the experiment config (``engine.classic_cpu_runtime``, if set,
+      overrides).
     model_names: the models of the programs; default every model the config
-      names (``model`` and ``client_models``).
+      names (``model.name`` and ``model.client_models``).
   """
+  if config.engine.classic_cpu_runtime is not None:
+    return bool(config.engine.classic_cpu_runtime)
   if model_names is None:
-    model_names = (config.model, *client_models(config))
-  default = not CLASSIC_RUNTIME_UNSAFE.intersection(model_names)
-  return bool(config.get("classic_cpu_runtime", default))
+    model_names = (config.model.name, *client_models(config))
+  return not CLASSIC_RUNTIME_UNSAFE.intersection(model_names)
 
 
 def clients_per_round(config: ml_collections.ConfigDict, num_clients: int) -> int:
-  """``clients_per_round`` if set, else ``client_fraction`` of N (at least 1)."""
-  if config.clients_per_round:
-    return int(config.clients_per_round)
-  fraction = config.client_fraction
+  """``client.clients_per_round`` if set, else ``client.client_fraction`` of
+  N (at least 1)."""
+  if config.client.clients_per_round:
+    return int(config.client.clients_per_round)
+  fraction = config.client.client_fraction
   if not 0.0 < fraction <= 1.0:
     raise ValueError(f"client_fraction must be in (0, 1], got {fraction}.")
   return max(1, int(round(fraction * num_clients)))
@@ -187,10 +220,10 @@ def mapper(config: ml_collections.ConfigDict,
   """The client mapper; ``model_names`` as in :func:`classic_runtime`.
 
   ``workload`` (:data:`fedjax_dd.core.clients.WORKLOADS`) picks the measured
-  default when ``config.backend`` is ``"auto"``.
+  default when ``config.engine.backend`` is ``"auto"``.
   """
-  return clients_lib.ClientMapper(backend=config.backend,
-                                  chunk_size=config.chunk_size or None,
+  return clients_lib.ClientMapper(backend=config.engine.backend,
+                                  chunk_size=config.engine.chunk_size or None,
                                   classic_runtime=classic_runtime(config,
                                                                   model_names),
                                   workload=workload)
@@ -204,13 +237,14 @@ def workdir_path(workdir: str, *parts: str) -> str:
 def local_steps(config: ml_collections.ConfigDict, num_examples) -> jax.Array:
   """``[C]`` active local steps per client, the one rule of every runner.
 
-  ``config.local_steps > 0`` fixed steps per client (clients without data
-  take none), else ``config.local_epochs`` epochs of ``config.batch_size``
-  (:func:`fedjax_dd.core.local.steps_for`).
+  ``config.client.local_steps > 0`` fixed steps per client (clients without
+  data take none), else ``client.local_epochs`` epochs of
+  ``client.batch_size`` (:func:`fedjax_dd.core.local.steps_for`).
   """
-  if config.local_steps:
-    return steps_for(num_examples, config.batch_size, steps=config.local_steps)
-  return steps_for(num_examples, config.batch_size, epochs=config.local_epochs)
+  c = config.client
+  if c.local_steps:
+    return steps_for(num_examples, c.batch_size, steps=c.local_steps)
+  return steps_for(num_examples, c.batch_size, epochs=c.local_epochs)
 
 
 # Kernel builders of fedjax_dd.kernels.ntk, imported on first use (it loads
@@ -220,28 +254,30 @@ KIP_KERNELS = ("fc", "conv")
 
 def kip_kernel(config: ml_collections.ConfigDict, *,
                batched: bool = False) -> kip_lib.KernelFn:
-  """The KIP kernel of ``config.kip_kernel`` / ``_depth`` / ``_kind``.
+  """The KIP kernel of ``config.kip.kernel`` / ``kernel_depth`` /
+  ``kernel_kind``.
 
-  ``kip_kernel_depth`` 0 keeps the kernel's default depth (FC 4, conv 3).
-  ``batched`` evaluates in blocks of ``config.kip_kernel_batch`` images (if
+  ``kip.kernel_depth`` 0 keeps the kernel's default depth (FC 4, conv 3).
+  ``batched`` evaluates in blocks of ``config.kip.kernel_batch`` images (if
   set), for KRR over many test images.
   """
-  if config.kip_kernel not in KIP_KERNELS:
-    raise ValueError(f"Unknown kip_kernel {config.kip_kernel!r}; expected one "
+  k = config.kip
+  if k.kernel not in KIP_KERNELS:
+    raise ValueError(f"Unknown kip.kernel {k.kernel!r}; expected one "
                      f"of {sorted(KIP_KERNELS)}.")
-  kwargs: dict = {"kind": config.kip_kernel_kind}
-  if config.kip_kernel_depth:
-    kwargs["depth"] = int(config.kip_kernel_depth)
-  if batched and config.kip_kernel_batch:
-    kwargs["batch_size"] = int(config.kip_kernel_batch)
+  kwargs: dict = {"kind": k.kernel_kind}
+  if k.kernel_depth:
+    kwargs["depth"] = int(k.kernel_depth)
+  if batched and k.kernel_batch:
+    kwargs["batch_size"] = int(k.kernel_batch)
   from fedjax_dd.kernels import ntk  # pylint: disable=g-import-not-at-top
-  return {"fc": ntk.fc_kernel, "conv": ntk.conv_kernel}[config.kip_kernel](
-      **kwargs)
+  return {"fc": ntk.fc_kernel, "conv": ntk.conv_kernel}[k.kernel](**kwargs)
 
 
 def kip_options(config: ml_collections.ConfigDict) -> kip_lib.KipOptions:
-  """:class:`fedjax_dd.distill.kip.KipOptions` from the ``kip_<field>`` keys."""
+  """:class:`fedjax_dd.distill.kip.KipOptions` from the ``kip`` group (one key
+  per field)."""
   return kip_lib.KipOptions(**{
-      f.name: config[f"kip_{f.name}"]
+      f.name: config.kip[f.name]
       for f in dataclasses.fields(kip_lib.KipOptions)})
 

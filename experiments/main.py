@@ -10,7 +10,13 @@ Writes ``DIR/metrics.jsonl`` (one JSON object per evaluation round) and
 ``DIR/summary.json``. Re-running with the same ``--workdir`` resumes from the
 newest good checkpoint in ``DIR/checkpoints``.
 
-``--seeds=0,1,2`` runs the config once per seed (``seed`` and ``data_seed``
+Configs are nested by concern (``experiments/configs/base.py``): override a
+setting as ``--config.<group>.<key>=VALUE`` (``--config.client.lr=0.1``,
+``--config.data.seed=3``) or a top-level one as ``--config.<key>=VALUE``
+(``--config.rounds=5``). An unknown key is refused with the nearest valid
+one.
+
+``--seeds=0,1,2`` runs the config once per seed (``seed`` and ``data.seed``
 both set to it) in ``DIR/seed_<S>`` and writes ``DIR/sweep.md``,
 ``DIR/sweep.json`` and ``DIR/sweep_curves.png`` (mean ± sd over the seeds);
 see ``fedjax_dd.experiments.sweep``::
@@ -21,7 +27,10 @@ see ``fedjax_dd.experiments.sweep``::
 
 from __future__ import annotations
 
+import difflib
+import re
 import sys
+from typing import Sequence
 
 from absl import app
 from absl import flags
@@ -30,6 +39,7 @@ from ml_collections import config_flags
 
 import fedjax_dd
 
+from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import sweep
 
@@ -40,9 +50,98 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 _SEEDS = flags.DEFINE_list(
     "seeds", None,
     "Comma-separated seeds: run the config once per seed S (seed = "
-    "data_seed = S) in WORKDIR/seed_S and write WORKDIR/sweep.{md,json} and "
+    "data.seed = S) in WORKDIR/seed_S and write WORKDIR/sweep.{md,json} and "
     "WORKDIR/sweep_curves.png (mean ± sd over the seeds).")
 flags.mark_flags_as_required(["config", "workdir"])
+
+_OVERRIDE = re.compile(r"^--?config\.([^=\s]+)")
+
+
+def _paths(node, prefix: str = "") -> list[str]:
+  """Every key of a ConfigDict tree as a dotted path (groups included)."""
+  out = []
+  for k in node.keys():
+    out.append(prefix + k)
+    if hasattr(node[k], "keys"):
+      out += _paths(node[k], f"{prefix}{k}.")
+  return out
+
+
+def _nearest(path: str, parent: str, siblings: Sequence[str],
+             paths: Sequence[str]) -> str:
+  """The valid key nearest to the unknown ``path``: a key of that name or
+  spelling elsewhere (``lr`` -> ``client.lr``; ``data_seed`` ->
+  ``data.seed``), else the closest path, else the closest sibling."""
+  leaf = path.rsplit(".", 1)[-1]
+  same = [p for p in paths if p == path.replace("_", ".")
+          or p.rsplit(".", 1)[-1] == leaf]
+  if same:
+    return " or ".join(same[:3])
+  others = [p for p in paths if not path.startswith(p + ".")]  # no ancestors
+  close = difflib.get_close_matches(path, others, n=1, cutoff=0.6)
+  if close:
+    return close[0]
+  return parent + difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.0)[0]
+
+
+def unknown_override(config, argv: Sequence[str]) -> str | None:
+  """A one-line message for the first ``--config.<path>`` of ``argv`` that
+  names no key of ``config``, with the nearest valid key; None if all do.
+
+  Paths may end inside a leaf (e.g. a tuple's index); only keys of
+  ConfigDicts are checked.
+  """
+  for arg in argv[1:]:
+    m = _OVERRIDE.match(arg)
+    if m is None:
+      continue
+    node, parent = config, ""
+    for part in m.group(1).split("."):
+      if not hasattr(node, "keys"):  # inside a leaf value
+        break
+      if part not in node:
+        near = _nearest(parent + part, parent, sorted(node.keys()),
+                        _paths(config))
+        return (f"Unknown config key {parent}{part} in "
+                f"{arg.split('=', 1)[0]}; did you mean {near}?")
+      parent += part + "."
+      node = node[part]
+  return None
+
+
+def _config_arg(argv: Sequence[str]) -> str | None:
+  """The value of ``--config`` in ``argv``."""
+  for i, arg in enumerate(argv):
+    for prefix in ("--config=", "-config="):
+      if arg.startswith(prefix):
+        return arg[len(prefix):]
+    if arg in ("--config", "-config") and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """absl's flag parsing; an unknown ``--config.<key>`` is a usage error.
+
+  ml_collections raises an AttributeError (with a traceback) for an override
+  of a key the config lacks; this exits with one line naming the nearest
+  valid key instead, as absl does for a flags error.
+  """
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (AttributeError, KeyError) as e:
+    message = None
+    path = _config_arg(argv)
+    if path is not None:
+      try:
+        message = unknown_override(flags.FLAGS["config"].parser.parse(path),
+                                   argv)
+      except Exception:  # pylint: disable=broad-except
+        message = None  # the config itself fails: report the original error
+    if message is None:
+      raise e
+    sys.stderr.write(f"FATAL Flags parsing error: {message}\n")
+    sys.exit(1)
 
 
 def main(argv):
@@ -59,7 +158,7 @@ def main(argv):
                      f"{sorted(runners.RUNNERS)}.")
   if _SEEDS.value and sweep.seed_flags_in(sys.argv):
     raise app.UsageError(
-        "--seeds sets config.seed and config.data_seed itself; drop "
+        "--seeds sets config.seed and config.data.seed itself; drop "
         f"{sweep.seed_flags_in(sys.argv)}.")
   if _SEEDS.value:
     # Each seed runs as its own `fedjax-dd` command (experiments/sweep.py).
@@ -68,10 +167,16 @@ def main(argv):
     with open(report["files"]["markdown"]) as f:
       print(f.read())
     return
-  if config.get("multihost"):
+  if config.engine.multihost:
     from fedjax_dd.core import clients  # pylint: disable=g-import-not-at-top
     clients.initialize_multihost()
-  summary = runners.RUNNERS[config.runner](config, _WORKDIR.value)
+  try:
+    summary = runners.RUNNERS[config.runner](config, _WORKDIR.value)
+  except loop_lib.NonFiniteError as e:
+    # One line, not a traceback: the message says which step, why and what
+    # to change; the exit status says the run failed.
+    sys.stderr.write(f"FATAL {e}\n")
+    sys.exit(1)
   logging.info("summary: %s", {k: v for k, v in summary.items() if k != "config"})
   print({k: summary[k] for k in ("method", "dataset", "final_test_accuracy",
                                  "best_test_accuracy", "wall_seconds")
@@ -83,7 +188,7 @@ def run():
   # One host device per core for the engine's CPU backend, before JAX
   # initialises (importing the package sets nothing).
   fedjax_dd.configure_cpu()
-  app.run(main, argv=sys.argv)
+  app.run(main, argv=sys.argv, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,14 @@
 
 ``config.method`` is ``"fedd3"`` (one-shot: the server trains on the union for
 ``rounds`` epochs) or ``"fedd3_hybrid"`` (App. F: ``rounds`` FedAvg rounds on
-local plus received distilled data). ``config.distiller`` picks KIP, GMM or
-``"random"`` (random real images at KIP's budget, the control). With
-``learn_labels`` the server (and the hybrid's clients) train on the learned
+local plus received distilled data). ``config.fedd3.distiller`` picks KIP, GMM
+or ``"random"`` (random real images at KIP's budget, the control). With
+``kip.learn_labels`` the server (and the hybrid's clients) train on the learned
 soft labels as sent.
 
 The distilled set is the stage ``"distilled"`` of the run's
 :class:`~fedjax_dd.core.stage_cache.StageCache` (``workdir/stages``), so a
-resumed run does not distill again. ``config.distilled_from`` names the
+resumed run does not distill again. ``config.fedd3.distilled_from`` names the
 workdir of another run to train on its distilled set instead of
 distilling, so that server-side variants reuse one distillation. Either is
 used only if its fingerprint (:func:`distill_fingerprint`: the
@@ -56,7 +56,7 @@ from fedjax_dd.utils.image_grid import save_image_grid
 def _distiller(config, prepared, num_classes):
   progress_bar = None
   options = common.kip_options(config)
-  if config.progress:
+  if config.run.progress:
     progress_bar = tqdm.tqdm(total=options.max_iterations, desc="KIP",
                              disable=None)
 
@@ -66,34 +66,38 @@ def _distiller(config, prepared, num_classes):
       progress_bar.set_postfix(converged=converged)
       progress_bar.refresh()
 
+  f = config.fedd3
   builders = {
       "kip": lambda: fedd3.kip_distiller(
           common.kip_kernel(config), num_classes=num_classes,
           mean=prepared.mean, std=prepared.std,
-          images_per_class=config.images_per_class, options=options,
+          images_per_class=f.images_per_class, options=options,
           mapper=common.mapper(config, workload="kip"),
-          allow_raw_upload=config.allow_raw_upload, progress=progress),
+          allow_raw_upload=f.allow_raw_upload, progress=progress),
       "gmm": lambda: fedd3.gmm_distiller(
-          num_classes=num_classes, images_per_class=config.images_per_class,
-          allow_raw_upload=config.allow_raw_upload),
+          num_classes=num_classes, images_per_class=f.images_per_class,
+          allow_raw_upload=f.allow_raw_upload),
       "random": lambda: fedd3.random_distiller(
-          num_classes=num_classes, images_per_class=config.images_per_class),
+          num_classes=num_classes, images_per_class=f.images_per_class),
   }
-  if config.distiller not in builders:
-    raise ValueError(f"Unknown distiller {config.distiller!r}; expected one of "
+  if f.distiller not in builders:
+    raise ValueError(f"Unknown distiller {f.distiller!r}; expected one of "
                      f"{sorted(builders)}.")
-  return builders[config.distiller]()
+  return builders[f.distiller]()
 
 
-# Config keys that determine the distilled set (the upload); every other key
-# (server optimiser, epochs, evaluation, backend) may differ from the run that
-# cached it. KIP's segment length only paces progress reports.
+# Config keys (dotted paths) that determine the distilled set (the upload);
+# every other key (server optimiser, epochs, evaluation, backend) may differ
+# from the run that cached it. KIP's segment length only paces progress
+# reports.
 DISTILL_KEYS = (
-    "dataset", "resplit", "model", "input_shape", "resize_method",
-    "num_clients", "data_seed", "seed", "partition", "distiller",
-    "images_per_class", "allow_raw_upload", "kip_kernel", "kip_kernel_depth",
-    "kip_kernel_kind",
-    *(k for k in base_config.KIP_OPTION_KEYS if k != "kip_segment_iterations"))
+    "data.dataset", "data.resplit", "model.name", "data.input_shape",
+    "data.resize_method", "data.num_clients", "data.seed", "seed",
+    "data.partition", "fedd3.distiller", "fedd3.images_per_class",
+    "fedd3.allow_raw_upload", "kip.kernel", "kip.kernel_depth",
+    "kip.kernel_kind",
+    *(f"kip.{k}" for k in base_config.KIP_OPTION_KEYS
+      if k != "segment_iterations"))
 
 # Version of what the "distilled" stage holds (in its fingerprint).
 CACHE_FORMAT = 1
@@ -103,41 +107,43 @@ STAGE = "distilled"
 
 def distill_fingerprint(config) -> dict[str, Any]:
   """The distillation settings of ``config`` and the cache format."""
-  d = config.to_dict()
-  return {**{k: d[k] for k in DISTILL_KEYS}, "cache_format": CACHE_FORMAT}
+  return {**{k: common.config_value(config, k) for k in DISTILL_KEYS},
+          "cache_format": CACHE_FORMAT}
 
 
 def _distill_or_load(config, workdir, prepared, data
                      ) -> tuple[fedd3.DistilledSet, float, bool]:
   """The distilled set, the seconds its distillation took, and whether it
-  came from a cache (this run's or ``distilled_from``'s).
+  came from a cache (this run's or ``fedd3.distilled_from``'s).
 
   Raises:
-    ValueError: if ``distilled_from`` holds no distilled set, or a cached
+    ValueError: if ``fedd3.distilled_from`` holds no distilled set, or a cached
       set was distilled under other settings.
   """
   fingerprint = distill_fingerprint(config)
-  source = config.distilled_from
-  cache = StageCache.for_workdir(source or workdir)
-  hit = cache.load(STAGE, fingerprint)
-  if hit is None and source:
-    raise ValueError(f"distilled_from: {source!r} holds no distilled set "
-                     f"({cache.path(STAGE)}).")
-  if hit is not None:
-    info = hit.info
-    distilled = fedd3.DistilledSet.from_arrays(
-        hit.arrays, learned_labels=info["learned_labels"],
-        centered_labels=info["centered_labels"])
-    return distilled, float(info["seconds"]), True
-  start = time.time()
-  key = keys.stage_key(keys.model_root(config.seed), keys.FEDD3_DISTILL)
-  distilled = _distiller(config, prepared, prepared.dataset.num_classes)(key, data)
-  seconds = time.time() - start
-  cache.save(STAGE, fingerprint, distilled.arrays(),
-             {"learned_labels": distilled.learned_labels,
-              "centered_labels": distilled.centered_labels,
-              "seconds": seconds})
-  return distilled, seconds, False
+  source = config.fedd3.distilled_from
+
+  def distill():
+    start = time.time()
+    key = keys.stage_key(keys.model_root(config.seed), keys.FEDD3_DISTILL)
+    out = _distiller(config, prepared, prepared.dataset.num_classes)(key, data)
+    return out.arrays(), {"learned_labels": out.learned_labels,
+                          "centered_labels": out.centered_labels,
+                          "seconds": time.time() - start}
+
+  if source:  # Another run's set: never computed into its workdir.
+    cache = StageCache.for_workdir(source)
+    stage, computed = cache.load(STAGE, fingerprint), False
+    if stage is None:
+      raise ValueError(f"fedd3.distilled_from: {source!r} holds no distilled "
+                       f"set ({cache.path(STAGE)}).")
+  else:
+    stage, computed = StageCache.for_workdir(workdir).get_or_compute(
+        STAGE, fingerprint, distill)
+  distilled = fedd3.DistilledSet.from_arrays(
+      stage.arrays, learned_labels=stage.info["learned_labels"],
+      centered_labels=stage.info["centered_labels"])
+  return distilled, float(stage.info["seconds"]), not computed
 
 
 def kip_statistics(distilled: fedd3.DistilledSet) -> dict[str, Any]:
@@ -182,7 +188,7 @@ def quantisation_cost(config, prepared, distilled: fedd3.DistilledSet,
     k_ss = kernel(norm(xs), norm(xs))
     k_ts = kernel(norm(x_test), norm(xs))
     pred, _ = krr_lib.krr_predict_checked(
-        k_ss, k_ts, jnp.asarray(distilled.y_soft), config.kip_reg)
+        k_ss, k_ts, jnp.asarray(distilled.y_soft), config.kip.reg)
     out[f"krr_test_accuracy_{name}"] = float(
         np.mean(np.argmax(np.asarray(pred), -1) == y_test))
   return out
@@ -202,7 +208,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       bits=fedd3.client_upload_bits(distilled, data.num_clients))
   grid = save_image_grid(
       common.workdir_path(workdir, "distilled_grid.png"), distilled.x,
-      distilled.y, distilled.owner, title=f"{config.distiller} distilled data")
+      distilled.y, distilled.owner,
+      title=f"{config.fedd3.distiller} distilled data")
   host = jax.device_get(data)
   privacy = privacy_lib.upload_privacy(distilled.x, distilled.owner,
                                        np.asarray(host.x),
@@ -216,23 +223,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     server_data: ClientData = hybrid
     num_steps = common.local_steps(config, hybrid.num_examples)
     algorithm = fedavg(prepared.task, common.make_optimizer(config),
-                       batch_size=config.batch_size,
+                       batch_size=config.client.batch_size,
                        max_steps=int(jnp.max(num_steps)),
                        mapper=common.mapper(config))
   else:
     server_data = jax.device_put(fedd3.server_dataset(distilled))
     num_steps = common.local_steps(config, server_data.num_examples)
     algorithm = centralized(prepared.task, common.make_optimizer(config),
-                            batch_size=config.batch_size,
+                            batch_size=config.client.batch_size,
                             max_steps=int(jnp.max(num_steps)),
                             mapper=common.mapper(config))
 
   extra = {
-      "distiller": config.distiller,
+      "distiller": config.fedd3.distiller,
       "distilled_images_total": distilled.size,
       "distill_seconds": distill_seconds,
       "distilled_cached": cached,
-      "distilled_from": config.distilled_from,
+      "distilled_from": config.fedd3.distilled_from,
       "pixels_per_sample": int(np.prod(distilled.x.shape[1:])),
       "learned_labels": distilled.learned_labels,
       "distilled_grid": os.path.basename(grid),

@@ -10,13 +10,13 @@ server epochs, checkpoints and resume (``r<r>/clients``, ``r<r>/setup``,
 the client stage, so under one config and seed they distil bit-identical
 client models, and every summary reports one-shot FedAvg on those clients.
 
-Heterogeneous clients: with ``config.client_models`` (comma-separated
+Heterogeneous clients: with ``config.model.client_models`` (comma-separated
 registry names) client ``k`` uses ``client_models[k % len]`` and
-``config.model`` is only the server (student) model. Parameter averaging is
+``config.model.name`` is only the server (student) model. Parameter averaging is
 undefined across architectures, so ``os_fedavg_test_accuracy`` is null and
 ``method=os_fedavg`` is refused, and so is ``rounds > 1``.
 
-``config.teachers_from`` may name an earlier workdir with the same client
+``config.server.teachers_from`` may name an earlier workdir with the same client
 protocol (checked) whose round-1 client models are reused.
 
 Outputs: ``metrics.jsonl`` (one row per evaluated epoch), ``summary.json``,
@@ -54,47 +54,50 @@ from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.utils import figures
 
-# Config fields that determine the client models (checked by teachers_from).
-_PROTOCOL_FIELDS = ("dataset", "model", "input_shape", "num_clients", "seed",
-                    "data_seed", "batch_size", "local_epochs", "local_steps",
-                    "optimizer", "lr", "momentum", "weight_decay", "partition")
+# Config fields (dotted paths) that determine the client models (checked by
+# server.teachers_from).
+_PROTOCOL_FIELDS = ("data.dataset", "model.name", "data.input_shape",
+                    "data.num_clients", "seed", "data.seed",
+                    "client.batch_size", "client.local_epochs",
+                    "client.local_steps", "client.optimizer", "client.lr",
+                    "client.momentum", "client.weight_decay", "data.partition")
 
 
 def _protocol(config) -> str:
-  # client_models only when heterogeneous, so homogeneous protocols of older
-  # workdirs still match.
-  fields = _PROTOCOL_FIELDS + (("client_models",) if common.client_models(config)
-                               else ())
-  return json.dumps({k: (config.get(k).to_dict() if hasattr(config.get(k), "to_dict")
-                         else config.get(k)) for k in fields},
+  # model.client_models only when heterogeneous, so that a homogeneous
+  # protocol does not depend on how "all clients use model.name" is spelled.
+  fields = _PROTOCOL_FIELDS + (("model.client_models",)
+                               if common.client_models(config) else ())
+  return json.dumps({k: common.config_value(config, k) for k in fields},
                     sort_keys=True, default=str)
 
 
 def _hparams(config) -> dfkd.DFKDHyperParams:
+  d = config.dfkd
   return dfkd.DFKDHyperParams(
-      batch_size=config.synthetic_batch_size,
-      generator_steps=config.generator_steps,
-      student_steps=config.student_steps,
-      pool_size=config.pool_size or config.distill_epochs,
-      lambda_bn=config.lambda_bn,
-      lambda_adv=config.lambda_adv,
-      beta=config.beta,
-      temperature=config.temperature,
-      reset_generator=config.reset_generator,
-      learn_noise=config.learn_noise,
-      keep_best=config.keep_best,
-      adv_mask=config.adv_mask)
+      batch_size=d.synthetic_batch_size,
+      generator_steps=d.generator_steps,
+      student_steps=d.student_steps,
+      pool_size=d.pool_size or d.distill_epochs,
+      lambda_bn=d.lambda_bn,
+      lambda_adv=d.lambda_adv,
+      beta=d.beta,
+      temperature=d.temperature,
+      reset_generator=d.reset_generator,
+      learn_noise=d.learn_noise,
+      keep_best=d.keep_best,
+      adv_mask=d.adv_mask)
 
 
 def _synthesis(config, task) -> dict[str, Any]:
   """The generator and optimisers shared by FedHydra and DENSE."""
+  d = config.dfkd
   return dict(
       generator=models.Generator(out_shape=tuple(task.input_shape),
-                                 nz=config.nz, ngf=config.ngf),
-      generator_optimizer=optax.adam(config.generator_lr,
-                                     b1=config.generator_b1),
-      student_optimizer=optax.sgd(config.student_lr,
-                                  momentum=config.student_momentum or None),
+                                 nz=d.nz, ngf=d.ngf),
+      generator_optimizer=optax.adam(d.generator_lr, b1=d.generator_b1),
+      student_optimizer=optax.sgd(d.student_lr,
+                                  momentum=d.student_momentum or None),
       mapper=common.mapper(config))
 
 
@@ -107,10 +110,10 @@ AGGREGATIONS: dict[str, ensemble.CombineFn] = {
 def _fedhydra(config, stage, groups, task, input_fn):
   syn = _synthesis(config, task)
   return fedhydra(stage, groups, syn.pop("generator"), task, input_fn,
-                  _hparams(config), stratify_steps=config.stratify_steps,
-                  stratify_batch_size=config.stratify_batch_size,
-                  combine=AGGREGATIONS[config.aggregation],
-                  sa_average_scale=config.sa_average_scale, **syn)
+                  _hparams(config), stratify_steps=config.dfkd.stratify_steps,
+                  stratify_batch_size=config.dfkd.stratify_batch_size,
+                  combine=AGGREGATIONS[config.dfkd.aggregation],
+                  sa_average_scale=config.dfkd.sa_average_scale, **syn)
 
 
 def _dense(config, stage, groups, task, input_fn):
@@ -121,14 +124,15 @@ def _dense(config, stage, groups, task, input_fn):
 
 def _feddf(config, stage, groups, task, input_fn):
   public = sources.load_unlabeled(
-      config.public_data, num=config.public_size,
-      rng=keys.numpy_stream(config.data_seed, keys.Stream.PUBLIC_DATA))
+      config.data.public_data, num=config.data.public_size,
+      rng=keys.numpy_stream(config.data.seed, keys.Stream.PUBLIC_DATA))
+  d = config.dfkd
   return feddf(stage, groups, task, input_fn,
                jax.device_put(public_set(public, task.input_shape)),
-               optimizer=optax.adam(config.feddf_lr),
-               batch_size=config.synthetic_batch_size,
-               steps_per_epoch=config.feddf_steps,
-               temperature=config.temperature, mapper=common.mapper(config))
+               optimizer=optax.adam(d.feddf_lr),
+               batch_size=d.synthetic_batch_size,
+               steps_per_epoch=d.feddf_steps,
+               temperature=d.temperature, mapper=common.mapper(config))
 
 
 def _os_fedavg(config, stage, groups, task, input_fn):
@@ -154,12 +158,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if archs and config.method == "os_fedavg":
     raise ValueError(
         "One-shot FedAvg averages parameters, which is undefined across the "
-        f"client architectures client_models={config.client_models!r}; use "
+        f"client architectures model.client_models="
+        f"{config.model.client_models!r}; use "
         "fedhydra, dense or feddf, or homogeneous clients.")
   if archs and config.rounds > 1:
     raise ValueError(
-        "Heterogeneous clients (client_models) need rounds=1: the distilled "
-        f"{config.model!r} cannot seed clients of other architectures.")
+        "Heterogeneous clients (model.client_models) need rounds=1: the "
+        f"distilled {config.model.name!r} cannot seed clients of other "
+        "architectures.")
   start = time.time()
   prepared = common.load_and_prepare(config)
   task, ds = prepared.task, prepared.dataset
@@ -167,15 +173,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   data = common.client_data(ds, parts)
   num_steps = common.local_steps(config, data.num_examples)
   input_fn = ensemble.unit_normalizer(prepared.mean, prepared.std)
-  tasks = {name: task if name == config.model else dataclasses.replace(
+  tasks = {name: task if name == config.model.name else dataclasses.replace(
       task, module=models.get_model(name).build(task.num_classes))
            for name in archs}
   names, groups = one_shot.architecture_groups(task, archs, tasks,
                                                data.num_clients, input_fn)
-  names = tuple(n or config.model for n in names)
+  names = tuple(n or config.model.name for n in names)
   mappers = [common.mapper(config, (name,)) for name in names]
   stage = one_shot.client_stage(groups, common.make_optimizer(config),
-                                batch_size=config.batch_size,
+                                batch_size=config.client.batch_size,
                                 num_steps=num_steps, mappers=mappers)
   build, has_epochs = BUILDERS[config.method]
   algorithm = build(config, stage, groups, task, input_fn)
@@ -196,18 +202,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       group_sizes=[len(g.client_ids) for g in groups],
       options=server_lib.ServerOptions(
           num_rounds=config.rounds,
-          num_epochs=config.distill_epochs if has_epochs else 0,
-          eval_every=config.eval_every,
-          checkpoint_every=config.checkpoint_every,
-          progress=config.progress,
+          num_epochs=config.dfkd.distill_epochs if has_epochs else 0,
+          eval_every=config.run.eval_every,
+          checkpoint_every=config.run.checkpoint_every,
+          progress=config.run.progress,
+          stop_on_nonfinite=config.run.stop_on_nonfinite,
           max_seconds=runners.remaining_budget(config, start),
-          initial_model_as_seed=config.initial_model_as_seed,
-          server_seed=config.server_seed,
-          teachers_from=config.teachers_from or None,
+          initial_model_as_seed=config.server.initial_model_as_seed,
+          server_seed=config.server.seed,
+          teachers_from=config.server.teachers_from or None,
           protocol=_protocol(config),
-          setup_fingerprint={k: config.get(k) for k in (
-              "stratify_steps", "stratify_batch_size", "nz", "ngf",
-              "generator_lr", "generator_b1", "server_seed")}),
+          setup_fingerprint={k: common.config_value(config, k) for k in (
+              "dfkd.stratify_steps", "dfkd.stratify_batch_size", "dfkd.nz",
+              "dfkd.ngf", "dfkd.generator_lr", "dfkd.generator_b1",
+              "server.seed")}),
       directory=work.directory, evaluate=evaluate, writer=work.writer,
       on_clients=one_shot.client_report(groups, client_evaluators,
                                         None if archs else evaluate))
@@ -236,10 +244,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   totals = result.ledger.cumulative()
   summary = {
       "method": config.method,
-      "dataset": config.dataset,
-      "model": config.model,
+      "dataset": config.data.dataset,
+      "model": config.model.name,
       "client_models": [arch_of[k] for k in range(data.num_clients)],
-      "paper_departures": list(config.paper_departures or ()),
+      "paper_departures": list(config.paper_departures),
       "final_test_accuracy": last["test_accuracy"],
       "best_test_accuracy": max(accs) if accs else last["test_accuracy"],
       "client_test_accuracy": last["client_test_accuracy"],

@@ -1,13 +1,13 @@
 """Runner ``"fedseq"``: FedSeq superclients through the shared rounds loop.
 
-Clients are grouped into ``config.num_groups`` superclients; with
-``config.group_by_similarity`` the groups mix the homogeneous clusters of
+Clients are grouped into ``config.hfldd.num_groups`` superclients; with
+``config.hfldd.group_by_similarity`` the groups mix the homogeneous clusters of
 HFLDD's label-knowledge stage (same pretraining, ``D_g`` and KMeans), else
 they are random. Traffic follows HFLDD Eq. 19 as printed (``J`` transfers
-per superclient and round; ``config.fedseq_traffic="physical"`` counts the
+per superclient and round; ``config.hfldd.fedseq_traffic="physical"`` counts the
 ``J - 1`` hand-offs made); the label-knowledge upload used for grouping is
-not charged, as in Eq. 19. Members train ``config.local_steps`` steps when
-set, else ``config.local_epochs`` epochs.
+not charged, as in Eq. 19. Members train ``config.client.local_steps`` steps
+when set, else ``config.client.local_epochs`` epochs.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   ds, task = prepared.dataset, prepared.task
 
   times: dict[str, float] = {}
-  if config.group_by_similarity:
+  if config.hfldd.group_by_similarity:
     homo, times, _ = run_hfldd.label_knowledge_clusters(
         config, prepared, data, params, batch_stats, root)
   else:
     homo = np.zeros(data.num_clients, np.int64)
   groups = clustering.diverse_groups(
-      homo, config.num_groups,
+      homo, config.hfldd.num_groups,
       keys.numpy_stream(config.seed, keys.Stream.FEDSEQ_GROUPS))
   num_steps = common.local_steps(config, data.num_examples)
   max_steps = int(jnp.max(num_steps))
@@ -51,10 +51,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   del data
   group_size = grouped.x.shape[1]
 
-  traffic = config.fedseq_traffic
+  traffic = config.hfldd.fedseq_traffic
   t0 = time.time()
   algorithm = fedseq.fedseq(task, common.make_optimizer(config),
-                            batch_size=config.batch_size, max_steps=max_steps,
+                            batch_size=config.client.batch_size,
+                            max_steps=max_steps,
                             group_size=group_size, mapper=common.mapper(config),
                             traffic=traffic)
 

@@ -5,13 +5,14 @@ Stages (HFLDD Alg. 2, Shi et al. 2024), each timed in ``summary.json``:
 1. ``label_knowledge``: all clients pretrain from one init, label ``D_g``,
    the server computes ``M`` (Eq. 4);
 2. ``clustering``: KMeans on ``M`` and ClusterSampling (Alg. 1);
-3. ``dataset_generation``: what members send is ``config.member_data``:
+3. ``dataset_generation``: what members send is ``config.hfldd.member_data``:
    ``"kip"`` (distilled with the batched KIP for a fixed budget of
-   ``config.kip_max_iterations``), ``"random"`` (``config.support_size`` random
-   raw samples, the control) or ``"raw"`` (all raw data, the "w/o DD"
+   ``config.kip.max_iterations``), ``"random"`` (``config.hfldd.support_size``
+   random raw samples, the control) or ``"raw"`` (all raw data, the "w/o DD"
    ablation); heads build ``D_h``;
 4. ``training``: FedAvg among the heads through the shared rounds loop
-   (``config.local_steps`` or ``config.local_epochs`` per head and round).
+   (``config.client.local_steps`` or ``client.local_epochs`` per head and
+   round).
 
 ``summary.json`` also holds ``privacy`` (the members' uploads against their
 own raw images, :func:`fedjax_dd.algorithms.hfldd.sent_privacy`) and, for
@@ -19,10 +20,10 @@ KIP, ``kip_loss`` (first / last iteration, min and median over members).
 
 Stages 1-3 are deterministic given the seeds and are cached as the stage
 ``"hfldd"`` of the run's :class:`~fedjax_dd.core.stage_cache.StageCache`
-(``WORKDIR/stages``; its fingerprint is the config without the keys in
-:data:`NOT_STAGE_KEYS`); a resumed run loads them and continues the rounds
-from the newest checkpoint. A cache written under other settings is refused
-with the differing fields.
+(``WORKDIR/stages``; its fingerprint is the flattened config without the keys in
+:data:`NOT_STAGE_KEYS`); a resumed run loads them and continues the rounds from
+the newest checkpoint. A cache written under other settings is refused with the
+differing fields.
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ STAGE = "hfldd"
 
 def aux_images(config: ml_collections.ConfigDict,
                input_shape: tuple[int, int, int]) -> np.ndarray:
-  """``D_g``: ``config.aux_size`` unlabelled images in the model's shape."""
-  rng = keys.numpy_stream(config.data_seed, keys.Stream.AUX_DATA)
-  x = sources.load_unlabeled(config.aux_dataset, num=config.aux_size, rng=rng,
-                             data_dir=common.data_dir(config))
+  """``D_g``: ``config.data.aux_size`` unlabelled images in the model's
+  shape."""
+  rng = keys.numpy_stream(config.data.seed, keys.Stream.AUX_DATA)
+  x = sources.load_unlabeled(config.data.aux_dataset, num=config.data.aux_size,
+                             rng=rng, data_dir=common.data_dir(config))
   return common.resize(config, x, input_shape)
 
 
@@ -79,23 +81,24 @@ def label_knowledge_clusters(config: ml_collections.ConfigDict,
   times = {}
   t0 = time.time()
   x_aux = aux_images(config, prepared.task.input_shape)
-  if config.pretrain_epochs:
-    steps = steps_for(data.num_examples, config.pretrain_batch_size,
-                      epochs=config.pretrain_epochs)
+  c = config.client
+  if c.pretrain_epochs:
+    steps = steps_for(data.num_examples, c.pretrain_batch_size,
+                      epochs=c.pretrain_epochs)
   else:
-    steps = steps_for(data.num_examples, config.pretrain_batch_size,
-                      steps=config.pretrain_steps)
+    steps = steps_for(data.num_examples, c.pretrain_batch_size,
+                      steps=c.pretrain_steps)
   s, m, _ = soft_labels.collect_label_knowledge(
       prepared.task, params, batch_stats, data, x_aux, steps,
       keys.stage_key(root, keys.Stage.PRETRAIN),
       optimizer=common.make_optimizer(config),
-      batch_size=config.pretrain_batch_size, mapper=common.mapper(config))
+      batch_size=c.pretrain_batch_size, mapper=common.mapper(config))
   m_host = np.asarray(jax.device_get(m))
   times["label_knowledge"] = time.time() - t0
   t0 = time.time()
   homo = clustering.homogeneous_clusters(
-      m_host, config.num_homogeneous, seed=config.seed,
-      n_init=config.kmeans_n_init)
+      m_host, config.hfldd.num_homogeneous, seed=config.seed,
+      n_init=config.hfldd.kmeans_n_init)
   times["homogeneous_clustering"] = time.time() - t0
   info = {"aux_size": int(x_aux.shape[0]),
           "soft_labels_shape": list(s.shape),
@@ -114,18 +117,18 @@ def _stages(config, prepared, data, params, batch_stats, root):
   times["cluster_sampling"] = time.time() - t0
   t0 = time.time()
   gen_info = {}
-  mode = config.member_data
+  mode = config.hfldd.member_data
   if mode == "kip":
     options = common.kip_options(config)
     progress = None
-    if config.progress:
+    if config.run.progress:
       progress = lambda done, _: _log.info("KIP: %d / %d iterations", done,
                                            options.max_iterations)
     sent, res = hfldd.distill_members(
         keys.stage_key(root, keys.Stage.DISTILL), data, topo,
         kernel_fn=common.kip_kernel(config), mean=prepared.mean,
         std=prepared.std, num_classes=ds.num_classes,
-        support_size=config.support_size, options=options,
+        support_size=config.hfldd.support_size, options=options,
         mapper=common.mapper(config, workload="kip"), progress=progress)
     gen_info = {
         "kip_members": int(sent.senders.size),
@@ -139,7 +142,7 @@ def _stages(config, prepared, data, params, batch_stats, root):
   elif mode == "random":
     sent = hfldd.random_members(
         data, topo, num_classes=ds.num_classes,
-        sample_size=config.support_size,
+        sample_size=config.hfldd.support_size,
         rng=keys.numpy_stream(config.seed, keys.Stream.RANDOM_MEMBERS))
   elif mode == "raw":
     sent = hfldd.raw_members(data, topo, num_classes=ds.num_classes)
@@ -158,34 +161,41 @@ def _stages(config, prepared, data, params, batch_stats, root):
 def sent_label_bits(config: ml_collections.ConfigDict) -> int:
   """Bits charged per label entry of the members' uploads.
 
-  ``config.sent_label_bits >= 0`` is used as given; ``-1`` (default) counts
-  what is transmitted: :data:`~fedjax_dd.core.ledger.BITS_PER_SOFT_LABEL`
-  for learned KIP labels, else 0 (fixed labels are implied by the class, as
-  in Eq. 18).
+  ``config.hfldd.sent_label_bits >= 0`` is used as given; ``-1`` (default)
+  counts what is transmitted: :data:`~fedjax_dd.core.ledger.BITS_PER_SOFT_LABEL`
+  for learned KIP labels, else 0 (fixed labels are implied by the class, as in
+  Eq. 18).
   """
-  bits = int(config.sent_label_bits)
+  bits = int(config.hfldd.sent_label_bits)
   if bits >= 0:
     return bits
-  learned = config.member_data == "kip" and config.kip_learn_labels
+  learned = config.hfldd.member_data == "kip" and config.kip.learn_labels
   return ledger_lib.BITS_PER_SOFT_LABEL if learned else 0
 
 
-# Config keys that do not change stages 1-3 (a cached run may alter them):
-# the rounds, their evaluation and checkpoints, the heads' local training
-# (batch_size, local_*; pre-training has its own keys) and the backend.
-NOT_STAGE_KEYS = ("rounds", "max_wall_seconds", "progress", "eval_every",
-                  "checkpoint_every", "keep_checkpoints", "backend",
-                  "chunk_size", "multihost", "tensorboard", "batch_size",
-                  "local_epochs", "local_steps", "clients_per_round",
-                  "client_fraction", "initial_model_as_seed",
-                  "paper_departures", "sent_label_bits")
+# Config keys (dotted paths; a group stands for all its keys) that do not
+# change stages 1-3 (a cached run may alter them): the rounds, the ``run``
+# group (evaluation, checkpoints, logging, time budget), the ``engine``, the
+# heads' local training (client.batch_size, client.local_*; pre-training has
+# its own keys), client sampling, the summary's GCE and the label bits
+# charged.
+NOT_STAGE_KEYS = ("rounds", "run", "engine", "client.batch_size",
+                  "client.local_epochs", "client.local_steps",
+                  "client.clients_per_round", "client.client_fraction",
+                  "server.initial_model_as_seed", "server.gce_gammas",
+                  "paper_departures", "hfldd.sent_label_bits")
+
+
+def _is_stage_key(path: str) -> bool:
+  return not any(path == k or path.startswith(k + ".") for k in NOT_STAGE_KEYS)
 
 
 def stage_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The settings that determine stages 1-3: the config without
+  """The settings that determine stages 1-3: the flattened config
+  (:func:`~fedjax_dd.experiments.common.flat_config`) without
   :data:`NOT_STAGE_KEYS`."""
-  return {k: v for k, v in config.to_dict().items()
-          if k not in NOT_STAGE_KEYS}
+  return {k: v for k, v in common.flat_config(config).items()
+          if _is_stage_key(k)}
 
 
 def _stages_or_load(config, workdir, prepared, data, params, batch_stats,
@@ -195,26 +205,23 @@ def _stages_or_load(config, workdir, prepared, data, params, batch_stats,
   Returns:
     ``(topology, counts, hybrid, times, info, cached)``.
   """
-  cache = StageCache.for_workdir(workdir)
-  fingerprint = stage_fingerprint(config)
-  hit = cache.load(STAGE, fingerprint)
-  if hit is not None:
-    a = hit.arrays
-    topo = clustering.Topology(homogeneous=a["homogeneous"],
-                               heterogeneous=a["heterogeneous"],
-                               heads=a["heads"])
-    hybrid = ClientData(x=a["x"], y=a["y"], num_examples=a["num_examples"])
-    return (topo, a["counts"], hybrid, hit.info["times"], hit.info["info"],
-            True)
-  topo, counts, hybrid, times, info = _stages(config, prepared, data, params,
-                                              batch_stats, root)
-  cache.save(STAGE, fingerprint,
-             {"homogeneous": topo.homogeneous,
-              "heterogeneous": topo.heterogeneous, "heads": topo.heads,
-              "counts": counts, "x": hybrid.x, "y": hybrid.y,
-              "num_examples": hybrid.num_examples},
-             {"times": times, "info": info})
-  return topo, counts, hybrid, times, info, False
+  def compute():
+    topo, counts, hybrid, times, info = _stages(config, prepared, data, params,
+                                                batch_stats, root)
+    return ({"homogeneous": topo.homogeneous,
+             "heterogeneous": topo.heterogeneous, "heads": topo.heads,
+             "counts": counts, "x": hybrid.x, "y": hybrid.y,
+             "num_examples": hybrid.num_examples},
+            {"times": times, "info": info})
+
+  stage, computed = StageCache.for_workdir(workdir).get_or_compute(
+      STAGE, stage_fingerprint(config), compute)
+  a = stage.arrays
+  topo = clustering.Topology(homogeneous=a["homogeneous"],
+                             heterogeneous=a["heterogeneous"], heads=a["heads"])
+  hybrid = ClientData(x=a["x"], y=a["y"], num_examples=a["num_examples"])
+  return (topo, a["counts"], hybrid, stage.info["times"], stage.info["info"],
+          not computed)
 
 
 def setup(config: ml_collections.ConfigDict):
@@ -245,7 +252,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   pixels = int(np.prod(ds.x_train.shape[1:]))
   ledger0 = hfldd.setup_ledger(
-      topo, counts, aux_size=config.aux_size, num_classes=ds.num_classes,
+      topo, counts, aux_size=config.data.aux_size, num_classes=ds.num_classes,
       pixels_per_sample=pixels, bits_per_sent_label=sent_label_bits(config))
 
   figure_path = common.workdir_path(workdir, "topology.png")
@@ -256,7 +263,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   t0 = time.time()
   head_steps = common.local_steps(config, hybrid.num_examples)
   algorithm = hfldd.head_training(task, common.make_optimizer(config),
-                                  batch_size=config.batch_size,
+                                  batch_size=config.client.batch_size,
                                   max_steps=int(jnp.max(head_steps)),
                                   mapper=common.mapper(config))
   distilled_total = int(np.sum(counts))
@@ -267,10 +274,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     config_dict = summary.pop("config")
     summary.update({
         "num_clients": int(topo.num_clients),
-        "aux_size": int(config.aux_size),
+        "aux_size": int(config.data.aux_size),
         "num_classes": int(ds.num_classes),
         "num_heads": int(topo.num_heads),
-        "member_data": config.member_data,
+        "member_data": config.hfldd.member_data,
         "distilled_samples_total": distilled_total,
         "pixels_per_sample": pixels,
         "sent_label_bytes": summary["bytes_by_tag"].get("distilled_labels", 0),
@@ -278,7 +285,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         "kip_loss": info.get("kip_loss"),
         "head_dataset_sizes": np.asarray(hybrid.num_examples).tolist(),
         "eq18_bytes": ledger_lib.bits_to_bytes(hfldd.eq18_bits(
-            num_clients=topo.num_clients, aux_size=config.aux_size,
+            num_clients=topo.num_clients, aux_size=config.data.aux_size,
             num_classes=ds.num_classes, distilled_samples=distilled_total,
             pixels_per_sample=pixels, num_heads=topo.num_heads,
             num_params=summary["param_count"], rounds=summary["rounds"])),

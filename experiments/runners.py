@@ -35,25 +35,26 @@ Builder = Callable[[ml_collections.ConfigDict, Classifier, int], FederatedAlgori
 
 
 def _fedavg_kwargs(config, max_steps):
-  return dict(batch_size=config.batch_size, max_steps=max_steps,
+  return dict(batch_size=config.client.batch_size, max_steps=max_steps,
               mapper=common.mapper(config))
 
 
 BUILDERS: dict[str, Builder] = {
     "centralized": lambda c, task, m: centralized(
-        task, common.make_optimizer(c), batch_size=c.batch_size, max_steps=m,
-        mapper=common.mapper(c)),
+        task, common.make_optimizer(c), batch_size=c.client.batch_size,
+        max_steps=m, mapper=common.mapper(c)),
     "fedavg": lambda c, task, m: fedavg(task, common.make_optimizer(c),
                                         **_fedavg_kwargs(c, m)),
     "os_fedavg": lambda c, task, m: os_fedavg(task, common.make_optimizer(c),
                                               **_fedavg_kwargs(c, m)),
     "fedprox": lambda c, task, m: fedprox(task, common.make_optimizer(c),
-                                          mu=c.mu, **_fedavg_kwargs(c, m)),
+                                          mu=c.client.mu,
+                                          **_fedavg_kwargs(c, m)),
     "fednova": lambda c, task, m: fednova(
-        task, common.make_optimizer(c), momentum=c.momentum,
+        task, common.make_optimizer(c), momentum=c.client.momentum,
         **_fedavg_kwargs(c, m)),
     "scaffold": lambda c, task, m: scaffold(
-        task, learning_rate=c.lr, server_learning_rate=c.get("server_lr", 1.0),
+        task, learning_rate=c.client.lr, server_learning_rate=c.server.lr,
         **_fedavg_kwargs(c, m)),
 }
 
@@ -65,13 +66,13 @@ def _client_partition(config, prepared):
 
 
 def remaining_budget(config: ml_collections.ConfigDict, start: float) -> float:
-  """Seconds left of ``config.max_wall_seconds`` (0: no budget).
+  """Seconds left of ``config.run.max_wall_seconds`` (0: no budget).
 
   The budget counts from the run's start, so stages before the rounds (HFLDD's
   clustering and KIP, a one-shot upload) use it too. When they used it up, the
   loop still runs one round (a tiny positive budget).
   """
-  budget = float(config.max_wall_seconds)
+  budget = float(config.run.max_wall_seconds)
   if budget <= 0:
     return 0.0
   return max(budget - (time.time() - start), 1e-6)
@@ -90,7 +91,8 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   Resumes from ``workdir/checkpoints`` when possible. ``ledger`` holds traffic
   recorded before the rounds (e.g. a one-shot upload); it is checkpointed with
   the state. ``initial_model`` (``(params, batch_stats)``) and ``run_key``
-  default to a split of the config's model key. With ``config.gce_gammas``
+  default to a split of the config's model key. With
+  ``config.server.gce_gammas``
   the summary adds :func:`fedjax_dd.core.ledger.gce_summary` of the final
   ledger. ``finalize(summary) -> summary`` adds what depends on the finished
   run (e.g. HFLDD's Eq. 3 traffic) before the one write of ``summary.json``.
@@ -105,21 +107,22 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   state = ExperimentState(server=server, clients=client_states, key=run_key,
                           round=jnp.asarray(0, jnp.int32))
 
-  work = Workdir(workdir, tensorboard=config.tensorboard)
+  work = Workdir(workdir, tensorboard=config.run.tensorboard)
   options = rounds_lib.RoundsOptions(
       num_rounds=config.rounds,
       clients_per_round=common.clients_per_round(config, data.num_clients),
-      eval_every=config.eval_every,
-      checkpoint_every=config.checkpoint_every,
-      progress=config.progress,
-      initial_model_as_seed=config.initial_model_as_seed,
+      eval_every=config.run.eval_every,
+      checkpoint_every=config.run.checkpoint_every,
+      progress=config.run.progress,
+      stop_on_nonfinite=config.run.stop_on_nonfinite,
+      initial_model_as_seed=config.server.initial_model_as_seed,
       max_seconds=remaining_budget(config, start))
   evaluate = make_evaluator(task, prepared.dataset.x_test,
                             prepared.dataset.y_test)
   result = rounds_lib.train(
       algorithm, state, data, num_steps, options, writer=work.writer,
-      store=work.store(max_to_keep=config.keep_checkpoints,
-                       save_every=config.checkpoint_every),
+      store=work.store(max_to_keep=config.run.keep_checkpoints,
+                       save_every=config.run.checkpoint_every),
       evaluate=evaluate, ledger=ledger)
   state, ledger = result.state, result.ledger
 
@@ -127,20 +130,20 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
   totals = ledger.cumulative()
   efficiency = {}
-  if config.get("gce_gammas"):
+  if config.server.gce_gammas:
     efficiency = ledger_lib.gce_summary(
         ledger, final_accuracy=accs[-1] if accs else None,
         best_accuracy=max(accs) if accs else None,
-        gammas=tuple(config.gce_gammas))
+        gammas=tuple(config.server.gce_gammas))
   summary = {
       "method": config.method,
-      "dataset": config.dataset,
-      "model": config.model,
+      "dataset": config.data.dataset,
+      "model": config.model.name,
       "final_test_accuracy": accs[-1] if accs else None,
       "best_test_accuracy": max(accs) if accs else None,
       "rounds": int(state.round),
       "stopped_by_time_budget": int(state.round) < int(config.rounds),
-      "num_clients": int(config.num_clients),
+      "num_clients": int(config.data.num_clients),
       "param_count": ledger_lib.num_params(state.server.params),
       "bytes_uploaded": totals["bytes_uploaded"],
       "bytes_downloaded": totals["bytes_downloaded"],

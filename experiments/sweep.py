@@ -1,7 +1,7 @@
 r"""Seed sweeps and method comparisons (glue around ``fedjax_dd.utils.sweep``).
 
 Over seeds: ``--seeds`` on the entry point runs a preset once per seed, with
-the partition seed ``data_seed`` and the model seed ``seed`` both set to it::
+the partition seed ``data.seed`` and the model seed ``seed`` both set to it::
 
   fedjax-dd --config=experiments/configs/fedavg.py:smoke --workdir=/tmp/sw \
       --seeds=0,1,2
@@ -10,11 +10,11 @@ Seed ``S`` runs in ``/tmp/sw/seed_S`` exactly as the command written to
 ``/tmp/sw/seed_S/command.txt``::
 
   fedjax-dd --config=experiments/configs/fedavg.py:smoke \
-      --workdir=/tmp/sw/seed_S --config.seed=S --config.data_seed=S
+      --workdir=/tmp/sw/seed_S --config.seed=S --config.data.seed=S
 
 so it resumes from its checkpoints like any run, and a seed whose
 ``summary.json`` was written under the same config (and not cut short by
-``max_wall_seconds``) is not run again. Then ``/tmp/sw/sweep.md``,
+``run.max_wall_seconds``) is not run again. Then ``/tmp/sw/sweep.md``,
 ``sweep.json`` (mean ± sd of final/best test accuracy, traffic and wall time,
 the per-seed values and commands, the averaged curves) and
 ``sweep_curves.png`` (accuracy against round and against bytes sent, mean ±
@@ -54,9 +54,9 @@ from fedjax_dd.core import metrics as metrics_lib
 from fedjax_dd.utils import sweep as sweep_lib
 
 # Flags a seed's command sets itself.
-_SWEEP_FLAGS = ("--workdir", "--seeds", "--config.seed", "--config.data_seed")
-# Config keys that do not change a run's result.
-_COSMETIC_KEYS = ("progress",)
+_SWEEP_FLAGS = ("--workdir", "--seeds", "--config.seed", "--config.data.seed")
+# Config keys (group, key) that do not change a run's result.
+_COSMETIC_KEYS = (("run", "progress"),)
 
 Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
 
@@ -74,9 +74,9 @@ def parse_seeds(values: Sequence[str] | str) -> list[int]:
 
 
 def seed_flags_in(argv: Sequence[str]) -> list[str]:
-  """The flags of ``argv`` that set ``seed`` or ``data_seed``."""
+  """The flags of ``argv`` that set ``seed`` or ``data.seed``."""
   return [a for a in argv[1:]
-          if a.split("=", 1)[0] in ("--config.seed", "--config.data_seed")]
+          if a.split("=", 1)[0] in ("--config.seed", "--config.data.seed")]
 
 
 def seed_args(argv: Sequence[str], workdir: str, seed: int) -> list[str]:
@@ -89,8 +89,8 @@ def seed_args(argv: Sequence[str], workdir: str, seed: int) -> list[str]:
 
   Returns:
     ``argv[1:]`` without ``--workdir``, ``--seeds``, ``--config.seed`` and
-    ``--config.data_seed`` (as ``--flag=value`` or ``--flag value``), then
-    ``--workdir=WORKDIR/seed_S --config.seed=S --config.data_seed=S``.
+    ``--config.data.seed`` (as ``--flag=value`` or ``--flag value``), then
+    ``--workdir=WORKDIR/seed_S --config.seed=S --config.data.seed=S``.
   """
   args = list(argv[1:])
   out = []
@@ -103,7 +103,7 @@ def seed_args(argv: Sequence[str], workdir: str, seed: int) -> list[str]:
     out.append(args[i])
     i += 1
   return out + [f"--workdir={sweep_lib.seed_dir(workdir, seed)}",
-                f"--config.seed={seed}", f"--config.data_seed={seed}"]
+                f"--config.seed={seed}", f"--config.data.seed={seed}"]
 
 
 def seed_command(argv: Sequence[str], workdir: str, seed: int) -> str:
@@ -113,17 +113,17 @@ def seed_command(argv: Sequence[str], workdir: str, seed: int) -> str:
 
 def seed_config(config: ml_collections.ConfigDict,
                 seed: int) -> ml_collections.ConfigDict:
-  """A copy of ``config`` with ``seed`` and ``data_seed`` set to ``seed``."""
+  """A copy of ``config`` with ``seed`` and ``data.seed`` set to ``seed``."""
   c = copy.deepcopy(config)
   c.seed = int(seed)
-  c.data_seed = int(seed)
+  c.data.seed = int(seed)
   return c
 
 
 def _comparable(config_dict: dict[str, Any]) -> str:
   d = json.loads(json.dumps(metrics_lib.to_jsonable(config_dict)))
-  for k in _COSMETIC_KEYS:
-    d.pop(k, None)
+  for group, key in _COSMETIC_KEYS:
+    d.get(group, {}).pop(key, None)
   return json.dumps(d, sort_keys=True)
 
 
@@ -149,7 +149,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
     config: the resolved config (flags applied), for the finished-run check
       and the labels.
     workdir: the sweep's workdir; seed ``S`` runs in ``WORKDIR/seed_S``.
-    seeds: the seeds; each sets both ``seed`` and ``data_seed``.
+    seeds: the seeds; each sets both ``seed`` and ``data.seed``.
     argv: the sweep's command line (``sys.argv``).
     runner: ``(config, workdir) -> summary`` to run each seed in this
       process. Default: each seed runs as its own command
@@ -186,10 +186,10 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
     with open(os.path.join(d, "command.txt"), "w") as f:
       f.write(seed_command(argv, workdir, seed) + "\n")
     dirs.append(d)
-  label = config.get("method", "run")
+  label = config.method
   return sweep_lib.write_report(
       {label: dirs}, workdir, name="sweep",
-      title=f"{label} on {config.get('dataset')}, seeds {list(seeds)}")
+      title=f"{label} on {config.data.dataset}, seeds {list(seeds)}")
 
 
 def _check_summary(workdir: str, seed: int) -> None:
@@ -197,10 +197,14 @@ def _check_summary(workdir: str, seed: int) -> None:
   if not os.path.isfile(path):
     raise RuntimeError(f"seed {seed} wrote no {path}.")
   with open(path) as f:
-    config = json.load(f).get("config") or {}
-  if (config.get("seed"), config.get("data_seed")) != (seed, seed):
-    raise RuntimeError(f"{path} is a run of seed {config.get('seed')} / "
-                       f"data_seed {config.get('data_seed')}, not {seed}.")
+    recorded = json.load(f).get("config") or {}
+  # A JSON dict, not a ConfigDict: a summary written by another program may
+  # lack the keys (then it is refused below).
+  model_seed = recorded.get("seed")
+  data_seed = (recorded.get("data") or {}).get("seed")
+  if (model_seed, data_seed) != (seed, seed):
+    raise RuntimeError(f"{path} is a run of seed {model_seed} / "
+                       f"data.seed {data_seed}, not {seed}.")
 
 
 def _group_dirs(path: str) -> list[str]:

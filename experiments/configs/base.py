@@ -1,8 +1,30 @@
-"""Defaults shared by every experiment config (not a runnable config)."""
+"""Defaults shared by every experiment config (not a runnable config).
+
+A config is nested by concern; every group is built here, once, with all its
+keys and their defaults, so that a misspelled ``--config.<group>.<key>``
+override fails instead of adding a key nobody reads:
+
+* top level: ``runner``, ``method``, ``seed`` (the model seed: init and
+  training), ``rounds``, ``paper_departures``;
+* ``data``: the dataset, its split and partition (``data.seed`` is the
+  partition seed, independent of ``seed``), auxiliary and public sets;
+* ``model``: the server / global architecture (``name``) and the clients'
+  (``model.client_models``);
+* ``client``: local training (also the single model's training in the
+  centralized runner and FedD3's server training on the distilled union),
+  client sampling, FedProx's ``client.mu`` and HFLDD's pre-training;
+* ``engine``: how client programs run (backend, chunks, hosts);
+* ``server``: server-side settings shared by several runners;
+* ``run``: evaluation, checkpoints, progress, logging and the time budget;
+* method groups, added by the configs that use them: ``kip`` (:func:`kip`),
+  ``dfkd`` (:func:`dfkd`), ``fedd3`` (:func:`fedd3`), ``hfldd``
+  (:func:`hfldd`).
+"""
 
 from __future__ import annotations
 
 import ml_collections
+from ml_collections import config_dict
 
 MNIST = "npz:../shared/datasets/mnist.npz"
 FASHION_MNIST = "npz:../shared/datasets/fashion_mnist.npz"
@@ -12,55 +34,115 @@ TINY_IMAGENET_AUX = "npz:../shared/datasets/tiny_imagenet_val1000_32px.npz"
 
 def base(*, method: str, dataset: str, model: str, runner: str = "federated"
          ) -> ml_collections.ConfigDict:
-  """The common keys; every config overrides what it needs.
+  """The common groups; every config overrides what it needs.
 
-  Top-level keys ``rounds``, ``num_clients``, ``seed`` and ``dataset`` are
-  overridable as ``--config.<key>=...``. ``seed`` drives model init and
-  training; ``data_seed`` drives the partition, independently.
+  Overridable as ``--config.<key>=...`` (top level, e.g. ``rounds``,
+  ``seed``) or ``--config.<group>.<key>=...`` (e.g. ``data.num_clients``,
+  ``data.dataset``, ``client.lr``).
   """
   c = ml_collections.ConfigDict()
   c.runner = runner
   c.method = method
-  c.dataset = dataset
-  c.data_dir = ""
-  c.model = model
-  c.input_shape = ()  # the model's input shape; set to resize the images to another
-  c.resize_method = "bilinear"  # bilinear | pad (fedjax_dd.data.resize_images)
-  c.client_models = ""  # comma-separated client architectures; "": all `model`
-  c.seed = 0
-  c.data_seed = 0
-  c.num_clients = 1
-  c.clients_per_round = 0  # > 0: sampled clients per round (seeded) ...
-  c.client_fraction = 1.0  # ... else this fraction of all clients.
+  c.seed = 0  # model init and training; data.seed drives the partition.
   c.rounds = 1
-  # > 0: stop after the first round that ends this many seconds after the
-  # run's start ("as many rounds as fit"); the summary then says
-  # stopped_by_time_budget. Resuming continues towards ``rounds``.
-  c.max_wall_seconds = 0.0
-  c.batch_size = 64
-  c.local_epochs = 1.0
-  c.local_steps = 0  # > 0 overrides local_epochs with a fixed step count.
-  c.optimizer = "sgd"
-  c.lr = 0.01
-  c.momentum = 0.0
-  c.weight_decay = 0.0
-  c.partition = ml_collections.ConfigDict({"name": "iid"})
-  # > 0: pool train + test and re-split, this fraction to train (HFLDD: 0.8;
-  # fedjax_dd.data.sources.resplit, seeded by data_seed). 0: the dataset's split.
-  c.resplit = 0.0
-  c.backend = "auto"  # vmap | chunked | sharded | loop | auto
-  c.chunk_size = 0  # clients per vectorised chunk (per device); 0: measured default
-  c.eval_every = 1
-  c.checkpoint_every = 1
-  c.keep_checkpoints = 2
-  c.progress = True
-  c.tensorboard = False  # also write TensorBoard scalars to DIR/tensorboard
-  c.initial_model_as_seed = True
-  c.multihost = False
   # Where this preset departs from its paper's protocol, one sentence each;
   # copied into summary.json["paper_departures"].
   c.paper_departures = ()
+  c.data = ml_collections.ConfigDict({
+      "dataset": dataset,
+      "data_dir": "",
+      # The model's input shape; set to resize the images to another.
+      "input_shape": (),
+      # bilinear | pad (fedjax_dd.data.resize_images)
+      "resize_method": "bilinear",
+      # > 0: pool train + test and re-split, this fraction to train (HFLDD:
+      # 0.8; fedjax_dd.data.sources.resplit, seeded by data.seed). 0: the
+      # dataset's split.
+      "resplit": 0.0,
+      "partition": ml_collections.ConfigDict({"name": "iid"}),
+      "num_clients": 1,
+      "seed": 0,  # the partition (and re-split, auxiliary and public draws)
+      # HFLDD's unlabelled D_g: a source and how many images to draw.
+      "aux_dataset": "",
+      "aux_size": 0,
+      # FedDF's unlabelled public set (first public_size images, drawn with
+      # data.seed).
+      "public_data": "",
+      "public_size": 1000,
+  })
+  c.model = ml_collections.ConfigDict({
+      "name": model,
+      # Comma-separated client architectures; "": every client uses `name`.
+      "client_models": "",
+  })
+  c.client = ml_collections.ConfigDict({
+      "batch_size": 64,
+      "local_epochs": 1.0,
+      "local_steps": 0,  # > 0 overrides local_epochs with a fixed step count.
+      "optimizer": "sgd",  # sgd | adam | adamw
+      "lr": 0.01,
+      "momentum": 0.0,
+      "weight_decay": 0.0,
+      "clients_per_round": 0,  # > 0: sampled clients per round (seeded) ...
+      "client_fraction": 1.0,  # ... else this fraction of all clients.
+      "mu": 0.0,  # FedProx's proximal weight.
+      # HFLDD's label-knowledge pre-training (stage 1): pretrain_steps steps
+      # of pretrain_batch_size; pretrain_epochs > 0 overrides the steps.
+      "pretrain_batch_size": 64,
+      "pretrain_epochs": 0.0,
+      "pretrain_steps": 0,
+  })
+  c.engine = ml_collections.ConfigDict({
+      "backend": "auto",  # vmap | chunked | sharded | loop | auto
+      # Clients per vectorised chunk (per device); 0: measured default.
+      "chunk_size": 0,
+      "multihost": False,
+      # XLA:CPU's classic runtime for the engine's per-client programs; unset:
+      # on unless a model is in common.CLASSIC_RUNTIME_UNSAFE.
+      "classic_cpu_runtime": config_dict.placeholder(bool),
+  })
+  c.server = ml_collections.ConfigDict({
+      "lr": 1.0,  # SCAFFOLD's server learning rate.
+      "initial_model_as_seed": True,
+      # Workdir of an earlier run with the same client protocol (checked)
+      # whose round-1 client models the one-shot runner reuses.
+      "teachers_from": "",
+      # >= 0: the one-shot server stage's key comes from this seed instead of
+      # `seed`; with teachers_from it repeats stratification and distillation
+      # over the same clients (not part of the client protocol).
+      "seed": -1,
+      # FedD3's GCE (Tab. 2) in summary.json for these gammas; (): none.
+      "gce_gammas": (),
+  })
+  c.run = ml_collections.ConfigDict({
+      "eval_every": 1,
+      "checkpoint_every": 1,
+      "keep_checkpoints": 2,
+      "progress": True,
+      "tensorboard": False,  # also write TensorBoard scalars to DIR/tensorboard
+      # > 0: stop after the first round that ends this many seconds after the
+      # run's start ("as many rounds as fit"); the summary then says
+      # stopped_by_time_budget. Resuming continues towards ``rounds``.
+      "max_wall_seconds": 0.0,
+      # Stop (exit non-zero, last good checkpoint kept) at the first round or
+      # server epoch whose loss is NaN or infinite; False writes it and goes on.
+      "stop_on_nonfinite": True,
+  })
   return c
+
+
+def set_path(c: ml_collections.ConfigDict, path: str, value) -> None:
+  """Sets the existing key ``path`` (dotted, e.g. ``"kip.lr"``) of ``c``.
+
+  Raises:
+    KeyError: ``path`` names no key of ``c`` (a misspelled preset field).
+  """
+  *parents, leaf = path.split(".")
+  for p in parents:
+    c = c[p]
+  if leaf not in c:
+    raise KeyError(f"{path!r} is not a key of the config.")
+  c[leaf] = value
 
 
 def pathological(num_classes_per_client: int, style: str = "hfldd"
@@ -83,41 +165,142 @@ def dirichlet(alpha: float, min_size: int = 10) -> ml_collections.ConfigDict:
                                     "min_size": min_size})
 
 
-# The KIP keys set by :func:`kip`: ``kip_<field>`` of
+# The keys of the ``kip`` group set by :func:`kip`: the fields of
 # ``fedjax_dd.distill.kip.KipOptions`` plus the kernel's.
-KIP_OPTION_KEYS = ("kip_lr", "kip_max_iterations", "kip_target_batch_size",
-                   "kip_reg", "kip_learn_labels", "kip_centered_labels",
-                   "kip_stop_accuracy", "kip_min_iterations",
-                   "kip_segment_iterations")
-KIP_KERNEL_KEYS = ("kip_kernel", "kip_kernel_depth", "kip_kernel_kind",
-                   "kip_kernel_batch")
+KIP_OPTION_KEYS = ("lr", "max_iterations", "target_batch_size", "reg",
+                   "learn_labels", "centered_labels", "stop_accuracy",
+                   "min_iterations", "segment_iterations")
+KIP_KERNEL_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch")
 KIP_KEYS = KIP_OPTION_KEYS + KIP_KERNEL_KEYS
 
 
 def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
         stop_accuracy: float | None, kernel_depth: int = 0,
         segment_iterations: int = 100) -> ml_collections.ConfigDict:
-  """Adds the KIP keys (one name per setting, shared by FedD3 and HFLDD).
+  """Adds the ``kip`` group (one name per setting, shared by FedD3 and HFLDD).
 
-  ``kip_<name>`` for every field of ``fedjax_dd.distill.kip.KipOptions``
+  ``kip.<name>`` for every field of ``fedjax_dd.distill.kip.KipOptions``
   (FedD3 App. C / HFLDD Sec. V-A: Adam lr 0.004, target batches of 10,
-  ``lambda = 1e-6``, fixed labels) and the kernel: ``kip_kernel`` (fc |
-  conv), ``kip_kernel_depth`` (0: the kernel's default, FC 4 / conv 3),
-  ``kip_kernel_kind`` (ntk | nngp), ``kip_kernel_batch`` (> 0: blocks of
+  ``lambda = 1e-6``, fixed labels) and the kernel: ``kip.kernel`` (fc |
+  conv), ``kip.kernel_depth`` (0: the kernel's default, FC 4 / conv 3),
+  ``kip.kernel_kind`` (ntk | nngp), ``kip.kernel_batch`` (> 0: blocks of
   that many images when evaluating KRR, FedD3's quantisation check).
-  ``kip_stop_accuracy`` None runs a fixed budget of ``kip_max_iterations``.
+  ``kip.stop_accuracy`` None runs a fixed budget of ``kip.max_iterations``.
   """
-  c.kip_kernel = "fc"
-  c.kip_kernel_depth = kernel_depth
-  c.kip_kernel_kind = "ntk"
-  c.kip_kernel_batch = 0
-  c.kip_lr = 0.004
-  c.kip_max_iterations = max_iterations
-  c.kip_target_batch_size = 10
-  c.kip_reg = 1e-6
-  c.kip_learn_labels = False
-  c.kip_centered_labels = False
-  c.kip_stop_accuracy = stop_accuracy
-  c.kip_min_iterations = 0
-  c.kip_segment_iterations = segment_iterations
+  c.kip = ml_collections.ConfigDict({
+      "kernel": "fc",
+      "kernel_depth": kernel_depth,
+      "kernel_kind": "ntk",
+      "kernel_batch": 0,
+      "lr": 0.004,
+      "max_iterations": max_iterations,
+      "target_batch_size": 10,
+      "reg": 1e-6,
+      "learn_labels": False,
+      "centered_labels": False,
+      # None (a typed placeholder, so --config.kip.stop_accuracy=X parses):
+      # no early stop.
+      "stop_accuracy": (config_dict.placeholder(float) if stop_accuracy is None
+                        else stop_accuracy),
+      "min_iterations": 0,
+      "segment_iterations": segment_iterations,
+  })
+  return c
+
+
+def fedd3(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``fedd3`` group: what each FedD3 client uploads."""
+  c.fedd3 = ml_collections.ConfigDict({
+      "distiller": "kip",  # kip | gmm | random
+      # The upload budget of every distiller (KIP, GMM and the random
+      # control): images per class per client.
+      "images_per_class": 1,
+      "allow_raw_upload": False,
+      # Workdir of another run: train on its cached distilled set (its
+      # workdir/stages/distilled) instead of distilling (server-side
+      # variants; refused if its distillation settings differ).
+      "distilled_from": "",
+  })
+  return c
+
+
+# Keys of the ``hfldd`` group used only by stage 5 (the members' uploads,
+# which FedSeq does not have) and only by FedSeq's grouping.
+MEMBER_STAGE_KEYS = ("member_data", "support_size", "sent_label_bits")
+FEDSEQ_KEYS = ("num_groups", "group_by_similarity", "fedseq_traffic")
+
+
+def hfldd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``hfldd`` group: HFLDD's stages and FedSeq's (its baseline).
+
+  A config keeps the keys its runner reads: HFLDD's presets drop
+  :data:`FEDSEQ_KEYS`, FedSeq's :data:`MEMBER_STAGE_KEYS` (and ``kip``).
+  """
+  c.hfldd = ml_collections.ConfigDict({
+      # Stages 1-2: label knowledge on data.aux_* and KMeans into K clusters.
+      "num_homogeneous": 10,  # K
+      "kmeans_n_init": 10,
+      # Stage 5: what members send: "kip" (HFLDD), "random" (support_size
+      # random raw samples, the control) or "raw" (all raw data, w/o DD).
+      "member_data": "kip",
+      "support_size": 400,  # |D~_i|: images per member (kip and random)
+      # Bits per label entry of the uploads; -1: what is sent (32 for learned
+      # KIP labels, 0 for fixed ones, which Eq. 18 leaves out).
+      "sent_label_bits": -1,
+      # FedSeq: O superclients (J = data.num_clients / O), grouped across the
+      # homogeneous clusters (else at random); traffic "eq19" (HFLDD Eq. 19
+      # as printed, J transfers per superclient and round) or "physical" (the
+      # J - 1 hand-offs the ring makes).
+      "num_groups": 10,
+      "group_by_similarity": True,
+      "fedseq_traffic": "eq19",
+  })
+  return c
+
+
+def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``dfkd`` group: the one-shot server stage (FedHydra's CPU scale).
+
+  Generator and synthesis (FedHydra, DENSE), the student, FedHydra's
+  stratification and aggregation, and FedDF's public-set distillation.
+  """
+  c.dfkd = ml_collections.ConfigDict({
+      "nz": 100,
+      "ngf": 32,
+      "synthetic_batch_size": 64,
+      "generator_steps": 30,  # T_G of HASA.
+      # Student steps per epoch (0: one pass over the pool, as the reference
+      # code does with 200 epochs of batch 256). At the CPU scale one pass
+      # gives only Σ_e e = 820 steps of 64 images over 40 epochs and the
+      # student stayed at chance (0.103 on mnist_a0.5); 40 steps per epoch
+      # reached 0.71.
+      "student_steps": 40,
+      "pool_size": 0,  # 0: keep every epoch's batch (pool of distill_epochs).
+      "distill_epochs": 40,  # T_g.
+      # Synthesis protocol of the authors' released code (dfkd module
+      # docstring).
+      "generator_lr": 1e-3,
+      "generator_b1": 0.5,
+      "reset_generator": True,
+      "learn_noise": True,
+      "keep_best": True,
+      "adv_mask": "disagree",  # disagree | agree | none
+      "lambda_bn": 1.0,
+      "lambda_adv": 1.0,  # FedHydra's λ2; dense.py sets DENSE's own.
+      "beta": 1.0,
+      "temperature": 1.0,
+      "stratify_steps": 30,  # T_G of Alg. 2.
+      "stratify_batch_size": 16,
+      "aggregation": "sa",  # sa | ae
+      # Multiply U_c by c so that SA with uninformative U equals AE instead
+      # of AE / c (stratify.sa_context). False: Eqs. 6-11 literally (student
+      # 0.756 vs 0.94 for AE on mnist_a0.5 at the CPU scale).
+      "sa_average_scale": True,
+      # Paper: student SGD lr 0.01 (momentum unstated); 0.9 is the reference
+      # code's KD optimiser (fedhydra.py's docstring).
+      "student_lr": 0.01,
+      "student_momentum": 0.9,
+      "feddf_lr": 1e-3,  # FedDF's student (Adam).
+      "feddf_steps": 10,  # FedDF student steps per epoch on the public set.
+  })
   return c

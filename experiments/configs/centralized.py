@@ -8,7 +8,7 @@ Commands and expected results (CPU, 2 cores):
     MNIST (npz:../shared/datasets/mnist.npz), LeNet-5, Adam, 4 epochs:
     >= 0.985 test accuracy.
   fedjax-dd --config=experiments/configs/centralized.py:cifar10 --workdir=/tmp/cc
-    CIFAR-10, HFLDD's CIFAR CNN (``--config.model=convnet3`` for the CPU
+    CIFAR-10, HFLDD's CIFAR CNN (``--config.model.name=convnet3`` for the CPU
     runs next to HFLDD), Adam, 20 epochs; the upper bound of hfldd.py:cifar10_*.
   ...centralized.py:smoke  two epochs on digits, for tests.
 
@@ -23,10 +23,10 @@ their settings:
     the CPU presets of hfldd.py), 20 / 50 epochs (the paper does not give
     CL's epochs).
   ...centralized.py:mnist_hfldd_gpu / cifar10_hfldd_gpu   as above on the
-    paper's 80 % / 20 % re-split of the pooled dataset (``resplit = 0.8``,
+    paper's 80 % / 20 % re-split of the pooled dataset (``data.resplit = 0.8``,
     as hfldd.py's ``_gpu`` presets), 300 epochs (T of the paper).
 
-One round is one epoch over the pooled data. ``--config.dataset=...``
+One round is one epoch over the pooled data. ``--config.data.dataset=...``
 points any of these at another source.
 """
 
@@ -63,10 +63,10 @@ def get_config(arg: str = "digits"):
   c = base_lib.base(method="centralized", dataset=p["dataset"],
                     model=p["model"])
   c.rounds = p["rounds"]
-  c.batch_size = p["batch_size"]
-  c.num_clients = 1
-  c.optimizer = p.get("optimizer", "adam")
-  c.lr = p.get("lr", 1e-3)
-  c.resplit = p.get("resplit", 0.0)
-  c.local_epochs = 1.0
+  c.client.batch_size = p["batch_size"]
+  c.data.num_clients = 1
+  c.client.optimizer = p.get("optimizer", "adam")
+  c.client.lr = p.get("lr", 1e-3)
+  c.data.resplit = p.get("resplit", 0.0)
+  c.client.local_epochs = 1.0
   return c

@@ -12,7 +12,7 @@ Commands and expected results (CPU, 2 cores):
   ...fedavg.py:cifar10_c1 / cifar10_c2   CIFAR-10, HFLDD's CIFAR CNN, the
     baseline of hfldd.py:cifar10_c1 / _c2 (same protocol and model override).
     Measured on the former uneven split ("hfldd" style) with
-    --config.model=convnet3 (seed 0): C=1 0.1145 / 0.1286
+    --config.model.name=convnet3 (seed 0): C=1 0.1145 / 0.1286
     after rounds 1-2 (30 min); C=2 0.1749 / 0.2405 / 0.2787 /
     0.3118 after rounds 1-4 (32 min). A C=1 round costs about twice a
     C=2 round: client sizes range 384-1,250 against 385-690, and every
@@ -31,7 +31,7 @@ by fedprox.py (mu = 0.1 there), scaffold.py and fednova.py:
   ...fedavg.py:cifar10_fedd3     CIFAR-10, C_k = 2, the paper's AlexNet
     (``alexcifarnet``, 1,756,426 parameters), 6 rounds.
 
-Every preset sets ``gce_gammas`` (Tab. 2: 0.01, 0.5 on MNIST, 0.1, 2 on
+Every preset sets ``server.gce_gammas`` (Tab. 2: 0.01, 0.5 on MNIST, 0.1, 2 on
 CIFAR-10), so ``summary.json`` reports ``gce`` (one client's model upload
 per round, summed over the rounds run), ``gce_best`` (with the best
 accuracy, Tab. 2's multi-shot footnote) and ``gce_cohort``. The paper's
@@ -55,21 +55,21 @@ def fedd3_protocol(method: str, arg: str):
     c = base_lib.base(method=method, dataset=base_lib.CIFAR10,
                       model="alexcifarnet")
     c.rounds = 6
-    c.gce_gammas = CIFAR10_GCE_GAMMAS
+    c.server.gce_gammas = CIFAR10_GCE_GAMMAS
   else:
     c = base_lib.base(method=method, dataset=base_lib.MNIST, model="lenet5")
     c.rounds = 18
-    c.gce_gammas = MNIST_GCE_GAMMAS
-  c.partition = (base_lib.ml_collections.ConfigDict({"name": "iid"})
-                 if arg == "mnist_iid_fedd3"
-                 else base_lib.pathological(2, style="fedd3"))
-  c.num_clients = 500
-  c.local_epochs = 10.0
-  c.batch_size = 50
-  c.optimizer = "sgd"
-  c.momentum = 0.9
-  c.lr = 0.01
-  c.eval_every = 1
+    c.server.gce_gammas = MNIST_GCE_GAMMAS
+  c.data.partition = (base_lib.ml_collections.ConfigDict({"name": "iid"})
+                      if arg == "mnist_iid_fedd3"
+                      else base_lib.pathological(2, style="fedd3"))
+  c.data.num_clients = 500
+  c.client.local_epochs = 10.0
+  c.client.batch_size = 50
+  c.client.optimizer = "sgd"
+  c.client.momentum = 0.9
+  c.client.lr = 0.01
+  c.run.eval_every = 1
   return c
 
 
@@ -77,12 +77,12 @@ def federated_preset(method: str, arg: str):
   """Shared presets of the FedAvg family (FedAvg, FedProx, SCAFFOLD, FedNova)."""
   if arg == "smoke":
     c = base_lib.base(method=method, dataset="digits", model="digits_cnn")
-    c.num_clients = 8
+    c.data.num_clients = 8
     c.rounds = 2
-    c.batch_size = 16
-    c.local_epochs = 1.0
-    c.partition = base_lib.pathological(2)
-    c.gce_gammas = MNIST_GCE_GAMMAS
+    c.client.batch_size = 16
+    c.client.local_epochs = 1.0
+    c.data.partition = base_lib.pathological(2)
+    c.server.gce_gammas = MNIST_GCE_GAMMAS
     return c
   if arg in FEDD3_PRESETS:
     return fedd3_protocol(method, arg)
@@ -102,18 +102,18 @@ def federated_preset(method: str, arg: str):
   if arg.startswith("cifar10"):
     c = base_lib.base(method=method, dataset=base_lib.CIFAR10,
                       model="hfldd_cifar_cnn")
-    c.gce_gammas = CIFAR10_GCE_GAMMAS
+    c.server.gce_gammas = CIFAR10_GCE_GAMMAS
   else:
     c = base_lib.base(method=method, dataset=base_lib.MNIST, model="lenet5")
-    c.gce_gammas = MNIST_GCE_GAMMAS
-  c.partition = partitions[arg]
-  c.num_clients = 100
+    c.server.gce_gammas = MNIST_GCE_GAMMAS
+  c.data.partition = partitions[arg]
+  c.data.num_clients = 100
   c.rounds = 30
-  c.batch_size = 32
-  c.local_epochs = 2.0
+  c.client.batch_size = 32
+  c.client.local_epochs = 2.0
   # HFLDD's protocol (lr 0.01) for the non-IID presets it compares against;
   # the IID preset uses 0.05 so that FedAvg converges within its 30 rounds.
-  c.lr = 0.05 if arg == "mnist_iid" else 0.01
+  c.client.lr = 0.05 if arg == "mnist_iid" else 0.01
   return c
 
 

@@ -7,7 +7,7 @@ Commands (CPU, 2 cores; figures measured are in the project notes):
     KIP with the 4-layer FC NTK, LeNet-5 server model. Paper Tab. 2: 94.74 %.
     Every KIP preset uses the paper's early-stop rule as written (App. C:
     stop once the target batch reaches accuracy 0.999, at most 3000
-    iterations; ``kip_min_iterations = 0``, as in the authors' code, which
+    iterations; ``kip.min_iterations = 0``, as in the authors' code, which
     has no minimum). With a former minimum of 100 iterations the server
     reached 92.2 %; 1000 forced iterations gave 77.3 %: every KIP step (Adam, lr
     0.004 in normalised space) moves each pixel, background included, by
@@ -25,7 +25,7 @@ Commands (CPU, 2 cores; figures measured are in the project notes):
     median nearest-raw L2 0.18 (two different digits: 5-10); 52 s wall.
   ...fedd3.py:mnist_noniid_kip_full
     The same with no early stop: every client runs all 3000 iterations
-    (``kip_stop_accuracy = None``), what "distilled" means without the rule.
+    (``kip.stop_accuracy = None``), what "distilled" means without the rule.
   ...fedd3.py:mnist_noniid_random / mnist_iid_random / cifar10_noniid_random
     The control: random real images, the same number per class per client
     as KIP sends (1), same server training. Measured (mnist_noniid_random,
@@ -46,14 +46,14 @@ Commands (CPU, 2 cores; figures measured are in the project notes):
     ``alexcifarnet`` (1,756,426 parameters), the size whose
     ``log2(|w|·32 + 1)`` reproduces Tab. 2's baseline GCE cells (the
     five-conv ``alexnet``, 3.9 M, does not). Paper: 38.27 %. Measured with
-    the former ``alexnet`` and ``kip_min_iterations = 100`` under
-    --config.max_wall_seconds=600 (32 of 200 epochs, still rising): 0.4108.
+    the former ``alexnet`` and ``kip.min_iterations = 100`` under
+    --config.run.max_wall_seconds=600 (32 of 200 epochs, still rising): 0.4108.
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_noniid_hybrid --workdir=/tmp/d3h
     Multi-shot hybrid (App. F): FedAvg on local + all distilled data, batch
     50, lr 0.025 (Fig. E.2's rate for C_k in {10, 2}), E_k = 1.
   ...fedd3.py:smoke  digits, 10 clients, a few KIP iterations.
 
-Measured over 3 seeds (seed = data_seed = 0, 1, 2; mean ± sd; 2-core CPU;
+Measured over 3 seeds (seed = data.seed = 0, 1, 2; mean ± sd; 2-core CPU;
 ``fedjax-dd --config=experiments/configs/fedd3.py:<preset> --workdir=DIR
 --seeds=0,1,2``; the full-budget row is seed 0 only):
 
@@ -95,10 +95,10 @@ our 12,560 per non-IID MNIST client, a 0.01 % change of ``log2 V``).
 ``rounds`` counts server epochs over the distilled union (one-shot) or FedAvg
 rounds (hybrid). ``summary.json`` adds ``gce`` (FedD3's Tab. 2 GCE: one
 client's upload per round), ``gce_best``, ``gce_cohort`` (the cohort's total
-traffic per round) for ``gce_gammas``, ``privacy``, ``kip_loss``,
+traffic per round) for ``server.gce_gammas``, ``privacy``, ``kip_loss``,
 ``kip_iterations``, ``distilled_images_total`` and ``bytes_total`` (the single
 upload). The distilled set is cached in ``WORKDIR/stages/distilled`` (a
-resumed run does not distill again); ``--config.distilled_from=/tmp/d3``
+resumed run does not distill again); ``--config.fedd3.distilled_from=/tmp/d3``
 trains on the distilled set of the run in ``/tmp/d3``.
 """
 
@@ -110,58 +110,54 @@ _IID = {"name": "iid"}
 def get_config(arg: str = "mnist_noniid_kip"):
   c = base_lib.base(method="fedd3", dataset=base_lib.MNIST, model="lenet5",
                     runner="fedd3")
-  c.num_clients = 500
-  c.partition = base_lib.pathological(2, style="fedd3")
-  c.distiller = "kip"  # kip | gmm | random
-  c.images_per_class = 1
+  c.data.num_clients = 500
+  c.data.partition = base_lib.pathological(2, style="fedd3")
+  base_lib.fedd3(c)  # KIP, 1 image per class per client, no raw upload.
   # KIP (base.kip): 4-layer FC NTK; FedD3's rule (App. C): stop at
   # target-batch accuracy 0.999, no minimum, at most 3000 iterations.
-  # kip_stop_accuracy None runs every client for kip_max_iterations.
+  # kip.stop_accuracy None runs every client for kip.max_iterations.
   base_lib.kip(c, max_iterations=3000, stop_accuracy=0.999, kernel_depth=4)
-  c.allow_raw_upload = False
-  # Workdir of another run: train on its cached distilled set (its
-  # workdir/stages/distilled) instead of distilling (server-side variants;
-  # refused if its distillation settings differ).
-  c.distilled_from = ""
   # Server training on the union (paper App. C: SGD, momentum 0.9, batch 50;
   # lr not stated per dataset, see the module docstring).
-  c.optimizer = "sgd"
-  c.lr = 0.01
-  c.momentum = 0.9
-  c.batch_size = 50
+  c.client.optimizer = "sgd"
+  c.client.lr = 0.01
+  c.client.momentum = 0.9
+  c.client.batch_size = 50
   c.rounds = 200
-  c.eval_every = 10
-  c.checkpoint_every = 50
-  c.gce_gammas = (0.01, 0.5)
+  c.run.eval_every = 10
+  c.run.checkpoint_every = 50
+  c.server.gce_gammas = (0.01, 0.5)  # Tab. 2: MNIST 0.01, 0.5; CIFAR-10 0.1, 2
   c.paper_departures = (
       "KIP target batch is a fixed 10 (paper: 10 % of the local set).",
       "Server lr 0.01 and 200 server epochs (paper: lr from {0.001, 0.025}, "
       "epochs not stated).",
       "The ledger charges 8 bits per hard label (the paper counts images "
-      "only).")  # Tab. 2: MNIST 0.01, 0.5; CIFAR-10 0.1, 2
-  cifar = {"dataset": base_lib.CIFAR10, "model": "alexcifarnet",
-           "gce_gammas": (0.1, 2.0)}
+      "only).")
+  cifar = {"data.dataset": base_lib.CIFAR10, "model.name": "alexcifarnet",
+           "server.gce_gammas": (0.1, 2.0)}
   presets = {
       "mnist_noniid_kip": {},
-      "mnist_noniid_kip_full": {"kip_stop_accuracy": None},
-      "mnist_noniid_kip_labels": {"kip_learn_labels": True},
-      "mnist_iid_kip": {"partition": base_lib.ml_collections.ConfigDict(_IID)},
-      "mnist_noniid_gmm": {"distiller": "gmm"},
-      "mnist_noniid_random": {"distiller": "random"},
+      "mnist_noniid_kip_full": {"kip.stop_accuracy": None},
+      "mnist_noniid_kip_labels": {"kip.learn_labels": True},
+      "mnist_iid_kip": {
+          "data.partition": base_lib.ml_collections.ConfigDict(_IID)},
+      "mnist_noniid_gmm": {"fedd3.distiller": "gmm"},
+      "mnist_noniid_random": {"fedd3.distiller": "random"},
       "mnist_iid_random": {
-          "distiller": "random",
-          "partition": base_lib.ml_collections.ConfigDict(_IID)},
+          "fedd3.distiller": "random",
+          "data.partition": base_lib.ml_collections.ConfigDict(_IID)},
       "mnist_noniid_hybrid": {"method": "fedd3_hybrid", "rounds": 10,
-                              "lr": 0.025, "local_epochs": 1.0,
-                              "eval_every": 1, "checkpoint_every": 1},
+                              "client.lr": 0.025, "client.local_epochs": 1.0,
+                              "run.eval_every": 1, "run.checkpoint_every": 1},
       "cifar10_noniid_kip": dict(cifar),
-      "cifar10_noniid_random": {**cifar, "distiller": "random"},
-      "smoke": {"dataset": "digits", "model": "digits_cnn", "num_clients": 10,
-                "kip_max_iterations": 20, "rounds": 3, "eval_every": 1,
-                "checkpoint_every": 1, "images_per_class": 2},
+      "cifar10_noniid_random": {**cifar, "fedd3.distiller": "random"},
+      "smoke": {"data.dataset": "digits", "model.name": "digits_cnn",
+                "data.num_clients": 10, "kip.max_iterations": 20, "rounds": 3,
+                "run.eval_every": 1, "run.checkpoint_every": 1,
+                "fedd3.images_per_class": 2},
   }
   if arg not in presets:
     raise ValueError(f"Unknown preset {arg!r}; expected one of {sorted(presets)}.")
-  for k, v in presets[arg].items():
-    c[k] = v
+  for path, value in presets[arg].items():
+    base_lib.set_path(c, path, value)
   return c

@@ -1,28 +1,31 @@
 r"""FedDF (one-shot): ensemble distillation on an unlabeled public set.
 
-Same presets and client protocol as ``fedhydra.py``. The student starts from
-the one-shot FedAvg average and is distilled with Adam (lr 1e-3) towards the
-averaged client logits for ``distill_epochs`` x ``feddf_steps`` steps of
-``synthetic_batch_size`` public images. Public sets (``public_data``, first
-``public_size`` images drawn with ``data_seed + 1``): Fashion-MNIST train
-images for MNIST, MNIST for Fashion-MNIST, and the 1000 Tiny-ImageNet images
-of ``../shared/datasets`` for CIFAR-10 -- an unlabeled set of the same image
-shape from another domain, since the clients' own domain is private.
+Same presets and client protocol as ``fedhydra.py``. The student starts from the
+one-shot FedAvg average and is distilled with Adam (lr 1e-3) towards the
+averaged client logits for ``dfkd.distill_epochs`` x ``dfkd.feddf_steps`` steps
+of ``dfkd.synthetic_batch_size`` public images. Public sets
+(``data.public_data``, first ``data.public_size`` images drawn from
+``data.seed``): Fashion-MNIST train images for MNIST, MNIST for Fashion-MNIST,
+and the 1000 Tiny-ImageNet images of ``../shared/datasets`` for CIFAR-10 -- an
+unlabeled set of the same image shape from another domain, since the clients'
+own domain is private.
 
   fedjax-dd --config=experiments/configs/feddf.py:mnist_a0.5 --workdir=/tmp/df5
     Measured (CPU preset, seed 0, the E = 10 clients of fedhydra.py:mnist_a0.5
-    via --config.teachers_from): final 0.9371 / best 0.9408, from one-shot
-    FedAvg's 0.9363 (by epoch 5..20: 0.936, 0.941, 0.916, 0.937). The
+    via --config.server.teachers_from): final 0.9371 / best 0.9408, from
+    one-shot FedAvg's 0.9363 (by epoch 5..20: 0.936, 0.941, 0.916, 0.937). The
     averaged clients already agree with their ensemble on most public
     (Fashion-MNIST) images, so 200 steps move the student little.
 
-With heterogeneous clients (``*_hetero`` presets, ``client_models``) there is
-no average to start from: the student starts from a fresh init of ``model``.
+With heterogeneous clients (``*_hetero`` presets, ``model.client_models``) there
+is no average to start from: the student starts from a fresh init of
+``model.name``.
 
-FedDF has no generator and its own student optimiser (``feddf_lr``, Adam), so
-the data-free keys of the shared presets (``lambda_adv``, ``lambda_bn``,
-``student_lr``, ``student_momentum``, ...) are unused here; the FedHydra/DENSE
-choices about them (``fedhydra.py``, ``dense.py``) do not affect FedDF.
+FedDF has no generator and its own student optimiser (``dfkd.feddf_lr``, Adam),
+so the data-free keys of the shared presets (``dfkd.lambda_adv``,
+``dfkd.lambda_bn``, ``dfkd.student_lr``, ``dfkd.student_momentum``, ...) are
+unused here; the FedHydra/DENSE choices about them (``fedhydra.py``,
+``dense.py``) do not affect FedDF.
 """
 
 from fedjax_dd.experiments.configs import fedhydra
@@ -30,5 +33,5 @@ from fedjax_dd.experiments.configs import fedhydra
 
 def get_config(arg: str = "mnist_a0.5"):
   c = fedhydra.preset("feddf", arg)
-  c.distill_epochs = 20
+  c.dfkd.distill_epochs = 20
   return c

@@ -7,28 +7,28 @@ lr 0.01; λ1 = λ2 = β = 1.
 
 Optimisers against the paper (Sec. 4.1.5):
 
-* student (``student_lr``, ``student_momentum``): SGD with lr η_g = 0.01 as
-  the paper states, plus momentum 0.9, which the paper neither states nor
-  excludes. Why not plain SGD: (1) the distillation optimiser of DENSE's
+* student (``dfkd.student_lr``, ``dfkd.student_momentum``): SGD with lr η_g =
+  0.01 as the paper states, plus momentum 0.9, which the paper neither states
+  nor excludes. Why not plain SGD: (1) the distillation optimiser of DENSE's
   released code (github.com/zj-jayzhang/DENSE, the optimiser passed to
-  ``kd_train`` in ``loop_df_fl.py`` and ``heter_fl.py``), the reference
-  whose synthesis protocol this pipeline follows (``fedjax_dd.distill.dfkd``),
-  is ``torch.optim.SGD(params, lr, momentum=0.9)``; (2) the CPU presets
-  give the student 40 steps x 40 epochs = 1,600 steps of 64 images, against the
-  paper's one pass over a growing pool per epoch (Σ_e e = 20,100 steps of
-  256 images over 200 epochs), and plain SGD's steps are about 10x smaller
-  (1 / (1 - 0.9)) on a student that is already short of steps (see
-  ``student_steps``); (3) every result quoted here was measured with 0.9.
-  ``--config.student_momentum=0`` is the literal plain-SGD reading (not
+  ``kd_train`` in ``loop_df_fl.py`` and ``heter_fl.py``), the reference whose
+  synthesis protocol this pipeline follows (``fedjax_dd.distill.dfkd``), is
+  ``torch.optim.SGD(params, lr, momentum=0.9)``; (2) the CPU presets give the
+  student 40 steps x 40 epochs = 1,600 steps of 64 images, against the paper's
+  one pass over a growing pool per epoch (Σ_e e = 20,100 steps of 256 images
+  over 200 epochs), and plain SGD's steps are about 10x smaller (1 / (1 - 0.9))
+  on a student that is already short of steps (see ``dfkd.student_steps``); (3)
+  every result quoted here was measured with 0.9.
+  ``--config.dfkd.student_momentum=0`` is the literal plain-SGD reading (not
   measured). The ``_gpu`` presets keep 0.9 too (reference code).
-* clients (``lr``, ``momentum``): SGD lr 0.01 without momentum, the paper's
-  statement read literally (DENSE's released code trains clients with
-  momentum 0.9 as well). Kept, since it is the client protocol that
-  ``teachers_from`` checks and every measured run used.
+* clients (``client.lr``, ``client.momentum``): SGD lr 0.01 without momentum,
+  the paper's statement read literally (DENSE's released code trains clients
+  with momentum 0.9 as well). Kept, since it is the client protocol that
+  ``server.teachers_from`` checks and every measured run used.
 
 DENSE (``dense.py``) takes DENSE's own adversarial weight λ2 = 0.5; the DENSE
 results quoted below were measured with λ2 = 1 before that (``dense.py:...
---config.lambda_adv=1`` reproduces them).
+--config.dfkd.lambda_adv=1`` reproduces them).
 
 Two scales:
 
@@ -57,9 +57,9 @@ Commands:
     FedAvg 81.89 %). summary.json also reports one-shot FedAvg of the same
     clients (``os_fedavg_test_accuracy``). Measured (CPU preset, seed 0,
     ~30 min on 2 cores): FedHydra final 0.9397 / best 0.9404; DENSE on the
-    same clients (dense.py:mnist_a0.5 --config.teachers_from=/tmp/fh5)
+    same clients (dense.py:mnist_a0.5 --config.server.teachers_from=/tmp/fh5)
     final 0.8920 / best 0.9358; one-shot FedAvg 0.9363; clients
-    0.76-0.96. With ``--config.sa_average_scale=False`` FedHydra reached
+    0.76-0.96. With ``--config.dfkd.sa_average_scale=False`` FedHydra reached
     only 0.7563. U_r vs the true class shares (U_r_vs_class_share):
     correlation 0.81, arg-max agreement 0.5.
   ...fedhydra.py:mnist_a0.1     Dirichlet α = 0.1. Measured (CPU preset,
@@ -69,7 +69,7 @@ Commands:
     one-shot FedAvg but not DENSE; the gap is within both students'
     epoch-to-epoch spread (one seed). U_r vs the true class shares:
     correlation 0.93, arg-max agreement 1.0. Repeating the server stage
-    over the same clients with --config.server_seed=S (S = 1, 2, 3),
+    over the same clients with --config.server.seed=S (S = 1, 2, 3),
     FedHydra final / best: 0.7964 / 0.8247, 0.7582 / 0.8539, 0.7166 /
     0.8298; DENSE: 0.7795 / 0.8032, 0.7425 / 0.7903, 0.7782 / 0.7836. Over
     the four server keys FedHydra's best is higher (0.8204 ± 0.0339 against
@@ -98,13 +98,13 @@ Commands:
     class shares: correlation 0.90, arg-max agreement 1.0.
   ...fedhydra.py:smoke          sklearn digits, 3 clients, seconds.
 
-Heterogeneous architectures (``client_models``: comma-separated registry
-names, client ``k`` uses ``client_models[k % len]``; ``model`` is then only
+Heterogeneous architectures (``model.client_models``: comma-separated registry
+names, client ``k`` uses ``client_models[k % len]``; ``model.name`` is then only
 the server model, trained from a fresh init; "" = every client uses
-``model``). One-shot FedAvg is undefined across architectures, so
+``model.name``). One-shot FedAvg is undefined across architectures, so
 ``os_fedavg_test_accuracy`` is null and ``--config.method=os_fedavg`` is
 refused; FedHydra, DENSE and FedDF run. Every architecture sees the
-dataset's images at ``input_shape``:
+dataset's images at ``data.input_shape``:
 
   ...fedhydra.py:mnist_a0.5_hetero      clients cnn2,lenet5,cnn2,lenet5,resnet18,
     server resnet18, MNIST kept at 28x28x1 (the CIFAR ResNet-18 ends in global
@@ -116,20 +116,19 @@ dataset's images at ``input_shape``:
   ...fedhydra.py:smoke_hetero   digits, 3 clients cnn2,digits_cnn,cnn2 and
     server cnn2 (both take 8x8x1), seconds.
 
-Ablations: ``--config.lambda_bn=0 --config.lambda_adv=0.5`` (Tab. 6; on
-mnist_a0.5 with the same clients, λ1 = 0, λ2 = 1 gave final 0.8463 / best
-0.8836 against 0.9397 / 0.9404 with λ1 = λ2 = 1; λ1 = 1, λ2 = 0 gave
-0.9367 / 0.9367; λ1 = 0.5, λ2 = 1 0.9260 / 0.9260; λ1 = 1, λ2 = 0.5
-0.9423 / 0.9496),
-``--config.aggregation=ae`` (SA vs AE), ``--config.rounds=3
---config.local_epochs=...`` (multi-round, Tab. 5; ``local_epochs`` is per
-round). Measured: mnist_a0.1 with ``--config.rounds=2`` (E = 10 per round,
+Ablations: ``--config.dfkd.lambda_bn=0 --config.dfkd.lambda_adv=0.5``
+(Tab. 6; on mnist_a0.5 with the same clients, λ1 = 0, λ2 = 1 gave final
+0.8463 / best 0.8836 against 0.9397 / 0.9404 with λ1 = λ2 = 1; λ1 = 1,
+λ2 = 0 gave 0.9367 / 0.9367; λ1 = 0.5, λ2 = 1 0.9260 / 0.9260; λ1 = 1,
+λ2 = 0.5 0.9423 / 0.9496), ``--config.dfkd.aggregation=ae`` (SA vs AE),
+``--config.rounds=3 --config.client.local_epochs=...`` (multi-round,
+Tab. 5; ``client.local_epochs`` is per round). Measured: mnist_a0.1 with ``--config.rounds=2`` (E = 10 per round,
 round 1 resumed from the seed-0 run above; 67 min, round 2's local training
 42 min of it, with another run on the machine): round 1 0.7417, round 2
 final 0.8322 / best 0.8411. Round 2's clients (0.61-0.69) all start from
 round 1's student, so one-shot FedAvg of them reaches 0.8633, above
 FedHydra's round 2.
-``--config.teachers_from=DIR --config.server_seed=S`` repeats only the
+``--config.server.teachers_from=DIR --config.server.seed=S`` repeats only the
 server stage (stratification and distillation) over the clients of DIR with
 another key, to measure its spread.
 
@@ -170,78 +169,38 @@ _PUBLIC = {
 
 
 def _server_defaults(c: ml_collections.ConfigDict) -> None:
-  c.nz = 100
-  c.ngf = 32
-  c.synthetic_batch_size = 64
-  c.generator_steps = 30  # T_G of HASA.
-  # Student steps per epoch (0: one pass over the pool, as the reference code
-  # does with 200 epochs of batch 256). At the CPU scale one pass gives only
-  # Σ_e e = 820 steps of 64 images over 40 epochs and the student stayed at
-  # chance (0.103 on mnist_a0.5); 40 steps per epoch reached 0.71.
-  c.student_steps = 40
-  c.pool_size = 0  # 0: keep every epoch's batch (pool of distill_epochs).
-  c.distill_epochs = 40  # T_g.
-  # Synthesis protocol of the authors' released code (dfkd module docstring).
-  c.generator_lr = 1e-3
-  c.generator_b1 = 0.5
-  c.reset_generator = True
-  c.learn_noise = True
-  c.keep_best = True
-  c.adv_mask = "disagree"  # disagree | agree | none
-  c.lambda_bn = 1.0
-  c.lambda_adv = 1.0  # FedHydra's λ2; dense.py sets DENSE's own.
-  c.beta = 1.0
-  c.temperature = 1.0
-  c.stratify_steps = 30  # T_G of Alg. 2.
-  c.stratify_batch_size = 16
-  c.aggregation = "sa"  # sa | ae
-  # Multiply U_c by c so that SA with uninformative U equals AE instead of
-  # AE / c (stratify.sa_context). False: Eqs. 6-11 literally (student 0.756
-  # vs 0.94 for AE on mnist_a0.5 at the CPU scale).
-  c.sa_average_scale = True
-  # Paper: student SGD lr 0.01 (momentum unstated); 0.9 is the reference
-  # code's KD optimiser (module docstring).
-  c.student_lr = 0.01
-  c.student_momentum = 0.9
-  c.eval_every = 5
-  c.checkpoint_every = 5
-  c.teachers_from = ""
-  # >= 0: the server stage's key comes from this seed instead of `seed`; with
-  # teachers_from it repeats stratification and distillation over the same
-  # clients (not part of the client protocol).
-  c.server_seed = -1
-  c.public_data = ""
-  c.public_size = 1000
-  c.feddf_lr = 1e-3
-  c.feddf_steps = 10  # FedDF student steps per epoch on the public set.
-  c.client_models = ""  # comma-separated client architectures; "": all `model`
+  """The one-shot server stage (base.dfkd) and its evaluation schedule."""
+  base_lib.dfkd(c)
+  c.run.eval_every = 5
+  c.run.checkpoint_every = 5
 
 
 def preset(method: str, arg: str) -> ml_collections.ConfigDict:
   """The shared presets of FedHydra, DENSE, FedDF and one-shot FedAvg."""
   if arg == "smoke_hetero":
     c = preset(method, "smoke")
-    c.client_models = "cnn2,digits_cnn"
+    c.model.client_models = "cnn2,digits_cnn"
     return c
   if arg == "smoke":
     c = base_lib.base(method=method, dataset="digits", model="cnn2",
                       runner="fedhydra")
-    c.input_shape = (8, 8, 1)
-    c.num_clients = 3
-    c.partition = base_lib.dirichlet(0.5, min_size=20)
-    c.batch_size = 16
-    c.local_epochs = 1.0
-    c.lr = 0.05
+    c.data.input_shape = (8, 8, 1)
+    c.data.num_clients = 3
+    c.data.partition = base_lib.dirichlet(0.5, min_size=20)
+    c.client.batch_size = 16
+    c.client.local_epochs = 1.0
+    c.client.lr = 0.05
     _server_defaults(c)
-    c.nz, c.ngf = 8, 4
-    c.synthetic_batch_size = 16
-    c.generator_steps, c.feddf_steps = 2, 2
-    c.distill_epochs = 4
-    c.stratify_steps, c.stratify_batch_size = 3, 8
-    c.eval_every, c.checkpoint_every = 2, 2
-    c.public_data = "digits"
-    c.public_size = 64
-    c.progress = False
+    d = c.dfkd
+    d.nz, d.ngf = 8, 4
+    d.synthetic_batch_size = 16
+    d.generator_steps, d.feddf_steps = 2, 2
+    d.distill_epochs = 4
+    d.stratify_steps, d.stratify_batch_size = 3, 8
+    c.run.eval_every, c.run.checkpoint_every = 2, 2
+    c.data.public_data = "digits"
+    c.data.public_size = 64
+    c.run.progress = False
     return c
   gpu = arg.endswith("_gpu")
   name = arg.removesuffix("_gpu")
@@ -256,21 +215,21 @@ def preset(method: str, arg: str) -> ml_collections.ConfigDict:
   dataset, model = _DATASETS[ds_name]
   c = base_lib.base(method=method, dataset=dataset,
                     model="resnet18" if hetero else model, runner="fedhydra")
-  c.num_clients = 5
-  c.partition = _PARTITIONS[part]()
-  c.batch_size = 128
-  c.lr = 0.01
+  c.data.num_clients = 5
+  c.data.partition = _PARTITIONS[part]()
+  c.client.batch_size = 128
+  c.client.lr = 0.01
   # Paper: E = 200 (clients trained to convergence). E = 2 kept the clients
   # so close to their common init that one-shot FedAvg of them reached 0.896
   # on mnist_a0.5, above every client (0.70-0.90) and the paper's FedAvg
   # (81.89 %); E = 10 is the CPU compromise.
-  c.local_epochs = 10.0
+  c.client.local_epochs = 10.0
   c.rounds = 1
   _server_defaults(c)
-  c.public_data = _PUBLIC[ds_name]
+  c.data.public_data = _PUBLIC[ds_name]
   if hetero:
-    c.client_models = f"{model},lenet5,{model},lenet5,resnet18"
-    c.input_shape = _SHAPES[ds_name]
+    c.model.client_models = f"{model},lenet5,{model},lenet5,resnet18"
+    c.data.input_shape = _SHAPES[ds_name]
   if not gpu:
     c.paper_departures = (
         "CPU scale: E = 10 local epochs (paper 200), T_g = 40 distillation "
@@ -278,15 +237,15 @@ def preset(method: str, arg: str) -> ml_collections.ConfigDict:
         "Student SGD keeps momentum 0.9 (paper: 'SGD, lr 0.01'; DENSE's "
         "code uses 0.9).")
   if gpu:
-    c.student_steps = 0
-    c.local_epochs = 200.0
-    c.distill_epochs = 200
-    c.generator_steps = 30
-    c.ngf = 64
-    c.synthetic_batch_size = 256
-    c.stratify_batch_size = 64
-    c.eval_every = 10
-    c.checkpoint_every = 10
+    c.dfkd.student_steps = 0
+    c.client.local_epochs = 200.0
+    c.dfkd.distill_epochs = 200
+    c.dfkd.generator_steps = 30
+    c.dfkd.ngf = 64
+    c.dfkd.synthetic_batch_size = 256
+    c.dfkd.stratify_batch_size = 64
+    c.run.eval_every = 10
+    c.run.checkpoint_every = 10
   return c
 
 

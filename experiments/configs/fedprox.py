@@ -13,5 +13,5 @@ from fedjax_dd.experiments.configs import fedavg as fedavg_config
 
 def get_config(arg: str = "mnist_c2"):
   c = fedavg_config.federated_preset("fedprox", arg)
-  c.mu = 0.1 if arg in fedavg_config.FEDD3_PRESETS else 0.01
+  c.client.mu = 0.1 if arg in fedavg_config.FEDD3_PRESETS else 0.01
   return c

@@ -2,8 +2,8 @@ r"""FedSeq: O superclients of J clients, sequential ring training inside each.
 
 The HFLDD baseline (Eq. 19 traffic). Superclients mix the homogeneous
 clusters found from label knowledge (as in FedSeq, which groups clients by a
-pretrained model's view of their data) unless ``group_by_similarity=False``,
-which groups at random.
+pretrained model's view of their data) unless
+``hfldd.group_by_similarity=False``, which groups at random.
 
   fedjax-dd --config=experiments/configs/fedseq.py:mnist_c1 --workdir=/tmp/s1
     MNIST, 100 clients, C=1, 10 superclients of 10, LeNet-5, E=2, B=32,
@@ -13,22 +13,23 @@ which groups at random.
   ...fedseq.py:smoke    digits, for tests.
 
 Partitions are those of ``hfldd.py`` (balanced). Traffic is HFLDD Eq. 19 as
-printed, ``O |w| B1 ((2T - 1) + T J)``; ``--config.fedseq_traffic=physical``
-counts the ``J - 1`` hand-offs per round that the ring makes instead.
+printed, ``O |w| B1 ((2T - 1) + T J)``;
+``--config.hfldd.fedseq_traffic=physical`` counts the ``J - 1`` hand-offs per
+round that the ring makes instead.
 """
 
+from fedjax_dd.experiments.configs import base as base_lib
 from fedjax_dd.experiments.configs import hfldd
 
 
 def get_config(arg: str = "mnist_c1"):
-  c = hfldd.hfldd_preset(arg, method="fedseq", member_data="raw")
-  c.runner = "fedseq"
-  # Stage-5 keys of the HFLDD presets; FedSeq has no member stage.
-  for key in hfldd.MEMBER_STAGE_KEYS:
-    del c[key]
-  c.num_groups = 5 if arg == "smoke" else 10  # O; J = num_clients / O.
-  c.group_by_similarity = True
-  # Traffic: "eq19" (HFLDD Eq. 19 as printed, J transfers per superclient and
-  # round) or "physical" (the J - 1 hand-offs the ring makes).
-  c.fedseq_traffic = "eq19"
+  c = hfldd.shared_preset(arg, method="fedseq", runner="fedseq")
+  # Stage 5 of the HFLDD presets (the members' uploads and their KIP);
+  # FedSeq has no member stage.
+  del c.kip
+  for key in base_lib.MEMBER_STAGE_KEYS:
+    del c.hfldd[key]
+  # O superclients, J = data.num_clients / O; grouped by similarity, Eq. 19
+  # traffic (base.hfldd).
+  c.hfldd.num_groups = 5 if arg == "smoke" else 10
   return c

@@ -5,22 +5,23 @@ Presets (``BASES`` x suffix):
   ...hfldd.py:mnist_c1 / mnist_c2 / mnist_c10   MNIST, 100 clients, C classes
     per client (balanced: every class held by 100 C / 10 clients with equal
     shares), K = 10, LeNet-5, |D~_i| = 400, D_g = 1,000 Fashion-MNIST images.
-  ...hfldd.py:cifar10_c1 / cifar10_c2   CIFAR-10, HFLDD CIFAR CNN, D_g =
-    1,000 Tiny-ImageNet images; as many rounds as fit the budget
-    (``--config.max_wall_seconds=S``; a rerun with the same workdir resumes).
+  ...hfldd.py:cifar10_c1 / cifar10_c2   CIFAR-10, HFLDD CIFAR CNN, D_g = 1,000
+    Tiny-ImageNet images; as many rounds as fit the budget
+    (``--config.run.max_wall_seconds=S``; a rerun with the same workdir
+    resumes).
   ...hfldd.py:smoke        sklearn digits, 20 clients, 2 rounds, for tests.
   ``<preset>_gpu``         the paper's protocol (Sec. V-A): KIP for 3,000
     iterations, T = 300 rounds, the 80 % / 20 % re-split of the pooled
-    dataset (``resplit = 0.8``). A GPU job: the MNIST member stage alone
+    dataset (``data.resplit = 0.8``). A GPU job: the MNIST member stage alone
     is about 1.3 h on the 2-core CPU (see below).
 
-Members' data (``member_data``): ``"kip"`` (HFLDD), ``"random"``
+Members' data (``hfldd.member_data``): ``"kip"`` (HFLDD), ``"random"``
 (``|D~_i|`` random raw samples, the control; ``hfldd_random.py``) or
 ``"raw"`` (all raw data, "w/o DD"; ``hfldd_wodd.py``).
 
 KIP budget. The paper gives KIP "a maximum of 3,000 iterations" and no
-accuracy stop, so members run a fixed budget (``kip_max_iterations``;
-``kip_stop_accuracy = None``). FedD3's rule (stop once the target
+accuracy stop, so members run a fixed budget (``kip.max_iterations``;
+``kip.stop_accuracy = None``). FedD3's rule (stop once the target
 batch is fitted) stopped every one-class member at iteration 1, so members
 uploaded their raw images and HFLDD equalled its w/o-DD ablation. The CPU
 presets use ``CPU_KIP_ITERATIONS`` = 100, chosen by timing the MNIST C = 1
@@ -62,7 +63,7 @@ Measured (seed 0, 2-core CPU; traffic to a target accuracy by
   traffic; w/o DD sends about 600 raw images per member and reaches 95 %
   one round earlier for 24 % more traffic.
 
-Measured over 3 seeds (seed = data_seed = 0, 1, 2; mean ± sd; 2-core CPU;
+Measured over 3 seeds (seed = data.seed = 0, 1, 2; mean ± sd; 2-core CPU;
 ``fedjax-dd --config=experiments/configs/<file>:<preset> --workdir=DIR
 --seeds=0,1,2 --config.rounds=7``; "95 %": round / MB of total traffic at
 which the test accuracy first reaches 0.95, per seed):
@@ -86,13 +87,14 @@ CPU budget) the members' KIP adds privacy margin, not accuracy.
 Earlier figures (random label sets with 4-13 clients per class, members
 early-stopped at KIP iteration 1, i.e. uploading raw images): mnist_c1
 0.9533 at round 7; mnist_c2 0.9711 at round 11; mnist_c10 (27 heads) 0.9415
-at round 5; cifar10_c1 with ``--config.model=convnet3`` 0.3388 / 0.3849 /
+at round 5; cifar10_c1 with ``--config.model.name=convnet3`` 0.3388 / 0.3849 /
 0.4267 / 0.4635 after rounds 1-4 (FedAvg 0.1145 / 0.1286); cifar10_c2
 0.4090 / 0.4793 / 0.5290 after rounds 1-3.
 
-Sweeps: ``--config.num_homogeneous=K`` (clusters), ``--config.support_size``,
-``--config.kip_max_iterations``, ``--config.partition.num_classes_per_client``,
-``--config.partition.style=hfldd`` (the earlier uneven split).
+Sweeps: ``--config.hfldd.num_homogeneous=K`` (clusters),
+``--config.hfldd.support_size``, ``--config.kip.max_iterations``,
+``--config.data.partition.num_classes_per_client``,
+``--config.data.partition.style=hfldd`` (the earlier uneven split).
 """
 
 from fedjax_dd.experiments.configs import base as base_lib
@@ -108,7 +110,7 @@ MEMBER_DATA = ("kip", "random", "raw")
 
 def hfldd_preset(arg: str, *, method: str = "hfldd",
                  member_data: str = "kip"):
-  """HFLDD presets; ``member_data`` picks what the members send.
+  """HFLDD presets; ``hfldd.member_data`` picks what the members send.
 
   Args:
     arg: one of :data:`PRESETS`.
@@ -116,79 +118,77 @@ def hfldd_preset(arg: str, *, method: str = "hfldd",
     member_data: ``"kip"`` (HFLDD), ``"random"`` (random raw samples at the
       same budget, the control) or ``"raw"`` (the "w/o DD" ablation).
   """
-  if arg not in PRESETS:
-    raise ValueError(f"Unknown preset {arg!r}; expected one of {PRESETS}.")
   if member_data not in MEMBER_DATA:
     raise ValueError(f"member_data must be one of {MEMBER_DATA}, got "
                      f"{member_data!r}.")
+  c = shared_preset(arg, method=method, runner="hfldd")
+  c.hfldd.member_data = member_data
+  # FedSeq's grouping keys; HFLDD has no superclients.
+  for key in base_lib.FEDSEQ_KEYS:
+    del c.hfldd[key]
+  return c
+
+
+def shared_preset(arg: str, *, method: str, runner: str):
+  """The presets HFLDD and FedSeq share, with every HFLDD and KIP key."""
+  if arg not in PRESETS:
+    raise ValueError(f"Unknown preset {arg!r}; expected one of {PRESETS}.")
   gpu = arg.endswith("_gpu")
   name = arg[:-len("_gpu")] if gpu else arg
   if name == "smoke":
     c = base_lib.base(method=method, dataset="digits", model="digits_cnn",
-                      runner="hfldd")
-    c.num_clients = 20
-    c.partition = base_lib.pathological(1, style="balanced")
+                      runner=runner)
+    base_lib.hfldd(c)
+    c.data.num_clients = 20
+    c.data.partition = base_lib.pathological(1, style="balanced")
     c.rounds = 2
-    c.batch_size = 16
-    c.aux_dataset = "digits"
-    c.aux_size = 50
-    c.support_size = 20
+    c.client.batch_size = 16
+    c.data.aux_dataset = "digits"
+    c.data.aux_size = 50
+    c.hfldd.support_size = 20
     kip_iterations, kip_segment = 4, 2
-    c.pretrain_steps = 3
-    c.num_homogeneous = 10
+    c.client.pretrain_steps = 3
   else:
     mnist = name.startswith("mnist")
     c = base_lib.base(method=method,
                       dataset=base_lib.MNIST if mnist else base_lib.CIFAR10,
                       model="lenet5" if mnist else "hfldd_cifar_cnn",
-                      runner="hfldd")
-    c.num_clients = 100
-    c.partition = base_lib.pathological(int(name.split("_c")[1]),
-                                        style="balanced")
+                      runner=runner)
+    base_lib.hfldd(c)  # K = 10 clusters, |D~_i| = 400
+    c.data.num_clients = 100
+    c.data.partition = base_lib.pathological(int(name.split("_c")[1]),
+                                             style="balanced")
     c.rounds = 50
-    c.batch_size = 32
-    c.aux_dataset = (base_lib.FASHION_MNIST if mnist
-                     else base_lib.TINY_IMAGENET_AUX)
-    c.aux_size = 1000
-    c.support_size = 400
+    c.client.batch_size = 32
+    c.data.aux_dataset = (base_lib.FASHION_MNIST if mnist
+                          else base_lib.TINY_IMAGENET_AUX)
+    c.data.aux_size = 1000
     kip_iterations, kip_segment = CPU_KIP_ITERATIONS, 50
-    c.pretrain_steps = 10
-    c.num_homogeneous = 10
+    c.client.pretrain_steps = 10
   if name != "smoke" and not gpu:
     c.paper_departures = (
         f"KIP runs {CPU_KIP_ITERATIONS} iterations per member (paper: "
         f"{PAPER_KIP_ITERATIONS}), a CPU budget; see the config docstring.",
         "The dataset's own train/test split (paper: an 80/20 re-split; "
-        "--config.resplit=0.8).")
+        "--config.data.resplit=0.8).")
   if gpu:
     kip_iterations, kip_segment = PAPER_KIP_ITERATIONS, 100
     c.rounds = 300
-    c.resplit = 0.8
-  # Stage 1: label knowledge (E1 steps, batch 64, SGD lr 0.01 = c.lr).
-  c.pretrain_batch_size = 64
-  c.pretrain_epochs = 0.0  # > 0 overrides pretrain_steps with epochs.
-  c.kmeans_n_init = 10
-  # Stage 5: IID dataset generation.
-  c.member_data = member_data
-  # KIP (member_data="kip", base.kip): a fixed budget of kip_max_iterations,
-  # no early stop; FC NTK (kip_kernel_depth 0: the kernel's default depth,
+    c.data.resplit = 0.8
+  # Stage 1: label knowledge (pretrain_steps of batch 64, SGD lr 0.01 =
+  # client.lr; client.pretrain_epochs > 0 overrides the steps).
+  # Stage 5: IID dataset generation (hfldd.member_data).
+  # KIP (member_data="kip", base.kip): a fixed budget of kip.max_iterations,
+  # no early stop; FC NTK (kip.kernel_depth 0: the kernel's default depth,
   # FC 4, conv 3).
   base_lib.kip(c, max_iterations=kip_iterations, stop_accuracy=None,
                segment_iterations=kip_segment)
-  # Bits per label entry of the uploads; -1: what is sent (32 for learned
-  # KIP labels, 0 for fixed ones, which Eq. 18 leaves out).
-  c.sent_label_bits = -1
-  # Stage 6: FedAvg among heads, E2 epochs (local_steps > 0 overrides), SGD
-  # lr 0.01.
-  c.local_epochs = 2.0
-  c.lr = 0.01
+  # Stage 6: FedAvg among heads, E2 epochs (client.local_steps > 0
+  # overrides), SGD lr 0.01.
+  c.client.local_epochs = 2.0
+  c.client.lr = 0.01
   return c
 
 
 def get_config(arg: str = "mnist_c1"):
   return hfldd_preset(arg)
-
-
-# Keys of stage 5 (the members' uploads); FedSeq has no such stage.
-MEMBER_STAGE_KEYS = ("member_data", "support_size", "sent_label_bits",
-                     *base_lib.KIP_KEYS)

@@ -1,10 +1,10 @@
 r"""HFLDD with random real samples: the control for the distillation.
 
 Same partitions, seeds, clustering and head training as ``hfldd.py``, but
-each member sends ``support_size`` (400) of its raw images drawn at random
-(``member_data="random"``) instead of 400 KIP images: the same upload
-budget and traffic, so HFLDD's gain over this run is what KIP adds beyond
-sending that many real samples. ``summary.json["privacy"]`` reads 1.0
+each member sends ``hfldd.support_size`` (400) of its raw images drawn at
+random (``hfldd.member_data="random"``) instead of 400 KIP images: the same
+upload budget and traffic, so HFLDD's gain over this run is what KIP adds
+beyond sending that many real samples. ``summary.json["privacy"]`` reads 1.0
 identical to raw. Presets are those of ``hfldd.py``.
 
   fedjax-dd --config=experiments/configs/hfldd_random.py:mnist_c1 --workdir=/tmp/r1

@@ -1,8 +1,8 @@
 r"""HFLDD w/o DD (paper Fig. 5): members send raw data instead of KIP data.
 
 Same partitions, seeds, clustering and head training as ``hfldd.py``
-(``member_data="raw"``); only stage 5 changes, so the gap to HFLDD isolates
-the effect of distillation (and the traffic: every member's raw images
+(``hfldd.member_data="raw"``); only stage 5 changes, so the gap to HFLDD
+isolates the effect of distillation (and the traffic: every member's raw images
 instead of 400 distilled ones). ``summary.json["privacy"]`` reads 1.0
 identical to raw. Presets are those of ``hfldd.py``.
 

@@ -26,34 +26,34 @@ from fedjax_dd.experiments.configs import fedavg as fedavg_config
 def get_config(arg: str = "mnist_noniid"):
   if arg == "smoke":
     c = base_lib.base(method="os_fedavg", dataset="digits", model="digits_cnn")
-    c.num_clients = 8
-    c.batch_size = 16
-    c.local_epochs = 2.0
-    c.partition = base_lib.pathological(2, style="fedd3")
-    c.gce_gammas = fedavg_config.MNIST_GCE_GAMMAS
+    c.data.num_clients = 8
+    c.client.batch_size = 16
+    c.client.local_epochs = 2.0
+    c.data.partition = base_lib.pathological(2, style="fedd3")
+    c.server.gce_gammas = fedavg_config.MNIST_GCE_GAMMAS
   elif arg in ("mnist_noniid", "cifar10_noniid"):
     if arg == "mnist_noniid":
       c = base_lib.base(method="os_fedavg", dataset=base_lib.MNIST,
                         model="lenet5")
-      c.gce_gammas = fedavg_config.MNIST_GCE_GAMMAS
+      c.server.gce_gammas = fedavg_config.MNIST_GCE_GAMMAS
     else:
       c = base_lib.base(method="os_fedavg", dataset=base_lib.CIFAR10,
                         model="alexcifarnet")
-      c.gce_gammas = fedavg_config.CIFAR10_GCE_GAMMAS
-    c.num_clients = 500
-    c.batch_size = 50
-    c.local_epochs = 10.0
-    c.momentum = 0.9
-    c.partition = base_lib.pathological(2, style="fedd3")
+      c.server.gce_gammas = fedavg_config.CIFAR10_GCE_GAMMAS
+    c.data.num_clients = 500
+    c.client.batch_size = 50
+    c.client.local_epochs = 10.0
+    c.client.momentum = 0.9
+    c.data.partition = base_lib.pathological(2, style="fedd3")
   elif arg == "mnist_a0.5":
     c = base_lib.base(method="os_fedavg", dataset=base_lib.MNIST, model="cnn2")
-    c.num_clients = 5
-    c.batch_size = 128
-    c.local_epochs = 10.0
-    c.partition = base_lib.dirichlet(0.5)
-    c.gce_gammas = fedavg_config.MNIST_GCE_GAMMAS
+    c.data.num_clients = 5
+    c.client.batch_size = 128
+    c.client.local_epochs = 10.0
+    c.data.partition = base_lib.dirichlet(0.5)
+    c.server.gce_gammas = fedavg_config.MNIST_GCE_GAMMAS
   else:
     raise ValueError(f"Unknown preset {arg!r}.")
   c.rounds = 1
-  c.lr = 0.01
+  c.client.lr = 0.01
   return c

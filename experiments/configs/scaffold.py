@@ -9,5 +9,5 @@ from fedjax_dd.experiments.configs import fedavg as fedavg_config
 
 def get_config(arg: str = "mnist_c2"):
   c = fedavg_config.federated_preset("scaffold", arg)
-  c.server_lr = 1.0
+  c.server.lr = 1.0
   return c

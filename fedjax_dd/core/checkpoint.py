@@ -416,8 +416,6 @@ class CheckpointStore:
         (without sharding) on the default device, dataclass nodes as the same
         dataclasses; array dtypes are cast to the template's. Typed key
         leaves are rebuilt with the template leaf's PRNG implementation.
-        ``None`` restores the tree as saved (nested dicts and lists of NumPy
-        arrays), for outputs whose shapes the caller cannot know in advance.
       step: step to restore; None walks from the newest step to the oldest
         and returns the first one that passes the integrity check, warning
         about each one skipped.
@@ -462,8 +460,6 @@ class CheckpointStore:
     return None
 
   def _restore_step(self, step: int, template: PyTree) -> tuple[int, PyTree, dict]:
-    if template is None:
-      return self._restore_as_saved(step)
     target = jax.tree_util.tree_map(_restore_target, template)
     try:
       restored = self._manager.restore(
@@ -495,39 +491,25 @@ class CheckpointStore:
     meta = restored[_META]
     return step, state, {} if meta is None else dict(meta)
 
-  def _restore_as_saved(self, step: int) -> tuple[int, PyTree, dict]:
-    """Restores ``step`` without a template: nested dicts of NumPy arrays.
+  def read_meta(self, step: int) -> dict | None:
+    """The metadata dict of committed ``step`` without reading its state.
 
-    For stage outputs whose shapes only the computation knows (a cached
-    stratification, a distilled set); the caller rebuilds its own types.
+    Returns:
+      The dict, or None if ``step`` has no commit marker or its metadata
+      cannot be read. Contents are not verified; :meth:`restore` does that.
     """
+    self._check_open()
+    step_dir = self._step_dir(_check_int(step, "step", 0))
+    if not (step_dir / COMMIT_MARKER).exists():
+      return None
     try:
-      # The saved shapes and dtypes, restored onto the default device (not
-      # onto the saved topology, which may not exist here).
-      saved = ocp.StandardCheckpointHandler().metadata(
-          self._step_dir(step) / _STATE)
-      target = jax.tree_util.tree_map(
-          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype,
-                                         sharding=_default_sharding()),
-          saved.tree)
-      restored = self._manager.restore(
-          step,
-          args=ocp.args.Composite(
-              **{
-                  _STATE: ocp.args.StandardRestore(target),
-                  _META: ocp.args.JsonRestore(),
-              }
-          ),
-      )
-    except Exception as e:  # Orbax raises several types.
-      raise ValueError(
-          f"Checkpoint step {step} in {self._directory} passed its integrity "
-          f"check but could not be read: {type(e).__name__}: {e}"
-      ) from e
-    state = jax.tree_util.tree_map(lambda x: jax.device_get(x),
-                                   restored[_STATE])
-    meta = restored[_META]
-    return step, state, {} if meta is None else dict(meta)
+      with open(step_dir / _META / "metadata", encoding="utf-8") as f:
+        meta = json.load(f)
+    except (OSError, ValueError) as e:
+      _log.warning("Checkpoint step %d in %s has unreadable metadata: %s.",
+                   step, self._directory, e)
+      return None
+    return meta if isinstance(meta, dict) else None
 
   def close(self) -> None:
     """Waits for pending work and releases the manager. Idempotent."""

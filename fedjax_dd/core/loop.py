@@ -14,7 +14,11 @@ A stage supplies only ``step(carry, t) -> (carry, row)``; the loop adds
 * a tqdm bar (on a TTY only);
 * a wall-clock budget: the loop stops after the first step that ends past
   it and treats that step as the last (evaluated, checkpointed), so a resumed
-  run continues from it.
+  run continues from it;
+* a divergence stop: a step whose row holds a non-finite number (a NaN
+  loss, an infinite test loss) raises :class:`NonFiniteError` before it is
+  written or checkpointed, so the last checkpoint stays the last good step
+  (``LoopOptions.stop_on_nonfinite=False`` keeps going instead).
 
 Resume is the caller's: restore ``carry`` and the completed step ``start``
 from the same store, and :meth:`MetricsWriter.truncate_after` drops rows
@@ -51,6 +55,8 @@ class LoopOptions:
       one step always runs.
     clock: the clock the budget is read from (injectable for tests).
     desc: the bar's label.
+    stop_on_nonfinite: raise :class:`NonFiniteError` when a step's row holds
+      a NaN or infinite number; False writes it and goes on.
   """
   num_steps: int
   eval_every: int = 1
@@ -58,6 +64,27 @@ class LoopOptions:
   max_seconds: float = 0.0
   clock: Callable[[], float] = time.monotonic
   desc: str = "steps"
+  stop_on_nonfinite: bool = True
+
+
+class NonFiniteError(FloatingPointError):
+  """A step produced a non-finite metric (training diverged).
+
+  Attributes:
+    step: the step whose row was non-finite (not written, not saved).
+    keys: the non-finite entries of its row.
+    last_saved: the last step checkpointed by this call (None if none).
+  """
+
+  def __init__(self, message: str, *, step: int, keys: list[str],
+               last_saved: int | None):
+    super().__init__(message)
+    self.step, self.keys, self.last_saved = step, keys, last_saved
+
+
+def _non_finite(row: Mapping[str, Any]) -> list[str]:
+  return sorted(k for k, v in row.items()
+                if isinstance(v, float) and not np.isfinite(v))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,11 +134,16 @@ def run_loop(
     evaluate: ``carry -> {"accuracy", "loss"}`` on the test split.
     writer: appends one JSON row per step.
     save: ``(t, carry, force) -> Any`` checkpoints step ``t``; ``force`` is
-      True at the last step.
+      True at the last step. It returns False when it skipped the step
+      (e.g. :meth:`CheckpointStore.save` between ``checkpoint_every`` steps).
     on_step: called after each step with the carry and its row.
 
   Returns:
     A :class:`LoopResult`.
+
+  Raises:
+    NonFiniteError: a step's row held a NaN or infinite number (with
+      ``options.stop_on_nonfinite``).
   """
   n = options.num_steps
   show = options.progress and sys.stderr.isatty()
@@ -119,6 +151,7 @@ def run_loop(
   t_start = options.clock()
   out_of_time = False
   last_step = start
+  last_saved = None
   bar = tqdm.tqdm(range(start + 1, n + 1), disable=not show, initial=start,
                   total=n, desc=options.desc)
   for t in bar:
@@ -134,11 +167,25 @@ def run_loop(
       row["test_accuracy"] = ev["accuracy"]
       row["test_loss"] = ev["loss"]
       bar.set_postfix(acc=f"{ev['accuracy']:.4f}")
+    bad = _non_finite(row)
+    if bad and options.stop_on_nonfinite:
+      bar.close()
+      saved = (f"the last checkpoint written is step {last_saved}"
+               if last_saved is not None else
+               f"no checkpoint was written by this call (it started after "
+               f"step {start})")
+      raise NonFiniteError(
+          f"{options.desc}: step {t} produced non-finite "
+          f"{', '.join(f'{k}={row[k]}' for k in bad)}; training diverged "
+          "(most often a learning rate too high for the model, or "
+          f"degenerate inputs). Step {t} was not written or saved; {saved}. "
+          "Lower the learning rate, or set stop_on_nonfinite=False to go on.",
+          step=t, keys=bad, last_saved=last_saved)
     rows.append(row)
     if writer is not None:
       writer.write(row)
-    if save is not None:
-      save(t, carry, last)
+    if save is not None and save(t, carry, last) is not False:
+      last_saved = t
     if on_step is not None:
       on_step(carry, row)
     last_step = t

@@ -47,6 +47,9 @@ class RoundsOptions:
       the last one (evaluated and checkpointed), so a resumed run with a new
       budget continues from it. At least one round always runs.
     clock: the clock the budget is read from (injectable for tests).
+    stop_on_nonfinite: stop with :class:`fedjax_dd.core.loop.NonFiniteError`
+      at the first round whose metrics (train or test loss) are not finite;
+      the last checkpoint stays the last good round.
   """
   num_rounds: int
   clients_per_round: int
@@ -57,6 +60,7 @@ class RoundsOptions:
   initial_model_as_seed: bool = True
   max_seconds: float = 0.0
   clock: Callable[[], float] = time.monotonic
+  stop_on_nonfinite: bool = True
 
 
 def sample_clients(key: jax.Array, num_clients: int, num_sampled: int) -> jax.Array:
@@ -157,8 +161,9 @@ def run_rounds(
 
   def save(r, carry, force):
     state, ledger = carry
-    if store is not None:
-      store.save(r, state, {"ledger": ledger.to_dict()}, force=force)
+    if store is None:
+      return False
+    return store.save(r, state, {"ledger": ledger.to_dict()}, force=force)
 
   result = loop_lib.run_loop(
       step, (state, ledger),
@@ -166,7 +171,8 @@ def run_rounds(
                            eval_every=options.eval_every,
                            progress=options.progress,
                            max_seconds=options.max_seconds,
-                           clock=options.clock, desc="rounds"),
+                           clock=options.clock, desc="rounds",
+                           stop_on_nonfinite=options.stop_on_nonfinite),
       start=int(state.round), index=lambda r: {"round": r},
       evaluate=None if evaluate is None else (
           lambda carry: evaluate(carry[0].server.params,

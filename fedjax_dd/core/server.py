@@ -25,12 +25,12 @@ last checkpoint, and ``metrics.jsonl`` is trimmed to it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dd.core import keys
@@ -39,6 +39,7 @@ from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.algorithm import ServerDistillation, Teachers
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.metrics import MetricsWriter
+from fedjax_dd.core.stage_cache import StageCache
 from fedjax_dd.data.stacked import ClientData
 
 PyTree = Any
@@ -67,8 +68,11 @@ class ServerOptions:
       ``protocol`` must equal ours.
     protocol: a string naming everything that determines the client models
       (checked against ``teachers_from``).
+    stop_on_nonfinite: stop with :class:`fedjax_dd.core.loop.NonFiniteError`
+      at the first epoch whose metrics are not finite.
     setup_fingerprint: the settings that determine ``setup`` besides the
-      clients; a cached setup with another fingerprint is refused.
+      clients (a JSON dict); a cached setup with another fingerprint is
+      refused (:class:`~fedjax_dd.core.stage_cache.StaleStageError`).
   """
   num_rounds: int = 1
   num_epochs: int = 1
@@ -80,6 +84,7 @@ class ServerOptions:
   server_seed: int = -1
   teachers_from: str | None = None
   protocol: str = ""
+  stop_on_nonfinite: bool = True
   setup_fingerprint: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -162,28 +167,24 @@ def _clients(algorithm, directory, r, starts, sizes, data, train_key,
 
 def _setup(algorithm, directory, r, teachers, key, options
            ) -> tuple[dict[str, Any], bool]:
-  """Round ``r``'s setup, from its cache when the fingerprint matches.
+  """Round ``r``'s setup, from the stage cache when the fingerprint matches.
+
+  The setup is a stage output like FedD3's distilled set: it is kept in the
+  fingerprinted :class:`~fedjax_dd.core.stage_cache.StageCache` (entry
+  ``r<r>/setup``), and a cached setup computed under another fingerprint is
+  refused.
 
   Returns:
     ``(setup, computed_here)``.
   """
-  fingerprint = json.loads(json.dumps(options.setup_fingerprint, default=str))
-  with CheckpointStore(os.path.join(directory, f"r{r}", "setup"),
-                       max_to_keep=1) as store:
-    restored = store.restore(None)
-    if restored is not None:
-      theirs = restored[2].get("fingerprint")
-      if theirs != fingerprint:
-        diff = sorted(k for k in set(theirs or {}) | set(fingerprint)
-                      if (theirs or {}).get(k) != fingerprint.get(k))
-        raise ValueError(
-            f"The cached setup of round {r} in {store.directory} was computed "
-            f"with other settings ({', '.join(diff)}); use a fresh workdir.")
-      return jax.tree_util.tree_map(jax.numpy.asarray, restored[1]), False
-    setup = algorithm.setup(teachers, key)
-    if setup:  # Nothing to cache for a method without a setup.
-      store.save(r, jax.device_get(setup), {"fingerprint": fingerprint},
-                 force=True)
+  cache = StageCache(os.path.join(directory, f"r{r}"))
+  hit = cache.load("setup", options.setup_fingerprint)
+  if hit is not None:
+    return {k: jnp.asarray(v) for k, v in hit.arrays.items()}, False
+  setup = algorithm.setup(teachers, key)
+  if setup:  # Nothing to cache for a method without a setup.
+    cache.save("setup", options.setup_fingerprint, jax.device_get(setup),
+               {"round": r})
   return setup, True
 
 
@@ -301,7 +302,8 @@ def run_server_rounds(
                                  eval_every=options.eval_every,
                                  progress=options.progress,
                                  max_seconds=budget,
-                                 desc=f"round {r} epochs"),
+                                 desc=f"round {r} epochs",
+                                 stop_on_nonfinite=options.stop_on_nonfinite),
             start=start,
             index=lambda e, r=r, offset=offset: {"step": offset + e,
                                                  "round": r, "epoch": e},

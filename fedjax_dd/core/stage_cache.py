@@ -33,9 +33,8 @@ tree. The output's shapes are known only to the computation (a distilled set
 holds one block per class each client happens to hold), so the cache writes
 the shape and dtype of every array into the meta (``spec``) and rebuilds the
 template (NumPy arrays of those shapes and dtypes) from it. The meta is read
-first from the store's documented layout (``<step>/meta/metadata``, see
-:mod:`fedjax_dd.core.checkpoint`) to compare fingerprints and build the
-template; the arrays are then restored through the store, whose integrity
+first (:meth:`CheckpointStore.read_meta`) to compare fingerprints and build
+the template; the arrays are then restored through the store, whose integrity
 check decides whether the entry is usable (a damaged or half-written entry
 is a miss, with the store's warning). Zero-size arrays, which Orbax does not
 save, live in the spec only and come back empty.
@@ -49,7 +48,7 @@ import logging
 import os
 import pathlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -61,8 +60,6 @@ _log = logging.getLogger(__name__)
 
 # The one step each stage's store holds.
 _STEP = 0
-# Where CheckpointStore puts a step's meta item (its documented layout).
-_META_FILE = ("meta", "metadata")
 
 
 class StaleStageError(ValueError):
@@ -165,14 +162,13 @@ class StageCache:
     """
     current = _normalise(fingerprint)
     directory = self.path(name)
-    step_dir = directory / str(_STEP)
-    if not (step_dir / COMMIT_MARKER).exists():
-      return None
+    if not (directory / str(_STEP) / COMMIT_MARKER).exists():
+      return None  # No entry (and no store created for one).
+    with CheckpointStore(directory, max_to_keep=1) as store:
+      meta = store.read_meta(_STEP)
     try:
-      with open(step_dir.joinpath(*_META_FILE), encoding="utf-8") as f:
-        meta = json.load(f)
       cached, spec = meta["fingerprint"], meta["spec"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (KeyError, TypeError) as e:
       _log.warning("Stage %r in %s has unreadable metadata (%s); computing "
                    "it again.", name, directory, e)
       return None
@@ -221,3 +217,30 @@ class StageCache:
     meta = {"fingerprint": current, "spec": spec, "info": dict(info or {})}
     with CheckpointStore(self.path(name), max_to_keep=1) as store:
       store.save(_STEP, tree, meta, force=True)
+
+  def get_or_compute(
+      self, name: str, fingerprint: Mapping[str, Any],
+      compute: Callable[[], tuple[Mapping[str, Any], Mapping[str, Any]]]
+  ) -> tuple[CachedStage, bool]:
+    """The cached output of stage ``name``, computed and saved on a miss.
+
+    Args:
+      name: the stage.
+      fingerprint: JSON dict of the settings that determine the output.
+      compute: ``() -> (arrays, info)``, run only on a miss.
+
+    Returns:
+      ``(stage, computed)``: the output as :meth:`load` returns it (host
+      arrays) and whether ``compute`` ran.
+
+    Raises:
+      StaleStageError: the entry was saved under another fingerprint.
+    """
+    hit = self.load(name, fingerprint)
+    if hit is not None:
+      return hit, False
+    arrays, info = compute()
+    self.save(name, fingerprint, arrays, info)
+    host = {str(k): np.asarray(v) for k, v in arrays.items()}
+    return CachedStage(arrays=host, info=json.loads(json.dumps(dict(info or {})))), True
+

@@ -163,9 +163,9 @@ def seed_table(name: str, summaries: Sequence[Mapping[str, Any]], *,
   Returns:
     ``{"name", "method", "dataset", "num_seeds", "seeds", "stats", "runs"}``:
     ``stats[key]`` is :func:`mean_sd` of that key over the runs; ``runs``
-    holds per run its ``seed`` and ``data_seed`` (from the summary's
-    ``config``), ``rounds``, the ``stats`` values, ``command`` and
-    ``workdir``.
+    holds per run its ``seed`` and ``data_seed`` (the summary's
+    ``config["seed"]`` and ``config["data"]["seed"]``), ``rounds``, the
+    ``stats`` values, ``command`` and ``workdir``.
   """
   n = len(summaries)
   stats = stats_for(summaries) if stats is None else tuple(stats)
@@ -177,7 +177,8 @@ def seed_table(name: str, summaries: Sequence[Mapping[str, Any]], *,
   runs = []
   for s, cmd, wd in zip(summaries, commands, workdirs):
     config = s.get("config") or {}
-    run = {"seed": config.get("seed"), "data_seed": config.get("data_seed"),
+    run = {"seed": config.get("seed"),
+           "data_seed": (config.get("data") or {}).get("seed"),
            "rounds": s.get("rounds")}
     run.update({k: _number(get_stat(s, k)) for k in stats})
     run.update(command=cmd, workdir=wd)

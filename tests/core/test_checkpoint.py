@@ -419,3 +419,14 @@ def test_step_validation_and_closed_store(tmp_path):
     store.save(3, make_state(3))
   with pytest.raises(ValueError, match="closed"):
     store.restore(make_state(0))
+
+
+def test_read_meta_reads_only_committed_steps(tmp_path):
+  store = C.CheckpointStore(tmp_path / "ck")
+  assert store.read_meta(0) is None
+  store.save(3, {"x": jnp.ones(2)}, {"fingerprint": {"a": 1}}, force=True)
+  assert store.read_meta(3) == {"fingerprint": {"a": 1}}
+  assert store.read_meta(4) is None
+  (tmp_path / "ck" / "3" / "meta" / "metadata").write_text("{not json")
+  assert store.read_meta(3) is None
+  store.close()

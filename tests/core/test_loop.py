@@ -82,3 +82,27 @@ def test_resume_from_store_is_bit_identical(tmp_path):
   assert int(rest.carry) == int(full.carry)
   assert writer.rows() == full.rows
   assert np.asarray(store.all_steps()).tolist()[-1] == 6
+
+
+def test_non_finite_row_stops_before_write_and_save(tmp_path):
+  writer = MetricsWriter(tmp_path / "m.jsonl")
+  saved = []
+
+  def diverging(carry, t):
+    return carry + 1, {"loss": jnp.asarray(np.nan if t == 3 else 1.0)}
+
+  with pytest.raises(loop_lib.NonFiniteError, match="step 3.*loss=nan") as e:
+    loop_lib.run_loop(diverging, jnp.asarray(0), loop_lib.LoopOptions(
+        num_steps=5, progress=False), writer=writer,
+                      save=lambda t, c, f: saved.append(t))
+  assert e.value.step == 3 and e.value.keys == ["loss"]
+  assert e.value.last_saved == 2 and saved == [1, 2]
+  assert [r["step"] for r in writer.rows()] == [1, 2]
+  # A non-finite test loss counts too; the option keeps going.
+  with pytest.raises(loop_lib.NonFiniteError, match="test_loss"):
+    loop_lib.run_loop(_step, jnp.asarray(0, jnp.int32), loop_lib.LoopOptions(
+        num_steps=2, progress=False),
+                      evaluate=lambda c: {"accuracy": 0.1, "loss": np.inf})
+  kept = loop_lib.run_loop(diverging, jnp.asarray(0), loop_lib.LoopOptions(
+      num_steps=4, progress=False, stop_on_nonfinite=False))
+  assert kept.last_step == 4 and np.isnan(kept.rows[2]["loss"])

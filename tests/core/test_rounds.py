@@ -180,3 +180,29 @@ def test_no_budget_runs_all_rounds():
                                   progress=False, clock=lambda: 1e9)
   state, _, rows = rounds_lib.run_rounds(alg, state0, data, num_steps, opts)
   assert int(state.round) == 3 and len(rows) == 3
+
+
+def test_diverging_training_stops_keeping_the_last_good_checkpoint(tmp_path):
+  from fedjax_dd.core.loop import NonFiniteError
+  task = tiny_task()
+  x, y, n = synthetic_clients()
+  data = jax.device_put(ClientData(x=x, y=y, num_examples=n))
+  num_steps = steps_for(data.num_examples, 4, epochs=1)
+  # lr = 1e20 makes the first round's loss non-finite (1e6 only huge).
+  alg = fedavg(task, optax.sgd(1e20), batch_size=4,
+               max_steps=int(jnp.max(num_steps)))
+  params, stats = task.init(jax.random.PRNGKey(0))
+  server, clients = alg.init(params, stats, 4)
+  state = ExperimentState(server, clients, jax.random.PRNGKey(1),
+                          jnp.asarray(0, jnp.int32))
+  store = CheckpointStore(tmp_path / "ckpt")
+  writer = MetricsWriter(tmp_path / "metrics.jsonl")
+  with pytest.raises(NonFiniteError, match="rounds: step") as e:
+    rounds_lib.run_rounds(alg, state, data, num_steps,
+                          rounds_lib.RoundsOptions(num_rounds=3,
+                                                   clients_per_round=4,
+                                                   progress=False),
+                          writer=writer, store=store)
+  bad = e.value.step
+  assert store.all_steps() == list(range(1, bad))[-2:]
+  assert len(writer.rows()) == bad - 1

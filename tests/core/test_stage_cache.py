@@ -111,3 +111,22 @@ def test_invalid_arguments(tmp_path):
   meta = json.loads((cache.path("s") / "0" / "meta" / "metadata").read_text())
   assert meta["fingerprint"]["shape"] == [8, 8, 1]
   assert meta["spec"]["empty"] == {"shape": [0, 3], "dtype": "int32"}
+
+
+def test_get_or_compute_runs_compute_once(tmp_path):
+  cache = StageCache(tmp_path / "stages")
+  calls = []
+
+  def compute():
+    calls.append(1)
+    return {"x": np.arange(6, dtype=np.uint8).reshape(2, 3)}, {"seconds": 1.5}
+
+  first, computed = cache.get_or_compute("s", {"k": 1}, compute)
+  again, cached = StageCache(tmp_path / "stages").get_or_compute(
+      "s", {"k": 1}, compute)
+  assert computed and not cached and calls == [1]
+  for got in (first, again):
+    np.testing.assert_array_equal(got.arrays["x"], [[0, 1, 2], [3, 4, 5]])
+    assert got.arrays["x"].dtype == np.uint8 and got.info == {"seconds": 1.5}
+  with pytest.raises(StaleStageError, match="k"):
+    cache.get_or_compute("s", {"k": 2}, compute)

@@ -16,8 +16,8 @@ from fedjax_dd.experiments.configs import hfldd as hfldd_config
 
 
 def _config(**kw):
-  return ml_collections.ConfigDict({"dataset": "digits", "data_dir": "",
-                                    "data_seed": 0, "resplit": 0.0, **kw})
+  return ml_collections.ConfigDict({"data": {
+      "dataset": "digits", "data_dir": "", "seed": 0, "resplit": 0.0, **kw}})
 
 
 def test_load_dataset_resplit_80_20_on_digits():
@@ -26,24 +26,24 @@ def test_load_dataset_resplit_80_20_on_digits():
   re = common.load_dataset(_config(resplit=0.8))
   # 1,797 pooled images: round(1437.6) = 1438 train, 359 test.
   assert (re.x_train.shape[0], re.x_test.shape[0]) == (1438, 359)
-  # The named stream is default_rng([data_seed, 5]), as it has always been.
+  # The named stream is default_rng([data.seed, 5]), as it has always been.
   for rng in (keys.numpy_stream(0, keys.Stream.RESPLIT),
               np.random.default_rng([0, 5])):
     want = sources.resplit(plain, 0.8, rng=rng)
     np.testing.assert_array_equal(re.x_test, want.x_test)
     np.testing.assert_array_equal(re.y_train, want.y_train)
-  other = common.load_dataset(_config(resplit=0.8, data_seed=1))
+  other = common.load_dataset(_config(resplit=0.8, seed=1))
   assert not np.array_equal(other.y_test, re.y_test)
 
 
 def test_local_steps_from_steps_or_epochs():
   n = np.array([0, 1, 16, 17, 100])
-  c = ml_collections.ConfigDict({"batch_size": 16, "local_steps": 0,
-                                 "local_epochs": 1.0})
+  c = ml_collections.ConfigDict({"client": {"batch_size": 16, "local_steps": 0,
+                                            "local_epochs": 1.0}})
   np.testing.assert_array_equal(common.local_steps(c, n), [0, 1, 1, 2, 7])
-  c.local_epochs = 2.0
+  c.client.local_epochs = 2.0
   np.testing.assert_array_equal(common.local_steps(c, n), [0, 2, 2, 4, 14])
-  c.local_steps = 5                 # overrides the epochs
+  c.client.local_steps = 5          # overrides the epochs
   np.testing.assert_array_equal(common.local_steps(c, n), [0, 5, 5, 5, 5])
 
 
@@ -51,8 +51,8 @@ def test_kip_options_one_name_per_setting():
   c = fedd3_config.get_config("mnist_noniid_kip_labels")
   opts = common.kip_options(c)
   assert opts == KipOptions(max_iterations=3000, learn_labels=True)
-  for f in dataclasses.fields(KipOptions):   # every field from kip_<field>
-    assert c[f"kip_{f.name}"] == getattr(opts, f.name)
+  for f in dataclasses.fields(KipOptions):   # every field from kip.<field>
+    assert c.kip[f.name] == getattr(opts, f.name)
   h = common.kip_options(hfldd_config.get_config("smoke"))
   assert h.stop_accuracy is None and h.max_iterations == 4
   assert h.segment_iterations == 2
@@ -64,8 +64,8 @@ def test_kip_kernel_depth_zero_is_the_kernels_default():
   from fedjax_dd.kernels import ntk
   np.testing.assert_allclose(common.kip_kernel(c)(x, x),
                              ntk.fc_kernel(depth=4)(x, x), rtol=1e-6)
-  c.kip_kernel = "nope"
-  with pytest.raises(ValueError, match="kip_kernel"):
+  c.kip.kernel = "nope"
+  with pytest.raises(ValueError, match="kip.kernel"):
     common.kip_kernel(c)
 
 

@@ -29,7 +29,7 @@ def test_console_script_centralized_smoke(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "fedjax_dd.experiments.main",
        "--config=experiments/configs/centralized.py:smoke",
-       f"--workdir={workdir}", "--config.progress=False"],
+       f"--workdir={workdir}", "--config.run.progress=False"],
       cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary, rows = _read(workdir)
@@ -41,16 +41,52 @@ def test_console_script_centralized_smoke(tmp_path):
   assert summary["bytes_total"] == 0
 
 
+@pytest.mark.parametrize("override, nearest", [
+    ("--config.clinet.lr=0.1", "client"),          # a misspelled group
+    ("--config.client.lrr=0.1", "client.lr"),      # a misspelled key in one
+    ("--config.data_seed=1", "data.seed"),         # a flat name of old
+])
+def test_unknown_override_is_a_one_line_usage_error(tmp_path, override,
+                                                    nearest):
+  proc = subprocess.run(
+      [sys.executable, "-m", "fedjax_dd.experiments.main",
+       "--config=experiments/configs/fedavg.py:smoke",
+       f"--workdir={tmp_path / 'w'}", override],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode != 0
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1, proc.stderr[-3000:]     # no traceback
+  key = override.split("=")[0].removeprefix("--config.").split(".")
+  assert lines[0].startswith("FATAL Flags parsing error: Unknown config key ")
+  assert f"did you mean {nearest}" in lines[0], lines[0]
+  assert override.split("=")[0] in lines[0] and key[-1] in lines[0]
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_diverging_run_exits_non_zero_with_one_line(tmp_path):
+  workdir = tmp_path / "nan"
+  proc = subprocess.run(
+      [sys.executable, "-m", "fedjax_dd.experiments.main",
+       "--config=experiments/configs/fedavg.py:smoke", f"--workdir={workdir}",
+       "--config.client.lr=1e20", "--config.run.progress=False"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 1
+  fatal = [l for l in proc.stderr.splitlines() if l.startswith("FATAL")]
+  assert len(fatal) == 1 and "rounds: step 1 produced non-finite" in fatal[0]
+  assert "Traceback" not in proc.stderr
+  assert not os.path.exists(workdir / "summary.json")
+
+
 def test_fedavg_resume_with_more_rounds_continues(tmp_path):
   workdir = str(tmp_path / "f")
   config = fedavg.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   # A spent time budget still runs (and checkpoints) one round ...
-  config.max_wall_seconds = 1e-9
+  config.run.max_wall_seconds = 1e-9
   budgeted = runners.RUNNERS[config.runner](config, workdir)
   assert budgeted["rounds"] == 1 and budgeted["stopped_by_time_budget"]
   # ... and the run resumes from it.
-  config.max_wall_seconds = 0.0
+  config.run.max_wall_seconds = 0.0
   first = runners.RUNNERS[config.runner](config, workdir)
   assert not first["stopped_by_time_budget"]
   _, rows2 = _read(workdir)
@@ -66,12 +102,12 @@ def test_fedavg_resume_with_more_rounds_continues(tmp_path):
 
 def test_os_fedavg_and_fedd3_smoke(tmp_path):
   config = os_fedavg.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   s = runners.RUNNERS[config.runner](config, str(tmp_path / "os"))
   assert s["rounds"] == 1 and s["bytes_downloaded"] == 0
   assert s["bytes_uploaded"] == 8 * s["param_count"] * 4
   config = fedd3.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   config.rounds = 2
   s = runners.RUNNERS[config.runner](config, str(tmp_path / "d3"))
   assert s["distilled_images_total"] == 40  # 10 clients x 2 classes x 2 img/cls
@@ -90,7 +126,9 @@ def test_os_fedavg_a05_trains_the_same_clients_as_fedhydra():
   from fedjax_dd.experiments.configs import os_fedavg as os_config
   os_c, fh_c = os_config.get_config("mnist_a0.5"), fedhydra_config.get_config(
       "mnist_a0.5")
-  for key in ("dataset", "model", "num_clients", "batch_size", "local_epochs",
-              "lr", "momentum", "optimizer", "seed", "data_seed"):
-    assert os_c[key] == fh_c[key], key
-  assert os_c.partition.to_dict() == fh_c.partition.to_dict()
+  from fedjax_dd.experiments import common
+  from fedjax_dd.experiments import run_fedhydra
+  # The client protocol: every field teachers_from checks.
+  for path in run_fedhydra._PROTOCOL_FIELDS:
+    assert common.config_value(os_c, path) == common.config_value(
+        fh_c, path), path

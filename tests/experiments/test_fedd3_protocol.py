@@ -24,18 +24,21 @@ FEDAVG_PRESETS = ("mnist_iid", "mnist_c1", "mnist_c2", "mnist_c10",
 def test_fedd3_presets_follow_the_paper(arg):
   c = fedd3.get_config(arg)
   # The early-stop rule as written (App. C), or a fixed budget for _full.
-  assert c.kip_min_iterations == 0
-  assert c.kip_stop_accuracy == (None if arg == "mnist_noniid_kip_full" else 0.999)
-  assert c.kip_max_iterations == (20 if arg == "smoke" else 3000)
-  assert c.kip_learn_labels == (arg == "mnist_noniid_kip_labels")
+  assert c.kip.min_iterations == 0
+  assert c.kip.stop_accuracy == (None if arg == "mnist_noniid_kip_full"
+                                 else 0.999)
+  assert c.kip.max_iterations == (20 if arg == "smoke" else 3000)
+  assert c.kip.learn_labels == (arg == "mnist_noniid_kip_labels")
   # Server training: SGD, momentum 0.9, batch 50 (App. C).
-  assert (c.optimizer, c.momentum, c.batch_size) == ("sgd", 0.9, 50)
-  assert c.distiller == ("random" if "random" in arg else
-                         "gmm" if "gmm" in arg else "kip")
+  assert (c.client.optimizer, c.client.momentum, c.client.batch_size) == (
+      "sgd", 0.9, 50)
+  assert c.fedd3.distiller == ("random" if "random" in arg else
+                               "gmm" if "gmm" in arg else "kip")
   if arg.startswith("cifar10"):
-    assert c.model == "alexcifarnet" and tuple(c.gce_gammas) == (0.1, 2.0)
+    assert c.model.name == "alexcifarnet"
+    assert tuple(c.server.gce_gammas) == (0.1, 2.0)
   else:
-    assert tuple(c.gce_gammas) == (0.01, 0.5)
+    assert tuple(c.server.gce_gammas) == (0.01, 0.5)
 
 
 def test_unknown_fedd3_preset_raises():
@@ -62,9 +65,9 @@ def test_the_papers_alexnet_is_the_registered_alexcifarnet():
 @pytest.mark.parametrize("arg", FEDAVG_PRESETS)
 def test_fedavg_family_presets_build_with_gce_gammas(module, arg):
   c = module.get_config(arg)
-  assert c.gce_gammas
+  assert c.server.gce_gammas
   if module is fedprox:
-    assert c.mu == (0.1 if arg.endswith("fedd3") else 0.01)
+    assert c.client.mu == (0.1 if arg.endswith("fedd3") else 0.01)
 
 
 @pytest.mark.parametrize("arg, model, rounds", [
@@ -73,30 +76,32 @@ def test_fedd3_protocol_baselines_share_fedd3s_split(arg, model, rounds):
   ref = fedd3.get_config("mnist_noniid_kip")
   for module in (fedavg, fedprox):
     c = module.get_config(arg)
-    assert (c.model, c.rounds, c.num_clients) == (model, rounds, 500)
-    assert c.partition.to_dict() == ref.partition.to_dict()
-    assert (c.local_epochs, c.batch_size, c.momentum) == (10.0, 50, 0.9)
+    assert (c.model.name, c.rounds, c.data.num_clients) == (model, rounds, 500)
+    assert c.data.partition.to_dict() == ref.data.partition.to_dict()
+    assert (c.client.local_epochs, c.client.batch_size,
+            c.client.momentum) == (10.0, 50, 0.9)
     # The paper uses the same learning rate for FedD3 and the baselines.
-    assert c.lr == ref.lr
-  assert fedprox.get_config(arg).mu == 0.1
-  assert fedavg.get_config("mnist_iid_fedd3").partition.name == "iid"
+    assert c.client.lr == ref.client.lr
+  assert fedprox.get_config(arg).client.mu == 0.1
+  assert fedavg.get_config("mnist_iid_fedd3").data.partition.name == "iid"
 
 
 @pytest.mark.parametrize("arg", ["mnist_noniid", "cifar10_noniid"])
 def test_one_shot_fedavg_matches_fedd3s_setup(arg):
   c = os_fedavg.get_config(arg)
   ref = fedd3.get_config("mnist_noniid_kip")
-  assert c.partition.to_dict() == ref.partition.to_dict()
-  assert (c.num_clients, c.rounds, c.batch_size, c.momentum, c.lr) == (
-      500, 1, 50, 0.9, ref.lr)
-  assert c.model == ("lenet5" if arg.startswith("mnist") else "alexcifarnet")
-  assert c.gce_gammas
+  assert c.data.partition.to_dict() == ref.data.partition.to_dict()
+  assert (c.data.num_clients, c.rounds, c.client.batch_size,
+          c.client.momentum, c.client.lr) == (500, 1, 50, 0.9, ref.client.lr)
+  assert c.model.name == ("lenet5" if arg.startswith("mnist")
+                          else "alexcifarnet")
+  assert c.server.gce_gammas
 
 
 def test_baseline_gce_charges_one_model_upload_per_round(tmp_path):
   # FedAvg smoke: 8 clients, 2 rounds, all clients every round.
   config = fedavg.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   s = runners.RUNNERS[config.runner](config, str(tmp_path / "fa"))
   model = s["param_count"] * 32
   assert s["gce_message_bits"] == [[1, model], [2, model]]
@@ -109,6 +114,6 @@ def test_baseline_gce_charges_one_model_upload_per_round(tmp_path):
       acc, [8 * model, 16 * model], (0.01, 0.5))
 
   config = os_fedavg.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   s = runners.RUNNERS[config.runner](config, str(tmp_path / "os"))
   assert s["gce_message_bits"] == [[1, s["param_count"] * 32]]

@@ -11,15 +11,18 @@ from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.stage_cache import StageCache, StaleStageError
 from fedjax_dd.experiments import run_fedd3
 from fedjax_dd.experiments import runners
+from fedjax_dd.experiments.configs import base
 from fedjax_dd.experiments.configs import fedd3
 
 
 def _smoke(**overrides):
+  """The smoke preset, 1 round; ``overrides`` by dotted path with ``__``
+  for ``.`` (``fedd3__distiller="random"``)."""
   config = fedd3.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   config.rounds = 1
   for k, v in overrides.items():
-    config[k] = v
+    base.set_path(config, k.replace("__", "."), v)
   return config
 
 
@@ -76,7 +79,8 @@ def test_distilled_from_reuses_the_upload_and_checks_settings(smoke_run, tmp_pat
   x_first = _cached(workdir).x
 
   # A server-side variant trains on the same upload without distilling.
-  config = _smoke(distilled_from=str(workdir), lr=0.05, batch_size=8)
+  config = _smoke(fedd3__distilled_from=str(workdir), client__lr=0.05,
+                  client__batch_size=8)
   second = runners.RUNNERS[config.runner](config, str(tmp_path / "b"))
   assert not os.path.exists(tmp_path / "b" / "stages")
   assert second["distilled_from"] == str(workdir) and second["distilled_cached"]
@@ -88,11 +92,11 @@ def test_distilled_from_reuses_the_upload_and_checks_settings(smoke_run, tmp_pat
   np.testing.assert_array_equal(_cached(workdir).x, x_first)
 
   # A distillation setting differs: the cache is refused, naming it.
-  config = _smoke(distilled_from=str(workdir), kip_lr=0.01)
-  with pytest.raises(StaleStageError, match="kip_lr"):
+  config = _smoke(fedd3__distilled_from=str(workdir), kip__lr=0.01)
+  with pytest.raises(StaleStageError, match=r"kip\.lr"):
     runners.RUNNERS[config.runner](config, str(tmp_path / "c"))
   # A workdir without a distilled set.
-  config = _smoke(distilled_from=str(tmp_path / "nothing"))
+  config = _smoke(fedd3__distilled_from=str(tmp_path / "nothing"))
   with pytest.raises(ValueError, match="holds no distilled set"):
     runners.RUNNERS[config.runner](config, str(tmp_path / "d"))
 
@@ -100,8 +104,8 @@ def test_distilled_from_reuses_the_upload_and_checks_settings(smoke_run, tmp_pat
 def test_own_cache_under_other_settings_is_refused(smoke_run, tmp_path):
   workdir, _ = smoke_run
   # Reusing a workdir with another partition seed is a different experiment.
-  with pytest.raises(ValueError, match="data_seed"):
-    runners.RUNNERS["fedd3"](_smoke(data_seed=1), str(workdir))
+  with pytest.raises(ValueError, match=r"data\.seed"):
+    runners.RUNNERS["fedd3"](_smoke(data__seed=1), str(workdir))
 
 
 def test_a_killed_run_resumes_on_its_cached_distilled_set(
@@ -139,7 +143,8 @@ def test_a_killed_run_resumes_on_its_cached_distilled_set(
 
 def test_random_control_sends_raw_images_at_the_same_budget(smoke_run, tmp_path):
   _, kip = smoke_run
-  s = runners.RUNNERS["fedd3"](_smoke(distiller="random"), str(tmp_path / "r"))
+  s = runners.RUNNERS["fedd3"](_smoke(fedd3__distiller="random"),
+                              str(tmp_path / "r"))
   assert s["distiller"] == "random"
   assert s["distilled_images_total"] == kip["distilled_images_total"] == 40
   assert s["bytes_total"] == kip["bytes_total"]
@@ -151,8 +156,8 @@ def test_random_control_sends_raw_images_at_the_same_budget(smoke_run, tmp_path)
 
 
 def test_hybrid_with_learned_labels_trains_on_soft_targets(tmp_path):
-  config = _smoke(method="fedd3_hybrid", kip_learn_labels=True,
-                  kip_max_iterations=3, kip_stop_accuracy=None)
+  config = _smoke(method="fedd3_hybrid", kip__learn_labels=True,
+                  kip__max_iterations=3, kip__stop_accuracy=None)
   s = runners.RUNNERS["fedd3"](config, str(tmp_path / "h"))
   assert s["learned_labels"] is True
   assert np.isfinite(s["final_test_accuracy"])

@@ -25,7 +25,7 @@ def test_fedhydra_smoke_then_resume(tmp_path):
               "U_c", "stage_seconds", "bytes_uploaded", "wall_seconds",
               "config"):
     assert key in summary, key
-  m, c = config.num_clients, 10
+  m, c = config.data.num_clients, 10
   assert np.asarray(summary["U_r"]).shape == (c, m)
   np.testing.assert_allclose(np.asarray(summary["U_r"]).sum(1), 1.0, rtol=1e-5)
   assert len(summary["client_test_accuracy"]) == m
@@ -58,7 +58,7 @@ def test_fedhydra_multi_round_then_resume(tmp_path, monkeypatch):
   """Paper Tab. 5: clients restart from the distilled model each round."""
   config = fedhydra_config.get_config("smoke")
   config.rounds = 2
-  config.distill_epochs = 2
+  config.dfkd.distill_epochs = 2
   workdir = str(tmp_path / "fh")
   events = []
   build, has_epochs = run_fedhydra.BUILDERS["fedhydra"]
@@ -88,7 +88,7 @@ def test_fedhydra_multi_round_then_resume(tmp_path, monkeypatch):
   chex.assert_trees_all_equal(starts[1], distilled[0])
   with pytest.raises(AssertionError):
     chex.assert_trees_all_equal(starts[0], distilled[0])
-  m, size = config.num_clients, summary["param_count"] * 4
+  m, size = config.data.num_clients, summary["param_count"] * 4
   assert summary["rounds"] == 2
   assert [r["round"] for r in summary["per_round"]] == [1, 2]
   # Round 1 uploads; round 2 downloads the global model, then uploads.
@@ -109,14 +109,14 @@ def test_dense_reuses_fedhydra_clients(tmp_path):
   summary = run_fedhydra.run(config, workdir)
   # DENSE on the same clients (teachers_from): identical client accuracies.
   dconf = dense_config.get_config("smoke")
-  dconf.teachers_from = workdir
+  dconf.server.teachers_from = workdir
   dsum = run_fedhydra.run(dconf, str(tmp_path / "de"))
   assert dsum["client_test_accuracy"] == summary["client_test_accuracy"]
   assert "U" not in dsum and np.isfinite(dsum["final_test_accuracy"])
   # server_seed repeats the server stage over the same clients: the clients
   # are reused, the stratification is drawn anew.
   rconf = fedhydra_config.get_config("smoke")
-  rconf.teachers_from, rconf.server_seed = workdir, 3
+  rconf.server.teachers_from, rconf.server.seed = workdir, 3
   rsum = run_fedhydra.run(rconf, str(tmp_path / "fh_s3"))
   assert rsum["client_test_accuracy"] == summary["client_test_accuracy"]
   assert rsum["stage_seconds"]["local_training_seconds"] == 0
@@ -136,7 +136,7 @@ def _upload_bytes(names, num_classes, input_shape):
 
 
 def _check_hetero(config, summary, workdir):
-  m = config.num_clients
+  m = config.data.num_clients
   assert summary["client_models"] == ["cnn2", "digits_cnn", "cnn2"]
   assert len(summary["client_test_accuracy"]) == m
   assert all(0.0 <= a <= 1.0 for a in summary["client_test_accuracy"])
@@ -171,7 +171,7 @@ def test_hetero_refusals(tmp_path):
     run_fedhydra.run(config, str(tmp_path / "r2"))
   # LeNet-5's two VALID 5x5 convolutions do not fit 8x8 digits.
   config = fedhydra_config.get_config("smoke_hetero")
-  config.client_models = "cnn2,lenet5"
+  config.model.client_models = "cnn2,lenet5"
   with pytest.raises(ValueError, match="'lenet5' does not accept"):
     run_fedhydra.run(config, str(tmp_path / "le"))
 
@@ -182,7 +182,7 @@ def test_fedhydra_hetero_smoke_then_resume(tmp_path):
   workdir = str(tmp_path / "fh")
   summary = run_fedhydra.run(config, workdir)
   _check_hetero(config, summary, workdir)
-  c, m = 10, config.num_clients
+  c, m = 10, config.data.num_clients
   for k in ("U", "U_r", "U_c"):
     assert np.asarray(summary[k]).shape == (c, m), k
   np.testing.assert_allclose(np.asarray(summary["U_r"]).sum(1), 1.0, rtol=1e-5)

@@ -57,7 +57,7 @@ def _check_hfldd_summary(s, workdir):
 
 def _smoke(tmp_path, rounds=2):
   config = hfldd_config.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   config.rounds = rounds
   return config, runners.RUNNERS[config.runner](config, str(tmp_path))
 
@@ -67,29 +67,30 @@ def test_hfldd_smoke(tmp_path):
   _check_hfldd_summary(s, tmp_path)
   assert s["num_heads"] >= 2
   # Every non-head member sends |D~_i| = support_size (all hold more).
-  assert s["distilled_samples_total"] == (20 - s["num_heads"]) * config.support_size
+  assert s["distilled_samples_total"] == (
+      20 - s["num_heads"]) * config.hfldd.support_size
   assert s["rounds"] == 2
   assert s["stage_info"]["kip_members"] == 20 - s["num_heads"]
-  # A fixed budget: every member ran all kip_max_iterations.
-  assert s["stage_info"]["kip_iterations_max"] == config.kip_max_iterations
-  assert s["stage_info"]["kip_iterations_mean"] == config.kip_max_iterations
+  # A fixed budget: every member ran all kip.max_iterations.
+  assert s["stage_info"]["kip_iterations_max"] == config.kip.max_iterations
+  assert s["stage_info"]["kip_iterations_mean"] == config.kip.max_iterations
   assert set(s["kip_loss"]) == {"first_min", "first_median", "last_min",
                                 "last_median"}
   assert s["privacy"]["identical_to_raw_fraction"] < 1.0
   assert s["member_data"] == "kip" and s["sent_label_bytes"] == 0
   assert s["eq18_bytes"] == s["bytes_total"] and not s["stages_cached"]
   # Balanced C = 1: 2 clients per digit class.
-  assert s["config"]["partition"]["style"] == "balanced"
+  assert s["config"]["data"]["partition"]["style"] == "balanced"
 
 
 def test_hfldd_survives_iid_clients_and_unbalanced_clusters(tmp_path):
   # C = 10: every client holds every class, so the KL rows are close and
   # KMeans makes clusters of very different sizes (or fewer than K).
   config = hfldd_config.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   config.rounds = 1
-  config.partition.num_classes_per_client = 10
-  config.local_steps = 3                    # the heads honour local_steps
+  config.data.partition.num_classes_per_client = 10
+  config.client.local_steps = 3             # the heads honour local_steps
   s = runners.RUNNERS[config.runner](config, str(tmp_path))
   _check_hfldd_summary(s, tmp_path)
   rows = load_metrics(os.path.join(tmp_path, "metrics.jsonl"))
@@ -109,17 +110,17 @@ def test_hfldd_resume_reuses_cached_stages(tmp_path):
   assert s2["accuracy_by_round"][:2] == s["accuracy_by_round"]
   assert s2["clusters"] == s["clusters"]
   _check_hfldd_summary(s2, tmp_path)
-  config.support_size = 10                  # a stage setting: refuse the cache
-  with pytest.raises(ValueError, match="support_size"):
+  config.hfldd.support_size = 10            # a stage setting: refuse the cache
+  with pytest.raises(ValueError, match=r"hfldd\.support_size"):
     runners.RUNNERS[config.runner](config, str(tmp_path))
 
 
 def test_fedseq_smoke_eq19_traffic_and_local_steps(tmp_path):
   config = fedseq_config.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   config.rounds = 1
-  config.group_by_similarity = False
-  config.local_steps = 2
+  config.hfldd.group_by_similarity = False
+  config.client.local_steps = 2
   s = runners.RUNNERS[config.runner](config, str(tmp_path))
   assert s["num_groups"] == 5 and s["group_size"] == 4
   assert sorted(i for g in s["groups"] for i in g) == list(range(20))
@@ -137,35 +138,44 @@ def test_fedseq_smoke_eq19_traffic_and_local_steps(tmp_path):
 def test_sent_label_bits_counts_what_is_sent():
   config = hfldd_config.get_config("smoke")
   assert run_hfldd.sent_label_bits(config) == 0       # fixed labels
-  config.kip_learn_labels = True
+  config.kip.learn_labels = True
   assert run_hfldd.sent_label_bits(config) == 32      # float32 learned labels
-  config.sent_label_bits = 0                          # Eq. 18 to the letter
+  config.hfldd.sent_label_bits = 0                    # Eq. 18 to the letter
   assert run_hfldd.sent_label_bits(config) == 0
   raw = wodd_config.get_config("smoke")
-  raw.kip_learn_labels = True
+  raw.kip.learn_labels = True
   assert run_hfldd.sent_label_bits(raw) == 0
 
 
 def test_presets_follow_the_paper():
   for preset in hfldd_config.PRESETS:
     c = hfldd_config.get_config(preset)
-    assert c.partition.style == "balanced" and c.member_data == "kip"
+    assert c.data.partition.style == "balanced"
+    assert c.hfldd.member_data == "kip"
     if preset.endswith("_gpu"):
-      assert (c.kip_max_iterations, c.rounds, c.resplit) == (3000, 300, 0.8)
+      assert (c.kip.max_iterations, c.rounds, c.data.resplit) == (3000, 300,
+                                                                  0.8)
       assert not c.paper_departures
     else:
-      assert 0 < c.kip_max_iterations < 3000 and c.resplit == 0.0
+      assert 0 < c.kip.max_iterations < 3000 and c.data.resplit == 0.0
       # A CPU preset says where it departs (the smoke preset is no protocol).
       assert bool(c.paper_departures) == (preset != "smoke")
       if preset != "smoke":
-        assert str(c.kip_max_iterations) in c.paper_departures[0]
+        assert str(c.kip.max_iterations) in c.paper_departures[0]
     # HFLDD's KIP runs a fixed budget (no accuracy stop).
-    assert c.kip_stop_accuracy is None and c.kip_min_iterations == 0
-  assert random_config.get_config("mnist_c1").member_data == "random"
-  assert wodd_config.get_config("mnist_c1_gpu").member_data == "raw"
+    assert c.kip.stop_accuracy is None and c.kip.min_iterations == 0
+    # FedSeq's grouping keys are not HFLDD's.
+    assert "num_groups" not in c.hfldd
+  assert random_config.get_config("mnist_c1").hfldd.member_data == "random"
+  assert wodd_config.get_config("mnist_c1_gpu").hfldd.member_data == "raw"
+  # FedSeq: the same presets without the member stage (no KIP, no uploads).
+  s = fedseq_config.get_config("mnist_c1")
+  assert "kip" not in s and "member_data" not in s.hfldd
+  assert (s.hfldd.num_groups, s.hfldd.fedseq_traffic) == (10, "eq19")
   cl = centralized_config.get_config("mnist_hfldd")
-  assert (cl.optimizer, cl.lr, cl.batch_size) == ("sgd", 0.01, 64)
-  assert centralized_config.get_config("cifar10_hfldd_gpu").resplit == 0.8
+  assert (cl.client.optimizer, cl.client.lr, cl.client.batch_size) == (
+      "sgd", 0.01, 64)
+  assert centralized_config.get_config("cifar10_hfldd_gpu").data.resplit == 0.8
   with pytest.raises(ValueError, match="member_data"):
     hfldd_config.hfldd_preset("smoke", member_data="distilled")
 
@@ -173,13 +183,14 @@ def test_presets_follow_the_paper():
 @pytest.mark.slow
 def test_hfldd_random_control_smoke(tmp_path):
   config = random_config.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   config.rounds = 1
-  config.local_steps = 2
+  config.client.local_steps = 2
   s = runners.RUNNERS[config.runner](config, str(tmp_path))
   _check_hfldd_summary(s, tmp_path)
   # The KIP upload budget, but raw images.
-  assert s["distilled_samples_total"] == (20 - s["num_heads"]) * config.support_size
+  assert s["distilled_samples_total"] == (
+      20 - s["num_heads"]) * config.hfldd.support_size
   assert s["privacy"]["identical_to_raw_fraction"] == 1.0
   assert s["kip_loss"] is None and s["member_data"] == "random"
   rows = load_metrics(os.path.join(tmp_path, "metrics.jsonl"))
@@ -189,7 +200,7 @@ def test_hfldd_random_control_smoke(tmp_path):
 @pytest.mark.slow
 def test_hfldd_wodd_smoke(tmp_path):
   config = wodd_config.get_config("smoke")
-  config.progress = False
+  config.run.progress = False
   s = runners.RUNNERS[config.runner](config, str(tmp_path))
   _check_hfldd_summary(s, tmp_path)
   # Raw data: the heads together hold the whole training split.
@@ -208,9 +219,9 @@ def test_hfldd_mnist_reaches_target(tmp_path, preset, target, rounds):
   shared_dataset("mnist.npz")
   shared_dataset("fashion_mnist.npz")
   config = hfldd_config.get_config(preset)
-  config.dataset = "npz:" + shared_dataset("mnist.npz")
-  config.aux_dataset = "npz:" + shared_dataset("fashion_mnist.npz")
-  config.progress = False
+  config.data.dataset = "npz:" + shared_dataset("mnist.npz")
+  config.data.aux_dataset = "npz:" + shared_dataset("fashion_mnist.npz")
+  config.run.progress = False
   # The paper's bound is 50. Measured (balanced split, 100 KIP iterations):
   # mnist_c1 reaches 0.95 at round 4; mnist_c2 not yet re-measured.
   config.rounds = rounds

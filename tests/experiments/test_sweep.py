@@ -19,19 +19,25 @@ from tests.experiments.test_entrypoint import _read
 def test_seed_command_replaces_workdir_and_seeds():
   argv = ["/x/experiments/main.py", "--config=experiments/configs/fedavg.py:smoke",
           "--workdir", "/tmp/w", "--seeds=0,1", "--config.rounds=3",
-          "--config.progress=False"]
+          "--config.run.progress=False"]
   assert sweep.seed_args(argv, "/tmp/w", 1) == [
       "--config=experiments/configs/fedavg.py:smoke", "--config.rounds=3",
-      "--config.progress=False", "--workdir=/tmp/w/seed_1",
-      "--config.seed=1", "--config.data_seed=1"]
-  cmd = sweep.seed_command(argv + ["--config.model=a b"], "/tmp/w", 7)
+      "--config.run.progress=False", "--workdir=/tmp/w/seed_1",
+      "--config.seed=1", "--config.data.seed=1"]
+  cmd = sweep.seed_command(argv + ["--config.model.name=a b"], "/tmp/w", 7)
   assert shlex.split(cmd)[0] == "fedjax-dd"
-  assert "'--config.model=a b'" in cmd  # shell-quoted
+  assert "'--config.model.name=a b'" in cmd  # shell-quoted
   assert cmd.endswith("--workdir=/tmp/w/seed_7 --config.seed=7 "
-                      "--config.data_seed=7")
+                      "--config.data.seed=7")
   assert sweep.seed_flags_in(["p", "--config.seed=3", "--config.seeds_x=1",
-                              "--config.data_seed", "4"]) == [
-                                  "--config.seed=3", "--config.data_seed"]
+                              "--config.data.seed", "4",
+                              "--config.data.seeds=5"]) == [
+                                  "--config.seed=3", "--config.data.seed"]
+  # The seed flags are dropped from a sweep's command line, both spellings.
+  assert sweep.seed_args(["p", "--config.data.seed", "4", "--config.seed=2",
+                          "--config.rounds=1"], "/w", 0) == [
+      "--config.rounds=1", "--workdir=/w/seed_0", "--config.seed=0",
+      "--config.data.seed=0"]
 
 
 def test_parse_seeds():
@@ -47,7 +53,7 @@ def _fake_runner(calls):
   """Writes a summary and two rounds whose accuracy is 0.1 * (seed + 1)."""
 
   def run(config, workdir):
-    calls.append((config.seed, config.data_seed, workdir))
+    calls.append((config.seed, config.data.seed, workdir))
     os.makedirs(workdir, exist_ok=True)
     acc = 0.1 * (config.seed + 1)
     rows = [{"round": r, "test_accuracy": acc * r / 2,
@@ -66,9 +72,10 @@ def _fake_runner(calls):
 
 
 def _toy_config():
-  return ml_collections.ConfigDict({"method": "toy", "dataset": "toy",
-                                    "seed": 0, "data_seed": 0, "rounds": 2,
-                                    "progress": True, "shape": (8, 8, 1)})
+  return ml_collections.ConfigDict({
+      "method": "toy", "seed": 0, "rounds": 2,
+      "data": {"dataset": "toy", "seed": 0, "input_shape": (8, 8, 1)},
+      "run": {"progress": True}})
 
 
 def test_run_seeds_skips_finished_seeds(tmp_path):
@@ -86,12 +93,12 @@ def test_run_seeds_skips_finished_seeds(tmp_path):
       0.1 / 2 ** 0.5)
   assert table["runs"][1]["command"] == (
       f"fedjax-dd --config=c.py --workdir={wd}/seed_1 --config.seed=1 "
-      "--config.data_seed=1")
+      "--config.data.seed=1")
   for name in ("sweep.md", "sweep.json", "sweep_curves.png"):
     assert os.path.isfile(os.path.join(wd, name)), name
   # Same config (a cosmetic key aside): nothing runs again.
   config = _toy_config()
-  config.progress = False
+  config.run.progress = False
   sweep.run_seeds(config, wd, [0, 1], argv=argv, runner=_fake_runner(calls))
   assert len(calls) == 2
   # Another config or a run cut short by its time budget runs (resumes).
@@ -139,7 +146,7 @@ def test_cli_sweep_over_two_seeds_of_fedavg_smoke(tmp_path):
   workdir = str(tmp_path / "sw")
   cmd = [sys.executable, "-m", "fedjax_dd.experiments.main",
          "--config=experiments/configs/fedavg.py:smoke",
-         f"--workdir={workdir}", "--seeds=0,1", "--config.progress=False"]
+         f"--workdir={workdir}", "--seeds=0,1", "--config.run.progress=False"]
   proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True,
                         timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -148,13 +155,16 @@ def test_cli_sweep_over_two_seeds_of_fedavg_smoke(tmp_path):
   (s0, rows0), (s1, rows1) = (_read(sweep_lib.seed_dir(workdir, s))
                               for s in (0, 1))
   # Each run used its own partition and model seed ...
-  assert (s0["config"]["seed"], s0["config"]["data_seed"]) == (0, 0)
-  assert (s1["config"]["seed"], s1["config"]["data_seed"]) == (1, 1)
+  assert (s0["config"]["seed"], s0["config"]["data"]["seed"]) == (0, 0)
+  assert (s1["config"]["seed"], s1["config"]["data"]["seed"]) == (1, 1)
   assert rows0[0]["train_loss"] != rows1[0]["train_loss"]
   # ... and everything else of the preset.
   preset = fedavg.get_config("smoke").to_dict()
-  for key in ("num_clients", "rounds", "batch_size", "lr", "model"):
-    assert s0["config"][key] == s1["config"][key] == preset[key], key
+  for group, key in (("data", "num_clients"), (None, "rounds"),
+                     ("client", "batch_size"), ("client", "lr"),
+                     ("model", "name")):
+    get = lambda d: d[group][key] if group else d[key]
+    assert get(s0["config"]) == get(s1["config"]) == get(preset), key
   with open(os.path.join(workdir, "sweep.json")) as f:
     report = json.load(f)
   (table,) = report["tables"]
@@ -166,8 +176,8 @@ def test_cli_sweep_over_two_seeds_of_fedavg_smoke(tmp_path):
       abs(finals[0] - finals[1]) / 2 ** 0.5)
   assert table["runs"][1]["command"] == (
       "fedjax-dd --config=experiments/configs/fedavg.py:smoke "
-      f"--config.progress=False --workdir={workdir}/seed_1 --config.seed=1 "
-      "--config.data_seed=1")
+      f"--config.run.progress=False --workdir={workdir}/seed_1 --config.seed=1 "
+      "--config.data.seed=1")
   assert report["curves"]["fedavg"]["x"] == [1, 2]
   assert report["curves"]["fedavg"]["bytes_mean"] == [
       rows0[0]["bytes_total_cumulative"], rows0[1]["bytes_total_cumulative"]]

@@ -18,7 +18,7 @@ def _summary(final, best, traffic, wall, seed, method="fedavg"):
   return {"method": method, "dataset": "digits", "final_test_accuracy": final,
           "best_test_accuracy": best, "bytes_total": traffic,
           "wall_seconds": wall, "rounds": 2,
-          "config": {"seed": seed, "data_seed": seed}}
+          "config": {"seed": seed, "data": {"seed": seed}}}
 
 
 SUMMARIES = [_summary(0.5, 0.6, 1000, 10.0, 0), _summary(0.7, 0.8, 1000, 14.0, 1),
@@ -49,6 +49,7 @@ def test_seed_table_and_markdown():
   t = sweep.seed_table("fedavg", SUMMARIES, commands=cmds,
                        workdirs=["a", "b", "c"])
   assert t["num_seeds"] == 3 and t["seeds"] == [0, 1, 2]
+  assert [r["data_seed"] for r in t["runs"]] == [0, 1, 2]  # config.data.seed
   assert t["method"] == "fedavg" and t["dataset"] == "digits"
   s = t["stats"]
   assert s["final_test_accuracy"] == pytest.approx({"mean": 0.7, "sd": 0.2, "n": 3})
