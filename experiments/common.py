@@ -281,3 +281,61 @@ def kip_options(config: ml_collections.ConfigDict) -> kip_lib.KipOptions:
       f.name: config.kip[f.name]
       for f in dataclasses.fields(kip_lib.KipOptions)})
 
+
+
+# (path, lower bound, whether the bound is allowed): numbers that must be
+# finite and above their bound before any compute.
+_POSITIVE = (
+    ("rounds", 1, True), ("run.eval_every", 1, True),
+    ("run.checkpoint_every", 1, True), ("run.keep_checkpoints", 1, True),
+    ("client.batch_size", 1, True), ("client.lr", 0.0, False),
+    ("client.momentum", 0.0, True), ("client.weight_decay", 0.0, True),
+    ("client.local_epochs", 0.0, True), ("client.local_steps", 0, True),
+    ("server.lr", 0.0, False), ("data.num_clients", 1, True),
+    ("kip.lr", 0.0, False), ("dfkd.generator_lr", 0.0, False),
+    ("dfkd.student_lr", 0.0, False), ("dfkd.student_momentum", 0.0, True),
+    ("dfkd.feddf_lr", 0.0, False), ("dfkd.distill_epochs", 1, True),
+)
+
+
+def _lookup(config: ml_collections.ConfigDict, path: str):
+  node = config
+  for part in path.split("."):
+    if not hasattr(node, "keys") or part not in node:
+      return None  # a group this method does not have
+    node = node[part]
+  return node
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Refuses settings no run can use, before any data is loaded.
+
+  Checks the counts and rates of :data:`_POSITIVE` (finite, above their
+  bound), momenta below 1, and that local training has work to do.
+
+  Raises:
+    ValueError: naming the ``--config.<path>`` to change and its value.
+  """
+  for path, bound, inclusive in _POSITIVE:
+    value = _lookup(config, path)
+    if value is None:
+      continue
+    try:
+      number = float(value)
+    except (TypeError, ValueError):
+      raise ValueError(f"config.{path} must be a number, got {value!r}.") from None
+    ok = np.isfinite(number) and (number >= bound if inclusive else number > bound)
+    if not ok:
+      rel = ">=" if inclusive else ">"
+      raise ValueError(f"config.{path} must be a finite number {rel} {bound}, "
+                       f"got {value!r}; set --config.{path}.")
+  for path in ("client.momentum", "dfkd.student_momentum"):
+    value = _lookup(config, path)
+    if value is not None and float(value) >= 1.0:
+      raise ValueError(f"config.{path} must be < 1 (SGD momentum), got "
+                       f"{value!r}.")
+  if (_lookup(config, "client.local_steps") == 0
+      and _lookup(config, "client.local_epochs") == 0):
+    raise ValueError(
+        "Local training has no work: config.client.local_epochs and "
+        "config.client.local_steps are both 0; set one of them > 0.")

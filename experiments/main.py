@@ -40,6 +40,7 @@ from ml_collections import config_flags
 import fedjax_dd
 
 from fedjax_dd.core import loop as loop_lib
+from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import sweep
 
@@ -156,6 +157,10 @@ def main(argv):
   if config.runner not in runners.RUNNERS:
     raise ValueError(f"Unknown runner {config.runner!r}; expected one of "
                      f"{sorted(runners.RUNNERS)}.")
+  try:
+    common.validate(config)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   if _SEEDS.value and sweep.seed_flags_in(sys.argv):
     raise app.UsageError(
         "--seeds sets config.seed and config.data.seed itself; drop "

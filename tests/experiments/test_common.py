@@ -83,3 +83,29 @@ def test_prepared_channel_stats_are_the_floored_train_stats(monkeypatch):
   q = common.load_and_prepare(c)
   np.testing.assert_array_equal(q.std, np.float32([common.MIN_STD]))
   np.testing.assert_allclose(q.mean, [7 / 255], rtol=1e-6)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("rounds", 0, "config.rounds must be a finite number >= 1"),
+    ("run.eval_every", 0, "config.run.eval_every must be"),
+    ("client.lr", float("nan"), "config.client.lr must be a finite number > 0"),
+    ("client.lr", -0.1, "config.client.lr must be"),
+    ("client.momentum", 1.0, "momentum must be < 1"),
+    ("client.batch_size", 0, "config.client.batch_size must be"),
+])
+def test_validate_refuses_unusable_settings(path, value, message):
+  from fedjax_dd.experiments.configs import base as base_lib
+  from fedjax_dd.experiments.configs import fedavg as fedavg_config
+  config = fedavg_config.get_config("smoke")
+  common.validate(config)  # the preset itself is fine
+  base_lib.set_path(config, path, value)
+  with pytest.raises(ValueError, match=message):
+    common.validate(config)
+
+
+def test_validate_refuses_local_training_without_work():
+  from fedjax_dd.experiments.configs import fedavg as fedavg_config
+  config = fedavg_config.get_config("smoke")
+  config.client.local_epochs, config.client.local_steps = 0.0, 0
+  with pytest.raises(ValueError, match="no work"):
+    common.validate(config)

@@ -77,6 +77,22 @@ def test_diverging_run_exits_non_zero_with_one_line(tmp_path):
   assert not os.path.exists(workdir / "summary.json")
 
 
+@pytest.mark.parametrize("override", ["--config.run.eval_every=0",
+                                      "--config.rounds=0",
+                                      "--config.client.lr=nan"])
+def test_unusable_settings_are_refused_before_compute(tmp_path, override):
+  workdir = tmp_path / "bad"
+  proc = subprocess.run(
+      [sys.executable, "-m", "fedjax_dd.experiments.main",
+       "--config=experiments/configs/fedavg.py:smoke", f"--workdir={workdir}",
+       override], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode != 0
+  path = override.split("=")[0].removeprefix("--")
+  assert f"{path} must be" in proc.stderr, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert not os.path.exists(workdir)
+
+
 def test_fedavg_resume_with_more_rounds_continues(tmp_path):
   workdir = str(tmp_path / "f")
   config = fedavg.get_config("smoke")
