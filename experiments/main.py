@@ -27,6 +27,7 @@ see ``fedjax_dd.experiments.sweep``::
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 import sys
@@ -40,6 +41,7 @@ from ml_collections import config_flags
 import fedjax_dd
 
 from fedjax_dd.core import loop as loop_lib
+from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import sweep
@@ -175,6 +177,16 @@ def main(argv):
   if config.engine.multihost:
     from fedjax_dd.core import clients  # pylint: disable=g-import-not-at-top
     clients.initialize_multihost()
+  # One writer per workdir, and a workdir that can be written, checked
+  # before the dataset loads. (Multi-host runs start one process per host on
+  # one workdir, so they are not locked.)
+  lock = (contextlib.nullcontext() if config.engine.multihost
+          else workdir_lib.WorkdirLock(_WORKDIR.value))
+  try:
+    lock.__enter__()
+  except (workdir_lib.WorkdirBusyError, NotADirectoryError,
+          PermissionError) as e:
+    raise app.UsageError(str(e)) from None
   try:
     summary = runners.RUNNERS[config.runner](config, _WORKDIR.value)
   except loop_lib.NonFiniteError as e:
@@ -182,6 +194,8 @@ def main(argv):
     # to change; the exit status says the run failed.
     sys.stderr.write(f"FATAL {e}\n")
     sys.exit(1)
+  finally:
+    lock.__exit__(None, None, None)
   logging.info("summary: %s", {k: v for k, v in summary.items() if k != "config"})
   print({k: summary[k] for k in ("method", "dataset", "final_test_accuracy",
                                  "best_test_accuracy", "wall_seconds")

@@ -64,3 +64,87 @@ class Workdir:
     write_json(path, summary)
     self._summary_written = True
     return path
+
+
+class WorkdirBusyError(RuntimeError):
+  """Another live process holds the run directory."""
+
+
+class WorkdirLock:
+  """An exclusive lock on a run directory, held for the life of a run.
+
+  Two processes writing one workdir would each delete the other's
+  checkpoints and write every metrics row twice, so the second one must fail
+  at once. The lock is ``fcntl.flock`` on ``directory/.lock``: the kernel
+  drops it when its process dies, so a lock left by a killed run is never
+  stale. The file records the holder's host and pid for the message.
+
+  Example::
+
+      with WorkdirLock(workdir):
+        run(...)
+
+  Raises (on enter):
+    WorkdirBusyError: another process holds the lock.
+    NotADirectoryError / PermissionError: ``directory`` is a file or cannot
+      be written; the message says which path and what to change.
+  """
+
+  def __init__(self, directory: str | os.PathLike):
+    self.directory = os.fspath(directory)
+    self._file = None
+
+  def __enter__(self) -> "WorkdirLock":
+    import fcntl  # pylint: disable=g-import-not-at-top
+    import socket  # pylint: disable=g-import-not-at-top
+    check_writable(self.directory)
+    path = os.path.join(self.directory, ".lock")
+    f = open(path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      f.seek(0)
+      holder = f.read().strip() or "another process"
+      f.close()
+      raise WorkdirBusyError(
+          f"The workdir {self.directory} is in use by {holder}; two runs "
+          "cannot share a workdir. Wait for it, stop it, or choose another "
+          "--workdir.") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on host {socket.gethostname()}")
+    f.flush()
+    self._file = f
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self._file is not None:
+      self._file.close()  # closing releases the flock
+      self._file = None
+
+
+def check_writable(directory: str | os.PathLike) -> None:
+  """Creates ``directory`` if needed and checks it can be written.
+
+  Raises:
+    NotADirectoryError: the path (or a parent) is a file.
+    PermissionError: it cannot be created or written.
+  """
+  directory = os.fspath(directory)
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise NotADirectoryError(
+        f"--workdir {directory} is a file, not a directory; choose another "
+        "path.")
+  try:
+    os.makedirs(directory, exist_ok=True)
+  except (FileExistsError, NotADirectoryError):
+    raise NotADirectoryError(
+        f"--workdir {directory}: a parent of it is a file; choose another "
+        "path.") from None
+  except PermissionError:
+    raise PermissionError(
+        f"--workdir {directory} cannot be created (permission denied); "
+        "choose a writable path.") from None
+  if not os.access(directory, os.W_OK | os.X_OK):
+    raise PermissionError(
+        f"--workdir {directory} is not writable; choose a writable path.")

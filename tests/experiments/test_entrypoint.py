@@ -93,6 +93,24 @@ def test_unusable_settings_are_refused_before_compute(tmp_path, override):
   assert not os.path.exists(workdir)
 
 
+def test_workdir_in_use_or_a_file_is_refused_before_compute(tmp_path):
+  from fedjax_dd.core.workdir import WorkdirLock
+  cmd = [sys.executable, "-m", "fedjax_dd.experiments.main",
+         "--config=experiments/configs/fedavg.py:smoke"]
+  busy = tmp_path / "busy"
+  with WorkdirLock(busy):
+    proc = subprocess.run(cmd + [f"--workdir={busy}"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  assert f"in use by pid {os.getpid()}" in proc.stderr, proc.stderr[-2000:]
+  assert not os.path.exists(busy / "metrics.jsonl")
+  afile = tmp_path / "afile"
+  afile.write_text("x")
+  proc = subprocess.run(cmd + [f"--workdir={afile}"], cwd=REPO_ROOT,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode != 0 and "is a file" in proc.stderr
+
+
 def test_fedavg_resume_with_more_rounds_continues(tmp_path):
   workdir = str(tmp_path / "f")
   config = fedavg.get_config("smoke")
