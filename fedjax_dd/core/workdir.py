@@ -8,6 +8,7 @@ Layout of ``Workdir(directory)``::
     stages/<name>/       cached stage outputs (distilled sets, HFLDD stages)
     summary.json         written once, at the end, from memory
     tensorboard/         optional scalars
+    .lock                held by the one process running in it (WorkdirLock)
 
 The loops take the pieces (writer, stores) explicitly; this class only names
 where they live, so a notebook can pass its own.
