@@ -43,6 +43,7 @@ from fedjax_dd.algorithms.feddf import feddf, public_set
 from fedjax_dd.algorithms.fedhydra import fedhydra
 from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import server as server_lib
 from fedjax_dd.core.evaluate import make_client_evaluator, make_evaluator
 from fedjax_dd.core.workdir import Workdir
@@ -196,6 +197,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                              mapper=mp)
                        for g, mp in zip(groups, mappers)]
   work = Workdir(workdir)
+  wall = loop_lib.WallClock(start=start)
   result = server_lib.run_server_rounds(
       algorithm, data, run_key=run_key, initial_models=initial_models,
       global_model=global_model,
@@ -217,6 +219,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
               "dfkd.ngf", "dfkd.generator_lr", "dfkd.generator_b1",
               "server.seed")}),
       directory=work.directory, evaluate=evaluate, writer=work.writer,
+      wall=wall,
       on_clients=one_shot.client_report(groups, client_evaluators,
                                         None if archs else evaluate))
 
@@ -266,7 +269,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "stage_seconds": {"local_training_seconds": result.seconds["client"],
                         "setup_seconds": result.seconds["setup"],
                         "distillation_seconds": result.seconds["server"]},
-      "wall_seconds": time.time() - start,
+      # This process's seconds, and the run's over every resumed process.
+      "wall_seconds": wall.process(),
+      "wall_seconds_total": wall.total(),
       "accuracy_by_epoch": epoch_points,
       "figures": [w.rsplit("/", 1)[-1] for w in written],
       "config": config.to_dict(),

@@ -294,7 +294,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         "stages_cached": cached,
         "stage_info": info,
         "topology_figure": figure_path,
-        "wall_seconds": time.time() - start,
         "config": config_dict,
     })
     return summary

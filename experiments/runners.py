@@ -24,6 +24,7 @@ from fedjax_dd.algorithms.os_fedavg import os_fedavg
 from fedjax_dd.algorithms.scaffold import scaffold
 from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState, FederatedAlgorithm
 from fedjax_dd.core.evaluate import make_evaluator
@@ -98,6 +99,7 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   run (e.g. HFLDD's Eq. 3 traffic) before the one write of ``summary.json``.
   """
   start = time.time() if start_time is None else start_time
+  wall = loop_lib.WallClock(start=start)
   task = prepared.task
   init_key, default_run_key = keys.init_and_run(keys.model_root(config.seed))
   run_key = default_run_key if run_key is None else run_key
@@ -123,7 +125,7 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       algorithm, state, data, num_steps, options, writer=work.writer,
       store=work.store(max_to_keep=config.run.keep_checkpoints,
                        save_every=config.run.checkpoint_every),
-      evaluate=evaluate, ledger=ledger)
+      evaluate=evaluate, ledger=ledger, wall=wall)
   state, ledger = result.state, result.ledger
 
   rows = result.rows
@@ -151,7 +153,9 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       "bytes_peer": totals["bytes_peer"],
       "bytes_by_tag": {k: v["bytes_total"]
                        for k, v in ledger.tag_totals().items()},
-      "wall_seconds": time.time() - start,
+      # This process's seconds, and the run's over every resumed process.
+      "wall_seconds": wall.process(),
+      "wall_seconds_total": wall.total(),
       "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
                             if "test_accuracy" in r],
       **efficiency,

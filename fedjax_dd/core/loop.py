@@ -87,6 +87,36 @@ def _non_finite(row: Mapping[str, Any]) -> list[str]:
                 if isinstance(v, float) and not np.isfinite(v))
 
 
+@dataclasses.dataclass
+class WallClock:
+  """Wall time of this process and of the whole run across resumes.
+
+  A run killed and resumed spends time in several processes. Each checkpoint
+  stores :meth:`total` in its meta; a resumed run calls :meth:`resumed_from`
+  with it, so the summary can report both this process's seconds and the
+  run's (the time between the last checkpoint and a kill is not counted).
+
+  Attributes:
+    start: this process's start (``time.time()``).
+    before: seconds spent by earlier processes, from the checkpoint.
+  """
+  start: float = dataclasses.field(default_factory=time.time)
+  before: float = 0.0
+
+  def process(self) -> float:
+    """Seconds since this process started the run."""
+    return time.time() - self.start
+
+  def total(self) -> float:
+    """Seconds of the run over all its processes."""
+    return self.before + self.process()
+
+  def resumed_from(self, meta: Mapping[str, Any] | None) -> None:
+    """Takes the earlier processes' time from a checkpoint's meta."""
+    if meta and meta.get("wall_seconds_total") is not None:
+      self.before = max(self.before, float(meta["wall_seconds_total"]))
+
+
 @dataclasses.dataclass(frozen=True)
 class LoopResult:
   """What :func:`run_loop` returns.

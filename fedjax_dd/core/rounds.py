@@ -100,6 +100,7 @@ def run_rounds(
     writer: MetricsWriter | None = None,
     store: CheckpointStore | None = None,
     on_round: Callable[[ExperimentState, dict[str, Any]], None] | None = None,
+    wall: loop_lib.WallClock | None = None,
 ) -> tuple[ExperimentState, ledger_lib.Ledger, list[dict[str, Any]]]:
   """Runs rounds ``state.round + 1 .. options.num_rounds`` (or fewer, see
   ``options.max_seconds``) through :func:`fedjax_dd.core.loop.run_loop`.
@@ -116,6 +117,7 @@ def run_rounds(
     writer: appends one JSON row per round.
     store: checkpoint store; the whole state plus the ledger is saved.
     on_round: optional callback after each round.
+    wall: the run's wall clock; each checkpoint records its total.
 
   Returns:
     ``(state, ledger, rows)``: final state, ledger and the rows written.
@@ -163,7 +165,10 @@ def run_rounds(
     state, ledger = carry
     if store is None:
       return False
-    return store.save(r, state, {"ledger": ledger.to_dict()}, force=force)
+    meta = {"ledger": ledger.to_dict()}
+    if wall is not None:
+      meta["wall_seconds_total"] = wall.total()
+    return store.save(r, state, meta, force=force)
 
   result = loop_lib.run_loop(
       step, (state, ledger),
@@ -185,9 +190,12 @@ def run_rounds(
 
 
 def resume(store: CheckpointStore | None, template: ExperimentState,
-           writer: MetricsWriter | None = None
+           writer: MetricsWriter | None = None,
+           wall: loop_lib.WallClock | None = None
            ) -> tuple[ExperimentState, ledger_lib.Ledger] | None:
   """Restores the newest good checkpoint and trims metrics written after it.
+
+  ``wall`` (if given) takes the earlier processes' time from the checkpoint.
 
   Returns:
     ``(state, ledger)`` or ``None`` when there is nothing to resume.
@@ -200,6 +208,8 @@ def resume(store: CheckpointStore | None, template: ExperimentState,
   step, state, meta = restored
   if writer is not None:
     writer.truncate_after(step)
+  if wall is not None:
+    wall.resumed_from(meta)
   return state, ledger_lib.Ledger.from_dict(meta["ledger"])
 
 
@@ -231,6 +241,7 @@ def train(
     store: CheckpointStore,
     evaluate: Callable[[PyTree, PyTree], dict[str, float]] | None = None,
     ledger: ledger_lib.Ledger | None = None,
+    wall: loop_lib.WallClock | None = None,
 ) -> TrainResult:
   """Resumes from ``store`` if it holds a checkpoint, then :func:`run_rounds`.
 
@@ -241,14 +252,14 @@ def train(
   return.
   """
   try:
-    resumed = resume(store, state, writer)
+    resumed = resume(store, state, writer, wall)
     if resumed is not None:
       state, ledger = resumed
     else:
       writer.truncate_after(0)
     state, ledger, _ = run_rounds(algorithm, state, data, num_steps, options,
                                   evaluate=evaluate, ledger=ledger,
-                                  writer=writer, store=store)
+                                  writer=writer, store=store, wall=wall)
   finally:
     store.close()
   return TrainResult(state=state, ledger=ledger, rows=writer.rows(),

@@ -201,6 +201,7 @@ def run_server_rounds(
     evaluate: Evaluate,
     writer: MetricsWriter | None = None,
     on_clients: Callable[[int, Teachers], dict[str, Any]] | None = None,
+    wall: loop_lib.WallClock | None = None,
 ) -> ServerResult:
   """Runs ``options.num_rounds`` rounds of ``algorithm`` (see module doc).
 
@@ -218,6 +219,8 @@ def run_server_rounds(
     writer: one row per evaluated epoch; ``step`` counts epochs over rounds.
     on_clients: ``(r, teachers) -> dict`` for the round's record (e.g.
       client accuracies).
+    wall: the run's wall clock; each server checkpoint records its total,
+      and a resumed run takes the earlier processes' time from it.
 
   Returns:
     A :class:`ServerResult`.
@@ -281,6 +284,15 @@ def run_server_rounds(
       start = 0
       if restored is not None:
         start, state = restored[0], restored[1]
+        if wall is not None:
+          wall.resumed_from(restored[2])
+
+      def meta(r=r):
+        out = {"round": r}
+        if wall is not None:
+          out["wall_seconds_total"] = wall.total()
+        return out
+
       if writer is not None:
         writer.truncate_after(offset + start, key="step")
       budget = 0.0
@@ -294,7 +306,7 @@ def run_server_rounds(
           writer.write({"step": r, "round": r, "epoch": 0,
                         "test_accuracy": ev["accuracy"],
                         "test_loss": ev["loss"]})
-        store.save(0, state, {"round": r}, force=True)
+        store.save(0, state, meta(), force=True)
       else:
         result = loop_lib.run_loop(
             lambda st, e: algorithm.epoch(st, teachers), state,
@@ -309,8 +321,8 @@ def run_server_rounds(
                                                  "round": r, "epoch": e},
             evaluate=lambda st: evaluate(*algorithm.model(st)),
             writer=writer,
-            save=lambda e, st, force, r=r, store=store: store.save(
-                e, st, {"round": r}, force=force))
+            save=lambda e, st, force, store=store: store.save(
+                e, st, meta(), force=force))
         state = result.carry
         out_of_time = result.out_of_time
       seconds["server"] += time.monotonic() - t0

@@ -106,3 +106,13 @@ def test_non_finite_row_stops_before_write_and_save(tmp_path):
   kept = loop_lib.run_loop(diverging, jnp.asarray(0), loop_lib.LoopOptions(
       num_steps=4, progress=False, stop_on_nonfinite=False))
   assert kept.last_step == 4 and np.isnan(kept.rows[2]["loss"])
+
+
+def test_wall_clock_adds_earlier_processes():
+  wall = loop_lib.WallClock(start=100.0)
+  assert wall.before == 0.0
+  wall.resumed_from({"wall_seconds_total": 40.0})
+  wall.resumed_from({"wall_seconds_total": 25.0})   # an older checkpoint
+  wall.resumed_from({})                             # none recorded
+  assert wall.before == 40.0
+  assert wall.total() == pytest.approx(40.0 + wall.process())

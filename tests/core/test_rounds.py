@@ -206,3 +206,25 @@ def test_diverging_training_stops_keeping_the_last_good_checkpoint(tmp_path):
   bad = e.value.step
   assert store.all_steps() == list(range(1, bad))[-2:]
   assert len(writer.rows()) == bad - 1
+
+
+def test_resumed_run_reports_the_time_of_every_process(tmp_path):
+  from fedjax_dd.core import loop as loop_lib
+  alg, state0, data, num_steps, evaluate = _setup()
+  opts = rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=2,
+                                  progress=False)
+  first = loop_lib.WallClock()
+  first.before = 50.0  # as if an earlier process had run 50 s
+  rounds_lib.train(alg, state0, data, num_steps, opts,
+                   writer=MetricsWriter(tmp_path / "m.jsonl"),
+                   store=CheckpointStore(tmp_path / "ckpt"), wall=first)
+  store = CheckpointStore(tmp_path / "ckpt")
+  saved = store.restore(state0)[2]["wall_seconds_total"]
+  store.close()
+  assert saved >= 50.0
+  again = loop_lib.WallClock()
+  rounds_lib.train(alg, state0, data, num_steps, opts,
+                   writer=MetricsWriter(tmp_path / "m.jsonl"),
+                   store=CheckpointStore(tmp_path / "ckpt"), wall=again)
+  assert again.before == saved
+  assert again.total() > saved

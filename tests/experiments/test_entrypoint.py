@@ -132,6 +132,13 @@ def test_fedavg_resume_with_more_rounds_continues(tmp_path):
   assert second["rounds"] == 3 and first["rounds"] == 2
   # HFLDD Eq. 3 over 3 rounds of 8 clients: 8 * (2 * 3 - 1) * |w| * 4 bytes.
   assert second["bytes_total"] == 8 * 5 * second["param_count"] * 4
+  # Each summary has this process's time and the run's over the three
+  # processes (each checkpoint records the total so far).
+  assert budgeted["wall_seconds_total"] == pytest.approx(
+      budgeted["wall_seconds"], abs=1e-3)
+  assert first["wall_seconds_total"] > budgeted["wall_seconds_total"]
+  assert second["wall_seconds_total"] > first["wall_seconds_total"]
+  assert second["wall_seconds_total"] > second["wall_seconds"]
 
 
 def test_os_fedavg_and_fedd3_smoke(tmp_path):
