@@ -299,14 +299,19 @@ def run_server_rounds(
       if options.max_seconds:
         budget = max(options.max_seconds - (time.monotonic() - t_start), 1e-6)
       t0 = time.monotonic()
+      # The round's final accuracy, when an evaluation of the final model
+      # already gave it (the loop always evaluates its last epoch).
+      final_accuracy = None
       if e_total == 0:
         # Nothing to iterate: one row for the round's model.
         ev = evaluate(*algorithm.model(state))
+        final_accuracy = ev["accuracy"]
         if writer is not None and start == 0:
           writer.write({"step": r, "round": r, "epoch": 0,
                         "test_accuracy": ev["accuracy"],
                         "test_loss": ev["loss"]})
-        store.save(0, state, meta(), force=True)
+        if restored is None:
+          store.save(0, state, meta(), force=True)
       else:
         result = loop_lib.run_loop(
             lambda st, e: algorithm.epoch(st, teachers), state,
@@ -325,9 +330,13 @@ def run_server_rounds(
                 e, st, meta(), force=force))
         state = result.carry
         out_of_time = result.out_of_time
+        if result.rows:  # The last row ran evaluate on the final state.
+          final_accuracy = result.rows[-1].get("test_accuracy")
       seconds["server"] += time.monotonic() - t0
     params, batch_stats = algorithm.model(state)
-    record["test_accuracy"] = evaluate(params, batch_stats)["accuracy"]
+    if final_accuracy is None:  # Restored finished: nothing evaluated yet.
+      final_accuracy = evaluate(params, batch_stats)["accuracy"]
+    record["test_accuracy"] = final_accuracy
     per_round.append(record)
     r_done = r
     if out_of_time:
