@@ -16,6 +16,11 @@ used only if its fingerprint (:func:`distill_fingerprint`: the
 :data:`DISTILL_KEYS` settings plus :data:`CACHE_FORMAT`) matches; an entry
 written under other settings is refused with the differing fields.
 
+The one-shot method is :func:`fedjax_dd.algorithms.fedd3.one_shot`, driven
+by :func:`fedjax_dd.core.server.run_server_rounds` (one round of ``rounds``
+server epochs; checkpoints ``r1/clients``, ``r1/setup``, ``r1/server``); the
+hybrid is FedAvg on :func:`fedjax_dd.core.rounds.train`.
+
 The ledger records each client's upload as its own message, so
 ``summary.json["gce"]`` is FedD3's Table 2 GCE (one client's message,
 :func:`fedjax_dd.core.ledger.gce_summary`) and ``gce_cohort`` the
@@ -38,12 +43,13 @@ import numpy as np
 import tqdm
 
 from fedjax_dd.algorithms import fedd3
-from fedjax_dd.algorithms.centralized import centralized
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.core import keys
-from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import loop as loop_lib
+from fedjax_dd.core import server as server_lib
+from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.stage_cache import StageCache
-from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.distill import kip as kip_lib
 from fedjax_dd.distill import privacy as privacy_lib
 from fedjax_dd.experiments import common
@@ -194,47 +200,15 @@ def quantisation_cost(config, prepared, distilled: fedd3.DistilledSet,
   return out
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  start = time.time()
-  prepared = common.load_and_prepare(config)
-  parts = common.partition(config, prepared.dataset.y_train)
-  data = common.client_data(prepared.dataset, parts)
-  distilled, distill_seconds, cached = _distill_or_load(config, workdir,
-                                                        prepared, data)
-
-  # One message per client, so the ledger knows each client's upload (GCE).
-  ledger = ledger_lib.Ledger().record_messages(
-      1, kind="upload", tag="distilled_data",
-      bits=fedd3.client_upload_bits(distilled, data.num_clients))
+def _summary_extra(config, prepared, data, distilled, distill_seconds, cached,
+                   workdir) -> dict[str, Any]:
+  """FedD3's own summary fields: the upload, its privacy and KIP figures."""
   grid = save_image_grid(
       common.workdir_path(workdir, "distilled_grid.png"), distilled.x,
       distilled.y, distilled.owner,
       title=f"{config.fedd3.distiller} distilled data")
   host = jax.device_get(data)
-  privacy = privacy_lib.upload_privacy(distilled.x, distilled.owner,
-                                       np.asarray(host.x),
-                                       np.asarray(host.num_examples))
-
-  if config.method == "fedd3_hybrid":
-    hybrid = jax.device_put(fedd3.hybrid_client_data(data, distilled))
-    ledger = ledger.record_messages(
-        1, kind="download", tag="distilled_data",
-        bits=fedd3.hybrid_client_download_bits(distilled, hybrid.num_clients))
-    server_data: ClientData = hybrid
-    num_steps = common.local_steps(config, hybrid.num_examples)
-    algorithm = fedavg(prepared.task, common.make_optimizer(config),
-                       batch_size=config.client.batch_size,
-                       max_steps=int(jnp.max(num_steps)),
-                       mapper=common.mapper(config))
-  else:
-    server_data = jax.device_put(fedd3.server_dataset(distilled))
-    num_steps = common.local_steps(config, server_data.num_examples)
-    algorithm = centralized(prepared.task, common.make_optimizer(config),
-                            batch_size=config.client.batch_size,
-                            max_steps=int(jnp.max(num_steps)),
-                            mapper=common.mapper(config))
-
-  extra = {
+  return {
       "distiller": config.fedd3.distiller,
       "distilled_images_total": distilled.size,
       "distill_seconds": distill_seconds,
@@ -243,11 +217,81 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "pixels_per_sample": int(np.prod(distilled.x.shape[1:])),
       "learned_labels": distilled.learned_labels,
       "distilled_grid": os.path.basename(grid),
-      "privacy": privacy,
+      "privacy": privacy_lib.upload_privacy(
+          distilled.x, distilled.owner, np.asarray(host.x),
+          np.asarray(host.num_examples)),
       **kip_statistics(distilled),
       **quantisation_cost(config, prepared, distilled),
   }
+
+
+def _hybrid(config, workdir, prepared, data, distilled, extra, start):
+  """App. F: FedAvg rounds on local plus received distilled data."""
+  ledger = fedd3.hybrid_ledger(distilled, data.num_clients)
+  hybrid = jax.device_put(fedd3.hybrid_client_data(data, distilled))
+  num_steps = common.local_steps(config, hybrid.num_examples)
+  algorithm = fedavg(prepared.task, common.make_optimizer(config),
+                     batch_size=config.client.batch_size,
+                     max_steps=int(jnp.max(num_steps)),
+                     mapper=common.mapper(config))
   return runners.train_rounds(
-      config, workdir, prepared=prepared, algorithm=algorithm,
-      data=server_data, num_steps=num_steps, ledger=ledger, start_time=start,
+      config, workdir, prepared=prepared, algorithm=algorithm, data=hybrid,
+      num_steps=num_steps, ledger=ledger, start_time=start,
       extra_summary=extra)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  start = time.time()
+  prepared = common.load_and_prepare(config)
+  parts = common.partition(config, prepared.dataset.y_train)
+  data = common.client_data(prepared.dataset, parts)
+  distilled, distill_seconds, cached = _distill_or_load(config, workdir,
+                                                        prepared, data)
+  extra = _summary_extra(config, prepared, data, distilled, distill_seconds,
+                         cached, workdir)
+  if config.method == "fedd3_hybrid":
+    return _hybrid(config, workdir, prepared, data, distilled, extra, start)
+
+  # The server-side method. Its client stage hands over the set distilled
+  # above (the run's "distilled" stage, keyed by keys.FEDD3_DISTILL, so the
+  # one-shot and the hybrid variant of a seed share one upload and
+  # fedd3.distilled_from can reuse another run's).
+  task = prepared.task
+  algorithm = fedd3.one_shot(
+      lambda key, data: distilled, task, common.make_optimizer(config),
+      num_classes=task.num_classes,
+      images_per_class=config.fedd3.images_per_class,
+      batch_size=config.client.batch_size,
+      local_epochs=float(config.client.local_epochs),
+      local_steps=config.client.local_steps or None,
+      learned_labels=distilled.learned_labels,
+      centered_labels=distilled.centered_labels,
+      mapper=common.mapper(config))
+  init_key, run_key = keys.init_and_run(keys.model_root(config.seed))
+  global_model = task.init(init_key)
+  work = Workdir(workdir, tensorboard=config.run.tensorboard)
+  wall = loop_lib.WallClock(start=start)
+  result = server_lib.run_server_rounds(
+      algorithm, data, run_key=run_key, initial_models=[global_model],
+      global_model=global_model, group_sizes=[data.num_clients],
+      options=server_lib.ServerOptions(
+          num_rounds=1, num_epochs=config.rounds,
+          eval_every=config.run.eval_every,
+          checkpoint_every=config.run.checkpoint_every,
+          progress=config.run.progress,
+          stop_on_nonfinite=config.run.stop_on_nonfinite,
+          max_seconds=runners.remaining_budget(config, start),
+          setup_fingerprint={"distill": distill_fingerprint(config)}),
+      directory=work.directory,
+      evaluate=make_evaluator(task, prepared.dataset.x_test,
+                              prepared.dataset.y_test),
+      writer=work.writer, wall=wall)
+  # FedD3's `rounds` are server epochs: report them as its rounds.
+  rows = [{**row, "round": row["epoch"]} for row in work.writer.rows()]
+  summary = runners.summarize(
+      config, rows=rows, ledger=result.ledger, params=result.params,
+      rounds=int(result.state.epoch), wall=wall,
+      extra={**extra, "stage_seconds": {
+          "server_training_seconds": result.seconds["server"]}})
+  work.write_summary(summary)
+  return summary

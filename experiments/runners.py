@@ -128,7 +128,30 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       evaluate=evaluate, ledger=ledger, wall=wall)
   state, ledger = result.state, result.ledger
 
-  rows = result.rows
+  summary = summarize(
+      config, rows=result.rows, ledger=ledger, params=state.server.params,
+      rounds=int(state.round), wall=wall, extra=extra_summary)
+  if finalize is not None:
+    summary = finalize(summary)
+  work.write_summary(summary)
+  return summary
+
+
+def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,
+              rounds: int, wall: loop_lib.WallClock,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+  """The summary fields every rounds-style run reports, from memory.
+
+  Args:
+    config: the run's config.
+    rows: the metrics rows, each with ``round`` (for one-shot FedD3 a
+      "round" of the config is a server epoch).
+    ledger: the final ledger.
+    params: the final global parameters.
+    rounds: rounds (or epochs) completed.
+    wall: the run's wall clock.
+    extra: method-specific fields, added before ``config``.
+  """
   accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
   totals = ledger.cumulative()
   efficiency = {}
@@ -137,16 +160,16 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
         ledger, final_accuracy=accs[-1] if accs else None,
         best_accuracy=max(accs) if accs else None,
         gammas=tuple(config.server.gce_gammas))
-  summary = {
+  return {
       "method": config.method,
       "dataset": config.data.dataset,
       "model": config.model.name,
       "final_test_accuracy": accs[-1] if accs else None,
       "best_test_accuracy": max(accs) if accs else None,
-      "rounds": int(state.round),
-      "stopped_by_time_budget": int(state.round) < int(config.rounds),
+      "rounds": rounds,
+      "stopped_by_time_budget": rounds < int(config.rounds),
       "num_clients": int(config.data.num_clients),
-      "param_count": ledger_lib.num_params(state.server.params),
+      "param_count": ledger_lib.num_params(params),
       "bytes_uploaded": totals["bytes_uploaded"],
       "bytes_downloaded": totals["bytes_downloaded"],
       "bytes_total": totals["bytes_total"],
@@ -160,13 +183,9 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
                             if "test_accuracy" in r],
       **efficiency,
       "paper_departures": list(config.paper_departures),
-      **(extra_summary or {}),
+      **(extra or {}),
       "config": config.to_dict(),
   }
-  if finalize is not None:
-    summary = finalize(summary)
-  work.write_summary(summary)
-  return summary
 
 
 def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

@@ -19,22 +19,33 @@ Stages, each a function over explicit arrays:
   control);
 * :func:`client_upload_bits` / :func:`upload_bits`, the single upload the
   ledger counts, per client and in total;
-* :func:`server_dataset`, the union as one-client :class:`ClientData` on which
-  the server trains with the engine's centralized algorithm (on the learned
-  soft labels ``[M, K]`` when KIP learned them, Sec. 3.2);
+* :func:`one_shot`, the method as a
+  :class:`~fedjax_dd.core.algorithm.ServerDistillation`: the client stage
+  distils and pads every client's message to :class:`Uploads`
+  ``[C, K·ipc, ...]`` with counts, and the server trains on the union, one
+  epoch per ``epoch`` call (on the learned soft labels ``[M, K]`` when KIP
+  learned them, Sec. 3.2). :func:`fedjax_dd.core.server.run_server_rounds`
+  drives it (checkpoints, ledger, metrics), as it drives FedHydra;
 * :func:`hybrid_client_data` for the multi-shot variant.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Callable
 
 import flax
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
+from fedjax_dd.algorithms.centralized import centralized
 from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core.algorithm import Cohort, ServerDistillation, ServerState
 from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import gmm as gmm_lib
 from fedjax_dd.distill import kip as kip_lib
@@ -109,6 +120,206 @@ class DistilledSet:
 
 _ARRAY_FIELDS = ("x", "y", "y_soft", "owner", "x_float", "iterations",
                  "converged", "first_loss", "last_loss")
+
+
+@flax.struct.dataclass
+class Uploads:
+  """Every client's one-shot message, padded: FedD3's client-stage output.
+
+  Attributes:
+    x: ``[C, S, H, W, Ch]`` uint8 images; client ``i`` sent
+      ``x[i, :count[i]]`` (``S = K · images_per_class``, the most a client
+      sends; the rest is padding, which never reaches a loss).
+    y_soft: ``[C, S, K]`` float32 labels in KIP's label space, as in
+      :class:`DistilledSet`.
+    count: ``[C]`` int32 images each client sent.
+    learned_labels: whether ``y_soft`` was learned (and transmitted).
+    centered_labels: whether ``y_soft`` is centred (one-hot minus ``1/K``).
+  """
+  x: jax.Array
+  y_soft: jax.Array
+  count: jax.Array
+  learned_labels: bool = flax.struct.field(pytree_node=False, default=False)
+  centered_labels: bool = flax.struct.field(pytree_node=False, default=False)
+
+  def distilled(self) -> DistilledSet:
+    """The union as a host :class:`DistilledSet` (client order; no KIP
+    statistics)."""
+    x, y_soft, count = (np.asarray(a) for a in jax.device_get(
+        (self.x, self.y_soft, self.count)))
+    mask = np.arange(x.shape[1])[None, :] < count[:, None]
+    owner = np.broadcast_to(np.arange(x.shape[0])[:, None], mask.shape)
+    ys = y_soft[mask]
+    return DistilledSet(x=x[mask], y=np.argmax(ys, -1).astype(np.int32),
+                        y_soft=ys, owner=owner[mask].astype(np.int32),
+                        learned_labels=self.learned_labels,
+                        centered_labels=self.centered_labels)
+
+
+def pad_uploads(distilled: DistilledSet, num_clients: int,
+                size: int) -> Uploads:
+  """``distilled`` as :class:`Uploads` ``[num_clients, size, ...]``.
+
+  Raises:
+    ValueError: a client sent more than ``size`` images, or ``owner`` names
+      a client outside ``[0, num_clients)``.
+  """
+  owner = np.asarray(distilled.owner, np.int64)
+  if owner.size and (owner.min() < 0 or owner.max() >= num_clients):
+    raise ValueError(f"distilled.owner must lie in [0, {num_clients}), got "
+                     f"[{owner.min()}, {owner.max()}].")
+  count = np.bincount(owner, minlength=num_clients)
+  if count.size and count.max() > size:
+    raise ValueError(f"Client {int(count.argmax())} sent {int(count.max())} "
+                     f"images, more than the padded size {size}.")
+  # Row of each image inside its client's block (images come client by
+  # client, as every distiller returns them).
+  order = np.argsort(owner, kind="stable")
+  starts = np.concatenate([[0], np.cumsum(count)[:-1]])
+  slot = np.empty_like(owner)
+  slot[order] = np.arange(owner.size) - starts[owner[order]]
+  x = np.zeros((num_clients, size, *distilled.x.shape[1:]), np.uint8)
+  k = distilled.y_soft.shape[-1]
+  y = np.zeros((num_clients, size, k), np.float32)
+  x[owner, slot] = distilled.x
+  y[owner, slot] = distilled.y_soft
+  return Uploads(x=x, y_soft=y, count=count.astype(np.int32),
+                 learned_labels=distilled.learned_labels,
+                 centered_labels=distilled.centered_labels)
+
+
+@flax.struct.dataclass
+class ServerTrainState:
+  """The FedD3 server's state: the model trained on the union.
+
+  Attributes:
+    server: the model and its optimiser state.
+    key: the epochs' key; epoch ``e`` shuffles with ``fold_in(key, e)``.
+    epoch: epochs done.
+    index: ``[M]`` int32 rows of the flattened ``[C · S]`` uploads that
+      hold an image (``M`` = images received; static, so one compiled
+      epoch serves the run).
+    y: ``[M]`` int32 hard labels, or ``[M, K]`` float32 targets when the
+      labels were learned (:meth:`DistilledSet.train_labels`).
+  """
+  server: ServerState
+  key: jax.Array
+  epoch: jax.Array
+  index: jax.Array
+  y: jax.Array
+
+
+def one_shot(distiller: Distiller, task: Classifier,
+             optimizer: optax.GradientTransformation, *,
+             num_classes: int, images_per_class: int, batch_size: int,
+             local_epochs: float = 1.0, local_steps: int | None = None,
+             learned_labels: bool = False, centered_labels: bool = False,
+             mapper: ClientMapper = ClientMapper()) -> ServerDistillation:
+  """FedD3 (Song et al., Alg. 1) as a server-side method.
+
+  Per round (FedD3 runs one): every client distils with ``distiller`` and
+  sends its set once (:class:`Uploads`); the server trains ``task`` on the
+  union, one pass of ``local_epochs`` (or ``local_steps`` steps) per
+  ``epoch`` call, with the engine's centralized update.
+
+  Args:
+    distiller: ``(key, ClientData) -> DistilledSet`` (:func:`kip_distiller`,
+      :func:`gmm_distiller`, :func:`random_distiller`).
+    task: the server model.
+    optimizer: the server's optimiser.
+    num_classes: ``K``.
+    images_per_class: the distiller's images per class per client (sets
+      the padded size ``S = K · images_per_class``).
+    batch_size: server batch size.
+    local_epochs: passes over the union per ``epoch`` call.
+    local_steps: fixed steps per ``epoch`` call instead (overrides
+      ``local_epochs``).
+    learned_labels, centered_labels: how the distiller's labels are sent
+      (:class:`DistilledSet`); they fix the upload's checkpoint layout.
+    mapper: the engine's compile settings (the one server "client" is
+      vmapped).
+
+  Returns:
+    A :class:`~fedjax_dd.core.algorithm.ServerDistillation` whose
+    ``client_stage`` returns :class:`Uploads`.
+
+  Raises:
+    ValueError: ``num_classes``, ``images_per_class`` or ``batch_size`` is
+      below 1.
+  """
+  for name, v in (("num_classes", num_classes),
+                  ("images_per_class", images_per_class),
+                  ("batch_size", batch_size)):
+    if int(v) < 1:
+      raise ValueError(f"{name} must be >= 1, got {v}.")
+  size = num_classes * images_per_class
+
+  def client_stage(starts, data: ClientData, key) -> Uploads:
+    del starts  # FedD3's clients send data, not models.
+    return jax.device_put(pad_uploads(distiller(key, data),
+                                      int(data.x.shape[0]), size))
+
+  def upload_template(starts, group_sizes, data: ClientData) -> Uploads:
+    del starts, group_sizes
+    c, shape = int(data.x.shape[0]), tuple(data.x.shape[2:])
+    spec = jax.ShapeDtypeStruct
+    return Uploads(x=spec((c, size, *shape), jnp.uint8),
+                   y_soft=spec((c, size, num_classes), jnp.float32),
+                   count=spec((c,), jnp.int32),
+                   learned_labels=learned_labels,
+                   centered_labels=centered_labels)
+
+  def upload_bits(uploads: Uploads) -> tuple[str, np.ndarray]:
+    distilled = uploads.distilled()
+    return "distilled_data", client_upload_bits(distilled,
+                                                int(uploads.x.shape[0]))
+
+  def setup(uploads: Uploads, key) -> dict[str, jax.Array]:
+    # Which padded rows hold an image, found once on the host: the union's
+    # size M then is a static shape of the server state.
+    del key
+    count = np.asarray(jax.device_get(uploads.count))
+    s = int(uploads.x.shape[1])
+    index = np.concatenate([i * s + np.arange(n) for i, n in enumerate(count)]
+                           + [np.zeros(0, np.int64)]).astype(np.int32)
+    return {"index": jnp.asarray(index),
+            "y": jnp.asarray(uploads.distilled().train_labels())}
+
+  def init(key, setup_out, uploads, params, batch_stats) -> ServerTrainState:
+    del uploads
+    return ServerTrainState(
+        server=ServerState(params, batch_stats, optimizer.init(params)),
+        key=key, epoch=jnp.zeros((), jnp.int32),
+        index=jnp.asarray(setup_out["index"], jnp.int32),
+        y=jnp.asarray(setup_out["y"]))
+
+  @functools.lru_cache(maxsize=None)
+  def trainer(m: int):
+    # One centralized program per union size (one per run).
+    steps = (int(local_steps) if local_steps is not None
+             else math.ceil(math.ceil(m / batch_size) * local_epochs))
+    return centralized(task, optimizer, batch_size=batch_size,
+                       max_steps=max(steps, 1), mapper=mapper), steps
+
+  def epoch(state: ServerTrainState, uploads: Uploads):
+    m = int(state.index.shape[0])
+    if m == 0:
+      raise ValueError("No client sent any image: the server has nothing "
+                       "to train on.")
+    algorithm, steps = trainer(m)
+    flat = uploads.x.reshape(-1, *uploads.x.shape[2:])
+    cohort = Cohort(x=flat[state.index][None], y=state.y[None],
+                    num_examples=jnp.asarray([m], jnp.int32),
+                    num_steps=jnp.asarray([steps], jnp.int32),
+                    client_ids=jnp.zeros((1,), jnp.int32))
+    server, _, metrics = algorithm.apply(
+        state.server, {}, cohort, jax.random.fold_in(state.key, state.epoch))
+    return state.replace(server=server, epoch=state.epoch + 1), metrics
+
+  return ServerDistillation(
+      client_stage=client_stage, setup=setup, init=init, epoch=epoch,
+      model=lambda state: (state.server.params, state.server.batch_stats),
+      upload_template=upload_template, upload_bits=upload_bits)
 
 
 Distiller = Callable[[jax.Array, ClientData], DistilledSet]
@@ -251,16 +462,6 @@ def upload_bits(distilled: DistilledSet, **widths) -> int:
   return int(client_upload_bits(distilled, num_clients, **widths).sum())
 
 
-def server_dataset(distilled: DistilledSet) -> ClientData:
-  """The union of distilled sets as a one-client stack for server training.
-
-  ``y`` is ``[1, M]`` int32 hard labels, or ``[1, M, K]`` float32 targets
-  when the labels were learned (:meth:`DistilledSet.train_labels`).
-  """
-  return ClientData(x=distilled.x[None], y=distilled.train_labels()[None],
-                    num_examples=np.asarray([distilled.size], np.int32))
-
-
 def hybrid_client_data(data: ClientData, distilled: DistilledSet) -> ClientData:
   """Multi-shot hybrid FedD3 (App. F): local data plus others' distilled data.
 
@@ -309,3 +510,20 @@ def hybrid_client_download_bits(distilled: DistilledSet, num_clients: int,
 def hybrid_download_bits(distilled: DistilledSet, num_clients: int, **widths) -> int:
   """Round-1 download of the hybrid, summed over clients."""
   return int(hybrid_client_download_bits(distilled, num_clients, **widths).sum())
+
+
+def hybrid_ledger(distilled: DistilledSet, num_clients: int,
+                  **widths) -> ledger_lib.Ledger:
+  """The hybrid's round-1 traffic before its FedAvg rounds (App. F).
+
+  Each client uploads its distilled set once (one message per client, so
+  the ledger's GCE sees each one) and receives everyone else's
+  (:func:`hybrid_client_download_bits`); ``widths`` are the bit widths of
+  :func:`client_upload_bits`.
+  """
+  return ledger_lib.Ledger().record_messages(
+      1, kind="upload", tag="distilled_data",
+      bits=client_upload_bits(distilled, num_clients, **widths)
+  ).record_messages(
+      1, kind="download", tag="distilled_data",
+      bits=hybrid_client_download_bits(distilled, num_clients, **widths))

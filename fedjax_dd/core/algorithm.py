@@ -131,13 +131,26 @@ class ServerDistillation(NamedTuple):
     model: ``state -> (params, batch_stats)``: the global model.
     report: ``(state, setup) -> dict`` of host values for the summary and
       figures (e.g. ``U_r``, sample images); ``None`` for nothing.
+    upload_template: ``(starts, group_sizes, data) -> pytree`` of
+      ``jax.ShapeDtypeStruct``: the shapes of what ``client_stage``
+      returns, to restore its checkpoint. ``None``: client models
+      (:class:`Teachers` of the ``starts``' shapes).
+    upload_bits: ``uploads -> (tag, [m] bits)``: each client's upload as
+      the ledger records it. ``None``: one model per client.
+
+  A method whose clients upload something other than models (FedD3's
+  distilled data) sets ``upload_template`` and ``upload_bits``; its
+  ``client_stage`` returns that upload, which ``setup``, ``init`` and
+  ``epoch`` then receive in place of :class:`Teachers`.
   """
-  client_stage: Callable[..., Teachers]
+  client_stage: Callable[..., Any]
   setup: Callable[..., dict[str, jax.Array]]
   init: Callable[..., PyTree]
   epoch: Callable[..., tuple[PyTree, dict[str, jax.Array]]]
   model: Callable[[PyTree], tuple[PyTree, PyTree]]
   report: Callable[..., dict[str, Any]] | None = None
+  upload_template: Callable[..., PyTree] | None = None
+  upload_bits: Callable[[Any], tuple[str, Any]] | None = None
 
 
 def no_setup(teachers: Teachers, key: jax.Array) -> dict[str, jax.Array]:

@@ -9,7 +9,8 @@ for the one-shot methods; FedHydra's multi-round variant, Tab. 5, uses more):
     round r:  key_r = keys.round_key(run_key, r)
       1. teachers = client_stage(starts, data, train key)    -> r<r>/clients
          (round 1 may reuse another run's clients: ``teachers_from``)
-      2. ledger: one model down (r > 1) and one up per client
+      2. ledger: one model down (r > 1) and one up per client (or each
+         client's upload as ``upload_bits`` measures it, e.g. FedD3's data)
       3. setup = setup(teachers, setup key)                  -> r<r>/setup
       4. state = init(epochs key, setup, teachers, global model)
          E × epoch(state, teachers) in core.loop.run_loop    -> r<r>/server
@@ -96,7 +97,8 @@ class ServerResult:
     params, batch_stats: the global model after the last round run.
     state: the last round's server state.
     setup: the last round's setup.
-    teachers: the last round's client models.
+    teachers: the last round's client models (or uploads, for a method
+      with ``upload_template``).
     ledger: the communication ledger.
     per_round: per round: ``round``, ``test_accuracy`` and what
       ``on_clients`` returned.
@@ -133,7 +135,9 @@ def _clients(algorithm, directory, r, starts, sizes, data, train_key,
   Returns:
     ``(teachers, trained_here)``.
   """
-  template = _teachers_template(starts, sizes, data.num_examples)
+  template = (_teachers_template(starts, sizes, data.num_examples)
+              if algorithm.upload_template is None
+              else algorithm.upload_template(starts, sizes, data))
   with CheckpointStore(os.path.join(directory, f"r{r}", "clients"),
                        max_to_keep=1) as store:
     restored = store.restore(template)
@@ -261,8 +265,13 @@ def run_server_rounds(
                                  data, train_key, options)
     if trained:
       seconds["client"] += time.monotonic() - t0
-    for b, m in zip(bits, group_sizes):
-      ledger = ledger.record(r, kind="upload", bits=b, count=m, tag="model")
+    if algorithm.upload_bits is None:
+      for b, m in zip(bits, group_sizes):
+        ledger = ledger.record(r, kind="upload", bits=b, count=m, tag="model")
+    else:  # One message per client, so the ledger knows each one (GCE).
+      tag, client_bits = algorithm.upload_bits(teachers)
+      ledger = ledger.record_messages(r, kind="upload", tag=tag,
+                                      bits=np.asarray(client_bits))
     record = {"round": r}
     if on_clients is not None:
       record.update(on_clients(r, teachers))

@@ -40,11 +40,52 @@ def test_distilled_set_round_trips_through_arrays():
   np.testing.assert_array_equal(back.x, d.x)
 
 
-def test_server_dataset_is_one_client_union():
-  d = fedd3.server_dataset(_distilled())
-  assert d.x.shape == (1, 3, 2, 2, 1)
-  np.testing.assert_array_equal(d.num_examples, [3])
-  np.testing.assert_array_equal(d.y[0], [0, 1, 1])
+def test_pad_uploads_by_hand_and_back():
+  d = _distilled()  # owners 0, 0, 2
+  u = fedd3.pad_uploads(d, num_clients=3, size=2)
+  assert u.x.shape == (3, 2, 2, 2, 1) and u.y_soft.shape == (3, 2, 2)
+  np.testing.assert_array_equal(u.count, [2, 0, 1])
+  np.testing.assert_array_equal(u.x[0], d.x[:2])
+  np.testing.assert_array_equal(u.x[2, 0], d.x[2])
+  assert not u.x[1].any() and not u.x[2, 1].any()  # padding is zeros
+  back = u.distilled()
+  for f in ("x", "y", "y_soft", "owner"):
+    np.testing.assert_array_equal(getattr(back, f), getattr(d, f))
+  with pytest.raises(ValueError, match="more than the padded size 1"):
+    fedd3.pad_uploads(d, num_clients=3, size=1)
+  with pytest.raises(ValueError, match=r"owner must lie in \[0, 2\)"):
+    fedd3.pad_uploads(d, num_clients=2, size=2)
+
+
+def test_one_shot_refuses_empty_sizes():
+  from tests.conftest import tiny_task
+  import optax
+  for bad in ("num_classes", "images_per_class", "batch_size"):
+    kwargs = dict(num_classes=3, images_per_class=1, batch_size=4)
+    kwargs[bad] = 0
+    with pytest.raises(ValueError, match=f"{bad} must be >= 1"):
+      fedd3.one_shot(None, tiny_task(), optax.sgd(0.1), **kwargs)
+
+
+def _server_set(d, num_clients, size):
+  """What FedD3's server trains on: its setup over the padded uploads."""
+  import optax
+  from tests.conftest import tiny_task
+  algo = fedd3.one_shot(None, tiny_task(), optax.sgd(0.1),
+                        num_classes=d.y_soft.shape[-1], images_per_class=1,
+                        batch_size=2)
+  uploads = fedd3.pad_uploads(d, num_clients, size)
+  return algo.setup(uploads, None), uploads
+
+
+def test_server_trains_on_exactly_the_received_rows():
+  out, uploads = _server_set(_distilled(), num_clients=3, size=2)
+  # Client blocks of 2: client 0's rows 0, 1 and client 2's row 4.
+  np.testing.assert_array_equal(out["index"], [0, 1, 4])
+  np.testing.assert_array_equal(out["y"], [0, 1, 1])
+  flat = np.asarray(uploads.x).reshape(6, 2, 2, 1)
+  np.testing.assert_array_equal(flat[np.asarray(out["index"])],
+                                _distilled().x)
 
 
 def test_hybrid_client_data_appends_others_only():
@@ -177,12 +218,13 @@ def test_learned_centred_labels_become_training_distributions():
                          owner=np.array([0, 1]), learned_labels=True,
                          centered_labels=True)
   np.testing.assert_allclose(d.targets(), [[0.8, 0.2], [0.0, 1.0]], atol=1e-6)
-  s = fedd3.server_dataset(d)
-  assert s.y.shape == (1, 2, 2) and s.y.dtype == np.float32
-  np.testing.assert_allclose(s.y[0], d.targets())
+  s, _ = _server_set(d, num_clients=2, size=1)
+  assert s["y"].shape == (2, 2) and s["y"].dtype == np.float32
+  np.testing.assert_allclose(s["y"], d.targets(), atol=1e-6)
   # Fixed labels: the server trains on the hard labels.
-  hard = fedd3.server_dataset(d.replace(learned_labels=False))
-  np.testing.assert_array_equal(hard.y, [[0, 1]])
+  hard, _ = _server_set(d.replace(learned_labels=False), num_clients=2,
+                        size=1)
+  np.testing.assert_array_equal(hard["y"], [0, 1])
 
 
 def test_hybrid_with_learned_labels_has_k_dim_targets():
@@ -203,8 +245,6 @@ def test_hybrid_with_learned_labels_has_k_dim_targets():
 
 def test_kip_learned_labels_reach_server_training_as_soft_targets():
   import optax
-  from fedjax_dd.algorithms.centralized import centralized
-  from fedjax_dd.core.algorithm import Cohort
   from tests.conftest import tiny_task
 
   data = _clients()
@@ -221,29 +261,43 @@ def test_kip_learned_labels_reach_server_training_as_soft_targets():
   np.testing.assert_array_equal(d.iterations, [5, 5])
   assert np.isfinite(d.first_loss).all() and np.isfinite(d.last_loss).all()
   assert not d.converged.any()
-  server = fedd3.server_dataset(d)
-  np.testing.assert_allclose(server.y.sum(-1), np.ones((1, 4)), rtol=1e-6)
-
   task = tiny_task()
   params, stats = task.init(jax.random.PRNGKey(1))
 
-  def train(y):
-    alg = centralized(task, optax.sgd(0.5), batch_size=4, max_steps=3)
-    state, _ = alg.init(params, stats, 1)
-    cohort = Cohort(x=server.x, y=y, num_examples=server.num_examples,
-                    num_steps=np.array([3], np.int32),
-                    client_ids=np.array([0]))
-    out, _, metrics = alg.apply(state, {}, cohort, jax.random.PRNGKey(2))
+  def train(distilled):
+    # FedD3's server, three steps on the union as received.
+    algo = fedd3.one_shot(lambda key, data: distilled, task, optax.sgd(0.5),
+                          num_classes=3, images_per_class=1, batch_size=4,
+                          local_steps=3,
+                          learned_labels=distilled.learned_labels,
+                          centered_labels=distilled.centered_labels)
+    uploads = algo.client_stage(None, data, None)
+    setup = algo.setup(uploads, None)
+    if distilled.learned_labels:
+      np.testing.assert_allclose(np.sum(setup["y"], -1), np.ones(4),
+                                 rtol=1e-6)
+    state = algo.init(jax.random.PRNGKey(2), setup, uploads, params, stats)
+    state, metrics = algo.epoch(state, uploads)
     assert np.isfinite(float(metrics["train_loss"]))
-    return out.params
+    return algo.model(state)[0]
 
-  soft = train(server.y)
+  soft = train(d)
   # One-hot [M, K] targets train exactly as the int labels they encode ...
-  hard_int = train(d.y[None])
-  hard_onehot = train(np.eye(3, dtype=np.float32)[d.y][None])
+  hard_int = train(d.replace(learned_labels=False))
+  hard_onehot = train(d.replace(y_soft=np.eye(3, dtype=np.float32)[d.y],
+                                centered_labels=False))
   for a, b in zip(jax.tree_util.tree_leaves(hard_int),
                   jax.tree_util.tree_leaves(hard_onehot)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   # ... and the learned soft targets train differently.
   assert any(not np.allclose(a, b) for a, b in zip(
       jax.tree_util.tree_leaves(soft), jax.tree_util.tree_leaves(hard_int)))
+
+
+def test_hybrid_ledger_by_hand():
+  # 2x2x1 uint8 images with a byte label: 40 bits each. Owners 0, 0, 2.
+  ledger = fedd3.hybrid_ledger(_distilled(), num_clients=3)
+  totals = ledger.cumulative()
+  assert totals["bytes_uploaded"] * 8 == 2 * 40 + 40
+  # Client 0 receives 1 image, client 1 all 3, client 2 the other 2.
+  assert totals["bytes_downloaded"] * 8 == (1 + 3 + 2) * 40

@@ -15,6 +15,7 @@ import optax
 import pytest
 
 from fedjax_dd import models
+from fedjax_dd.algorithms import fedd3
 from fedjax_dd.algorithms import one_shot
 from fedjax_dd.algorithms.dense import dense
 from fedjax_dd.algorithms.feddf import feddf
@@ -217,3 +218,64 @@ def test_os_fedavg_is_the_average_and_writes_one_row(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert len(rows) == 1 and rows[0]["epoch"] == 0
   assert rows[0]["test_accuracy"] == result.per_round[0]["test_accuracy"]
+
+
+def _fedd3(task, images_per_class=2):
+  return fedd3.one_shot(
+      fedd3.random_distiller(num_classes=3, images_per_class=images_per_class),
+      task, optax.sgd(0.1, momentum=0.9), num_classes=3,
+      images_per_class=images_per_class, batch_size=4)
+
+
+def test_fedd3_killed_mid_training_resumes_bit_identically(tmp_path, caplog):
+  task, data, _, _, evaluate = _problem()
+  algo = _fedd3(task)
+  opts = dict(num_epochs=4, eval_every=1, checkpoint_every=1)
+  full = _run(algo, data, task, evaluate, tmp_path / "full", **opts)
+  with pytest.raises(Killed):
+    _run(_killing(algo, epoch_calls=3), data, task, evaluate,
+         tmp_path / "part", **opts)
+  resumed = _run(algo, data, task, evaluate, tmp_path / "part", **opts)
+  _assert_same(full, resumed)
+  uploads = resumed[0].teachers
+  # Every client holds all 3 classes at least twice except by chance; each
+  # sends min(2, n_class) images per class: the padded block is [4, 6].
+  assert uploads.x.shape == (4, 6, 4, 4, 1)
+  counts = np.asarray(uploads.count)
+  _, y, n = synthetic_clients()
+  expected = [sum(min(2, int(np.sum(y[c, :n[c]] == k))) for k in range(3))
+              for c in range(4)]
+  np.testing.assert_array_equal(counts, expected)
+  # The server trained on exactly the images received: M rows.
+  assert resumed[0].state.index.shape == (sum(expected),)
+  assert int(resumed[0].state.epoch) == 4
+  # One upload message per client: 16 pixels x 8 bits + an 8-bit label each.
+  ledger = resumed[0].ledger
+  assert ledger.cumulative()["bytes_uploaded"] * 8 == sum(expected) * (16 * 8 + 8)
+  assert ledger.cumulative()["bytes_downloaded"] == 0
+  assert np.all(np.isfinite([r["train_loss"] for r in resumed[1]]))
+  # A further epoch compiles nothing new.
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles(True):
+    algo.epoch(resumed[0].state, uploads)
+  assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+
+
+def test_fedd3_padding_never_reaches_the_loss(tmp_path):
+  # Garbage in the padded rows must not change training.
+  task, data, _, _, evaluate = _problem()
+  algo = _fedd3(task)
+  clean, _ = _run(algo, data, task, evaluate, tmp_path / "a", num_epochs=2)
+
+  def dirty_stage(*args):
+    u = algo.client_stage(*args)
+    pad = np.arange(u.x.shape[1])[None, :] >= np.asarray(u.count)[:, None]
+    x = np.where(pad[..., None, None, None], 255, np.asarray(u.x))
+    y = np.where(pad[..., None], 7.0, np.asarray(u.y_soft))
+    return u.replace(x=jnp.asarray(x, jnp.uint8), y_soft=jnp.asarray(y))
+
+  dirty, _ = _run(algo._replace(client_stage=dirty_stage), data, task,
+                  evaluate, tmp_path / "b", num_epochs=2)
+  for a, b in zip(jax.tree_util.tree_leaves(clean.params),
+                  jax.tree_util.tree_leaves(dirty.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -118,7 +118,7 @@ def test_a_killed_run_resumes_on_its_cached_distilled_set(
 
   # Killed once the distilled set is cached, before the server trains.
   with monkeypatch.context() as m:
-    m.setattr(run_fedd3.runners, "train_rounds", killed)
+    m.setattr(run_fedd3.server_lib, "run_server_rounds", killed)
     with pytest.raises(KeyboardInterrupt):
       runners.RUNNERS["fedd3"](_smoke(), str(workdir))
   assert not os.path.exists(workdir / "summary.json")
