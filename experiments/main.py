@@ -8,7 +8,11 @@ Examples::
 
 Writes ``DIR/metrics.jsonl`` (one JSON object per evaluation round) and
 ``DIR/summary.json``. Re-running with the same ``--workdir`` resumes from the
-newest good checkpoint in ``DIR/checkpoints``.
+newest good checkpoint in ``DIR/checkpoints``. ``DIR/config.json`` records the
+settings that define the run (``common.fingerprint``); a re-run with other
+ones is refused before the dataset loads, naming them (``rounds``, ``run.*``
+and ``engine.*`` may change). Ctrl-C exits with status 130, naming the newest
+checkpoint; re-running the same command resumes from it.
 
 Configs are nested by concern (``experiments/configs/base.py``): override a
 setting as ``--config.<group>.<key>=VALUE`` (``--config.client.lr=0.1``,
