@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
 from typing import Any, Callable, Sequence
 
@@ -67,6 +68,25 @@ def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
         yield f"{prefix}{k}", v
 
   return dict(walk(config.to_dict(), ""))
+
+
+# Settings a resumed run may change: they decide how long and how a run goes
+# (rounds, evaluation, checkpoints, logging, budget; the client backend, which
+# gives the same results), where the TFDS copy sits, or only document it.
+# Everything else defines the experiment, including the paths
+# server.teachers_from and fedd3.distilled_from, whose contents change the
+# results.
+RESUME_SAFE = ("rounds", "run", "engine", "paper_departures", "data.data_dir")
+
+
+def fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The settings that define the experiment of ``config``, as
+  ``{dotted path: value}``: every leaf except those under
+  :data:`RESUME_SAFE` (so a workdir resumed with more rounds or another
+  ``run.eval_every`` continues, and one with another ``data.num_clients`` is
+  refused; see :func:`fedjax_dd.core.workdir.record_fingerprint`)."""
+  return {k: v for k, v in flat_config(config).items()
+          if not any(k == p or k.startswith(p + ".") for p in RESUME_SAFE)}
 
 
 def data_dir(config: ml_collections.ConfigDict) -> str | None:
@@ -338,4 +358,54 @@ def validate(config: ml_collections.ConfigDict) -> None:
       and _lookup(config, "client.local_epochs") == 0):
     raise ValueError(
         "Local training has no work: config.client.local_epochs and "
-        "config.client.local_steps are both 0; set one of them > 0.")
+        "config.client.local_steps are both 0; set --config.client."
+        "local_epochs > 0 (epochs, may be fractional) or --config.client."
+        "local_steps >= 1.")
+  if _lookup(config, "data.partition") is not None:
+    check_partition(config.data.partition)
+
+
+def partition_options(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """``(required, optional)`` option names of partition ``name``: the
+  keyword arguments of its :data:`PARTITIONERS` function besides the labels,
+  the number of clients and the generator."""
+  required, optional = [], []
+  for param in inspect.signature(PARTITIONERS[name]).parameters.values():
+    if param.name in ("labels", "num_clients", "rng", "max_tries"):
+      continue
+    (required if param.default is param.empty else optional).append(
+        param.name)
+  return tuple(required), tuple(optional)
+
+
+def check_partition(group: ml_collections.ConfigDict) -> None:
+  """Refuses a ``data.partition`` group whose options do not fit its name.
+
+  A preset's group holds the options of its own partition (e.g.
+  ``num_classes_per_client`` for ``pathological``); overriding only
+  ``data.partition.name`` keeps them, and the partitioner would fail with a
+  TypeError after the data loaded.
+
+  Raises:
+    ValueError: one line naming the unknown name, or the options that do not
+      apply or are missing, and every partition's options.
+  """
+  name = group.get("name")
+  table = "; ".join(
+      f"{n}: {', '.join(r + tuple(f'[{o}]' for o in opt)) or 'no options'}"
+      for n in sorted(PARTITIONERS) for r, opt in [partition_options(n)])
+  if name not in PARTITIONERS:
+    raise ValueError(f"config.data.partition.name={name!r} is not a "
+                     f"partition; options by partition ([optional]): {table}.")
+  required, optional = partition_options(name)
+  given = set(group.keys()) - {"name"}
+  extra = sorted(given - set(required) - set(optional))
+  missing = [k for k in required if k not in given]
+  if extra or missing:
+    problems = ([f"it does not take {', '.join(extra)}"] if extra else []) + (
+        [f"it needs {', '.join(missing)}"] if missing else [])
+    raise ValueError(
+        f"config.data.partition.name={name!r} does not fit the config's "
+        f"partition options: {' and '.join(problems)}. Options by partition "
+        f"([optional]): {table}. A flag cannot add or drop options: use a "
+        f"preset whose partition is {name!r}, or keep the preset's name.")

@@ -8,7 +8,11 @@ Examples::
 
 Writes ``DIR/metrics.jsonl`` (one JSON object per evaluation round) and
 ``DIR/summary.json``. Re-running with the same ``--workdir`` resumes from the
-newest good checkpoint in ``DIR/checkpoints``.
+newest good checkpoint in ``DIR/checkpoints``. ``DIR/config.json`` records the
+settings that define the run (``common.fingerprint``); a re-run with other
+ones is refused before the dataset loads, naming them (``rounds``, ``run.*``
+and ``engine.*`` may change). Ctrl-C exits with status 130, naming the newest
+checkpoint; re-running the same command resumes from it.
 
 Configs are nested by concern (``experiments/configs/base.py``): override a
 setting as ``--config.<group>.<key>=VALUE`` (``--config.client.lr=0.1``,
@@ -29,7 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import os
 import re
+import signal
 import sys
 from typing import Sequence
 
@@ -147,6 +153,37 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     sys.exit(1)
 
 
+# The exit status of a process stopped by SIGINT, as shells report it.
+EXIT_INTERRUPTED = 130
+
+
+def interrupted_message(workdir: str) -> str:
+  """One line after Ctrl-C: the newest checkpoint and how to resume."""
+  latest = workdir_lib.latest_checkpoint(workdir)
+  if latest is None:
+    return (f"Interrupted: the run in {workdir} stopped before its first "
+            "checkpoint; re-running the same command starts it again.")
+  path, step = latest
+  return (f"Interrupted: the run in {workdir} stopped; its newest checkpoint "
+          f"is {path} (step {step}). Re-running the same command resumes "
+          "from it.")
+
+
+def _exit_interrupted(message: str) -> None:
+  """Prints ``message`` and exits with :data:`EXIT_INTERRUPTED` at once.
+
+  ``os._exit`` skips the interpreter's teardown: JAX's and Orbax's exit
+  handlers wait for work nobody needs any more (seconds). Checkpoints are
+  written blocking and committed by a marker, so nothing half-saved is
+  trusted on resume.
+  """
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: same end
+  sys.stdout.flush()
+  sys.stderr.write(message + "\n")
+  sys.stderr.flush()
+  os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -169,8 +206,14 @@ def main(argv):
         f"{sweep.seed_flags_in(sys.argv)}.")
   if _SEEDS.value:
     # Each seed runs as its own `fedjax-dd` command (experiments/sweep.py).
-    report = sweep.run_seeds(config, _WORKDIR.value,
-                             sweep.parse_seeds(_SEEDS.value), argv=sys.argv)
+    try:
+      report = sweep.run_seeds(config, _WORKDIR.value,
+                               sweep.parse_seeds(_SEEDS.value), argv=sys.argv)
+    except KeyboardInterrupt:
+      _exit_interrupted(
+          f"Interrupted: the sweep in {_WORKDIR.value} stopped; re-running "
+          "the same command resumes each unfinished seed from its newest "
+          "checkpoint.")
     with open(report["files"]["markdown"]) as f:
       print(f.read())
     return
@@ -188,12 +231,21 @@ def main(argv):
           PermissionError) as e:
     raise app.UsageError(str(e)) from None
   try:
+    # A resumed run must be the same experiment: refused, naming each
+    # setting that differs, before the dataset loads.
+    try:
+      workdir_lib.record_fingerprint(_WORKDIR.value, common.fingerprint(config))
+    except workdir_lib.FingerprintMismatchError as e:
+      raise app.UsageError(str(e)) from None
     summary = runners.RUNNERS[config.runner](config, _WORKDIR.value)
   except loop_lib.NonFiniteError as e:
     # One line, not a traceback: the message says which step, why and what
     # to change; the exit status says the run failed.
     sys.stderr.write(f"FATAL {e}\n")
     sys.exit(1)
+  except KeyboardInterrupt:
+    lock.__exit__(None, None, None)
+    _exit_interrupted(interrupted_message(_WORKDIR.value))
   finally:
     lock.__exit__(None, None, None)
   logging.info("summary: %s", {k: v for k, v in summary.items() if k != "config"})

@@ -9,6 +9,7 @@ Layout of ``Workdir(directory)``::
     summary.json         written once, at the end, from memory
     tensorboard/         optional scalars
     .lock                held by the one process running in it (WorkdirLock)
+    config.json          the settings that define the run (record_fingerprint)
 
 The loops take the pieces (writer, stores) explicitly; this class only names
 where they live, so a notebook can pass its own.
@@ -16,11 +17,19 @@ where they live, so a notebook can pass its own.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from typing import Any, Mapping
 
-from fedjax_dd.core.checkpoint import CheckpointStore
-from fedjax_dd.core.metrics import MetricsWriter, write_json
+from fedjax_dd.core.checkpoint import COMMIT_MARKER, CheckpointStore
+from fedjax_dd.core.metrics import MetricsWriter, to_jsonable, write_json
+
+_log = logging.getLogger(__name__)
+
+FINGERPRINT_FILE = "config.json"
+"""Name of the file holding a run's fingerprint (:func:`record_fingerprint`)."""
+
 
 
 class Workdir:
@@ -149,3 +158,115 @@ def check_writable(directory: str | os.PathLike) -> None:
   if not os.access(directory, os.W_OK | os.X_OK):
     raise PermissionError(
         f"--workdir {directory} is not writable; choose a writable path.")
+
+
+class FingerprintMismatchError(ValueError):
+  """The workdir holds a run made with other defining settings."""
+
+
+def _normalised(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+  # Through JSON, so that a tuple compares equal to the list read back.
+  return json.loads(json.dumps(to_jsonable(dict(fingerprint)), sort_keys=True))
+
+
+def has_run_files(directory: str | os.PathLike) -> bool:
+  """Whether ``directory`` holds results of an earlier run: a committed
+  checkpoint (of any store, stage caches included), metrics rows or a
+  summary. Empty files and directories a run creates before its first
+  result do not count: there is nothing in them to resume."""
+  directory = os.fspath(directory)
+  if not os.path.isdir(directory):
+    return False
+  metrics = os.path.join(directory, "metrics.jsonl")
+  return (os.path.isfile(os.path.join(directory, "summary.json"))
+          or (os.path.isfile(metrics) and os.path.getsize(metrics) > 0)
+          or latest_checkpoint(directory) is not None)
+
+
+def record_fingerprint(directory: str | os.PathLike,
+                       fingerprint: Mapping[str, Any]) -> str:
+  """Writes or checks ``directory/config.json``, the settings of the run.
+
+  A run resumed with other defining settings (another dataset, partition,
+  model, seed ...) would continue the old checkpoint silently or fail deep in
+  the restore; comparing a fingerprint first names the settings that differ.
+  The caller decides which settings define the run (the entry point leaves
+  out those a resume may change, e.g. the number of rounds); this function
+  only compares what it is given.
+
+  Args:
+    directory: the run directory (created if missing).
+    fingerprint: ``{name: JSON-able value}``, e.g. dotted config paths.
+
+  Returns:
+    ``"new"`` (nothing to resume, see :func:`has_run_files`: written, over
+    any recorded one), ``"same"`` (equal to the recorded one) or
+    ``"adopted"`` (the directory holds a run made before fingerprints
+    existed: written, with a one-line warning, and the run resumes).
+
+  Raises:
+    FingerprintMismatchError: the directory holds results and the recorded
+      fingerprint differs; one line naming each differing key with its
+      recorded and new value.
+  """
+  directory = os.fspath(directory)
+  path = os.path.join(directory, FINGERPRINT_FILE)
+  new = _normalised(fingerprint)
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      old = json.load(f)
+    missing = "(unset)"
+    diffs = [f"{k} was {json.dumps(old.get(k, missing))}, now "
+             f"{json.dumps(new.get(k, missing))}"
+             for k in sorted(set(old) | set(new)) if old.get(k, missing)
+             != new.get(k, missing)]
+    # A run that stopped before any result (e.g. its dataset failed to
+    # load) leaves nothing to mix: the new settings replace the old.
+    if diffs and has_run_files(directory):
+      raise FingerprintMismatchError(
+          f"The workdir {directory} holds a run made with other settings: "
+          f"{'; '.join(diffs)}. Resuming would mix two experiments: use a "
+          "new --workdir, or revert these settings to resume.")
+    if not diffs:
+      return "same"
+  status = "adopted" if has_run_files(directory) else "new"
+  if status == "adopted":
+    _log.warning(
+        "The workdir %s has no %s (made before settings were recorded); "
+        "resuming it as it is and recording the current settings.",
+        directory, FINGERPRINT_FILE)
+  os.makedirs(directory, exist_ok=True)
+  # Atomic (several hosts of one run may write it at once).
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(new, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
+  return status
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> tuple[str, int] | None:
+  """The newest committed checkpoint under ``directory``, of any store.
+
+  Stores sit at several places of a run directory (``checkpoints/``,
+  ``r<r>/server``, stage caches); the newest commit marker is the step a
+  resumed run starts from or after. Reads only the markers, so it is cheap
+  and safe to call while nothing else runs (e.g. after Ctrl-C).
+
+  Returns:
+    ``(path of the step directory relative to directory, step)``, or None if
+    nothing was committed.
+  """
+  directory = os.fspath(directory)
+  newest = None
+  for root, _, names in os.walk(directory):
+    if COMMIT_MARKER not in names:
+      continue
+    step_name = os.path.basename(root)
+    if not step_name.isdigit():
+      continue
+    # Newest marker first; equal times (coarse clocks) go to the higher step.
+    rank = (os.path.getmtime(os.path.join(root, COMMIT_MARKER)),
+            int(step_name))
+    if newest is None or rank > newest[0]:
+      newest = (rank, os.path.relpath(root, directory), int(step_name))
+  return None if newest is None else newest[1:]

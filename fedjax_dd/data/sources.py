@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import zipfile
 from typing import Callable
 
 import numpy as np
@@ -190,23 +191,102 @@ def _load_digits(data_dir: str | None) -> Dataset:
                        y[is_test], num_classes=10)
 
 
+# Where TFDS looks first for a prepared copy it could not find locally (its
+# GCS mirror), and where most of its source URLs live: if this host cannot be
+# reached, a download cannot succeed.
+TFDS_PROBE_HOST = "storage.googleapis.com"
+TFDS_PROBE_PORT = 443
+TFDS_PROBE_TIMEOUT = 3.0
+
+
+def tfds_data_dir(data_dir: str | None) -> str:
+  """The directory TFDS reads: ``data_dir``, else ``$TFDS_DATA_DIR``, else
+  ``~/tensorflow_datasets`` (TFDS's own default)."""
+  return os.path.expanduser(data_dir or os.environ.get("TFDS_DATA_DIR")
+                            or "~/tensorflow_datasets")
+
+
+def tfds_prepared(tfds_name: str, data_dir: str | None) -> bool:
+  """Whether ``data_dir`` holds a prepared copy of ``tfds_name`` (a
+  ``dataset_info.json`` under ``<data_dir>/<name>/[<config>/]<version>``)."""
+  root = os.path.join(tfds_data_dir(data_dir), tfds_name)
+  if not os.path.isdir(root):
+    return False
+  return any("dataset_info.json" in names for _, _, names in os.walk(root))
+
+
+def network_reachable(host: str = TFDS_PROBE_HOST, port: int = TFDS_PROBE_PORT,
+                      timeout: float = TFDS_PROBE_TIMEOUT) -> bool:
+  """Whether a TCP connection to ``host:port`` opens within ``timeout`` s.
+
+  Name resolution has no timeout of its own, so the probe runs in a daemon
+  thread and is abandoned after ``timeout``. Behind an HTTPS proxy
+  (``$https_proxy``) the proxy is probed instead, since that is the way out.
+  """
+  import socket  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  import urllib.parse  # pylint: disable=g-import-not-at-top
+
+  proxy = os.environ.get("https_proxy") or os.environ.get("HTTPS_PROXY")
+  if proxy:
+    parsed = urllib.parse.urlsplit(proxy if "://" in proxy else "//" + proxy)
+    if parsed.hostname:
+      host, port = parsed.hostname, parsed.port or 80
+  result = []
+
+  def connect():
+    try:
+      socket.create_connection((host, port), timeout=timeout).close()
+      result.append(True)
+    except OSError:
+      result.append(False)
+
+  thread = threading.Thread(target=connect, daemon=True)
+  thread.start()
+  thread.join(timeout)
+  return bool(result and result[0])
+
+
+def _tfds_error(tfds_name: str, data_dir: str | None, reason: str
+                ) -> RuntimeError:
+  """The loader's one message: why, and how to load the data offline."""
+  return RuntimeError(
+      f"Could not load {tfds_name!r} with tensorflow_datasets "
+      f"(data_dir={data_dir!r}): {reason}. Without internet "
+      "access, pass `npz:PATH` instead, where PATH is a .npz file with uint8 "
+      "images under keys 'x_train', 'x_test' ([N, H, W, C] or [N, H, W]) "
+      "and integer labels under 'y_train', 'y_test' ([N]); e.g. "
+      f"'npz:../shared/datasets/{tfds_name}.npz'.")
+
+
+class _Offline(Exception):
+  """No prepared copy and no network: not worth TFDS's download retries."""
+
+
 def _load_tfds(tfds_name: str, num_classes: int,
                data_dir: str | None) -> Dataset:
-  """Loads a TFDS dataset fully into memory as NumPy arrays."""
+  """Loads a TFDS dataset fully into memory as NumPy arrays.
+
+  Without a prepared copy in the data directory and without network access
+  TFDS retries its downloads for minutes before failing; a probe of
+  :data:`TFDS_PROBE_HOST` (skipped when a copy is prepared) fails in seconds
+  instead, with the same message.
+  """
   try:
     import tensorflow_datasets as tfds  # Heavy; only needed on this path.
 
+    if not tfds_prepared(tfds_name, data_dir) and not network_reachable():
+      raise _Offline(
+          f"no prepared copy in {tfds_data_dir(data_dir)} and no network "
+          f"({TFDS_PROBE_HOST}:{TFDS_PROBE_PORT} unreachable within "
+          f"{TFDS_PROBE_TIMEOUT:g} s)")
     (x_train, y_train), (x_test, y_test) = tfds.as_numpy(
         tfds.load(tfds_name, split=["train", "test"], batch_size=-1,
                   as_supervised=True, data_dir=data_dir))
+  except _Offline as e:
+    raise _tfds_error(tfds_name, data_dir, str(e)) from None
   except Exception as e:  # pylint: disable=broad-except
-    raise RuntimeError(
-        f"Could not load {tfds_name!r} with tensorflow_datasets "
-        f"(data_dir={data_dir!r}): {type(e).__name__}: {e}. Without internet "
-        "access, pass `npz:PATH` instead, where PATH is a .npz file with uint8 "
-        "images under keys 'x_train', 'x_test' ([N, H, W, C] or [N, H, W]) "
-        "and integer labels under 'y_train', 'y_test' ([N]); e.g. "
-        f"'npz:../shared/datasets/{tfds_name}.npz'.") from e
+    raise _tfds_error(tfds_name, data_dir, f"{type(e).__name__}: {e}") from e
   return _make_dataset(tfds_name, x_train, y_train, x_test, y_test,
                        num_classes=num_classes)
 
@@ -229,6 +309,13 @@ def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
   full = os.path.abspath(os.path.expanduser(path))  # Relative to the CWD.
   if not os.path.isfile(full):
     raise ValueError(f"{spec!r}: file not found: {full}")
+  # np.load guesses the format from the contents and reports any other file
+  # as "pickled data"; an npz archive is a zip file.
+  if not zipfile.is_zipfile(full):
+    raise ValueError(
+        f"{spec!r}: {full} is not an npz archive (a zip of .npy arrays, as "
+        "written by np.savez); convert it with np.savez(PATH, x_train=..., "
+        "y_train=..., x_test=..., y_test=...).")
   with np.load(full, allow_pickle=False) as f:
     return full, {k: f[k] for k in f.files}
 

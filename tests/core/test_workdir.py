@@ -44,3 +44,51 @@ def test_unwritable_or_file_workdir_is_refused(tmp_path):
       workdir_lib.check_writable(ro)
   finally:
     ro.chmod(0o700)
+
+
+def _commit(directory, step):
+  """A step directory with a commit marker, as CheckpointStore leaves it."""
+  os.makedirs(directory / str(step), exist_ok=True)
+  (directory / str(step) / workdir_lib.COMMIT_MARKER).write_text("{}")
+
+
+def test_fingerprint_is_written_then_checked(tmp_path, caplog):
+  path = tmp_path / "w"
+  fp = {"data.num_clients": 8, "data.dataset": "digits", "shape": (1, 2)}
+  assert workdir_lib.record_fingerprint(path, fp) == "new"
+  assert workdir_lib.record_fingerprint(path, fp) == "same"  # tuple == list
+  # Nothing to resume yet: new settings replace the recorded ones.
+  assert workdir_lib.record_fingerprint(path, {**fp, "seed": 1}) == "new"
+  assert workdir_lib.record_fingerprint(path, fp) == "new"
+  _commit(path / "checkpoints", 3)
+  assert workdir_lib.record_fingerprint(path, fp) == "same"
+  with pytest.raises(workdir_lib.FingerprintMismatchError) as info:
+    workdir_lib.record_fingerprint(
+        path, {**fp, "data.num_clients": 4, "model.name": "mlp"})
+  message = str(info.value)
+  assert "\n" not in message
+  assert "data.num_clients was 8, now 4" in message
+  assert 'model.name was "(unset)", now "mlp"' in message
+  assert "data.dataset" not in message
+  assert "new --workdir" in message and "revert" in message
+  # A workdir made before fingerprints: adopted with one warning.
+  old = tmp_path / "old"
+  _commit(old / "checkpoints", 1)
+  with caplog.at_level("WARNING"):
+    assert workdir_lib.record_fingerprint(old, fp) == "adopted"
+  assert "has no config.json" in caplog.text
+  assert (old / workdir_lib.FINGERPRINT_FILE).is_file()
+
+
+def test_latest_checkpoint_is_the_newest_committed_step(tmp_path):
+  assert workdir_lib.latest_checkpoint(tmp_path) is None
+  _commit(tmp_path / "checkpoints", 1)
+  _commit(tmp_path / "checkpoints", 2)
+  # Markers a few ms apart may share an mtime: set them apart explicitly.
+  os.utime(tmp_path / "checkpoints" / "1" / workdir_lib.COMMIT_MARKER,
+           (1, 1))
+  os.makedirs(tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp")  # no marker
+  assert workdir_lib.latest_checkpoint(tmp_path) == (
+      os.path.join("checkpoints", "2"), 2)
+  assert workdir_lib.has_run_files(tmp_path)
+  assert not workdir_lib.has_run_files(tmp_path / "nothing")

@@ -77,6 +77,8 @@ def test_unknown_name_lists_valid_names():
 
 
 def test_tfds_failure_says_use_npz(monkeypatch):
+  monkeypatch.setattr(sources, "network_reachable", lambda: True)
+
   def failing_load(*args, **kwargs):
     raise ConnectionError("no network")
 
@@ -93,6 +95,7 @@ def test_tfds_failure_says_use_npz(monkeypatch):
 
 
 def test_tfds_success_path_validates(monkeypatch):
+  monkeypatch.setattr(sources, "network_reachable", lambda: True)
   x = np.zeros((4, 3, 3, 1), np.uint8)
   calls = {}
 
@@ -112,7 +115,78 @@ def test_tfds_success_path_validates(monkeypatch):
   assert ds.num_classes == 10 and ds.y_train.dtype == np.int32
 
 
+def _fake_tfds(monkeypatch, load):
+  fake = types.ModuleType("tensorflow_datasets")
+  fake.load = load
+  fake.as_numpy = lambda t: t
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+
+
+def test_tfds_offline_without_a_local_copy_fails_at_once(monkeypatch,
+                                                         tmp_path):
+  def load(*args, **kwargs):
+    raise AssertionError("TFDS must not be asked to download")
+
+  _fake_tfds(monkeypatch, load)
+  monkeypatch.setattr(sources, "network_reachable", lambda: False)
+  with pytest.raises(RuntimeError) as info:
+    sources.load_dataset("svhn_cropped", data_dir=str(tmp_path))
+  message = str(info.value)
+  assert message.startswith("Could not load 'svhn_cropped' with "
+                            "tensorflow_datasets")
+  assert f"no prepared copy in {tmp_path} and no network" in message
+  assert "npz:PATH" in message and "svhn_cropped.npz" in message
+
+
+def test_tfds_local_copy_skips_the_network_probe(monkeypatch, tmp_path):
+  version = tmp_path / "mnist" / "3.0.1"
+  version.mkdir(parents=True)
+  (version / "dataset_info.json").write_text("{}")
+  x = np.zeros((2, 3, 3, 1), np.uint8)
+  _fake_tfds(monkeypatch, lambda *a, **k: [(x, np.array([0, 1])),
+                                           (x, np.array([1, 0]))])
+
+  def probe():
+    raise AssertionError("a prepared copy needs no network")
+
+  monkeypatch.setattr(sources, "network_reachable", probe)
+  assert sources.tfds_prepared("mnist", str(tmp_path))
+  assert not sources.tfds_prepared("cifar10", str(tmp_path))
+  assert sources.load_dataset("mnist", data_dir=str(tmp_path)).num_classes == 10
+
+
+def test_network_probe_of_a_closed_port_is_false_within_the_timeout(
+    monkeypatch):
+  import socket
+  import time
+  monkeypatch.delenv("https_proxy", raising=False)
+  monkeypatch.delenv("HTTPS_PROXY", raising=False)
+  with socket.socket() as s:   # a port nobody listens on once closed
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  start = time.monotonic()
+  assert not sources.network_reachable("127.0.0.1", port, timeout=2.0)
+  assert time.monotonic() - start < 2.5
+  with socket.socket() as server:  # and an open one is reachable
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    assert sources.network_reachable("127.0.0.1", server.getsockname()[1],
+                                     timeout=2.0)
+
+
 # ---------------------------------------------------------------- npz
+
+
+def test_npz_that_is_not_an_archive_is_named(tmp_path):
+  for name, write in (("text.npz", lambda p: p.write_text("x_train,1\n")),
+                      ("array.npy", lambda p: np.save(p, np.zeros(3)))):
+    path = tmp_path / name
+    write(path)
+    with pytest.raises(ValueError) as info:
+      sources.load_dataset(f"npz:{path}")
+    message = str(info.value)
+    assert f"{path} is not an npz archive" in message
+    assert "pickled" not in message
 
 
 def test_npz_good_file_adds_channel_axis(tmp_path):
@@ -209,6 +283,7 @@ def test_npz_mismatched_image_shapes(tmp_path):
 
 
 def test_tfds_labels_out_of_range(monkeypatch):
+  monkeypatch.setattr(sources, "network_reachable", lambda: True)
   x = np.zeros((2, 3, 3, 1), np.uint8)
   fake = types.ModuleType("tensorflow_datasets")
   fake.load = lambda *a, **k: [(x, np.array([0, 10])), (x, np.array([0, 1]))]

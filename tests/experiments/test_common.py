@@ -109,3 +109,37 @@ def test_validate_refuses_local_training_without_work():
   config.client.local_epochs, config.client.local_steps = 0.0, 0
   with pytest.raises(ValueError, match="no work"):
     common.validate(config)
+
+
+def test_fingerprint_leaves_out_resume_safe_settings():
+  from fedjax_dd.experiments.configs import fedavg as fedavg_config
+  config = fedavg_config.get_config("smoke")
+  fp = common.fingerprint(config)
+  assert fp["data.num_clients"] == 8 and fp["model.name"] == "digits_cnn"
+  assert "server.teachers_from" in fp        # a path whose contents count
+  assert not [k for k in fp if k == "rounds" or k.split(".")[0] in (
+      "run", "engine") or k in ("paper_departures", "data.data_dir")]
+  config.rounds, config.run.eval_every, config.engine.backend = 9, 3, "vmap"
+  assert common.fingerprint(config) == fp
+  config.data.seed = 1
+  assert common.fingerprint(config)["data.seed"] == 1
+
+
+def test_validate_names_the_options_of_each_partition():
+  from fedjax_dd.experiments.configs import fedavg as fedavg_config
+  config = fedavg_config.get_config("smoke")   # pathological(2)
+  assert common.partition_options("dirichlet") == (("alpha",), ("min_size",))
+  config.data.partition.name = "dirichlet"
+  with pytest.raises(ValueError) as info:
+    common.validate(config)
+  message = str(info.value)
+  assert "does not take num_classes_per_client, style" in message
+  assert "it needs alpha" in message
+  assert "dirichlet: alpha, [min_size]" in message
+  assert "pathological: num_classes_per_client, style" in message
+  assert "iid: no options" in message
+  config.data.partition = ml_collections.ConfigDict({"name": "nope"})
+  with pytest.raises(ValueError, match="'nope' is not a partition"):
+    common.validate(config)
+  config.data.partition = ml_collections.ConfigDict({"name": "iid"})
+  common.validate(config)

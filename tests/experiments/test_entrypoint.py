@@ -173,3 +173,87 @@ def test_os_fedavg_a05_trains_the_same_clients_as_fedhydra():
   for path in run_fedhydra._PROTOCOL_FIELDS:
     assert common.config_value(os_c, path) == common.config_value(
         fh_c, path), path
+
+
+def _cli(workdir, *overrides, config="experiments/configs/fedavg.py:smoke"):
+  return [sys.executable, "-m", "fedjax_dd.experiments.main",
+          f"--config={config}", f"--workdir={workdir}",
+          "--config.run.progress=False", *overrides]
+
+
+def _rounds(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line)["round"] for line in f]
+
+
+def test_resume_with_other_settings_is_refused_before_the_data_loads(
+    tmp_path):
+  workdir = tmp_path / "w"
+  run = lambda *o: subprocess.run(_cli(workdir, *o), cwd=REPO_ROOT,
+                                  capture_output=True, text=True, timeout=600)
+  proc = run("--config.rounds=1")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (workdir / "config.json").is_file()
+  proc = run("--config.rounds=1", "--config.data.num_clients=4")
+  assert proc.returncode != 0
+  assert "Traceback" not in proc.stderr
+  (line,) = [l for l in proc.stderr.splitlines() if "other settings" in l]
+  assert "data.num_clients was 8, now 4" in line, line
+  assert "new --workdir" in line and "revert" in line
+  assert _rounds(workdir) == [1]                      # nothing was touched
+  # Resume-safe settings (more rounds, another evaluation cadence) resume.
+  proc = run("--config.rounds=2", "--config.run.eval_every=2")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert _rounds(workdir) == [1, 2]
+  # A workdir made before fingerprints resumes with one warning.
+  os.remove(workdir / "config.json")
+  proc = run("--config.rounds=3")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert len([l for l in proc.stderr.splitlines()
+              if "has no config.json" in l]) == 1
+  assert _rounds(workdir) == [1, 2, 3]
+  assert (workdir / "config.json").is_file()
+
+
+def test_ctrl_c_exits_130_naming_the_checkpoint_and_resumes(tmp_path):
+  import signal
+  import time
+  workdir = tmp_path / "w"
+  cmd = _cli(workdir, "--config.rounds=12")
+  proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  metrics = workdir / "metrics.jsonl"
+  deadline = time.time() + 600
+  # Two rows: round 1's checkpoint is committed (saved after its row).
+  while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+    assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGINT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 130, stderr[-3000:]
+  assert "Traceback" not in stderr
+  (line,) = [l for l in stderr.splitlines() if l.startswith("Interrupted")]
+  assert f"the run in {workdir} stopped" in line
+  assert "newest checkpoint is checkpoints" in line
+  assert "Re-running the same command resumes" in line
+  # The lock is released and the same command finishes the run.
+  done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert _rounds(workdir) == list(range(1, 13))
+
+
+@pytest.mark.parametrize("override, wanted", [
+    ("--config.client.local_epochs=0", "set --config.client.local_epochs > 0"),
+    ("--config.data.partition.name=dirichlet",
+     "'dirichlet' does not fit the config's partition options: it does not "
+     "take num_classes_per_client, style and it needs alpha"),
+])
+def test_local_training_and_partition_options_refused_before_compute(
+    tmp_path, override, wanted):
+  proc = subprocess.run(_cli(tmp_path / "bad", override), cwd=REPO_ROOT,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode != 0
+  assert wanted in proc.stderr, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr and "max_steps" not in proc.stderr
+  assert not os.path.exists(tmp_path / "bad")

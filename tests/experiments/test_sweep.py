@@ -158,6 +158,12 @@ def test_cli_sweep_over_two_seeds_of_fedavg_smoke(tmp_path):
   assert (s0["config"]["seed"], s0["config"]["data"]["seed"]) == (0, 0)
   assert (s1["config"]["seed"], s1["config"]["data"]["seed"]) == (1, 1)
   assert rows0[0]["train_loss"] != rows1[0]["train_loss"]
+  # Each seed's workdir records its own settings (resume checks them).
+  for s in (0, 1):
+    with open(os.path.join(sweep_lib.seed_dir(workdir, s), "config.json")) as f:
+      recorded = json.load(f)
+    assert (recorded["seed"], recorded["data.seed"]) == (s, s)
+  assert not os.path.exists(os.path.join(workdir, "config.json"))
   # ... and everything else of the preset.
   preset = fedavg.get_config("smoke").to_dict()
   for group, key in (("data", "num_clients"), (None, "rounds"),
