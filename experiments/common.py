@@ -93,7 +93,7 @@ def load_dataset(config: ml_collections.ConfigDict) -> sources.Dataset:
     InputError: the loader refused the data (e.g. labels outside
       ``[0, data.num_classes)``).
   """
-  declared = int(config.data.num_classes) or None
+  declared = int(_lookup(config, "data.num_classes") or 0) or None
   try:
     ds = sources.load_dataset(config.data.dataset, data_dir=data_dir(config),
                               num_classes=declared)
