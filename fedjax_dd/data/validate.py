@@ -25,7 +25,7 @@ import numpy as np
 __all__ = [
     "shape_str", "is_concrete", "host_values", "positive_int",
     "finite_number", "client_stack", "labels_in_range", "channel_stats",
-    "images",
+    "images", "step_counts",
 ]
 
 # Offending values shown in a message (the count is always given).
@@ -202,3 +202,17 @@ def channel_stats(mean: Any, std: Any, channels: int) -> None:
       raise ValueError(
           f"std must be > 0 in every channel (it divides the pixels), got "
           f"{a.tolist()}.")
+
+
+def step_counts(name: str, steps: Any, num_clients: int) -> None:
+  """``steps [C]`` integer local step counts, ``>= 0`` (values on host
+  arrays only)."""
+  shape = np.shape(steps)
+  dtype = np.dtype(getattr(steps, "dtype", np.asarray(steps).dtype))
+  if tuple(shape) != (num_clients,) or not np.issubdtype(dtype, np.integer):
+    raise ValueError(f"{name} must be [C] = [{num_clients}] integer step "
+                     f"counts, got shape {shape_str(shape)} dtype {dtype}.")
+  host = host_values(steps, fetch=False)
+  if host is not None and (host < 0).any():
+    raise ValueError(f"{name} must be >= 0, got {int((host < 0).sum())} "
+                     f"negative ({_examples(host[host < 0])}).")
