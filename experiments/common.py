@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import logging
 import os
 from typing import Any, Callable, Sequence
 
@@ -31,6 +32,11 @@ from fedjax_dd.distill import kip as kip_lib
 
 # Floor of the channel std: a constant channel would divide by zero.
 MIN_STD = 1e-3
+
+
+class InputError(ValueError):
+  """The data cannot serve the config (bad labels, a privacy refusal), found
+  before any compute; the entry point reports it in one line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,11 +103,27 @@ def data_dir(config: ml_collections.ConfigDict) -> str | None:
 def load_dataset(config: ml_collections.ConfigDict) -> sources.Dataset:
   """Loads ``config.data.dataset``; re-split when ``data.resplit`` is set.
 
+  ``config.data.num_classes`` (0: inferred) is passed to the loader; an
+  ``npz:`` class count inferred from the labels is logged in one line.
   ``data.resplit`` (0: keep the dataset's own split) is the train fraction
   of :func:`fedjax_dd.data.sources.resplit` (HFLDD: 0.8), drawn from the
   partition seed's :attr:`fedjax_dd.core.keys.Stream.RESPLIT` stream.
+
+  Raises:
+    InputError: the loader refused the data (e.g. labels outside
+      ``[0, data.num_classes)``).
   """
-  ds = sources.load_dataset(config.data.dataset, data_dir=data_dir(config))
+  declared = int(_lookup(config, "data.num_classes") or 0) or None
+  try:
+    ds = sources.load_dataset(config.data.dataset, data_dir=data_dir(config),
+                              num_classes=declared)
+  except ValueError as e:
+    raise InputError(str(e)) from None
+  if declared is None and config.data.dataset.startswith("npz:"):
+    logging.warning(
+        "%s: %d classes inferred from labels 0..%d; set "
+        "--config.data.num_classes to declare it.", config.data.dataset,
+        ds.num_classes, ds.num_classes - 1)
   fraction = float(config.data.resplit)
   if fraction:
     ds = sources.resplit(
@@ -173,14 +195,60 @@ PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
 
 def partition(config: ml_collections.ConfigDict, labels: np.ndarray) -> list[np.ndarray]:
   """Splits the train labels with ``config.data.partition`` and
-  ``config.data.seed``."""
+  ``config.data.seed``; then :func:`check_upload_privacy`.
+
+  Raises:
+    InputError: from :func:`check_upload_privacy`.
+  """
   p = config.data.partition
   if p.name not in PARTITIONERS:
     raise ValueError(f"Unknown partition {p.name!r}; expected one of {sorted(PARTITIONERS)}.")
   kwargs = {k: v for k, v in p.items() if k != "name"}
   rng = keys.numpy_stream(config.data.seed)
-  return PARTITIONERS[p.name](labels, config.data.num_clients, rng=rng,
-                              **kwargs)
+  parts = PARTITIONERS[p.name](labels, config.data.num_clients, rng=rng,
+                               **kwargs)
+  check_upload_privacy(config, labels, parts)
+  return parts
+
+
+# FedD3 distillers whose upload the privacy guard covers (the random
+# control sends raw images by construction).
+_GUARDED_DISTILLERS = ("kip", "gmm")
+
+
+def check_upload_privacy(config: ml_collections.ConfigDict,
+                         labels: np.ndarray, parts: list[np.ndarray]) -> None:
+  """FedD3's privacy guard (App. G) on the partition, before any compute.
+
+  A client class with at most ``fedd3.images_per_class`` examples would be
+  uploaded raw by KIP (its support holds the whole class) and by the GMM
+  coreset (one component per image):
+  :func:`fedjax_dd.distill.kip.check_privacy`. Applies to the ``fedd3``
+  group's KIP and GMM distillers unless ``fedd3.allow_raw_upload``; the GMM
+  coreset's own guard adds the distinct-image and rounded-mean checks.
+
+  Raises:
+    InputError: naming the client, class, class size and
+      ``images_per_class``, and the two settings that lift it.
+  """
+  f = _lookup(config, "fedd3")
+  if (f is None or f.allow_raw_upload or f.distiller not in _GUARDED_DISTILLERS
+      or f.distilled_from):
+    return
+  labels = np.asarray(labels)
+  num_classes = int(labels.max()) + 1 if labels.size else 1
+  stacked = stack_clients(np.zeros((labels.size, 1), np.uint8), labels, parts)
+  try:
+    kip_lib.check_privacy(stacked.y, stacked.num_examples, num_classes,
+                          images_per_class=int(f.images_per_class))
+  except ValueError as e:
+    msg = str(e).replace(
+        "Lower images_per_class below the smallest class, or set "
+        "allow_raw_upload=True to accept raw uploads.",
+        "Set --config.fedd3.images_per_class below the smallest client "
+        "class, or --config.fedd3.allow_raw_upload=True to accept raw "
+        "uploads.")
+    raise InputError(f"fedd3: {msg}") from None
 
 
 def client_data(ds: sources.Dataset, parts: list[np.ndarray]) -> ClientData:
@@ -331,7 +399,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   """Refuses settings no run can use, before any data is loaded.
 
   Checks the counts and rates of :data:`_POSITIVE` (finite, above their
-  bound), momenta below 1, and that local training has work to do.
+  bound), momenta below 1, ``fedd3.images_per_class >= 1`` and
+  ``data.num_classes >= 0`` (ints), and that local training has work to do.
 
   Raises:
     ValueError: naming the ``--config.<path>`` to change and its value.
@@ -354,6 +423,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if value is not None and float(value) >= 1.0:
       raise ValueError(f"config.{path} must be < 1 (SGD momentum), got "
                        f"{value!r}.")
+  for path, minimum in (("fedd3.images_per_class", 1),
+                        ("data.num_classes", 0)):
+    value = _lookup(config, path)
+    if value is not None and (isinstance(value, bool) or not isinstance(
+        value, (int, np.integer)) or value < minimum):
+      raise ValueError(f"config.{path} must be an int >= {minimum}, got "
+                       f"{value!r}; set --config.{path}.")
   if (_lookup(config, "client.local_steps") == 0
       and _lookup(config, "client.local_epochs") == 0):
     raise ValueError(

@@ -215,6 +215,32 @@ def krr_predict(
   return pred, info
 
 
+def _nonfinite_cause(k_ss, k_ts, y_s, reg, ladder) -> str:
+  """Which input made a KRR prediction non-finite (host side)."""
+  bad = [name for name, a in (("k_ss", k_ss), ("k_ts", k_ts), ("y_s", y_s))
+         if not bool(jax.device_get(jnp.all(jnp.isfinite(jnp.asarray(a)))))]
+  if bad:
+    labels = " (the support labels)" if bad == ["y_s"] else ""
+    kernels = [b for b in bad if b != "y_s"]
+    source = ""
+    if kernels:
+      source = (f"; {' and '.join(kernels)} come from the kernel: its images "
+                "are non-finite (e.g. KIP run with lr or std NaN) or "
+                "degenerate (e.g. constant images normalised to zero)")
+    return (f"{' and '.join(bad)} contain{'s' * (len(bad) == 1)} NaN/inf"
+            f"{labels}{source}")
+  k = jnp.asarray(k_ss)
+  if bool(jax.device_get(jnp.all(k == k[0, 0]))):
+    return (f"K_ss is constant ({float(k[0, 0]):g} everywhere): the support "
+            "points are identical (e.g. constant images), so the kernel "
+            "matrix has zero variance and is singular; with "
+            f"reg={reg:g} and the largest jitter {ladder[-1]:g} it stays "
+            "singular")
+  return (f"K_ss stays singular even with the largest jitter "
+          f"{ladder[-1]:g} x tr(K_ss)/n; increase reg, extend "
+          f"jitter_ladder or use use_float64=True")
+
+
 @functools.partial(
     jax.jit, static_argnames=("use_float64", "jitter_ladder"))
 def _krr_predict_jit(k_ss, k_ts, y_s, reg, *, use_float64, jitter_ladder):
@@ -253,7 +279,9 @@ def krr_predict_checked(
 
   Raises:
     ValueError: as :func:`krr_predict`, and if the prediction is not finite
-      even with the largest jitter.
+      even with the largest jitter; the message names the input that is
+      non-finite (``k_ss``, ``k_ts`` or ``y_s``) or degenerate (a constant
+      ``K_ss``: identical support points).
   """
   ladder = _check_ladder(jitter_ladder)
   _check_x64(use_float64)
@@ -263,19 +291,8 @@ def krr_predict_checked(
                                 use_float64=use_float64, jitter_ladder=ladder)
   finite, jitter = jax.device_get((info.finite, info.jitter))
   if not bool(finite):
-    inputs_finite = bool(jax.device_get(
-        jnp.all(jnp.isfinite(jnp.asarray(k_ss)))
-        & jnp.all(jnp.isfinite(jnp.asarray(k_ts)))
-        & jnp.all(jnp.isfinite(jnp.asarray(y_s)))))
-    if not inputs_finite:
-      cause = ("the inputs k_ss, k_ts or y_s already contain NaN/inf; check "
-               "the kernel and the data")
-    else:
-      cause = (f"K_ss stays singular even with the largest jitter "
-               f"{ladder[-1]:g} x tr(K_ss)/n; increase reg, extend "
-               f"jitter_ladder or use use_float64=True")
     raise ValueError(f"kernel ridge regression gave a non-finite prediction: "
-                     f"{cause}.")
+                     f"{_nonfinite_cause(k_ss, k_ts, y_s, reg, ladder)}.")
   if warn_on_jitter and float(jitter) > 0:
     warnings.warn(f"K_ss was numerically singular with reg={reg:g}; added "
                   f"jitter {float(jitter):g} x tr(K_ss)/n.", RuntimeWarning,

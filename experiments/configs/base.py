@@ -51,6 +51,9 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
   c.data = ml_collections.ConfigDict({
       "dataset": dataset,
       "data_dir": "",
+      # Classes of the dataset; every label must lie in [0, num_classes).
+      # 0: inferred (npz: max label + 1, logged; named datasets know theirs).
+      "num_classes": 0,
       # The model's input shape; set to resize the images to another.
       "input_shape": (),
       # bilinear | pad (fedjax_dd.data.resize_images)

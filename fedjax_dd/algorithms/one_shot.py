@@ -31,6 +31,7 @@ from fedjax_dd.core.algorithm import no_setup
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import LocalResult, make_local_update
 from fedjax_dd.core.task import Classifier
+from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import ensemble
 
@@ -89,10 +90,18 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
   Returns:
     ``stage(starts, data, key) -> Teachers``: ``starts`` holds per group the
     ``(params, batch_stats)`` every client of the group starts from; ``data``
-    is every client's padded data ``[m, N_max, ...]``; ``key`` is the
-    round's train key.
+    is every client's padded data (``x [m, N_max, H, W, Ch]`` uint8,
+    ``y [m, N_max]`` integer, ``num_examples [m]``); ``key`` is the round's
+    train key. ``stage`` checks ``data`` (shapes and dtypes; count ranges of
+    host arrays) before training and raises ``ValueError`` naming the field.
+
+  Raises:
+    ValueError: ``num_steps`` not ``[m]`` integer step counts ``>= 0``
+      (``m`` the clients of ``groups``), or negative on the host.
   """
   groups = tuple(groups)
+  m = sum(len(g.client_ids) for g in groups)
+  validate.step_counts("num_steps", num_steps, m)
   mappers = tuple(mappers) if mappers is not None else (ClientMapper(),) * len(groups)
   num_steps = jnp.asarray(num_steps)
   trains = tuple(
@@ -102,6 +111,11 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
       for g, mp in zip(groups, mappers))
 
   def stage(starts, data: ClientData, key: jax.Array) -> Teachers:
+    validate.client_stack(data.x, data.y, data.num_examples)
+    if data.num_clients != m:
+      raise ValueError(f"data must hold the {m} clients of the groups, got "
+                       f"{data.num_clients} (x shape "
+                       f"{validate.shape_str(data.x.shape)}).")
     out = []
     for g, train, (params, stats) in zip(groups, trains, starts):
       ids = jnp.asarray(g.client_ids)

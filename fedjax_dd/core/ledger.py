@@ -288,8 +288,25 @@ class Ledger:
 
     Returns:
       A new ledger; its totals grow by ``sum(bits)``.
+
+    Raises:
+      ValueError: ``bits`` not a 1-D ``[C]`` array of integers, a negative
+        size (naming the sender), or as :meth:`record`.
     """
-    sizes = [_as_int(b, "bits") for b in np.asarray(bits).reshape(-1).tolist()]
+    arr = np.asarray(bits)
+    if arr.ndim != 1:
+      raise ValueError(f"bits must be [C] (one size per sender, 1-D), got "
+                       f"shape {arr.shape}.")
+    if arr.size and (arr.dtype == bool
+                     or not np.issubdtype(arr.dtype, np.integer)):
+      raise ValueError(f"bits must be [C] integer bit counts, got dtype "
+                       f"{arr.dtype}.")
+    negative = np.flatnonzero(arr < 0)
+    if negative.size:
+      i = int(negative[0])
+      raise ValueError(f"bits must be >= 0 for every sender, got "
+                       f"{negative.size} negative (bits[{i}] = {int(arr[i])}).")
+    sizes = [_as_int(b, "bits") for b in arr.tolist()]
     ledger = self
     for size in sorted(set(sizes) - {0}):
       ledger = ledger.record(round, kind=kind, bits=size,

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import zipfile
 from typing import Callable
 
 import numpy as np
+
+from fedjax_dd.data import validate
 
 _NPZ_PREFIX = "npz:"
 _NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -121,14 +124,16 @@ def _make_dataset(name: str, x_train, y_train, x_test, y_test,
     x_test: Test images, same image shape as ``x_train``.
     y_test: Test labels.
     num_classes: Known number of classes, or None to use max label + 1 over
-      both splits.
+      both splits. A class in ``[0, num_classes)`` without a training
+      example is logged as a warning.
 
   Returns:
     The validated dataset.
 
   Raises:
     ValueError: On a wrong dtype, rank, empty split, mismatched lengths or
-      image shapes, or labels outside ``[0, num_classes)``.
+      image shapes, ``num_classes < 1``, or labels outside
+      ``[0, num_classes)`` (with how many and a few of them).
   """
   x_train = _check_images(x_train, "x_train", name)
   x_test = _check_images(x_test, "x_test", name)
@@ -146,10 +151,23 @@ def _make_dataset(name: str, x_train, y_train, x_test, y_test,
   max_label = int(max(y_train.max(), y_test.max()))
   if num_classes is None:
     num_classes = max_label + 1
-  elif max_label >= num_classes:
-    raise ValueError(
-        f"{name}: label {max_label} is out of range for {num_classes} "
-        "classes.")
+  else:
+    num_classes = validate.positive_int(f"{name}: num_classes", num_classes)
+    for split, y in (("y_train", y_train), ("y_test", y_test)):
+      bad = y >= num_classes
+      if bad.any():
+        vals = np.unique(y[bad])
+        shown = ", ".join(str(v) for v in vals[:5])
+        raise ValueError(
+            f"{name}: {split} must hold class indices in [0, {num_classes}) "
+            f"(num_classes={num_classes}), got {int(bad.sum())} labels "
+            f"outside it ({shown}{', ...' if vals.size > 5 else ''}).")
+  empty = np.flatnonzero(np.bincount(y_train, minlength=num_classes) == 0)
+  if empty.size:
+    logging.warning(
+        "%s: %d of %d classes have no training example (classes %s%s).",
+        name, empty.size, num_classes, empty[:10].tolist(),
+        ", ..." if empty.size > 10 else "")
   return Dataset(name=name, x_train=x_train, y_train=y_train, x_test=x_test,
                  y_test=y_test, num_classes=int(num_classes))
 
@@ -301,6 +319,10 @@ _LOADERS: dict[str, Callable[[str | None], Dataset]] = {
 }
 
 
+_NUM_CLASSES = {"digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10,
+                "cifar100": 100, "svhn_cropped": 10}
+
+
 def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
   """Reads every array of the archive named by ``npz:PATH``."""
   path = spec[len(_NPZ_PREFIX):]
@@ -320,7 +342,7 @@ def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
     return full, {k: f[k] for k in f.files}
 
 
-def _load_npz(spec: str) -> Dataset:
+def _load_npz(spec: str, num_classes: int | None = None) -> Dataset:
   """Loads ``npz:PATH`` (keys x_train, y_train, x_test, y_test)."""
   _, arrays = _open_npz(spec)
   missing = [k for k in _NPZ_KEYS if k not in arrays]
@@ -328,10 +350,12 @@ def _load_npz(spec: str) -> Dataset:
     raise ValueError(
         f"{spec!r}: missing keys {missing}; expected {list(_NPZ_KEYS)}, found "
         f"{sorted(arrays)}.")
-  return _make_dataset(spec, *(arrays[k] for k in _NPZ_KEYS))
+  return _make_dataset(spec, *(arrays[k] for k in _NPZ_KEYS),
+                       num_classes=num_classes)
 
 
-def load_dataset(name: str, *, data_dir: str | None = None) -> Dataset:
+def load_dataset(name: str, *, data_dir: str | None = None,
+                 num_classes: int | None = None) -> Dataset:
   """Loads a labelled dataset into host memory.
 
   Args:
@@ -339,24 +363,39 @@ def load_dataset(name: str, *, data_dir: str | None = None) -> Dataset:
       ``"cifar10"``, ``"cifar100"``, ``"svhn_cropped"``) or ``"npz:PATH"``.
       A relative PATH is resolved against the current working directory. In
       the archive, grayscale images may be ``[N, H, W]``; a channel axis is
-      added. ``num_classes`` is max label + 1 over both splits.
+      added.
     data_dir: TFDS data directory; ignored by ``digits`` and ``npz:``.
+    num_classes: the number of classes, declared: every label of both
+      splits must lie in ``[0, num_classes)``. None infers it, for
+      ``npz:`` as max label + 1 over both splits (one stray label 12 makes
+      a 13-class model); the named datasets know theirs, and a declared
+      value must equal it. A class without training examples is logged as
+      a warning.
 
   Returns:
     The dataset, images ``[N, H, W, C]`` uint8 and labels ``[N]`` int32.
 
   Raises:
-    ValueError: Unknown name, or an ``npz:`` file that is missing, lacks keys,
-      or holds arrays of the wrong dtype, rank or length.
+    ValueError: Unknown name; an ``npz:`` file that is missing, lacks keys,
+      or holds arrays of the wrong dtype, rank or length; labels outside
+      ``[0, num_classes)``; or a declared ``num_classes`` that differs from a
+      named dataset's.
     RuntimeError: A TFDS dataset cannot be loaded (e.g. no internet).
   """
+  if num_classes is not None:
+    validate.positive_int("num_classes", num_classes)
   if name.startswith(_NPZ_PREFIX):
-    return _load_npz(name)
+    return _load_npz(name, num_classes)
   loader = _LOADERS.get(name)
   if loader is None:
     raise ValueError(
         f"Unknown dataset {name!r}. Valid names: {sorted(_LOADERS)} or "
         "'npz:PATH'.")
+  known = _NUM_CLASSES[name]
+  if num_classes is not None and num_classes != known:
+    raise ValueError(
+        f"num_classes must be {known} for {name!r} (its number of classes), "
+        f"got {num_classes}.")
   return loader(data_dir)
 
 

@@ -10,13 +10,14 @@ This is a host-side module: pass NumPy arrays (``jax.device_get`` first).
 Randomness comes only from the given ``np.random.Generator``.
 
 Privacy (FedD3 App. G). The uploaded means are raw images whenever a
-component is fitted to a single sample. A class with a single distinct image
-(in particular a class with one sample) is refused unless
-``allow_raw_upload=True``. The guard does not cover every such case: when a
-class has ``1 < distinct <= images_per_class`` distinct images,
-``n_components = distinct`` and each component typically collapses onto one
-image (k-means initialisation gives each its own cluster), so the means are,
-up to rounding, raw images as well.
+component is fitted to a single image. Unless ``allow_raw_upload=True``, the
+guard refuses (1) before fitting, a class with ``distinct <=
+images_per_class`` distinct images (a single sample included): there
+``n_components = distinct`` and k-means initialisation gives every
+component its own image, so the means are the raw images; and (2) after
+fitting, a class whose rounded means include one byte-identical to one of
+its images (a component that captured a single image of a larger class).
+So with the guard on, no uploaded image equals a raw image of its class.
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ from __future__ import annotations
 import numpy as np
 from sklearn import mixture
 
+from fedjax_dd.data import validate
+
 _COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 
 
 def _check_common(images_per_class, rng, covariance_type, max_iter) -> None:
-  if not isinstance(images_per_class, (int, np.integer)) or (
-      images_per_class < 1):
-    raise ValueError(f"images_per_class must be an int >= 1, got "
-                     f"{images_per_class!r}.")
+  validate.positive_int("images_per_class", images_per_class)
   if not isinstance(rng, np.random.Generator):
     raise ValueError(f"rng must be a np.random.Generator, got {type(rng)}.")
   if covariance_type not in _COVARIANCE_TYPES:
@@ -39,6 +39,25 @@ def _check_common(images_per_class, rng, covariance_type, max_iter) -> None:
                      f"got {covariance_type!r}.")
   if not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
     raise ValueError(f"max_iter must be an int >= 1, got {max_iter!r}.")
+
+
+def _check_raw_classes(x: np.ndarray, y: np.ndarray,
+                       images_per_class: int) -> None:
+  """Refuses a class with at most ``images_per_class`` distinct images."""
+  flat = x.reshape(x.shape[0], int(np.prod(x.shape[1:])))
+  for c in np.unique(y):
+    members = flat[y == c]
+    count = members.shape[0]
+    distinct = np.unique(members, axis=0).shape[0]
+    if distinct <= images_per_class:
+      what = (f"{count} example{'s' * (count != 1)}" if distinct == count
+              else f"{count} examples, {distinct} distinct")
+      raise ValueError(
+          f"class {int(c)} holds {what} <= images_per_class="
+          f"{images_per_class}: each Gaussian-mixture mean would be one of "
+          "its raw images, which would leak them (FedD3 App. G). Lower "
+          f"images_per_class below {distinct}, or pass allow_raw_upload=True "
+          "to accept this.")
 
 
 def gmm_coreset(
@@ -77,8 +96,9 @@ def gmm_coreset(
     covariance_type: ``"diag"`` (default), ``"full"``, ``"tied"`` or
       ``"spherical"``.
     max_iter: EM iterations.
-    allow_raw_upload: permit classes with a single distinct image, whose
-      "mean" is that raw image (uploaded once).
+    allow_raw_upload: permit uploads equal to raw images: classes with at
+      most ``images_per_class`` distinct images (a single distinct image is
+      then uploaded once), and means that round to one of the class's images.
 
   Returns:
     ``(x_distilled [M, H, W, Ch] uint8, y_distilled [M] int32)`` with
@@ -86,8 +106,12 @@ def gmm_coreset(
     duplicates or an empty component), grouped by ascending class.
 
   Raises:
-    ValueError: on bad arguments or shapes, non-uint8 images, or a class
-      with a single distinct image while ``allow_raw_upload`` is False.
+    ValueError: before fitting, on bad arguments or shapes, non-uint8
+      images, non-integer or negative labels, or (``allow_raw_upload``
+      False) a class with at most ``images_per_class`` distinct images,
+      naming the class, its size and ``images_per_class``; after fitting a
+      class (``allow_raw_upload`` False), if one of its rounded means is
+      byte-identical to one of its images.
   """
   _check_common(images_per_class, rng, covariance_type, max_iter)
   x = np.asarray(x)
@@ -102,22 +126,19 @@ def gmm_coreset(
     raise ValueError(f"y must have shape [{x.shape[0]}], got {y.shape}.")
   if not np.issubdtype(y.dtype, np.integer):
     raise ValueError(f"y must hold integer labels, got dtype {y.dtype}.")
+  validate.labels_in_range("y", y, np.iinfo(np.int32).max)
+  if not allow_raw_upload:
+    _check_raw_classes(x, y, images_per_class)
 
   image_shape = x.shape[1:]
   xs, ys = [], []
   for c in np.unique(y):
     members = x[y == c].reshape(-1, int(np.prod(image_shape)))
     count = members.shape[0]
-    distinct = np.unique(members, axis=0).shape[0]
+    unique = np.unique(members, axis=0)
+    distinct = unique.shape[0]
     seed = int(rng.integers(0, 2**31 - 1))
     if distinct == 1:
-      if not allow_raw_upload:
-        what = "a single sample" if count == 1 else (
-            f"{count} copies of a single image")
-        raise ValueError(
-            f"class {int(c)} has {what}: its Gaussian-mixture mean is the raw "
-            f"image, which would leak it (FedD3 App. G). Pass "
-            f"allow_raw_upload=True to accept this.")
       means = members[:1].astype(np.float64)
     else:
       gm = mixture.GaussianMixture(
@@ -128,6 +149,18 @@ def gmm_coreset(
       gm.fit(members.astype(np.float64))
       # sklearn divides by (N_k + 10 eps): an empty component's mean is ~0.
       means = gm.means_[gm.weights_ * count > 1e-6]
+      if not allow_raw_upload:
+        sent = np.clip(np.rint(means), 0, 255).astype(np.uint8)
+        raw = {r.tobytes() for r in unique}
+        same = sum(m.tobytes() in raw for m in sent)
+        if same:
+          raise ValueError(
+              f"class {int(c)} ({count} examples, images_per_class="
+              f"{images_per_class}): {same} of its {len(sent)} "
+              "Gaussian-mixture means are byte-identical to raw images "
+              "(components fitted to a single image), which would leak them "
+              "(FedD3 App. G). Lower images_per_class, or pass "
+              "allow_raw_upload=True to accept this.")
     xs.append(np.clip(np.rint(means), 0, 255).astype(np.uint8))
     ys.append(np.full(means.shape[0], c, dtype=np.int32))
   if not xs:
@@ -174,7 +207,8 @@ def gmm_coreset_clients(
 
   Raises:
     ValueError: on inconsistent shapes, a ``pad_to`` below some count, or
-      any error of :func:`gmm_coreset` (prefixed with the client index).
+      any error of :func:`gmm_coreset` (prefixed with the client index);
+      every client's arguments and privacy are checked before any is fitted.
   """
   _check_common(images_per_class, rng, covariance_type, max_iter)
   x = np.asarray(x)
@@ -189,11 +223,30 @@ def gmm_coreset_clients(
   if num_examples.shape != (num_clients,):
     raise ValueError(f"num_examples must have shape [{num_clients}], got "
                      f"{num_examples.shape}.")
+  if not np.issubdtype(num_examples.dtype, np.integer):
+    raise ValueError(f"num_examples must be [C] = [{num_clients}] integer "
+                     f"counts, got dtype {num_examples.dtype}.")
   if np.any(num_examples < 0) or np.any(num_examples > n_max):
     raise ValueError(f"num_examples must lie in [0, {n_max}], got "
                      f"{num_examples}.")
   if pad_to is not None and pad_to < 0:
     raise ValueError(f"pad_to must be None or >= 0, got {pad_to!r}.")
+
+  if x.dtype != np.uint8:
+    raise ValueError(f"x must be [C, N_max, ...] uint8 pixel images in "
+                     f"[0, 255], got dtype {x.dtype}.")
+  if not np.issubdtype(y.dtype, np.integer):
+    raise ValueError(f"y must be [C, N_max] integer class indices, got dtype "
+                     f"{y.dtype}.")
+  # Every client's privacy check before any client is fitted.
+  for i in range(num_clients):
+    n = int(num_examples[i])
+    try:
+      validate.labels_in_range("y", y[i, :n], np.iinfo(np.int32).max)
+      if not allow_raw_upload:
+        _check_raw_classes(x[i, :n], y[i, :n], images_per_class)
+    except ValueError as e:
+      raise ValueError(f"client {i}: {e}") from None
 
   image_shape = x.shape[2:]
   children = rng.spawn(num_clients)

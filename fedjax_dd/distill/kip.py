@@ -36,6 +36,7 @@ import optax
 
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.data.partition import class_counts
+from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import sample_batch
 from fedjax_dd.kernels.kip_loss import kip_loss, one_hot_labels
 
@@ -77,6 +78,13 @@ class KipOptions:
   segment_iterations: int = 100
 
   def __post_init__(self):
+    # NaN would pass every comparison below and turn the supports into NaN.
+    validate.finite_number("KipOptions.lr", self.lr, low=0.0, inclusive=False)
+    validate.finite_number("KipOptions.reg", self.reg, low=0.0)
+    if self.stop_accuracy is not None:
+      # Above 1 never triggers (a fixed budget, as None).
+      validate.finite_number("KipOptions.stop_accuracy", self.stop_accuracy,
+                             low=0.0)
     if self.target_batch_size < 1:
       raise ValueError(
           f"target_batch_size must be >= 1, got {self.target_batch_size}.")
@@ -174,22 +182,65 @@ def _stack_class_counts(y, num_examples, num_classes: int) -> np.ndarray:
   return class_counts(y.reshape(-1), parts, num_classes)
 
 
-def check_privacy(y: np.ndarray, num_examples: np.ndarray, num_classes: int, *,
-                  allow_raw_upload: bool = False) -> None:
-  """FedD3 App. G: a class with one sample would upload (nearly) a raw image.
+def raw_upload_pairs(y, num_examples, num_classes: int,
+                     images_per_class: int) -> np.ndarray:
+  """``[P, 3]`` rows ``(client, class, count)`` whose KIP support would be raw.
 
-  Raises:
-    ValueError: if some client holds exactly one example of a class and
-      ``allow_raw_upload`` is False.
+  KIP initialises a class's ``images_per_class`` support slots with that
+  many of the client's real images of the class (:func:`_init_support`). A
+  class with ``1 <= count <= images_per_class`` examples puts every one of
+  them in the support; the support then holds the target data itself, its
+  KRR prediction fits every target batch exactly, and KIP stops (or its
+  gradient vanishes) with the raw images in place.
   """
   counts = _stack_class_counts(y, num_examples, num_classes)
-  singles = np.argwhere(counts == 1)
-  if singles.size and not allow_raw_upload:
-    examples = ", ".join(f"client {c} class {k}" for c, k in singles[:5])
+  pairs = np.argwhere((counts >= 1) & (counts <= images_per_class))
+  return np.column_stack([pairs, counts[pairs[:, 0], pairs[:, 1]]]
+                         ) if pairs.size else np.zeros((0, 3), np.int64)
+
+
+def check_privacy(y: np.ndarray, num_examples: np.ndarray, num_classes: int, *,
+                  images_per_class: int = 1,
+                  allow_raw_upload: bool = False) -> None:
+  """FedD3 App. G: refuses supports that would be a client's raw images.
+
+  A (client, class) pair with ``count <= images_per_class`` examples
+  uploads all of them unchanged (:func:`raw_upload_pairs`); with the
+  default ``images_per_class=1`` that is a class with a single example.
+  Supports smaller than the class are not refused here: KIP moves them, but
+  an early stop after a few iterations can leave an image within rounding
+  of a raw one (``fedjax_dd.distill.privacy.upload_privacy`` measures it).
+
+  Args:
+    y: ``[C, N_max]`` labels of a padded client stack.
+    num_examples: ``[C]`` real examples per client (padding is not counted).
+    num_classes: K; every real label must be in ``[0, K)``.
+    images_per_class: KIP's support slots per class, >= 1.
+    allow_raw_upload: accept such pairs (nothing is checked).
+
+  Raises:
+    ValueError: if some client holds a class with at most
+      ``images_per_class`` examples and ``allow_raw_upload`` is False,
+      naming the client, class, class size and ``images_per_class``; or on a
+      label outside ``[0, K)``.
+  """
+  images_per_class = validate.positive_int("images_per_class",
+                                           images_per_class)
+  pairs = raw_upload_pairs(y, num_examples, num_classes, images_per_class)
+  if pairs.size and not allow_raw_upload:
+    c, k, count = (int(v) for v in pairs[0])
+    others = ""
+    if len(pairs) > 1:
+      more = ", ".join(f"client {int(a)} class {int(b)} ({int(m)})"
+                       for a, b, m in pairs[1:5])
+      others = (f"; {len(pairs)} (client, class) pairs in all: {more}"
+                f"{', ...' if len(pairs) > 5 else ''}")
     raise ValueError(
-        f"{len(singles)} (client, class) pairs hold a single example "
-        f"({examples}{', ...' if len(singles) > 5 else ''}); distilling them "
-        "would upload a raw image. Set allow_raw_upload=True to accept this.")
+        f"client {c} class {k} holds {count} example{'s' * (count != 1)} <= "
+        f"images_per_class={images_per_class}: its KIP support would be "
+        f"those raw images (FedD3 App. G){others}. Lower images_per_class "
+        "below the smallest class, or set allow_raw_upload=True to accept "
+        "raw uploads.")
 
 
 def _init_support(key, x, y, n, *, num_classes, images_per_class, support_size,
@@ -212,10 +263,14 @@ def _init_support(key, x, y, n, *, num_classes, images_per_class, support_size,
     block_class = jnp.argsort(counts == 0)[:class_blocks]       # [B]
     scores = jnp.where(is_class, u[None, :], 2.0)[block_class]   # [B, N_max]
     order = jnp.argsort(scores, axis=1)[:, :images_per_class]    # [B, ipc]
+    if images_per_class > n_max:  # more slots than images: masked below
+      order = jnp.pad(order, ((0, 0), (0, images_per_class - n_max)))
     mask = (jnp.arange(images_per_class)[None, :]
             < counts[block_class][:, None])
     return order.reshape(-1), mask.reshape(-1)
   order = jnp.argsort(jnp.where(valid, u, 2.0))[:support_size]
+  if support_size > n_max:  # more slots than images: masked
+    order = jnp.pad(order, (0, support_size - n_max))
   return order, jnp.arange(support_size) < n
 
 
@@ -238,10 +293,8 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
     client until it converges or reaches iteration ``until``; ``normalise``
     maps uint8 pixels to the space the supports live in.
   """
-  if (images_per_class is None) == (support_size is None):
-    raise ValueError("Give exactly one of images_per_class and support_size.")
-  if (images_per_class or 1) < 1 or (support_size or 1) < 1:
-    raise ValueError("images_per_class / support_size must be >= 1.")
+  _check_support_args(images_per_class, support_size)
+  validate.positive_int("num_classes", num_classes)
   target_batch_size = options.target_batch_size
   reg, learn_labels = options.reg, options.learn_labels
   centered_labels, min_iterations = options.centered_labels, options.min_iterations
@@ -313,6 +366,42 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
   return init, segment, normalise
 
 
+def _check_support_args(images_per_class, support_size) -> None:
+  if (images_per_class is None) == (support_size is None):
+    raise ValueError("Give exactly one of images_per_class and support_size, "
+                     f"got images_per_class={images_per_class!r}, "
+                     f"support_size={support_size!r}.")
+  if images_per_class is not None:
+    validate.positive_int("images_per_class", images_per_class)
+  else:
+    validate.positive_int("support_size", support_size)
+
+
+def _nonfinite_error(state: KipState, x, n) -> ValueError:
+  """Why some clients' supports or losses are NaN/inf (options, mean and std
+  are checked before compute, so the kernel or the data is left)."""
+  bad = np.flatnonzero(~np.asarray(jax.device_get(
+      jnp.isfinite(state.loss) & jnp.all(
+          jnp.isfinite(state.z.reshape(state.z.shape[0], -1)), axis=1))))
+  c = int(bad[0])
+  host = validate.host_values(x, fetch=False)
+  if host is not None:
+    own = host[c, :int(np.asarray(jax.device_get(n))[c])]
+    if own.size and own.min() == own.max():
+      cause = (f"client {c}'s images are constant (every pixel "
+               f"{int(own.min())}): the kernel matrix has zero variance and "
+               "is singular")
+    else:
+      cause = (f"kernel_fn returned non-finite values on client {c}'s "
+               "images (its images are finite uint8)")
+  else:
+    cause = f"kernel_fn returned non-finite values on client {c}'s images"
+  return ValueError(
+      f"KIP gave a non-finite loss or support for {bad.size} client"
+      f"{'s' * (bad.size != 1)} (clients {bad[:5].tolist()}"
+      f"{', ...' if bad.size > 5 else ''}): {cause}.")
+
+
 @functools.lru_cache(maxsize=16)
 def _cached_distiller(kernel_fn, **kwargs):
   """:func:`make_distiller` memoised, so repeated calls reuse compiled programs."""
@@ -326,22 +415,29 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
                     class_blocks: int | None = None,
                     options: KipOptions = KipOptions(),
                     mapper: ClientMapper = ClientMapper(workload="kip"),
-                    progress: Callable[[int, int], None] | None = None
+                    progress: Callable[[int, int], None] | None = None,
+                    allow_raw_upload: bool | None = None
                     ) -> KipResult:
   """Distills every client's data with KIP; notebook-friendly.
 
+  Every argument is checked on the host before anything is compiled
+  (shapes, dtypes, label and count ranges, ``mean``/``std``).
+
   Args:
     key: PRNG key; client ``i`` uses ``fold_in(key, i)``.
-    x: ``[C, N_max, H, W, Ch]`` uint8 client images (NumPy or JAX).
-    y: ``[C, N_max]`` int labels.
-    num_examples: ``[C]`` valid examples per client.
-    num_classes: K.
+    x: ``[C, N_max, H, W, Ch]`` uint8 client images (NumPy or JAX), pixels
+      in 0..255 (float images are refused: scale ``[0, 1]`` images by 255).
+    y: ``[C, N_max]`` integer class indices in ``[0, num_classes)`` (not
+      one-hot); padding rows are not read.
+    num_examples: ``[C]`` valid examples per client, in ``[0, N_max]``.
+    num_classes: K, >= 1.
     kernel_fn: e.g. ``fedjax_dd.kernels.ntk.fc_kernel()``.
-    mean: per-channel mean (``[Ch]``, on the ``[0, 1]`` scale).
-    std: per-channel std.
-    images_per_class: Img/Cls for each class a client holds (FedD3), or
-    support_size: a fixed support size per client (HFLDD's |D̃_i|), capped by
-      each client's count (with a warning).
+    mean: per-channel mean (``[Ch]`` or a scalar, on the ``[0, 1]`` scale).
+    std: per-channel std (``[Ch]`` or a scalar), finite and > 0.
+    images_per_class: Img/Cls for each class a client holds (FedD3), >= 1,
+      or
+    support_size: a fixed support size per client (HFLDD's |D̃_i|), >= 1,
+      capped by each client's count (with a warning).
     class_blocks: with ``images_per_class``, the classes a support has room
       for (``S = class_blocks · images_per_class``). Default: the most classes
       any client holds, counted on the host. Room for all ``num_classes``
@@ -352,28 +448,65 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
       ``stop_accuracy=None`` runs every client for ``max_iterations``.
     mapper: client-axis backend.
     progress: optional ``callback(iterations_done, clients_converged)``.
+    allow_raw_upload: with ``images_per_class``, what to do with a
+      (client, class) pair of at most ``images_per_class`` examples, whose
+      support is those raw images (:func:`check_privacy`): False refuses
+      it, True accepts it, None (for callers that ran :func:`check_privacy`
+      themselves, like FedD3's distiller) accepts it with a warning.
 
   Returns:
     A :class:`KipResult` (float pixels; see :func:`quantize`).
+
+  Raises:
+    ValueError: before compute, on a wrong shape, dtype or rank of ``x``,
+      ``y`` or ``num_examples``, labels outside ``[0, num_classes)``,
+      counts outside ``[0, N_max]``, ``num_classes < 1``, ``mean``/``std``
+      not ``[Ch]``, not finite or ``std <= 0``, ``images_per_class`` /
+      ``support_size`` not exactly one given and >= 1, ``class_blocks`` too
+      small, or raw supports with ``allow_raw_upload=False``; after
+      compute, if some client's loss or support is not finite (naming the
+      clients and the cause, e.g. constant images).
   """
+  if not isinstance(options, KipOptions):
+    raise ValueError(f"options must be a KipOptions, got "
+                     f"{type(options).__name__}.")
+  validate.positive_int("num_classes", num_classes)
+  _check_support_args(images_per_class, support_size)
+  validate.client_stack(x, y, num_examples, num_classes=num_classes,
+                        fetch=True)
+  validate.channel_stats(mean, std, np.shape(x)[-1])
+  y_host = np.asarray(jax.device_get(y))
+  n_host = np.asarray(jax.device_get(num_examples))
   if images_per_class is not None:
-    held = _stack_class_counts(jax.device_get(y), jax.device_get(num_examples),
-                             num_classes) > 0
+    held = _stack_class_counts(y_host, n_host, num_classes) > 0
     most = max(int(held.sum(axis=1).max(initial=0)), 1)
     if class_blocks is None:
       class_blocks = most
     elif class_blocks < most:
       raise ValueError(f"class_blocks={class_blocks} leaves out classes: a "
                        f"client holds {most} classes.")
+    if allow_raw_upload is None:
+      raw = raw_upload_pairs(y_host, n_host, num_classes, images_per_class)
+      if raw.size:
+        logging.warning(
+            "KIP: %d (client, class) pairs hold at most images_per_class=%d "
+            "examples, so their support is their raw images (e.g. client %d "
+            "class %d, %d examples).", len(raw), images_per_class,
+            *(int(v) for v in raw[0]))
+    else:
+      check_privacy(y_host, n_host, num_classes,
+                    images_per_class=images_per_class,
+                    allow_raw_upload=allow_raw_upload)
+  x_in = x
   x, y = jnp.asarray(x), jnp.asarray(y, jnp.int32)
   n = jnp.asarray(num_examples, jnp.int32)
   if support_size is not None:
-    short = np.flatnonzero(np.asarray(num_examples) < support_size)
+    short = np.flatnonzero(n_host < support_size)
     if short.size:
       logging.warning(
           "KIP: %d clients hold fewer than %d examples; their support is capped "
           "at their local count (e.g. client %d has %d).", short.size,
-          support_size, short[0], int(np.asarray(num_examples)[short[0]]))
+          support_size, short[0], int(n_host[short[0]]))
   init, segment, _ = _cached_distiller(
       kernel_fn, num_classes=num_classes,
       mean=tuple(np.asarray(mean, np.float32).reshape(-1).tolist()),
@@ -393,6 +526,12 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
       progress(done, int(finished.sum()))
     if finished.all():
       break
+  ran = np.asarray(jax.device_get(state.iteration)) > 0
+  finite = np.asarray(jax.device_get(
+      jnp.isfinite(state.loss) & jnp.all(
+          jnp.isfinite(state.z.reshape(state.z.shape[0], -1)), axis=1)))
+  if not finite[ran].all():
+    raise _nonfinite_error(state, x_in, num_examples)
   pixels = (state.z * jnp.asarray(std, jnp.float32) +
             jnp.asarray(mean, jnp.float32)) * 255.0
   pixels = jnp.clip(pixels, 0.0, 255.0) * state.mask[..., None, None, None]

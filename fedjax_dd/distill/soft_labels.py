@@ -31,6 +31,7 @@ from fedjax_dd.core import keys
 from fedjax_dd.core.clients import ClientMapper, client_stage
 from fedjax_dd.core.local import LocalResult, make_local_update
 from fedjax_dd.core.task import Classifier
+from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import ClientData
 
 PyTree = Any
@@ -60,7 +61,15 @@ def pretrain_clients(task: Classifier, params: PyTree, batch_stats: PyTree,
 
   Returns:
     A :class:`LocalResult` stacked ``[N, ...]``.
+
+  Raises:
+    ValueError: before training, on ``data`` that is not a padded client
+      stack (``x [N, N_max, H, W, Ch]`` uint8, ``y [N, N_max]`` integer,
+      ``num_examples [N]`` in ``[0, N_max]``) or ``num_steps`` that is not
+      ``[N]`` integer counts ``>= 0``.
   """
+  validate.client_stack(data.x, data.y, data.num_examples, fetch=True)
+  validate.step_counts("num_steps", num_steps, data.num_clients)
   num_steps = jnp.asarray(num_steps, jnp.int32)
   max_steps = max(int(jax.device_get(jnp.max(num_steps))), 1)
   local = make_local_update(task, optimizer, batch_size=batch_size,
@@ -93,7 +102,11 @@ def make_soft_labeler(task: Classifier, *, mapper: ClientMapper = ClientMapper()
     aux_batch_size: images of ``D_g`` per forward pass.
 
   Returns:
-    The batched labelling function.
+    The batched labelling function; it raises ``ValueError`` before any
+    compute when ``x_aux`` is not ``[M, H, W, Ch]`` uint8 with ``M >= 1``.
+
+  Raises:
+    ValueError: ``temperature <= 0`` or ``aux_batch_size < 1``.
   """
   if temperature <= 0:
     raise ValueError(f"temperature must be > 0, got {temperature}.")
@@ -112,6 +125,10 @@ def make_soft_labeler(task: Classifier, *, mapper: ClientMapper = ClientMapper()
   mapped = mapper.map(one_client, in_axes=(0, 0, None))
 
   def label(params, batch_stats, x_aux):
+    validate.images("x_aux", x_aux, rank=4, layout="[M, H, W, Ch]")
+    if np.shape(x_aux)[0] == 0:
+      raise ValueError("x_aux must hold at least one image [M >= 1, H, W, "
+                       f"Ch], got shape {validate.shape_str(np.shape(x_aux))}.")
     x_aux = jnp.asarray(x_aux)
     m = x_aux.shape[0]
     b = min(aux_batch_size, m)
@@ -186,7 +203,16 @@ def collect_label_knowledge(task: Classifier, params: PyTree, batch_stats: PyTre
 
   Returns:
     ``(S [N, M, K], M [N, N], pretrain_result)``.
+
+  Raises:
+    ValueError: before any compute, as :func:`pretrain_clients` for
+      ``data`` and ``num_steps``, or ``x_aux`` not ``[M, H, W, Ch]`` uint8
+      with ``M >= 1``.
   """
+  validate.images("x_aux", x_aux, rank=4, layout="[M, H, W, Ch]")
+  if np.shape(x_aux)[0] == 0:
+    raise ValueError("x_aux must hold at least one image [M >= 1, H, W, Ch], "
+                     f"got shape {validate.shape_str(np.shape(x_aux))}.")
   result = pretrain_clients(task, params, batch_stats, data, num_steps, key,
                             optimizer=optimizer, batch_size=batch_size,
                             mapper=mapper)

@@ -125,9 +125,12 @@ def test_kip_and_gmm_distillers_shapes():
   assert d.size == 4 and d.x.dtype == np.uint8 and d.x_float.shape == (4, 4, 4, 1)
   np.testing.assert_array_equal(np.bincount(d.owner), [2, 2])
   np.testing.assert_array_equal(sorted(d.y[d.owner == 1]), [1, 2])
-  g = fedd3.gmm_distiller(num_classes=3, images_per_class=2)(jax.random.PRNGKey(0), data)
-  assert g.size == 8 and g.x.dtype == np.uint8
-  np.testing.assert_array_equal(g.y_soft.sum(-1), np.ones(8))
+  # One component per class of 3-4 images: a mean, not a raw image (two
+  # components on 3 images put one on a single image, which the guard
+  # refuses).
+  g = fedd3.gmm_distiller(num_classes=3, images_per_class=1)(jax.random.PRNGKey(0), data)
+  assert g.size == 4 and g.x.dtype == np.uint8
+  np.testing.assert_array_equal(g.y_soft.sum(-1), np.ones(4))
 
 
 def test_privacy_guard_refuses_single_sample_classes():

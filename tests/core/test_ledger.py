@@ -470,3 +470,28 @@ def test_gce_summary_charges_one_client_message_and_the_cohort_separately():
       0.5 / (math.log2(161) + math.log2(321)))
   assert L.gce_summary(L.Ledger(), final_accuracy=None, best_accuracy=None,
                        gammas=(0.5,))["gce"] == {"0.5": None}
+
+
+def test_record_refuses_negative_bits():
+  with pytest.raises(ValueError, match=r"^bits must be >= 0, got -8\.$"):
+    L.Ledger().record(1, kind="upload", bits=-8)
+
+
+def test_record_messages_refuses_negative_sizes_naming_the_sender():
+  with pytest.raises(ValueError, match=r"^bits must be >= 0 for every sender, "
+                     r"got 1 negative \(bits\[2\] = -40\)\.$"):
+    L.Ledger().record_messages(1, kind="upload", bits=[40, 0, -40])
+
+
+def test_record_messages_refuses_a_wrong_shape():
+  with pytest.raises(ValueError, match=r"^bits must be \[C\] \(one size per "
+                     r"sender, 1-D\), got shape \(3, 1\)\.$"):
+    L.Ledger().record_messages(1, kind="upload", bits=np.full((3, 1), 8))
+  with pytest.raises(ValueError, match=r"got shape \(\)\.$"):
+    L.Ledger().record_messages(1, kind="upload", bits=8)
+
+
+def test_record_messages_refuses_fractional_sizes():
+  with pytest.raises(ValueError, match=r"^bits must be \[C\] integer bit "
+                     r"counts, got dtype float64\.$"):
+    L.Ledger().record_messages(1, kind="upload", bits=[8.0, 12.5])

@@ -289,7 +289,9 @@ def test_tfds_labels_out_of_range(monkeypatch):
   fake.load = lambda *a, **k: [(x, np.array([0, 10])), (x, np.array([0, 1]))]
   fake.as_numpy = lambda t: t
   monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
-  with pytest.raises(ValueError, match="out of range for 10 classes"):
+  with pytest.raises(ValueError, match=r"^mnist: y_train must hold class indices in "
+                     r"\[0, 10\) \(num_classes=10\), got 1 labels outside it "
+                     r"\(10\)\.$"):
     sources.load_dataset("mnist")
 
 
@@ -408,3 +410,59 @@ def test_real_tiny_imagenet_unlabeled():
   out = sources.load_unlabeled(f"npz:{path}", num=1000,
                                rng=np.random.default_rng(0))
   assert out.shape == (1000, 32, 32, 3) and out.dtype == np.uint8
+
+
+# ------------------------------------------------------- declared classes
+
+
+def _labelled(tmp_path, y_train, y_test, name="l.npz"):
+  x = np.zeros((len(y_train), 2, 2), np.uint8)
+  xt = np.zeros((len(y_test), 2, 2), np.uint8)
+  return _write_npz(tmp_path / name, x_train=x, y_train=np.array(y_train),
+                    x_test=xt, y_test=np.array(y_test))
+
+
+def test_npz_declared_num_classes_refuses_stray_labels(tmp_path):
+  spec = _labelled(tmp_path, [0, 1, 12, 2, 100000, 12], [0, 1])
+  with pytest.raises(ValueError) as e:
+    sources.load_dataset(spec, num_classes=3)
+  assert str(e.value) == (
+      f"{spec}: y_train must hold class indices in [0, 3) (num_classes=3), "
+      "got 3 labels outside it (12, 100000).")
+  spec = _labelled(tmp_path, [0, 1, 2], [0, 7], name="t.npz")
+  with pytest.raises(ValueError, match=r"y_test must hold class indices in "
+                     r"\[0, 3\) \(num_classes=3\), got 1 labels outside it "
+                     r"\(7\)"):
+    sources.load_dataset(spec, num_classes=3)
+
+
+def test_npz_declared_num_classes_keeps_classes_absent_from_the_data(
+    tmp_path, caplog):
+  spec = _labelled(tmp_path, [0, 1, 1, 3], [0, 1])
+  with caplog.at_level("WARNING"):
+    ds = sources.load_dataset(spec, num_classes=5)
+  assert ds.num_classes == 5
+  warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert warned == [f"{spec}: 2 of 5 classes have no training example "
+                    "(classes [2, 4])."]
+
+
+def test_npz_inferred_num_classes_warns_on_empty_classes(tmp_path, caplog):
+  # One stray label 12: 13 classes inferred, 10 of them empty.
+  spec = _labelled(tmp_path, [0, 1, 12], [0, 1])
+  with caplog.at_level("WARNING"):
+    ds = sources.load_dataset(spec)
+  assert ds.num_classes == 13
+  assert any("10 of 13 classes have no training example (classes [2, 3, 4, "
+             "5, 6, 7, 8, 9, 10, 11])" in r.getMessage()
+             for r in caplog.records)
+
+
+def test_declared_num_classes_of_a_named_dataset_must_match():
+  with pytest.raises(ValueError, match=r"^num_classes must be 10 for 'digits' "
+                     r"\(its number of classes\), got 12\.$"):
+    sources.load_dataset("digits", num_classes=12)
+  assert sources.load_dataset("digits", num_classes=10).num_classes == 10
+  with pytest.raises(ValueError, match=r"^num_classes must be an int >= 1, "
+                     r"got 0\.$"):
+    sources.load_dataset("digits", num_classes=0)

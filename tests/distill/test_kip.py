@@ -157,7 +157,8 @@ def test_privacy_guard():
   y = np.array([[0, 0, 1, 1, 1], [2, 2, 2, 0, 1]])
   n = np.array([5, 3])
   kip.check_privacy(y, n, 3)  # client 1's lone class-0 sample is padding
-  with pytest.raises(ValueError, match="single example"):
+  with pytest.raises(ValueError, match="client 1 class 0 holds 1 example <= "
+                     "images_per_class=1"):
     kip.check_privacy(y, np.array([5, 4]), 3)
   kip.check_privacy(y, np.array([5, 4]), 3, allow_raw_upload=True)
   # Labels outside [0, K) on real rows are refused (fedjax_dd.data.class_counts).
@@ -235,3 +236,189 @@ def test_single_class_member_uploads_no_raw_image():
   raw_init = privacy.upload_privacy(x[:, :4].reshape(8, 6, 6, 1),
                                     np.repeat([0, 1], 4), x, n)
   assert raw_init["identical_to_raw_fraction"] == 1.0
+
+
+# --- The privacy guard covers every support that holds a whole class. ---
+
+
+def test_privacy_guard_refuses_a_support_that_holds_a_whole_class():
+  x, y, n = _clients()           # client 2 holds 7 examples of 2 classes
+  counts = kip._stack_class_counts(y, n, 3)
+  smallest = int(counts[counts > 0].min())
+  kip.check_privacy(y, n, 3, images_per_class=smallest - 1)
+  with pytest.raises(ValueError) as e:
+    kip.check_privacy(y, n, 3, images_per_class=smallest)
+  c, k = np.argwhere(counts == smallest)[0]
+  assert str(e.value).startswith(
+      f"client {c} class {k} holds {smallest} examples <= "
+      f"images_per_class={smallest}: its KIP support would be those raw "
+      "images")
+  assert "allow_raw_upload=True" in str(e.value)
+  kip.check_privacy(y, n, 3, images_per_class=50, allow_raw_upload=True)
+
+
+def test_distill_clients_refuses_raw_supports_before_compute():
+  x, y, n = _clients()
+  calls = []
+  kernel = lambda a, b: calls.append(1) or fc_kernel(depth=2)(a, b)
+  with pytest.raises(ValueError, match=r"images_per_class=7: its KIP support"):
+    kip.distill_clients(jax.random.PRNGKey(0), x, y, n, num_classes=3,
+                        kernel_fn=kernel, mean=MEAN, std=STD,
+                        images_per_class=7, allow_raw_upload=False)
+  assert not calls                       # refused before anything ran
+
+
+def test_with_the_guard_on_no_uploaded_image_is_raw():
+  from fedjax_dd.distill import privacy
+  x, y, n = _clients()
+  counts = kip._stack_class_counts(y, n, 3)
+  ipc = int(counts[counts > 0].min()) - 1          # the largest the guard allows
+  res = kip.distill_clients(
+      jax.random.PRNGKey(0), x, y, n, num_classes=3,
+      kernel_fn=fc_kernel(depth=2), mean=MEAN, std=STD, images_per_class=ipc,
+      allow_raw_upload=False,
+      options=kip.KipOptions(max_iterations=20, segment_iterations=10,
+                             stop_accuracy=None, lr=0.05),
+      mapper=ClientMapper(backend="vmap"))
+  ux, _, owner = kip.flatten_support(res, quantized=True)
+  p = privacy.upload_privacy(ux, owner, x, n)
+  assert p["uploaded_images"] == int(np.minimum(counts, ipc).sum())
+  assert p["identical_to_raw_count"] == 0, p
+
+
+def test_raw_support_allowed_runs_when_images_per_class_exceeds_the_data():
+  # images_per_class > N_max used to crash inside JAX ("mul got incompatible
+  # shapes"); with the escape hatch it runs, every image in the support.
+  x, y, n = _clients()
+  res = kip.distill_clients(
+      jax.random.PRNGKey(0), x, y, n, num_classes=3,
+      kernel_fn=fc_kernel(depth=2), mean=MEAN, std=STD, images_per_class=25,
+      allow_raw_upload=True,
+      options=kip.KipOptions(max_iterations=2, segment_iterations=2),
+      mapper=ClientMapper(backend="vmap"))
+  np.testing.assert_array_equal(res.counts, n)
+  assert res.x.shape == (3, 50, 6, 6, 1)
+
+
+# --- Every bad input is refused before compute, naming the argument. ---
+
+
+def _call(x=None, y=None, n=None, **kw):
+  cx, cy, cn = _clients()
+  args = dict(num_classes=3, kernel_fn=fc_kernel(depth=2), mean=MEAN,
+              std=STD, images_per_class=2,
+              options=kip.KipOptions(max_iterations=1))
+  args.update(kw)
+  return kip.distill_clients(jax.random.PRNGKey(0),
+                             cx if x is None else x, cy if y is None else y,
+                             cn if n is None else n, **args)
+
+
+def test_refuses_labels_at_or_above_num_classes():
+  _, y, _ = _clients()
+  y = y.copy()
+  y[1, 3] = 3
+  with pytest.raises(ValueError, match=r"^y must hold class indices in "
+                     r"\[0, 3\), got 1 outside it \(3\)\.$"):
+    _call(y=y)
+
+
+def test_refuses_negative_labels():
+  _, y, _ = _clients()
+  y = y.copy()
+  y[0, :2] = -1
+  with pytest.raises(ValueError, match=r"^y must hold class indices in "
+                     r"\[0, 3\), got 2 outside it \(-1\)\.$"):
+    _call(y=y)
+
+
+def test_refuses_float_images_in_unit_range():
+  x, _, _ = _clients()
+  with pytest.raises(ValueError, match=r"^x must be \[C, N_max, H, W, Ch\] "
+                     r"uint8 pixels in 0\.\.255, got dtype float32 with values "
+                     r"in \[0, 0\.\d+\]; images in \[0, 1\] must be scaled"):
+    _call(x=(x / 255.0).astype(np.float32))
+
+
+def test_refuses_unstacked_images():
+  x, _, _ = _clients()
+  with pytest.raises(ValueError, match=r"^x must be \[C, N_max, H, W, Ch\] "
+                     r"uint8 images, got shape \(20, 6, 6, 1\) \(one client"):
+    _call(x=x[0])
+
+
+def test_refuses_three_channel_stats_on_one_channel_images():
+  with pytest.raises(ValueError, match=r"^mean must be \[Ch\] = \[1\] "
+                     r"per-channel values .* got shape \(3,\)\.$"):
+    _call(mean=np.full(3, 0.3), std=np.full(3, 0.3))
+
+
+def test_refuses_zero_std():
+  with pytest.raises(ValueError, match=r"^std must be > 0 in every channel"):
+    _call(std=np.zeros(1))
+
+
+def test_refuses_nan_learning_rate():
+  with pytest.raises(ValueError, match=r"^KipOptions\.lr must be a finite "
+                     r"number > 0, got nan\.$"):
+    kip.KipOptions(lr=float("nan"))
+
+
+def test_refuses_labels_shorter_than_images():
+  _, y, _ = _clients()
+  with pytest.raises(ValueError, match=r"^y must be \[C, N_max\] = \[3, 20\] "
+                     r"\(the first two axes of x\), got shape \(3, 15\)\.$"):
+    _call(y=y[:, :15])
+
+
+def test_refuses_labels_with_a_trailing_axis():
+  _, y, _ = _clients()
+  with pytest.raises(ValueError, match=r"^y must be \[C, N_max\] = \[3, 20\] "
+                     r"integer class indices, got shape \(3, 20, 1\) dtype "
+                     r"int32; drop the last axis"):
+    _call(y=y[..., None])
+
+
+def test_refuses_one_hot_labels():
+  _, y, _ = _clients()
+  with pytest.raises(ValueError, match=r"got shape \(3, 20, 3\) dtype float32; "
+                     r"one-hot or soft labels\? pass class indices"):
+    _call(y=np.eye(3, dtype=np.float32)[y])
+
+
+def test_refuses_zero_classes():
+  with pytest.raises(ValueError, match=r"^num_classes must be an int >= 1, "
+                     r"got 0\.$"):
+    _call(num_classes=0)
+
+
+@pytest.mark.parametrize("ipc", [0, -1])
+def test_refuses_images_per_class_below_one(ipc):
+  with pytest.raises(ValueError, match=rf"^images_per_class must be an int "
+                     rf">= 1, got {ipc}\.$"):
+    _call(images_per_class=ipc)
+
+
+def test_refuses_counts_above_the_padding():
+  _, _, n = _clients()
+  with pytest.raises(ValueError, match=r"^num_examples must lie in \[0, "
+                     r"N_max = 20\], got 1 outside it \(21\)\.$"):
+    _call(n=np.array([12, 21, 7], np.int32))
+
+
+def test_constant_images_are_named_as_the_cause_of_a_nan_loss():
+  # A cosine kernel divides by the norms: constant images normalised to
+  # zero (mean = their pixel value) make it 0/0.
+  x, y, n = _clients()
+  x = np.zeros_like(x)
+
+  def cosine(a, b):
+    a, b = a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
+    return (a @ b.T) / (jnp.linalg.norm(a, axis=1)[:, None]
+                        * jnp.linalg.norm(b, axis=1)[None, :])
+
+  with pytest.raises(ValueError, match=r"^KIP gave a non-finite loss or "
+                     r"support for 3 clients \(clients \[0, 1, 2\]\): client "
+                     r"0's images are constant \(every pixel 0\): the kernel "
+                     r"matrix has zero variance and is singular\.$"):
+    _call(x=x, kernel_fn=cosine, mean=np.array([0.0]))

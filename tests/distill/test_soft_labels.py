@@ -129,3 +129,37 @@ def test_collect_label_knowledge_separates_label_distributions():
   within = max(m[0, 1], m[1, 0], m[2, 3], m[3, 2])
   across = min(m[0, 2], m[0, 3], m[1, 2], m[1, 3], m[2, 0], m[3, 1])
   assert within < across
+
+
+def test_pretrain_clients_refuses_labels_shorter_than_images():
+  task = tiny_task()
+  x, y, n = synthetic_clients()
+  params, stats = task.init(jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match=r"^y must be \[C, N_max\] = \[4, 12\] "
+                     r"\(the first two axes of x\), got shape \(4, 10\)\.$"):
+    soft_labels.pretrain_clients(
+        task, params, stats, ClientData(x=x, y=y[:, :10], num_examples=n),
+        np.ones(4, np.int32), jax.random.PRNGKey(1),
+        optimizer=optax.sgd(0.1), batch_size=4)
+
+
+def test_pretrain_clients_refuses_fractional_step_counts():
+  task = tiny_task()
+  x, y, n = synthetic_clients()
+  params, stats = task.init(jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match=r"^num_steps must be \[C\] = \[4\] "
+                     r"integer step counts, got shape \(4,\) dtype float32"):
+    soft_labels.pretrain_clients(
+        task, params, stats, ClientData(x=x, y=y, num_examples=n),
+        np.ones(4, np.float32), jax.random.PRNGKey(1),
+        optimizer=optax.sgd(0.1), batch_size=4)
+
+
+def test_soft_labeler_refuses_float_and_empty_auxiliary_images():
+  label = soft_labels.make_soft_labeler(tiny_task())
+  with pytest.raises(ValueError, match=r"^x_aux must be \[M, H, W, Ch\] uint8 "
+                     r"pixels in 0\.\.255, got dtype float32 with values in "
+                     r"\[0, 1\]; images in \[0, 1\] must be scaled first"):
+    label(None, None, np.linspace(0, 1, 48, dtype=np.float32).reshape(3, 4, 4, 1))
+  with pytest.raises(ValueError, match=r"^x_aux must hold at least one image"):
+    label(None, None, np.zeros((0, 4, 4, 1), np.uint8))

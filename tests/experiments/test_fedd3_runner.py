@@ -53,6 +53,9 @@ def test_smoke_summary_reports_gce_privacy_and_kip_statistics(smoke_run):
   assert p["uploaded_images"] == 40
   assert 0.0 <= p["identical_to_raw_fraction"] <= 1.0
   assert p["identical_to_raw_count"] == round(40 * p["identical_to_raw_fraction"])
+  # The preset runs its fixed KIP budget with the privacy guard on: no
+  # upload is a raw image.
+  assert p["identical_to_raw_count"] == 0
   assert 0.0 <= p["nearest_raw_l2_min"] <= p["nearest_raw_l2_median"]
   kl, ki = s["kip_loss"], s["kip_iterations"]
   assert set(kl) == {"first_min", "first_median", "last_min", "last_median"}

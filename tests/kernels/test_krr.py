@@ -205,3 +205,25 @@ def test_invalid_arguments():
     krr.krr_predict(k_ss, k_ts, y_s, jitter_ladder=(1e-3, 1e-6))
   with pytest.raises(ValueError, match="empty"):
     krr.krr_predict(jnp.zeros((0, 0)), jnp.zeros((1, 0)), jnp.zeros((0, 1)))
+
+
+def test_checked_names_the_non_finite_input():
+  k_ss = jnp.eye(3)
+  k_ts = jnp.ones((2, 3))
+  y_s = jnp.eye(3)
+  with pytest.raises(ValueError, match=r"non-finite prediction: y_s contains "
+                     r"NaN/inf \(the support labels\)\.$"):
+    krr.krr_predict_checked(k_ss, k_ts, y_s.at[0, 0].set(jnp.nan))
+  with pytest.raises(ValueError, match=r"non-finite prediction: k_ss and k_ts "
+                     r"contain NaN/inf; k_ss and k_ts come from the kernel: its "
+                     r"images are non-finite \(e\.g\. KIP run with lr or std "
+                     r"NaN\) or degenerate"):
+    krr.krr_predict_checked(k_ss * jnp.nan, k_ts * jnp.nan, y_s)
+
+
+def test_checked_names_a_constant_kernel_matrix():
+  with pytest.raises(ValueError, match=r"K_ss is constant \(2 everywhere\): the "
+                     r"support points are identical \(e\.g\. constant images\), "
+                     r"so the kernel matrix has zero variance and is singular"):
+    krr.krr_predict_checked(jnp.full((3, 3), 2.0), jnp.ones((2, 3)), jnp.eye(3),
+                        reg=0.0, jitter_ladder=(0.0,))

@@ -1,0 +1,105 @@
+"""Bad data and settings are refused before compute, in one line."""
+
+import subprocess
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+
+from fedjax_dd.experiments import common
+from fedjax_dd.experiments.configs import fedd3
+from tests.conftest import REPO_ROOT
+
+
+def _main(tmp_path, config, *overrides):
+  return subprocess.run(
+      [sys.executable, "-m", "fedjax_dd.experiments.main",
+       f"--config=experiments/configs/{config}",
+       f"--workdir={tmp_path / 'w'}", "--config.run.progress=False",
+       *overrides], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+
+
+def _npz(tmp_path, y_train):
+  """8x8 grayscale images (the digits models' input) with these labels."""
+  path = tmp_path / "d.npz"
+  rng = np.random.default_rng(0)
+  n = len(y_train)
+  np.savez(path, x_train=rng.integers(0, 256, (n, 8, 8), np.uint8),
+           y_train=np.asarray(y_train),
+           x_test=rng.integers(0, 256, (4, 8, 8), np.uint8),
+           y_test=np.array([0, 1, 2, 3]))
+  return f"npz:{path}"
+
+
+def _fatal(proc):
+  assert proc.returncode != 0
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  fatal = [l for l in proc.stderr.splitlines() if l.startswith("FATAL")]
+  assert len(fatal) == 1, proc.stderr[-3000:]
+  return fatal[0]
+
+
+def test_cli_refuses_labels_outside_the_declared_classes(tmp_path):
+  spec = _npz(tmp_path, [0, 1, 2, 3] * 10 + [12, 100000])
+  proc = _main(tmp_path, "centralized.py:smoke", f"--config.data.dataset={spec}",
+               "--config.data.num_classes=4")
+  assert _fatal(proc) == (
+      f"FATAL {spec}: y_train must hold class indices in [0, 4) "
+      "(num_classes=4), got 2 labels outside it (12, 100000).")
+
+
+def test_cli_logs_inferred_classes_and_refuses_raw_fedd3_uploads(tmp_path):
+  # 40 images of 4 classes over 2 clients of 2 classes: 10 per client class,
+  # all uploaded raw with 10 images per class.
+  spec = _npz(tmp_path, [0, 1, 2, 3] * 10)
+  proc = _main(tmp_path, "fedd3.py:smoke", f"--config.data.dataset={spec}",
+               "--config.data.num_clients=2", "--config.fedd3.images_per_class=10")
+  assert (f"{spec}: 4 classes inferred from labels 0..3; set "
+          "--config.data.num_classes to declare it.") in proc.stderr
+  line = _fatal(proc)
+  assert line.startswith(
+      "FATAL fedd3: client 0 class 0 holds 10 examples <= images_per_class=10: "
+      "its KIP support would be those raw images (FedD3 App. G); 4 (client, "
+      "class) pairs in all: "), line
+  assert line.endswith(
+      "Set --config.fedd3.images_per_class below the smallest client class, "
+      "or --config.fedd3.allow_raw_upload=True to accept raw uploads."), line
+
+
+def test_cli_refuses_zero_images_per_class(tmp_path):
+  proc = _main(tmp_path, "fedd3.py:smoke", "--config.fedd3.images_per_class=0")
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  assert ("config.fedd3.images_per_class must be an int >= 1, got 0; set "
+          "--config.fedd3.images_per_class.") in proc.stderr, proc.stderr[-2000:]
+  assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("fedd3.images_per_class", 0, "must be an int >= 1, got 0"),
+    ("fedd3.images_per_class", -2, "must be an int >= 1, got -2"),
+    ("data.num_classes", -1, "must be an int >= 0, got -1"),
+])
+def test_validate_refuses_bad_counts(path, value, message):
+  c = fedd3.get_config("smoke")
+  group, key = path.split(".")
+  c[group][key] = value
+  with pytest.raises(ValueError, match=f"config.{path} {message}"):
+    common.validate(c)
+
+
+def test_upload_privacy_guard_follows_the_settings():
+  c = fedd3.get_config("smoke")
+  labels = np.array([0, 0, 1, 1, 1, 2, 2, 2])
+  parts = [np.array([0, 1, 2, 3, 4]), np.array([5, 6, 7])]
+  c.fedd3.images_per_class = 2
+  with pytest.raises(common.InputError, match=r"^fedd3: client 0 class 0 holds "
+                     r"2 examples <= images_per_class=2"):
+    common.check_upload_privacy(c, labels, parts)
+  for path, value in (("fedd3.allow_raw_upload", True),
+                      ("fedd3.distiller", "random"),
+                      ("fedd3.images_per_class", 1)):
+    d = ml_collections.ConfigDict(c.to_dict())
+    group, key = path.split(".")
+    d[group][key] = value
+    common.check_upload_privacy(d, labels, parts)   # allowed: no error
