@@ -111,13 +111,14 @@ def load_dataset(config: ml_collections.ConfigDict) -> sources.Dataset:
 
   Raises:
     InputError: the loader refused the data (e.g. labels outside
-      ``[0, data.num_classes)``).
+      ``[0, data.num_classes)``) or could not load it (e.g. a TFDS name
+      with neither a local copy nor network).
   """
   declared = int(_lookup(config, "data.num_classes") or 0) or None
   try:
     ds = sources.load_dataset(config.data.dataset, data_dir=data_dir(config),
                               num_classes=declared)
-  except ValueError as e:
+  except (ValueError, sources.DatasetUnavailableError) as e:
     raise InputError(str(e)) from None
   if declared is None and config.data.dataset.startswith("npz:"):
     logging.warning(

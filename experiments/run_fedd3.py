@@ -97,7 +97,8 @@ def _distiller(config, prepared, num_classes):
 # from the run that cached it. KIP's segment length only paces progress
 # reports.
 DISTILL_KEYS = (
-    "data.dataset", "data.resplit", "model.name", "data.input_shape",
+    "data.dataset", "data.num_classes", "data.resplit", "model.name",
+    "data.input_shape",
     "data.resize_method", "data.num_clients", "data.seed", "seed",
     "data.partition", "fedd3.distiller", "fedd3.images_per_class",
     "fedd3.allow_raw_upload", "kip.kernel", "kip.kernel_depth",
@@ -106,7 +107,7 @@ DISTILL_KEYS = (
       if k != "segment_iterations"))
 
 # Version of what the "distilled" stage holds (in its fingerprint).
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: data.num_classes joined the fingerprint
 
 STAGE = "distilled"
 

@@ -337,18 +337,18 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
   See :func:`fedjax_dd.distill.kip.distill_clients` for the arguments
   (``options.stop_accuracy=None``: every client runs
   ``options.max_iterations``). The privacy guard (paper App. G) runs first
-  on the host. The result carries each client's iterations, early-stop flag
+  on the host: a client class with at most ``images_per_class`` examples
+  would be uploaded raw, and is refused unless ``allow_raw_upload``. The result carries each client's iterations, early-stop flag
   and first/last KIP loss.
   """
 
   def distill(key, data: ClientData) -> DistilledSet:
-    y, n = np.asarray(data.y), np.asarray(data.num_examples)
-    kip_lib.check_privacy(y, n, num_classes, allow_raw_upload=allow_raw_upload)
+    # distill_clients runs the privacy guard on the host before compute.
     res = kip_lib.distill_clients(
         key, data.x, data.y, data.num_examples, num_classes=num_classes,
         kernel_fn=kernel_fn, mean=mean, std=std,
         images_per_class=images_per_class, options=options, mapper=mapper,
-        progress=progress)
+        allow_raw_upload=allow_raw_upload, progress=progress)
     x_float, y_soft, owner = kip_lib.flatten_support(res, quantized=False)
     x = np.asarray(kip_lib.quantize(x_float))
     res = jax.device_get(res)

@@ -265,10 +265,14 @@ def network_reachable(host: str = TFDS_PROBE_HOST, port: int = TFDS_PROBE_PORT,
   return bool(result and result[0])
 
 
+class DatasetUnavailableError(RuntimeError):
+  """A named dataset could not be loaded (no copy, no network, no TFDS)."""
+
+
 def _tfds_error(tfds_name: str, data_dir: str | None, reason: str
-                ) -> RuntimeError:
+                ) -> DatasetUnavailableError:
   """The loader's one message: why, and how to load the data offline."""
-  return RuntimeError(
+  return DatasetUnavailableError(
       f"Could not load {tfds_name!r} with tensorflow_datasets "
       f"(data_dir={data_dir!r}): {reason}. Without internet "
       "access, pass `npz:PATH` instead, where PATH is a .npz file with uint8 "

@@ -143,6 +143,22 @@ def test_privacy_guard_refuses_single_sample_classes():
     kip(jax.random.PRNGKey(0), data)
 
 
+def test_privacy_guard_refuses_whole_class_supports():
+  # Client 1 holds 3 examples each of classes 1 and 2 (6 rows): with 3
+  # images per class its supports would be those raw images.
+  data = _clients()
+  kip = lambda ipc, allow: fedd3.kip_distiller(
+      fc_kernel(depth=2), num_classes=3, mean=[0.3], std=[0.3],
+      images_per_class=ipc, options=KipOptions(max_iterations=2),
+      allow_raw_upload=allow)
+  with pytest.raises(ValueError, match=r"client 1 class 1 holds 3 examples "
+                     r"<= images_per_class=3.*client 1 class 2 \(3\)"):
+    kip(3, False)(jax.random.PRNGKey(0), data)
+  # Below the class size (or with the escape hatch) it distils.
+  assert kip(2, False)(jax.random.PRNGKey(0), data).size == 8
+  assert kip(3, True)(jax.random.PRNGKey(0), data).size == 12
+
+
 # ---------------------------------------------------------------- per client
 
 

@@ -103,3 +103,30 @@ def test_upload_privacy_guard_follows_the_settings():
     group, key = path.split(".")
     d[group][key] = value
     common.check_upload_privacy(d, labels, parts)   # allowed: no error
+
+
+def test_cli_unloadable_datasets_end_in_one_line(tmp_path):
+  # Not an npz archive.
+  bad = tmp_path / "bad.npz"
+  bad.write_text("not a zip")
+  line = _fatal(_main(tmp_path, "centralized.py:smoke",
+                      f"--config.data.dataset=npz:{bad}"))
+  assert f"{bad} is not an npz archive" in line
+  # A TFDS name with no local copy and no network: the proxy the probe
+  # goes through is a closed local port, so it fails at once.
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  import os
+  env = {**os.environ, "https_proxy": f"http://127.0.0.1:{port}",
+         "HTTPS_PROXY": f"http://127.0.0.1:{port}"}
+  proc = subprocess.run(
+      [sys.executable, "-m", "fedjax_dd.experiments.main",
+       "--config=experiments/configs/centralized.py:smoke",
+       f"--workdir={tmp_path / 'w2'}", "--config.run.progress=False",
+       "--config.data.dataset=svhn_cropped",
+       f"--config.data.data_dir={tmp_path / 'tfds'}"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+  line = _fatal(proc)
+  assert "Could not load 'svhn_cropped'" in line and "npz:PATH" in line
