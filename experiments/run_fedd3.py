@@ -145,8 +145,13 @@ def _distill_or_load(config, workdir, prepared, data
       raise ValueError(f"fedd3.distilled_from: {source!r} holds no distilled "
                        f"set ({cache.path(STAGE)}).")
   else:
-    stage, computed = StageCache.for_workdir(workdir).get_or_compute(
-        STAGE, fingerprint, distill)
+    try:
+      stage, computed = StageCache.for_workdir(workdir).get_or_compute(
+          STAGE, fingerprint, distill)
+    except privacy_lib.RawUploadError as e:
+      raise common.InputError("fedd3: " + str(e).replace(
+          "set allow_raw_upload=True",
+          "set --config.fedd3.allow_raw_upload=True")) from None
   distilled = fedd3.DistilledSet.from_arrays(
       stage.arrays, learned_labels=stage.info["learned_labels"],
       centered_labels=stage.info["centered_labels"])

@@ -49,6 +49,7 @@ from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import gmm as gmm_lib
 from fedjax_dd.distill import kip as kip_lib
+from fedjax_dd.distill import privacy as privacy_lib
 
 
 @flax.struct.dataclass
@@ -338,7 +339,9 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
   (``options.stop_accuracy=None``: every client runs
   ``options.max_iterations``). The privacy guard (paper App. G) runs first
   on the host: a client class with at most ``images_per_class`` examples
-  would be uploaded raw, and is refused unless ``allow_raw_upload``. The result carries each client's iterations, early-stop flag
+  would be uploaded raw, and is refused unless ``allow_raw_upload``; after
+  distillation, so is any quantised image byte-identical to a raw image of
+  its sender (:func:`fedjax_dd.distill.privacy.check_no_raw_upload`). The result carries each client's iterations, early-stop flag
   and first/last KIP loss.
   """
 
@@ -351,6 +354,12 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
         allow_raw_upload=allow_raw_upload, progress=progress)
     x_float, y_soft, owner = kip_lib.flatten_support(res, quantized=False)
     x = np.asarray(kip_lib.quantize(x_float))
+    if not allow_raw_upload:
+      # What is sent, not what was planned: an early-stopped KIP can
+      # quantise an image back to its raw bytes (App. C's rule, App. G).
+      host = jax.device_get(data)
+      privacy_lib.check_no_raw_upload(x, owner, np.asarray(host.x),
+                                      np.asarray(host.num_examples))
     res = jax.device_get(res)
     return DistilledSet(x=x, y=np.argmax(y_soft, -1).astype(np.int32),
                         y_soft=y_soft.astype(np.float32), owner=owner,

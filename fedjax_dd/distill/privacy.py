@@ -21,12 +21,50 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["upload_privacy"]
+__all__ = ["RawUploadError", "check_no_raw_upload", "identical_to_raw",
+           "upload_privacy"]
+
+
+class RawUploadError(ValueError):
+  """An upload would send images byte-identical to the sender's raw data."""
 
 
 def _check(name: str, a: np.ndarray, rank: int) -> None:
   if a.ndim != rank:
     raise ValueError(f"{name} must have rank {rank}, got shape {a.shape}.")
+
+
+def _validate(uploaded_x, owner, client_x, num_examples):
+  """The arguments of :func:`upload_privacy` as checked host arrays."""
+  ux = np.asarray(uploaded_x)
+  own = np.asarray(owner)
+  cx = np.asarray(client_x)
+  n = np.asarray(num_examples)
+  _check("uploaded_x", ux, 4)
+  _check("client_x", cx, 5)
+  _check("owner", own, 1)
+  _check("num_examples", n, 1)
+  if ux.dtype != np.uint8 or cx.dtype != np.uint8:
+    raise ValueError(
+        f"uploaded_x and client_x must be uint8 (as transmitted); got "
+        f"{ux.dtype} and {cx.dtype}.")
+  if ux.shape[1:] != cx.shape[2:]:
+    raise ValueError(f"uploaded_x images {ux.shape[1:]} and client_x images "
+                     f"{cx.shape[2:]} differ in shape.")
+  if own.shape[0] != ux.shape[0] or n.shape[0] != cx.shape[0]:
+    raise ValueError(
+        f"owner [{own.shape[0]}] must match uploaded_x [{ux.shape[0]}], and "
+        f"num_examples [{n.shape[0]}] must match client_x [{cx.shape[0]}].")
+  if ux.shape[0] == 0:
+    return ux, own, cx, n
+  if own.min() < 0 or own.max() >= cx.shape[0]:
+    raise ValueError(f"owner must be in [0, {cx.shape[0]}); got values in "
+                     f"[{own.min()}, {own.max()}].")
+  empty = sorted(set(own.tolist()) & set(np.flatnonzero(n <= 0).tolist()))
+  if empty:
+    raise ValueError(f"clients {empty[:5]} uploaded images but hold no raw "
+                     "data.")
+  return ux, own, cx, n
 
 
 def upload_privacy(uploaded_x: Any, owner: Any, client_x: Any,
@@ -50,46 +88,19 @@ def upload_privacy(uploaded_x: Any, owner: Any, client_x: Any,
     ValueError: on non-uint8 images, mismatched shapes, or an owner outside
       ``[0, C)`` or with no raw data.
   """
-  ux = np.asarray(uploaded_x)
-  own = np.asarray(owner)
-  cx = np.asarray(client_x)
-  n = np.asarray(num_examples)
-  _check("uploaded_x", ux, 4)
-  _check("client_x", cx, 5)
-  _check("owner", own, 1)
-  _check("num_examples", n, 1)
-  if ux.dtype != np.uint8 or cx.dtype != np.uint8:
-    raise ValueError(
-        f"uploaded_x and client_x must be uint8 (as transmitted); got "
-        f"{ux.dtype} and {cx.dtype}.")
-  if ux.shape[1:] != cx.shape[2:]:
-    raise ValueError(f"uploaded_x images {ux.shape[1:]} and client_x images "
-                     f"{cx.shape[2:]} differ in shape.")
-  if own.shape[0] != ux.shape[0] or n.shape[0] != cx.shape[0]:
-    raise ValueError(
-        f"owner [{own.shape[0]}] must match uploaded_x [{ux.shape[0]}], and "
-        f"num_examples [{n.shape[0]}] must match client_x [{cx.shape[0]}].")
+  ux, own, cx, n = _validate(uploaded_x, owner, client_x, num_examples)
   m = ux.shape[0]
   if m == 0:
     return {"uploaded_images": 0, "identical_to_raw_count": 0,
             "identical_to_raw_fraction": 0.0, "nearest_raw_l2_min": None,
             "nearest_raw_l2_median": None}
-  if own.min() < 0 or own.max() >= cx.shape[0]:
-    raise ValueError(f"owner must be in [0, {cx.shape[0]}); got values in "
-                     f"[{own.min()}, {own.max()}].")
-  empty = sorted(set(own.tolist()) & set(np.flatnonzero(n <= 0).tolist()))
-  if empty:
-    raise ValueError(f"clients {empty[:5]} uploaded images but hold no raw "
-                     "data.")
 
-  identical = np.zeros(m, bool)
+  identical = _identical(ux, own, cx, n)
   nearest = np.zeros(m, np.float64)
   flat_u = ux.reshape(m, -1)
   for c in np.unique(own):  # host-side, once per run
     rows = np.flatnonzero(own == c)
     raw = cx[c, :int(n[c])].reshape(int(n[c]), -1)
-    raw_bytes = {r.tobytes() for r in raw}
-    identical[rows] = [flat_u[i].tobytes() in raw_bytes for i in rows]
     rf = raw.astype(np.float64) / 255.0
     r2 = (rf * rf).sum(1)
     for start in range(0, rows.size, block):
@@ -108,3 +119,54 @@ def upload_privacy(uploaded_x: Any, owner: Any, client_x: Any,
       "nearest_raw_l2_min": float(nearest.min()),
       "nearest_raw_l2_median": float(np.median(nearest)),
   }
+
+
+def _identical(ux: np.ndarray, own: np.ndarray, cx: np.ndarray,
+               n: np.ndarray) -> np.ndarray:
+  """``[M]`` whether each upload equals one of its sender's raw images."""
+  m = ux.shape[0]
+  identical = np.zeros(m, bool)
+  if m == 0:
+    return identical
+  flat_u = ux.reshape(m, -1)
+  for c in np.unique(own):  # host-side, once per run
+    rows = np.flatnonzero(own == c)
+    raw = cx[c, :int(n[c])].reshape(int(n[c]), -1)
+    raw_bytes = {r.tobytes() for r in raw}
+    identical[rows] = [flat_u[i].tobytes() in raw_bytes for i in rows]
+  return identical
+
+
+def identical_to_raw(uploaded_x: Any, owner: Any, client_x: Any,
+                     num_examples: Any) -> np.ndarray:
+  """``[M]`` bool: uploaded image ``i`` equals, byte for byte, a raw image of
+  client ``owner[i]`` (arguments as in :func:`upload_privacy`)."""
+  ux, own, cx, n = _validate(uploaded_x, owner, client_x, num_examples)
+  return _identical(ux, own, cx, n)
+
+
+def check_no_raw_upload(uploaded_x: Any, owner: Any, client_x: Any,
+                        num_examples: Any, *, what: str = "KIP") -> None:
+  """FedD3 App. G's guard on what is actually sent: no raw image leaves.
+
+  The guard before compute (:func:`fedjax_dd.distill.kip.check_privacy`)
+  refuses supports that hold a whole class. This one covers the rest: an
+  image the distiller barely moved (KIP stopped after a few iterations by
+  App. C's rule moves a pixel by well under one grey level) is quantised
+  back to its raw bytes.
+
+  Raises:
+    RawUploadError: naming how many uploads are raw, from which clients,
+      and what to change.
+  """
+  identical = identical_to_raw(uploaded_x, owner, client_x, num_examples)
+  if identical.any():
+    own = np.asarray(owner)[identical]
+    clients = np.unique(own)
+    raise RawUploadError(
+        f"{int(identical.sum())} of {identical.size} {what} images to upload "
+        f"are byte-identical to a raw image of their sender ({clients.size} "
+        f"clients, e.g. {clients[:5].tolist()}): the distiller stopped before "
+        "it moved them (FedD3 App. G). Run more iterations (a higher "
+        "kip.min_iterations, or kip.stop_accuracy=None), or set "
+        "allow_raw_upload=True to accept raw uploads.")

@@ -120,7 +120,8 @@ def test_kip_and_gmm_distillers_shapes():
   kip = fedd3.kip_distiller(fc_kernel(depth=2), num_classes=3, mean=[0.3],
                             std=[0.3], images_per_class=1,
                             options=KipOptions(max_iterations=5,
-                                               segment_iterations=5))
+                                               segment_iterations=5,
+                                               stop_accuracy=None))
   d = kip(jax.random.PRNGKey(0), data)
   assert d.size == 4 and d.x.dtype == np.uint8 and d.x_float.shape == (4, 4, 4, 1)
   np.testing.assert_array_equal(np.bincount(d.owner), [2, 2])
@@ -149,7 +150,8 @@ def test_privacy_guard_refuses_whole_class_supports():
   data = _clients()
   kip = lambda ipc, allow: fedd3.kip_distiller(
       fc_kernel(depth=2), num_classes=3, mean=[0.3], std=[0.3],
-      images_per_class=ipc, options=KipOptions(max_iterations=2),
+      images_per_class=ipc,
+      options=KipOptions(max_iterations=5, stop_accuracy=None),
       allow_raw_upload=allow)
   with pytest.raises(ValueError, match=r"client 1 class 1 holds 3 examples "
                      r"<= images_per_class=3.*client 1 class 2 \(3\)"):
@@ -320,3 +322,22 @@ def test_hybrid_ledger_by_hand():
   assert totals["bytes_uploaded"] * 8 == 2 * 40 + 40
   # Client 0 receives 1 image, client 1 all 3, client 2 the other 2.
   assert totals["bytes_downloaded"] * 8 == (1 + 3 + 2) * 40
+
+
+def test_privacy_guard_refuses_uploads_kip_did_not_move():
+  # lr so small that no pixel moves by half a grey level: every quantised
+  # image is its raw source, which the guard refuses after KIP.
+  data = _clients()
+  kip = lambda allow: fedd3.kip_distiller(
+      fc_kernel(depth=2), num_classes=3, mean=[0.3], std=[0.3],
+      images_per_class=1,
+      options=KipOptions(max_iterations=1, lr=1e-9, stop_accuracy=None),
+      allow_raw_upload=allow)
+  with pytest.raises(ValueError, match=r"4 of 4 KIP images to upload are "
+                     r"byte-identical to a raw image of their sender"):
+    kip(False)(jax.random.PRNGKey(0), data)
+  d = kip(True)(jax.random.PRNGKey(0), data)
+  from fedjax_dd.distill import privacy
+  host = jax.device_get(data)
+  assert privacy.identical_to_raw(d.x, d.owner, host.x,
+                                  host.num_examples).all()

@@ -54,3 +54,19 @@ def test_empty_upload_and_bad_inputs():
   with pytest.raises(ValueError, match="hold no raw"):
     privacy.upload_privacy(np.zeros((1, 2, 2, 1), np.uint8), [1], x,
                            np.array([2, 0]))
+
+
+def test_identity_flags_and_the_guard():
+  x, n = _raw()
+  up = np.zeros((3, 2, 2, 1), np.uint8)
+  up[0] = 255                       # client 0's raw image 0
+  up[2] = 77                        # client 1's padding only: not raw
+  owner = np.array([0, 1, 1])
+  np.testing.assert_array_equal(
+      privacy.identical_to_raw(up, owner, x, n), [True, True, False])
+  # up[1] is black = client 1's one raw image.
+  with pytest.raises(privacy.RawUploadError,
+                     match=r"2 of 3 KIP images .* \(2 clients, e\.g\. \[0, 1\]\)"):
+    privacy.check_no_raw_upload(up, owner, x, n)
+  privacy.check_no_raw_upload(up[2:], owner[2:], x, n)  # nothing raw
+  assert privacy.identical_to_raw(up[:0], owner[:0], x, n).shape == (0,)

@@ -9,6 +9,7 @@ import pytest
 from fedjax_dd.algorithms import fedd3 as fedd3_lib
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.stage_cache import StageCache, StaleStageError
+from fedjax_dd.experiments import common
 from fedjax_dd.experiments import run_fedd3
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs import base
@@ -173,3 +174,18 @@ def test_hybrid_with_learned_labels_trains_on_soft_targets(tmp_path):
   # Downloads: each client receives the other 36 images (no model: seeded).
   assert s["bytes_downloaded"] == 10 * 36 * image // 8
   assert s["bytes_uploaded"] == (40 * image + 10 * model) // 8
+
+
+def test_early_stopped_kip_that_sends_raw_images_is_refused(tmp_path):
+  # A stop rule met at once leaves the support at its raw initial images.
+  config = _smoke(kip__stop_accuracy=0.0, kip__min_iterations=0)
+  with pytest.raises(common.InputError,
+                     match=r"fedd3: 40 of 40 KIP images to upload are "
+                     r"byte-identical .*--config\.fedd3\.allow_raw_upload=True"):
+    runners.RUNNERS["fedd3"](config, str(tmp_path / "raw"))
+  # Accepted on request, and measured.
+  s = runners.RUNNERS["fedd3"](_smoke(kip__stop_accuracy=0.0,
+                                      kip__min_iterations=0,
+                                      fedd3__allow_raw_upload=True),
+                               str(tmp_path / "ok"))
+  assert s["privacy"]["identical_to_raw_count"] == 40
