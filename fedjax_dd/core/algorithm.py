@@ -8,7 +8,11 @@ An algorithm is a pair of pure-ish functions, as in fedjax's
   where ``client_states`` is a pytree stacked on the client axis ``[N, ...]``
   (SCAFFOLD's control variates) or ``{}``;
 * ``apply(server, client_states[S], cohort, key) -> (server, client_states[S],
-  metrics)`` runs one round on the sampled cohort of ``S`` clients.
+  metrics)`` runs one round on the sampled cohort of ``S`` clients. Model
+  traffic follows from ``comm``; other traffic of the round (e.g. class
+  counts, secure-similarity ciphertexts) is returned as metrics named
+  ``"traffic/<kind>/<tag>"`` (total bits), which the rounds loop records in
+  the ledger (:data:`fedjax_dd.core.rounds.TRAFFIC_PREFIX`).
 
 ``apply`` is called from the host; inside it the per-client work is one
 batched program built through :mod:`fedjax_dd.core.clients`.

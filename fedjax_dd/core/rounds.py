@@ -63,6 +63,12 @@ class RoundsOptions:
   stop_on_nonfinite: bool = True
 
 
+# Metrics an algorithm's ``apply`` returns under this prefix,
+# ``"traffic/<kind>/<tag>"``, are bits it sent beyond the models this round;
+# :func:`run_rounds` records them in the ledger (one message of that total).
+TRAFFIC_PREFIX = "traffic/"
+
+
 def sample_clients(key: jax.Array, num_clients: int, num_sampled: int) -> jax.Array:
   """Sorted client ids sampled without replacement (all clients if S == N)."""
   if num_sampled == num_clients:
@@ -154,7 +160,18 @@ def run_rounds(
                            tag="model")
     ledger = ledger.record(r, kind="upload", bits=up // s, count=s,
                            tag="model")
-    row = dict(metrics)
+    # Traffic beyond the models (e.g. class counts, secure-similarity
+    # ciphertexts): metrics named "traffic/<kind>/<tag>" hold this round's
+    # total bits; they go to the ledger, not to the metrics row.
+    row = {}
+    for k, v in metrics.items():
+      if k.startswith(TRAFFIC_PREFIX):
+        kind, tag = k[len(TRAFFIC_PREFIX):].split("/", 1)
+        bits = int(v)
+        if bits:
+          ledger = ledger.record(r, kind=kind, bits=bits, tag=tag)
+      else:
+        row[k] = v
     row.update({f"{k}_cumulative": v for k, v in ledger.cumulative().items()
                 if k.startswith("bytes_")})
     row.update({f"{k}_round": v for k, v in ledger.round_totals(r).items()

@@ -53,6 +53,28 @@ def test_fedavg_ledger_matches_hfldd_eq3():
     assert len(rows) == 3
 
 
+def test_traffic_metrics_go_to_the_ledger_not_the_row():
+  alg, state, data, num_steps, _ = _setup()
+
+  def apply(server, clients, cohort, key):
+    server, clients, metrics = alg.apply(server, clients, cohort, key)
+    # Each sampled client reports 3 class counts of 8 bits.
+    return server, clients, {**metrics,
+                             "traffic/upload/class_counts": 2 * 3 * 8,
+                             "traffic/download/nothing": 0}
+
+  opts = rounds_lib.RoundsOptions(num_rounds=2, clients_per_round=2,
+                                  progress=False)
+  _, ledger, rows = rounds_lib.run_rounds(alg._replace(apply=apply), state,
+                                          data, num_steps, opts)
+  tags = ledger.tag_totals()
+  assert tags["class_counts"]["bytes_total"] * 8 == 2 * 2 * 3 * 8
+  assert "nothing" not in tags
+  assert not any(k.startswith("traffic/") for row in rows for k in row)
+  assert rows[0]["bytes_uploaded_round"] * 8 == (
+      2 * ledger_lib.num_params(state.server.params) * 32 + 48)
+
+
 def test_scaffold_ledger_counts_two_models_up():
   alg, state, data, num_steps, _ = _setup("scaffold")
   n_params = ledger_lib.num_params(state.server.params)
