@@ -23,10 +23,15 @@ FEDAVG_PRESETS = ("mnist_iid", "mnist_c1", "mnist_c2", "mnist_c10",
 @pytest.mark.parametrize("arg", FEDD3_PRESETS)
 def test_fedd3_presets_follow_the_paper(arg):
   c = fedd3.get_config(arg)
-  # The early-stop rule as written (App. C), or a fixed budget for _full.
+  # The early-stop rule as written (App. C), or a fixed budget for _full
+  # and the smoke preset.
+  fixed_budget = arg in ("mnist_noniid_kip_full", "smoke")
   assert c.kip.min_iterations == 0
-  assert c.kip.stop_accuracy == (None if arg == "mnist_noniid_kip_full"
-                                 else 0.999)
+  assert c.kip.stop_accuracy == (None if fixed_budget else 0.999)
+  # The early stop sends some raw images, as the paper does: those presets
+  # opt in; a fixed budget and the GMM coreset keep the privacy guard.
+  assert c.fedd3.allow_raw_upload == (
+      not fixed_budget and c.fedd3.distiller != "gmm")
   assert c.kip.max_iterations == (20 if arg == "smoke" else 3000)
   assert c.kip.learn_labels == (arg == "mnist_noniid_kip_labels")
   # Server training: SGD, momentum 0.9, batch 50 (App. C).
