@@ -101,7 +101,8 @@ One round is a host loop over four jitted programs, each compiled once
 own program).
 
 References:
-  Leng et al., "DisUE: ..." (DisUE), Sec. 4.2, Eqs. 5–13, Alg. 1, Sec. 5.1.
+  Leng et al., "Distilling A Universal Expert from Clustered Federated
+  Learning" (DisUE), Sec. 4.2, Eqs. 5–13, Sec. 4.4 / Alg. 1, Sec. 5.1.
   Zhang et al., "Fine-tuning Global Model via Data-Free Knowledge
   Distillation for Non-IID Federated Learning" (FedFTG), CVPR 2022, and its
   code (github.com/ZhangLin-PKU/FedFTG).
