@@ -24,7 +24,10 @@ does not depend on where the distillation inputs come from:
 * **the generator calling convention** (:func:`init_generator`,
   :func:`apply_generator`): ``generator.apply(vars, z, [y], train=)`` returns
   images in ``[0, 1]``; a label-conditional generator (attribute
-  ``conditional=True``) also receives the target labels.
+  ``conditional=True``) also receives the target labels. A generator whose
+  output is already in the classifiers' input space (attribute
+  ``output_space = "normalised"``, e.g. FedFTG's ``CGeneratorA``) is fed to
+  them unchanged: :func:`generator_input_fn` resolves the input function.
 
 What does *not* belong here is a synthesis protocol: when generators are
 reset, which batches are kept, how the student visits them. The DENSE / HASA
@@ -428,6 +431,51 @@ def is_conditional(generator: nn.Module) -> bool:
   return bool(getattr(generator, "conditional", False))
 
 
+OUTPUT_SPACES = ("unit", "normalised")
+
+
+def generator_output_space(generator: nn.Module) -> str:
+  """Where a generator's images live (its ``output_space`` attribute).
+
+  ``"unit"`` (the default, for generators without the attribute): images in
+  ``[0, 1]``, mapped to a classifier's input by the data normaliser.
+  ``"normalised"``: images already in the classifiers' input space.
+
+  Raises:
+    ValueError: for any other value.
+  """
+  space = getattr(generator, "output_space", "unit")
+  if space not in OUTPUT_SPACES:
+    raise ValueError(f"Generator output_space must be one of {OUTPUT_SPACES}, "
+                     f"got {space!r}.")
+  return space
+
+
+def generator_input_fn(generator: nn.Module,
+                       input_fn: InputFn | None) -> InputFn:
+  """The function mapping this generator's images to the classifiers' input.
+
+  Args:
+    generator: the Flax generator.
+    input_fn: the normaliser of images in ``[0, 1]`` (e.g.
+      :func:`unit_normalizer` of the data's statistics).
+
+  Returns:
+    ``input_fn`` for a ``"unit"`` generator; the identity for a
+    ``"normalised"`` one, whose output is fed to the classifiers unchanged
+    (``input_fn`` is then not applied: it is meant for ``[0, 1]`` images).
+
+  Raises:
+    ValueError: if a ``"unit"`` generator gets no ``input_fn``.
+  """
+  if generator_output_space(generator) == "normalised":
+    return lambda x: x
+  if input_fn is None:
+    raise ValueError("A generator with output in [0, 1] needs an input_fn "
+                     "mapping its images to the classifiers' input.")
+  return input_fn
+
+
 def init_generator(generator: nn.Module, key: jax.Array
                    ) -> tuple[PyTree, PyTree]:
   """Freshly initialised generator variables.
@@ -460,7 +508,9 @@ def apply_generator(generator: nn.Module, params: PyTree, batch_stats: PyTree,
       instead of the running ones.
 
   Returns:
-    ``(images [B, H, W, Ch] in [0, 1], batch_stats)``; the statistics are
+    ``(images [B, H, W, Ch], batch_stats)``, images in ``[0, 1]`` or, for a
+    ``"normalised"`` generator (:func:`generator_output_space`), in the
+    classifiers' input space; the statistics are
     the updated ones with ``train``, the given ones otherwise.
   """
   variables = {"params": params, "batch_stats": batch_stats}

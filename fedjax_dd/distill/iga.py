@@ -1,0 +1,738 @@
+"""DisUE's inter-group aggregation (IGA): a persistent conditional generator.
+
+The server holds ``K`` teachers (DisUE: the cluster models ``ω_{C_k}``;
+FedFTG: the round's client models; a data-free FedDF: any uploaded models)
+with their per-class sample counts ``n_y^k``, and the global model ``ω_G``
+(the student, e.g. the FedAvg of the teachers). One server-side conditional
+generator ``x̂ = G(z, y)`` and the student play a min–max game on its samples;
+the student leaves the round closer to the teachers' class-weighted
+predictions. DisUE Sec. 4.2, Eqs. 5–13; the protocol follows FedFTG's
+released code (Zhang et al.), on which DisUE builds.
+
+**Label sampler (GLS, Eq. 5).** ``p̂(y) ∝ Σ_k n_y^k``
+(:func:`label_prior`). Each batch of ``B`` labels holds the classes in exact
+proportion (largest-remainder allocation of ``B``, :func:`allocate_labels`),
+shuffled (:func:`sample_labels`); FedFTG's ``generate_labels`` does the same
+over a round's ``I·B`` labels with cumulative floors. Ablation "−GLS":
+uniform ``p̂`` (``use_gls=False``).
+
+**Weights (GWF, Eq. 6).** ``α_y^k = n_y^k / Σ_k' n_y^k'``
+(:func:`class_weights`; FedFTG's ``cls_clnt_weight``): for each class the
+teachers' weights sum to 1, and a class nobody holds has weight 0 for every
+teacher. Ablation "−GWF": ``1/K`` for each of the ``K`` real teachers
+(:func:`equal_weights`, ``use_gwf=False``). Sample ``i`` weights teacher ``k``
+by ``w_ki = α_{y_i}^k``.
+
+**Losses**, with ``P_k = C_k(x̂)`` the teacher logits and ``S = C_G(x̂)`` the
+student's:
+
+* ``L_cd = mean_i Σ_k w_ki · D(σ(P_ki) ‖ σ(S_i))`` (Eqs. 8–9,
+  :func:`cluster_distillation_loss`); ``D`` is the paper's KL (``"kl"``), the
+  L1 distance of the probability vectors (``"l1"``), or FedFTG's generator
+  term, the mean absolute *logit* difference ``mean_c |P_kic − S_ic|``
+  (``"l1_logits"``).
+* ``L_cf = mean_i Σ_k w_ki · CE(P_ki, y_i)`` (Eqs. 10–11,
+  :func:`cluster_fidelity_loss`). Eq. 11 prints ``Σ_k α_y^k`` inside the
+  per-teacher loss ``L_cf^k`` *and* Eq. 10 sums ``α_y^k L_cf^k`` over ``k``
+  again, which would weight by ``α²`` and count every teacher ``K`` times; the
+  weight is applied once here, as in FedFTG's code.
+* ``L_div = exp(−mean_{i,j} d_x(i, j) · d_z(i, j))`` (Eq. 12,
+  :func:`diversity_loss`) over all ``B²`` pairs. Eq. 12 writes
+  ``d = ‖·‖₂``; FedGen's ``DiversityLoss(metric='l1')`` (Zhu et al. 2021,
+  which DisUE cites, and which FedFTG's code copies) uses the *mean* absolute
+  difference of the images and the *mean squared* difference of the noises
+  (``form="fedgen"``, the default). With Euclidean norms the product is in the
+  thousands for 32x32x3 images (``‖x̂_i − x̂_j‖₂ ≈ 78``, ``‖z_i − z_j‖₂ ≈ 14``
+  at ``nz = 100``), ``exp`` underflows to 0 and the term has no gradient; the
+  literal form is available as ``form="euclidean"``.
+
+**Min–max (Eq. 13).** The generator minimises
+``β_cf·L_cf + β_div·L_div − L_cd`` and the student minimises ``L_cd``. Eq. 13
+writes ``min_ω max_θ (L_cd + β_cf L_cf + β_div L_div)``, but maximising
+``L_cf`` and ``L_div`` contradicts Eq. 10's ``min_θ L_cf`` and the text
+("maximising inter-sample dissimilarity", i.e. minimising ``L_div``); only
+``L_cd`` is adversarial, as in FedFTG's code (``loss = −L_md + L_cls +
+L_div``). Ablations "−L_cf" / "−L_div": ``β = 0``.
+
+**Schedule** (FedFTG's ``train_global_model_cgan_bs_weight_iloop_fz_dis``;
+DisUE Sec. 5.1 gives the same learning rates and ``nz``): per round ``I = 10``
+iterations of ``generator_steps`` generator steps (Adam, lr
+``0.01·0.998^t``) followed by ``5`` student steps (SGD, lr ``0.1·0.998^t``,
+weight decay ``1e-3``), batch 50. The generator (parameters and BatchNorm
+statistics) persists across rounds; its Adam state is new every round (FedFTG
+builds its optimisers inside the round function). Teachers run in inference
+mode; the student runs in inference mode in the generator step and in
+training mode in its own step; the generator runs in training mode in its
+step and in inference mode (running BatchNorm statistics) when it feeds the
+student, as in the reference.
+
+Where we differ from FedFTG's code, and why:
+
+* FedFTG makes one generator step *per client* per iteration, each on that
+  client's weighted terms (and ``L_div / K``); we make ``generator_steps``
+  steps on the summed objective of Eq. 13 (the paper's form). ``K`` steps
+  per iteration also made the cost grow with the cohort.
+* FedFTG's class term multiplies the *batch mean* cross-entropy by the mean of
+  the per-sample weights (``mean(CE_mean · w)``); Eq. 10 and we weight each
+  sample's cross-entropy by its own ``w_ki``.
+* FedFTG's student loss is ``mean_{i,c} −log σ(S_i)_c · Σ_k w_ki σ(P_ki)_c``,
+  a cross-entropy with the weighted teacher ensemble divided by ``C``. Since
+  ``Σ_k w_ki = 1`` for a held class, its gradient equals that of
+  ``Σ_k w_ki KL(σ(P_ki) ‖ σ(S_i))`` (our ``"kl"`` ``L_cd``) divided by ``C``;
+  the student uses ``student_discrepancy`` (default: ``discrepancy``), so
+  FedFTG's generator/student pair is ``discrepancy="l1_logits",
+  student_discrepancy="kl"`` (at a ``C``-times larger effective lr).
+* With ``fresh_samples=True`` (default) every generator and student step
+  draws new ``(z, y)``; FedFTG's code reuses one ``(z, y)`` per iteration for
+  its generator and student steps (``fresh_samples=False``).
+
+Padding. The teachers are stacked ``[K_max, ...]`` and the class counts
+``[K_max, C]``; a padded teacher has an all-zero count row, hence zero
+weight everywhere. Before any evaluation its variables are replaced by those
+of the first real teacher, so garbage in the padding never reaches a loss or a
+gradient, and every weighted sum selects (rather than multiplies) zero-weight
+terms; the result is bit-identical whatever the padding holds. All shapes
+depend on ``K_max`` only, so a changing ``K`` never recompiles.
+
+One round is a host loop over four jitted programs, each compiled once
+(:func:`_draw`, :func:`_setup`, :func:`_generator_step`,
+:func:`_student_step`), for the reasons given in :mod:`fedjax_dd.distill.dfkd`
+(XLA:CPU runs rolled loops of these steps far slower; PRNG draws live in their
+own program).
+
+References:
+  Leng et al., "Distilling A Universal Expert from Clustered Federated
+  Learning" (DisUE), Sec. 4.2, Eqs. 5–13, Sec. 4.4 / Alg. 1, Sec. 5.1.
+  Zhang et al., "Fine-tuning Global Model via Data-Free Knowledge
+  Distillation for Non-IID Federated Learning" (FedFTG), CVPR 2022, and its
+  code (github.com/ZhangLin-PKU/FedFTG).
+  Zhu et al., "Data-Free Knowledge Distillation for Heterogeneous Federated
+  Learning" (FedGen), ICML 2021 (the diversity loss).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.distill import ensemble
+from fedjax_dd.distill.ensemble import InputFn, TeacherVars
+
+PyTree = Any
+
+DISCREPANCIES = ("kl", "l1", "l1_logits")
+DIVERSITY_FORMS = ("fedgen", "euclidean")
+
+
+# ----------------------------------------------------------------------------
+# GLS and GWF (Eqs. 5–6).
+
+
+def teacher_mask(class_counts: jax.Array) -> jax.Array:
+  """``[K]`` True for the real teachers: those with any class count."""
+  return jnp.sum(jnp.asarray(class_counts, jnp.float32), axis=1) > 0
+
+
+def label_prior(class_counts: jax.Array) -> jax.Array:
+  """GLS (Eq. 5): ``p̂(y) ∝ Σ_k n_y^k``.
+
+  Args:
+    class_counts: ``[K, C]`` samples of class ``y`` behind teacher ``k``
+      (zero rows for padded teachers).
+
+  Returns:
+    ``[C]`` probabilities; uniform if every count is 0.
+  """
+  n = jnp.sum(jnp.asarray(class_counts, jnp.float32), axis=0)
+  total = jnp.sum(n)
+  uniform = jnp.full_like(n, 1.0 / n.shape[0])
+  return jnp.where(total > 0, n / jnp.maximum(total, 1e-30), uniform)
+
+
+def allocate_labels(p: jax.Array, batch_size: int) -> jax.Array:
+  """How many of ``batch_size`` labels each class gets: largest remainder.
+
+  Class ``c`` gets ``⌊p_c·B⌋`` labels, and the ``B − Σ_c ⌊p_c·B⌋`` left over
+  go one each to the classes with the largest fractional parts ``p_c·B −
+  ⌊p_c·B⌋`` (ties to the lower class index).
+
+  Args:
+    p: ``[C]`` probabilities (normalised here).
+    batch_size: ``B``.
+
+  Returns:
+    ``[C]`` int32 counts summing to ``B``.
+  """
+  p = jnp.asarray(p, jnp.float32)
+  p = p / jnp.sum(p)
+  quota = p * batch_size
+  base = jnp.floor(quota)
+  left = batch_size - jnp.sum(base)
+  order = jnp.argsort(-(quota - base), stable=True)
+  rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
+  return (base + (rank < left)).astype(jnp.int32)
+
+
+def sample_labels(key: jax.Array, p: jax.Array, batch_size: int) -> jax.Array:
+  """``B`` labels in exact proportion ``p`` (:func:`allocate_labels`), shuffled.
+
+  Args:
+    key: PRNG key of the shuffle.
+    p: ``[C]`` class probabilities.
+    batch_size: ``B``.
+
+  Returns:
+    ``[B]`` int32 labels.
+  """
+  counts = allocate_labels(p, batch_size)
+  labels = jnp.repeat(jnp.arange(counts.shape[0], dtype=jnp.int32), counts,
+                      total_repeat_length=batch_size)
+  return jax.random.permutation(key, labels)
+
+
+def class_weights(class_counts: jax.Array) -> jax.Array:
+  """GWF (Eq. 6): ``α_y^k = n_y^k / Σ_k' n_y^k'``.
+
+  Args:
+    class_counts: ``[K, C]``.
+
+  Returns:
+    ``[K, C]``; each column with any count sums to 1, a class nobody holds has
+    weight 0 for every teacher.
+  """
+  n = jnp.asarray(class_counts, jnp.float32)
+  col = jnp.sum(n, axis=0, keepdims=True)
+  return jnp.where(col > 0, n / jnp.maximum(col, 1e-30), 0.0)
+
+
+def equal_weights(class_counts: jax.Array) -> jax.Array:
+  """Ablation "−GWF": ``1/K`` for each of the ``K`` real teachers, every class.
+
+  Args:
+    class_counts: ``[K_max, C]``; a zero row marks a padded teacher.
+
+  Returns:
+    ``[K_max, C]``; zero rows for padded teachers.
+  """
+  mask = teacher_mask(class_counts).astype(jnp.float32)
+  w = mask / jnp.maximum(jnp.sum(mask), 1.0)
+  return jnp.broadcast_to(w[:, None], jnp.shape(class_counts)).astype(
+      jnp.float32)
+
+
+def sample_weights(alpha: jax.Array, y: jax.Array) -> jax.Array:
+  """``w [K, B]`` with ``w_ki = α_{y_i}^k`` for ``alpha [K, C]``, ``y [B]``."""
+  return alpha[:, y]
+
+
+# ----------------------------------------------------------------------------
+# Losses (Eqs. 8–12).
+
+
+def _weighted_mean(values: jax.Array, w: jax.Array) -> jax.Array:
+  """``mean_i Σ_k w_ki · v_ki``; zero-weight terms are selected away, not
+  multiplied, so a non-finite value there cannot leak in."""
+  return jnp.mean(jnp.sum(jnp.where(w != 0, w * values, 0.0), axis=0))
+
+
+def discrepancy_per_sample(teacher_logits: jax.Array,
+                           student_logits: jax.Array, discrepancy: str,
+                           temperature: float = 1.0) -> jax.Array:
+  """``D(σ(P_ki) ‖ σ(S_i))`` for every teacher and sample.
+
+  Args:
+    teacher_logits: ``P [K, B, C]``.
+    student_logits: ``S [B, C]``.
+    discrepancy: ``"kl"``: ``KL(σ(P/T) ‖ σ(S/T))·T²``; ``"l1"``:
+      ``Σ_c |σ(P/T)_c − σ(S/T)_c|``; ``"l1_logits"``: ``mean_c |P_c − S_c|``
+      (FedFTG's generator term; no temperature).
+    temperature: ``T``.
+
+  Returns:
+    ``[K, B]``.
+  """
+  if discrepancy == "kl":
+    return jax.vmap(ensemble.kl_per_sample, in_axes=(0, None, None))(
+        teacher_logits, student_logits, temperature)
+  if discrepancy == "l1":
+    pt = jax.nn.softmax(teacher_logits / temperature, axis=-1)
+    ps = jax.nn.softmax(student_logits / temperature, axis=-1)
+    return jnp.sum(jnp.abs(pt - ps[None]), axis=-1)
+  if discrepancy == "l1_logits":
+    return jnp.mean(jnp.abs(teacher_logits - student_logits[None]), axis=-1)
+  raise ValueError(f"discrepancy must be one of {DISCREPANCIES}, got "
+                   f"{discrepancy!r}.")
+
+
+def cluster_distillation_loss(teacher_logits: jax.Array,
+                              student_logits: jax.Array, w: jax.Array, *,
+                              discrepancy: str = "kl",
+                              temperature: float = 1.0) -> jax.Array:
+  """``L_cd = mean_i Σ_k w_ki · D(σ(P_ki) ‖ σ(S_i))`` (Eqs. 8–9).
+
+  Args:
+    teacher_logits: ``P [K, B, C]``.
+    student_logits: ``S [B, C]``.
+    w: ``[K, B]`` per-sample teacher weights (:func:`sample_weights`).
+    discrepancy: see :func:`discrepancy_per_sample`.
+    temperature: ``T``.
+
+  Returns:
+    A scalar.
+  """
+  d = discrepancy_per_sample(teacher_logits, student_logits, discrepancy,
+                             temperature)
+  return _weighted_mean(d, w)
+
+
+def cluster_fidelity_loss(teacher_logits: jax.Array, y: jax.Array,
+                          w: jax.Array) -> jax.Array:
+  """``L_cf = mean_i Σ_k w_ki · CE(P_ki, y_i)`` (Eqs. 10–11, ``α`` once).
+
+  Args:
+    teacher_logits: ``P [K, B, C]``.
+    y: ``[B]`` target labels.
+    w: ``[K, B]`` per-sample teacher weights.
+
+  Returns:
+    A scalar.
+  """
+  ce = jax.vmap(optax.softmax_cross_entropy_with_integer_labels,
+                in_axes=(0, None))(teacher_logits, y)
+  return _weighted_mean(ce, w)
+
+
+def _safe_sqrt(x: jax.Array) -> jax.Array:
+  # sqrt with a finite gradient at 0 (the i = j pairs).
+  return jnp.sqrt(jnp.maximum(x, 1e-20))
+
+
+def diversity_loss(z: jax.Array, x: jax.Array, form: str = "fedgen"
+                   ) -> jax.Array:
+  """``L_div = exp(−mean_{i,j} d_x(i, j) · d_z(i, j))`` over all ``B²`` pairs (Eq. 12).
+
+  Args:
+    z: noise ``[B, nz]``.
+    x: generated samples ``[B, ...]`` (flattened per sample).
+    form: ``"fedgen"``: ``d_x`` the mean absolute difference over the
+      features, ``d_z`` the mean squared difference over the noise dimensions
+      (FedGen's and FedFTG's ``DiversityLoss(metric='l1')``); ``"euclidean"``:
+      ``d_x = ‖x_i − x_j‖₂``, ``d_z = ‖z_i − z_j‖₂`` (Eq. 12 as printed).
+
+  Returns:
+    A scalar in ``(0, 1]``.
+  """
+  x = x.reshape((x.shape[0], -1))
+  dx = x[:, None, :] - x[None, :, :]
+  dz = z[:, None, :] - z[None, :, :]
+  if form == "fedgen":
+    prod = jnp.mean(jnp.abs(dx), -1) * jnp.mean(jnp.square(dz), -1)
+  elif form == "euclidean":
+    prod = (_safe_sqrt(jnp.sum(jnp.square(dx), -1)) *
+            _safe_sqrt(jnp.sum(jnp.square(dz), -1)))
+  else:
+    raise ValueError(f"form must be one of {DIVERSITY_FORMS}, got {form!r}.")
+  return jnp.exp(-jnp.mean(prod))
+
+
+# ----------------------------------------------------------------------------
+# State, hyper-parameters, the factory's result.
+
+
+@flax.struct.dataclass
+class IGAState:
+  """What persists across IGA rounds, checkpointed as one unit.
+
+  Attributes:
+    gen_params: generator parameters.
+    gen_stats: generator BatchNorm statistics.
+    key: root PRNG key; IGA round ``r`` draws from ``fold_in(key, r)``.
+    rounds: completed IGA rounds (the ``r`` above).
+  """
+  gen_params: PyTree
+  gen_stats: PyTree
+  key: jax.Array
+  rounds: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class IGAHyperParams:
+  """Hyper-parameters of :func:`make_iga` (FedFTG code / DisUE defaults).
+
+  Attributes:
+    iterations: ``I``, generator/student alternations per round [10].
+    generator_steps: generator steps per iteration [1; FedFTG makes one per
+      client, see the module docstring].
+    student_steps: student steps per iteration [5].
+    batch_size: samples per step [50].
+    generator_lr: Adam learning rate at round 0 [0.01].
+    student_lr: SGD learning rate at round 0 [0.1].
+    lr_decay: both learning rates are multiplied by ``lr_decay^t`` in round
+      ``t`` [0.998].
+    student_weight_decay: L2 coefficient added to the student's gradient
+      (PyTorch SGD ``weight_decay``) [1e-3].
+    beta_cf: ``β_cf`` [1]; 0 is the "−L_cf" ablation.
+    beta_div: ``β_div`` [1]; 0 is the "−L_div" ablation.
+    discrepancy: ``D`` of ``L_cd`` in the generator objective, one of
+      :data:`DISCREPANCIES` [``"kl"``, the paper's Eq. 9].
+    student_discrepancy: ``D`` of the student's ``L_cd``; ``None`` for
+      ``discrepancy``.
+    diversity: form of ``L_div``, one of :data:`DIVERSITY_FORMS`
+      [``"fedgen"``].
+    temperature: softmax temperature of ``"kl"`` / ``"l1"`` [1; the paper
+      and FedFTG have none].
+    use_gls: sample labels by :func:`label_prior` (else uniformly) [True].
+    use_gwf: weight teachers by :func:`class_weights` (else
+      :func:`equal_weights`) [True].
+    fresh_samples: new ``(z, y)`` for every generator and student step [True];
+      False reuses one ``(z, y)`` per iteration (FedFTG's code).
+  """
+  iterations: int = 10
+  generator_steps: int = 1
+  student_steps: int = 5
+  batch_size: int = 50
+  generator_lr: float = 0.01
+  student_lr: float = 0.1
+  lr_decay: float = 0.998
+  student_weight_decay: float = 1e-3
+  beta_cf: float = 1.0
+  beta_div: float = 1.0
+  discrepancy: str = "kl"
+  student_discrepancy: str | None = None
+  diversity: str = "fedgen"
+  temperature: float = 1.0
+  use_gls: bool = True
+  use_gwf: bool = True
+  fresh_samples: bool = True
+
+  def __post_init__(self):
+    for name in ("iterations", "generator_steps", "student_steps",
+                 "batch_size"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+    for name in ("generator_lr", "student_lr", "lr_decay", "temperature"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
+    for name in ("student_weight_decay", "beta_cf", "beta_div"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+    for name in ("discrepancy", "student_discrepancy"):
+      value = getattr(self, name)
+      if value is not None and value not in DISCREPANCIES:
+        raise ValueError(f"{name} must be one of {DISCREPANCIES}, got "
+                         f"{value!r}.")
+    if self.diversity not in DIVERSITY_FORMS:
+      raise ValueError(f"diversity must be one of {DIVERSITY_FORMS}, got "
+                       f"{self.diversity!r}.")
+
+  @property
+  def student_d(self) -> str:
+    return self.student_discrepancy or self.discrepancy
+
+
+class IGA(NamedTuple):
+  """The IGA loop as functions over pytrees.
+
+  Attributes:
+    init: ``(key, student_params, student_batch_stats) -> IGAState``: a fresh
+      generator (the student's variables only check that the generator's
+      samples fit the student).
+    round: ``(state, student_params, student_batch_stats, teacher_params
+      [K_max, ...], teacher_batch_stats [K_max, ...], class_counts [K_max, C],
+      t) -> (state, student_params, student_batch_stats, metrics)``: one
+      round of ``I`` iterations; ``t`` is the communication round of the
+      learning-rate decay.
+  """
+  init: Callable[..., IGAState]
+  round: Callable[..., tuple[IGAState, PyTree, PyTree, dict[str, jax.Array]]]
+
+
+# ----------------------------------------------------------------------------
+# The static parts of the loop and the values passed between its programs.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loop:
+  hp: IGAHyperParams
+  generator: nn.Module
+  student: Classifier
+  input_fn: InputFn
+  teachers: ensemble.TeacherFn
+  num_teachers_max: int
+
+  @property
+  def nz(self) -> int:
+    return ensemble.generator_nz(self.generator)
+
+  @property
+  def num_classes(self) -> int:
+    return self.student.num_classes
+
+  @property
+  def draws_per_iteration(self) -> int:
+    hp = self.hp
+    return hp.generator_steps + hp.student_steps if hp.fresh_samples else 1
+
+
+class _Draw(NamedTuple):
+  """A round's random inputs: slot ``(i, j)`` of iteration ``i``."""
+  z: jax.Array  # [I, J, B, nz]
+  y: jax.Array  # [I, J, B]
+
+
+class _Setup(NamedTuple):
+  """A round's constants."""
+  teacher_vars: TeacherVars  # padding replaced by the first real teacher.
+  alpha: jax.Array           # [K_max, C]
+  generator_lr: jax.Array    # ()
+  student_lr: jax.Array      # ()
+
+
+class _GenCarry(NamedTuple):
+  params: PyTree
+  stats: PyTree
+  adam: PyTree
+
+
+_ADAM = optax.scale_by_adam()  # PyTorch Adam defaults: (0.9, 0.999), 1e-8.
+
+
+def _init_state(loop: _Loop, key: jax.Array, student_params: PyTree,
+                student_batch_stats: PyTree) -> IGAState:
+  init_key, run_key = jax.random.split(key)
+  gp, gs = ensemble.init_generator(loop.generator, init_key)
+  z = jnp.zeros((2, loop.nz), jnp.float32)
+  y = jnp.zeros((2,), jnp.int32)
+  # Fails early if the generator's samples do not fit the student.
+  jax.eval_shape(
+      lambda: loop.student.apply(
+          student_params, student_batch_stats,
+          loop.input_fn(ensemble.apply_generator(loop.generator, gp, gs, z, y,
+                                                 False)[0]), train=False))
+  return IGAState(gen_params=gp, gen_stats=gs, key=run_key,
+                  rounds=jnp.zeros((), jnp.int32))
+
+
+def _draw(loop: _Loop, key: jax.Array, rounds: jax.Array,
+          class_counts: jax.Array) -> _Draw:
+  hp = loop.hp
+  c = loop.num_classes
+  p = (label_prior(class_counts) if hp.use_gls
+       else jnp.full((c,), 1.0 / c, jnp.float32))
+  kz, ky = jax.random.split(jax.random.fold_in(key, rounds))
+  n = (hp.iterations, loop.draws_per_iteration)
+  z = jax.random.normal(kz, (*n, hp.batch_size, loop.nz), jnp.float32)
+  keys = jax.random.split(ky, n[0] * n[1])
+  y = jax.vmap(lambda k: sample_labels(k, p, hp.batch_size))(keys)
+  return _Draw(z=z, y=y.reshape((*n, hp.batch_size)))
+
+
+def _fill_padding(tree: PyTree, mask: jax.Array) -> PyTree:
+  """Replaces the padded entries of a ``[K_max, ...]`` stack by the first real one."""
+  first = jnp.argmax(mask)
+
+  def fill(a):
+    m = mask.reshape((-1,) + (1,) * (a.ndim - 1))
+    return jnp.where(m, a, a[first][None])
+
+  return jax.tree_util.tree_map(fill, tree)
+
+
+def _setup(loop: _Loop, gen_params: PyTree, teacher_params: PyTree,
+           teacher_batch_stats: PyTree, class_counts: jax.Array,
+           t: jax.Array) -> tuple[_Setup, PyTree]:
+  hp = loop.hp
+  mask = teacher_mask(class_counts)
+  alpha = class_weights(class_counts) if hp.use_gwf else equal_weights(
+      class_counts)
+  tv = ((_fill_padding(teacher_params, mask),
+         _fill_padding(teacher_batch_stats, mask)),)
+  decay = jnp.power(jnp.float32(hp.lr_decay), t)
+  setup = _Setup(teacher_vars=tv, alpha=alpha,
+                 generator_lr=jnp.float32(hp.generator_lr) * decay,
+                 student_lr=jnp.float32(hp.student_lr) * decay)
+  return setup, _ADAM.init(gen_params)
+
+
+def _ensemble_accuracy(t_logits: jax.Array, w: jax.Array,
+                       y: jax.Array) -> jax.Array:
+  q = jnp.sum(jnp.where(w[..., None] != 0,
+                        w[..., None] * jax.nn.softmax(t_logits, -1), 0.0), 0)
+  return jnp.mean((jnp.argmax(q, -1) == y).astype(jnp.float32))
+
+
+def _generator_loss(loop: _Loop, gen_params: PyTree, gen_stats: PyTree,
+                    student_params: PyTree, student_batch_stats: PyTree,
+                    setup: _Setup, z: jax.Array, y: jax.Array):
+  hp = loop.hp
+  x, new_stats = ensemble.apply_generator(loop.generator, gen_params,
+                                          gen_stats, z, y, True)
+  t_logits, _ = loop.teachers(setup.teacher_vars, x)
+  s_logits, _ = loop.student.apply(student_params, student_batch_stats,
+                                   loop.input_fn(x), train=False)
+  w = sample_weights(setup.alpha, y)
+  cd = cluster_distillation_loss(t_logits, s_logits, w,
+                                 discrepancy=hp.discrepancy,
+                                 temperature=hp.temperature)
+  cf = cluster_fidelity_loss(t_logits, y, w)
+  div = diversity_loss(z, x, hp.diversity)
+  loss = hp.beta_cf * cf + hp.beta_div * div - cd
+  return loss, (new_stats, {"gen_loss": loss, "gen_cd": cd, "gen_cf": cf,
+                            "gen_div": div,
+                            "ensemble_accuracy": _ensemble_accuracy(
+                                t_logits, w, y)})
+
+
+def _generator_step(loop: _Loop, carry: _GenCarry, student_params: PyTree,
+                    student_batch_stats: PyTree, setup: _Setup, draw: _Draw,
+                    i: jax.Array, j: jax.Array
+                    ) -> tuple[_GenCarry, dict[str, jax.Array]]:
+  """One Adam step of the generator on slot ``(i, j)`` of the draw."""
+  z, y = draw.z[i, j], draw.y[i, j]
+  grads, (stats, metrics) = jax.grad(
+      functools.partial(_generator_loss, loop), has_aux=True)(
+          carry.params, carry.stats, student_params, student_batch_stats,
+          setup, z, y)
+  updates, adam = _ADAM.update(grads, carry.adam)
+  params = jax.tree_util.tree_map(lambda p, u: p - setup.generator_lr * u,
+                                  carry.params, updates)
+  return _GenCarry(params=params, stats=stats, adam=adam), metrics
+
+
+def _student_step(loop: _Loop, student_params: PyTree,
+                  student_batch_stats: PyTree, gen_params: PyTree,
+                  gen_stats: PyTree, setup: _Setup, draw: _Draw, i: jax.Array,
+                  j: jax.Array):
+  """One SGD step of the student on ``L_cd`` over slot ``(i, j)``'s samples.
+
+  Returns:
+    ``(student_params, student_batch_stats, metrics)``.
+  """
+  hp = loop.hp
+  z, y = draw.z[i, j], draw.y[i, j]
+  x, _ = ensemble.apply_generator(loop.generator, gen_params, gen_stats, z, y,
+                                  False)
+  x = jax.lax.stop_gradient(x)
+  t_logits = jax.lax.stop_gradient(loop.teachers(setup.teacher_vars, x)[0])
+  w = sample_weights(setup.alpha, y)
+
+  def objective(params):
+    s_logits, new_stats = loop.student.apply(params, student_batch_stats,
+                                             loop.input_fn(x), train=True)
+    cd = cluster_distillation_loss(t_logits, s_logits, w,
+                                   discrepancy=hp.student_d,
+                                   temperature=hp.temperature)
+    return cd, new_stats
+
+  (cd, new_stats), grads = jax.value_and_grad(objective, has_aux=True)(
+      student_params)
+  wd, lr = hp.student_weight_decay, setup.student_lr
+  params = jax.tree_util.tree_map(lambda p, g: p - lr * (g + wd * p),
+                                  student_params, grads)
+  return params, new_stats, {"student_cd": cd}
+
+
+class _Programs(NamedTuple):
+  draw: Callable[..., _Draw]
+  setup: Callable[..., tuple[_Setup, PyTree]]
+  generator_step: Callable[..., tuple[_GenCarry, dict[str, jax.Array]]]
+  student_step: Callable[..., Any]
+
+
+def _round(loop: _Loop, programs: _Programs, state: IGAState,
+           student_params: PyTree, student_batch_stats: PyTree,
+           teacher_params: PyTree, teacher_batch_stats: PyTree,
+           class_counts: jax.Array, t: Any):
+  hp = loop.hp
+  k_max, c = loop.num_teachers_max, loop.num_classes
+  if tuple(jnp.shape(class_counts)) != (k_max, c):
+    raise ValueError(f"class_counts must be [K_max={k_max}, C={c}], got "
+                     f"{jnp.shape(class_counts)}.")
+  for leaf in jax.tree_util.tree_leaves((teacher_params, teacher_batch_stats)):
+    if leaf.shape[:1] != (k_max,):
+      raise ValueError(f"Teacher variables must be stacked [K_max={k_max}, "
+                       f"...]; got a leaf of shape {leaf.shape}.")
+  class_counts = jnp.asarray(class_counts, jnp.float32)
+  t = jnp.asarray(t, jnp.float32)
+  draw = programs.draw(state.key, state.rounds, class_counts)
+  setup, adam = programs.setup(state.gen_params, teacher_params,
+                               teacher_batch_stats, class_counts, t)
+  carry = _GenCarry(params=state.gen_params, stats=state.gen_stats, adam=adam)
+  sp, ss = student_params, student_batch_stats
+  gen_ms, stu_ms = [], []
+  for i in range(hp.iterations):
+    for g in range(hp.generator_steps):
+      j = g if hp.fresh_samples else 0
+      carry, m = programs.generator_step(carry, sp, ss, setup, draw, i, j)
+      gen_ms.append(m)
+    for s in range(hp.student_steps):
+      j = hp.generator_steps + s if hp.fresh_samples else 0
+      sp, ss, m = programs.student_step(sp, ss, carry.params, carry.stats,
+                                        setup, draw, i, j)
+      stu_ms.append(m)
+  metrics = {k: jnp.mean(jnp.stack([m[k] for m in ms]))
+             for ms in (gen_ms, stu_ms) for k in ms[0]}
+  metrics["num_teachers"] = jnp.sum(teacher_mask(class_counts))
+  new_state = state.replace(gen_params=carry.params, gen_stats=carry.stats,
+                            rounds=state.rounds + 1)
+  return new_state, sp, ss, metrics
+
+
+def make_iga(student: Classifier, generator: nn.Module, *,
+             num_teachers_max: int,
+             hparams: IGAHyperParams = IGAHyperParams(),
+             input_fn: InputFn | None = None,
+             mapper: ClientMapper = ClientMapper()) -> IGA:
+  """Builds DisUE's inter-group aggregation (FedFTG's server fine-tuning).
+
+  Args:
+    student: the global model; the teachers share its architecture.
+    generator: a conditional Flax generator (``conditional=True``) called as
+      ``generator.apply(vars, z, y, train=)``, e.g.
+      :class:`fedjax_dd.models.cgenerator.CGeneratorA`.
+    num_teachers_max: ``K_max``, the length of the stacked teacher axis
+      (e.g. the cohort size); fewer real teachers are padded with zero count
+      rows.
+    hparams: schedule, loss weights and ablations.
+    input_fn: maps generator images in ``[0, 1]`` to the classifiers' input;
+      not applied to (and not needed for) a generator with ``output_space =
+      "normalised"`` (:func:`ensemble.generator_input_fn`).
+    mapper: how the stacked teachers are batched.
+
+  Returns:
+    An :class:`IGA`.
+
+  Raises:
+    ValueError: for an unconditional generator, ``num_teachers_max < 1``,
+      or a ``"unit"`` generator without ``input_fn``.
+  """
+  if not ensemble.is_conditional(generator):
+    raise ValueError("IGA needs a conditional generator (conditional=True).")
+  gen_classes = getattr(generator, "num_classes", student.num_classes)
+  if gen_classes != student.num_classes:
+    raise ValueError(f"The generator has {gen_classes} classes, the student "
+                     f"{student.num_classes}.")
+  if num_teachers_max < 1:
+    raise ValueError(f"num_teachers_max must be >= 1, got "
+                     f"{num_teachers_max}.")
+  fn = ensemble.generator_input_fn(generator, input_fn)
+  group = ensemble.TeacherGroup(student, fn, tuple(range(num_teachers_max)))
+  loop = _Loop(hp=hparams, generator=generator, student=student, input_fn=fn,
+               teachers=ensemble.make_teacher_fn((group,), mapper),
+               num_teachers_max=num_teachers_max)
+  programs = _Programs(
+      draw=jax.jit(functools.partial(_draw, loop)),
+      setup=jax.jit(functools.partial(_setup, loop)),
+      generator_step=jax.jit(functools.partial(_generator_step, loop)),
+      student_step=jax.jit(functools.partial(_student_step, loop)))
+  return IGA(init=functools.partial(_init_state, loop),
+             round=functools.partial(_round, loop, programs))
