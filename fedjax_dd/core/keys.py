@@ -43,6 +43,7 @@ class Stage(enum.IntEnum):
   PRETRAIN = 1       # HFLDD's soft-label pre-training; FedD3's distillation.
   DISTILL = 2        # HFLDD members' KIP.
   ROUNDS = 3         # HFLDD / FedSeq rounds (the run key).
+  GENERATOR = 4      # IGA's conditional generator (DisUE, FedFTG).
 
 
 # FedD3 has always keyed its client distillation with stage 1.
@@ -120,6 +121,13 @@ def server_parts(server_key_: jax.Array) -> tuple[jax.Array, jax.Array]:
 def stage_key(root: jax.Array, stage: Stage) -> jax.Array:
   """The key of a one-off stage."""
   return jax.random.fold_in(root, int(stage))
+
+
+def numpy_from_key(key: jax.Array) -> np.random.Generator:
+  """A NumPy generator seeded by a JAX key's bits (host-side stages of a
+  round, e.g. Affinity Propagation's tie-breaking)."""
+  bits = np.asarray(jax.random.key_data(key)).ravel()
+  return np.random.default_rng([int(b) for b in bits])
 
 
 def numpy_stream(seed: int, stream: Stream | None = None) -> np.random.Generator:

@@ -1,0 +1,201 @@
+"""Clustered FL with data-free inter-group distillation (DisUE's round).
+
+One round on the sampled cohort of ``S`` clients (DisUE, Leng et al.,
+Algorithm 1):
+
+1. **L-phase.** Every client trains from the global model ``ω_G`` (one mapped
+   program through :mod:`fedjax_dd.core.clients`).
+2. **Grouping** (host). A :data:`Grouping` splits the cohort into ``K``
+   groups: DisUE's Affinity Propagation on update similarity
+   (:func:`fedjax_dd.algorithms.disue.affinity_grouping`, Eqs. 3–4), every
+   client on its own (FedFTG, :func:`singletons`), or any other clustering
+   (paper Tab. 2) with the same signature.
+3. **Intra-group aggregation** (Eq. 2). ``ω_{C_k}`` is the sample-weighted
+   FedAvg inside group ``k``: one segment-weighted mean on the device over a
+   static ``S`` segments, so nothing recompiles when ``K`` changes.
+4. **G-phase.** ``ω_G`` is the FedAvg of the group models weighted by their
+   sample counts, which equals the FedAvg of the cohort.
+5. **IGA** (Eqs. 5–13, optional). The group models, padded to ``S`` with
+   zero class counts, teach ``ω_G`` through a persistent conditional
+   generator (:mod:`fedjax_dd.distill.iga`). Without it (ablation "−IGA")
+   ``ω_G`` stays the FedAvg of step 4.
+
+Clients report their class counts once, the first time they are sampled
+(GLS and GWF need them; ``traffic/upload/class_counts`` in the ledger);
+a grouping may report its own traffic (e.g. secure-similarity ciphertexts).
+The server state's ``extra`` holds the round counter ``t`` of the
+learning-rate decays, the last group of every client (``-1``: never
+sampled), which clients reported their counts, and the IGA state (the
+generator), so a checkpoint of the :class:`~fedjax_dd.core.algorithm.
+ExperimentState` resumes the run bit-identically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_dd.algorithms import stages
+from fedjax_dd.core import aggregate
+from fedjax_dd.core import keys as keys_lib
+from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
+                                      ServerState)
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.rounds import TRAFFIC_PREFIX
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.distill.iga import IGA
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Groups:
+  """A partition of the cohort (host values).
+
+  Attributes:
+    labels: ``[S]`` int32 group of each cohort client, in ``0..K-1``.
+    num_groups: ``K``.
+    converged: the clustering converged (a fallback was not needed).
+    traffic: ``{(kind, tag): bits}`` the grouping sent this round.
+  """
+  labels: np.ndarray
+  num_groups: int
+  converged: bool = True
+  traffic: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+
+
+# (client_params [S, ...], global_params, num_examples [S], rng) -> Groups.
+Grouping = Callable[[PyTree, PyTree, jax.Array, np.random.Generator], Groups]
+
+
+def singletons(client_params: PyTree, global_params: PyTree,
+               num_examples: jax.Array, rng: np.random.Generator) -> Groups:
+  """Every client is its own group (FedFTG: the clients are the teachers)."""
+  del client_params, global_params, rng
+  s = int(np.shape(num_examples)[0])
+  return Groups(labels=np.arange(s, dtype=np.int32), num_groups=s)
+
+
+def one_group(client_params: PyTree, global_params: PyTree,
+              num_examples: jax.Array, rng: np.random.Generator) -> Groups:
+  """The whole cohort is one group (its FedAvg is the only teacher)."""
+  del client_params, global_params, rng
+  s = int(np.shape(num_examples)[0])
+  return Groups(labels=np.zeros(s, np.int32), num_groups=1)
+
+
+def _class_counts(cohort: Cohort, num_classes: int) -> jax.Array:
+  """``[S, C]`` int32 examples per class of each client (padding excluded)."""
+  valid = jnp.arange(cohort.y.shape[1])[None, :] < cohort.num_examples[:, None]
+  one_hot = jax.nn.one_hot(cohort.y, num_classes, dtype=jnp.int32)
+  return jnp.sum(one_hot * valid[..., None].astype(jnp.int32), axis=1)
+
+
+def clustered_distillation(
+    task: Classifier,
+    client_optimizer: optax.GradientTransformation,
+    *,
+    batch_size: int,
+    max_steps: int,
+    grouping: Grouping,
+    iga: IGA | None,
+    generator_key: jax.Array | None = None,
+    mapper: ClientMapper = ClientMapper(),
+    augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    bits_per_count: int = 32,
+) -> FederatedAlgorithm:
+  """Builds the clustered-FL round with optional IGA (see module doc).
+
+  Args:
+    task: the classifier every client trains and the server distils into.
+    client_optimizer: the local optimiser, re-initialised every round.
+    batch_size: local batch size.
+    max_steps: static local scan length (the cohort's largest step count).
+    grouping: how the cohort is split into groups (host side).
+    iga: the inter-group distillation (:func:`fedjax_dd.distill.iga.
+      make_iga` with ``num_teachers_max`` = the cohort size), or ``None``
+      for FedAvg of the groups.
+    generator_key: key of the generator's initialisation (required with
+      ``iga``).
+    mapper: the client-axis backend.
+    augment: ``(key, x [B, H, W, Ch] uint8) -> x`` applied to every local
+      batch (e.g. flips and crops), or ``None``.
+    bits_per_count: bits of one reported class count in the ledger.
+
+  Returns:
+    A :class:`~fedjax_dd.core.algorithm.FederatedAlgorithm` (one model down
+    and one up per sampled client; class counts and the grouping's traffic
+    as ``traffic/`` metrics).
+
+  Raises:
+    ValueError: ``iga`` without ``generator_key``.
+  """
+  if iga is not None and generator_key is None:
+    raise ValueError("IGA needs generator_key to initialise its generator.")
+  local_kwargs = {} if augment is None else {"augment": augment}
+  local = make_local_update(task, client_optimizer, batch_size=batch_size,
+                            max_steps=max_steps, **local_kwargs)
+  train = stages.client_stage(local, mapper)
+  num_classes = task.num_classes
+
+  @jax.jit
+  def group_models(params, batch_stats, labels, weights, counts):
+    # Segments are the cohort's positions: a static S whatever K is.
+    s = weights.shape[0]
+    gp, gw = aggregate.segment_weighted_mean(params, labels, weights, s)
+    gs, _ = aggregate.segment_weighted_mean(batch_stats, labels, weights, s)
+    group_counts = jax.ops.segment_sum(counts, labels, num_segments=s)
+    return gp, gs, gw, group_counts
+
+  @jax.jit
+  def fedavg_of_groups(gp, gs, gw):
+    return stages.weighted_mean(gp, gw), stages.weighted_mean(gs, gw)
+
+  def init(params, batch_stats, num_clients):
+    extra = {"round": jnp.zeros((), jnp.int32),
+             "groups": jnp.full((num_clients,), -1, jnp.int32),
+             "reported": jnp.zeros((num_clients,), bool)}
+    if iga is not None:
+      extra["iga"] = iga.init(generator_key, params, batch_stats)
+    return ServerState(params, batch_stats, {}, extra), {}
+
+  def apply(server, clients, cohort, key):
+    t = server.extra["round"]
+    keys = keys_lib.client_keys(key, cohort.client_ids)
+    no_ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
+    result = train(server.params, server.batch_stats, server.params, cohort,
+                   keys, no_ctx)
+    weights = cohort.num_examples
+    rng = keys_lib.numpy_from_key(keys_lib.server_key(key))
+    groups = grouping(result.params, server.params, weights, rng)
+    labels = jnp.asarray(groups.labels, jnp.int32)
+    counts = _class_counts(cohort, num_classes)
+    gp, gs, gw, group_counts = group_models(result.params, result.batch_stats,
+                                            labels, weights, counts)
+    params, batch_stats = fedavg_of_groups(gp, gs, gw)
+    extra = dict(server.extra)
+    metrics = stages.cohort_metrics(result, weights)
+    if iga is not None:
+      extra["iga"], params, batch_stats, iga_metrics = iga.round(
+          server.extra["iga"], params, batch_stats, gp, gs, group_counts, t)
+      metrics.update({f"iga_{k}": v for k, v in iga_metrics.items()})
+    new_reports = jnp.sum(~server.extra["reported"][cohort.client_ids])
+    extra["reported"] = server.extra["reported"].at[cohort.client_ids].set(True)
+    extra["groups"] = server.extra["groups"].at[cohort.client_ids].set(labels)
+    extra["round"] = t + 1
+    metrics["num_clusters"] = groups.num_groups
+    metrics["clustering_converged"] = int(groups.converged)
+    metrics[f"{TRAFFIC_PREFIX}upload/class_counts"] = (
+        new_reports * num_classes * bits_per_count)
+    for (kind, tag), bits in groups.traffic.items():
+      metrics[f"{TRAFFIC_PREFIX}{kind}/{tag}"] = int(bits)
+    server = ServerState(params, batch_stats, server.opt_state, extra)
+    return server, clients, metrics
+
+  return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec())
