@@ -10,12 +10,13 @@ privacy-preserving computing in big data era", IEEE Network 28(4):46-50,
 
 Source followed
 ---------------
-The IEEE Network article itself was not available to us. We followed its
-protocol as implemented step by step in a public Java demonstration titled
-"An Efficient and Privacy-Preserving Cosine Similarity Computing Protocol"
-(class ``PPCGUI``, security parameters ``k1..k4``; found through a code
-search of public GitHub sources), which matches the published outline of a
-random-masking scheme with large primes ``p``, ``α`` and secret ``s``.
+The IEEE Network article itself was not available to us (its abstract
+announces "an efficient and privacy-preserving cosine similarity computing
+protocol"). We followed the protocol as implemented step by step in a public
+Java demonstration program on GitHub titled "An Efficient and
+Privacy-Preserving Cosine Similarity Computing Protocol" (class ``PPCGUI``,
+security parameters ``k1..k4``), which matches the published outline: a
+random-masking scheme with large primes ``p``, ``α`` and a secret ``s``.
 For vectors ``a`` (Alice) and ``b`` (Bob) of length ``n``, both extended by
 two zeros (``a_{n+1} = a_{n+2} = b_{n+1} = b_{n+2} = 0``):
 
@@ -77,10 +78,11 @@ Parties are honest-but-curious (they follow the protocol). What each learns:
 
 Caveat (ours): the masking is not semantically secure. Every ``x_i = s^{-1}
 C_i mod p = a_i α + c_i`` is below about ``2^{k2+f+1}``, while correctness
-needs ``p > α² · 2^{2f}``, so ``x_1 x_2 < p``: ``(x_1, x_2)`` is then the
-shortest vector of the 2-D lattice ``{(u, w): C_1 w ≡ C_2 u (mod p)}`` and
-Gauss reduction of two ciphertexts gives ``s``, hence all of ``a``, to Bob
-(``tests/cluster/test_pcsc.py`` demonstrates it). Any parameters that keep
+needs ``p > 2 α² n 2^{2f}``, so ``x_1 x_2 < p``: ``(x_1, x_2)`` (divided
+by its gcd) is then, with overwhelming probability, the shortest vector of
+the 2-D lattice ``{(u, w): C_1 w ≡ C_2 u (mod p)}`` of determinant ``p``,
+and Gauss reduction of two ciphertexts gives ``s``, hence all of ``a``, to
+Bob (``tests/cluster/test_pcsc.py`` does it for the default parameters). Any parameters that keep
 the protocol correct allow this, so use this module to reproduce the
 paper's pipeline and to count its traffic, not as a privacy guarantee.
 
@@ -200,7 +202,9 @@ class PCSCParams:
     ``upload = T + cosine_bits`` (``u`` sends ``(α, p, C)``, ``v`` sends
     ``D``, ``u`` reports the cosine), ``download = T`` (the server forwards
     ``(α, p, C)`` to ``v`` and ``D`` to ``u``), ``T`` =
-    :meth:`transcript_bits`.
+    :meth:`transcript_bits`. A round's ``M`` pairs go to the ledger as
+    ``ledger.record(r, kind="upload", bits=up, count=M, tag="pcsc")`` and
+    the same with ``"download"``.
     """
     t = self.transcript_bits(n)
     return {"upload": t + self.cosine_bits, "download": t}
