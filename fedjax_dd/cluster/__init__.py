@@ -1,0 +1,47 @@
+"""DisUE's clustering stages (Leng et al., Sec. 4.1 and 4.3).
+
+* :mod:`~fedjax_dd.cluster.similarity` (device): update vectors and their
+  cosine matrix, Eq. 3.
+* :mod:`~fedjax_dd.cluster.affinity` (host, scikit-learn): affinity
+  propagation on the cosine matrix, Eq. 4.
+* :mod:`~fedjax_dd.cluster.pcsc` (host, exact integers): the PCSC protocol
+  of the secure similarity computation, Sec. 4.3.
+
+The cluster models themselves (Eq. 2) are
+:func:`fedjax_dd.core.aggregate.segment_weighted_mean`.
+
+Names load on first use, so importing the package imports neither JAX nor
+scikit-learn.
+"""
+
+import importlib
+from typing import Any
+
+_API: dict[str, str] = {
+    "flatten_params": "similarity",
+    "update_vectors": "similarity",
+    "cosine_matrix": "similarity",
+    "update_similarity": "similarity",
+    "Clusters": "affinity",
+    "affinity_propagation": "affinity",
+    "PCSCParams": "pcsc",
+    "pcsc_cosine": "pcsc",
+    "pcsc_similarity_matrix": "pcsc",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+  """Loads a public name on first use (PEP 562)."""
+  if name not in _API:
+    raise AttributeError(
+        f"module 'fedjax_dd.cluster' has no attribute {name!r}")
+  value = getattr(importlib.import_module(f"fedjax_dd.cluster.{_API[name]}"),
+                  name)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_API))
