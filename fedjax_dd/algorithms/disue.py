@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import math
+
 import jax
 import numpy as np
 import optax
@@ -54,8 +56,11 @@ def affinity_grouping(*, similarity: str = "delta", protocol: str = "plain",
     similarity: ``"delta"`` (updates ``ω_u − ω_G``) or ``"raw"``
       (parameters ``ω_u``); parameters only, never BatchNorm statistics.
     protocol: ``"plain"`` (the server computes the cosines from the uploaded
-      models, one device matmul) or ``"pcsc"`` (the secure protocol; its
-      ciphertexts go to the ledger as ``traffic/peer/pcsc``).
+      models, one device matmul) or ``"pcsc"`` (the protocol of Sec. 4.3,
+      relayed by the server; its ciphertexts go to the ledger under the tag
+      ``pcsc``). PCSC hides nothing from the server, which learns ``Sim``
+      anyway, and leaks the key holder's update to its partner (see
+      :mod:`fedjax_dd.cluster.pcsc`); it is here to measure its cost.
     damping: AP damping in ``[0.5, 1)``.
     preference: AP preference; ``None`` is the median similarity.
 
@@ -80,8 +85,13 @@ def affinity_grouping(*, similarity: str = "delta", protocol: str = "plain",
     else:
       vectors = np.asarray(jax.device_get(similarity_lib.update_vectors(
           client_params, global_params, mode=similarity)))
-      sim, _, bits = pcsc.pcsc_similarity_matrix(vectors, rng=rng)
-      traffic[("peer", "pcsc")] = int(bits)
+      sim, _, _ = pcsc.pcsc_similarity_matrix(vectors, rng=rng)
+      # Every pair runs through the server (pcsc module doc): its relayed
+      # ciphertexts count as uploads and downloads.
+      pairs = math.comb(vectors.shape[0], 2)
+      pair_bits = pcsc.PCSCParams().relayed_pair_bits(vectors.shape[1])
+      for kind in ("upload", "download"):
+        traffic[(kind, "pcsc")] = pairs * pair_bits[kind]
     clusters = affinity.affinity_propagation(sim, rng=rng, damping=damping,
                                              preference=preference)
     return Groups(labels=np.asarray(clusters.labels, np.int32),

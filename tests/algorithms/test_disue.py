@@ -1,0 +1,189 @@
+"""DisUE, FedFTG and data-free FedDF: the clustered round with IGA."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dd.algorithms import clustered
+from fedjax_dd.algorithms.disue import affinity_grouping, disue
+from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
+from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import rounds as rounds_lib
+from fedjax_dd.core.algorithm import ExperimentState
+from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.local import steps_for
+from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill import iga as iga_lib
+from fedjax_dd.models.cgenerator import CGeneratorA
+from tests.conftest import tiny_task
+
+GEN = CGeneratorA(out_shape=(4, 4, 1), nz=4, ngf=4, num_classes=3)
+HP = iga_lib.IGAHyperParams(iterations=2, generator_steps=1, student_steps=2,
+                            batch_size=8, student_lr=0.2)
+COHORT = 4
+
+
+def _data(num_clients=6, n=10, seed=0):
+  """Two kinds of client: classes {0, 1} (even ids) and class 2 (odd)."""
+  rng = np.random.default_rng(seed)
+  x = np.zeros((num_clients, n, 4, 4, 1), np.uint8)
+  y = np.zeros((num_clients, n), np.int32)
+  for c in range(num_clients):
+    labels = rng.integers(0, 2, n) if c % 2 == 0 else np.full(n, 2)
+    imgs = rng.integers(0, 60, (n, 4, 4, 1))
+    imgs[np.arange(n), labels, 0, 0] += 180
+    x[c], y[c] = imgs, labels
+  return ClientData(x=x, y=y, num_examples=np.full(num_clients, n, np.int32))
+
+
+def _state(algorithm, task, num_clients):
+  params, stats = task.init(jax.random.PRNGKey(0))
+  server, clients = algorithm.init(params, stats, num_clients)
+  return ExperimentState(server, clients, jax.random.PRNGKey(1),
+                         jnp.asarray(0, jnp.int32))
+
+
+def _disue(task, *, grouping=None, use_iga=True, hparams=HP):
+  num_steps = steps_for(jnp.full((6,), 10), 5, epochs=1)
+  loop = (iga_lib.make_iga(task, GEN, hparams=hparams,
+                           num_teachers_max=COHORT) if use_iga else None)
+  alg = disue(task, optax.sgd(0.1), batch_size=5,
+              max_steps=int(jnp.max(num_steps)), iga=loop,
+              generator_key=jax.random.PRNGKey(5), grouping=grouping)
+  return alg, num_steps
+
+
+def _run(alg, task, rounds=2, store=None, state=None):
+  data = jax.device_put(_data())
+  num_steps = steps_for(data.num_examples, 5, epochs=1)
+  state = state if state is not None else _state(alg, task, 6)
+  opts = rounds_lib.RoundsOptions(num_rounds=rounds, clients_per_round=COHORT,
+                                  progress=False, checkpoint_every=1)
+  return rounds_lib.run_rounds(alg, state, data, num_steps, opts, store=store)
+
+
+def test_disue_round_shapes_metrics_and_ledger():
+  task = tiny_task(bn=True)
+  alg, _ = _disue(task)
+  state, ledger, rows = _run(alg, task)
+  assert int(state.server.extra["round"]) == 2
+  for row in rows:
+    assert 1 <= row["num_clusters"] <= COHORT
+    assert row["clustering_converged"] in (0, 1)
+    for k in ("train_loss", "iga_gen_loss", "iga_student_cd"):
+      assert np.isfinite(row[k]), k
+  groups = np.asarray(state.server.extra["groups"])
+  assert groups.shape == (6,) and groups.max() < COHORT
+  assert all(np.isfinite(np.asarray(a)).all()
+             for a in jax.tree_util.tree_leaves(state.server.params))
+  # Class counts: 3 int32 per client, the first time it is sampled.
+  reported = int(np.asarray(state.server.extra["reported"]).sum())
+  tags = ledger.tag_totals()
+  assert tags["class_counts"]["bytes_total"] * 8 == reported * 3 * 32
+  n_params = ledger_lib.num_params(state.server.params)
+  assert tags["model"]["bytes_total"] * 8 == (2 * 2 - 1) * COHORT * n_params * 32
+
+
+def test_affinity_grouping_separates_two_kinds_of_update():
+  task = tiny_task()
+  params, _ = task.init(jax.random.PRNGKey(0))
+  # Updates of clients 0, 2 point one way, of 1, 3 the other way.
+  signs = jnp.array([1.0, -1.0, 1.0, -1.0])
+  noise = jax.random.normal(jax.random.PRNGKey(1), (4,))
+  stacked = jax.tree_util.tree_map(
+      lambda p: p[None] + (signs + 0.05 * noise).reshape(
+          (4,) + (1,) * p.ndim) * jnp.ones_like(p)[None], params)
+  rng = np.random.default_rng(0)
+  for protocol in ("plain", "pcsc"):
+    g = affinity_grouping(protocol=protocol)(stacked, params, jnp.ones(4), rng)
+    assert g.num_groups == 2 and g.converged
+    assert g.labels[0] == g.labels[2] != g.labels[1] == g.labels[3]
+  assert set(g.traffic) == {("upload", "pcsc"), ("download", "pcsc")}
+  assert g.traffic[("upload", "pcsc")] > g.traffic[("download", "pcsc")] > 0
+  with pytest.raises(ValueError, match="protocol"):
+    affinity_grouping(protocol="paillier")
+  with pytest.raises(ValueError, match="similarity"):
+    affinity_grouping(similarity="grad")
+
+
+def test_without_iga_the_global_model_is_the_cohorts_fedavg():
+  # Groups of FedAvg models weighted by their sizes give FedAvg: the same
+  # model whatever the grouping.
+  task = tiny_task(bn=True)
+  finals = []
+  for grouping in (clustered.singletons, clustered.one_group, None):
+    alg, _ = _disue(task, grouping=grouping, use_iga=False)
+    state, _, _ = _run(alg, task, rounds=1)
+    finals.append(state.server.params)
+  for other in finals[1:]:
+    for a, b in zip(jax.tree_util.tree_leaves(finals[0]),
+                    jax.tree_util.tree_leaves(other)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_no_recompilation_when_k_changes(caplog):
+  task = tiny_task(bn=True)
+  calls = []
+
+  def varying(client_params, global_params, num_examples, rng):
+    # K = 1, 2, 4 in successive rounds.
+    k = (1, 2, 4)[len(calls) % 3]
+    calls.append(k)
+    return clustered.Groups(labels=np.arange(COHORT, dtype=np.int32) % k,
+                            num_groups=k)
+
+  alg, _ = _disue(task, grouping=varying)
+  state, _, rows = _run(alg, task, rounds=1)
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles(True):
+    _, _, rows = _run(alg, task, rounds=3, state=state)
+  assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+  assert [r["num_clusters"] for r in rows] == [2, 4]
+
+
+def test_resume_is_bit_identical(tmp_path):
+  task = tiny_task(bn=True)
+  alg, _ = _disue(task)
+  full, ledger_full, rows_full = _run(alg, task, rounds=3)
+  with CheckpointStore(str(tmp_path / "ck")) as store:
+    _run(alg, task, rounds=2, store=store)
+  with CheckpointStore(str(tmp_path / "ck")) as store:
+    template = _state(alg, task, 6)
+    step, restored, _ = store.restore(template)
+    assert step == 2
+    resumed, _, rows = _run(alg, task, rounds=3, state=restored)
+  for a, b in zip(jax.tree_util.tree_leaves(full),
+                  jax.tree_util.tree_leaves(resumed)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # (The resumed call starts a fresh ledger: compare the per-round rows.)
+  per_round = lambda rs: [{k: v for k, v in r.items()
+                           if not k.endswith("_cumulative")} for r in rs]
+  assert per_round(rows) == per_round(rows_full[2:])
+
+
+def test_fedftg_and_datafree_feddf_run_with_clients_as_teachers():
+  task = tiny_task(bn=True)
+  num_steps = steps_for(jnp.full((6,), 10), 5, epochs=1)
+  for hparams in (HP, feddf_hparams(HP)):
+    loop = iga_lib.make_iga(task, GEN, hparams=hparams,
+                            num_teachers_max=COHORT)
+    alg = fedftg(task, optax.sgd(0.1), batch_size=5,
+                 max_steps=int(jnp.max(num_steps)), iga=loop,
+                 generator_key=jax.random.PRNGKey(5))
+    state, _, rows = _run(alg, task, rounds=1)
+    assert rows[0]["num_clusters"] == COHORT
+    assert int(rows[0]["iga_num_teachers"]) == COHORT
+    assert np.isfinite(rows[0]["iga_gen_loss"])
+  assert not feddf_hparams(HP).use_gls and not feddf_hparams(HP).use_gwf
+
+
+def test_iga_without_generator_key_is_refused():
+  task = tiny_task(bn=True)
+  loop = iga_lib.make_iga(task, GEN, hparams=HP, num_teachers_max=COHORT)
+  with pytest.raises(ValueError, match="generator_key"):
+    disue(task, optax.sgd(0.1), batch_size=5, max_steps=2, iga=loop,
+          generator_key=None)
