@@ -21,6 +21,7 @@ import optax
 from fedjax_dd import models
 from fedjax_dd.core import clients as clients_lib
 from fedjax_dd.core import keys
+from fedjax_dd.core import local as local_lib
 from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import partition as partition_lib
@@ -171,7 +172,16 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``config.client.optimizer`` in {sgd, adam, adamw} with ``client.lr``,
-  ``client.momentum``, ``client.weight_decay``."""
+  ``client.momentum``, ``client.weight_decay`` and ``client.grad_clip``.
+
+  ``client.grad_clip > 0`` clips the raw gradient to that global norm
+  first. ``client.weight_decay > 0`` is, for sgd and adam, an L2 term
+  ``wd * w`` added to the (clipped) gradient, as PyTorch's
+  ``SGD(weight_decay=...)`` does after ``clip_grad_norm_`` (FedFTG's and
+  DisUE's local training: clip 10, weight decay 1e-3, SGD); for adamw it is
+  the decoupled decay. So the chain is clip -> weight decay -> optimizer.
+  With both 0 (the defaults) the optimizer is exactly the bare one.
+  """
   c = config.client
   name = c.optimizer
   lr = c.lr
@@ -182,13 +192,39 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   }
   if name not in builders:
     raise ValueError(f"Unknown optimizer {name!r}; expected one of {sorted(builders)}.")
-  return builders[name]()
+  chain = []
+  clip = float(_lookup(config, "client.grad_clip") or 0.0)
+  if clip > 0:
+    chain.append(optax.clip_by_global_norm(clip))
+  if name != "adamw" and c.weight_decay:
+    chain.append(optax.add_decayed_weights(float(c.weight_decay)))
+  if not chain:
+    return builders[name]()
+  return optax.chain(*chain, builders[name]())
+
+
+# Augmentations of ``client.augment`` ("": none).
+AUGMENTATIONS: dict[str, Callable[[], Callable]] = {
+    "flip_crop": lambda: local_lib.flip_and_crop(pad=4),
+}
+
+
+def augmentation(config: ml_collections.ConfigDict) -> Callable | None:
+  """The batch augmentation of ``config.client.augment`` (``""``: None)."""
+  name = _lookup(config, "client.augment") or ""
+  if not name:
+    return None
+  if name not in AUGMENTATIONS:
+    raise ValueError(f"Unknown client.augment {name!r}; expected \"\" or one "
+                     f"of {sorted(AUGMENTATIONS)}.")
+  return AUGMENTATIONS[name]()
 
 
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": partition_lib.iid,
     "pathological": partition_lib.pathological,
     "dirichlet": partition_lib.dirichlet,
+    "dirichlet_client": partition_lib.dirichlet_client,
     "disjoint_classes": partition_lib.disjoint_classes,
     "quantity_skew": partition_lib.quantity_skew,
 }
@@ -379,6 +415,7 @@ _POSITIVE = (
     ("run.checkpoint_every", 1, True), ("run.keep_checkpoints", 1, True),
     ("client.batch_size", 1, True), ("client.lr", 0.0, False),
     ("client.momentum", 0.0, True), ("client.weight_decay", 0.0, True),
+    ("client.grad_clip", 0.0, True), ("client.lr_decay", 0.0, False),
     ("client.local_epochs", 0.0, True), ("client.local_steps", 0, True),
     ("server.lr", 0.0, False), ("data.num_clients", 1, True),
     ("kip.lr", 0.0, False), ("dfkd.generator_lr", 0.0, False),
@@ -438,6 +475,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "config.client.local_steps are both 0; set --config.client."
         "local_epochs > 0 (epochs, may be fractional) or --config.client."
         "local_steps >= 1.")
+  augment = _lookup(config, "client.augment")
+  if augment and augment not in AUGMENTATIONS:
+    raise ValueError(f"config.client.augment must be \"\" or one of "
+                     f"{sorted(AUGMENTATIONS)}, got {augment!r}; set "
+                     "--config.client.augment.")
   if _lookup(config, "data.partition") is not None:
     check_partition(config.data.partition)
 

@@ -36,8 +36,15 @@ Builder = Callable[[ml_collections.ConfigDict, Classifier, int], FederatedAlgori
 
 
 def _fedavg_kwargs(config, max_steps):
-  return dict(batch_size=config.client.batch_size, max_steps=max_steps,
-              mapper=common.mapper(config))
+  kwargs = dict(batch_size=config.client.batch_size, max_steps=max_steps,
+                mapper=common.mapper(config))
+  # Opt-in local-training options, passed only when set.
+  if float(config.client.lr_decay) != 1.0:
+    kwargs["lr_decay"] = float(config.client.lr_decay)
+  augment = common.augmentation(config)
+  if augment is not None:
+    kwargs["augment"] = augment
+  return kwargs
 
 
 BUILDERS: dict[str, Builder] = {

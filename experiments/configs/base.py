@@ -85,7 +85,18 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       "optimizer": "sgd",  # sgd | adam | adamw
       "lr": 0.01,
       "momentum": 0.0,
+      # sgd/adam: L2 term added to the clipped gradient (PyTorch's SGD
+      # weight_decay); adamw: decoupled. 0: off.
       "weight_decay": 0.0,
+      # > 0: clip each local gradient to this global norm (FedFTG/DisUE: 10).
+      "grad_clip": 0.0,
+      # Client learning rate of round t (1-based): lr * lr_decay**(t - 1)
+      # (FedFTG/DisUE: 0.998). 1.0: constant. FedAvg family and SCAFFOLD.
+      "lr_decay": 1.0,
+      # Local batch augmentation: "" (none) | "flip_crop" (random horizontal
+      # flip and zero-pad-4 random crop; wrong for digits). FedAvg family
+      # and SCAFFOLD.
+      "augment": "",
       "clients_per_round": 0,  # > 0: sampled clients per round (seeded) ...
       "client_fraction": 1.0,  # ... else this fraction of all clients.
       "mu": 0.0,  # FedProx's proximal weight.
@@ -166,6 +177,16 @@ def pathological(num_classes_per_client: int, style: str = "hfldd"
 def dirichlet(alpha: float, min_size: int = 10) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({"name": "dirichlet", "alpha": alpha,
                                     "min_size": min_size})
+
+
+def dirichlet_client(alpha: float, client_size: int = 0
+                     ) -> ml_collections.ConfigDict:
+  """``fedjax_dd.data.partition.dirichlet_client``: FedFTG's / DisUE's split
+  (a ``Dir(alpha)`` class prior per client, equal client sizes;
+  ``client_size`` 0: ``N // data.num_clients``)."""
+  return ml_collections.ConfigDict({"name": "dirichlet_client",
+                                    "alpha": alpha,
+                                    "client_size": client_size})
 
 
 # The keys of the ``kip`` group set by :func:`kip`: the fields of

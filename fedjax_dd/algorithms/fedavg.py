@@ -6,6 +6,8 @@ from Decentralized Data", AISTATS 2017.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Callable
 
 import jax
@@ -31,6 +33,13 @@ def example_weighted(delta: PyTree, cohort: Cohort, result: LocalResult) -> PyTr
   return stages.weighted_mean(delta, cohort.num_examples)
 
 
+def round_factor(lr_decay: float, finished_rounds: jax.Array) -> jax.Array:
+  """``lr_decay ** finished_rounds`` as a float32 scalar: the client
+  learning-rate factor of the next round."""
+  return jnp.power(jnp.float32(lr_decay),
+                   jnp.asarray(finished_rounds).astype(jnp.float32))
+
+
 def fedavg(task: Classifier,
            client_optimizer: optax.GradientTransformation,
            *,
@@ -40,7 +49,9 @@ def fedavg(task: Classifier,
            server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
            regularizer: Callable[[PyTree, PyTree], jax.Array] | None = None,
            aggregator: Aggregator = example_weighted,
-           comm: CommSpec = CommSpec()) -> FederatedAlgorithm:
+           comm: CommSpec = CommSpec(),
+           augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+           lr_decay: float = 1.0) -> FederatedAlgorithm:
   """Builds FedAvg (and, through the hooks, FedProx / FedNova / FedOpt).
 
   Args:
@@ -55,12 +66,29 @@ def fedavg(task: Classifier,
       every local loss.
     aggregator: how client deltas ``[S, ...]`` become one delta.
     comm: model-sized tensors per client per round, for the ledger.
+    augment: optional per-batch augmentation of the local update
+      (:func:`fedjax_dd.core.local.flip_and_crop`).
+    lr_decay: ``gamma``: round ``t`` (1-based) trains with the client
+      learning rate times ``gamma**(t - 1)`` (FedFTG's
+      ``lr * lr_decay_per_round**i``). ``1.0`` (default): off, and the state
+      and results are exactly those without it; otherwise the server state
+      counts the finished rounds in ``extra["round"]`` (checkpointed, so a
+      resumed run continues the schedule) and the factor is a traced input
+      (nothing recompiles).
 
   Returns:
     A :class:`FederatedAlgorithm`.
   """
+  if not (lr_decay > 0 and math.isfinite(lr_decay)):
+    raise ValueError(f"lr_decay must be a positive finite number, got "
+                     f"{lr_decay}.")
+  decay = lr_decay != 1.0
+  # With decay each client's context is its round's lr factor (FedProx's
+  # regulariser reads only the shared context, the server model).
   local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, regularizer=regularizer)
+                            max_steps=max_steps, regularizer=regularizer,
+                            augment=augment,
+                            lr_scale=(lambda ctx: ctx[1]) if decay else None)
   train = stages.client_stage(local, mapper)
 
   @jax.jit
@@ -70,17 +98,26 @@ def fedavg(task: Classifier,
                        result)
     batch_stats = stages.weighted_mean(result.batch_stats, weights)
     server = stages.server_step(server_optimizer, server, delta, batch_stats)
+    if decay:
+      server = server.replace(
+          extra={**server.extra, "round": server.extra["round"] + 1})
     return server, stages.cohort_metrics(result, weights)
 
   def init(params, batch_stats, num_clients):
     del num_clients
-    return ServerState(params, batch_stats, server_optimizer.init(params)), {}
+    extra = {"round": jnp.zeros((), jnp.int32)} if decay else {}
+    return ServerState(params, batch_stats, server_optimizer.init(params),
+                       extra=extra), {}
 
   def apply(server, clients, cohort, key):
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    no_ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
+    if decay:
+      ctx = jnp.full(cohort.client_ids.shape,
+                     round_factor(lr_decay, server.extra["round"]))
+    else:
+      ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
     result = train(server.params, server.batch_stats, server.params, cohort,
-                   keys, no_ctx)
+                   keys, ctx)
     server, metrics = aggregate(server, result, cohort)
     return server, clients, metrics
 

@@ -13,11 +13,14 @@ Federated Learning", ICML 2020.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import stages
+from fedjax_dd.algorithms.fedavg import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
 from fedjax_dd.core.clients import ClientMapper
@@ -38,7 +41,9 @@ def scaffold(task: Classifier,
              batch_size: int,
              max_steps: int,
              server_learning_rate: float = 1.0,
-             mapper: ClientMapper = ClientMapper()) -> FederatedAlgorithm:
+             mapper: ClientMapper = ClientMapper(),
+             augment=None,
+             lr_decay: float = 1.0) -> FederatedAlgorithm:
   """Builds SCAFFOLD with local SGD at ``learning_rate``.
 
   Args:
@@ -48,13 +53,30 @@ def scaffold(task: Classifier,
     max_steps: static local scan length.
     server_learning_rate: ``η_g``.
     mapper: how the cohort is batched.
+    augment: optional per-batch augmentation of the local update.
+    lr_decay: ``gamma``: round ``t`` (1-based) trains at
+      ``learning_rate * gamma**(t - 1)``, and the variate update divides by
+      that round's ``K_i * eta_t``. ``1.0`` (default): off, state and results
+      unchanged; otherwise the finished rounds are counted in
+      ``extra["round"]``.
 
   Returns:
     A :class:`FederatedAlgorithm` whose client state is ``{"c": [N, ...]}``.
   """
+  if not (lr_decay > 0 and math.isfinite(lr_decay)):
+    raise ValueError(f"lr_decay must be a positive finite number, got "
+                     f"{lr_decay}.")
+  decay = lr_decay != 1.0
+  if decay:
+    # Each client's context is (c_i, this round's lr factor).
+    correction = lambda g, ctx: _correction(g, (ctx[0], ctx[1][0]))
+    lr_scale = lambda ctx: ctx[1][1]
+  else:
+    correction, lr_scale = _correction, None
   local = make_local_update(task, optax.sgd(learning_rate),
                             batch_size=batch_size, max_steps=max_steps,
-                            grad_correction=_correction)
+                            grad_correction=correction, augment=augment,
+                            lr_scale=lr_scale)
   train = stages.client_stage(local, mapper)
   server_opt = optax.sgd(server_learning_rate)
 
@@ -62,8 +84,11 @@ def scaffold(task: Classifier,
     zeros = tree_map(jnp.zeros_like, params)
     stacked = tree_map(lambda z: jnp.zeros((num_clients, *z.shape), z.dtype),
                        params)
+    extra = {"c": zeros, "num_clients": jnp.int32(num_clients)}
+    if decay:
+      extra["round"] = jnp.zeros((), jnp.int32)
     server = ServerState(params, batch_stats, server_opt.init(params),
-                         extra={"c": zeros, "num_clients": jnp.int32(num_clients)})
+                         extra=extra)
     return server, {"c": stacked}
 
   @jax.jit
@@ -71,7 +96,10 @@ def scaffold(task: Classifier,
     c = server.extra["c"]
     k = result.steps
     # Clients that took no step keep their variate (no division by zero).
-    inv = jnp.where(k > 0, 1.0 / (jnp.maximum(k, 1.0) * learning_rate), 0.0)
+    eta = learning_rate
+    if decay:
+      eta = learning_rate * round_factor(lr_decay, server.extra["round"])
+    inv = jnp.where(k > 0, 1.0 / (jnp.maximum(k, 1.0) * eta), 0.0)
 
     def new_variate(ci, cg, x, y):
       s = inv.reshape((-1,) + (1,) * (y.ndim - 1))
@@ -88,14 +116,22 @@ def scaffold(task: Classifier,
     c = tree_map(lambda cg, d: cg + frac * d, c, delta_c)
     batch_stats = stages.weighted_mean(result.batch_stats, cohort.num_examples)
     server = stages.server_step(server_opt, server, delta, batch_stats)
-    server = server.replace(extra={**server.extra, "c": c})
+    extra = {**server.extra, "c": c}
+    if decay:
+      extra["round"] = server.extra["round"] + 1
+    server = server.replace(extra=extra)
     return server, {"c": c_new}, stages.cohort_metrics(result,
                                                        cohort.num_examples)
 
   def apply(server, clients, cohort, key):
     keys = keys_lib.client_keys(key, cohort.client_ids)
+    client_ctx = clients["c"]
+    if decay:
+      client_ctx = (client_ctx, jnp.full(
+          cohort.client_ids.shape,
+          round_factor(lr_decay, server.extra["round"])))
     result = train(server.params, server.batch_stats, server.extra["c"],
-                   cohort, keys, clients["c"])
+                   cohort, keys, client_ctx)
     return aggregate(server, clients, result, cohort)
 
   return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec(2, 2))

@@ -12,6 +12,14 @@ Algorithms customise the update through two pure hooks:
 * ``regularizer(params, ctx) -> scalar`` added to the loss (FedProx);
 * ``grad_correction(grads, ctx) -> grads`` (SCAFFOLD's control variates).
 
+and two opt-in ones:
+
+* ``augment(key, xb) -> xb`` applied to every sampled batch before the loss
+  (e.g. :func:`flip_and_crop`);
+* ``lr_scale(ctx) -> scalar`` multiplying the optimizer's updates, i.e. the
+  learning rate (a round-dependent decay ``lr * gamma**t``: the factor is a
+  traced input, so changing it recompiles nothing).
+
 ``ctx`` is an algorithm-defined pytree (per client or broadcast).
 """
 
@@ -28,6 +36,11 @@ from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import sample_batch
 
 PyTree = Any
+
+# The augmentation key of a step is folded off its batch key at this index;
+# the batch key itself is unchanged, so runs without augmentation keep their
+# batches.
+_AUGMENT_STREAM = 1
 
 
 @flax.struct.dataclass
@@ -78,6 +91,8 @@ def make_local_update(
     max_steps: int,
     regularizer: Callable[[PyTree, PyTree], jax.Array] | None = None,
     grad_correction: Callable[[PyTree, PyTree], PyTree] | None = None,
+    augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    lr_scale: Callable[[PyTree], jax.Array] | None = None,
     unroll: int = 1,
 ) -> LocalUpdate:
   """Builds ``run(params, batch_stats, opt_state, x, y, n, num_steps, key, ctx)``.
@@ -89,6 +104,13 @@ def make_local_update(
     max_steps: static scan length (the largest step count in the cohort).
     regularizer: optional ``(params, ctx) -> scalar`` added to the loss.
     grad_correction: optional ``(grads, ctx) -> grads``.
+    augment: optional ``(key, xb [B, H, W, Ch] uint8) -> xb`` applied to each
+      sampled batch before the loss (:func:`flip_and_crop`). Its key is
+      folded off the batch key, so the batches (and every result without
+      augmentation) are those of a run without it.
+    lr_scale: optional ``ctx -> scalar``: the optimizer's updates are
+      multiplied by it, which scales the learning rate of SGD (with or
+      without momentum and weight decay) and Adam(W) exactly.
     unroll: ``lax.scan`` unroll factor.
 
   Returns:
@@ -114,12 +136,19 @@ def make_local_update(
 
     def step(carry, t):
       params, batch_stats, opt_state, loss_sum, acc_sum = carry
-      xb, yb = sample_batch(jax.random.fold_in(key, t), x, y, n, batch_size)
+      batch_key = jax.random.fold_in(key, t)
+      xb, yb = sample_batch(batch_key, x, y, n, batch_size)
+      if augment is not None:
+        xb = augment(jax.random.fold_in(batch_key, _AUGMENT_STREAM), xb)
       (loss, (new_stats, acc)), grads = value_and_grad(
           params, batch_stats, xb, yb, ctx)
       if grad_correction is not None:
         grads = grad_correction(grads, ctx)
       updates, new_opt = optimizer.update(grads, opt_state, params)
+      if lr_scale is not None:
+        scale = lr_scale(ctx)
+        updates = jax.tree_util.tree_map(
+            lambda u: u * jnp.asarray(scale, u.dtype), updates)
       new_params = apply_updates(params, updates)
       active = t < num_steps
       keep = lambda new, old: jax.tree_util.tree_map(
@@ -157,3 +186,54 @@ def steps_for(num_examples: jax.Array, batch_size: int, *,
     return jnp.where(n > 0, steps, 0).astype(jnp.int32)
   per_epoch = -(-n // batch_size)
   return jnp.ceil(per_epoch * epochs).astype(jnp.int32)
+
+
+def flip_and_crop(pad: int = 4, *, flip_prob: float = 0.5,
+                  crop_prob: float = 0.5
+                  ) -> Callable[[jax.Array, jax.Array], jax.Array]:
+  """Random horizontal flip and zero-padded random crop, per example.
+
+  The CIFAR augmentation of FedFTG's client training (``utils/util_dataset.py``
+  ``Dataset.__getitem__``, followed by DisUE Sec. 5.1): each image is
+  flipped left-right with probability ``flip_prob`` and, with probability
+  ``crop_prob`` (FedFTG: 0.5; torchvision's ``RandomCrop(padding=4)``: 1),
+  zero-padded by ``pad`` on each side and cropped back to ``H x W`` at a
+  uniform offset in ``[0, 2 * pad]``. FedFTG pads with zeros after
+  normalisation (the mean colour); here the padding is a zero pixel of the
+  raw image (black), before normalisation.
+
+  Flips are wrong for digits and text (a mirrored 2 or 7 is not a digit):
+  the presets decide whether to augment; nothing turns it on by default.
+
+  Args:
+    pad: padding per side in pixels, >= 0.
+    flip_prob: probability of a horizontal flip.
+    crop_prob: probability of the padded random crop.
+
+  Returns:
+    ``augment(key, xb [B, H, W, Ch]) -> [B, H, W, Ch]`` of ``xb``'s dtype
+    (uint8 images), jittable and vmappable.
+  """
+  if pad < 0:
+    raise ValueError(f"pad must be >= 0, got {pad}.")
+  for name, p in (("flip_prob", flip_prob), ("crop_prob", crop_prob)):
+    if not 0.0 <= p <= 1.0:
+      raise ValueError(f"{name} must be in [0, 1], got {p}.")
+
+  def augment(key: jax.Array, xb: jax.Array) -> jax.Array:
+    b, h, w, ch = xb.shape
+    k_flip, k_crop, k_off = jax.random.split(key, 3)
+    flip = jax.random.bernoulli(k_flip, flip_prob, (b,))
+    crop = jax.random.bernoulli(k_crop, crop_prob, (b,))
+    offsets = jax.random.randint(k_off, (b, 2), 0, 2 * pad + 1)
+    # The centre offset (pad, pad) is the uncropped image.
+    offsets = jnp.where(crop[:, None], offsets, pad)
+    padded = jnp.pad(xb, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+
+    def one(img, f, off):
+      img = jnp.where(f, img[:, ::-1], img)
+      return jax.lax.dynamic_slice(img, (off[0], off[1], 0), (h, w, ch))
+
+    return jax.vmap(one)(padded, flip, offsets)
+
+  return augment

@@ -18,6 +18,8 @@ Schemes:
   earlier random draw, or FedD3 assignment).
 * :func:`dirichlet`: per-class proportions over clients drawn from
   ``Dir(alpha)`` (Hsu et al., 2019), with a minimum client size.
+* :func:`dirichlet_client`: per-client class priors drawn from
+  ``Dir(alpha)`` and equal client sizes (FedFTG's split, used by DisUE).
 * :func:`disjoint_classes`: FedHydra's "2c/c": no class is shared.
 * :func:`quantity_skew`: IID labels, lognormal client sizes.
 """
@@ -297,6 +299,99 @@ def dirichlet(labels, num_clients: int, alpha: float,
     for k, piece in enumerate(np.split(members, np.cumsum(counts[c])[:-1])):
       parts[k].append(piece)
   return _finish(parts, "dirichlet")
+
+
+def dirichlet_client(labels, num_clients: int, alpha: float,
+                     rng: np.random.Generator, *, client_size: int = 0
+                     ) -> list[np.ndarray]:
+  """Equal-size clients whose class mix is a prior drawn from ``Dir(alpha)``.
+
+  The split of FedFTG (Zhang et al., "Fine-tuning Global Model via
+  Data-Free Knowledge Distillation for Non-IID Federated Learning", CVPR
+  2022; code ``utils/util_dataset.py``, rule ``Dirichlet``), which DisUE
+  (Leng et al., Sec. 5.1, ``Dir(epsilon)``) follows. Unlike
+  :func:`dirichlet`, which splits each *class* over clients, every *client*
+  ``i`` draws a class prior ``q_i ~ Dir(alpha * 1_K)`` and receives exactly
+  ``n`` samples. Samples are dealt one at a time, as in FedFTG: a client is
+  picked uniformly among those not yet full, a class is drawn from its
+  prior re-normalised over the classes that still have samples (FedFTG
+  redraws until it hits such a class, which is the same distribution), and
+  one not yet dealt sample of that class (uniformly at random) goes to the
+  client. Clients dealt late therefore may find their preferred classes
+  exhausted, as in FedFTG.
+
+  Departures from FedFTG's code:
+
+  * ``N mod M`` samples are left unused so that every client has exactly
+    ``n = N // M`` (FedFTG gives the remainder to the first client; its
+    lognormal ``sigma = 0`` sizes are otherwise equal).
+  * When every class of a client's prior is exhausted (possible for tiny
+    ``alpha``, where FedFTG's redraw loop never ends), the class is drawn
+    in proportion to the samples left.
+  * A prior that is not finite (tiny ``alpha``) is replaced by its
+    ``alpha -> 0`` limit, one-hot on a random class, as in :func:`dirichlet`.
+
+  Small ``alpha`` (DisUE: 0.01 to 0.06) gives most clients a single class.
+
+  Args:
+    labels: Train labels ``[N]``.
+    num_clients: Number of clients ``M``.
+    alpha: Dirichlet concentration ``epsilon``, > 0. Large -> near IID.
+    rng: Source of randomness.
+    client_size: Samples per client ``n``; ``0``: ``N // M``.
+
+  Returns:
+    ``M`` sorted, pairwise disjoint int64 index arrays of ``n`` indices each.
+
+  Raises:
+    ValueError: ``alpha <= 0`` or not finite, ``client_size < 0``, or
+      ``M * n > N``.
+  """
+  labels = _check_common(labels, num_clients, rng)
+  if not np.isfinite(alpha) or alpha <= 0:
+    raise ValueError(f"alpha must be a positive finite number, got {alpha}.")
+  if (isinstance(client_size, bool)
+      or not isinstance(client_size, (int, np.integer)) or client_size < 0):
+    raise ValueError(
+        f"client_size must be an int >= 0 (0: N // num_clients), got "
+        f"{client_size!r}.")
+  size = int(client_size) or labels.size // num_clients
+  if num_clients * size > labels.size:
+    raise ValueError(
+        f"dirichlet_client: {num_clients} clients x {size} samples each "
+        f"needs {num_clients * size} samples, but there are only "
+        f"{labels.size}; use fewer clients or a smaller client_size.")
+  classes = np.unique(labels)
+  num_classes = classes.size
+  priors = rng.dirichlet(np.full(num_classes, float(alpha)),
+                         size=num_clients)
+  for k in range(num_clients):
+    if not (np.all(np.isfinite(priors[k])) and priors[k].sum() > 0):
+      priors[k] = 0.0
+      priors[k, rng.integers(num_classes)] = 1.0
+  pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
+  left = np.array([p.size for p in pools], np.int64)
+  need = np.full(num_clients, size, np.int64)
+  dealt = [[] for _ in range(num_clients)]
+  open_clients = list(range(num_clients))
+  for _ in range(num_clients * size):
+    slot = int(rng.integers(len(open_clients)))
+    k = open_clients[slot]
+    weights = priors[k] * (left > 0)
+    if not weights.sum() > 0:
+      weights = left.astype(np.float64)
+    # Only classes of positive weight, so round-off never picks an empty one.
+    pos = np.flatnonzero(weights > 0)
+    cum = np.cumsum(weights[pos])
+    j = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+    c = pos[min(j, pos.size - 1)]
+    left[c] -= 1
+    dealt[k].append(pools[c][left[c]])
+    need[k] -= 1
+    if need[k] == 0:
+      open_clients.pop(slot)
+  return _finish([[np.asarray(d, np.int64)] for d in dealt],
+                 "dirichlet_client")
 
 
 def disjoint_classes(labels, num_clients: int, rng: np.random.Generator, *,

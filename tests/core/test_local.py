@@ -86,3 +86,172 @@ def test_steps_for():
     steps_for(n, 64)
   with pytest.raises(ValueError):
     make_local_update(tiny_task(), optax.sgd(0.1), batch_size=4, max_steps=0)
+
+
+# ----------------------------------------------- augmentation and lr decay
+
+
+def _leaves_equal(a, b):
+  for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+
+
+def _run_with(task, x, y, n, key, ctx=(), lr=0.1, steps=3, **kw):
+  local = make_local_update(task, optax.sgd(lr), batch_size=4,
+                            max_steps=steps, **kw)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  return jax.jit(local.run)(params, stats, local.optimizer.init(params), x, y,
+                            n, steps, key, ctx)
+
+
+def test_identity_augmentation_keeps_batches_and_results():
+  task = tiny_task()
+  x, y, n = synthetic_clients(num_clients=1, sizes=(9,), n_max=12)
+  key = jax.random.PRNGKey(4)
+  plain = _run_with(task, x[0], y[0], n[0], key)
+  seen = []
+  ident = _run_with(task, x[0], y[0], n[0], key,
+                    augment=lambda k, xb: (seen.append(k), xb)[1])
+  assert seen  # the hook was traced
+  _leaves_equal(plain.params, ident.params)
+  blank = _run_with(task, x[0], y[0], n[0], key,
+                    augment=lambda k, xb: jnp.zeros_like(xb))
+  assert not np.allclose(np.asarray(blank.loss), np.asarray(plain.loss))
+
+
+def test_flip_and_crop_hand_example():
+  from fedjax_dd.core.local import flip_and_crop
+  img = np.arange(16, dtype=np.uint8).reshape(1, 4, 4, 1) + 1
+  xb = jnp.asarray(np.repeat(img, 64, axis=0))
+  key = jax.random.PRNGKey(0)
+  flipped = flip_and_crop(4, flip_prob=1.0, crop_prob=0.0)(key, xb)
+  np.testing.assert_array_equal(flipped, np.repeat(img[:, :, ::-1], 64, 0))
+  same = flip_and_crop(4, flip_prob=0.0, crop_prob=0.0)(key, xb)
+  np.testing.assert_array_equal(same, xb)
+  out = jax.jit(flip_and_crop(1, flip_prob=0.0, crop_prob=1.0))(key, xb)
+  assert out.shape == xb.shape and out.dtype == jnp.uint8
+  padded = np.pad(img[0, :, :, 0], 1)
+  crops = {(i, j): padded[i:i + 4, j:j + 4] for i in range(3) for j in range(3)}
+  found = set()
+  for o in np.asarray(out)[:, :, :, 0]:
+    match = [k for k, c in crops.items() if np.array_equal(c, o)]
+    assert match, o  # every output is one of the 9 padded crops
+    found.add(match[0])
+  assert len(found) > 3  # offsets vary per example
+  mixed = flip_and_crop(4)(key, xb)  # FedFTG: each half the time
+  assert 0 < np.mean([np.array_equal(m, xb[0]) for m in np.asarray(mixed)]) < 1
+  with pytest.raises(ValueError, match="pad"):
+    flip_and_crop(-1)
+
+
+def test_lr_scale_scales_the_step_exactly():
+  task = tiny_task()
+  x, y, n = synthetic_clients(num_clients=1, sizes=(8,), n_max=8)
+  key = jax.random.PRNGKey(2)
+  half = _run_with(task, x[0], y[0], n[0], key, ctx=jnp.float32(0.5),
+                   lr=0.2, steps=1, lr_scale=lambda ctx: ctx)
+  ref = _run_with(task, x[0], y[0], n[0], key, lr=0.1, steps=1)
+  for a, b in zip(jax.tree_util.tree_leaves(half.params),
+                  jax.tree_util.tree_leaves(ref.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def _one_client_cohort(steps=1):
+  from fedjax_dd.core.algorithm import Cohort
+  x, y, n = synthetic_clients(num_clients=1, sizes=(8,), n_max=8)
+  return Cohort(x=jnp.asarray(x), y=jnp.asarray(y),
+                num_examples=jnp.asarray(n),
+                num_steps=jnp.full((1,), steps, jnp.int32),
+                client_ids=jnp.arange(1))
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_lr_decay_halves_round_two(name):
+  from fedjax_dd.algorithms.fedavg import fedavg
+  from fedjax_dd.algorithms.scaffold import scaffold
+
+  def build(lr, decay=1.0):
+    if name == "fedavg":
+      return fedavg(task, optax.sgd(lr), batch_size=4, max_steps=1,
+                    lr_decay=decay)
+    return scaffold(task, learning_rate=lr, batch_size=4, max_steps=1,
+                    lr_decay=decay)
+
+  task = tiny_task()
+  cohort = _one_client_cohort()
+  params, stats = task.init(jax.random.PRNGKey(0))
+  k1, k2 = jax.random.PRNGKey(1), jax.random.PRNGKey(2)
+  alg = build(0.2, decay=0.5)
+  s0, c0 = alg.init(params, stats, 1)
+  s1, c1, _ = alg.apply(s0, c0, cohort, k1)
+  s2, _, m2 = alg.apply(s1, c1, cohort, k2)
+  assert int(s2.extra["round"]) == 2 and np.isfinite(float(m2["train_loss"]))
+  # Round 1 at lr 0.2, round 2 at 0.1: the same as constant-lr runs.
+  r1, rc1 = build(0.2).init(params, stats, 1)
+  r1, rc1, _ = build(0.2).apply(r1, rc1, cohort, k1)
+  for a, b in zip(jax.tree_util.tree_leaves(s1.params),
+                  jax.tree_util.tree_leaves(r1.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  if name == "fedavg":  # one step from the same model: delta = -0.1 * grad
+    r2, _, _ = build(0.1).apply(r1, rc1, cohort, k2)
+    for a, b in zip(jax.tree_util.tree_leaves(s2.params),
+                    jax.tree_util.tree_leaves(r2.params)):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    # Hand check: with lr 0.2 undecayed, the step would be twice as long.
+    full, _, _ = build(0.2).apply(r1, rc1, cohort, k2)
+    for a, b, f in zip(jax.tree_util.tree_leaves(s1.params),
+                       jax.tree_util.tree_leaves(s2.params),
+                       jax.tree_util.tree_leaves(full.params)):
+      np.testing.assert_allclose(2 * (b - a), f - a, rtol=1e-4, atol=1e-6)
+
+
+def test_lr_decay_off_is_the_old_state_and_bit_identical():
+  from fedjax_dd.algorithms.fedavg import fedavg
+  task = tiny_task()
+  cohort = _one_client_cohort(steps=2)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  old = fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=2)
+  new = fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=2, lr_decay=1.0)
+  so, _ = old.init(params, stats, 1)
+  sn, _ = new.init(params, stats, 1)
+  assert sn.extra == {}
+  so, _, mo = old.apply(so, {}, cohort, jax.random.PRNGKey(3))
+  sn, _, mn = new.apply(sn, {}, cohort, jax.random.PRNGKey(3))
+  _leaves_equal((so, mo), (sn, mn))
+  with pytest.raises(ValueError, match="lr_decay"):
+    fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=2, lr_decay=0.0)
+
+
+def test_lr_decay_does_not_recompile_across_rounds(caplog):
+  import logging
+  from fedjax_dd.algorithms.fedavg import fedavg
+  from fedjax_dd.core import rounds as rounds_lib
+  from fedjax_dd.core.algorithm import ExperimentState
+  from fedjax_dd.data.stacked import ClientData
+  task = tiny_task()
+  x, y, n = synthetic_clients()
+  data = jax.device_put(ClientData(x=x, y=y, num_examples=n))
+  num_steps = steps_for(data.num_examples, 4, epochs=1)
+  from fedjax_dd.core.local import flip_and_crop
+  alg = fedavg(task, optax.sgd(0.1), batch_size=4,
+               max_steps=int(jnp.max(num_steps)), lr_decay=0.9,
+               augment=flip_and_crop(1))
+  params, stats = task.init(jax.random.PRNGKey(0))
+  server, clients = alg.init(params, stats, 4)
+  state = ExperimentState(server, clients, jax.random.PRNGKey(1),
+                          jnp.asarray(0, jnp.int32))
+  one = rounds_lib.RoundsOptions(num_rounds=1, clients_per_round=2,
+                                 progress=False)
+  state, ledger, _ = rounds_lib.run_rounds(alg, state, data, num_steps, one)
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles(True):
+    caplog.clear()
+    state, _, rows = rounds_lib.run_rounds(
+        alg, state, data, num_steps,
+        rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=2,
+                                 progress=False), ledger=ledger)
+  compiles = [r.getMessage() for r in caplog.records
+              if "Compiling" in r.getMessage()]
+  assert not compiles, compiles
+  assert int(state.server.extra["round"]) == 3
+  assert all(np.isfinite(r["train_loss"]) for r in rows)

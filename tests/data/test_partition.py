@@ -39,6 +39,7 @@ SCHEMES = {
                                            style="balanced"),
     "fedd3": lambda rng: P.pathological(LABELS, 4, 2, rng, style="fedd3"),
     "dirichlet": lambda rng: P.dirichlet(LABELS, 2, 1.0, rng, min_size=2),
+    "dirichlet_client": lambda rng: P.dirichlet_client(LABELS, 3, 1.0, rng),
     "disjoint": lambda rng: P.disjoint_classes(LABELS, 2, rng),
     "quantity": lambda rng: P.quantity_skew(LABELS, 3, rng, sigma=1.0),
 }
@@ -78,6 +79,7 @@ def test_only_numpy_generators_are_accepted(name, bad_rng):
     functools.partial(P.pathological, num_classes_per_client=1,
                       style="fedd3"),
     functools.partial(P.dirichlet, alpha=1.0, min_size=1),
+    functools.partial(P.dirichlet_client, alpha=1.0),
     functools.partial(P.disjoint_classes, classes_per_client=1),
     functools.partial(P.quantity_skew),
 ])
@@ -293,6 +295,72 @@ def test_dirichlet_gives_up_after_max_tries():
 def test_dirichlet_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
     P.dirichlet(LABELS, 2, rng=_rng(), **kwargs)
+
+
+# ------------------------------------------------------- dirichlet_client
+
+# 10 classes x 100 samples, shuffled.
+LABELS_1000 = np.random.default_rng(123).permutation(np.arange(1000) % 10)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("alpha", [0.01, 1.0, 100.0])
+def test_dirichlet_client_equal_sizes_disjoint_valid(seed, alpha):
+  parts = P.dirichlet_client(LABELS_1000, 7, alpha, _rng(seed))
+  assert [p.size for p in parts] == [1000 // 7] * 7   # 142; 6 unused
+  _check_disjoint_sorted(parts, 1000)
+
+
+def test_dirichlet_client_divisible_split_uses_everything():
+  parts = P.dirichlet_client(LABELS, 4, 0.5, _rng(0))
+  assert [p.size for p in parts] == [5] * 4
+  _covers_all(parts, 20)
+
+
+def test_dirichlet_client_given_size():
+  parts = P.dirichlet_client(LABELS_1000, 5, 1.0, _rng(0), client_size=30)
+  assert [p.size for p in parts] == [30] * 5
+  _check_disjoint_sorted(parts, 1000)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dirichlet_client_small_alpha_concentrates(seed):
+  # 20 clients of 20 samples over classes of 100: a class runs out only if
+  # more than 5 clients favour it, so most clients keep a single class
+  # (Dir(0.01) over 10 classes still gives some priors a second class).
+  parts = P.dirichlet_client(LABELS_1000, 20, 0.01, _rng(seed),
+                             client_size=20)
+  counts = P.class_counts(LABELS_1000, parts, 10)
+  assert ((counts > 0).sum(axis=1) == 1).mean() >= 0.5
+  assert (counts.max(axis=1) / 20).mean() >= 0.85
+  # Near IID for a large alpha: every client holds many classes.
+  parts = P.dirichlet_client(LABELS_1000, 20, 1000.0, _rng(seed),
+                             client_size=20)
+  held = (P.class_counts(LABELS_1000, parts, 10) > 0).sum(axis=1)
+  assert held.min() >= 5
+
+
+def test_dirichlet_client_exhausted_class_moves_on_to_the_rest():
+  # Two classes of 10, two clients of 10: whatever the priors, both classes
+  # are dealt completely, so a client whose class ran out got the other.
+  labels = np.repeat([0, 1], 10)
+  for seed in range(5):
+    parts = P.dirichlet_client(labels, 2, 0.01, _rng(seed))
+    _covers_all(parts, 20)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(alpha=0.0), "alpha must be a positive finite"),
+    (dict(alpha=-1.0), "alpha must be a positive finite"),
+    (dict(alpha=float("nan")), "alpha must be a positive finite"),
+    (dict(alpha=1.0, client_size=-1), "client_size must be an int >= 0"),
+    (dict(alpha=1.0, client_size=1.5), "client_size must be an int >= 0"),
+    (dict(alpha=1.0, client_size=6),
+     "needs 24 samples, but there are only 20"),
+])
+def test_dirichlet_client_bad_arguments(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    P.dirichlet_client(LABELS, 4, rng=_rng(), **kwargs)
 
 
 # ---------------------------------------------------------------- disjoint

@@ -143,3 +143,73 @@ def test_validate_names_the_options_of_each_partition():
     common.validate(config)
   config.data.partition = ml_collections.ConfigDict({"name": "iid"})
   common.validate(config)
+
+
+def _client_config(**client):
+  from fedjax_dd.experiments.configs import fedavg as fedavg_config
+  config = fedavg_config.get_config("smoke")
+  for k, v in client.items():
+    config.client[k] = v
+  return config
+
+
+def test_make_optimizer_defaults_are_the_bare_optimizer():
+  import jax.numpy as jnp
+  import optax
+  params = {"w": jnp.array([1.0, -2.0])}
+  grads = {"w": jnp.array([30.0, 40.0])}
+  for name in ("sgd", "adam"):
+    opt = common.make_optimizer(_client_config(optimizer=name, lr=0.1))
+    ref = optax.sgd(0.1) if name == "sgd" else optax.adam(0.1)
+    got, _ = opt.update(grads, opt.init(params), params)
+    want, _ = ref.update(grads, ref.init(params), params)
+    np.testing.assert_array_equal(got["w"], want["w"])
+
+
+def test_make_optimizer_clips_then_decays_then_steps():
+  import jax.numpy as jnp
+  params = {"w": jnp.array([1.0, -2.0])}
+  grads = {"w": jnp.array([30.0, 40.0])}   # norm 50
+  opt = common.make_optimizer(_client_config(lr=0.1, grad_clip=10.0,
+                                             weight_decay=1e-3))
+  updates, _ = opt.update(grads, opt.init(params), params)
+  # PyTorch: clip_grad_norm_(10) -> g = (6, 8); SGD adds wd * w; step -lr.
+  expect = -0.1 * (np.array([6.0, 8.0]) + 1e-3 * np.array([1.0, -2.0]))
+  np.testing.assert_allclose(updates["w"], expect, rtol=1e-6)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("client.grad_clip", -1.0, "config.client.grad_clip must be"),
+    ("client.lr_decay", 0.0, "config.client.lr_decay must be a finite number > 0"),
+    ("client.augment", "mixup", "config.client.augment must be"),
+])
+def test_validate_refuses_new_client_keys(path, value, message):
+  from fedjax_dd.experiments.configs import base as base_lib
+  config = _client_config(grad_clip=10.0, lr_decay=0.998, augment="flip_crop")
+  common.validate(config)
+  assert common.augmentation(config) is not None
+  assert common.augmentation(_client_config()) is None
+  base_lib.set_path(config, path, value)
+  with pytest.raises(ValueError, match=message):
+    common.validate(config)
+
+
+def test_dirichlet_client_is_registered_and_checked():
+  from fedjax_dd.experiments.configs import base as base_lib
+  from fedjax_dd.experiments.configs import fedavg as fedavg_config
+  assert common.partition_options("dirichlet_client") == (("alpha",),
+                                                          ("client_size",))
+  config = fedavg_config.get_config("smoke")
+  config.data.partition = base_lib.dirichlet_client(0.01)
+  common.validate(config)
+  labels = np.arange(40) % 4
+  config.data.num_clients = 4
+  parts = common.partition(config, labels)
+  assert [p.size for p in parts] == [10] * 4
+  again = common.partition(config, labels)
+  for a, b in zip(parts, again):
+    np.testing.assert_array_equal(a, b)
+  config.data.partition = base_lib.dirichlet(0.5)
+  config.data.partition.name = "dirichlet_client"
+  with pytest.raises(ValueError, match="does not take min_size"):
+    common.validate(config)

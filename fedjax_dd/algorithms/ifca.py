@@ -1,0 +1,199 @@
+"""IFCA: K cluster models; each client trains the one that fits it best.
+
+Every round the server sends all ``K`` models to the sampled clients. A
+client evaluates each model's loss on its own training data (masked mean
+over its valid examples, BatchNorm in evaluation mode), picks the argmin
+``ĵ_i`` (ties: the lowest index), trains that model with the engine's local
+update and returns it (model averaging, IFCA's Alg. 2 "option II"). The
+server sets model ``j`` to the example-weighted mean of the models returned
+by the clients that picked ``j``; a model nobody picked keeps its weights.
+Downloads are ``K`` models per client, uploads one (``CommSpec(K, 1)``).
+
+The ``K`` models start from different initialisations (IFCA initialises
+them at random; with equal starts every client would pick model 0): model
+0 is the ``params`` given to ``init`` and model ``j > 0`` is
+``task.init(fold_in(init_key, j))``.
+
+The global model (``ServerState.params``, what the rounds loop evaluates):
+the IFCA paper evaluates each test group with the cluster model of lowest
+loss on it, which needs test data grouped like the clients; a single global
+test split has no groups. So ``ServerState.params`` is the model picked by
+the most training examples in the latest round (``global_model="largest"``,
+ties: lowest index), or, with ``global_model="average"``, the
+example-weighted average of the cluster models by those counts (meaningful
+only while the models stay close, e.g. from a shared start). All ``K``
+models are in ``ServerState.extra["models"]`` (``[K, ...]``, with
+``extra["batch_stats"]``) for per-cluster evaluation.
+
+Reference: Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for
+Clustered Federated Learning", NeurIPS 2020.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dd.algorithms import stages
+from fedjax_dd.algorithms.fedavg import round_factor
+from fedjax_dd.core import keys as keys_lib
+from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
+                                      ServerState)
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.task import Classifier
+
+PyTree = Any
+tree_map = jax.tree_util.tree_map
+
+GLOBAL_MODELS = ("largest", "average")
+
+
+def selection_losses(task: Classifier, models: PyTree, batch_stats: PyTree,
+                     x: jax.Array, y: jax.Array, n: jax.Array) -> jax.Array:
+  """``[K]`` losses of ``K`` stacked models on ONE client's padded data.
+
+  Args:
+    task: the classifier.
+    models: params stacked ``[K, ...]``.
+    batch_stats: BatchNorm statistics stacked ``[K, ...]`` (``{}``: none).
+    x: ``[N_max, H, W, Ch]`` uint8 images.
+    y: ``[N_max]`` labels.
+    n: valid examples; rows ``>= n`` are padding and never count.
+  """
+  mask = (jnp.arange(y.shape[0]) < n).astype(jnp.float32)
+
+  def one(params, stats):
+    loss, _ = task.loss(params, stats, x, y, train=False, weights=mask)
+    return loss
+
+  return jax.vmap(one)(models, batch_stats)
+
+
+def ifca(task: Classifier,
+         client_optimizer: optax.GradientTransformation,
+         *,
+         num_clusters: int,
+         init_key: jax.Array,
+         batch_size: int,
+         max_steps: int,
+         mapper: ClientMapper = ClientMapper(),
+         global_model: str = "largest",
+         augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+         lr_decay: float = 1.0) -> FederatedAlgorithm:
+  """Builds IFCA with ``K = num_clusters`` models.
+
+  Args:
+    task: the classifier of every cluster.
+    client_optimizer: local optimizer, re-initialised every round.
+    num_clusters: ``K >= 1`` (static).
+    init_key: key of the initialisations of models ``1 .. K-1``.
+    batch_size: local batch size.
+    max_steps: static local scan length.
+    mapper: how the cohort is batched.
+    global_model: ``"largest"`` or ``"average"`` (module docstring).
+    augment: optional per-batch augmentation of the local update.
+    lr_decay: ``gamma``: round ``t`` trains at ``lr * gamma**(t - 1)``
+      (:func:`fedjax_dd.algorithms.fedavg.fedavg`); ``1.0``: off.
+
+  Returns:
+    A :class:`FederatedAlgorithm`; its server state keeps
+    ``extra["models"]`` and ``extra["batch_stats"]`` ``[K, ...]``,
+    ``extra["sizes"]`` ``[K]`` (examples that picked each model in the
+    latest round) and, with decay, ``extra["round"]``. Metrics add
+    ``cluster_<j>_clients`` (clients that picked model ``j`` this round)
+    and ``selection_loss`` (mean over clients of their smallest loss).
+  """
+  if not isinstance(num_clusters, int) or num_clusters < 1:
+    raise ValueError(f"num_clusters must be an int >= 1, got {num_clusters}.")
+  if global_model not in GLOBAL_MODELS:
+    raise ValueError(f"global_model must be one of {GLOBAL_MODELS}, got "
+                     f"{global_model!r}.")
+  if not (lr_decay > 0 and math.isfinite(lr_decay)):
+    raise ValueError(f"lr_decay must be a positive finite number, got "
+                     f"{lr_decay}.")
+  k_models = num_clusters
+  decay = lr_decay != 1.0
+  local = make_local_update(task, client_optimizer, batch_size=batch_size,
+                            max_steps=max_steps, augment=augment,
+                            lr_scale=(lambda ctx: ctx) if decay else None)
+
+  def one_client(models, stats, x, y, n, num_steps, key, scale):
+    losses = selection_losses(task, models, stats, x, y, n)
+    pick = jnp.argmin(losses)
+    params = tree_map(lambda m: m[pick], models)
+    batch_stats = tree_map(lambda s: s[pick], stats)
+    result = local.run(params, batch_stats, local.optimizer.init(params), x,
+                       y, n, num_steps, key, scale)
+    return result, pick, losses
+
+  train = mapper.map(one_client, in_axes=(None, None, 0, 0, 0, 0, 0, 0))
+
+  def global_of(models, stats, sizes):
+    if global_model == "largest":
+      j = jnp.argmax(sizes)
+      return tree_map(lambda m: m[j], models), tree_map(lambda s: s[j], stats)
+    w = jnp.where(sizes.sum() > 0, sizes, jnp.ones_like(sizes))
+    return stages.weighted_mean(models, w), stages.weighted_mean(stats, w)
+
+  def init(params, batch_stats, num_clients):
+    del num_clients
+    starts = [(params, batch_stats)] + [
+        task.init(jax.random.fold_in(init_key, j)) for j in range(1, k_models)]
+    models = tree_map(lambda *ps: jnp.stack(ps), *[p for p, _ in starts])
+    stats = tree_map(lambda *ss: jnp.stack(ss), *[s for _, s in starts])
+    extra = {"models": models, "batch_stats": stats,
+             "sizes": jnp.zeros((k_models,), jnp.float32)}
+    if decay:
+      extra["round"] = jnp.zeros((), jnp.int32)
+    # Round 0's global model is model 0, the given start.
+    return ServerState(params, batch_stats, (), extra=extra), {}
+
+  @jax.jit
+  def aggregate(server: ServerState, result, picks, losses, cohort: Cohort):
+    n = cohort.num_examples.astype(jnp.float32)
+    onehot = jax.nn.one_hot(picks, k_models, dtype=jnp.float32)  # [S, K]
+    w = onehot * n[:, None]
+    sizes = w.sum(axis=0)  # [K]
+    denom = jnp.maximum(sizes, 1e-12)
+
+    def per_cluster(stacked, old):
+      s = jnp.tensordot(w.T, stacked.astype(jnp.float32), axes=1)  # [K, ...]
+      s = s / denom.reshape((-1,) + (1,) * (s.ndim - 1))
+      keep = (sizes > 0).reshape((-1,) + (1,) * (s.ndim - 1))
+      return jnp.where(keep, s.astype(old.dtype), old)
+
+    models = tree_map(per_cluster, result.params, server.extra["models"])
+    stats = tree_map(per_cluster, result.batch_stats,
+                     server.extra["batch_stats"])
+    params, batch_stats = global_of(models, stats, sizes)
+    extra = {**server.extra, "models": models, "batch_stats": stats,
+             "sizes": sizes}
+    if decay:
+      extra["round"] = server.extra["round"] + 1
+    server = server.replace(params=params, batch_stats=batch_stats,
+                            extra=extra)
+    metrics = stages.cohort_metrics(result, cohort.num_examples)
+    counts = onehot.sum(axis=0)
+    for j in range(k_models):
+      metrics[f"cluster_{j}_clients"] = counts[j]
+    metrics["selection_loss"] = jnp.min(losses, axis=1).mean()
+    return server, metrics
+
+  def apply(server, clients, cohort, key):
+    keys = keys_lib.client_keys(key, cohort.client_ids)
+    factor = (round_factor(lr_decay, server.extra["round"]) if decay
+              else jnp.float32(1.0))
+    scale = jnp.full(cohort.client_ids.shape, factor, jnp.float32)
+    result, picks, losses = train(
+        server.extra["models"], server.extra["batch_stats"], cohort.x,
+        cohort.y, cohort.num_examples, cohort.num_steps, keys, scale)
+    server, metrics = aggregate(server, result, picks, losses, cohort)
+    return server, clients, metrics
+
+  return FederatedAlgorithm(init=init, apply=apply,
+                            comm=CommSpec(download=k_models, upload=1))
