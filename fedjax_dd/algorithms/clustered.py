@@ -41,6 +41,7 @@ import numpy as np
 import optax
 
 from fedjax_dd.algorithms import stages
+from fedjax_dd.algorithms.fedavg import round_factor
 from fedjax_dd.core import aggregate
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
@@ -108,6 +109,7 @@ def clustered_distillation(
     generator_key: jax.Array | None = None,
     mapper: ClientMapper = ClientMapper(),
     augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    lr_decay: float = 1.0,
     bits_per_count: int = 32,
 ) -> FederatedAlgorithm:
   """Builds the clustered-FL round with optional IGA (see module doc).
@@ -125,7 +127,9 @@ def clustered_distillation(
       ``iga``).
     mapper: the client-axis backend.
     augment: ``(key, x [B, H, W, Ch] uint8) -> x`` applied to every local
-      batch (e.g. flips and crops), or ``None``.
+      batch (e.g. :func:`fedjax_dd.core.local.flip_and_crop`), or ``None``.
+    lr_decay: ``γ``: round ``t`` (1-based) trains the clients at
+      ``lr·γ^(t-1)`` (DisUE Sec. 5.1: ``0.998``); ``1.0`` is off.
     bits_per_count: bits of one reported class count in the ledger.
 
   Returns:
@@ -138,9 +142,11 @@ def clustered_distillation(
   """
   if iga is not None and generator_key is None:
     raise ValueError("IGA needs generator_key to initialise its generator.")
-  local_kwargs = {} if augment is None else {"augment": augment}
+  # Each client's context is its round's learning-rate factor.
   local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, **local_kwargs)
+                            max_steps=max_steps, augment=augment,
+                            lr_scale=(lambda ctx: ctx[1])
+                            if lr_decay != 1.0 else None)
   train = stages.client_stage(local, mapper)
   num_classes = task.num_classes
 
@@ -168,9 +174,9 @@ def clustered_distillation(
   def apply(server, clients, cohort, key):
     t = server.extra["round"]
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    no_ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
+    factor = jnp.full(cohort.client_ids.shape, round_factor(lr_decay, t))
     result = train(server.params, server.batch_stats, server.params, cohort,
-                   keys, no_ctx)
+                   keys, factor)
     weights = cohort.num_examples
     rng = keys_lib.numpy_from_key(keys_lib.server_key(key))
     groups = grouping(result.params, server.params, weights, rng)

@@ -105,12 +105,12 @@ def disue(task: Classifier, client_optimizer: optax.GradientTransformation,
           *, batch_size: int, max_steps: int, iga: IGA | None,
           generator_key: jax.Array | None, grouping: Grouping | None = None,
           mapper: ClientMapper = ClientMapper(),
-          augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None
-          ) -> FederatedAlgorithm:
+          augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+          lr_decay: float = 1.0) -> FederatedAlgorithm:
   """Builds DisUE (Algorithm 1).
 
   Args:
-    task, client_optimizer, batch_size, max_steps, mapper, augment: the
+    task, client_optimizer, batch_size, max_steps, mapper, augment, lr_decay: the
       L-phase (see :func:`~fedjax_dd.algorithms.clustered.
       clustered_distillation`).
     iga: the IGA (``num_teachers_max`` = the cohort size); ``None`` is the
@@ -124,4 +124,5 @@ def disue(task: Classifier, client_optimizer: optax.GradientTransformation,
   return clustered_distillation(
       task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
       grouping=grouping or affinity_grouping(), iga=iga,
-      generator_key=generator_key, mapper=mapper, augment=augment)
+      generator_key=generator_key, mapper=mapper, augment=augment,
+      lr_decay=lr_decay)

@@ -50,8 +50,8 @@ def feddf_hparams(hparams: IGAHyperParams = IGAHyperParams()
 def fedftg(task: Classifier, client_optimizer: optax.GradientTransformation,
            *, batch_size: int, max_steps: int, iga: IGA,
            generator_key: jax.Array, mapper: ClientMapper = ClientMapper(),
-           augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None
-           ) -> FederatedAlgorithm:
+           augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+           lr_decay: float = 1.0) -> FederatedAlgorithm:
   """Builds FedFTG (or data-free FedDF, with :func:`feddf_hparams` in
   ``iga``): FedAvg, then IGA with the cohort's clients as teachers.
 
@@ -62,4 +62,4 @@ def fedftg(task: Classifier, client_optimizer: optax.GradientTransformation,
   return clustered_distillation(
       task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
       grouping=singletons, iga=iga, generator_key=generator_key,
-      mapper=mapper, augment=augment)
+      mapper=mapper, augment=augment, lr_decay=lr_decay)

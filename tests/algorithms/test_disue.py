@@ -187,3 +187,23 @@ def test_iga_without_generator_key_is_refused():
   with pytest.raises(ValueError, match="generator_key"):
     disue(task, optax.sgd(0.1), batch_size=5, max_steps=2, iga=loop,
           generator_key=None)
+
+
+def test_lr_decay_and_augmentation_match_fedavg_without_iga():
+  # One group and no IGA is FedAvg: with the same decay and augmentation
+  # the two reach the same model after rounds with different factors.
+  from fedjax_dd.algorithms.fedavg import fedavg
+  from fedjax_dd.core.local import flip_and_crop
+  task = tiny_task(bn=True)
+  num_steps = steps_for(jnp.full((6,), 10), 5, epochs=1)
+  kw = dict(batch_size=5, max_steps=int(jnp.max(num_steps)),
+            augment=flip_and_crop(1), lr_decay=0.5)
+  ours = clustered.clustered_distillation(
+      task, optax.sgd(0.1), grouping=clustered.one_group, iga=None, **kw)
+  theirs = fedavg(task, optax.sgd(0.1), **kw)
+  a, _, _ = _run(ours, task, rounds=2)
+  b, _, _ = _run(theirs, task, rounds=2)
+  assert int(a.server.extra["round"]) == int(b.server.extra["round"]) == 2
+  for x, y in zip(jax.tree_util.tree_leaves(a.server.params),
+                  jax.tree_util.tree_leaves(b.server.params)):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
