@@ -17,6 +17,9 @@ import ml_collections
 import numpy as np
 
 from fedjax_dd.algorithms.centralized import centralized
+from fedjax_dd.algorithms.disue import affinity_grouping, disue
+from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
+from fedjax_dd.algorithms.ifca import ifca
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.algorithms.fednova import fednova
 from fedjax_dd.algorithms.fedprox import fedprox
@@ -30,7 +33,9 @@ from fedjax_dd.core.algorithm import ExperimentState, FederatedAlgorithm
 from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.core.workdir import Workdir
+from fedjax_dd.distill.iga import IGAHyperParams, make_iga
 from fedjax_dd.experiments import common
+from fedjax_dd.models.cgenerator import CGeneratorA
 
 Builder = Callable[[ml_collections.ConfigDict, Classifier, int], FederatedAlgorithm]
 
@@ -47,7 +52,75 @@ def _fedavg_kwargs(config, max_steps):
   return kwargs
 
 
+def _iga(config, task: Classifier, *, feddf: bool = False):
+  """IGA from ``config.iga`` (None when disabled), the cohort's size of
+  teachers."""
+  i = config.iga
+  if not i.enabled:
+    return None
+  hparams = IGAHyperParams(
+      iterations=i.iterations, generator_steps=i.generator_steps,
+      student_steps=i.student_steps, batch_size=i.batch_size,
+      generator_lr=i.generator_lr, student_lr=i.student_lr,
+      lr_decay=i.lr_decay, student_weight_decay=i.student_weight_decay,
+      beta_cf=i.beta_cf, beta_div=i.beta_div, discrepancy=i.discrepancy,
+      student_discrepancy=i.student_discrepancy or None,
+      diversity=i.diversity, temperature=i.temperature, use_gls=i.use_gls,
+      use_gwf=i.use_gwf, fresh_samples=i.fresh_samples)
+  if feddf:
+    hparams = feddf_hparams(hparams)
+  generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,
+                          ngf=i.ngf, num_classes=task.num_classes)
+  cohort = common.clients_per_round(config, config.data.num_clients)
+  return make_iga(task, generator, num_teachers_max=cohort, hparams=hparams,
+                  mapper=common.mapper(config))
+
+
+def _generator_key(config):
+  return keys.stage_key(keys.model_root(config.seed), keys.Stage.GENERATOR)
+
+
+def _clustered_kwargs(config, max_steps):
+  return dict(batch_size=config.client.batch_size, max_steps=max_steps,
+              mapper=common.mapper(config),
+              augment=common.augmentation(config),
+              lr_decay=float(config.client.lr_decay))
+
+
+def _disue(config, task, max_steps):
+  d = config.disue
+  return disue(task, common.make_optimizer(config), iga=_iga(config, task),
+               generator_key=_generator_key(config),
+               grouping=affinity_grouping(
+                   similarity=d.similarity, protocol=d.similarity_protocol,
+                   damping=d.damping, preference=d.preference),
+               **_clustered_kwargs(config, max_steps))
+
+
+def _fedftg(config, task, max_steps, *, feddf=False):
+  if not config.iga.enabled:
+    raise ValueError(f"{config.method} is FedAvg plus IGA: iga.enabled must "
+                     "stay True (use method=fedavg for FedAvg).")
+  return fedftg(task, common.make_optimizer(config),
+                iga=_iga(config, task, feddf=feddf),
+                generator_key=_generator_key(config),
+                **_clustered_kwargs(config, max_steps))
+
+
+def _ifca(config, task, max_steps):
+  return ifca(task, common.make_optimizer(config),
+              num_clusters=config.ifca.num_clusters,
+              init_key=keys.stage_key(keys.model_root(config.seed),
+                                      keys.Stage.CLUSTER_MODELS),
+              global_model=config.ifca.global_model,
+              **_clustered_kwargs(config, max_steps))
+
+
 BUILDERS: dict[str, Builder] = {
+    "disue": _disue,
+    "fedftg": _fedftg,
+    "feddf_datafree": lambda c, task, m: _fedftg(c, task, m, feddf=True),
+    "ifca": _ifca,
     "centralized": lambda c, task, m: centralized(
         task, common.make_optimizer(c), batch_size=c.client.batch_size,
         max_steps=m, mapper=common.mapper(c)),
@@ -144,6 +217,17 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   return summary
 
 
+def _clustering(rows) -> dict[str, Any]:
+  """Clustered methods' groups per round (DisUE: AP's K and convergence)."""
+  rows = [r for r in rows if "num_clusters" in r]
+  if not rows:
+    return {}
+  return {"num_clusters_by_round": [[r["round"], int(r["num_clusters"])]
+                                    for r in rows],
+          "ap_converged_rounds": sum(int(r["clustering_converged"])
+                                     for r in rows)}
+
+
 def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,
               rounds: int, wall: loop_lib.WallClock,
               extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -188,6 +272,7 @@ def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,
       "wall_seconds_total": wall.total(),
       "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
                             if "test_accuracy" in r],
+      **_clustering(rows),
       **efficiency,
       "paper_departures": list(config.paper_departures),
       **(extra or {}),

@@ -328,3 +328,75 @@ def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       "feddf_steps": 10,  # FedDF student steps per epoch on the public set.
   })
   return c
+
+
+def iga(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``iga`` group: DisUE's inter-group aggregation / FedFTG's
+  server fine-tuning (:class:`fedjax_dd.distill.iga.IGAHyperParams`; the
+  defaults are FedFTG's code and DisUE Sec. 5.1)."""
+  c.iga = ml_collections.ConfigDict({
+      "enabled": True,  # False: the "−IGA" ablation (FedAvg of the groups).
+      "iterations": 10,
+      "generator_steps": 1,
+      "student_steps": 5,
+      "batch_size": 50,
+      "generator_lr": 0.01,
+      "student_lr": 0.1,
+      "lr_decay": 0.998,
+      "student_weight_decay": 1e-3,
+      "beta_cf": 1.0,  # 0: "−L_cf"
+      "beta_div": 1.0,  # 0: "−L_div"
+      "discrepancy": "kl",  # kl | l1 | l1_logits (FedFTG's generator term)
+      "student_discrepancy": "",  # "": as discrepancy
+      "diversity": "fedgen",  # fedgen | euclidean (Eq. 12 literally)
+      "temperature": 1.0,
+      "use_gls": True,  # False: "−GLS" (uniform labels)
+      "use_gwf": True,  # False: "−GWF" (equal teacher weights)
+      "fresh_samples": True,
+      # The conditional generator (FedFTG's CGeneratorA).
+      "nz": 100,  # 256 for CIFAR-100
+      "ngf": 64,
+  })
+  return c
+
+
+def disue(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``disue`` group (CGA-Clustering, DisUE Eqs. 3–4) and ``iga``."""
+  c.disue = ml_collections.ConfigDict({
+      "similarity": "delta",  # delta (updates) | raw (parameters)
+      "similarity_protocol": "plain",  # plain | pcsc (Sec. 4.3)
+      "damping": 0.5,  # Affinity Propagation (scikit-learn's default)
+      "preference": config_dict.placeholder(float),  # None: median similarity
+  })
+  return iga(c)
+
+
+def ifca(c: ml_collections.ConfigDict, num_clusters: int = 2
+         ) -> ml_collections.ConfigDict:
+  """Adds the ``ifca`` group (Ghosh et al. 2020)."""
+  c.ifca = ml_collections.ConfigDict({
+      "num_clusters": num_clusters,
+      "global_model": "largest",  # largest | average
+  })
+  return c
+
+
+def disue_protocol(c: ml_collections.ConfigDict, *, dataset: str,
+                   model: str, alpha: float) -> ml_collections.ConfigDict:
+  """DisUE Sec. 5.1's federated protocol, shared by DisUE and its baselines:
+  N = 100 clients, Act = 0.15, FedFTG's Dirichlet (a class prior per client,
+  equal client sizes), 5 local epochs of batch 50, SGD lr 0.1·0.998^t, weight
+  decay 1e-3, gradient clip 10, random flip and pad-4 crop."""
+  c.data.dataset = dataset
+  c.model.name = model
+  c.data.num_clients = 100
+  c.client.clients_per_round = 15
+  c.data.partition = dirichlet_client(alpha)
+  c.client.local_epochs = 5.0
+  c.client.batch_size = 50
+  c.client.lr = 0.1
+  c.client.lr_decay = 0.998
+  c.client.weight_decay = 1e-3
+  c.client.grad_clip = 10.0
+  c.client.augment = "flip_crop"
+  return c

@@ -31,7 +31,14 @@ by fedprox.py (mu = 0.1 there), scaffold.py and fednova.py:
   ...fedavg.py:cifar10_fedd3     CIFAR-10, C_k = 2, the paper's AlexNet
     (``alexcifarnet``, 1,756,426 parameters), 6 rounds.
 
-Every preset sets ``server.gce_gammas`` (Tab. 2: 0.01, 0.5 on MNIST, 0.1, 2 on
+DisUE's protocol (its FedAvg baseline; presets and protocol of disue.py):
+
+  fedjax-dd --config=experiments/configs/fedavg.py:fmnist_dir0.01 --workdir=/tmp/fad
+  ...fedavg.py:cifar10_dir0.01 / cifar10_dir0.1 / svhn_gpu / cifar10_gpu /
+    cifar100_gpu   100 clients, 15 per round, FedFTG's Dirichlet, 5 local
+    epochs, batch 50, SGD lr 0.1·0.998^t, weight decay 1e-3, clip 10.
+
+Every FedD3-protocol and HFLDD-protocol preset sets ``server.gce_gammas`` (Tab. 2: 0.01, 0.5 on MNIST, 0.1, 2 on
 CIFAR-10), so ``summary.json`` reports ``gce`` (one client's model upload
 per round, summed over the rounds run), ``gce_best`` (with the best
 accuracy, Tab. 2's multi-shot footnote) and ``gce_cohort``. The paper's
@@ -118,4 +125,8 @@ def federated_preset(method: str, arg: str):
 
 
 def get_config(arg: str = "mnist_iid"):
+  if arg.endswith(("_dir0.01", "_dir0.1", "_gpu")):
+    # DisUE's protocol (its baseline; the presets of disue.py).
+    from fedjax_dd.experiments.configs import disue  # pylint: disable=g-import-not-at-top
+    return disue.protocol("fedavg", arg)
   return federated_preset("fedavg", arg)

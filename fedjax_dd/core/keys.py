@@ -44,6 +44,7 @@ class Stage(enum.IntEnum):
   DISTILL = 2        # HFLDD members' KIP.
   ROUNDS = 3         # HFLDD / FedSeq rounds (the run key).
   GENERATOR = 4      # IGA's conditional generator (DisUE, FedFTG).
+  CLUSTER_MODELS = 5  # IFCA's models 1 .. K-1.
 
 
 # FedD3 has always keyed its client distillation with stage 1.

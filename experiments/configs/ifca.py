@@ -1,0 +1,22 @@
+r"""ifca under DisUE's protocol (a baseline of disue.py; same presets).
+
+Commands (CPU, 2 cores)::
+
+  fedjax-dd --config=experiments/configs/ifca.py:fmnist_dir0.01 --workdir=/tmp/ifca
+  ...ifca.py:cifar10_dir0.01 / cifar10_dir0.1 / smoke / *_gpu
+
+See experiments/configs/disue.py for the protocol (N = 100, Act = 0.15,
+FedFTG's Dirichlet, 5 local epochs, batch 50, SGD lr 0.1·0.998^t, weight
+decay 1e-3, clip 10, flip and crop) and the presets.
+IFCA (Ghosh et al., NeurIPS 2020): ``ifca.num_clusters`` models; each
+client trains the one with the lowest loss on its data, and the server
+averages per cluster. The evaluated model is the one most training examples
+chose (``ifca.global_model``).
+Measured: not yet.
+"""
+
+from fedjax_dd.experiments.configs import disue
+
+
+def get_config(arg: str = "fmnist_dir0.01"):
+  return disue.protocol("ifca", arg)
