@@ -313,4 +313,5 @@ RUNNERS: dict[str, Callable[[ml_collections.ConfigDict, str], dict[str, Any]]] =
     "hfldd": _lazy("run_hfldd"),
     "fedseq": _lazy("run_fedseq"),
     "fedhydra": _lazy("run_fedhydra"),
+    "quickstart": _lazy("run_quickstart"),
 }

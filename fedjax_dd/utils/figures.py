@@ -284,3 +284,44 @@ def plot_accuracy(points: Sequence[Sequence[float]], path: str | os.PathLike,
   ax.set_ylabel("test accuracy")
   fig.savefig(path, dpi=dpi, bbox_inches="tight")
   return os.fspath(path)
+
+
+def plot_comparison(rows: Sequence[Mapping[str, Any]],
+                    path: str | os.PathLike, *, title: str | None = None,
+                    dpi: int = 120) -> str:
+  """Methods side by side: final test accuracy and total bytes sent.
+
+  Args:
+    rows: one per method, with ``method``, ``final_test_accuracy`` and
+      ``bytes_total``.
+    path: output PNG path.
+    title: optional figure title.
+    dpi: resolution.
+
+  Returns:
+    The path written.
+  """
+  names = [str(r["method"]) for r in rows]
+  acc = [float(r["final_test_accuracy"] or 0.0) for r in rows]
+  traffic = [max(float(r["bytes_total"] or 0.0), 1.0) for r in rows]
+  fig = new_figure(figsize=(10, 3.6))
+  ax_a, ax_b = fig.subplots(1, 2)
+  colours = [colormap("tab10")(i % 10) for i in range(len(rows))]
+  ax_a.bar(names, acc, color=colours)
+  ax_a.set_ylim(0, 1)
+  ax_a.set_ylabel("final test accuracy")
+  for i, a in enumerate(acc):
+    ax_a.text(i, a + 0.02, f"{a:.3f}", ha="center", fontsize=8)
+  ax_b.bar(names, traffic, color=colours)
+  # One-shot uploads and rounds of model exchange differ by orders of
+  # magnitude.
+  ax_b.set_yscale("log")
+  ax_b.set_ylabel("bytes sent")
+  for ax in (ax_a, ax_b):
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.grid(axis="y", alpha=0.3)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=dpi)
+  return os.fspath(path)
