@@ -16,8 +16,11 @@ The public API, as one flat namespace (loaded on first use, so importing the
 package stays cheap)::
 
   algorithms   fedavg, fedprox, fednova, scaffold, centralized, os_fedavg,
-               fedseq, fedhydra, dense, feddf, one_shot (client stage and
-               one-shot averaging), fedd3 and hfldd (their stages)
+               fedseq, ifca, fedhydra, dense, feddf, one_shot (client stage
+               and one-shot averaging), fedd3 and hfldd (their stages)
+  clustered    disue, fedftg, clustered_distillation, affinity_grouping,
+               make_iga, IGAHyperParams, update_similarity,
+               affinity_propagation
   shapes       FederatedAlgorithm, ServerDistillation, ServerState,
                ExperimentState, Cohort, Teachers, CommSpec
   loops        run_loop, run_rounds, train_rounds, run_server_rounds and
@@ -52,6 +55,19 @@ _API: dict[str, tuple[str, str | None]] = {
     "centralized": ("fedjax_dd.algorithms.centralized", "centralized"),
     "os_fedavg": ("fedjax_dd.algorithms.os_fedavg", "os_fedavg"),
     "fedseq": ("fedjax_dd.algorithms.fedseq", "fedseq"),
+    "ifca": ("fedjax_dd.algorithms.ifca", "ifca"),
+    # Clustered FL with data-free inter-group distillation.
+    "disue": ("fedjax_dd.algorithms.disue", "disue"),
+    "fedftg": ("fedjax_dd.algorithms.fedftg", "fedftg"),
+    "clustered_distillation": ("fedjax_dd.algorithms.clustered",
+                               "clustered_distillation"),
+    "affinity_grouping": ("fedjax_dd.algorithms.disue", "affinity_grouping"),
+    "make_iga": ("fedjax_dd.distill.iga", "make_iga"),
+    "IGAHyperParams": ("fedjax_dd.distill.iga", "IGAHyperParams"),
+    "update_similarity": ("fedjax_dd.cluster.similarity",
+                          "update_similarity"),
+    "affinity_propagation": ("fedjax_dd.cluster.affinity",
+                             "affinity_propagation"),
     # Server-side distillation (ServerDistillation factories).
     "fedhydra": ("fedjax_dd.algorithms.fedhydra", "fedhydra"),
     "dense": ("fedjax_dd.algorithms.dense", "dense"),
