@@ -77,3 +77,26 @@ def synthetic_clients(num_clients=4, sizes=(5, 9, 12, 7), n_max=12, seed=0):
 @pytest.fixture
 def task():
   return tiny_task()
+
+
+def rounds_compile_nothing(caplog, algorithm, state, data, num_steps, *,
+                           clients_per_round: int, rounds: int = 3):
+  """Runs one round, then ``rounds`` more under ``jax.log_compiles``;
+  asserts that the later rounds compiled nothing and returns
+  ``(state, rows)`` of the later rounds."""
+  import logging  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core import rounds as rounds_lib  # pylint: disable=g-import-not-at-top
+  options = lambda n: rounds_lib.RoundsOptions(
+      num_rounds=n, clients_per_round=clients_per_round, progress=False)
+  state, ledger, _ = rounds_lib.run_rounds(algorithm, state, data, num_steps,
+                                           options(1))
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles(True):
+    caplog.clear()
+    state, _, rows = rounds_lib.run_rounds(algorithm, state, data, num_steps,
+                                           options(rounds), ledger=ledger)
+  compiles = [r.getMessage() for r in caplog.records
+              if "Compiling" in r.getMessage()]
+  assert not compiles, compiles
+  return state, rows

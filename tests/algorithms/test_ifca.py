@@ -14,7 +14,7 @@ from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.data.stacked import ClientData
-from tests.conftest import tiny_task
+from tests.conftest import rounds_compile_nothing, tiny_task
 
 N = 12        # examples per client
 GROUP = 4     # clients per group
@@ -155,19 +155,8 @@ def _rounds_setup(tmp_path=None):
 
 def test_no_recompilation_across_rounds(caplog):
   alg, state, data, num_steps = _rounds_setup()
-  one = rounds_lib.RoundsOptions(num_rounds=1, clients_per_round=4,
-                                 progress=False)
-  state, ledger, _ = rounds_lib.run_rounds(alg, state, data, num_steps, one)
-  caplog.set_level(logging.WARNING)
-  with jax.log_compiles(True):
-    caplog.clear()
-    state, _, rows = rounds_lib.run_rounds(
-        alg, state, data, num_steps,
-        rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=4,
-                                 progress=False), ledger=ledger)
-  compiles = [r.getMessage() for r in caplog.records
-              if "Compiling" in r.getMessage()]
-  assert not compiles, compiles
+  state, rows = rounds_compile_nothing(caplog, alg, state, data, num_steps,
+                                       clients_per_round=4)
   assert int(state.server.extra["round"]) == 3
   assert all(np.isfinite(r["train_loss"]) for r in rows)
   assert all(r["cluster_0_clients"] + r["cluster_1_clients"] == 4

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from fedjax_dd.core.local import make_local_update, steps_for
-from tests.conftest import synthetic_clients, tiny_task  # noqa: F401
+from tests.conftest import rounds_compile_nothing, synthetic_clients, tiny_task  # noqa: F401
 
 
 def _run(task, x, y, n, num_steps, max_steps, key, lr=0.1):
@@ -240,18 +240,7 @@ def test_lr_decay_does_not_recompile_across_rounds(caplog):
   server, clients = alg.init(params, stats, 4)
   state = ExperimentState(server, clients, jax.random.PRNGKey(1),
                           jnp.asarray(0, jnp.int32))
-  one = rounds_lib.RoundsOptions(num_rounds=1, clients_per_round=2,
-                                 progress=False)
-  state, ledger, _ = rounds_lib.run_rounds(alg, state, data, num_steps, one)
-  caplog.set_level(logging.WARNING)
-  with jax.log_compiles(True):
-    caplog.clear()
-    state, _, rows = rounds_lib.run_rounds(
-        alg, state, data, num_steps,
-        rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=2,
-                                 progress=False), ledger=ledger)
-  compiles = [r.getMessage() for r in caplog.records
-              if "Compiling" in r.getMessage()]
-  assert not compiles, compiles
+  state, rows = rounds_compile_nothing(caplog, alg, state, data, num_steps,
+                                       clients_per_round=2)
   assert int(state.server.extra["round"]) == 3
   assert all(np.isfinite(r["train_loss"]) for r in rows)
