@@ -29,13 +29,17 @@ DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
 # n in {1, 4, 8, 16}, H in {8, 16, 28, 32}, depth in {1, 2, 3}. The pairwise
 # coefficient multiplies n1 * n2, the per-input one n1 + n2 (the
 # per-input spatial covariances `cov1`, `cov2`). Rounded up; the estimate
-# over-predicts the measured peak by 10-25%. The native kernel
-# (`fedjax_dd.kernels.native`) stays under the same estimate.
-_PAIR_COEF_FWD = 3.1
-_SINGLE_COEF_FWD = 1.5
-_PAIR_COEF_GRAD = 8.2
-_PAIR_COEF_GRAD_DEPTH1 = 4.3
-_SINGLE_COEF_GRAD = 1.7
+# over-predicts the measured peak by 10-25%.
+# Per implementation: (forward pair, forward single, gradient pair for
+# depth >= 2, gradient pair for depth 1, gradient single). The native kernel
+# (fedjax_dd.kernels.native; same grid, jax 0.5.3) peaks like neural-tangents
+# forward (0.8-0.95 of the estimate) but its gradient keeps fewer residuals:
+# measured pair coefficient ~4.3 for depth 2 and 3 (8x8 to 32x32 images),
+# rounded up to 5.0.
+_COEFS = {
+    "neural_tangents": (3.1, 1.5, 8.2, 4.3, 1.7),
+    "native": (3.1, 1.5, 5.0, 4.3, 1.7),
+}
 
 
 def check_kind(kind: str) -> None:
@@ -74,6 +78,7 @@ def estimate_kernel_bytes(
     *,
     with_grad: bool = True,
     itemsize: int = 4,
+    impl: str = "neural_tangents",
 ) -> int:
   """Estimates the peak temporary memory of one conv-kernel block.
 
@@ -107,14 +112,20 @@ def estimate_kernel_bytes(
     with_grad: estimate for the gradient (reverse mode through the kernel,
       as in KIP) instead of a forward evaluation.
     itemsize: bytes per float (4 for float32, 8 for float64).
+    impl: the implementation whose calibration to use, "neural_tangents"
+      (:mod:`fedjax_dd.kernels.ntk`) or "native"
+      (:mod:`fedjax_dd.kernels.native`).
 
   Returns:
     Estimated peak temporary bytes of one block evaluation for ONE client.
     Under ``jax.vmap`` over ``C`` clients the peak is ``C`` times larger.
 
   Raises:
-    ValueError: on a non-positive size or an image shape of the wrong rank.
+    ValueError: on a non-positive size, an image shape of the wrong rank or
+      an unknown ``impl``.
   """
+  if impl not in _COEFS:
+    raise ValueError(f"impl must be one of {sorted(_COEFS)}, got {impl!r}.")
   if n1 < 1 or n2 < 1:
     raise ValueError(f"n1 and n2 must be >= 1, got {n1}, {n2}.")
   if len(image_shape) not in (2, 3):
@@ -124,11 +135,13 @@ def estimate_kernel_bytes(
     raise ValueError(f"depth must be >= 1, got {depth}.")
   h, w = int(image_shape[0]), int(image_shape[1])
   spatial = float(h * w) ** 2
+  pair_fwd, single_fwd, pair_grad, pair_grad_depth1, single_grad = (
+      _COEFS[impl])
   if with_grad:
-    pair = _PAIR_COEF_GRAD if depth >= 2 else _PAIR_COEF_GRAD_DEPTH1
-    single = _SINGLE_COEF_GRAD
+    pair = pair_grad if depth >= 2 else pair_grad_depth1
+    single = single_grad
   else:
-    pair, single = _PAIR_COEF_FWD, _SINGLE_COEF_FWD
+    pair, single = pair_fwd, single_fwd
   return int(math.ceil(itemsize * spatial * (pair * n1 * n2 + single *
                                              (n1 + n2))))
 
@@ -207,7 +220,7 @@ def no_check(n1: int, n2: int, shape: tuple[int, ...], itemsize: int) -> None:
 
 
 def budget_check(depth: int, memory_budget_bytes: int | None,
-                 budget_for_grad: bool
+                 budget_for_grad: bool, impl: str = "neural_tangents"
                  ) -> Callable[[int, int, tuple[int, ...], int], None]:
   """The conv kernels' trace-time guard on one block's estimated memory."""
 
@@ -215,12 +228,13 @@ def budget_check(depth: int, memory_budget_bytes: int | None,
     if memory_budget_bytes is None:
       return
     est = estimate_kernel_bytes(n1, n2, shape, depth,
-                                with_grad=budget_for_grad, itemsize=itemsize)
+                                with_grad=budget_for_grad, itemsize=itemsize,
+                                impl=impl)
     if est > memory_budget_bytes:
       raise ValueError(
           f"conv kernel block of {n1} x {n2} images of shape {tuple(shape)} "
           f"needs ~{est / 2**30:.2f} GiB (estimate_kernel_bytes, "
-          f"with_grad={budget_for_grad}), over memory_budget_bytes="
+          f"with_grad={budget_for_grad}, impl={impl!r}), over memory_budget_bytes="
           f"{memory_budget_bytes / 2**30:.2f} GiB. Pass a smaller batch_size "
           f"or raise memory_budget_bytes.")
 

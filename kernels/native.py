@@ -19,7 +19,7 @@ Recursions (one client; ``nngp`` is the readout's Gaussian-process kernel,
   width-1 layers of ``ntk.py`` (``D`` or ``Ch * 9`` for the first layer,
   1 or 9 after it). ``A`` is the identity for Dense and, for the 3x3 SAME
   convolution, the mean over the 9 filter offsets applied to both positions
-  of the spatial covariance ``[..., H, W, H, W]`` (zero padding).
+  of the spatial covariance ``[..., H, H, W, W]`` (zero padding).
 * ReLU (Cho & Saul 2009, arc-cosine kernel of degree 1): with
   ``prod = v1 v2``, ``s = sqrt(prod - nngp**2)`` and ``theta =
   arctan2(s, nngp)``, ``nngp' = (s + (pi - theta) nngp) / (2 pi)`` and
@@ -38,10 +38,11 @@ subgradient of the kink at coinciding inputs; neural-tangents' ``_sqrt`` /
 ``_arctan2`` give the same 0 at ``s = 0`` exactly). Gradients with respect
 to the inputs therefore stay finite for duplicate and all-zero images.
 
-Memory. The conv kernel keeps ``[n1, n2, H, W, H, W]`` covariances, as
-neural-tangents does; the memory guard and blocked evaluation are the shared
-ones of :mod:`fedjax_dd.kernels.blocking` (the estimate bounds this
-implementation's peak too).
+Memory. The conv kernel keeps ``[n1, n2, H, H, W, W]`` covariances, as
+neural-tangents does (the first layer contracts 3x3 input patches, so the
+raw input covariance is never formed); the memory guard and blocked
+evaluation are the shared ones of :mod:`fedjax_dd.kernels.blocking`, the
+guard with ``estimate_kernel_bytes(..., impl="native")``.
 """
 
 from __future__ import annotations
@@ -146,48 +147,55 @@ def _affine(nngp, ntk, W_std, b_std, parameterization, fan_in, a_nngp,
   return new_nngp, new_ntk
 
 
+# Spatial covariances are kept as ``[..., P, P', Q, Q']``: the two positions'
+# coordinates along one image axis are adjacent, as in neural-tangents. Each
+# convolution swaps which image axis comes first (``(P, Q)`` is ``(H, W)`` or
+# ``(W, H)``); pooling, ReLU (whose variances ``[n, P, Q]`` are read off the
+# same layout), the diagonal and Flatten are indifferent to the order.
+
+
+def _conv3_last_pair(x: jax.Array) -> jax.Array:
+  """Mean over the 3 shared offsets of the trailing axis pair (SAME)."""
+  lead, (n, m) = x.shape[:-2], x.shape[-2:]
+  rhs = (jnp.eye(3, dtype=x.dtype) / 3).reshape(1, 1, 3, 3)
+  y = jax.lax.conv_general_dilated(
+      x.reshape(-1, 1, n, m), rhs, (1, 1), "SAME",
+      dimension_numbers=("NCHW", "OIHW", "NCHW"))
+  return y.reshape(lead + (n, m))
+
+
 def _conv3x3_same(cov: jax.Array) -> jax.Array:
-  """``[..., H, W, H, W]``: mean over the 9 offsets shared by both positions.
+  """``[..., P, P', Q, Q'] -> [..., Q, Q', P, P']``: mean over the 9 offsets.
 
-  Separable: 3 diagonal offsets on the (H, H) pair, then on the (W, W) pair,
-  with zero padding (SAME).
+  ``out[p, q] = mean_d cov[p + d, q + d]`` over ``d`` in ``{-1, 0, 1}**2``
+  with zero padding (SAME): a diagonal 3x3 filter on each axis pair.
   """
-  nd = cov.ndim
-  h, w = cov.shape[-4], cov.shape[-3]
+  cov = _conv3_last_pair(cov)
+  cov = jnp.moveaxis(cov, (-4, -3), (-2, -1))
+  return _conv3_last_pair(cov)
 
-  def along(x, ax1, ax2, n):
-    pad = [(0, 0)] * nd
-    pad[ax1] = pad[ax2] = (1, 1)
-    p = jnp.pad(x, pad)
-    out = None
-    for a in range(3):
-      idx = [slice(None)] * nd
-      idx[ax1] = idx[ax2] = slice(a, a + n)
-      term = p[tuple(idx)]
-      out = term if out is None else out + term
-    return out
 
-  cov = along(cov, nd - 4, nd - 2, h)
-  cov = along(cov, nd - 3, nd - 1, w)
-  return cov / 9.0
+def _patches3x3(x: jax.Array) -> jax.Array:
+  """``[n, H, W, C] -> [n, H, W, 9 C]``: zero-padded 3x3 neighbourhoods."""
+  h, w = x.shape[1], x.shape[2]
+  p = jnp.pad(x, [(0, 0), (1, 1), (1, 1), (0, 0)])
+  return jnp.concatenate([p[:, a:a + h, b:b + w, :] for a in range(3)
+                          for b in range(3)], axis=-1)
 
 
 def _avg_pool2(cov: jax.Array) -> jax.Array:
-  """``[..., H, W, H, W]`` -> ``[..., H//2, W//2, H//2, W//2]`` (2x2 VALID)."""
-  h, w = cov.shape[-4] // 2, cov.shape[-3] // 2
+  """``[..., P, P, Q, Q]`` -> ``[..., P//2, P//2, Q//2, Q//2]`` (2x2 VALID)."""
+  p, q = cov.shape[-4] // 2, cov.shape[-2] // 2
   lead = cov.shape[:-4]
-  cov = cov[..., :2 * h, :2 * w, :2 * h, :2 * w]
-  cov = cov.reshape(lead + (h, 2, w, 2, h, 2, w, 2))
+  cov = cov[..., :2 * p, :2 * p, :2 * q, :2 * q]
+  cov = cov.reshape(lead + (p, 2, p, 2, q, 2, q, 2))
   n = len(lead)
   return jnp.mean(cov, axis=(n + 1, n + 3, n + 5, n + 7))
 
 
 def _spatial_diag(cov: jax.Array) -> jax.Array:
-  """``[..., H, W, H, W]`` -> ``[..., H, W]`` (entries at equal positions)."""
-  h, w = cov.shape[-4], cov.shape[-3]
-  flat = cov.reshape(cov.shape[:-4] + (h * w, h * w))
-  return jnp.diagonal(flat, axis1=-2, axis2=-1).reshape(cov.shape[:-4] +
-                                                        (h, w))
+  """``[..., P, P, Q, Q]`` -> ``[..., P, Q]`` (entries at equal positions)."""
+  return jnp.einsum("...ppqq->...pq", cov)
 
 
 def _input_dtype(x: jax.Array) -> jax.Array:
@@ -233,19 +241,25 @@ def _fc_block(depth, W_std, b_std, kind, parameterization):
 
 def _conv_self(x: jax.Array, depth: int, W_std: float, b_std: float
                ) -> list[jax.Array]:
-  """Per-input spatial variances ``[n, H_l, W_l]`` before each ReLU.
+  """Per-input spatial variances ``[n, P_l, Q_l]`` before each ReLU.
 
-  Needs each input's own covariance ``[n, H, W, H, W]`` (average pooling
+  Needs each input's own covariance ``[n, P, P, Q, Q]`` (average pooling
   mixes positions), i.e. the pair recursion on the batch diagonal.
   """
-  ch = x.shape[-1]
-  cov = jnp.einsum("ahwc,axyc->ahwxy", x, x) / ch
   variances = []
-  for _ in range(depth):
-    cov = W_std**2 * _conv3x3_same(cov) + b_std**2
+  cov = None
+  for layer in range(depth):
+    if layer == 0:
+      # Conv of the input covariance <x_p, x_q> / Ch, in one contraction of
+      # the 3x3 patches (the raw input covariance is never formed).
+      pt = _patches3x3(x)
+      a_cov = jnp.einsum("ahwk,axyk->ahxwy", pt, pt) / pt.shape[-1]
+    else:
+      a_cov = _conv3x3_same(cov)
+    cov = W_std**2 * a_cov + b_std**2
     var = _spatial_diag(cov)
     variances.append(var)
-    cov, _ = relu_map(cov, var[:, :, :, None, None], var[:, None, None, :, :])
+    cov, _ = relu_map(cov, var[:, :, None, :, None], var[:, None, :, None, :])
     cov = _avg_pool2(cov)
   return variances
 
@@ -258,23 +272,27 @@ def _conv_block(depth, W_std, b_std, kind, parameterization):
     ch = x1.shape[-1]
     var1 = _conv_self(x1, depth, W_std, b_std)
     var2 = _conv_self(x2, depth, W_std, b_std)
-    nngp = jnp.einsum("ahwc,bxyc->abhwxy", x1, x2) / ch
+    nngp = None
     ntk = None if track_ntk else False
     fan_in = ch * 9
     for layer in range(depth):
-      a_nngp = _conv3x3_same(nngp)
+      if layer == 0:
+        p1, p2 = _patches3x3(x1), _patches3x3(x2)
+        a_nngp = jnp.einsum("ahwk,bxyk->abhxwy", p1, p2) / p1.shape[-1]
+      else:
+        a_nngp = _conv3x3_same(nngp)
       a_ntk = (None if ntk is None or ntk is False else _conv3x3_same(ntk))
       nngp, ntk = _affine(nngp, ntk, W_std, b_std, parameterization, fan_in,
                           a_nngp, a_ntk)
       v1, v2 = var1[layer], var2[layer]
-      nngp, dot = relu_map(nngp, v1[:, None, :, :, None, None],
-                           v2[None, :, None, None, :, :])
+      nngp, dot = relu_map(nngp, v1[:, None, :, None, :, None],
+                           v2[None, :, None, :, None, :])
       nngp = _avg_pool2(nngp)
       if ntk is not False:
         ntk = _avg_pool2(ntk * dot)
       fan_in = 9
     # Flatten: the mean over the spatial diagonal; then the Dense readout.
-    hf, wf = nngp.shape[-4], nngp.shape[-3]
+    hf, wf = nngp.shape[-4], nngp.shape[-2]
     flat = jnp.mean(_spatial_diag(nngp), axis=(-2, -1))
     a_ntk = (None if ntk is None or ntk is False else
              jnp.mean(_spatial_diag(ntk), axis=(-2, -1)))
@@ -351,8 +369,8 @@ def conv_kernel(
     batch_size: if set, compute the Gram matrix in blocks of at most
       ``batch_size`` x ``batch_size`` inputs.
     memory_budget_bytes: at trace time, raise ``ValueError`` if
-      :func:`estimate_kernel_bytes` of one block exceeds this; None disables
-      the check.
+      ``estimate_kernel_bytes(..., impl="native")`` of one block exceeds
+      this; None disables the check.
     budget_for_grad: estimate the block for a gradient pass (KIP).
 
   Returns:
@@ -371,4 +389,5 @@ def conv_kernel(
                       parameterization)
   return blocking.finalize(block, batch_size, blocking.prepare_images(depth),
                            blocking.budget_check(depth, memory_budget_bytes,
-                                                 budget_for_grad))
+                                                 budget_for_grad,
+                                                 impl="native"))
