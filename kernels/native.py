@@ -127,8 +127,7 @@ def relu_map(c: jax.Array, var1: jax.Array, var2: jax.Array
 # Layers on covariances.
 
 
-def _affine(nngp, ntk, W_std, b_std, parameterization, fan_in, a_nngp,
-            a_ntk):
+def _affine(ntk, W_std, b_std, parameterization, fan_in, a_nngp, a_ntk):
   """Dense/Conv layer on (already spatially mapped) ``a_nngp``, ``a_ntk``.
 
   ``a_ntk`` None stands for an all-zero NTK (the input layer); ``ntk`` False
@@ -143,7 +142,6 @@ def _affine(nngp, ntk, W_std, b_std, parameterization, fan_in, a_nngp,
     new_ntk = fan_in * a_nngp + 1.0
     if a_ntk is not None:
       new_ntk = new_ntk + W_std**2 * a_ntk
-  del nngp
   return new_nngp, new_ntk
 
 
@@ -220,7 +218,7 @@ def _fc_block(depth, W_std, b_std, kind, parameterization):
     fan_in = d
     for _ in range(depth):
       a_ntk = None if ntk is None or ntk is False else ntk
-      nngp, ntk = _affine(nngp, ntk, W_std, b_std, parameterization, fan_in,
+      nngp, ntk = _affine(ntk, W_std, b_std, parameterization, fan_in,
                           nngp, a_ntk)
       v1 = W_std**2 * v1 + b_std**2
       v2 = W_std**2 * v2 + b_std**2
@@ -232,7 +230,7 @@ def _fc_block(depth, W_std, b_std, kind, parameterization):
       v2, _ = relu_map(v2, v2, v2)
       fan_in = 1
     a_ntk = None if ntk is None or ntk is False else ntk
-    nngp, ntk = _affine(nngp, ntk, W_std, b_std, parameterization, fan_in,
+    nngp, ntk = _affine(ntk, W_std, b_std, parameterization, fan_in,
                         nngp, a_ntk)
     return ntk if track_ntk else nngp
 
@@ -282,7 +280,7 @@ def _conv_block(depth, W_std, b_std, kind, parameterization):
       else:
         a_nngp = _conv3x3_same(nngp)
       a_ntk = (None if ntk is None or ntk is False else _conv3x3_same(ntk))
-      nngp, ntk = _affine(nngp, ntk, W_std, b_std, parameterization, fan_in,
+      nngp, ntk = _affine(ntk, W_std, b_std, parameterization, fan_in,
                           a_nngp, a_ntk)
       v1, v2 = var1[layer], var2[layer]
       nngp, dot = relu_map(nngp, v1[:, None, :, None, :, None],
@@ -296,7 +294,7 @@ def _conv_block(depth, W_std, b_std, kind, parameterization):
     flat = jnp.mean(_spatial_diag(nngp), axis=(-2, -1))
     a_ntk = (None if ntk is None or ntk is False else
              jnp.mean(_spatial_diag(ntk), axis=(-2, -1)))
-    nngp, ntk = _affine(flat, ntk, W_std, b_std, parameterization, hf * wf,
+    nngp, ntk = _affine(ntk, W_std, b_std, parameterization, hf * wf,
                         flat, a_ntk)
     return ntk if track_ntk else nngp
 

@@ -10,6 +10,9 @@ Two architectures are provided:
   NeurIPS 2021): ``depth`` x [Conv 3x3 SAME + ReLU + AvgPool 2] then Flatten
   and a Dense readout.
 
+:mod:`fedjax_dd.kernels.native` computes the same kernels in pure JAX, with
+the same arguments (golden values: ``tests/kernels/golden_ntk.npz``).
+
 Both factories return a pure function ``k(x1, x2) -> [n1, n2]`` for ONE
 client. It is jit-able, ``jax.vmap``-able over a leading client axis and
 differentiable with respect to both inputs (KIP differentiates through it with
@@ -17,7 +20,8 @@ respect to the support set).
 
 Memory. The infinite-width ConvNet kernel keeps the full spatial covariance of
 every pair of inputs, i.e. arrays of ``n1 * n2 * (H * W)**2`` floats per
-layer. :func:`estimate_kernel_bytes` gives a calibrated estimate; the conv
+layer. :func:`estimate_kernel_bytes` (shared with the native kernels, in
+:mod:`fedjax_dd.kernels.blocking`) gives a calibrated estimate; the conv
 kernel refuses (``ValueError``, at trace time) a block whose estimate exceeds
 ``memory_budget_bytes`` and can evaluate the Gram matrix in blocks of
 ``batch_size`` rows and columns with ``jax.lax.map``.

@@ -173,20 +173,25 @@ def test_gradient_finite_at_zero_inputs_without_bias(arch):
 
 
 @pytest.mark.parametrize("kind", ["ntk", "nngp"])
-def test_matches_neural_tangents_float32(kind):
+@pytest.mark.parametrize("arch", ["fc", "conv"])
+def test_matches_neural_tangents_float32(arch, kind):
   ntk = pytest.importorskip("fedjax_dd.kernels.ntk")
   x1, x2 = _images(3), _images(2, seed=1)
-  for depth in (1, 3):
-    for par in ("ntk", "standard"):
-      np.testing.assert_allclose(
-          native.fc_kernel(depth, kind=kind, parameterization=par)(x1, x2),
-          ntk.fc_kernel(depth, kind=kind, parameterization=par)(x1, x2),
-          rtol=1e-5, atol=1e-6)
+  depth = 3 if arch == "fc" else 2
   for par in ("ntk", "standard"):
     np.testing.assert_allclose(
-        native.conv_kernel(2, kind=kind, parameterization=par)(x1, x2),
-        ntk.conv_kernel(2, kind=kind, parameterization=par)(x1, x2),
+        getattr(native, f"{arch}_kernel")(depth, kind=kind,
+                                          parameterization=par)(x1, x2),
+        getattr(ntk, f"{arch}_kernel")(depth, kind=kind,
+                                       parameterization=par)(x1, x2),
         rtol=1e-5, atol=1e-6)
+  if arch == "conv":
+    # Non-square, odd-sized images with 2 channels (pooling drops the last
+    # row and column).
+    y1, y2 = _images(2, 7, 5, 2, seed=2), _images(3, 7, 5, 2, seed=3)
+    np.testing.assert_allclose(native.conv_kernel(2, kind=kind)(y1, y2),
+                               ntk.conv_kernel(2, kind=kind)(y1, y2),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_blocked_and_vmapped_equal_plain():
