@@ -29,6 +29,7 @@ from fedjax_dd.data import preprocess
 from fedjax_dd.data import sources
 from fedjax_dd.data.stacked import ClientData, stack_clients
 from fedjax_dd.distill import kip as kip_lib
+from fedjax_dd.experiments.configs import base as base_config
 
 
 # Floor of the channel std: a constant channel would divide by zero.
@@ -372,31 +373,39 @@ def local_steps(config: ml_collections.ConfigDict, num_examples) -> jax.Array:
   return steps_for(num_examples, c.batch_size, epochs=c.local_epochs)
 
 
-# Kernel builders of fedjax_dd.kernels.ntk, imported on first use (it loads
-# neural-tangents, which most runs never need).
+# Architectures of kip.kernel; kip.kernel_impl picks the implementation
+# (fedjax_dd.kernels.KERNEL_IMPLS: the neural-tangents one is imported on
+# first use, it loads TensorFlow).
 KIP_KERNELS = ("fc", "conv")
 
 
 def kip_kernel(config: ml_collections.ConfigDict, *,
                batched: bool = False) -> kip_lib.KernelFn:
   """The KIP kernel of ``config.kip.kernel`` / ``kernel_depth`` /
-  ``kernel_kind``.
+  ``kernel_kind``, computed by ``kernel_impl``.
 
   ``kip.kernel_depth`` 0 keeps the kernel's default depth (FC 4, conv 3).
   ``batched`` evaluates in blocks of ``config.kip.kernel_batch`` images (if
-  set), for KRR over many test images.
+  set), for KRR over many test images. ``kip.kernel_impl`` is
+  ``"neural_tangents"`` (:mod:`fedjax_dd.kernels.ntk`) or ``"native"``
+  (:mod:`fedjax_dd.kernels.native`, pure JAX); a config without the key uses
+  :data:`base_config.DEFAULT_KERNEL_IMPL`.
   """
+  from fedjax_dd import kernels  # pylint: disable=g-import-not-at-top
   k = config.kip
   if k.kernel not in KIP_KERNELS:
     raise ValueError(f"Unknown kip.kernel {k.kernel!r}; expected one "
                      f"of {sorted(KIP_KERNELS)}.")
+  impl = k.get("kernel_impl", base_config.DEFAULT_KERNEL_IMPL)
+  if impl not in kernels.KERNEL_IMPLS:
+    raise ValueError(f"Unknown kip.kernel_impl {impl!r}; expected one "
+                     f"of {sorted(kernels.KERNEL_IMPLS)}.")
   kwargs: dict = {"kind": k.kernel_kind}
   if k.kernel_depth:
     kwargs["depth"] = int(k.kernel_depth)
   if batched and k.kernel_batch:
     kwargs["batch_size"] = int(k.kernel_batch)
-  from fedjax_dd.kernels import ntk  # pylint: disable=g-import-not-at-top
-  return {"fc": ntk.fc_kernel, "conv": ntk.conv_kernel}[k.kernel](**kwargs)
+  return kernels.kernel_builder(k.kernel, impl)(**kwargs)
 
 
 def kip_options(config: ml_collections.ConfigDict) -> kip_lib.KipOptions:

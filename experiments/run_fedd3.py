@@ -95,7 +95,8 @@ def _distiller(config, prepared, num_classes):
 # Config keys (dotted paths) that determine the distilled set (the upload);
 # every other key (server optimiser, epochs, evaluation, backend) may differ
 # from the run that cached it. KIP's segment length only paces progress
-# reports.
+# reports; kip.kernel_impl only picks which implementation computes the same
+# kernel (equal to rounding), so it is left out too.
 DISTILL_KEYS = (
     "data.dataset", "data.num_classes", "data.resplit", "model.name",
     "data.input_shape",

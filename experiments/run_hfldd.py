@@ -177,9 +177,10 @@ def sent_label_bits(config: ml_collections.ConfigDict) -> int:
 # change stages 1-3 (a cached run may alter them): the rounds, the ``run``
 # group (evaluation, checkpoints, logging, time budget), the ``engine``, the
 # heads' local training (client.batch_size, client.local_*; pre-training has
-# its own keys), client sampling, the summary's GCE and the label bits
-# charged.
-NOT_STAGE_KEYS = ("rounds", "run", "engine", "client.batch_size",
+# its own keys), client sampling, the summary's GCE, the label bits
+# charged and which implementation computes the (same) KIP kernel.
+NOT_STAGE_KEYS = ("rounds", "run", "engine", "kip.kernel_impl",
+                  "client.batch_size",
                   "client.local_epochs", "client.local_steps",
                   "client.clients_per_round", "client.client_fraction",
                   "server.initial_model_as_seed", "server.gce_gammas",

@@ -194,7 +194,11 @@ def dirichlet_client(alpha: float, client_size: int = 0
 KIP_OPTION_KEYS = ("lr", "max_iterations", "target_batch_size", "reg",
                    "learn_labels", "centered_labels", "stop_accuracy",
                    "min_iterations", "segment_iterations")
-KIP_KERNEL_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch")
+KIP_KERNEL_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch",
+                   "kernel_impl")
+# kip.kernel_impl's default: neural-tangents until the native kernels (equal
+# to rounding, fedjax_dd.kernels.native) replace it.
+DEFAULT_KERNEL_IMPL = "neural_tangents"
 KIP_KEYS = KIP_OPTION_KEYS + KIP_KERNEL_KEYS
 
 
@@ -208,7 +212,9 @@ def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
   ``lambda = 1e-6``, fixed labels) and the kernel: ``kip.kernel`` (fc |
   conv), ``kip.kernel_depth`` (0: the kernel's default, FC 4 / conv 3),
   ``kip.kernel_kind`` (ntk | nngp), ``kip.kernel_batch`` (> 0: blocks of
-  that many images when evaluating KRR, FedD3's quantisation check).
+  that many images when evaluating KRR, FedD3's quantisation check),
+  ``kip.kernel_impl`` (neural_tangents | native: which implementation of
+  the same kernel computes it; :data:`DEFAULT_KERNEL_IMPL`).
   ``kip.stop_accuracy`` None runs a fixed budget of ``kip.max_iterations``.
   """
   c.kip = ml_collections.ConfigDict({
@@ -216,6 +222,7 @@ def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
       "kernel_depth": kernel_depth,
       "kernel_kind": "ntk",
       "kernel_batch": 0,
+      "kernel_impl": DEFAULT_KERNEL_IMPL,
       "lr": 0.004,
       "max_iterations": max_iterations,
       "target_batch_size": 10,

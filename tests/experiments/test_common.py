@@ -69,6 +69,23 @@ def test_kip_kernel_depth_zero_is_the_kernels_default():
     common.kip_kernel(c)
 
 
+def test_kip_kernel_impl_selects_the_implementation():
+  c = hfldd_config.get_config("smoke")
+  assert c.kip.kernel_impl == "neural_tangents"   # the default, for now
+  x = np.random.default_rng(0).normal(size=(3, 8, 8, 1)).astype(np.float32)
+  from fedjax_dd.kernels import native
+  c.kip.kernel_impl = "native"
+  np.testing.assert_allclose(common.kip_kernel(c)(x, x),
+                             native.fc_kernel(depth=4)(x, x), rtol=1e-6)
+  c.kip.kernel, c.kip.kernel_depth, c.kip.kernel_kind = "conv", 2, "nngp"
+  np.testing.assert_allclose(
+      common.kip_kernel(c)(x, x),
+      native.conv_kernel(depth=2, kind="nngp")(x, x), rtol=1e-6)
+  c.kip.kernel_impl = "nt"
+  with pytest.raises(ValueError, match="kip.kernel_impl"):
+    common.kip_kernel(c)
+
+
 def test_prepared_channel_stats_are_the_floored_train_stats(monkeypatch):
   c = fedd3_config.get_config("smoke")
   p = common.load_and_prepare(c)
