@@ -396,7 +396,7 @@ def kip_kernel(config: ml_collections.ConfigDict, *,
   if k.kernel not in KIP_KERNELS:
     raise ValueError(f"Unknown kip.kernel {k.kernel!r}; expected one "
                      f"of {sorted(KIP_KERNELS)}.")
-  impl = k.get("kernel_impl", base_config.DEFAULT_KERNEL_IMPL)
+  impl = k.kernel_impl
   if impl not in kernels.KERNEL_IMPLS:
     raise ValueError(f"Unknown kip.kernel_impl {impl!r}; expected one "
                      f"of {sorted(kernels.KERNEL_IMPLS)}.")
