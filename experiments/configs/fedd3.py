@@ -26,6 +26,11 @@ Commands (CPU, 2 cores; figures measured are in the project notes):
     all stopped early), loss first/last median 0.253 / 0.225; privacy: 168
     of 1,000 uploaded images byte-identical to a raw image of their sender,
     median nearest-raw L2 0.18 (two different digits: 5-10); 52 s wall.
+    These figures used neural-tangents' kernel; with the native kernel (the
+    default ``kip.kernel_impl``) the same run gives 0.9437 final and best,
+    union KRR test accuracy 0.9025 (0.903), the same 168 raw images and KIP
+    losses equal to 4 digits (neural-tangents again: 0.9419 / 0.9421 on the
+    current code; the 3-seed sd is 0.0016).
   ...fedd3.py:mnist_noniid_kip_full
     The same with no early stop: every client runs all 3000 iterations
     (``kip.stop_accuracy = None``), what "distilled" means without the rule.

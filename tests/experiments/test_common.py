@@ -61,9 +61,9 @@ def test_kip_options_one_name_per_setting():
 def test_kip_kernel_depth_zero_is_the_kernels_default():
   c = hfldd_config.get_config("smoke")
   x = np.random.default_rng(0).normal(size=(3, 8, 8, 1)).astype(np.float32)
-  from fedjax_dd.kernels import ntk
+  from fedjax_dd.kernels import native
   np.testing.assert_allclose(common.kip_kernel(c)(x, x),
-                             ntk.fc_kernel(depth=4)(x, x), rtol=1e-6)
+                             native.fc_kernel(depth=4)(x, x), rtol=1e-6)
   c.kip.kernel = "nope"
   with pytest.raises(ValueError, match="kip.kernel"):
     common.kip_kernel(c)
@@ -71,9 +71,13 @@ def test_kip_kernel_depth_zero_is_the_kernels_default():
 
 def test_kip_kernel_impl_selects_the_implementation():
   c = hfldd_config.get_config("smoke")
-  assert c.kip.kernel_impl == "neural_tangents"   # the default, for now
+  assert c.kip.kernel_impl == "native"   # the default
   x = np.random.default_rng(0).normal(size=(3, 8, 8, 1)).astype(np.float32)
   from fedjax_dd.kernels import native
+  from fedjax_dd.kernels import ntk
+  c.kip.kernel_impl = "neural_tangents"
+  np.testing.assert_allclose(common.kip_kernel(c)(x, x),
+                             ntk.fc_kernel(depth=4)(x, x), rtol=1e-6)
   c.kip.kernel_impl = "native"
   np.testing.assert_allclose(common.kip_kernel(c)(x, x),
                              native.fc_kernel(depth=4)(x, x), rtol=1e-6)
