@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
@@ -84,6 +85,32 @@ WORKLOADS: tuple[str, ...] = ("train", "kip")
 _WORKLOAD_BACKEND = {("cpu", "kip"): "vmap"}
 
 
+@functools.lru_cache(maxsize=None)
+def option_supported(name: str, value: Any, platform: str) -> bool:
+  """Whether the running XLA accepts compile option ``name`` on ``platform``.
+
+  Options come and go between jax releases (jax 0.10 removed
+  ``xla_cpu_use_thunk_runtime``, and passing it fails every compilation with
+  ``INVALID_ARGUMENT: No such compile option``), so each one is probed once by
+  compiling a trivial program with it.
+  """
+  try:
+    device = jax.devices(platform)[0]
+  except RuntimeError:
+    return False
+  try:
+    jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(
+        jax.device_put(jnp.zeros((), jnp.float32), device)).compile()
+  except Exception as e:  # pylint: disable=broad-except
+    # Only a rejected option is "unsupported"; anything else is a real error.
+    if "compile option" in str(e) or "INVALID_ARGUMENT" in str(e):
+      logging.warning("XLA does not accept compile option %s on %s; the "
+                      "engine runs without it.", name, platform)
+      return False
+    raise
+  return True
+
+
 def hot_program_options(classic_runtime: bool = True,
                         per_core: bool = False) -> dict[str, Any]:
   """XLA compiler options for the engine's hot jitted programs.
@@ -102,7 +129,8 @@ def hot_program_options(classic_runtime: bool = True,
     options.update(_HOT_PROGRAM_OPTIONS.get(platform, {}))
   if per_core:
     options.update(_PER_CORE_OPTIONS.get(platform, {}))
-  return options
+  return {k: v for k, v in options.items()
+          if option_supported(k, v, platform)}
 
 
 def engine_jit(fn: Callable[..., Any], *, classic_runtime: bool = True,

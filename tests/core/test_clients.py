@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -158,3 +159,19 @@ def test_workload_defaults():
   assert ClientMapper(backend="loop", workload="kip").resolved_backend == "loop"
   with pytest.raises(ValueError, match="Unknown workload"):
     clients.default_backend("cpu", "kernel")
+
+
+def test_compile_options_the_running_xla_lacks_are_dropped(monkeypatch):
+  from fedjax_dd.core import clients as clients_lib
+  platform = jax.default_backend()
+  assert not clients_lib.option_supported("xla_no_such_option_here", True,
+                                          platform)
+  assert clients_lib.option_supported("xla_cpu_multi_thread_eigen", False,
+                                      platform)
+  # An option a newer XLA removed (as jax 0.10 removed the thunk-runtime
+  # switch) is left out instead of failing every engine compilation.
+  monkeypatch.setattr(clients_lib, "_HOT_PROGRAM_OPTIONS",
+                      {platform: {"xla_no_such_option_here": True}})
+  assert clients_lib.hot_program_options(True) == {}
+  f = clients_lib.engine_jit(lambda x: x * 2)
+  assert float(f(jnp.float32(3.0))) == 6.0
