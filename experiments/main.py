@@ -184,6 +184,15 @@ def _exit_interrupted(message: str) -> None:
   os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
 
 
+def _preset_fingerprint() -> dict | None:
+  """The fingerprint of the config file's preset without ``--config.*``
+  overrides: the defaults of settings a recorded run may predate."""
+  path = _config_arg(sys.argv)
+  if path is None:
+    return None
+  return common.fingerprint(flags.FLAGS["config"].parser.parse(path))
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -234,7 +243,8 @@ def main(argv):
     # A resumed run must be the same experiment: refused, naming each
     # setting that differs, before the dataset loads.
     try:
-      workdir_lib.record_fingerprint(_WORKDIR.value, common.fingerprint(config))
+      workdir_lib.record_fingerprint(_WORKDIR.value, common.fingerprint(config),
+                                     defaults=_preset_fingerprint())
     except workdir_lib.FingerprintMismatchError as e:
       raise app.UsageError(str(e)) from None
     summary = runners.RUNNERS[config.runner](config, _WORKDIR.value)

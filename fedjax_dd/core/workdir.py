@@ -184,7 +184,8 @@ def has_run_files(directory: str | os.PathLike) -> bool:
 
 
 def record_fingerprint(directory: str | os.PathLike,
-                       fingerprint: Mapping[str, Any]) -> str:
+                       fingerprint: Mapping[str, Any], *,
+                       defaults: Mapping[str, Any] | None = None) -> str:
   """Writes or checks ``directory/config.json``, the settings of the run.
 
   A run resumed with other defining settings (another dataset, partition,
@@ -197,6 +198,11 @@ def record_fingerprint(directory: str | os.PathLike,
   Args:
     directory: the run directory (created if missing).
     fingerprint: ``{name: JSON-able value}``, e.g. dotted config paths.
+    defaults: the values each setting takes when nobody sets it (e.g. the
+      preset without command-line overrides). A setting the recorded
+      fingerprint lacks (added to the code after the run was recorded)
+      matches when its new value is its default: the run was made under
+      that default.
 
   Returns:
     ``"new"`` (nothing to resume, see :func:`has_run_files`: written, over
@@ -216,10 +222,12 @@ def record_fingerprint(directory: str | os.PathLike,
     with open(path, encoding="utf-8") as f:
       old = json.load(f)
     missing = "(unset)"
+    known = _normalised(defaults or {})
     diffs = [f"{k} was {json.dumps(old.get(k, missing))}, now "
              f"{json.dumps(new.get(k, missing))}"
-             for k in sorted(set(old) | set(new)) if old.get(k, missing)
-             != new.get(k, missing)]
+             for k in sorted(set(old) | set(new))
+             if old.get(k, missing) != new.get(k, missing)
+             and not (k not in old and k in known and known[k] == new[k])]
     # A run that stopped before any result (e.g. its dataset failed to
     # load) leaves nothing to mix: the new settings replace the old.
     if diffs and has_run_files(directory):
@@ -227,7 +235,10 @@ def record_fingerprint(directory: str | os.PathLike,
           f"The workdir {directory} holds a run made with other settings: "
           f"{'; '.join(diffs)}. Resuming would mix two experiments: use a "
           "new --workdir, or revert these settings to resume.")
-    if not diffs:
+    if not diffs and old == new:
+      return "same"
+    if not diffs:  # Settings added since, at their defaults: record them.
+      _write_fingerprint(path, new)
       return "same"
   status = "adopted" if has_run_files(directory) else "new"
   if status == "adopted":
@@ -236,12 +247,16 @@ def record_fingerprint(directory: str | os.PathLike,
         "resuming it as it is and recording the current settings.",
         directory, FINGERPRINT_FILE)
   os.makedirs(directory, exist_ok=True)
+  _write_fingerprint(path, new)
+  return status
+
+
+def _write_fingerprint(path: str, fingerprint: Mapping[str, Any]) -> None:
   # Atomic (several hosts of one run may write it at once).
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(new, f, indent=1, sort_keys=True)
+    json.dump(fingerprint, f, indent=1, sort_keys=True)
   os.replace(tmp, path)
-  return status
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> tuple[str, int] | None:

@@ -1,5 +1,6 @@
 """The run directory: one summary write, one writer, a writable path."""
 
+import json
 import os
 
 import pytest
@@ -78,6 +79,31 @@ def test_fingerprint_is_written_then_checked(tmp_path, caplog):
     assert workdir_lib.record_fingerprint(old, fp) == "adopted"
   assert "has no config.json" in caplog.text
   assert (old / workdir_lib.FINGERPRINT_FILE).is_file()
+
+
+def test_settings_added_after_a_run_match_at_their_defaults(tmp_path):
+  path = tmp_path / "w"
+  fp = {"data.num_clients": 8}
+  workdir_lib.record_fingerprint(path, fp)
+  _commit(path / "checkpoints", 1)
+  # The code gained client.grad_clip (default 0) after the run was recorded.
+  newer = {**fp, "client.grad_clip": 0.0}
+  defaults = {"data.num_clients": 100, "client.grad_clip": 0.0}
+  assert workdir_lib.record_fingerprint(path, newer,
+                                        defaults=defaults) == "same"
+  with open(path / workdir_lib.FINGERPRINT_FILE) as f:
+    assert json.load(f) == newer  # recorded from now on
+  # Set to another value it is a different experiment.
+  other = tmp_path / "o"
+  workdir_lib.record_fingerprint(other, fp)
+  _commit(other / "checkpoints", 1)
+  with pytest.raises(workdir_lib.FingerprintMismatchError,
+                     match=r'client.grad_clip was "\(unset\)", now 10.0'):
+    workdir_lib.record_fingerprint(other, {**fp, "client.grad_clip": 10.0},
+                                   defaults=defaults)
+  # Without defaults a new setting is a difference, as before.
+  with pytest.raises(workdir_lib.FingerprintMismatchError):
+    workdir_lib.record_fingerprint(other, {**fp, "client.grad_clip": 0.0})
 
 
 def test_latest_checkpoint_is_the_newest_committed_step(tmp_path):

@@ -213,6 +213,16 @@ def test_resume_with_other_settings_is_refused_before_the_data_loads(
               if "has no config.json" in l]) == 1
   assert _rounds(workdir) == [1, 2, 3]
   assert (workdir / "config.json").is_file()
+  # A setting the recorded run predates (simulated by dropping it from the
+  # record) resumes at its preset value, and is refused when changed.
+  recorded = json.loads((workdir / "config.json").read_text())
+  del recorded["client.grad_clip"]
+  (workdir / "config.json").write_text(json.dumps(recorded))
+  proc = run("--config.rounds=3", "--config.client.grad_clip=5")
+  assert proc.returncode != 0 and "client.grad_clip was" in proc.stderr
+  proc = run("--config.rounds=4")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert _rounds(workdir) == [1, 2, 3, 4]
 
 
 def test_ctrl_c_exits_130_naming_the_checkpoint_and_resumes(tmp_path):
