@@ -100,3 +100,13 @@ def rounds_compile_nothing(caplog, algorithm, state, data, num_steps, *,
               if "Compiling" in r.getMessage()]
   assert not compiles, compiles
   return state, rows
+
+
+def x64():
+  """A context with 64-bit JAX types (``jax.enable_x64`` on new jax,
+  ``jax.experimental.enable_x64`` before it)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if hasattr(jax, "enable_x64"):
+    return jax.enable_x64(True)
+  from jax.experimental import enable_x64  # pylint: disable=g-import-not-at-top
+  return enable_x64()

@@ -1,7 +1,7 @@
 """Tests for fedjax_dd.kernels.krr."""
 
 import jax
-from jax.experimental import enable_x64
+from tests.conftest import x64 as enable_x64
 import jax.numpy as jnp
 import numpy as np
 import pytest
