@@ -68,6 +68,10 @@ AP found 5, 4 and 4 groups; the warm-up took 108.5 s (local training 74.3 s,
 IGA 32.8 s); the sweep's IGA rounds took 24.0 to 24.4 s at every K; 0
 recompiles after the warm-up (83 in it); peak RSS 2.8 GB (LeNet-5: 1.2 GB).
 Similarity, AP and aggregation stay under 10 ms per round for both models.
+
+Real Fashion-MNIST (``--dataset fmnist --rounds 1 --ks 1,15``, LeNet-5): one
+timed round of 7.97 s (local training 2.21 s, IGA 5.75 s, 10.4 IGA steps/s),
+AP found 5 groups, 0 recompiles: the synthetic data costs the same.
 """
 
 from __future__ import annotations
