@@ -33,7 +33,7 @@ ExperimentState` resumes the run bit-identically.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -91,11 +91,69 @@ def one_group(client_params: PyTree, global_params: PyTree,
   return Groups(labels=np.zeros(s, np.int32), num_groups=1)
 
 
-def _class_counts(cohort: Cohort, num_classes: int) -> jax.Array:
+def class_counts(cohort: Cohort, num_classes: int) -> jax.Array:
   """``[S, C]`` int32 examples per class of each client (padding excluded)."""
   valid = jnp.arange(cohort.y.shape[1])[None, :] < cohort.num_examples[:, None]
   one_hot = jax.nn.one_hot(cohort.y, num_classes, dtype=jnp.int32)
   return jnp.sum(one_hot * valid[..., None].astype(jnp.int32), axis=1)
+
+
+class ClusteredPrograms(NamedTuple):
+  """The device programs of one clustered round (see module doc).
+
+  Attributes:
+    train: the L-phase, :func:`fedjax_dd.algorithms.stages.client_stage`:
+      ``(params, batch_stats, params, cohort, keys [S], lr_factor [S]) ->``
+      the stacked client results.
+    group_models: Eq. 2, ``(params [S, ...], batch_stats [S, ...], labels
+      [S], weights [S], class_counts [S, C]) -> (group_params [S, ...],
+      group_stats [S, ...], group_weights [S], group_counts [S, C])``; rows
+      ``k >= K`` are empty, so one program serves every ``K``.
+    fedavg_of_groups: the G-phase, ``(group_params, group_stats,
+      group_weights) -> (params, batch_stats)``.
+  """
+  train: Callable[..., Any]
+  group_models: Callable[..., Any]
+  fedavg_of_groups: Callable[..., Any]
+
+
+def clustered_programs(
+    task: Classifier,
+    client_optimizer: optax.GradientTransformation,
+    *,
+    batch_size: int,
+    max_steps: int,
+    mapper: ClientMapper = ClientMapper(),
+    augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    lr_decay: float = 1.0,
+) -> ClusteredPrograms:
+  """The jitted stages :func:`clustered_distillation` runs every round.
+
+  Arguments as in :func:`clustered_distillation` (the benchmarks time the
+  stages one by one through this builder).
+  """
+  # Each client's context is its round's learning-rate factor.
+  local = make_local_update(task, client_optimizer, batch_size=batch_size,
+                            max_steps=max_steps, augment=augment,
+                            lr_scale=(lambda ctx: ctx[1])
+                            if lr_decay != 1.0 else None)
+  train = stages.client_stage(local, mapper)
+
+  @jax.jit
+  def group_models(params, batch_stats, labels, weights, counts):
+    # Segments are the cohort's positions: a static S whatever K is.
+    s = weights.shape[0]
+    gp, gw = aggregate.segment_weighted_mean(params, labels, weights, s)
+    gs, _ = aggregate.segment_weighted_mean(batch_stats, labels, weights, s)
+    group_counts = jax.ops.segment_sum(counts, labels, num_segments=s)
+    return gp, gs, gw, group_counts
+
+  @jax.jit
+  def fedavg_of_groups(gp, gs, gw):
+    return stages.weighted_mean(gp, gw), stages.weighted_mean(gs, gw)
+
+  return ClusteredPrograms(train=train, group_models=group_models,
+                           fedavg_of_groups=fedavg_of_groups)
 
 
 def clustered_distillation(
@@ -142,26 +200,10 @@ def clustered_distillation(
   """
   if iga is not None and generator_key is None:
     raise ValueError("IGA needs generator_key to initialise its generator.")
-  # Each client's context is its round's learning-rate factor.
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, augment=augment,
-                            lr_scale=(lambda ctx: ctx[1])
-                            if lr_decay != 1.0 else None)
-  train = stages.client_stage(local, mapper)
+  train, group_models, fedavg_of_groups = clustered_programs(
+      task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
+      mapper=mapper, augment=augment, lr_decay=lr_decay)
   num_classes = task.num_classes
-
-  @jax.jit
-  def group_models(params, batch_stats, labels, weights, counts):
-    # Segments are the cohort's positions: a static S whatever K is.
-    s = weights.shape[0]
-    gp, gw = aggregate.segment_weighted_mean(params, labels, weights, s)
-    gs, _ = aggregate.segment_weighted_mean(batch_stats, labels, weights, s)
-    group_counts = jax.ops.segment_sum(counts, labels, num_segments=s)
-    return gp, gs, gw, group_counts
-
-  @jax.jit
-  def fedavg_of_groups(gp, gs, gw):
-    return stages.weighted_mean(gp, gw), stages.weighted_mean(gs, gw)
 
   def init(params, batch_stats, num_clients):
     extra = {"round": jnp.zeros((), jnp.int32),
@@ -181,7 +223,7 @@ def clustered_distillation(
     rng = keys_lib.numpy_from_key(keys_lib.server_key(key))
     groups = grouping(result.params, server.params, weights, rng)
     labels = jnp.asarray(groups.labels, jnp.int32)
-    counts = _class_counts(cohort, num_classes)
+    counts = class_counts(cohort, num_classes)
     gp, gs, gw, group_counts = group_models(result.params, result.batch_stats,
                                             labels, weights, counts)
     params, batch_stats = fedavg_of_groups(gp, gs, gw)
