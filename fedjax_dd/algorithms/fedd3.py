@@ -42,6 +42,7 @@ import numpy as np
 import optax
 
 from fedjax_dd.algorithms.centralized import centralized
+from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.algorithm import Cohort, ServerDistillation, ServerState
 from fedjax_dd.core.clients import ClientMapper
@@ -411,7 +412,8 @@ def random_distiller(*, num_classes: int, images_per_class: int
   same size and only distillation differs. FedD3's privacy guard (App. G)
   does not apply: the control sends raw images by construction.
 
-  The NumPy generator is seeded by the JAX key's bits (no global state);
+  The NumPy generator is seeded by the JAX key's bits
+  (:func:`fedjax_dd.core.keys.numpy_from_key`; no global state);
   images come out client by client, classes in increasing order, as KIP's.
   """
 
@@ -419,8 +421,7 @@ def random_distiller(*, num_classes: int, images_per_class: int
     host = jax.device_get(data)
     x, y = np.asarray(host.x), np.asarray(host.y)
     n = np.asarray(host.num_examples)
-    key_bits = np.asarray(jax.random.key_data(key)).ravel()
-    rng = np.random.default_rng([int(b) for b in key_bits])
+    rng = keys.numpy_from_key(key)
     c, n_max = y.shape
     valid = np.arange(n_max)[None, :] < n[:, None]
     u = rng.random((c, n_max))
