@@ -46,14 +46,11 @@ def weighted_mean(tree: Any, weights: jax.Array) -> Any:
     The pytree without the client axis, each leaf ``[...]`` in its input
     dtype. All-zero weights give zeros.
   """
-  w = jnp.asarray(weights, jnp.float32)
-  total = jnp.sum(jnp.where(w > 0, w, 0.0))
-  safe = jnp.where(total > 0, total, 1.0)
-
-  def mean(leaf):
-    return (jnp.sum(_masked(leaf, w), axis=0) / safe).astype(leaf.dtype)
-
-  return jax.tree_util.tree_map(mean, tree)
+  # The one-segment case of segment_weighted_mean (same masking of weight-0
+  # rows and the same empty-segment rule).
+  ids = jnp.zeros(jnp.shape(weights), jnp.int32)
+  means, _ = segment_weighted_mean(tree, ids, weights, num_segments=1)
+  return jax.tree_util.tree_map(lambda leaf: leaf[0], means)
 
 
 @functools.partial(jax.jit, static_argnames=("num_segments",))
