@@ -51,7 +51,7 @@ def measure(mode: str, num_clients: int, ipc: int, iterations: int,
   import numpy as np
   from fedjax_dd.core.clients import ClientMapper
   from fedjax_dd.distill import kip
-  from fedjax_dd.kernels.ntk import fc_kernel
+  from fedjax_dd.kernels.native import fc_kernel
 
   x, y, n = _data(num_clients, per_client)
   common = dict(num_classes=10, mean=[0.13], std=[0.31], images_per_class=ipc,

@@ -447,7 +447,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   Checks the counts and rates of :data:`_POSITIVE` (finite, above their
   bound), momenta below 1, ``fedd3.images_per_class >= 1`` and
-  ``data.num_classes >= 0`` (ints), and that local training has work to do.
+  ``data.num_classes >= 0`` (ints), that local training has work to do, and
+  that ``kip.kernel_impl=neural_tangents`` has its optional extra installed.
 
   Raises:
     ValueError: naming the ``--config.<path>`` to change and its value.
@@ -491,6 +492,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
                      "--config.client.augment.")
   if _lookup(config, "data.partition") is not None:
     check_partition(config.data.partition)
+  if _lookup(config, "kip.kernel_impl") == "neural_tangents":
+    import importlib.util  # pylint: disable=g-import-not-at-top
+    if importlib.util.find_spec("neural_tangents") is None:
+      raise ValueError(
+          "config.kip.kernel_impl=neural_tangents needs neural-tangents, an "
+          "optional extra that imports only with jax < 0.6: pip install "
+          "\"fedjax-dd[nt]\" (or keep the default "
+          "--config.kip.kernel_impl=native, the same kernels in pure JAX).")
 
 
 def partition_options(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

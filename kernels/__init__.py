@@ -1,8 +1,8 @@
 """Infinite-width kernels, kernel ridge regression and the KIP loss.
 
 Modules:
-  ntk: NTK/NNGP kernels of FC and ConvNet architectures (neural-tangents).
-  native: the same kernels in pure JAX (no neural-tangents).
+  native: NTK/NNGP kernels of FC and ConvNet architectures in pure JAX.
+  ntk: the same kernels through neural-tangents (the optional `nt` extra).
   blocking: what both share: input checks, the conv-kernel memory estimate
     and guard, blocked evaluation.
   krr: kernel ridge regression with a NaN-safe Cholesky solve.
@@ -14,10 +14,11 @@ the client axis is added by the caller.
 ``fedjax_dd.kernels.kip_loss`` is the module, not the function, so both
 ``from fedjax_dd.kernels import kip_loss`` (module) and
 ``from fedjax_dd.kernels.kip_loss import kip_loss`` (function) keep their usual
-meaning. ``ntk`` is imported lazily because importing neural-tangents takes
-seconds (it pulls in TensorFlow); ``krr``, ``kip_loss``, ``native`` and
-``blocking`` do not need it. :func:`kernel_builder` picks an architecture's
-builder from either implementation.
+meaning. ``ntk`` is imported lazily: neural-tangents is an optional extra
+(``pip install "fedjax-dd[nt]"``, jax < 0.6 only) and importing it takes
+seconds. ``fc_kernel`` and ``conv_kernel`` at package level are the native
+ones. :func:`kernel_builder` picks an architecture's builder from either
+implementation.
 """
 
 import importlib
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 
-def kernel_builder(arch: str, impl: str = "neural_tangents"):
+def kernel_builder(arch: str, impl: str = "native"):
   """``fc_kernel`` or ``conv_kernel`` (``arch`` "fc" | "conv") of ``impl``.
 
   Both implementations take the same arguments and return the same
@@ -85,5 +86,5 @@ def __getattr__(name):
   if name in ("ntk", "native", "blocking"):
     return importlib.import_module(f"fedjax_dd.kernels.{name}")
   if name in _NTK_NAMES:
-    return getattr(importlib.import_module("fedjax_dd.kernels.ntk"), name)
+    return getattr(importlib.import_module("fedjax_dd.kernels.native"), name)
   raise AttributeError(f"module 'fedjax_dd.kernels' has no attribute {name!r}")

@@ -32,7 +32,15 @@ from __future__ import annotations
 import math
 
 import jax
-from neural_tangents import stax
+
+try:
+  from neural_tangents import stax
+except ImportError as e:  # An optional extra since the native kernels.
+  raise ImportError(
+      "fedjax_dd.kernels.ntk needs neural-tangents, an optional extra that "
+      "imports only with jax < 0.6: pip install \"fedjax-dd[nt]\". The "
+      "native kernels (fedjax_dd.kernels.native, kip.kernel_impl=native, "
+      "the default) compute the same kernels without it.") from e
 
 from fedjax_dd.kernels import blocking
 # Re-exported: the memory model and the kernel type are kernel-agnostic.

@@ -117,7 +117,7 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
     key: PRNG key; member ``j`` (in member order) uses ``fold_in(key, j)``.
     data: all clients' data ``[N, N_max, ...]``.
     topology: clusters and heads.
-    kernel_fn: KIP kernel, e.g. ``fedjax_dd.kernels.ntk.fc_kernel()``.
+    kernel_fn: KIP kernel, e.g. ``fedjax_dd.kernels.native.fc_kernel()``.
     mean: per-channel mean on the ``[0, 1]`` scale (KIP's normalised space).
     std: per-channel standard deviation.
     num_classes: ``N_c``.

@@ -431,7 +431,7 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
       one-hot); padding rows are not read.
     num_examples: ``[C]`` valid examples per client, in ``[0, N_max]``.
     num_classes: K, >= 1.
-    kernel_fn: e.g. ``fedjax_dd.kernels.ntk.fc_kernel()``.
+    kernel_fn: e.g. ``fedjax_dd.kernels.native.fc_kernel()``.
     mean: per-channel mean (``[Ch]`` or a scalar, on the ``[0, 1]`` scale).
     std: per-channel std (``[Ch]`` or a scalar), finite and > 0.
     images_per_class: Img/Cls for each class a client holds (FedD3), >= 1,

@@ -7,7 +7,7 @@ import pytest
 from fedjax_dd.algorithms import fedd3
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill.kip import KipOptions
-from fedjax_dd.kernels.ntk import fc_kernel
+from fedjax_dd.kernels.native import fc_kernel
 
 
 def _distilled(learned=False):

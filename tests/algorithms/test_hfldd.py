@@ -19,7 +19,7 @@ from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
-from fedjax_dd.kernels.ntk import fc_kernel
+from fedjax_dd.kernels.native import fc_kernel
 from fedjax_dd.utils import figures
 from fedjax_dd.utils import reporting
 from tests.conftest import TinyNet, synthetic_clients, tiny_task

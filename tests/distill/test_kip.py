@@ -9,7 +9,7 @@ import pytest
 
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.distill import kip
-from fedjax_dd.kernels.ntk import fc_kernel
+from fedjax_dd.kernels.native import fc_kernel
 
 
 def _clients(seed=0, sizes=(12, 20, 7), n_max=20, classes_of=((0, 1), (1, 2), (0, 2))):

@@ -74,10 +74,6 @@ def test_kip_kernel_impl_selects_the_implementation():
   assert c.kip.kernel_impl == "native"   # the default
   x = np.random.default_rng(0).normal(size=(3, 8, 8, 1)).astype(np.float32)
   from fedjax_dd.kernels import native
-  from fedjax_dd.kernels import ntk
-  c.kip.kernel_impl = "neural_tangents"
-  np.testing.assert_allclose(common.kip_kernel(c)(x, x),
-                             ntk.fc_kernel(depth=4)(x, x), rtol=1e-6)
   c.kip.kernel_impl = "native"
   np.testing.assert_allclose(common.kip_kernel(c)(x, x),
                              native.fc_kernel(depth=4)(x, x), rtol=1e-6)
@@ -88,6 +84,16 @@ def test_kip_kernel_impl_selects_the_implementation():
   c.kip.kernel_impl = "nt"
   with pytest.raises(ValueError, match="kip.kernel_impl"):
     common.kip_kernel(c)
+
+
+def test_kip_kernel_impl_neural_tangents():
+  pytest.importorskip("neural_tangents")  # The optional `nt` extra.
+  from fedjax_dd.kernels import ntk
+  c = hfldd_config.get_config("smoke")
+  c.kip.kernel_impl = "neural_tangents"
+  x = np.random.default_rng(0).normal(size=(3, 8, 8, 1)).astype(np.float32)
+  np.testing.assert_allclose(common.kip_kernel(c)(x, x),
+                             ntk.fc_kernel(depth=4)(x, x), rtol=1e-6)
 
 
 def test_prepared_channel_stats_are_the_floored_train_stats(monkeypatch):
@@ -234,3 +240,18 @@ def test_dirichlet_client_is_registered_and_checked():
   config.data.partition.name = "dirichlet_client"
   with pytest.raises(ValueError, match="does not take min_size"):
     common.validate(config)
+
+
+def test_neural_tangents_without_its_extra_is_refused_before_compute(
+    monkeypatch):
+  import importlib.util
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "neural_tangents"
+                      else real(name, *a))
+  c = hfldd_config.get_config("smoke")
+  c.kip.kernel_impl = "neural_tangents"
+  with pytest.raises(ValueError, match=r"fedjax-dd\[nt\]"):
+    common.validate(c)
+  c.kip.kernel_impl = "native"
+  common.validate(c)

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from fedjax_dd.kernels import kip_loss as kip
-from fedjax_dd.kernels import ntk
+from fedjax_dd.kernels import native as ntk
 
 
 def linear_kernel(x1, x2):

@@ -104,12 +104,13 @@ def test_fc_one_layer_matches_arccos_closed_form(W_std, b_std):
     k_ntk = native.fc_kernel(1, W_std, b_std, "ntk")(jnp.asarray(x))
   # At cos = +-1 (the diagonal, x[2] vs x[0] without bias) the kernels take
   # the angle from sqrt(prod - c**2), which rounding leaves at ~1e-8 (as in
-  # neural-tangents): hence 1e-7, not float64 precision.
+  # neural-tangents; 1.5e-8 on jax 0.12): hence 1e-7 / 5e-8 absolute on O(1)
+  # entries, not float64 precision.
   for i in range(3):
     for j in range(3):
       nngp, ntk = _arccos_nngp_ntk(x[i], x[j], W_std, b_std)
-      np.testing.assert_allclose(k_nngp[i, j], nngp, rtol=1e-7, atol=1e-8)
-      np.testing.assert_allclose(k_ntk[i, j], ntk, rtol=1e-7, atol=1e-8)
+      np.testing.assert_allclose(k_nngp[i, j], nngp, rtol=1e-7, atol=5e-8)
+      np.testing.assert_allclose(k_ntk[i, j], ntk, rtol=1e-7, atol=5e-8)
 
 
 def test_fc_nngp_matches_wide_random_networks():
@@ -175,7 +176,8 @@ def test_gradient_finite_at_zero_inputs_without_bias(arch):
 @pytest.mark.parametrize("kind", ["ntk", "nngp"])
 @pytest.mark.parametrize("arch", ["fc", "conv"])
 def test_matches_neural_tangents_float32(arch, kind):
-  ntk = pytest.importorskip("fedjax_dd.kernels.ntk")
+  pytest.importorskip("neural_tangents")  # The optional `nt` extra.
+  from fedjax_dd.kernels import ntk
   x1, x2 = _images(3), _images(2, seed=1)
   depth = 3 if arch == "fc" else 2
   for par in ("ntk", "standard"):

@@ -4,11 +4,14 @@ import math
 
 import jax
 import jax.numpy as jnp
-from neural_tangents import stax
 import numpy as np
 import pytest
 
-from fedjax_dd.kernels import ntk
+# neural-tangents is the optional `nt` extra (jax < 0.6 only).
+pytest.importorskip("neural_tangents")
+from neural_tangents import stax  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from fedjax_dd.kernels import ntk  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _images(n, h=8, w=8, ch=1, seed=0):
