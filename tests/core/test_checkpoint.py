@@ -430,3 +430,43 @@ def test_read_meta_reads_only_committed_steps(tmp_path):
   (tmp_path / "ck" / "3" / "meta" / "metadata").write_text("{not json")
   assert store.read_meta(3) is None
   store.close()
+
+
+_FIXTURES = sorted((pathlib.Path(__file__).parent / "checkpoints").glob(
+    "orbax-*"))
+
+
+def test_checkpoint_fixtures_exist_for_both_ends():
+  # One written by each end of the supported range (make_checkpoint_fixtures).
+  majors = {p.name.split("-")[1].rsplit(".", 1)[0] for p in _FIXTURES}
+  assert {"0.11", "0.12"} <= majors, _FIXTURES
+
+
+@pytest.mark.parametrize("fixture", _FIXTURES, ids=lambda p: p.name)
+def test_restores_checkpoints_of_other_orbax_versions(fixture, tmp_path):
+  # A checkpoint written by orbax-checkpoint 0.11 (jax 0.5.3, the `cpu`
+  # extra) restores bit-identically on 0.12 (newest jax) and the reverse.
+  shutil.copytree(fixture, tmp_path / "ckpt")
+  with C.CheckpointStore(tmp_path / "ckpt") as store:
+    step, state, meta = store.restore(make_state(0))
+  assert step == 3 and meta == {"step": 3}
+  assert (jax.tree_util.tree_structure(state)
+          == jax.tree_util.tree_structure(make_state(3)))
+  with np.load(fixture / "expected_leaves.npz") as saved:
+    want = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+  got = leaf_arrays(state)
+  assert len(got) == len(want)
+  for g, w in zip(got, want):
+    assert g.dtype == w.dtype and g.shape == w.shape
+    assert g.tobytes() == w.tobytes()
+
+
+def leaf_arrays(state) -> list[np.ndarray]:
+  """Every leaf of a state as a NumPy array (typed keys as their data)."""
+  out = []
+  for leaf in jax.tree_util.tree_leaves(state):
+    if (hasattr(leaf, "dtype")
+        and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)):
+      leaf = jax.random.key_data(leaf)
+    out.append(np.asarray(leaf))
+  return out
