@@ -9,8 +9,11 @@ Names accepted by :func:`load_dataset`:
 * ``"digits"``: scikit-learn's embedded 8x8 handwritten digits (1,797 images,
   no download). The offline default, used by tests and smoke runs.
 * TFDS names ``"mnist"``, ``"fashion_mnist"``, ``"cifar10"``, ``"cifar100"``,
-  ``"svhn_cropped"``: loaded through ``tensorflow_datasets`` (needs the
-  package and either a populated ``data_dir`` or internet access).
+  ``"svhn_cropped"``: loaded through ``tensorflow_datasets`` (the ``tfds``
+  extra, ``pip install "fedjax-dd[tfds]"``). A copy prepared in ArrayRecord
+  format loads through ``tfds.data_source`` without TensorFlow; downloading
+  and preparing one, or reading a TFRecord copy, needs TensorFlow (see
+  :func:`_load_tfds` for the order of attempts).
 * ``"npz:PATH"``: a NumPy archive with keys ``x_train``, ``y_train``,
   ``x_test``, ``y_test`` (the Keras ``load_data`` convention). The offline
   copies under ``../shared/datasets`` use this format, e.g.
@@ -24,10 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import logging
 import os
+import sys
 import zipfile
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -269,6 +274,17 @@ class DatasetUnavailableError(RuntimeError):
   """A named dataset could not be loaded (no copy, no network, no TFDS)."""
 
 
+# The optional dependencies of the TFDS names: tensorflow-datasets, and
+# TensorFlow for preparing a copy or reading a TFRecord one.
+TFDS_EXTRA_INSTALL = 'pip install "fedjax-dd[tfds]"'
+
+# The splits every TFDS name is loaded from, in Dataset order.
+_TFDS_SPLITS = ("train", "test")
+
+# Examples decoded per read of a data source (bounds the encoded bytes held).
+_SOURCE_CHUNK = 4096
+
+
 def _tfds_error(tfds_name: str, data_dir: str | None, reason: str
                 ) -> DatasetUnavailableError:
   """The loader's one message: why, and how to load the data offline."""
@@ -281,31 +297,167 @@ def _tfds_error(tfds_name: str, data_dir: str | None, reason: str
       f"'npz:../shared/datasets/{tfds_name}.npz'.")
 
 
-class _Offline(Exception):
-  """No prepared copy and no network: not worth TFDS's download retries."""
+class _Unavailable(Exception):
+  """A reason to stop before asking TFDS (it would retry or fail obscurely)."""
+
+
+def _module_available(name: str) -> bool:
+  """Whether ``import name`` can succeed, without importing it.
+
+  A ``None`` entry in ``sys.modules`` (how tests hide a module) counts as
+  missing; any other entry as present.
+  """
+  if name in sys.modules:
+    return sys.modules[name] is not None
+  try:
+    return importlib.util.find_spec(name) is not None
+  except (ImportError, ValueError):
+    return False
+
+
+def _tensorflow_available() -> bool:
+  """Whether TensorFlow can be imported (it is not imported here)."""
+  return _module_available("tensorflow")
+
+
+def _needs_tensorflow(what: str) -> _Unavailable:
+  return _Unavailable(
+      f"{what} needs TensorFlow, which is not installed; install the TFDS "
+      f"extra with `{TFDS_EXTRA_INSTALL}` (a copy prepared in ArrayRecord "
+      "format, e.g. on another machine, loads without TensorFlow)")
+
+
+def _file_formats(builder: Any) -> set[str]:
+  """The file formats of a prepared copy, as strings (``"array_record"``)."""
+  info = builder.info
+  formats = [info.file_format, *getattr(info, "alternative_file_formats", ())]
+  return {str(getattr(f, "value", f)) for f in formats if f is not None}
+
+
+def _source_to_numpy(source: Any, image_key: str, label_key: str
+                     ) -> tuple[np.ndarray, np.ndarray]:
+  """Decodes a whole TFDS data source into ``(images, labels)`` arrays.
+
+  Reads ``_SOURCE_CHUNK`` examples at a time (``__getitems__`` when the
+  source has it), in the source's order: the order of the prepared files,
+  which is what ``tfds.load(..., shuffle_files=False)`` returns too.
+  """
+  n = len(source)
+  images, labels = [], []
+  getitems = getattr(source, "__getitems__", None)
+  for start in range(0, n, _SOURCE_CHUNK):
+    keys = range(start, min(n, start + _SOURCE_CHUNK))
+    examples = (getitems(keys) if getitems is not None
+                else [source[i] for i in keys])
+    images.extend(np.asarray(e[image_key]) for e in examples)
+    labels.extend(int(e[label_key]) for e in examples)
+  if not images:
+    return np.zeros((0, 0, 0, 0), np.uint8), np.zeros((0,), np.int64)
+  return np.stack(images), np.asarray(labels, np.int64)
+
+
+def _read_data_source(builder: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Train and test ``(images, labels)`` of a prepared ArrayRecord copy."""
+  keys = getattr(builder.info, "supervised_keys", None) or ("image", "label")
+  image_key, label_key = keys
+  return [_source_to_numpy(builder.as_data_source(split=split), image_key,
+                           label_key)
+          for split in _TFDS_SPLITS]
 
 
 def _load_tfds(tfds_name: str, num_classes: int,
                data_dir: str | None) -> Dataset:
   """Loads a TFDS dataset fully into memory as NumPy arrays.
 
-  Without a prepared copy in the data directory and without network access
-  TFDS retries its downloads for minutes before failing; a probe of
-  :data:`TFDS_PROBE_HOST` (skipped when a copy is prepared) fails in seconds
-  instead, with the same message.
+  The attempts, in order:
+
+  1. ``import tensorflow_datasets``. Missing, the error names the ``tfds``
+     extra (:data:`TFDS_EXTRA_INSTALL`).
+  2. A prepared copy in the data directory (:func:`tfds_prepared`, then the
+     builder's ``is_prepared()``), no network needed:
+
+     * in ArrayRecord format: read through the builder's data source (what
+       ``tfds.data_source`` returns), decoded to NumPy (images with Pillow
+       or OpenCV), without TensorFlow;
+     * in TFRecord format (TFDS's default before ArrayRecord): read with
+       ``tfds.load(..., batch_size=-1)`` and ``tfds.as_numpy``, which need
+       TensorFlow; without it the error names the extra.
+
+  3. No prepared copy: download and prepare one in ArrayRecord format
+     (``download_and_prepare(file_format="array_record")``; in TFDS's
+     default TFRecord format where the ``array_record`` package is missing,
+     which TFDS installs only on Linux), then read it as in 2. TFDS's
+     builders for the five names read their raw files with
+     ``tf.io.gfile`` and encode the images with ``tf.image.encode_png``, so
+     preparing needs TensorFlow: without it the error names the extra, before
+     anything is downloaded. A copy prepared in ArrayRecord format makes
+     later loads (also on a machine without TensorFlow, given the directory)
+     take the first branch of 2.
+
+  Without a prepared copy and without network access TFDS retries its
+  downloads for minutes before failing; a probe of :data:`TFDS_PROBE_HOST`
+  (skipped when a copy is prepared) fails in seconds instead, with the same
+  message.
+
+  Args:
+    tfds_name: TFDS registered name, with ``train`` and ``test`` splits and
+      supervised keys ``("image", "label")``.
+    num_classes: The dataset's number of classes.
+    data_dir: TFDS data directory, or None for :func:`tfds_data_dir`'s
+      default.
+
+  Returns:
+    The validated dataset.
+
+  Raises:
+    DatasetUnavailableError: TFDS or TensorFlow missing where needed (naming
+      the ``tfds`` extra), no copy and no network, or any error of TFDS.
+    ValueError: The loaded arrays fail validation (e.g. labels outside
+      ``[0, num_classes)``).
   """
   try:
-    import tensorflow_datasets as tfds  # Heavy; only needed on this path.
+    try:
+      import tensorflow_datasets as tfds  # Heavy; only needed on this path.
+    except ModuleNotFoundError as e:
+      if e.name != "tensorflow_datasets":
+        raise
+      raise _Unavailable(
+          "tensorflow_datasets is not installed; install the TFDS extra with "
+          f"`{TFDS_EXTRA_INSTALL}`") from None
 
-    if not tfds_prepared(tfds_name, data_dir) and not network_reachable():
-      raise _Offline(
-          f"no prepared copy in {tfds_data_dir(data_dir)} and no network "
-          f"({TFDS_PROBE_HOST}:{TFDS_PROBE_PORT} unreachable within "
-          f"{TFDS_PROBE_TIMEOUT:g} s)")
-    (x_train, y_train), (x_test, y_test) = tfds.as_numpy(
-        tfds.load(tfds_name, split=["train", "test"], batch_size=-1,
-                  as_supervised=True, data_dir=data_dir))
-  except _Offline as e:
+    builder = None
+    if tfds_prepared(tfds_name, data_dir):
+      builder = tfds.builder(tfds_name, data_dir=data_dir)
+      if not builder.is_prepared():  # E.g. another version of the dataset.
+        builder = None
+    if builder is None:
+      if not _tensorflow_available():
+        raise _needs_tensorflow(
+            f"no prepared copy in {tfds_data_dir(data_dir)}, and preparing "
+            "one")
+      if not network_reachable():
+        raise _Unavailable(
+            f"no prepared copy in {tfds_data_dir(data_dir)} and no network "
+            f"({TFDS_PROBE_HOST}:{TFDS_PROBE_PORT} unreachable within "
+            f"{TFDS_PROBE_TIMEOUT:g} s)")
+      builder = tfds.builder(tfds_name, data_dir=data_dir)
+      if _module_available("array_record"):
+        builder.download_and_prepare(file_format="array_record")
+      else:  # TFDS installs it on Linux only: TFRecord, read as before.
+        builder.download_and_prepare()
+
+    formats = _file_formats(builder)
+    if "array_record" in formats:
+      (x_train, y_train), (x_test, y_test) = _read_data_source(builder)
+    else:
+      if not _tensorflow_available():
+        raise _needs_tensorflow(
+            f"the prepared copy in {tfds_data_dir(data_dir)} is in "
+            f"{' / '.join(sorted(formats)) or 'TFRecord'} format; reading it")
+      (x_train, y_train), (x_test, y_test) = tfds.as_numpy(
+          tfds.load(tfds_name, split=list(_TFDS_SPLITS), batch_size=-1,
+                    as_supervised=True, data_dir=data_dir))
+  except _Unavailable as e:
     raise _tfds_error(tfds_name, data_dir, str(e)) from None
   except Exception as e:  # pylint: disable=broad-except
     raise _tfds_error(tfds_name, data_dir, f"{type(e).__name__}: {e}") from e
@@ -368,7 +520,8 @@ def load_dataset(name: str, *, data_dir: str | None = None,
       A relative PATH is resolved against the current working directory. In
       the archive, grayscale images may be ``[N, H, W]``; a channel axis is
       added.
-    data_dir: TFDS data directory; ignored by ``digits`` and ``npz:``.
+    data_dir: TFDS data directory (default ``$TFDS_DATA_DIR``, else
+      ``~/tensorflow_datasets``); ignored by ``digits`` and ``npz:``.
     num_classes: the number of classes, declared: every label of both
       splits must lie in ``[0, num_classes)``. None infers it, for
       ``npz:`` as max label + 1 over both splits (one stray label 12 makes
@@ -384,7 +537,10 @@ def load_dataset(name: str, *, data_dir: str | None = None,
       or holds arrays of the wrong dtype, rank or length; labels outside
       ``[0, num_classes)``; or a declared ``num_classes`` that differs from a
       named dataset's.
-    RuntimeError: A TFDS dataset cannot be loaded (e.g. no internet).
+    DatasetUnavailableError: A TFDS dataset cannot be loaded: no prepared
+      copy and no internet, or ``tensorflow_datasets`` (or TensorFlow, to
+      prepare a copy or read a TFRecord one) missing, in which case the
+      message names the ``tfds`` extra. A subclass of ``RuntimeError``.
   """
   if num_classes is not None:
     validate.positive_int("num_classes", num_classes)

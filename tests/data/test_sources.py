@@ -76,58 +76,155 @@ def test_unknown_name_lists_valid_names():
     sources.load_dataset("imagenet")
 
 
-def test_tfds_failure_says_use_npz(monkeypatch):
+# The TFDS loader against a fake tensorflow_datasets module: which TFDS calls
+# it makes, in which state (copy prepared or not, its format, TensorFlow
+# present or not, network or not). The real TFDS is exercised further down.
+
+_EXTRA = 'pip install "fedjax-dd[tfds]"'
+
+
+def _examples(x, y):
+  return [{"image": xi, "label": int(yi)} for xi, yi in zip(x, y)]
+
+
+class _FakeBuilder:
+  """tfds.core.DatasetBuilder's surface that the loader uses."""
+
+  def __init__(self, tfds, name, data_dir):
+    self._tfds = tfds
+    self.name, self.data_dir = name, data_dir
+    self.info = types.SimpleNamespace(
+        file_format=tfds.prepared_format, alternative_file_formats=(),
+        supervised_keys=("image", "label"))
+
+  def is_prepared(self):
+    return self._tfds.prepared_format is not None
+
+  def download_and_prepare(self, **kwargs):
+    self._tfds.calls.append(("download_and_prepare", self.name, kwargs))
+    self._tfds.prepare(**kwargs)
+    file_format = kwargs.get("file_format", "tfrecord")  # TFDS's default.
+    self._tfds.prepared_format = self.info.file_format = file_format
+
+  def as_data_source(self, split):
+    self._tfds.calls.append(("as_data_source", self.name, split))
+    return _examples(*self._tfds.splits[split])
+
+
+def _fake_tfds(monkeypatch, splits=None, *, prepared_format=None,
+               prepare=lambda **kwargs: None, tensorflow=True,
+               array_record=True):
+  """Installs a fake ``tensorflow_datasets`` (and hides or fakes TensorFlow
+  and ``array_record``).
+
+  Args:
+    splits: ``{"train": (x, y), "test": (x, y)}`` the fake serves.
+    prepared_format: None (no prepared copy), "array_record" or "tfrecord".
+    prepare: Called by ``download_and_prepare`` (e.g. to raise).
+    tensorflow: Whether ``import tensorflow`` may succeed.
+    array_record: Whether ``import array_record`` may succeed.
+
+  Returns:
+    The fake module; ``calls`` records the TFDS calls.
+  """
+  if splits is None:
+    x = np.zeros((2, 3, 3, 1), np.uint8)
+    splits = {"train": (x, [0, 1]), "test": (x, [1, 0])}
+  fake = types.ModuleType("tensorflow_datasets")
+  fake.splits, fake.calls = splits, []
+  fake.prepared_format, fake.prepare = prepared_format, prepare
+
+  def builder(name, **kwargs):
+    fake.calls.append(("builder", name, kwargs))
+    return _FakeBuilder(fake, name, kwargs.get("data_dir"))
+
+  def load(name, **kwargs):
+    fake.calls.append(("load", name, kwargs))
+    return [tuple(np.asarray(a) for a in splits[s]) for s in kwargs["split"]]
+
+  fake.builder, fake.load, fake.as_numpy = builder, load, lambda t: t
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  monkeypatch.setitem(sys.modules, "tensorflow",
+                      types.ModuleType("tensorflow") if tensorflow else None)
+  monkeypatch.setitem(
+      sys.modules, "array_record",
+      types.ModuleType("array_record") if array_record else None)
+  return fake
+
+
+def _prepared_dir(tmp_path, name="mnist"):
+  """A data_dir that tfds_prepared() accepts for ``name``."""
+  version = tmp_path / name / "3.0.1"
+  version.mkdir(parents=True)
+  (version / "dataset_info.json").write_text("{}")
+  return str(tmp_path)
+
+
+def _no_probe():
+  raise AssertionError("the network must not be probed here")
+
+
+def test_tfds_failure_says_use_npz(monkeypatch, tmp_path):
   monkeypatch.setattr(sources, "network_reachable", lambda: True)
 
-  def failing_load(*args, **kwargs):
+  def prepare(**kwargs):
     raise ConnectionError("no network")
 
-  fake = types.ModuleType("tensorflow_datasets")
-  fake.load = failing_load
-  fake.as_numpy = lambda t: t
-  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
-  with pytest.raises(RuntimeError) as info:
-    sources.load_dataset("cifar10")
+  _fake_tfds(monkeypatch, prepare=prepare)
+  with pytest.raises(sources.DatasetUnavailableError) as info:
+    sources.load_dataset("cifar10", data_dir=str(tmp_path))
   message = str(info.value)
-  assert "npz:PATH" in message and "no network" in message
+  assert "npz:PATH" in message and "ConnectionError: no network" in message
   for key in ("x_train", "y_train", "x_test", "y_test"):
     assert key in message
 
 
-def test_tfds_success_path_validates(monkeypatch):
+def test_tfds_without_a_copy_prepares_array_record_and_reads_it(monkeypatch):
   monkeypatch.setattr(sources, "network_reachable", lambda: True)
-  x = np.zeros((4, 3, 3, 1), np.uint8)
-  calls = {}
-
-  def fake_load(name, **kwargs):
-    calls["name"], calls["kwargs"] = name, kwargs
-    return [(x, np.array([0, 1, 2, 9])), (x[:2], np.array([3, 4]))]
-
-  fake = types.ModuleType("tensorflow_datasets")
-  fake.load = fake_load
-  fake.as_numpy = lambda t: t
-  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  x = np.arange(4 * 9, dtype=np.uint8).reshape(4, 3, 3, 1)
+  fake = _fake_tfds(monkeypatch, {"train": (x, [0, 1, 2, 9]),
+                                  "test": (x[:2], [3, 4])})
   ds = sources.load_dataset("mnist", data_dir="tfds_cache")
-  assert calls["name"] == "mnist"
-  assert calls["kwargs"]["batch_size"] == -1
-  assert calls["kwargs"]["as_supervised"] is True
-  assert calls["kwargs"]["data_dir"] == "tfds_cache"
-  assert ds.num_classes == 10 and ds.y_train.dtype == np.int32
+  assert fake.calls == [
+      ("builder", "mnist", {"data_dir": "tfds_cache"}),
+      ("download_and_prepare", "mnist", {"file_format": "array_record"}),
+      ("as_data_source", "mnist", "train"),
+      ("as_data_source", "mnist", "test")]
+  np.testing.assert_array_equal(ds.x_train, x)
+  np.testing.assert_array_equal(ds.y_train, [0, 1, 2, 9])
+  np.testing.assert_array_equal(ds.x_test, x[:2])
+  np.testing.assert_array_equal(ds.y_test, [3, 4])
+  assert ds.x_train.dtype == np.uint8 and ds.y_train.dtype == np.int32
+  assert ds.num_classes == 10
 
 
-def _fake_tfds(monkeypatch, load):
-  fake = types.ModuleType("tensorflow_datasets")
-  fake.load = load
-  fake.as_numpy = lambda t: t
-  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+def test_tfds_without_array_record_prepares_tfrecord(monkeypatch):
+  monkeypatch.setattr(sources, "network_reachable", lambda: True)
+  fake = _fake_tfds(monkeypatch, array_record=False)
+  ds = sources.load_dataset("mnist", data_dir="tfds_cache")
+  assert [c[:3] for c in fake.calls] == [
+      ("builder", "mnist", {"data_dir": "tfds_cache"}),
+      ("download_and_prepare", "mnist", {}),
+      ("load", "mnist", {"split": ["train", "test"], "batch_size": -1,
+                         "as_supervised": True, "data_dir": "tfds_cache"})]
+  np.testing.assert_array_equal(ds.y_train, [0, 1])
+
+
+def test_tfds_data_source_is_read_in_chunks(monkeypatch, tmp_path):
+  monkeypatch.setattr(sources, "_SOURCE_CHUNK", 3)
+  x = np.arange(7, dtype=np.uint8)[:, None, None, None] * np.ones(
+      (1, 2, 2, 1), np.uint8)
+  _fake_tfds(monkeypatch, {"train": (x, np.arange(7) % 10),
+                           "test": (x[:1], [5])},
+             prepared_format="array_record", tensorflow=False)
+  ds = sources.load_dataset("mnist", data_dir=_prepared_dir(tmp_path))
+  np.testing.assert_array_equal(ds.x_train, x)
+  np.testing.assert_array_equal(ds.y_train, np.arange(7))
 
 
 def test_tfds_offline_without_a_local_copy_fails_at_once(monkeypatch,
                                                          tmp_path):
-  def load(*args, **kwargs):
-    raise AssertionError("TFDS must not be asked to download")
-
-  _fake_tfds(monkeypatch, load)
+  fake = _fake_tfds(monkeypatch)
   monkeypatch.setattr(sources, "network_reachable", lambda: False)
   with pytest.raises(RuntimeError) as info:
     sources.load_dataset("svhn_cropped", data_dir=str(tmp_path))
@@ -136,23 +233,157 @@ def test_tfds_offline_without_a_local_copy_fails_at_once(monkeypatch,
                             "tensorflow_datasets")
   assert f"no prepared copy in {tmp_path} and no network" in message
   assert "npz:PATH" in message and "svhn_cropped.npz" in message
+  assert fake.calls == []  # TFDS is not asked (it would retry for minutes).
 
 
-def test_tfds_local_copy_skips_the_network_probe(monkeypatch, tmp_path):
-  version = tmp_path / "mnist" / "3.0.1"
-  version.mkdir(parents=True)
-  (version / "dataset_info.json").write_text("{}")
-  x = np.zeros((2, 3, 3, 1), np.uint8)
-  _fake_tfds(monkeypatch, lambda *a, **k: [(x, np.array([0, 1])),
-                                           (x, np.array([1, 0]))])
+def test_tfds_array_record_copy_needs_neither_network_nor_tensorflow(
+    monkeypatch, tmp_path):
+  fake = _fake_tfds(monkeypatch, prepared_format="array_record",
+                    tensorflow=False)
+  monkeypatch.setattr(sources, "network_reachable", _no_probe)
+  data_dir = _prepared_dir(tmp_path)
+  assert sources.tfds_prepared("mnist", data_dir)
+  assert not sources.tfds_prepared("cifar10", data_dir)
+  assert sources.load_dataset("mnist", data_dir=data_dir).num_classes == 10
+  assert [c[0] for c in fake.calls] == ["builder", "as_data_source",
+                                        "as_data_source"]
 
-  def probe():
-    raise AssertionError("a prepared copy needs no network")
 
-  monkeypatch.setattr(sources, "network_reachable", probe)
+def test_tfds_tfrecord_copy_is_read_with_tensorflow(monkeypatch, tmp_path):
+  fake = _fake_tfds(monkeypatch, prepared_format="tfrecord")
+  monkeypatch.setattr(sources, "network_reachable", _no_probe)
+  data_dir = _prepared_dir(tmp_path)
+  ds = sources.load_dataset("mnist", data_dir=data_dir)
+  assert fake.calls[-1] == ("load", "mnist", {
+      "split": ["train", "test"], "batch_size": -1, "as_supervised": True,
+      "data_dir": data_dir})
+  np.testing.assert_array_equal(ds.y_test, [1, 0])
+
+
+def test_tfds_missing_names_the_extra(monkeypatch, tmp_path):
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)
+  monkeypatch.setattr(sources, "network_reachable", _no_probe)
+  with pytest.raises(sources.DatasetUnavailableError) as info:
+    sources.load_dataset("cifar100", data_dir=str(tmp_path))
+  message = str(info.value)
+  assert message.startswith(
+      "Could not load 'cifar100' with tensorflow_datasets (data_dir=")
+  assert ("tensorflow_datasets is not installed; install the TFDS extra "
+          f"with `{_EXTRA}`") in message
+  assert "npz:PATH" in message
+
+
+@pytest.mark.parametrize("prepared_format, needed_for", [
+    (None, "and preparing one needs TensorFlow"),
+    ("tfrecord", "is in tfrecord format; reading it needs TensorFlow")])
+def test_tensorflow_missing_names_the_extra(monkeypatch, tmp_path,
+                                            prepared_format, needed_for):
+  fake = _fake_tfds(monkeypatch, prepared_format=prepared_format,
+                    tensorflow=False)
+  monkeypatch.setattr(sources, "network_reachable", _no_probe)
+  data_dir = (_prepared_dir(tmp_path) if prepared_format
+              else str(tmp_path))
+  with pytest.raises(sources.DatasetUnavailableError) as info:
+    sources.load_dataset("mnist", data_dir=data_dir)
+  message = str(info.value)
+  assert needed_for in message
+  assert (f"which is not installed; install the TFDS extra with `{_EXTRA}` "
+          "(a copy prepared in ArrayRecord format") in message
+  assert "npz:PATH" in message
+  # Nothing downloaded, prepared or read.
+  assert [c[0] for c in fake.calls] in ([], ["builder"])
+
+
+# The real TFDS, offline: a tiny dataset with MNIST's name, version and
+# features, generated by TFDS's own builder into tmp_path, then loaded by
+# name through TFDS's registered MNIST builder as a prepared copy.
+
+
+def _png(image):
+  """PNG bytes of a [H, W, 1] uint8 image; TFDS stores them as given, where
+  encoding an array itself would need TensorFlow."""
+  import io
+  from PIL import Image
+  buffer = io.BytesIO()
+  Image.fromarray(image[..., 0]).save(buffer, format="PNG")
+  return buffer.getvalue()
+
+
+def _tiny_mnist_images(n, offset):
+  """n 28x28x1 images; image i is ``offset + i`` everywhere but one pixel."""
+  x = (offset + np.arange(n, dtype=np.uint8))[:, None, None, None] * np.ones(
+      (1, 28, 28, 1), np.uint8)
+  x[:, 3, 5, 0] = 255  # Not constant: a transposed image would show.
+  return x
+
+
+_TINY_MNIST = {"train": (_tiny_mnist_images(5, 10), [3, 1, 4, 1, 5]),
+               "test": (_tiny_mnist_images(3, 50), [9, 2, 6])}
+
+
+def _build_tiny_mnist(data_dir, file_format):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  pytest.importorskip("PIL")
+  if file_format == "array_record":
+    pytest.importorskip("array_record")
+
+  class TinyMnist(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    name = "mnist"
+    VERSION = tfds.builder_cls("mnist").VERSION
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self,
+          features=tfds.features.FeaturesDict({
+              "image": tfds.features.Image(shape=(28, 28, 1)),
+              "label": tfds.features.ClassLabel(num_classes=10)}),
+          supervised_keys=("image", "label"))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager  # Nothing to download.
+      return {split: self._generate_examples(split) for split in _TINY_MNIST}
+
+    def _generate_examples(self, split):
+      x, y = _TINY_MNIST[split]
+      for i, (image, label) in enumerate(zip(x, y)):
+        yield i, {"image": _png(image), "label": label}
+
+  builder = TinyMnist(data_dir=str(data_dir))
+  builder.download_and_prepare(file_format=file_format)
+  return builder
+
+
+def _check_tiny_mnist(ds):
+  assert ds.name == "mnist" and ds.num_classes == 10
+  for split in ("train", "test"):
+    x, y = getattr(ds, f"x_{split}"), getattr(ds, f"y_{split}")
+    want_x, want_y = _TINY_MNIST[split]
+    assert x.shape == want_x.shape and x.dtype == np.uint8
+    assert y.shape == (len(want_y),) and y.dtype == np.int32
+    # TFDS stores the examples in an order of its own; match them by image.
+    order = np.argsort(x[:, 0, 0, 0])
+    np.testing.assert_array_equal(x[order], want_x)
+    np.testing.assert_array_equal(y[order], want_y)
+
+
+def test_tfds_array_record_copy_built_by_tfds_loads_without_tensorflow(
+    monkeypatch, tmp_path):
+  builder = _build_tiny_mnist(tmp_path, "array_record")
+  assert str(builder.info.file_format.value) == "array_record"
   assert sources.tfds_prepared("mnist", str(tmp_path))
-  assert not sources.tfds_prepared("cifar10", str(tmp_path))
-  assert sources.load_dataset("mnist", data_dir=str(tmp_path)).num_classes == 10
+  monkeypatch.setattr(sources, "network_reachable", _no_probe)
+  # Any import of TensorFlow from here on fails (where TensorFlow is
+  # installed and already imported, this cannot catch every use of it).
+  monkeypatch.setitem(sys.modules, "tensorflow", None)
+  _check_tiny_mnist(sources.load_dataset("mnist", data_dir=str(tmp_path)))
+
+
+def test_tfds_tfrecord_copy_built_by_tfds_loads_with_tensorflow(
+    monkeypatch, tmp_path):
+  pytest.importorskip("tensorflow")
+  _build_tiny_mnist(tmp_path, "tfrecord")
+  monkeypatch.setattr(sources, "network_reachable", _no_probe)
+  _check_tiny_mnist(sources.load_dataset("mnist", data_dir=str(tmp_path)))
 
 
 def test_network_probe_of_a_closed_port_is_false_within_the_timeout(
@@ -285,10 +516,7 @@ def test_npz_mismatched_image_shapes(tmp_path):
 def test_tfds_labels_out_of_range(monkeypatch):
   monkeypatch.setattr(sources, "network_reachable", lambda: True)
   x = np.zeros((2, 3, 3, 1), np.uint8)
-  fake = types.ModuleType("tensorflow_datasets")
-  fake.load = lambda *a, **k: [(x, np.array([0, 10])), (x, np.array([0, 1]))]
-  fake.as_numpy = lambda t: t
-  monkeypatch.setitem(sys.modules, "tensorflow_datasets", fake)
+  _fake_tfds(monkeypatch, {"train": (x, [0, 10]), "test": (x, [0, 1])})
   with pytest.raises(ValueError, match=r"^mnist: y_train must hold class indices in "
                      r"\[0, 10\) \(num_classes=10\), got 1 labels outside it "
                      r"\(10\)\.$"):
