@@ -66,7 +66,8 @@ def _iga(config, task: Classifier, *, feddf: bool = False):
       beta_cf=i.beta_cf, beta_div=i.beta_div, discrepancy=i.discrepancy,
       student_discrepancy=i.student_discrepancy or None,
       diversity=i.diversity, temperature=i.temperature, use_gls=i.use_gls,
-      use_gwf=i.use_gwf, fresh_samples=i.fresh_samples)
+      use_gwf=i.use_gwf, fresh_samples=i.fresh_samples,
+      student_class_mean=i.student_class_mean)
   if feddf:
     hparams = feddf_hparams(hparams)
   generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,

@@ -362,6 +362,9 @@ def iga(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       "use_gls": True,  # False: "−GLS" (uniform labels)
       "use_gwf": True,  # False: "−GWF" (equal teacher weights)
       "fresh_samples": True,
+      # Student's KL averaged over the classes: FedFTG's loss scale, the one
+      # its lr 0.1 was set for (False: summed, 10x the step for C = 10).
+      "student_class_mean": True,
       # The conditional generator (FedFTG's CGeneratorA).
       "nz": 100,  # 256 for CIFAR-100
       "ngf": 64,

@@ -156,8 +156,10 @@ def test_hparams_validation_and_factory_checks():
 
 K_MAX = 3
 GEN = CGeneratorA(out_shape=(4, 4, 1), nz=4, ngf=4, num_classes=3)
+# student_lr 0.6 on the class-averaged loss (C = 3) is the step of 0.2 on
+# the summed one.
 HP = iga.IGAHyperParams(iterations=2, generator_steps=1, student_steps=2,
-                        batch_size=8, student_lr=0.2)
+                        batch_size=8, student_lr=0.6)
 
 
 def _stack(task, seeds):
@@ -286,3 +288,47 @@ def test_ablations_and_fedftg_variant_run():
   assert all(np.isfinite(float(v)) for v in m.values())
   assert int(m["num_teachers"]) == 1
   assert any(not np.array_equal(x, y) for x, y in zip(leaves(sp), leaves(p)))
+
+
+def test_student_step_is_fedftgs_sgd_step():
+  """One student step is FedFTG's: SGD (lr, weight decay) on
+  ``mean_{i,c} −log σ(S_i)_c · Σ_k w_ki σ(P_ki)_c``, whose lr was set for a
+  loss averaged over the B·C entries (not a KL summed over the classes)."""
+  task = tiny_task(bn=True)
+  hp = iga.IGAHyperParams(iterations=1, generator_steps=1, student_steps=1,
+                          batch_size=8, student_lr=0.3,
+                          student_weight_decay=0.01)
+  loop = iga.make_iga(task, GEN, hparams=hp, num_teachers_max=K_MAX)
+  _, programs = loop.round.args[:2]
+  tp, ts = _stack(task, [11, 12, 13])
+  tp = tree_map(lambda a: 3.0 * a, tp)  # confident teachers
+  sp, ss = task.init(jax.random.PRNGKey(9))
+  state = loop.init(jax.random.PRNGKey(3), sp, ss)
+  counts = jnp.array([[6, 1, 0], [0, 2, 5], [1, 1, 1]], jnp.float32)
+  t = 4.0
+  draw = programs.draw(state.key, state.rounds, counts)
+  setup, _ = programs.setup(state.gen_params, tp, ts, counts, t)
+  j = 1  # the student's slot (after the one generator slot)
+  new_p, _, _ = programs.student_step(sp, ss, state.gen_params,
+                                      state.gen_stats, setup, draw, 0, j)
+  # The reference, written out from FedFTG's student update.
+  z, y = draw.z[0, j], draw.y[0, j]
+  x, _ = ensemble.apply_generator(GEN, state.gen_params, state.gen_stats, z,
+                                  y, False)
+  t_logits = jax.vmap(lambda p, s: task.apply(p, s, x, train=False)[0])(tp, ts)
+  w = iga.class_weights(counts)[:, y]  # [K, B]
+  merged = jnp.einsum("kb,kbc->bc", w, jax.nn.softmax(t_logits, -1))
+
+  def fedftg_loss(p):
+    s_logits, _ = task.apply(p, ss, x, train=True)
+    return jnp.mean(-jax.nn.log_softmax(s_logits, -1) * merged)
+
+  g = jax.grad(fedftg_loss)(sp)
+  lr = 0.3 * 0.998**t
+  ref = tree_map(lambda p, g: p - lr * (g + 0.01 * p), sp, g)
+  moved = sum(float(jnp.sum(jnp.abs(a - b)))
+              for a, b in zip(leaves(ref), leaves(sp)))
+  assert moved > 1e-3
+  for a, b in zip(leaves(new_p), leaves(ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
+                               atol=1e-6)
