@@ -45,9 +45,8 @@ Measured (``fmnist_dir0.01``, ``--config.rounds=20
     DisUE 0.683 (0.662 before).
 
 IGA still lowers the test accuracy of ω_G in 15 of the 20 rounds of either
-seed (by 0.04–0.05 on average, 0.06 before; ``python -m
-fedjax_dd.experiments.iga_probe`` logs the accuracy before and after every
-IGA round), so at this CPU scale (LeNet-5, 20 rounds, 10 generator steps a
+seed (by 0.04–0.05 on average, 0.06 before; measured by evaluating ω_G
+just before and just after every IGA round), so at this CPU scale (LeNet-5, 20 rounds, 10 generator steps a
 round) DisUE is not above FedAvg; the 3-seed comparison is still to do.
 """
 
