@@ -44,8 +44,25 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.shard_map import shard_map
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+
+
+def _shard_map(f, mesh, in_specs, out_specs):
+  """``shard_map`` without the replication check, on either end of jax.
+
+  ``jax.shard_map`` (``check_vma``) from jax 0.7 on, where the experimental
+  one is deprecated; jax 0.5.3 has only ``jax.experimental.shard_map``
+  (``check_rep``). Per-client programs replicate nothing, so the check only
+  costs tracing time.
+  """
+  if hasattr(jax, "shard_map"):
+    return jax.shard_map(f, mesh=mesh, in_specs=in_specs,
+                         out_specs=out_specs, check_vma=False)
+  from jax.experimental.shard_map import shard_map  # pylint: disable=g-import-not-at-top
+  return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                   check_rep=False)
+
 
 if TYPE_CHECKING:  # Annotations only: core.local and core.algorithm stay above.
   from fedjax_dd.core.algorithm import Cohort
@@ -381,9 +398,8 @@ class ClientMapper:
       key = (axes, tuple(sorted(kwargs.items())))
       if key not in jitted_cache:
         specs = tuple(P(CLIENT_AXIS) if ax == 0 else P() for ax in axes)
-        body = shard_map(_vectorise(per_client, axes, chunk), mesh=mesh,
-                         in_specs=specs, out_specs=P(CLIENT_AXIS),
-                         check_rep=False)
+        body = _shard_map(_vectorise(per_client, axes, chunk), mesh,
+                          specs, P(CLIENT_AXIS))
         jitted_cache[key] = jax.jit(body, compiler_options=options or None,
                                     out_shardings=over_clients)
       # device_put reshards from any layout (arguments may come committed to
