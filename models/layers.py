@@ -41,14 +41,20 @@ BN_EPSILON = 1e-5
 # Names accepted by a model's ``conv_impl`` field and ``model.conv_impl``.
 CONV_IMPLS = ("auto", "lax", "patches")
 
-# What ``conv_impl="auto"`` means, measured (experiments/perf_notes.md,
-# "Convolution formulation"): rows ``(platform, minimum jax version, impl)``;
-# the last row whose platform matches and whose version is <= the running jax
-# wins. Platforms without a row use "lax" (XLA's GPU/TPU convolutions are
-# their best-tuned kernels; the patches form is a CPU workaround).
+# What ``conv_impl="auto"`` means: rows ``(platform, minimum jax version,
+# impl)``; the last row whose platform matches and whose minimum version is
+# <= the running jax wins. Measured on a 2-core CPU with the engine's
+# LeNet-5 round and ConvNet-3 step (experiments/perf_notes.md, "Convolution
+# formulation"): on jax 0.5.3 patches is 4.2x slower (LeNet-5) and 1.24x
+# slower (ConvNet-3) than lax; on jax 0.10.2 it takes 0.86x (LeNet-5) and
+# 0.023x (ConvNet-3, where 0.10.2's lax.conv is 31x slower than 0.5.3's).
+# Versions between those were not measured and keep lax, the former
+# behaviour.
+# Platforms without a row use "lax": XLA's GPU/TPU convolutions are their
+# tuned kernels, and the patches form is a CPU workaround.
 _AUTO_CONV_IMPL: tuple[tuple[str, tuple[int, ...], str], ...] = (
     ("cpu", (0,), "lax"),
-    ("cpu", (0, 6), "patches"),
+    ("cpu", (0, 10), "patches"),
 )
 
 
