@@ -2,12 +2,15 @@ r"""Engine benchmark: ms per client-step for every client backend.
 
   python -m fedjax_dd.experiments.bench_engine --out bench_engine.json
   python -m fedjax_dd.experiments.bench_engine --clients 10,100 --models lenet5 --out b.json
+  python -m fedjax_dd.experiments.bench_engine --other_python=OTHER/bin/python \
+      --conv_impl lax,patches --pairs 3 --out ends.json
 
 Every backend runs with the package's defaults: on CPU ``configure_cpu()``
 exposes one host device per core, ``sharded`` splits the clients over them
 and ``chunked``/``sharded`` use the measured chunk size unless
 ``--chunk_size`` is given. The HFLDD CIFAR CNN (about 0.5 s per client-step
-on 2 cores) runs at ``--cifar_clients`` only.
+on 2 cores) and ConvNet-3 (``--models convnet3``) run at ``--cifar_clients``
+only.
 
 Measures the engine's real cohort path (``stages.client_stage``: broadcast
 model, fresh SGD state, ``lax.scan`` of ``--steps`` local steps with batch
@@ -26,6 +29,24 @@ count, next to:
 Writes a JSON report with ``results``, ``reference_loop``, ``matmul_gflops``,
 ``speedup_vs_loop`` per (model, num_clients) for the default backend, and
 ``speedup_vs_torch`` where the PyTorch reference ran.
+
+``--conv_impl`` (``auto`` | ``lax`` | ``patches``, several comma-separated)
+picks the models' convolution formulation
+(``fedjax_dd.models.layers.resolve_conv_impl``); every result records the
+resolved one and the jax version.
+
+Two jax installations side by side (``--other_python``): instead of the grid
+above, one FedAvg round of ``--ends_clients`` LeNet-5 clients (``--steps``
+local steps of batch ``--batch``, through the public client stage, the
+default backend) is measured alternately on this interpreter and on
+``--other_python`` (another virtualenv with this package importable, e.g.
+through ``PYTHONPATH``), for each ``--conv_impl``, ``--pairs`` times; each
+measurement in its own subprocess. Alternating within a pair keeps slow
+drifts of a shared machine's load out of the ratios. The report's ``ends``
+holds both interpreters and their jax/flax versions, every pair's figures
+(ms per client-step) and per conv_impl the medians over pairs and the median
+of the per-pair ratios other / this; ``conv_impl_ratio`` gives per
+interpreter the median of patches / lax.
 """
 
 from __future__ import annotations
@@ -44,6 +65,7 @@ MODELS = {
     # name: (registry name, input shape)
     "lenet5": ("lenet5", (28, 28, 1)),
     "hfldd_cifar_cnn": ("hfldd_cifar_cnn", (32, 32, 3)),
+    "convnet3": ("convnet3", (32, 32, 3)),
 }
 
 
@@ -58,9 +80,16 @@ def _min_time(fn, reps: int) -> float:
 
 
 def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
-                batch: int, reps: int, chunk_size: int) -> dict:
-  """One measurement in this process (called in a fresh subprocess)."""
+                batch: int, reps: int, chunk_size: int,
+                conv_impl: str = "lax", flops: bool = True) -> dict:
+  """One measurement in this process (called in a fresh subprocess).
 
+  ``conv_impl`` is the models' convolution formulation (``auto`` resolved
+  here); ``flops=False`` skips compiling the extra single-client program for
+  XLA's FLOP count.
+  """
+
+  import flax
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -76,7 +105,9 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
 
   name, shape = MODELS[model]
   spec = models.get_model(name)
-  task = Classifier(module=spec.build(10), input_shape=shape,
+  conv_impl = models.resolve_conv_impl(conv_impl)
+  task = Classifier(module=spec.build(10, conv_impl=conv_impl),
+                    input_shape=shape,
                     preprocess=lambda x: x.astype(jnp.float32) / 255.0,
                     num_classes=10)
   local = make_local_update(task, optax.sgd(0.01), batch_size=batch,
@@ -101,16 +132,21 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
 
   seconds = _min_time(run, reps)
   client_steps = num_clients * steps
-  # FLOPs of one client's local update from XLA's cost analysis.
-  one = jax.jit(lambda p, s, x, y, n, k: local.run(
-      p, s, local.optimizer.init(p), x, y, n, steps, k, ()))
-  cost = one.lower(params, stats, cohort.x[0], cohort.y[0],
-                   cohort.num_examples[0], keys[0]).compile().cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  cost = None
+  if flops:
+    # FLOPs of one client's local update from XLA's cost analysis.
+    one = jax.jit(lambda p, s, x, y, n, k: local.run(
+        p, s, local.optimizer.init(p), x, y, n, steps, k, ()))
+    cost = one.lower(params, stats, cohort.x[0], cohort.y[0],
+                     cohort.num_examples[0], keys[0]).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops = float(cost.get("flops", 0.0)) if cost else 0.0
   ms = 1e3 * seconds / client_steps
   return {
       "model": model, "backend": backend, "num_clients": num_clients,
+      "resolved_backend": mapper.resolved_backend,
+      "conv_impl": conv_impl, "jax_version": jax.__version__,
+      "flax_version": flax.__version__, "python": sys.executable,
       "steps": steps, "batch": batch, "ms_per_client_step": ms,
       "gflops_achieved": flops / steps / (ms * 1e-3) / 1e9 if flops else None,
       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -181,13 +217,96 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
           "threads": torch.get_num_threads()}
 
 
-def _subprocess(kind: str, **kwargs) -> dict | float | None:
-  cmd = [sys.executable, "-m", "fedjax_dd.experiments.bench_engine",
+def _subprocess(kind: str, python: str | None = None,
+                **kwargs) -> dict | float | None:
+  cmd = [python or sys.executable, "-m", "fedjax_dd.experiments.bench_engine",
          "--_worker", json.dumps({"kind": kind, **kwargs})]
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
   if proc.returncode != 0:
     return {"error": proc.stderr[-2000:], **kwargs}
   return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _median(values: list[float]) -> float | None:
+  values = sorted(v for v in values if v is not None)
+  if not values:
+    return None
+  mid = len(values) // 2
+  return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] +
+                                                    values[mid])
+
+
+def _ms(row) -> float | None:
+  return row.get("ms_per_client_step") if isinstance(row, dict) else None
+
+
+def measure_ends(other_python: str, *, conv_impls: list[str], pairs: int,
+                 num_clients: int, backend: str, steps: int, batch: int,
+                 reps: int, chunk_size: int) -> dict:
+  """LeNet-5 rounds alternately on this interpreter and ``other_python``.
+
+  Each pair measures, for every conv_impl, this interpreter and the other
+  one back to back (the order flips every pair, so neither side always runs
+  first), each in a fresh subprocess.
+
+  Returns:
+    ``{"interpreters", "pairs", "median", "conv_impl_ratio"}`` as described
+    in the module docstring.
+  """
+  ends = {"this": sys.executable, "other": other_python}
+  common = dict(model="lenet5", num_clients=num_clients, backend=backend,
+                steps=steps, batch=batch, reps=reps, chunk_size=chunk_size,
+                flops=False)
+  rows = []
+  for pair in range(pairs):
+    for impl in conv_impls:
+      order = ("this", "other") if pair % 2 == 0 else ("other", "this")
+      row = {"pair": pair, "conv_impl": impl}
+      for end in order:
+        r = _subprocess("jax", python=ends[end], conv_impl=impl, **common)
+        row[end] = r
+        print(json.dumps({"pair": pair, "end": end, **r}), file=sys.stderr)
+      this_ms, other_ms = _ms(row["this"]), _ms(row["other"])
+      row["this_ms"], row["other_ms"] = this_ms, other_ms
+      row["ratio_other_over_this"] = (other_ms / this_ms
+                                      if this_ms and other_ms else None)
+      rows.append(row)
+
+  def version(end):
+    for r in rows:
+      if isinstance(r[end], dict) and "jax_version" in r[end]:
+        return {"python": ends[end], "jax_version": r[end]["jax_version"],
+                "flax_version": r[end]["flax_version"],
+                "backend": r[end]["resolved_backend"],
+                "devices": r[end]["devices"]}
+    return {"python": ends[end]}
+
+  median = {}
+  for impl in conv_impls:
+    mine = [r for r in rows if r["conv_impl"] == impl]
+    median[impl] = {
+        # The impl each end resolved to (differs for "auto").
+        "resolved": {end: (mine[0][end].get("conv_impl")
+                           if isinstance(mine[0][end], dict) else None)
+                     for end in ends},
+        "this_ms": _median([r["this_ms"] for r in mine]),
+        "other_ms": _median([r["other_ms"] for r in mine]),
+        "ratio_other_over_this": _median(
+            [r["ratio_other_over_this"] for r in mine]),
+    }
+  conv_impl_ratio = {}
+  if "lax" in conv_impls and "patches" in conv_impls:
+    for end in ends:
+      by_pair = {}
+      for r in rows:
+        by_pair.setdefault(r["pair"], {})[r["conv_impl"]] = r[f"{end}_ms"]
+      ratios = [p["patches"] / p["lax"] for p in by_pair.values()
+                if p.get("patches") and p.get("lax")]
+      conv_impl_ratio[end] = {"patches_over_lax": _median(ratios)}
+  return {"interpreters": {end: version(end) for end in ends},
+          "model": "lenet5", "num_clients": num_clients, "steps": steps,
+          "batch": batch, "reps": reps, "pairs": rows, "median": median,
+          "conv_impl_ratio": conv_impl_ratio}
 
 
 def _worker(spec: str) -> None:
@@ -210,13 +329,43 @@ def main(argv=None) -> dict:
   p.add_argument("--chunk_size", type=int, default=0,
                  help="clients per chunk; 0: the engine's measured default")
   p.add_argument("--cifar_clients", default="10",
-                 help="client counts for hfldd_cifar_cnn")
+                 help="client counts for hfldd_cifar_cnn and convnet3")
+  p.add_argument("--conv_impl", default="auto",
+                 help="comma-separated conv formulations: auto | lax | "
+                      "patches (auto: the platform's measured default); the "
+                      "speedups use the first")
+  p.add_argument("--other_python", default="",
+                 help="another Python (e.g. a virtualenv with another jax) "
+                      "to compare with this one; runs only the LeNet-5 "
+                      "round of both side by side")
+  p.add_argument("--pairs", type=int, default=3,
+                 help="with --other_python: alternating pairs per conv_impl")
+  p.add_argument("--ends_clients", type=int, default=100,
+                 help="with --other_python: clients of the LeNet-5 round")
+  p.add_argument("--ends_backend", default="auto",
+                 help="with --other_python: the client backend of both")
   p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args._worker:
     _worker(args._worker)
     return {}
 
+
+  conv_impls = [v for v in args.conv_impl.split(",") if v]
+  if args.other_python:
+    report = {"ends": measure_ends(
+        args.other_python, conv_impls=conv_impls, pairs=args.pairs,
+        num_clients=args.ends_clients, backend=args.ends_backend,
+        steps=args.steps, batch=args.batch, reps=args.reps,
+        chunk_size=args.chunk_size),
+              "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    with open(args.out, "w") as f:
+      json.dump(report, f, indent=2)
+    e = report["ends"]
+    print(json.dumps({"interpreters": e["interpreters"],
+                      "median": e["median"],
+                      "conv_impl_ratio": e["conv_impl_ratio"]}, indent=2))
+    return report
 
   from fedjax_dd.core.clients import ClientMapper, default_backend
   default = default_backend()
@@ -228,16 +377,19 @@ def main(argv=None) -> dict:
   common = dict(steps=args.steps, batch=args.batch, reps=args.reps)
 
   def clients_for(model):
-    spec = args.cifar_clients if model == "hfldd_cifar_cnn" else args.clients
+    spec = (args.cifar_clients if model in ("hfldd_cifar_cnn", "convnet3")
+            else args.clients)
     return [int(v) for v in spec.split(",")]
 
   for model in args.models.split(","):
     for c in clients_for(model):
       for backend in args.backends.split(","):
-        r = _subprocess("jax", model=model, num_clients=c, backend=backend,
-                        chunk_size=args.chunk_size, **common)
-        (report["reference_loop"] if backend == "loop" else report["results"]).append(r)
-        print(json.dumps(r), file=sys.stderr)
+        for impl in conv_impls:
+          r = _subprocess("jax", model=model, num_clients=c, backend=backend,
+                          chunk_size=args.chunk_size, conv_impl=impl, **common)
+          (report["reference_loop"] if backend == "loop"
+           else report["results"]).append(r)
+          print(json.dumps(r), file=sys.stderr)
       t = _subprocess("torch", model=model, num_clients=c, **common)
       if t:
         report["torch"].append(t)

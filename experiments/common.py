@@ -80,11 +80,13 @@ def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 # Settings a resumed run may change: they decide how long and how a run goes
 # (rounds, evaluation, checkpoints, logging, budget; the client backend, which
-# gives the same results), where the TFDS copy sits, or only document it.
+# gives the same results, and the convolution formulation, equal to rounding),
+# where the TFDS copy sits, or only document it.
 # Everything else defines the experiment, including the paths
 # server.teachers_from and fedd3.distilled_from, whose contents change the
 # results.
-RESUME_SAFE = ("rounds", "run", "engine", "paper_departures", "data.data_dir")
+RESUME_SAFE = ("rounds", "run", "engine", "paper_departures", "data.data_dir",
+               "model.conv_impl")
 
 
 def fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -163,12 +165,18 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
   mean, std = preprocess.channel_stats(ds.x_train)
   mean = np.asarray(mean, np.float32)
   std = np.maximum(np.asarray(std, np.float32), np.float32(MIN_STD))
-  module = spec.build(ds.num_classes)
+  module = spec.build(ds.num_classes, conv_impl=conv_impl(config))
   task = Classifier(module=module, input_shape=target,
                     preprocess=functools.partial(preprocess.normalize,
                                                  mean=mean, std=std),
                     num_classes=ds.num_classes)
   return Prepared(dataset=ds, task=task, spec=spec, mean=mean, std=std)
+
+
+def conv_impl(config: ml_collections.ConfigDict) -> str:
+  """``config.model.conv_impl`` resolved for this platform and jax
+  (``"lax"`` or ``"patches"``); ``"lax"`` for configs without the key."""
+  return models.resolve_conv_impl(_lookup(config, "model.conv_impl") or "lax")
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -447,7 +455,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   Checks the counts and rates of :data:`_POSITIVE` (finite, above their
   bound), momenta below 1, ``fedd3.images_per_class >= 1`` and
-  ``data.num_classes >= 0`` (ints), that local training has work to do, and
+  ``data.num_classes >= 0`` (ints), that local training has work to do, the
+  names of ``client.augment``, ``model.conv_impl`` and the partition, and
   that ``kip.kernel_impl=neural_tangents`` has its optional extra installed.
 
   Raises:
@@ -490,6 +499,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.client.augment must be \"\" or one of "
                      f"{sorted(AUGMENTATIONS)}, got {augment!r}; set "
                      "--config.client.augment.")
+  impl = _lookup(config, "model.conv_impl")
+  if impl is not None and impl not in models.CONV_IMPLS:
+    raise ValueError(f"config.model.conv_impl must be one of "
+                     f"{list(models.CONV_IMPLS)}, got {impl!r}; set "
+                     "--config.model.conv_impl.")
   if _lookup(config, "data.partition") is not None:
     check_partition(config.data.partition)
   if _lookup(config, "kip.kernel_impl") == "neural_tangents":

@@ -95,7 +95,8 @@ def _synthesis(config, task) -> dict[str, Any]:
   d = config.dfkd
   return dict(
       generator=models.Generator(out_shape=tuple(task.input_shape),
-                                 nz=d.nz, ngf=d.ngf),
+                                 nz=d.nz, ngf=d.ngf,
+                                 conv_impl=common.conv_impl(config)),
       generator_optimizer=optax.adam(d.generator_lr, b1=d.generator_b1),
       student_optimizer=optax.sgd(d.student_lr,
                                   momentum=d.student_momentum or None),
@@ -175,7 +176,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   num_steps = common.local_steps(config, data.num_examples)
   input_fn = ensemble.unit_normalizer(prepared.mean, prepared.std)
   tasks = {name: task if name == config.model.name else dataclasses.replace(
-      task, module=models.get_model(name).build(task.num_classes))
+      task, module=models.get_model(name).build(
+          task.num_classes, conv_impl=common.conv_impl(config)))
            for name in archs}
   names, groups = one_shot.architecture_groups(task, archs, tasks,
                                                data.num_clients, input_fn)

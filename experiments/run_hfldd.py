@@ -178,8 +178,10 @@ def sent_label_bits(config: ml_collections.ConfigDict) -> int:
 # group (evaluation, checkpoints, logging, time budget), the ``engine``, the
 # heads' local training (client.batch_size, client.local_*; pre-training has
 # its own keys), client sampling, the summary's GCE, the label bits
-# charged and which implementation computes the (same) KIP kernel.
+# charged, which implementation computes the (same) KIP kernel and how the
+# models' convolutions are computed (equal to rounding).
 NOT_STAGE_KEYS = ("rounds", "run", "engine", "kip.kernel_impl",
+                  "model.conv_impl",
                   "client.batch_size",
                   "client.local_epochs", "client.local_steps",
                   "client.clients_per_round", "client.client_fraction",

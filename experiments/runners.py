@@ -71,7 +71,8 @@ def _iga(config, task: Classifier, *, feddf: bool = False):
   if feddf:
     hparams = feddf_hparams(hparams)
   generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,
-                          ngf=i.ngf, num_classes=task.num_classes)
+                          ngf=i.ngf, num_classes=task.num_classes,
+                          conv_impl=common.conv_impl(config))
   cohort = common.clients_per_round(config, config.data.num_clients)
   return make_iga(task, generator, num_teachers_max=cohort, hparams=hparams,
                   mapper=common.mapper(config))

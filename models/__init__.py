@@ -9,7 +9,7 @@ keep running statistics in the ``batch_stats`` collection; in training pass
 Example::
 
   spec = get_model("lenet5")
-  module = spec.build(10)
+  module = spec.build(10)  # or spec.build(10, conv_impl="auto")
   variables = init_model(module, jax.random.key(0), spec.input_shape)
   logits = module.apply(variables, x, train=False)
 """
@@ -28,6 +28,7 @@ from fedjax_dd.models.convnet import ConvNet
 from fedjax_dd.models.fc import FC
 from fedjax_dd.models.fedhydra_cnn import CNN2, CNN3, ConvBNNet
 from fedjax_dd.models.generator import Generator
+from fedjax_dd.models.layers import CONV_IMPLS, resolve_conv_impl
 from fedjax_dd.models.lenet import DigitsCNN, LeNet5
 from fedjax_dd.models.resnet import BasicBlock, ResNet, resnet18
 
@@ -38,7 +39,12 @@ class ModelSpec:
 
   Attributes:
     name: Registry key.
-    build: ``build(num_classes) -> nn.Module``.
+    build: ``build(num_classes, conv_impl="lax") -> nn.Module``.
+      ``conv_impl`` (:data:`CONV_IMPLS`) picks how the model's convolutions
+      are computed; ``"auto"`` is resolved here, for JAX's default backend
+      and the running jax (:func:`resolve_conv_impl`), so the module holds
+      ``"lax"`` or ``"patches"``. Models without convolutions check the
+      name and ignore it. The parameters do not depend on it.
     input_shape: Canonical single-example input ``(H, W, Ch)``.
     has_batch_stats: Whether the model keeps a ``batch_stats`` collection
       (and so needs ``mutable=['batch_stats']`` when ``train=True``).
@@ -46,41 +52,59 @@ class ModelSpec:
   """
 
   name: str
-  build: Callable[[int], nn.Module]
+  build: Callable[..., nn.Module]
   input_shape: tuple[int, int, int]
   has_batch_stats: bool
   description: str
 
 
+def _builder(make: Callable[..., nn.Module], has_convs: bool = True
+             ) -> Callable[..., nn.Module]:
+  """``build(num_classes, conv_impl="lax")`` for ``make(num_classes, **kw)``."""
+
+  def build(num_classes: int, conv_impl: str = "lax") -> nn.Module:
+    conv_impl = resolve_conv_impl(conv_impl)  # validates the name as well
+    if not has_convs:
+      return make(num_classes)
+    return make(num_classes, conv_impl=conv_impl)
+
+  return build
+
+
+def _cls(cls: type[nn.Module]) -> Callable[..., nn.Module]:
+  return _builder(lambda k, **kw: cls(num_classes=k, **kw))
+
+
 _SPECS = (
-    ModelSpec("lenet5", lambda k: LeNet5(num_classes=k), (28, 28, 1), False,
+    ModelSpec("lenet5", _cls(LeNet5), (28, 28, 1), False,
               "LeNet-5, ReLU + max-pool, VALID convs; 44,426 params @10."),
-    ModelSpec("convnet3", lambda k: ConvNet(num_classes=k), (32, 32, 3), False,
+    ModelSpec("convnet3", _cls(ConvNet), (32, 32, 3), False,
               "ConvNet-3 width 128 with instance norm; 320,010 params @10."),
-    ModelSpec("hfldd_cifar_cnn", lambda k: HFLDDCifarCNN(num_classes=k),
+    ModelSpec("hfldd_cifar_cnn", _cls(HFLDDCifarCNN),
               (32, 32, 3), True,
               "HFLDD CIFAR-10 CNN, 4x[conv,ReLU,BN]x2+pool, widths 128; "
               "1,043,850 params @10."),
-    ModelSpec("alexnet", lambda k: AlexNet(num_classes=k), (32, 32, 3), False,
+    ModelSpec("alexnet", _cls(AlexNet), (32, 32, 3), False,
               "Five-conv CIFAR AlexNet 64-192-384-256-256, MLP 384-192; "
               "3,900,682 params @10."),
-    ModelSpec("alexcifarnet", lambda k: AlexCifarNet(num_classes=k),
+    ModelSpec("alexcifarnet", _cls(AlexCifarNet),
               (32, 32, 3), False,
               "FedD3 reference AlexCifarNet (2 conv + LRN); "
               "1,756,426 params @10."),
-    ModelSpec("resnet18", resnet18, (32, 32, 3), True,
+    ModelSpec("resnet18", _builder(resnet18), (32, 32, 3), True,
               "CIFAR ResNet-18 (3x3 stem, BasicBlocks [2,2,2,2]); "
               "11,173,962 params @10."),
-    ModelSpec("cnn2", lambda k: CNN2(num_classes=k), (28, 28, 1), True,
+    ModelSpec("cnn2", _cls(CNN2), (28, 28, 1), True,
               "FedHydra CNN2: 2x[conv5x5,BN,ReLU,pool] 32-64 + dense; "
               "83,562 params @10."),
-    ModelSpec("cnn3", lambda k: CNN3(num_classes=k), (32, 32, 3), True,
+    ModelSpec("cnn3", _cls(CNN3), (32, 32, 3), True,
               "FedHydra CNN3: 3x[conv3x3,BN,ReLU,pool] 32-64-128 + dense; "
               "113,962 params @10."),
-    ModelSpec("fc", lambda k: FC(num_classes=k), (28, 28, 1), False,
+    ModelSpec("fc", _builder(lambda k: FC(num_classes=k), has_convs=False),
+              (28, 28, 1), False,
               "FC1: one hidden ReLU layer of 1024 on the flattened input "
               "(any input shape); 814,090 params @10 on 28x28x1."),
-    ModelSpec("digits_cnn", lambda k: DigitsCNN(num_classes=k), (8, 8, 1),
+    ModelSpec("digits_cnn", _cls(DigitsCNN), (8, 8, 1),
               False,
               "Small CNN for 8x8 sklearn digits; 53,002 params @10."),
 )
@@ -142,8 +166,9 @@ def init_model(
 
 
 __all__ = [
-    "AlexCifarNet", "AlexNet", "BasicBlock", "CNN2", "CNN3", "ConvBNNet",
-    "ConvNet", "DigitsCNN", "FC", "Generator", "HFLDDCifarCNN", "LeNet5",
+    "AlexCifarNet", "AlexNet", "BasicBlock", "CNN2", "CNN3", "CONV_IMPLS",
+    "ConvBNNet", "ConvNet", "DigitsCNN", "FC", "Generator", "HFLDDCifarCNN",
+    "LeNet5",
     "MODELS", "ModelSpec", "ResNet", "get_model", "init_model",
-    "resnet18",
+    "resnet18", "resolve_conv_impl",
 ]

@@ -47,10 +47,13 @@ class AlexNet(nn.Module):
   Attributes:
     num_classes: Number of output logits.
     hidden: Widths of the hidden dense layers of the classifier.
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   num_classes: int = 10
   hidden: Sequence[int] = (384, 192)
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -69,7 +72,8 @@ class AlexNet(nn.Module):
       raise ValueError(f"AlexNet needs H, W >= 8, got {x.shape[1:3]}.")
     for i, (width, pool) in enumerate(
         [(64, True), (192, True), (384, False), (256, False), (256, True)]):
-      x = nn.Conv(width, (3, 3), padding="SAME", name=f"conv{i + 1}")(x)
+      x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
+                      name=f"conv{i + 1}")(x)
       x = nn.relu(x)
       if pool:
         x = layers.max_pool(x)
@@ -94,9 +98,12 @@ class AlexCifarNet(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   num_classes: int = 10
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -120,9 +127,11 @@ class AlexCifarNet(nn.Module):
       return layers.local_response_norm(y, 4, alpha=0.001 / 9.0, beta=0.75,
                                         k=1.0)
 
-    x = nn.relu(nn.Conv(64, (5, 5), padding="SAME", name="conv1")(x))
+    x = nn.relu(layers.conv(self.conv_impl, 64, (5, 5), padding="SAME",
+                            name="conv1")(x))
     x = lrn(pool(x))
-    x = nn.relu(nn.Conv(64, (5, 5), padding="SAME", name="conv2")(x))
+    x = nn.relu(layers.conv(self.conv_impl, 64, (5, 5), padding="SAME",
+                            name="conv2")(x))
     x = pool(lrn(x))
     x = layers.flatten(x)
     x = nn.relu(nn.Dense(384, name="fc1")(x))

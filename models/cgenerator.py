@@ -57,6 +57,8 @@ class CGeneratorA(nn.Module):
     num_classes: number of labels.
     conditional: always True: ``__call__`` takes the labels.
     output_space: always ``"normalised"`` (see above).
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   out_shape: tuple = (32, 32, 3)
@@ -65,6 +67,7 @@ class CGeneratorA(nn.Module):
   num_classes: int = 10
   conditional: bool = True
   output_space: str = "normalised"
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(self, z: jnp.ndarray, y: Optional[jnp.ndarray] = None,
@@ -111,10 +114,12 @@ class CGeneratorA(nn.Module):
     x = layers.batch_norm(train, name="bn0")(x)
     for i, width in enumerate((2 * self.ngf, self.ngf)):
       x = _upsample2(x)
-      x = nn.Conv(width, (3, 3), padding="SAME", name=f"conv{i + 1}")(x)
+      x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
+                      name=f"conv{i + 1}")(x)
       x = nn.leaky_relu(layers.batch_norm(train, name=f"bn{i + 1}")(x),
                         negative_slope=0.2)
-    x = jnp.tanh(nn.Conv(ch, (3, 3), padding="SAME", name="conv3")(x))
+    x = jnp.tanh(layers.conv(self.conv_impl, ch, (3, 3), padding="SAME",
+                             name="conv3")(x))
     return nn.BatchNorm(use_running_average=not train,
                         momentum=layers.BN_MOMENTUM,
                         epsilon=layers.BN_EPSILON, use_scale=False,

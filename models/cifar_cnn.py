@@ -45,10 +45,13 @@ class HFLDDCifarCNN(nn.Module):
   Attributes:
     num_classes: Number of output logits.
     features: Output channels of the two convolutions of each block.
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   num_classes: int = 10
   features: Sequence[int] = (128, 128, 128, 128)
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -72,7 +75,8 @@ class HFLDDCifarCNN(nn.Module):
           f"{2 ** len(self.features)}, got {x.shape[1:3]}.")
     for i, width in enumerate(self.features):
       for j in (1, 2):
-        x = nn.Conv(width, (3, 3), padding="SAME", name=f"conv{i + 1}_{j}")(x)
+        x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
+                        name=f"conv{i + 1}_{j}")(x)
         x = nn.relu(x)
         x = layers.batch_norm(train, name=f"bn{i + 1}_{j}")(x)
       x = layers.max_pool(x)

@@ -33,11 +33,14 @@ class ConvNet(nn.Module):
     num_classes: Number of output logits.
     width: Channels of every convolution.
     depth: Number of conv blocks (each halves the spatial size).
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   num_classes: int = 10
   width: int = 128
   depth: int = 3
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -64,7 +67,8 @@ class ConvNet(nn.Module):
           f"ConvNet depth {self.depth} needs H, W >= {2**self.depth}, got "
           f"{x.shape[1:3]}.")
     for i in range(self.depth):
-      x = nn.Conv(self.width, (3, 3), padding="SAME", name=f"conv{i + 1}")(x)
+      x = layers.conv(self.conv_impl, self.width, (3, 3), padding="SAME",
+                      name=f"conv{i + 1}")(x)
       x = nn.InstanceNorm(epsilon=1e-5, name=f"norm{i + 1}")(x)
       x = nn.relu(x)
       x = layers.avg_pool(x)

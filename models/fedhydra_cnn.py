@@ -31,11 +31,14 @@ class ConvBNNet(nn.Module):
     num_classes: Number of output logits.
     features: Output channels of each conv block.
     kernel_size: Square kernel size of every convolution.
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   num_classes: int = 10
   features: Sequence[int] = (32, 64)
   kernel_size: int = 5
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -60,8 +63,8 @@ class ConvBNNet(nn.Module):
           f"{2 ** len(self.features)}, got {x.shape[1:3]}.")
     k = self.kernel_size
     for i, width in enumerate(self.features):
-      x = nn.Conv(width, (k, k), padding="SAME", use_bias=False,
-                  name=f"conv{i + 1}")(x)
+      x = layers.conv(self.conv_impl, width, (k, k), padding="SAME",
+                      use_bias=False, name=f"conv{i + 1}")(x)
       x = nn.relu(layers.batch_norm(train, name=f"bn{i + 1}")(x))
       x = layers.max_pool(x)
     x = layers.flatten(x)

@@ -47,6 +47,8 @@ class Generator(nn.Module):
     ngf: Base number of generator channels.
     conditional: Whether ``__call__`` takes labels ``y``.
     num_classes: Number of labels of the conditional variant.
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   out_shape: tuple = (32, 32, 3)
@@ -54,6 +56,7 @@ class Generator(nn.Module):
   ngf: int = 64
   conditional: bool = False
   num_classes: int = 10
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(
@@ -116,11 +119,11 @@ class Generator(nn.Module):
         x = nn.leaky_relu(layers.batch_norm(train, name=f"bn{i + 1}")(x),
                           negative_slope=0.2)
       x = _upsample2(x)
-      x = nn.Conv(width, (3, 3), padding="SAME", use_bias=False,
-                  name=f"conv{i + 1}")(x)
+      x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
+                      use_bias=False, name=f"conv{i + 1}")(x)
     x = nn.leaky_relu(layers.batch_norm(train, name="bn3")(x),
                       negative_slope=0.2)
-    x = nn.Conv(ch, (3, 3), padding="SAME", name="conv3")(x)
+    x = layers.conv(self.conv_impl, ch, (3, 3), padding="SAME", name="conv3")(x)
     return nn.sigmoid(x)
 
 

@@ -14,12 +14,21 @@ several equal maxima, ``jnp.max`` splits the incoming gradient evenly among
 them while select-and-scatter gives all of it to the first one. Both are valid
 subgradients; after a ReLU the tied entries are zeros whose ReLU gradient is
 zero anyway.
+
+Convolutions can be computed in two formulations, picked per model by its
+``conv_impl`` field (see :func:`conv`): ``"lax"`` (``lax.conv_general_dilated``,
+flax's default) and ``"patches"`` (:func:`patches_conv_general_dilated`,
+im2col + one matmul). Both compute the same function with the same
+parameters; which one is faster depends on the platform and the jax version
+(:func:`resolve_conv_impl`).
 """
 
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+from jax import lax
 
 # PyTorch's BatchNorm defaults (momentum 0.1 for the *new* batch, eps 1e-5),
 # which the reference implementations of FedD3/HFLDD/FedHydra use. Flax's
@@ -27,6 +36,192 @@ import jax.numpy as jnp
 # local steps a federated client takes per round.
 BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
+
+
+# Names accepted by a model's ``conv_impl`` field and ``model.conv_impl``.
+CONV_IMPLS = ("auto", "lax", "patches")
+
+# What ``conv_impl="auto"`` means: rows ``(platform, minimum jax version,
+# impl)``; the last row whose platform matches and whose minimum version is
+# <= the running jax wins. Measured on a 2-core CPU with the engine's
+# LeNet-5 round and ConvNet-3 step (experiments/perf_notes.md, "Convolution
+# formulation"): on jax 0.5.3 patches is 4.2x slower (LeNet-5) and 1.24x
+# slower (ConvNet-3) than lax; on jax 0.10.2 it takes 0.86x (LeNet-5) and
+# 0.023x (ConvNet-3, where 0.10.2's lax.conv is 31x slower than 0.5.3's).
+# Versions between those were not measured and keep lax, the former
+# behaviour.
+# Platforms without a row use "lax": XLA's GPU/TPU convolutions are their
+# tuned kernels, and the patches form is a CPU workaround.
+_AUTO_CONV_IMPL: tuple[tuple[str, tuple[int, ...], str], ...] = (
+    ("cpu", (0,), "lax"),
+    ("cpu", (0, 10), "patches"),
+)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+  """``"0.10.2"`` -> ``(0, 10, 2)``; a non-numeric tail (``rc1``) is dropped."""
+  parts = []
+  for part in version.split("."):
+    digits = ""
+    for ch in part:
+      if not ch.isdigit():
+        break
+      digits += ch
+    if not digits:
+      break
+    parts.append(int(digits))
+    if digits != part:
+      break
+  return tuple(parts)
+
+
+def resolve_conv_impl(conv_impl: str = "auto",
+                      platform: str | None = None,
+                      jax_version: str | None = None) -> str:
+  """The concrete convolution formulation ``"lax"`` or ``"patches"``.
+
+  Args:
+    conv_impl: ``"auto"``, ``"lax"`` or ``"patches"``; the last two are
+      returned unchanged.
+    platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default
+      backend. Only read for ``"auto"``.
+    jax_version: e.g. ``"0.10.2"``; default the running ``jax.__version__``.
+
+  Returns:
+    ``"lax"`` or ``"patches"``: for ``"auto"`` the measured-faster one of the
+    platform and jax version (``_AUTO_CONV_IMPL``), ``"lax"`` where nothing
+    was measured.
+
+  Raises:
+    ValueError: If ``conv_impl`` is not one of :data:`CONV_IMPLS`.
+  """
+  if conv_impl not in CONV_IMPLS:
+    raise ValueError(f"Unknown conv_impl {conv_impl!r}; expected one of "
+                     f"{CONV_IMPLS}.")
+  if conv_impl != "auto":
+    return conv_impl
+  platform = platform or jax.default_backend()
+  version = _version_tuple(jax_version or jax.__version__)
+  chosen = "lax"
+  for row_platform, min_version, impl in _AUTO_CONV_IMPL:
+    if row_platform == platform and version >= min_version:
+      chosen = impl
+  return chosen
+
+
+def patches_conv_general_dilated(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    window_strides: Sequence[int],
+    padding: str | Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int] | None = None,
+    rhs_dilation: Sequence[int] | None = None,
+    dimension_numbers: Any = None,
+    feature_group_count: int = 1,
+    batch_group_count: int = 1,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> jax.Array:
+  """``lax.conv_general_dilated`` as patch extraction + one matmul (im2col).
+
+  A drop-in for the NHWC/HWIO convolutions of this package (flax's
+  ``nn.Conv(conv_general_dilated=...)`` calls it with flax's arguments):
+  ``lax.conv_general_dilated_patches`` gathers every receptive field into
+  ``[B, Ho, Wo, Ch * kh * kw]`` and a dot with the reshaped kernel
+  ``[Ch * kh * kw, O]`` gives the output. Why: on XLA:CPU of newer jax the
+  direct convolution, and above all its vmapped form with one kernel per
+  client (a grouped convolution), is several times slower than a matmul of
+  the same FLOPs; the patches form turns a vmapped kernel into a batched
+  matmul. It computes the same sums in another order, so results agree with
+  ``lax.conv_general_dilated`` to float rounding.
+
+  Args:
+    lhs: Input ``[B, H, W, Ch]`` (NHWC).
+    rhs: Kernel ``[kh, kw, Ch, O]`` (HWIO).
+    window_strides: Strides ``(sh, sw)``.
+    padding: ``"SAME"``, ``"VALID"`` (any string ``lax`` accepts) or explicit
+      ``((lo_h, hi_h), (lo_w, hi_w))``.
+    lhs_dilation: Input dilation ``(dh, dw)`` or None (1).
+    rhs_dilation: Kernel dilation ``(dh, dw)`` or None (1).
+    dimension_numbers: A ``lax.ConvDimensionNumbers`` or string triple
+      describing NHWC input, HWIO kernel and NHWC output, as flax passes for
+      2-D convolutions (None, lax's NCHW default, is refused).
+    feature_group_count: Must be 1.
+    batch_group_count: Must be 1.
+    precision: ``lax.Precision`` of the matmul.
+    preferred_element_type: Accumulation/output dtype of the matmul.
+
+  Returns:
+    Output ``[B, Ho, Wo, O]`` as ``lax.conv_general_dilated`` would give.
+
+  Raises:
+    NotImplementedError: For grouped convolutions, layouts other than
+      NHWC/HWIO/NHWC or spatial ranks other than 2.
+  """
+  if feature_group_count != 1 or batch_group_count != 1:
+    raise NotImplementedError(
+        "patches_conv_general_dilated supports only feature_group_count=1 "
+        f"and batch_group_count=1, got {feature_group_count} and "
+        f"{batch_group_count}; use conv_impl='lax'.")
+  if lhs.ndim != 4 or rhs.ndim != 4:
+    raise NotImplementedError(
+        "patches_conv_general_dilated supports only 2-D convolutions (rank-4 "
+        f"input and kernel), got shapes {lhs.shape} and {rhs.shape}; use "
+        "conv_impl='lax'.")
+  nhwc = lax.conv_dimension_numbers(lhs.shape, rhs.shape,
+                                    ("NHWC", "HWIO", "NHWC"))
+  given = (None if dimension_numbers is None else lax.conv_dimension_numbers(
+      lhs.shape, rhs.shape, dimension_numbers))
+  if given != nhwc:
+    raise NotImplementedError(
+        "patches_conv_general_dilated supports only NHWC inputs, HWIO "
+        f"kernels and NHWC outputs, got dimension_numbers "
+        f"{dimension_numbers!r}; use conv_impl='lax'.")
+  kh, kw, ch, out = rhs.shape
+  if lhs.shape[-1] != ch:
+    raise ValueError(f"Input has {lhs.shape[-1]} channels, the kernel "
+                     f"{rhs.shape} expects {ch}.")
+  # Patch extraction is itself a convolution with a one-hot kernel; HIGHEST
+  # keeps it an exact copy on accelerators, whose default precision would
+  # round the inputs to bfloat16.
+  patches = lax.conv_general_dilated_patches(
+      lhs, (kh, kw), tuple(window_strides), padding,
+      lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+      dimension_numbers=("NHWC", "OIHW", "NHWC"),
+      precision=lax.Precision.HIGHEST)
+  # The patch features are ordered channel-major, [Ch, kh, kw].
+  kernel = jnp.transpose(rhs, (2, 0, 1, 3)).reshape(ch * kh * kw, out)
+  return jnp.dot(patches, kernel, precision=precision,
+                 preferred_element_type=preferred_element_type)
+
+
+def conv(
+    conv_impl: str,
+    features: int,
+    kernel_size: Sequence[int],
+    **kwargs: Any,
+) -> nn.Conv:
+  """``nn.Conv`` computed with the formulation ``conv_impl``.
+
+  The parameters (names, shapes, initialisers) are those of a plain
+  ``nn.Conv(features, kernel_size, **kwargs)``; only the function computing
+  the convolution changes, so checkpoints and variables are interchangeable
+  between formulations.
+
+  Args:
+    conv_impl: ``"lax"``, ``"patches"`` or ``"auto"`` (resolved now with
+      :func:`resolve_conv_impl` for JAX's default backend).
+    features: Output channels.
+    kernel_size: ``(kh, kw)``.
+    **kwargs: Other ``nn.Conv`` fields (``padding``, ``strides``, ``name``,
+      ...).
+
+  Returns:
+    The ``nn.Conv`` module.
+  """
+  if resolve_conv_impl(conv_impl) == "patches":
+    kwargs["conv_general_dilated"] = patches_conv_general_dilated
+  return nn.Conv(features, kernel_size, **kwargs)
 
 
 def _check_pool_args(x: jnp.ndarray, window: int, stride: int) -> None:

@@ -25,9 +25,12 @@ class LeNet5(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   num_classes: int = 10
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -42,9 +45,11 @@ class LeNet5(nn.Module):
     """
     del train
     layers.check_images(x, "LeNet5")
-    x = nn.relu(nn.Conv(6, (5, 5), padding="VALID", name="conv1")(x))
+    x = nn.relu(layers.conv(self.conv_impl, 6, (5, 5), padding="VALID",
+                            name="conv1")(x))
     x = layers.max_pool(x)
-    x = nn.relu(nn.Conv(16, (5, 5), padding="VALID", name="conv2")(x))
+    x = nn.relu(layers.conv(self.conv_impl, 16, (5, 5), padding="VALID",
+                            name="conv2")(x))
     x = layers.max_pool(x)
     x = layers.flatten(x)
     x = nn.relu(nn.Dense(120, name="fc1")(x))
@@ -66,9 +71,12 @@ class DigitsCNN(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   num_classes: int = 10
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -83,9 +91,11 @@ class DigitsCNN(nn.Module):
     """
     del train
     layers.check_images(x, "DigitsCNN")
-    x = nn.relu(nn.Conv(32, (3, 3), padding="SAME", name="conv1")(x))
+    x = nn.relu(layers.conv(self.conv_impl, 32, (3, 3), padding="SAME",
+                            name="conv1")(x))
     x = layers.max_pool(x)
-    x = nn.relu(nn.Conv(64, (3, 3), padding="SAME", name="conv2")(x))
+    x = nn.relu(layers.conv(self.conv_impl, 64, (3, 3), padding="SAME",
+                            name="conv2")(x))
     x = layers.max_pool(x)
     x = layers.flatten(x)
     x = nn.relu(nn.Dense(128, name="fc1")(x))

@@ -5,6 +5,7 @@ by a single 3x3 stride-1 convolution, so a 32x32 image reaches the last stage
 at 4x4. Convolutions have no bias (each is followed by BatchNorm).
 """
 
+import functools
 from typing import Sequence
 
 import flax.linen as nn
@@ -19,23 +20,25 @@ class BasicBlock(nn.Module):
   Attributes:
     features: Output channels.
     stride: Stride of the first convolution (and of the projection).
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   features: int
   stride: int = 1
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
     """Applies the block to ``[B, H, W, Ch]``."""
-    y = nn.Conv(self.features, (3, 3), strides=self.stride, padding=1,
-                use_bias=False, name="conv1")(x)
+    conv = functools.partial(layers.conv, self.conv_impl, self.features,
+                             use_bias=False)
+    y = conv((3, 3), strides=self.stride, padding=1, name="conv1")(x)
     y = nn.relu(layers.batch_norm(train, name="bn1")(y))
-    y = nn.Conv(self.features, (3, 3), padding=1, use_bias=False,
-                name="conv2")(y)
+    y = conv((3, 3), padding=1, name="conv2")(y)
     y = layers.batch_norm(train, name="bn2")(y)
     if self.stride != 1 or x.shape[-1] != self.features:
-      x = nn.Conv(self.features, (1, 1), strides=self.stride, use_bias=False,
-                  name="proj_conv")(x)
+      x = conv((1, 1), strides=self.stride, name="proj_conv")(x)
       x = layers.batch_norm(train, name="proj_bn")(x)
     return nn.relu(x + y)
 
@@ -52,11 +55,14 @@ class ResNet(nn.Module):
     num_classes: Number of output logits.
     stage_sizes: Number of BasicBlocks per stage.
     width: Channels of the stem and the first stage.
+    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
+      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
   """
 
   num_classes: int = 10
   stage_sizes: Sequence[int] = (2, 2, 2, 2)
   width: int = 64
+  conv_impl: str = "lax"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -71,18 +77,19 @@ class ResNet(nn.Module):
       Logits ``[B, num_classes]``.
     """
     layers.check_images(x, "ResNet")
-    x = nn.Conv(self.width, (3, 3), padding=1, use_bias=False,
-                name="stem_conv")(x)
+    x = layers.conv(self.conv_impl, self.width, (3, 3), padding=1,
+                    use_bias=False, name="stem_conv")(x)
     x = nn.relu(layers.batch_norm(train, name="stem_bn")(x))
     for i, num_blocks in enumerate(self.stage_sizes):
       for j in range(num_blocks):
         stride = 2 if i > 0 and j == 0 else 1
-        x = BasicBlock(self.width * 2**i, stride,
+        x = BasicBlock(self.width * 2**i, stride, conv_impl=self.conv_impl,
                        name=f"stage{i + 1}_block{j + 1}")(x, train=train)
     x = jnp.mean(x, axis=(1, 2))
     return nn.Dense(self.num_classes, name="fc")(x)
 
 
-def resnet18(num_classes: int) -> ResNet:
+def resnet18(num_classes: int, conv_impl: str = "lax") -> ResNet:
   """ResNet-18 (BasicBlocks ``[2, 2, 2, 2]``, widths 64..512)."""
-  return ResNet(num_classes=num_classes, stage_sizes=(2, 2, 2, 2), width=64)
+  return ResNet(num_classes=num_classes, stage_sizes=(2, 2, 2, 2), width=64,
+                conv_impl=conv_impl)

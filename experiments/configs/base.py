@@ -8,8 +8,9 @@ override fails instead of adding a key nobody reads:
   training), ``rounds``, ``paper_departures``;
 * ``data``: the dataset, its split and partition (``data.seed`` is the
   partition seed, independent of ``seed``), auxiliary and public sets;
-* ``model``: the server / global architecture (``name``) and the clients'
-  (``model.client_models``);
+* ``model``: the server / global architecture (``name``), the clients'
+  (``model.client_models``) and how convolutions are computed
+  (``model.conv_impl``);
 * ``client``: local training (also the single model's training in the
   centralized runner and FedD3's server training on the distilled union),
   client sampling, FedProx's ``client.mu`` and HFLDD's pre-training;
@@ -77,6 +78,12 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       "name": model,
       # Comma-separated client architectures; "": every client uses `name`.
       "client_models": "",
+      # How the convolutions of every model are computed: "lax"
+      # (lax.conv_general_dilated), "patches" (patch extraction + matmul) or
+      # "auto" (the measured-faster one for the platform and jax version,
+      # fedjax_dd.models.layers.resolve_conv_impl). Same parameters, results
+      # equal to float rounding.
+      "conv_impl": "auto",
   })
   c.client = ml_collections.ConfigDict({
       "batch_size": 64,

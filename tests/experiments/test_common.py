@@ -96,6 +96,16 @@ def test_kip_kernel_impl_neural_tangents():
                              ntk.fc_kernel(depth=4)(x, x), rtol=1e-6)
 
 
+def test_prepared_task_uses_the_resolved_conv_impl():
+  from fedjax_dd import models
+  c = fedd3_config.get_config("smoke")
+  assert c.model.conv_impl == "auto"
+  assert (common.load_and_prepare(c).task.module.conv_impl
+          == models.resolve_conv_impl("auto"))
+  c.model.conv_impl = "patches"
+  assert common.load_and_prepare(c).task.module.conv_impl == "patches"
+
+
 def test_prepared_channel_stats_are_the_floored_train_stats(monkeypatch):
   c = fedd3_config.get_config("smoke")
   p = common.load_and_prepare(c)
@@ -119,6 +129,7 @@ def test_prepared_channel_stats_are_the_floored_train_stats(monkeypatch):
     ("client.lr", -0.1, "config.client.lr must be"),
     ("client.momentum", 1.0, "momentum must be < 1"),
     ("client.batch_size", 0, "config.client.batch_size must be"),
+    ("model.conv_impl", "im2col", "config.model.conv_impl must be one of"),
 ])
 def test_validate_refuses_unusable_settings(path, value, message):
   from fedjax_dd.experiments.configs import base as base_lib

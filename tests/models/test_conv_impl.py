@@ -1,0 +1,271 @@
+"""The two convolution formulations (``conv_impl``) and their resolution.
+
+``patches`` must be a drop-in for ``lax.conv_general_dilated`` in every model:
+same parameters, outputs and gradients equal to float rounding.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from fedjax_dd import models
+from fedjax_dd.models import layers
+from tests.conftest import x64
+
+KEY = functools.partial(jax.random.key, impl="rbg")
+
+
+# --- resolve_conv_impl -------------------------------------------------------
+
+
+@pytest.mark.parametrize("platform, version, expected", [
+    ("cpu", "0.5.3", "lax"),
+    ("cpu", "0.4.30", "lax"),
+    ("cpu", "0.10.2", "patches"),
+    ("cpu", "0.6.0", "lax"),  # not measured: the former default
+    ("cpu", "0.10.0", "patches"),
+    ("cpu", "0.10.2rc1", "patches"),
+    ("cpu", "1.0", "patches"),
+    ("gpu", "0.5.3", "lax"),
+    ("gpu", "0.10.2", "lax"),
+    ("tpu", "0.10.2", "lax"),
+    ("metal", "0.10.2", "lax"),  # nothing measured: the plain convolution
+])
+def test_auto_resolves_per_platform_and_jax_version(platform, version,
+                                                    expected):
+  assert layers.resolve_conv_impl("auto", platform, version) == expected
+
+
+@pytest.mark.parametrize("impl", ["lax", "patches"])
+def test_explicit_conv_impl_is_kept_on_every_platform(impl):
+  for platform in ("cpu", "gpu", "tpu"):
+    for version in ("0.5.3", "0.10.2"):
+      assert layers.resolve_conv_impl(impl, platform, version) == impl
+
+
+def test_auto_defaults_to_the_running_platform_and_jax():
+  assert layers.resolve_conv_impl() == layers.resolve_conv_impl(
+      "auto", jax.default_backend(), jax.__version__)
+
+
+def test_unknown_conv_impl_is_refused():
+  with pytest.raises(ValueError, match="Unknown conv_impl 'im2col'"):
+    layers.resolve_conv_impl("im2col", "cpu", "0.10.2")
+  with pytest.raises(ValueError, match="Unknown conv_impl"):
+    models.get_model("lenet5").build(10, conv_impl="fast")
+  with pytest.raises(ValueError, match="Unknown conv_impl"):
+    models.get_model("fc").build(10, conv_impl="fast")
+
+
+def test_version_parsing():
+  assert layers._version_tuple("0.10.2") == (0, 10, 2)
+  assert layers._version_tuple("0.10.2rc1") == (0, 10, 2)
+  assert layers._version_tuple("0.4.36.dev20241001") == (0, 4, 36)
+
+
+# --- patches_conv_general_dilated against lax --------------------------------
+
+
+def _rand(shape, seed, dtype=jnp.float32):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=shape), dtype)
+
+
+_CASES = [
+    # (input [B, H, W, Ch], kernel [kh, kw, Ch, O], kwargs)
+    ((2, 12, 12, 1), (5, 5, 1, 6), dict(padding="VALID")),          # LeNet
+    ((2, 9, 10, 3), (3, 3, 3, 4), dict(padding="SAME")),
+    ((2, 9, 9, 3), (3, 3, 3, 4), dict(padding=((1, 1), (1, 1)),
+                                      window_strides=(2, 2))),       # ResNet
+    ((2, 9, 9, 3), (1, 1, 3, 4), dict(padding="VALID",
+                                      window_strides=(2, 2))),       # proj
+    ((1, 11, 8, 2), (3, 2, 2, 3), dict(padding=((2, 0), (0, 1)),
+                                       window_strides=(2, 1))),
+    ((1, 10, 10, 2), (3, 3, 2, 3), dict(padding="SAME",
+                                        rhs_dilation=(2, 2))),
+    ((1, 5, 5, 2), (3, 3, 2, 3), dict(padding=((2, 2), (1, 1)),
+                                      lhs_dilation=(2, 1))),
+]
+
+
+def _both(x, k, kwargs, precision=None):
+  kwargs = {"window_strides": (1, 1), **kwargs}
+  dn = ("NHWC", "HWIO", "NHWC")
+  ref = lax.conv_general_dilated(x, k, dimension_numbers=dn,
+                                 precision=precision, **kwargs)
+  ours = layers.patches_conv_general_dilated(x, k, dimension_numbers=dn,
+                                             precision=precision, **kwargs)
+  return ref, ours
+
+
+@pytest.mark.parametrize("xs, ks, kwargs", _CASES)
+def test_patches_conv_matches_lax_conv(xs, ks, kwargs):
+  x, k = _rand(xs, 0), _rand(ks, 1)
+  ref, ours = _both(x, k, kwargs, precision=lax.Precision.HIGHEST)
+  assert ours.shape == ref.shape and ours.dtype == ref.dtype
+  np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+  # Gradients with respect to both operands.
+  ct = _rand(ref.shape, 2)
+  g_ref = jax.grad(lambda x, k: jnp.vdot(_both(x, k, kwargs)[0], ct),
+                   (0, 1))(x, k)
+  g_ours = jax.grad(lambda x, k: jnp.vdot(_both(x, k, kwargs)[1], ct),
+                    (0, 1))(x, k)
+  for a, b in zip(g_ours, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs, ks, kwargs", _CASES[:3])
+def test_patches_conv_matches_lax_conv_in_float64(xs, ks, kwargs):
+  with x64():
+    x, k = _rand(xs, 0, jnp.float64), _rand(ks, 1, jnp.float64)
+    ref, ours = _both(x, k, kwargs)
+    assert ours.dtype == jnp.float64
+    np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_patches_conv_refuses_what_it_does_not_implement():
+  x, k = _rand((1, 6, 6, 4), 0), _rand((3, 3, 2, 4), 1)
+  with pytest.raises(NotImplementedError, match="feature_group_count"):
+    layers.patches_conv_general_dilated(
+        x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=2)
+  k = _rand((3, 3, 4, 5), 1)
+  with pytest.raises(NotImplementedError, match="NHWC"):
+    layers.patches_conv_general_dilated(
+        jnp.moveaxis(x, -1, 1), k, (1, 1), "SAME",
+        dimension_numbers=("NCHW", "HWIO", "NCHW"))
+  with pytest.raises(NotImplementedError, match="NHWC"):  # lax's default
+    layers.patches_conv_general_dilated(x, k, (1, 1), "SAME")
+  with pytest.raises(NotImplementedError, match="2-D"):
+    layers.patches_conv_general_dilated(
+        x[0], k[0], (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
+
+
+# --- every model with convolutions -------------------------------------------
+
+# Registry models, with small stand-ins of the same classes where the
+# registered size only costs time (the code paths are the same).
+_MODELS = {
+    "lenet5": (lambda impl: models.LeNet5(7, conv_impl=impl), (28, 28, 1)),
+    "digits_cnn": (lambda impl: models.DigitsCNN(7, conv_impl=impl),
+                   (8, 8, 1)),
+    "convnet": (lambda impl: models.ConvNet(7, width=16, conv_impl=impl),
+                (16, 16, 3)),
+    "hfldd_cifar_cnn": (lambda impl: models.HFLDDCifarCNN(
+        7, features=(8, 8, 8, 8), conv_impl=impl), (16, 16, 3)),
+    "alexnet": (lambda impl: models.AlexNet(7, hidden=(16,), conv_impl=impl),
+                (8, 8, 3)),
+    "alexcifarnet": (lambda impl: models.AlexCifarNet(7, conv_impl=impl),
+                     (16, 16, 3)),
+    # Strided 3x3 convolutions with explicit padding and 1x1 projections.
+    "resnet": (lambda impl: models.ResNet(7, stage_sizes=(1, 1), width=8,
+                                          conv_impl=impl), (16, 16, 3)),
+    "cnn2": (lambda impl: models.CNN2(7, conv_impl=impl), (28, 28, 1)),
+    "cnn3": (lambda impl: models.CNN3(7, conv_impl=impl), (16, 16, 3)),
+}
+
+
+def _loss_and_grads(module, variables, x, train):
+  has_stats = "batch_stats" in variables
+  rest = {k: v for k, v in variables.items() if k != "params"}
+
+  def loss(params):
+    if train and has_stats:
+      out, _ = module.apply({"params": params, **rest}, x, train=True,
+                            mutable=["batch_stats"])
+    else:
+      out = module.apply({"params": params, **rest}, x, train=train)
+    return jnp.sum(jnp.sin(out)), out  # a non-trivial cotangent
+
+  (_, out), grads = jax.value_and_grad(loss, has_aux=True)(
+      variables["params"])
+  return out, grads
+
+
+def _assert_close(a, b, rtol, scale=None):
+  """``a == b`` up to ``rtol`` relative to ``scale`` (default max |b|)."""
+  a, b = np.asarray(a), np.asarray(b)
+  if scale is None:
+    scale = float(np.max(np.abs(b)))
+  np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * max(scale, 1e-30))
+
+
+def _assert_grads_close(g, g_ref, rtol):
+  # Relative to the largest gradient entry of the whole model: some leaves
+  # are zero up to rounding (a conv bias before instance norm), where a
+  # per-leaf relative error compares rounding noise with rounding noise.
+  scale = max(float(np.max(np.abs(v))) for v in jax.tree.leaves(g_ref))
+  jax.tree.map(lambda a, b: _assert_close(a, b, rtol, scale), g, g_ref)
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("name", sorted(_MODELS))
+def test_model_outputs_and_gradients_agree(name, train):
+  make, shape = _MODELS[name]
+  ref_model, ours_model = make("lax"), make("patches")
+  variables = models.init_model(ref_model, KEY(0), shape)
+  # Identical parameter names and shapes from either formulation.
+  assert (jax.tree.map(jnp.shape, models.init_model(ours_model, KEY(0), shape))
+          == jax.tree.map(jnp.shape, variables))
+  x = _rand((3, *shape), 1)
+  out_ref, g_ref = _loss_and_grads(ref_model, variables, x, train)
+  out, g = _loss_and_grads(ours_model, variables, x, train)
+  _assert_close(out, out_ref, 1e-5)
+  _assert_grads_close(g, g_ref, 1e-5)
+
+
+@pytest.mark.parametrize("name", ["lenet5", "resnet"])
+def test_model_outputs_and_gradients_agree_in_float64(name):
+  make, shape = _MODELS[name]
+  with x64():
+    ref_model, ours_model = make("lax"), make("patches")
+    variables = models.init_model(ref_model, KEY(0), shape)
+    variables = jax.tree.map(lambda v: jnp.asarray(v, jnp.float64), variables)
+    x = _rand((3, *shape), 1, jnp.float64)
+    out_ref, g_ref = _loss_and_grads(ref_model, variables, x, True)
+    out, g = _loss_and_grads(ours_model, variables, x, True)
+    assert out.dtype == jnp.float64
+    _assert_close(out, out_ref, 1e-12)
+    _assert_grads_close(g, g_ref, 1e-12)
+
+
+@pytest.mark.parametrize("cls, kw", [
+    (models.Generator, dict(out_shape=(16, 16, 3), nz=8, ngf=8)),
+    (models.Generator, dict(out_shape=(16, 16, 3), nz=8, ngf=8,
+                            conditional=True)),
+])
+def test_generator_outputs_agree(cls, kw):
+  ref_model, ours_model = cls(**kw, conv_impl="lax"), cls(**kw,
+                                                          conv_impl="patches")
+  z = _rand((3, 8), 1)
+  y = jnp.array([0, 1, 2])
+  call = dict(y=y) if kw.get("conditional") else {}
+  variables = ref_model.init(KEY(0), z, train=False, **call)
+  out_ref = ref_model.apply(variables, z, train=False, **call)
+  out = ours_model.apply(variables, z, train=False, **call)
+  _assert_close(out, out_ref, 1e-5)
+
+
+def test_cgenerator_outputs_agree():
+  from fedjax_dd.models.cgenerator import CGeneratorA
+  kw = dict(out_shape=(16, 16, 3), nz=8, ngf=8, num_classes=3)
+  ref_model, ours_model = (CGeneratorA(**kw, conv_impl="lax"),
+                           CGeneratorA(**kw, conv_impl="patches"))
+  z, y = _rand((3, 8), 1), jnp.array([0, 1, 2])
+  variables = ref_model.init(KEY(0), z, y, train=False)
+  _assert_close(ours_model.apply(variables, z, y, train=False),
+                ref_model.apply(variables, z, y, train=False), 1e-5)
+
+
+def test_registry_builds_with_conv_impl():
+  for name, spec in models.MODELS.items():
+    module = spec.build(10, conv_impl="patches")
+    assert getattr(module, "conv_impl", "patches") == "patches", name
+    assert spec.build(10).__class__ is module.__class__
+  auto = models.get_model("lenet5").build(10, conv_impl="auto")
+  assert auto.conv_impl == layers.resolve_conv_impl("auto")  # resolved
+  resnet = models.get_model("resnet18").build(10, conv_impl="patches")
+  assert resnet.conv_impl == "patches"
