@@ -126,9 +126,10 @@ def patches_conv_general_dilated(
 
   A drop-in for the NHWC/HWIO convolutions of this package (flax's
   ``nn.Conv(conv_general_dilated=...)`` calls it with flax's arguments):
-  ``lax.conv_general_dilated_patches`` gathers every receptive field into
-  ``[B, Ho, Wo, Ch * kh * kw]`` and a dot with the reshaped kernel
-  ``[Ch * kh * kw, O]`` gives the output. Why: on XLA:CPU of newer jax the
+  every receptive field is gathered into ``[B, Ho, Wo, kh * kw * Ch]`` (from
+  shifted strided slices of the padded input; with input dilation by
+  ``lax.conv_general_dilated_patches``) and a dot with the reshaped kernel
+  ``[kh * kw * Ch, O]`` gives the output. Why: on XLA:CPU of newer jax the
   direct convolution, and above all its vmapped form with one kernel per
   client (a grouped convolution), is several times slower than a matmul of
   the same FLOPs; the patches form turns a vmapped kernel into a batched
@@ -181,18 +182,56 @@ def patches_conv_general_dilated(
   if lhs.shape[-1] != ch:
     raise ValueError(f"Input has {lhs.shape[-1]} channels, the kernel "
                      f"{rhs.shape} expects {ch}.")
-  # Patch extraction is itself a convolution with a one-hot kernel; HIGHEST
-  # keeps it an exact copy on accelerators, whose default precision would
-  # round the inputs to bfloat16.
-  patches = lax.conv_general_dilated_patches(
-      lhs, (kh, kw), tuple(window_strides), padding,
-      lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
-      dimension_numbers=("NHWC", "OIHW", "NHWC"),
-      precision=lax.Precision.HIGHEST)
-  # The patch features are ordered channel-major, [Ch, kh, kw].
-  kernel = jnp.transpose(rhs, (2, 0, 1, 3)).reshape(ch * kh * kw, out)
+  strides = tuple(int(v) for v in window_strides)
+  kdil = tuple(int(v) for v in (rhs_dilation or (1, 1)))
+  if tuple(lhs_dilation or (1, 1)) == (1, 1):
+    patches = _slice_patches(lhs, (kh, kw), strides, padding, kdil)
+    # Features ordered [kh, kw, Ch], as HWIO flattens.
+    kernel = rhs.reshape(kh * kw * ch, out)
+  else:
+    # Input dilation (transposed convolutions; no model here uses it): XLA's
+    # own patch extraction, a convolution with a one-hot kernel. HIGHEST
+    # keeps it an exact copy on accelerators, whose default precision would
+    # round the inputs to bfloat16.
+    patches = lax.conv_general_dilated_patches(
+        lhs, (kh, kw), strides, padding,
+        lhs_dilation=lhs_dilation, rhs_dilation=kdil,
+        dimension_numbers=("NHWC", "OIHW", "NHWC"),
+        precision=lax.Precision.HIGHEST)
+    # Its features are ordered channel-major, [Ch, kh, kw].
+    kernel = jnp.transpose(rhs, (2, 0, 1, 3)).reshape(ch * kh * kw, out)
   return jnp.dot(patches, kernel, precision=precision,
                  preferred_element_type=preferred_element_type)
+
+
+def _slice_patches(x: jax.Array, window: tuple[int, int],
+                   strides: tuple[int, int],
+                   padding: str | Sequence[tuple[int, int]],
+                   rhs_dilation: tuple[int, int]) -> jax.Array:
+  """Receptive fields ``[B, Ho, Wo, kh * kw * Ch]`` from shifted slices.
+
+  One strided slice of the padded input per kernel tap, concatenated on the
+  channel axis ([kh, kw, Ch] order). Unlike ``conv_general_dilated_patches``
+  (a convolution with a one-hot kernel, which XLA:CPU of newer jax runs on
+  its slow convolution path) this is pure data movement, exact on every
+  platform, and its gradient is a sum of pads.
+  """
+  (kh, kw), (sh, sw), (dh, dw) = window, strides, rhs_dilation
+  pads = lax.padtype_to_pads(x.shape[1:3], ((kh - 1) * dh + 1,
+                                            (kw - 1) * dw + 1),
+                             (sh, sw), padding) if isinstance(
+                                 padding, str) else [tuple(p) for p in padding]
+  x = lax.pad(x, jnp.zeros((), x.dtype),
+              ((0, 0, 0), (pads[0][0], pads[0][1], 0),
+               (pads[1][0], pads[1][1], 0), (0, 0, 0)))
+  ho = (x.shape[1] - (kh - 1) * dh - 1) // sh + 1
+  wo = (x.shape[2] - (kw - 1) * dw - 1) // sw + 1
+  taps = [
+      lax.slice(x, (0, i * dh, j * dw, 0),
+                (x.shape[0], i * dh + (ho - 1) * sh + 1,
+                 j * dw + (wo - 1) * sw + 1, x.shape[3]), (1, sh, sw, 1))
+      for i in range(kh) for j in range(kw)]
+  return jnp.concatenate(taps, axis=-1)
 
 
 def conv(
