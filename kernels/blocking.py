@@ -16,6 +16,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from fedjax_dd.utils import versions
+
 KernelFn = Callable[..., jax.Array]
 
 KINDS = ("ntk", "nngp")
@@ -50,8 +52,7 @@ _NEW_XLA_GRAD_FACTOR = 2.6
 
 def _new_xla() -> bool:
   """Whether the running jax is 0.6 or newer (the memory model above)."""
-  major, minor = (int(p) for p in jax.__version__.split(".")[:2])
-  return (major, minor) >= (0, 6)
+  return versions.version_tuple() >= (0, 6)
 
 
 def check_kind(kind: str) -> None:

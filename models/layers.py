@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedjax_dd.utils import versions
+
 # PyTorch's BatchNorm defaults (momentum 0.1 for the *new* batch, eps 1e-5),
 # which the reference implementations of FedD3/HFLDD/FedHydra use. Flax's
 # default momentum 0.99 would make running statistics lag badly behind the few
@@ -58,23 +60,6 @@ _AUTO_CONV_IMPL: tuple[tuple[str, tuple[int, ...], str], ...] = (
 )
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-  """``"0.10.2"`` -> ``(0, 10, 2)``; a non-numeric tail (``rc1``) is dropped."""
-  parts = []
-  for part in version.split("."):
-    digits = ""
-    for ch in part:
-      if not ch.isdigit():
-        break
-      digits += ch
-    if not digits:
-      break
-    parts.append(int(digits))
-    if digits != part:
-      break
-  return tuple(parts)
-
-
 def resolve_conv_impl(conv_impl: str = "auto",
                       platform: str | None = None,
                       jax_version: str | None = None) -> str:
@@ -101,7 +86,7 @@ def resolve_conv_impl(conv_impl: str = "auto",
   if conv_impl != "auto":
     return conv_impl
   platform = platform or jax.default_backend()
-  version = _version_tuple(jax_version or jax.__version__)
+  version = versions.version_tuple(jax_version)
   chosen = "lax"
   for row_platform, min_version, impl in _AUTO_CONV_IMPL:
     if row_platform == platform and version >= min_version:

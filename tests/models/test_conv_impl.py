@@ -14,6 +14,7 @@ from jax import lax
 
 from fedjax_dd import models
 from fedjax_dd.models import layers
+from fedjax_dd.utils import versions
 from tests.conftest import x64
 
 KEY = functools.partial(jax.random.key, impl="rbg")
@@ -62,9 +63,9 @@ def test_unknown_conv_impl_is_refused():
 
 
 def test_version_parsing():
-  assert layers._version_tuple("0.10.2") == (0, 10, 2)
-  assert layers._version_tuple("0.10.2rc1") == (0, 10, 2)
-  assert layers._version_tuple("0.4.36.dev20241001") == (0, 4, 36)
+  assert versions.version_tuple("0.10.2") == (0, 10, 2)
+  assert versions.version_tuple("0.10.2rc1") == (0, 10, 2)
+  assert versions.version_tuple("0.4.36.dev20241001") == (0, 4, 36)
 
 
 # --- patches_conv_general_dilated against lax --------------------------------
