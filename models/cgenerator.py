@@ -25,8 +25,8 @@ class CGeneratorA(nn.Module):
     dense nz -> s·ngf (noise branch), reshape [B, H/4, W/4, ngf]
     dense one_hot(y) -> s·ngf (label branch), reshape [B, H/4, W/4, ngf]
     concat channels -> 2ngf, BN
-    nearest-upsample x2 -> conv 3x3 2ngf -> BN -> LeakyReLU(0.2)
-    nearest-upsample x2 -> conv 3x3 ngf  -> BN -> LeakyReLU(0.2)
+    nearest-upsample x2 -> conv 3x3 2ngf (no bias) -> BN -> LeakyReLU(0.2)
+    nearest-upsample x2 -> conv 3x3 ngf (no bias)  -> BN -> LeakyReLU(0.2)
     conv 3x3 Ch -> tanh -> BN without scale and bias
 
   So 28x28x1 output starts from a 7x7 map, 32x32x3 from 8x8 and 8x8x1 from
@@ -48,7 +48,19 @@ class CGeneratorA(nn.Module):
   default ``output_space = "unit"`` and get the data normaliser).
 
   BatchNorm uses PyTorch's momentum/epsilon (:func:`layers.batch_norm`), as
-  the reference does; convolutions keep their bias, as in the reference.
+  the reference does.
+
+  **Departure from the reference: no bias on ``conv1`` and ``conv2``.** In
+  FedFTG's code these convolutions have a bias, but each is followed by a
+  per-channel BatchNorm that subtracts it again, so its exact gradient is zero
+  and the computed one is rounding noise (about 1e-8). Adam divides by the
+  gradient's own magnitude, so that noise moves the bias by up to the
+  generator's learning rate per step, in a direction that depends on the
+  order of floating-point reductions. The training-mode output does not see
+  it, but the inference-mode output does (it subtracts running means taken at
+  older biases), and the student is distilled on inference-mode samples. The
+  function the generator computes in training mode is unchanged; ``conv3``
+  (before the ``tanh``) keeps its bias.
 
   Attributes:
     out_shape: output image shape ``(H, W, Ch)``; ``H, W`` divisible by 4.
@@ -115,7 +127,7 @@ class CGeneratorA(nn.Module):
     for i, width in enumerate((2 * self.ngf, self.ngf)):
       x = _upsample2(x)
       x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
-                      name=f"conv{i + 1}")(x)
+                      use_bias=False, name=f"conv{i + 1}")(x)
       x = nn.leaky_relu(layers.batch_norm(train, name=f"bn{i + 1}")(x),
                         negative_slope=0.2)
     x = jnp.tanh(layers.conv(self.conv_impl, ch, (3, 3), padding="SAME",

@@ -30,7 +30,7 @@ def shared_dataset(name: str) -> str:
 
 
 class TinyNet(nn.Module):
-  """A 2-layer MLP on ``[B, 4, 4, 1]`` inputs."""
+  """A 2-layer MLP on ``[B, H, W, Ch]`` inputs (``[B, 4, 4, 1]`` by default)."""
   num_classes: int = 3
 
   @nn.compact
@@ -52,9 +52,9 @@ class TinyBNNet(nn.Module):
     return nn.Dense(self.num_classes)(nn.relu(x))
 
 
-def tiny_task(bn: bool = False) -> Classifier:
+def tiny_task(bn: bool = False, input_shape=(4, 4, 1)) -> Classifier:
   module = TinyBNNet() if bn else TinyNet()
-  return Classifier(module=module, input_shape=(4, 4, 1),
+  return Classifier(module=module, input_shape=tuple(input_shape),
                     preprocess=lambda x: x.astype(jnp.float32) / 255.0,
                     num_classes=3)
 
