@@ -4,6 +4,7 @@ r"""Engine benchmark: ms per client-step for every client backend.
   python -m fedjax_dd.experiments.bench_engine --clients 10,100 --models lenet5 --out b.json
   python -m fedjax_dd.experiments.bench_engine --other_python=OTHER/bin/python \
       --conv_impl lax,patches --pairs 3 --out ends.json
+  python -m fedjax_dd.experiments.bench_engine --forms
 
 Every backend runs with the package's defaults: on CPU ``configure_cpu()``
 exposes one host device per core, ``sharded`` splits the clients over them
@@ -146,14 +147,75 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
       "model": model, "backend": backend, "num_clients": num_clients,
       "resolved_backend": mapper.resolved_backend,
       "conv_impl": conv_impl, "jax_version": jax.__version__,
-      "flax_version": flax.__version__, "python": sys.executable,
+      "flax_version": flax.__version__,
+      "python": sys.version.split()[0],
       "steps": steps, "batch": batch, "ms_per_client_step": ms,
       "gflops_achieved": flops / steps / (ms * 1e-3) / 1e9 if flops else None,
       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "devices": jax.device_count(),
-      "chunk_size": mapper.resolved_chunk_size if backend in ("chunked", "sharded") else None,
+      "chunk_size": (mapper.resolved_chunk_size
+                     if mapper.resolved_backend in ("chunked", "sharded")
+                     else None),
   }
+
+
+def measure_forms(*, steps: int, batch: int, reps: int,
+                  conv_impl: str = "auto") -> dict:
+  """One LeNet-5 client's local update jitted four ways, single-threaded.
+
+  ``unbatched`` (one client), ``vmap1`` and ``vmap2`` (a vmap over one and
+  two clients) and ``map2`` (``lax.map`` over two clients, no vmap), each on
+  one host device with XLA's intra-op threads off (as each core runs them
+  under the ``sharded`` backend) and, where the running XLA has it, the
+  classic runtime (as the engine compiles them).
+
+  Returns:
+    ms per client-step for each form, best of ``reps`` after a warm-up.
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+
+  from fedjax_dd import models
+  from fedjax_dd.core import clients
+  from fedjax_dd.core.local import make_local_update
+  from fedjax_dd.core.task import Classifier
+
+  conv_impl = models.resolve_conv_impl(conv_impl)
+  task = Classifier(module=models.get_model("lenet5").build(
+      10, conv_impl=conv_impl), input_shape=(28, 28, 1),
+                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
+                    num_classes=10)
+  local = make_local_update(task, optax.sgd(0.01), batch_size=batch,
+                            max_steps=steps)
+  rng = np.random.default_rng(0)
+  n_max = 10 * batch
+  x = jnp.asarray(rng.integers(0, 255, (2, n_max, 28, 28, 1), np.uint8))
+  y = jnp.asarray(rng.integers(0, 10, (2, n_max), np.int32))
+  params, stats = task.init(jax.random.PRNGKey(0))
+  keys = jax.random.split(jax.random.PRNGKey(1), 2)
+  options = clients.hot_program_options(per_core=True)
+
+  def one(xc, yc, k):
+    return local.run(params, stats, local.optimizer.init(params), xc, yc,
+                     n_max, steps, k, ()).params
+
+  forms = {
+      "unbatched": (one, (x[0], y[0], keys[0]), 1),
+      "vmap1": (jax.vmap(one), (x[:1], y[:1], keys[:1]), 1),
+      "vmap2": (jax.vmap(one), (x, y, keys), 2),
+      "map2": (lambda a, b, c: jax.lax.map(lambda t: one(*t), (a, b, c)),
+               (x, y, keys), 2),
+  }
+  out = {"jax_version": jax.__version__, "conv_impl": conv_impl,
+         "compiler_options": options, "steps": steps, "batch": batch}
+  for name, (fn, args, num) in forms.items():
+    f = jax.jit(fn, compiler_options=options or None)
+    seconds = _min_time(lambda: jax.block_until_ready(f(*args)), reps)
+    out[name] = 1e3 * seconds / (num * steps)
+  return out
 
 
 def measure_matmul(reps: int) -> float:
@@ -275,11 +337,11 @@ def measure_ends(other_python: str, *, conv_impls: list[str], pairs: int,
   def version(end):
     for r in rows:
       if isinstance(r[end], dict) and "jax_version" in r[end]:
-        return {"python": ends[end], "jax_version": r[end]["jax_version"],
+        return {"python": r[end]["python"], "jax_version": r[end]["jax_version"],
                 "flax_version": r[end]["flax_version"],
                 "backend": r[end]["resolved_backend"],
                 "devices": r[end]["devices"]}
-    return {"python": ends[end]}
+    return {}
 
   median = {}
   for impl in conv_impls:
@@ -344,11 +406,22 @@ def main(argv=None) -> dict:
                  help="with --other_python: clients of the LeNet-5 round")
   p.add_argument("--ends_backend", default="auto",
                  help="with --other_python: the client backend of both")
+  p.add_argument("--forms", action="store_true",
+                 help="only time one LeNet-5 client's local update as "
+                      "unbatched / vmap of 1 / vmap of 2 / lax.map of 2 in "
+                      "this interpreter (best of --reps, at least 15)")
   p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args._worker:
     _worker(args._worker)
     return {}
+  if args.forms:
+    fedjax_dd.configure_cpu()
+    report = measure_forms(steps=args.steps, batch=args.batch,
+                           reps=max(args.reps, 15),
+                           conv_impl=args.conv_impl.split(",")[0])
+    print(json.dumps(report, indent=2))
+    return report
 
 
   conv_impls = [v for v in args.conv_impl.split(",") if v]

@@ -7,7 +7,7 @@ leading client axis ``[C, ...]`` with one of four backends:
 * ``vmap``: the whole cohort as one jitted, vectorised program.
 * ``chunked``: ``lax.map(..., batch_size=k)``; vectorised over chunks of ``k``
   clients and sequential over chunks, to bound peak memory and keep each
-  chunk's activations in cache.
+  chunk's activations in cache (``k = 1``: a plain ``lax.map``, no vmap).
 * ``sharded``: the client axis laid over a 1-D device mesh (``jit`` of a
   ``shard_map`` with ``NamedSharding`` inputs); each device runs its share of
   the clients in chunks of ``chunk_size`` (``None``: one vmap). With several
@@ -20,8 +20,9 @@ The default backend and chunk size per platform are chosen by measurement
 (``experiments/bench_engine.py``), see :func:`default_backend` and
 :func:`default_chunk_size`. On CPU, ``fedjax_dd.configure_cpu()`` (called by
 the entry point) exposes one XLA host device per core, and the default is ``sharded`` with
-chunks of 2 clients per device: each core then runs its own stream of small
-programs, which beats one vmap over the whole cohort (whose activations fall
+chunks of 2 clients per device on XLA's classic CPU runtime (jax 0.5.x) and
+of 1 (run unbatched, no vmap) on its thunk runtime (newer jax): each core
+then runs its own stream of small programs, which beats one vmap over the whole cohort (whose activations fall
 out of cache) and XLA's intra-op threading of tiny convolutions. KIP
 (``workload="kip"``) is the measured exception: one vmap on CPU.
 
@@ -93,6 +94,16 @@ _PER_CORE_OPTIONS = {"cpu": {"xla_cpu_multi_thread_eigen": False}}
 # share at once). Measured on CPU, LeNet-5, C=100: chunks of 1-3 run at
 # 5.3-6.0 ms per client-step on one device against 9.2 for a full vmap.
 _DEFAULT_CHUNK = {"cpu": 2}
+# XLA:CPU's thunk runtime (the only one from jax 0.6; jax 0.5.x without the
+# classic-runtime option) runs a vmapped client step far slower than the
+# unbatched one: LeNet-5, one client, 10 steps, one thread, jax 0.12: 4.9 ms
+# per client-step unbatched, 7.9 as a vmap of one client, 6.4 per client as a
+# vmap of two (0.10.2: 5.1, 8.4, 6.6). The classic runtime is the reverse
+# (jax 0.5.3: 7.6 unbatched, 4.1 per client as a vmap of two;
+# ``experiments/bench_engine.py --forms``). So without the
+# classic runtime, CPU chunks hold one client, which ``_vectorise`` runs as a
+# plain ``lax.map`` with no vmap.
+_THUNK_RUNTIME_CHUNK = {"cpu": 1}
 # Measured exceptions by (platform, workload). KIP's per-client program is a
 # few kernel matmuls and a Cholesky solve on small matrices, where XLA's
 # intra-op threads on one vmap over the cohort beat per-core chunks of 2
@@ -193,9 +204,27 @@ def default_backend(platform: str | None = None,
   return "chunked" if platform == "cpu" else "vmap"
 
 
-def default_chunk_size(platform: str | None = None) -> int | None:
-  """Clients per vectorised chunk (per device) for a platform; None: all."""
-  return _DEFAULT_CHUNK.get(platform or jax.default_backend())
+def default_chunk_size(platform: str | None = None,
+                       classic_runtime: bool = True) -> int | None:
+  """Clients per vectorised chunk (per device) for a platform; None: all.
+
+  On CPU it depends on XLA's runtime: 2 where the engine's hot programs run
+  on the classic runtime (jax 0.5.x), 1 where they run on the thunk runtime
+  (newer jax, ``classic_runtime=False`` or ``FEDJAX_DD_NO_XLA_FLAGS=1``); see
+  ``_THUNK_RUNTIME_CHUNK``.
+
+  Args:
+    platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
+    classic_runtime: whether the programs ask for the classic runtime
+      (:func:`engine_jit`).
+  """
+  platform = platform or jax.default_backend()
+  if (platform in _THUNK_RUNTIME_CHUNK
+      and platform == jax.default_backend()
+      and "xla_cpu_use_thunk_runtime" not in hot_program_options(
+          classic_runtime)):
+    return _THUNK_RUNTIME_CHUNK[platform]
+  return _DEFAULT_CHUNK.get(platform)
 
 
 def initialize_multihost(**kwargs: Any) -> None:
@@ -260,7 +289,11 @@ def _pad_clients(tree: Any, target: int) -> Any:
 
 def _vectorise(fn: Callable[..., Any], axes: tuple[int | None, ...],
                chunk: int | None) -> Callable[..., Any]:
-  """``fn`` over the leading client axis: one vmap, or ``lax.map`` in chunks."""
+  """``fn`` over the leading client axis: one vmap, or ``lax.map`` in chunks.
+
+  Chunks of one client run ``fn`` unbatched (``lax.map`` with no vmap),
+  which the thunk runtime of XLA:CPU runs faster than a vmap of one.
+  """
   if chunk is None:
     return jax.vmap(fn, in_axes=axes)
 
@@ -272,6 +305,8 @@ def _vectorise(fn: Callable[..., Any], axes: tuple[int | None, ...],
       it_m, it_f = iter(mapped_args), iter(fixed)
       return fn(*[next(it_m) if ax == 0 else next(it_f) for ax in axes])
 
+    if chunk == 1:
+      return jax.lax.map(one, mapped)
     return jax.lax.map(one, mapped, batch_size=chunk)
 
   return chunked
@@ -326,7 +361,7 @@ class ClientMapper:
     """Chunk of the ``chunked``/``sharded`` backends (``chunked`` never None)."""
     if self.chunk_size is not None:
       return self.chunk_size
-    chunk = default_chunk_size()
+    chunk = default_chunk_size(classic_runtime=self.classic_runtime)
     if chunk is None and self.resolved_backend == "chunked":
       return 16
     return chunk

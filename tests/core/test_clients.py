@@ -140,7 +140,15 @@ def test_auto_resolution_follows_the_devices():
     assert m.resolved_backend == "sharded"
   else:
     assert default_backend("cpu") == "chunked"
-  assert default_chunk_size("cpu") == 2 and default_chunk_size("gpu") is None
+  # CPU chunks: 2 on XLA's classic runtime (jax 0.5.x), 1 on the thunk
+  # runtime (newer jax, or programs that opt out of the classic runtime).
+  from fedjax_dd.core.clients import hot_program_options
+  classic = "xla_cpu_use_thunk_runtime" in hot_program_options()
+  if jax.default_backend() == "cpu":
+    assert default_chunk_size("cpu") == (2 if classic else 1)
+    assert default_chunk_size("cpu", classic_runtime=False) == 1
+    assert ClientMapper(classic_runtime=False).resolved_chunk_size == 1
+  assert default_chunk_size("gpu") is None
   assert ClientMapper(backend="chunked", chunk_size=5).resolved_chunk_size == 5
   # The sharded backend hands results back on the default device.
   out = ClientMapper(backend="sharded").map(lambda a: a * 2)(np.ones((3, 2), np.float32))
@@ -175,3 +183,27 @@ def test_compile_options_the_running_xla_lacks_are_dropped(monkeypatch):
   assert clients_lib.hot_program_options(True) == {}
   f = clients_lib.engine_jit(lambda x: x * 2)
   assert float(f(jnp.float32(3.0))) == 6.0
+
+
+def test_chunks_of_one_run_unbatched():
+  """A chunk of one client runs the per-client function with no vmap."""
+  import re
+  import jax
+  import jax.numpy as jnp
+  from fedjax_dd.core import clients
+  w = np.arange(3, dtype=np.float32)
+  x = np.random.default_rng(0).normal(size=(4, 5, 3)).astype(np.float32)
+  per_client = lambda w, x: jnp.dot(x, w)  # x [5, 3] for one client.
+  outs, contracted = {}, {}
+  for chunk in (None, 1, 2):
+    fn = clients._vectorise(per_client, (None, 0), chunk)
+    outs[chunk] = np.asarray(jax.jit(fn)(w, x))
+    contracted[chunk] = re.findall(
+        r"dimension_numbers=\(\(\[(\d)\]", str(jax.make_jaxpr(fn)(w, x)))
+  # Unbatched, x is [5, 3] and the dot contracts its dimension 1; batched
+  # (a vmap of 2 inside lax.map, or of all 4), x is [B, 5, 3]: dimension 2.
+  assert {k: set(v) for k, v in contracted.items()} == {
+      None: {"2"}, 1: {"1"}, 2: {"2"}}
+  for chunk in (1, 2):
+    np.testing.assert_allclose(outs[chunk], outs[None], rtol=1e-6)
+  assert outs[1].shape == (4, 5)

@@ -229,8 +229,10 @@ def test_ctrl_c_exits_130_naming_the_checkpoint_and_resumes(tmp_path):
   import signal
   import time
   workdir = tmp_path / "w"
-  cmd = _cli(workdir, "--config.rounds=12")
-  proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE,
+  # Far more rounds than run before the signal lands, so the run cannot end
+  # on its own first (12 rounds sometimes did).
+  proc = subprocess.Popen(_cli(workdir, "--config.rounds=500"), cwd=REPO_ROOT,
+                          stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
   metrics = workdir / "metrics.jsonl"
   deadline = time.time() + 600
@@ -246,11 +248,14 @@ def test_ctrl_c_exits_130_naming_the_checkpoint_and_resumes(tmp_path):
   assert f"the run in {workdir} stopped" in line
   assert "newest checkpoint is checkpoints" in line
   assert "Re-running the same command resumes" in line
-  # The lock is released and the same command finishes the run.
-  done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True,
+  # The lock is released and the command resumes; with two rounds more than
+  # were logged (the number of rounds is a resume-safe setting) it finishes.
+  total = len(_rounds(workdir)) + 2
+  done = subprocess.run(_cli(workdir, f"--config.rounds={total}"),
+                        cwd=REPO_ROOT, capture_output=True, text=True,
                         timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
-  assert _rounds(workdir) == list(range(1, 13))
+  assert _rounds(workdir) == list(range(1, total + 1))
 
 
 @pytest.mark.parametrize("override, wanted", [
