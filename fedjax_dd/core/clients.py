@@ -88,7 +88,11 @@ _HOT_PROGRAM_OPTIONS = {"cpu": {"xla_cpu_use_thunk_runtime": False}}
 # without it the devices' concurrent programs, each using XLA's intra-op
 # threads, deadlocked (the FedHydra smoke test hung with no CPU use; jax 0.5.3,
 # 2 cores). Its speed effect measured neutral per program (LeNet-5, C=100:
-# 4.76 ms with it, 4.62 without; experiments/perf_notes.md).
+# 4.76 ms with it, 4.62 without; experiments/perf_notes.md). Re-checked on
+# jax 0.12.0.1 (thunk runtime): the FedHydra smoke run finishes without it
+# (44 s; 41 s with it, same accuracy) and the LeNet-5 round is neutral (4.38
+# ms without, 4.40 with); it stays because it costs nothing there and jax
+# 0.5.x needs it.
 _PER_CORE_OPTIONS = {"cpu": {"xla_cpu_multi_thread_eigen": False}}
 # Clients per vectorised chunk on each device, by platform (None: the whole
 # share at once). Measured on CPU, LeNet-5, C=100: chunks of 1-3 run at
