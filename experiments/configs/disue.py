@@ -44,13 +44,18 @@ the partition seed equal to the model seed; final test accuracy, mean ± sd;
       --config.run.max_wall_seconds=0
 
   FedAvg          0.638 ± 0.076 (0.553, 0.700, 0.661)  103.96 MB
-  DisUE           0.609 ± 0.071 (0.527, 0.654, 0.644)  103.96 MB
+  DisUE           0.631 ± 0.065 (0.558, 0.683, 0.651)  103.96 MB
+  DisUE, generator without pre-BatchNorm conv biases
+  (CGeneratorA(conv_bias=False))
+                  0.609 ± 0.071 (0.527, 0.654, 0.644)  103.96 MB
   FedFTG          0.589 ± 0.020 (0.571, 0.610, 0.587)  103.96 MB
   IFCA            0.587 ± 0.081                        154.60 MB
   data-free FedDF 0.552 ± 0.109                        103.96 MB
 
-So at this CPU scale (LeNet-5, 20 rounds) DisUE is second: above FedFTG,
-IFCA and data-free FedDF, below FedAvg. In an earlier measurement (seeds 0
+(FedFTG and data-free FedDF ran with the conv_bias=False generator; the
+results file holds that DisUE row.) So at this CPU scale (LeNet-5, 20
+rounds) DisUE is second: above FedFTG, IFCA and data-free FedDF, below
+FedAvg by 0.007 in the mean, with an sd of 0.065-0.076 over the seeds. In an earlier measurement (seeds 0
 and 1, with the generator before its pre-BatchNorm biases were removed), IGA
 lowered the test accuracy of ω_G in 15 of the 20 rounds, by 0.04–0.05 on
 average (ω_G evaluated just before and after every IGA round). Our belief:

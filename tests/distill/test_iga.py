@@ -227,11 +227,12 @@ def test_padded_slot_matches_fewer_slots():
   # give the same round. The batched teacher programs differ with K_max, so
   # the two agree to rounding, not bitwise; Adam then scales each generator
   # gradient by its own size, so a parameter whose exact gradient is zero
-  # would turn that rounding into steps of the learning rate. At 4x4 the
-  # generator's first map is 1x1 and its dense biases are such parameters
-  # (bn0 removes them), hence 8x8 images here.
+  # would turn that rounding into steps of the learning rate. Such are the
+  # biases before a BatchNorm: the conv biases (hence conv_bias=False) and,
+  # at 4x4 where the first map is 1x1, the dense ones (hence 8x8 here).
   task = tiny_task(bn=True, input_shape=(8, 8, 1))
-  gen = CGeneratorA(out_shape=(8, 8, 1), nz=4, ngf=4, num_classes=3)
+  gen = CGeneratorA(out_shape=(8, 8, 1), nz=4, ngf=4, num_classes=3,
+                    conv_bias=False)
   tp, ts = _stack(task, [11, 12, 13])
   sp, ss = task.init(jax.random.PRNGKey(9))
   counts = jnp.array([[6, 1, 0], [0, 2, 5], [0, 0, 0]], jnp.int32)

@@ -24,9 +24,14 @@ def test_output_shape_finite_and_standardised(out_shape):
   assert params["noise_fc"]["kernel"].shape == (NZ, h0 * h0 * 4)
   assert params["label_fc"]["kernel"].shape == (3, h0 * h0 * 4)
   assert "bn_out" not in params  # BatchNorm(affine=False): no scale, bias.
-  # The convolutions before a BatchNorm have no bias; the last one has.
-  assert set(params["conv1"]) == set(params["conv2"]) == {"kernel"}
-  assert set(params["conv3"]) == {"kernel", "bias"}
+  # FedFTG's convolutions keep their bias; conv_bias=False drops it before
+  # the BatchNorms only.
+  assert set(params["conv1"]) == set(params["conv2"]) == {"kernel", "bias"}
+  no_bias, _ = ensemble.init_generator(
+      CGeneratorA(out_shape=out_shape, nz=NZ, ngf=4, num_classes=3,
+                  conv_bias=False), jax.random.PRNGKey(0))
+  assert set(no_bias["conv1"]) == set(no_bias["conv2"]) == {"kernel"}
+  assert set(no_bias["conv3"]) == {"kernel", "bias"}
   assert set(stats["bn_out"]) == {"mean", "var"}
   y = jnp.array([0, 1, 2, 0, 1, 2], jnp.int32)
   x, new_stats = ensemble.apply_generator(gen, params, stats, _z(6), y, True)
