@@ -80,6 +80,38 @@ def _min_time(fn, reps: int) -> float:
   return best
 
 
+def _local_problem(model: str, conv_impl: str, num_clients: int, *,
+                   steps: int, batch: int):
+  """The benchmarked model's local update and random uint8 client data.
+
+  Returns:
+    ``(task, local, conv_impl, x, y, n_max)``: ``conv_impl`` resolved,
+    ``x [C, n_max, H, W, Ch]`` uint8 and ``y [C, n_max]`` for
+    ``C = num_clients`` and ``n_max = 10 * batch``.
+  """
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+
+  from fedjax_dd import models
+  from fedjax_dd.core.local import make_local_update
+  from fedjax_dd.core.task import Classifier
+
+  name, shape = MODELS[model]
+  conv_impl = models.resolve_conv_impl(conv_impl)
+  task = Classifier(module=models.get_model(name).build(
+      10, conv_impl=conv_impl), input_shape=shape,
+                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
+                    num_classes=10)
+  local = make_local_update(task, optax.sgd(0.01), batch_size=batch,
+                            max_steps=steps)
+  rng = np.random.default_rng(0)
+  n_max = 10 * batch
+  x = jnp.asarray(rng.integers(0, 255, (num_clients, n_max, *shape), np.uint8))
+  y = jnp.asarray(rng.integers(0, 10, (num_clients, n_max), np.int32))
+  return task, local, conv_impl, x, y, n_max
+
+
 def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
                 batch: int, reps: int, chunk_size: int,
                 conv_impl: str = "lax", flops: bool = True) -> dict:
@@ -93,33 +125,18 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
   import flax
   import jax
   import jax.numpy as jnp
-  import numpy as np
-  import optax
 
-  from fedjax_dd import models
   from fedjax_dd.algorithms import stages
   from fedjax_dd.core import keys as keys_lib
   from fedjax_dd.core.algorithm import Cohort
   from fedjax_dd.core.clients import ClientMapper
-  from fedjax_dd.core.local import make_local_update
-  from fedjax_dd.core.task import Classifier
 
-  name, shape = MODELS[model]
-  spec = models.get_model(name)
-  conv_impl = models.resolve_conv_impl(conv_impl)
-  task = Classifier(module=spec.build(10, conv_impl=conv_impl),
-                    input_shape=shape,
-                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
-                    num_classes=10)
-  local = make_local_update(task, optax.sgd(0.01), batch_size=batch,
-                            max_steps=steps)
+  task, local, conv_impl, x, y, n_max = _local_problem(
+      model, conv_impl, num_clients, steps=steps, batch=batch)
   mapper = ClientMapper(backend=backend, chunk_size=chunk_size or None)
   train = stages.client_stage(local, mapper)
-  rng = np.random.default_rng(0)
-  n_max = 10 * batch
   cohort = Cohort(
-      x=jnp.asarray(rng.integers(0, 255, (num_clients, n_max, *shape), np.uint8)),
-      y=jnp.asarray(rng.integers(0, 10, (num_clients, n_max), np.int32)),
+      x=x, y=y,
       num_examples=jnp.full((num_clients,), n_max, jnp.int32),
       num_steps=jnp.full((num_clients,), steps, jnp.int32),
       client_ids=jnp.arange(num_clients))
@@ -174,26 +191,11 @@ def measure_forms(*, steps: int, batch: int, reps: int,
     ms per client-step for each form, best of ``reps`` after a warm-up.
   """
   import jax
-  import jax.numpy as jnp
-  import numpy as np
-  import optax
 
-  from fedjax_dd import models
   from fedjax_dd.core import clients
-  from fedjax_dd.core.local import make_local_update
-  from fedjax_dd.core.task import Classifier
 
-  conv_impl = models.resolve_conv_impl(conv_impl)
-  task = Classifier(module=models.get_model("lenet5").build(
-      10, conv_impl=conv_impl), input_shape=(28, 28, 1),
-                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
-                    num_classes=10)
-  local = make_local_update(task, optax.sgd(0.01), batch_size=batch,
-                            max_steps=steps)
-  rng = np.random.default_rng(0)
-  n_max = 10 * batch
-  x = jnp.asarray(rng.integers(0, 255, (2, n_max, 28, 28, 1), np.uint8))
-  y = jnp.asarray(rng.integers(0, 10, (2, n_max), np.int32))
+  task, local, conv_impl, x, y, n_max = _local_problem(
+      "lenet5", conv_impl, 2, steps=steps, batch=batch)
   params, stats = task.init(jax.random.PRNGKey(0))
   keys = jax.random.split(jax.random.PRNGKey(1), 2)
   options = clients.hot_program_options(per_core=True)
@@ -416,7 +418,6 @@ def main(argv=None) -> dict:
     _worker(args._worker)
     return {}
   if args.forms:
-    fedjax_dd.configure_cpu()
     report = measure_forms(steps=args.steps, batch=args.batch,
                            reps=max(args.reps, 15),
                            conv_impl=args.conv_impl.split(",")[0])

@@ -19,11 +19,12 @@ leading client axis ``[C, ...]`` with one of four backends:
 The default backend and chunk size per platform are chosen by measurement
 (``experiments/bench_engine.py``), see :func:`default_backend` and
 :func:`default_chunk_size`. On CPU, ``fedjax_dd.configure_cpu()`` (called by
-the entry point) exposes one XLA host device per core, and the default is ``sharded`` with
-chunks of 2 clients per device on XLA's classic CPU runtime (jax 0.5.x) and
-of 1 (run unbatched, no vmap) on its thunk runtime (newer jax): each core
-then runs its own stream of small programs, which beats one vmap over the whole cohort (whose activations fall
-out of cache) and XLA's intra-op threading of tiny convolutions. KIP
+the entry point) exposes one XLA host device per core, and the default is
+``sharded`` with chunks of 2 clients per device on XLA's classic CPU runtime
+(jax 0.5.x) and of 1 (run unbatched, no vmap) on its thunk runtime (newer
+jax): each core then runs its own stream of small programs, which beats one
+vmap over the whole cohort (whose activations fall out of cache) and XLA's
+intra-op threading of tiny convolutions. KIP
 (``workload="kip"``) is the measured exception: one vmap on CPU.
 
 A mapped function called *inside* another traced program (e.g. the teacher
@@ -82,7 +83,8 @@ CLIENT_AXIS = "clients"
 # oneDNN rewrites fail to compile some unrelated programs (the data-free KD
 # epoch, ResNet-18's training gradient). Callers opt out per program with
 # ``classic_runtime=False``; ``FEDJAX_DD_NO_XLA_FLAGS=1`` turns them off.
-_HOT_PROGRAM_OPTIONS = {"cpu": {"xla_cpu_use_thunk_runtime": False}}
+_CLASSIC_RUNTIME_OPTION = "xla_cpu_use_thunk_runtime"
+_HOT_PROGRAM_OPTIONS = {"cpu": {_CLASSIC_RUNTIME_OPTION: False}}
 # When the client axis is split over several host devices, each device's
 # program runs single-threaded. This is needed for correctness, not speed:
 # without it the devices' concurrent programs, each using XLA's intra-op
@@ -223,12 +225,16 @@ def default_chunk_size(platform: str | None = None,
       (:func:`engine_jit`).
   """
   platform = platform or jax.default_backend()
-  if (platform in _THUNK_RUNTIME_CHUNK
-      and platform == jax.default_backend()
-      and "xla_cpu_use_thunk_runtime" not in hot_program_options(
-          classic_runtime)):
+  if (platform in _THUNK_RUNTIME_CHUNK and platform == jax.default_backend()
+      and not classic_runtime_in_effect(classic_runtime)):
     return _THUNK_RUNTIME_CHUNK[platform]
   return _DEFAULT_CHUNK.get(platform)
+
+
+def classic_runtime_in_effect(classic_runtime: bool = True) -> bool:
+  """Whether hot programs compiled with ``classic_runtime`` get XLA:CPU's
+  classic runtime here (jax 0.5.x on CPU, unless opted out)."""
+  return _CLASSIC_RUNTIME_OPTION in hot_program_options(classic_runtime)
 
 
 def initialize_multihost(**kwargs: Any) -> None:

@@ -142,10 +142,11 @@ def test_auto_resolution_follows_the_devices():
     assert default_backend("cpu") == "chunked"
   # CPU chunks: 2 on XLA's classic runtime (jax 0.5.x), 1 on the thunk
   # runtime (newer jax, or programs that opt out of the classic runtime).
-  from fedjax_dd.core.clients import hot_program_options
-  classic = "xla_cpu_use_thunk_runtime" in hot_program_options()
+  from fedjax_dd.core.clients import classic_runtime_in_effect
   if jax.default_backend() == "cpu":
-    assert default_chunk_size("cpu") == (2 if classic else 1)
+    assert default_chunk_size("cpu") == (2 if classic_runtime_in_effect()
+                                         else 1)
+    assert not classic_runtime_in_effect(False)
     assert default_chunk_size("cpu", classic_runtime=False) == 1
     assert ClientMapper(classic_runtime=False).resolved_chunk_size == 1
   assert default_chunk_size("gpu") is None
