@@ -32,7 +32,15 @@ Several methods on one table and one figure: give their sweep workdirs to
 
 Each argument is ``[LABEL=]DIR``: a sweep workdir (its ``seed_*`` runs) or a
 single run's workdir; the label defaults to the runs' ``method``. It writes
-``/tmp/cmp/compare.{md,json}`` and ``compare_curves.png``. With one sweep
+``/tmp/cmp/compare.{md,json}`` and ``compare_curves.png``. With
+``--against=KEY`` (a dotted config key such as ``data.partition.alpha``) it
+also writes ``compare_against.{md,json,png}``: final accuracy (mean ± sd
+over each DIR's seeds) against that key, a line per method::
+
+  fedjax-dd-sweep --out=/tmp/eps --against=data.partition.alpha \
+      /tmp/eps_0.01 /tmp/eps_0.02 /tmp/eps_0.03
+
+With one sweep
 workdir and ``--out`` equal to it and ``--name=sweep`` it re-renders that
 sweep's own report (e.g. after more seeds were added).
 """
@@ -219,8 +227,19 @@ def _group_dirs(path: str) -> list[str]:
 
 
 def compare(specs: Sequence[str], out_dir: str, *, name: str = "compare",
-            title: str | None = None) -> dict[str, Any]:
-  """Report over ``[LABEL=]DIR`` specs (see the module docstring)."""
+            title: str | None = None, against: str | None = None
+            ) -> dict[str, Any]:
+  """Report over ``[LABEL=]DIR`` specs (see the module docstring); with
+  ``against`` a config key, also final accuracy against that key."""
+  groups = _groups(specs)
+  report = sweep_lib.write_report(groups, out_dir, name=name, title=title)
+  if against:
+    report["against"] = sweep_lib.against(groups, against, out_dir,
+                                          name=f"{name}_against", title=title)
+  return report
+
+
+def _groups(specs: Sequence[str]) -> dict[str, list[str]]:
   groups: dict[str, list[str]] = {}
   for spec in specs:
     label, sep, path = spec.partition("=")
@@ -236,7 +255,7 @@ def compare(specs: Sequence[str], out_dir: str, *, name: str = "compare",
       raise ValueError(f"Two groups are labelled {label!r}; name them "
                        "LABEL=DIR.")
     groups[label] = dirs
-  return sweep_lib.write_report(groups, out_dir, name=name, title=title)
+  return groups
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -249,10 +268,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--out", required=True, help="output directory")
   parser.add_argument("--name", default="compare", help="output file stem")
   parser.add_argument("--title", default=None, help="figure title")
+  parser.add_argument("--against", default=None, metavar="KEY",
+                      help="also plot final accuracy against this dotted "
+                           "config key, one point per DIR (e.g. "
+                           "data.partition.alpha)")
   args = parser.parse_args(argv)
-  report = compare(args.runs, args.out, name=args.name, title=args.title)
+  report = compare(args.runs, args.out, name=args.name, title=args.title,
+                   against=args.against)
   with open(report["files"]["markdown"]) as f:
     print(f.read())
+  if args.against:
+    with open(report["against"]["files"]["markdown"]) as f:
+      print(f.read())
   return report
 
 

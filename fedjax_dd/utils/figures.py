@@ -208,6 +208,42 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
   return os.fspath(path)
 
 
+def plot_against(series: Mapping[str, Sequence[Mapping[str, Any]]],
+                 path: str | os.PathLike, *, xlabel: str,
+                 title: str | None = None, dpi: int = 120) -> str:
+  """Final test accuracy against one setting, a line per method.
+
+  Args:
+    series: ``{method: [{"x", "mean", "sd"}, ...]}`` sorted by ``x``; ``sd``
+      ``None`` (one seed) draws no error bar.
+    path: output PNG path.
+    xlabel: the setting's name.
+    title: optional figure title.
+    dpi: resolution.
+
+  Returns:
+    The path written.
+  """
+  fig = new_figure(figsize=(5.5, 4))
+  ax = fig.subplots()
+  cmap = colormap("tab10")
+  for i, (method, points) in enumerate(series.items()):
+    x = [p["x"] for p in points]
+    mean = [np.nan if p["mean"] is None else p["mean"] for p in points]
+    sd = [0.0 if p["sd"] is None else p["sd"] for p in points]
+    ax.errorbar(x, mean, yerr=sd, marker="o", capsize=4,
+                color=cmap(i % cmap.N), label=method)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel("final test accuracy")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  if title:
+    ax.set_title(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=dpi)
+  return os.fspath(path)
+
+
 def plot_u_r(u_r: np.ndarray, path: str | os.PathLike, *,
              class_shares: np.ndarray | None = None, dpi: int = 100) -> str:
   """FedHydra's ``U_r`` (paper Fig. 5b) as a heat map, next to the truth.

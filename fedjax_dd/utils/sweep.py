@@ -390,3 +390,87 @@ def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
   report = {"tables": tables, "curves": curves, "files": paths}
   metrics_lib.write_json(paths["json"], report)
   return report
+
+
+def config_value(summary: Mapping[str, Any], key: str) -> Any:
+  """The value of a dotted config ``key`` (``"data.partition.alpha"``) in a
+  run's ``summary.json``.
+
+  Raises:
+    KeyError: the summary's config has no such key.
+  """
+  node: Any = summary.get("config")
+  for part in key.split("."):
+    if not isinstance(node, Mapping) or part not in node:
+      raise KeyError(f"The run's config has no {key!r} (missing {part!r}).")
+    node = node[part]
+  return node
+
+
+def against(groups: Mapping[str, Sequence[str | os.PathLike]], key: str,
+            out_dir: str | os.PathLike, *, name: str = "against",
+            title: str | None = None) -> dict[str, Any]:
+  """Final test accuracy against one config value (e.g. DisUE Fig. 2a–b).
+
+  Each group is one setting: its runs (seeds) must agree on ``key``. Groups
+  are gathered into one series per method, ordered by the value.
+
+  Args:
+    groups: ``{label: [run workdir, ...]}``.
+    key: a dotted config key, e.g. ``"data.partition.alpha"``.
+    out_dir: where ``<name>.md``, ``<name>.json`` and ``<name>.png`` go.
+    name: the file stem.
+    title: the figure title.
+
+  Returns:
+    The JSON written: ``{"key", "series": {method: [{"x", "mean", "sd", "n",
+    "labels"}, ...]}, "files"}``.
+
+  Raises:
+    ValueError: a group without runs, whose runs disagree on ``key``, or
+      whose value is not a number.
+  """
+  from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
+  series: dict[str, list[dict[str, Any]]] = {}
+  for label, dirs in groups.items():
+    if not dirs:
+      raise ValueError(f"Group {label!r} has no runs.")
+    summaries = [load_run(d).summary for d in dirs]
+    values = {json.dumps(config_value(s, key)) for s in summaries}
+    if len(values) != 1:
+      raise ValueError(f"Group {label!r}: its runs disagree on {key}: "
+                       f"{sorted(values)}.")
+    x = _number(config_value(summaries[0], key))
+    if x is None:
+      raise ValueError(f"Group {label!r}: {key} = {values.pop()} is not a "
+                       "finite number.")
+    stat = mean_sd([s.get("final_test_accuracy") for s in summaries])
+    method = str(summaries[0].get("method", label))
+    series.setdefault(method, []).append(
+        {"x": x, "mean": stat["mean"], "sd": stat["sd"], "n": stat["n"],
+         "labels": [label]})
+  for points in series.values():
+    points.sort(key=lambda p: p["x"])
+    xs = [p["x"] for p in points]
+    if len(set(xs)) != len(xs):
+      raise ValueError(f"Two groups of one method share {key} = {xs}; give "
+                       "one group per value.")
+  out_dir = os.fspath(out_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {"markdown": os.path.join(out_dir, f"{name}.md"),
+           "json": os.path.join(out_dir, f"{name}.json"),
+           "figure": os.path.join(out_dir, f"{name}.png")}
+  figures.plot_against(series, paths["figure"], xlabel=key, title=title)
+  lines = [f"| method | {key} | final acc | seeds | group |", "|---|---|---|---|---|"]
+  for method, points in series.items():
+    for p in points:
+      acc = _fmt_stat("final_test_accuracy",
+                      {"mean": p["mean"], "sd": p["sd"], "n": p["n"]})
+      lines.append(f"| {method} | {p['x']:g} | {acc} | {p['n']} | "
+                   f"{', '.join(p['labels'])} |")
+  with open(paths["markdown"] + ".tmp", "w") as f:
+    f.write("\n".join(lines) + "\n")
+  os.replace(paths["markdown"] + ".tmp", paths["markdown"])
+  report = {"key": key, "series": series, "files": paths}
+  metrics_lib.write_json(paths["json"], report)
+  return report

@@ -140,6 +140,12 @@ def test_compare_labels_and_single_runs(tmp_path):
     assert os.path.isfile(os.path.join(out, name)), name
   with pytest.raises(ValueError, match="neither"):
     sweep.compare([str(tmp_path / "nothing")], out)
+  # --against: one point per DIR at its config value (here the model seed).
+  report = sweep.main([f"mine={b}", f"--out={out}", "--against=seed"])
+  assert [p["x"] for p in report["against"]["series"]["toy"]] == [2]
+  assert os.path.isfile(os.path.join(out, "compare_against.png"))
+  with pytest.raises(ValueError, match="disagree"):
+    sweep.main([a, f"--out={out}", "--against=seed"])  # seeds 0 and 1
 
 
 def test_cli_sweep_over_two_seeds_of_fedavg_smoke(tmp_path):

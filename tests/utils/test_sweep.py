@@ -181,3 +181,52 @@ def test_nested_gce_and_privacy_stats_are_averaged_when_reported():
   md = sweep.format_tables([t, other])
   assert "identical to raw" in md and "gce/0.01" in md
   assert "| fedavg |" in md  # the group without GCE shows "-"
+
+
+def _with_config(summary, **config):
+  out = dict(summary)
+  out["config"] = {**summary["config"], **config}
+  return out
+
+
+def test_config_value_reads_dotted_keys():
+  s = _with_config(SUMMARIES[0], data={"seed": 0, "partition": {"alpha": 0.02}})
+  assert sweep.config_value(s, "data.partition.alpha") == 0.02
+  assert sweep.config_value(s, "seed") == 0
+  with pytest.raises(KeyError, match="missing 'beta'"):
+    sweep.config_value(s, "data.partition.beta")
+
+
+def test_against_orders_values_and_averages_seeds(tmp_path):
+  def part(alpha, seed, final, method="disue"):
+    s = _summary(final, final, 1000, 1.0, seed, method)
+    return _with_config(s, data={"seed": seed, "partition": {"alpha": alpha}})
+  runs = {"a02": [part(0.02, 0, 0.5), part(0.02, 1, 0.7)],
+          "a01": [part(0.01, 0, 0.4)],
+          "f01": [part(0.01, 0, 0.3, "fedavg")]}
+  groups = {}
+  for label, summaries in runs.items():
+    groups[label] = []
+    for s in summaries:
+      d = str(tmp_path / label / f"seed_{s['config']['seed']}")
+      _write_run(d, s, RUN_A)
+      groups[label].append(d)
+  report = sweep.against(groups, "data.partition.alpha", tmp_path / "out",
+                         name="eps")
+  disue = report["series"]["disue"]
+  assert [p["x"] for p in disue] == [0.01, 0.02]  # sorted by the value
+  assert disue[0]["mean"] == pytest.approx(0.4) and disue[0]["sd"] is None
+  assert disue[1]["mean"] == pytest.approx(0.6)
+  assert disue[1]["sd"] == pytest.approx(math.sqrt(0.02))
+  assert [p["x"] for p in report["series"]["fedavg"]] == [0.01]
+  with open(report["files"]["figure"], "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  with open(report["files"]["markdown"]) as f:
+    assert "| disue | 0.02 | 0.6000 ± 0.1414 | 2 | a02 |" in f.read()
+  # Seeds of one group must share the value.
+  mixed = {"m": groups["a02"][:1] + groups["a01"]}
+  with pytest.raises(ValueError, match="disagree"):
+    sweep.against(mixed, "data.partition.alpha", tmp_path / "out")
+  twice = {"x": groups["a01"], "y": groups["a01"]}
+  with pytest.raises(ValueError, match="share"):
+    sweep.against(twice, "data.partition.alpha", tmp_path / "out")
