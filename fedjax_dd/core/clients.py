@@ -317,7 +317,14 @@ def _vectorise(fn: Callable[..., Any], axes: tuple[int | None, ...],
 
     if chunk == 1:
       return jax.lax.map(one, mapped)
-    return jax.lax.map(one, mapped, batch_size=chunk)
+    # A short last chunk is padded with copies of the last client rather
+    # than run as lax.map's smaller remainder vmap: every client then runs in
+    # the same program, so its result does not depend on where the order
+    # puts it (a vmap of 1 and of 2 round differently in the last bit).
+    n = jax.tree_util.tree_leaves(mapped)[0].shape[0]
+    padded = -(-n // chunk) * chunk
+    out = jax.lax.map(one, _pad_clients(mapped, padded), batch_size=chunk)
+    return jax.tree_util.tree_map(lambda x: x[:n], out)
 
   return chunked
 
@@ -342,12 +349,17 @@ class ClientMapper:
       :func:`engine_jit`).
     workload: what is mapped (:data:`WORKLOADS`); only picks the ``"auto"``
       backend.
+    bucket: when :meth:`map` is told which argument holds each client's work
+      (``work_argnum``), order the clients by it so that each chunk holds
+      similar amounts and each device a similar total (:func:`bucket_order`);
+      results come back in the caller's order and are the same bits.
   """
   backend: str = "auto"
   chunk_size: int | None = None
   devices: tuple[Any, ...] | None = None
   classic_runtime: bool = True
   workload: str = "train"
+  bucket: bool = True
 
   def __post_init__(self):
     if self.backend != "auto" and self.backend not in BACKENDS:
@@ -376,11 +388,21 @@ class ClientMapper:
       return 16
     return chunk
 
+  @property
+  def lanes(self) -> int:
+    """Programs that run side by side: the mesh's devices for ``sharded``,
+    else 1."""
+    if self.resolved_backend != "sharded":
+      return 1
+    return len(self.devices) if self.devices is not None else len(
+        jax.devices())
+
   def map(self,
           fn: Callable[..., Any],
           in_axes: int | None | Sequence[int | None] = 0,
           *,
-          static_argnames: Sequence[str] = ()) -> Callable[..., Any]:
+          static_argnames: Sequence[str] = (),
+          work_argnum: int | None = None) -> Callable[..., Any]:
     """Returns ``fn`` mapped over the leading client axis of its arguments.
 
     The result is called from the host with stacked arguments and returns
@@ -392,6 +414,11 @@ class ClientMapper:
       fn: a pure per-client function of positional arguments.
       in_axes: ``0`` (mapped) or ``None`` (broadcast) per positional argument.
       static_argnames: keyword arguments of ``fn`` treated as static.
+      work_argnum: a mapped positional argument ``[C]`` holding each
+        client's amount of work (e.g. its local step count). With ``bucket``
+        on, and a backend where the order matters (``chunked`` with chunks
+        of several clients, ``sharded``), the clients run in
+        :func:`bucket_order` of it.
 
     Returns:
       The batched function.
@@ -403,7 +430,13 @@ class ClientMapper:
         "sharded": self._map_sharded,
         "loop": self._map_loop,
     }[backend]
-    return builder(fn, in_axes, tuple(static_argnames))
+    batched = builder(fn, in_axes, tuple(static_argnames))
+    ordered = backend == "sharded" or (
+        backend == "chunked" and self.resolved_chunk_size != 1)
+    if work_argnum is None or not self.bucket or not ordered:
+      return batched
+    return _in_bucket_order(batched, in_axes, work_argnum,
+                            self.resolved_chunk_size, self.lanes)
 
   # Backends -----------------------------------------------------------------
 
@@ -486,6 +519,119 @@ class ClientMapper:
     return batched
 
 
+def bucket_order(work: np.ndarray, *, lanes: int = 1) -> np.ndarray:
+  """A client order for mapped programs that skip padded work.
+
+  A chunk of clients run together (a vmap) costs its largest member's work,
+  and the ``sharded`` backend gives device ``d`` the contiguous block
+  ``[d·m, (d+1)·m)`` of the order, ``m = ceil(C / lanes)``. Clients are taken
+  in decreasing work and each goes to the lane with the least work so far
+  that still has room (longest-processing-time scheduling); inside a lane they
+  keep decreasing order, so its chunks hold similar amounts.
+
+  Args:
+    work: ``[C]`` each client's work (e.g. local steps).
+    lanes: devices the order is split over (1: one sequence).
+
+  Returns:
+    ``[C]`` int permutation: position ``i`` of the order runs client
+    ``order[i]``.
+  """
+  work = np.asarray(work).reshape(-1)
+  c = work.shape[0]
+  if lanes < 1:
+    raise ValueError(f"lanes must be >= 1, got {lanes}.")
+  m = -(-c // lanes) if c else 0
+  capacity = [max(0, min(m, c - d * m)) for d in range(lanes)]
+  members: list[list[int]] = [[] for _ in range(lanes)]
+  load = [0.0] * lanes
+  for client in np.argsort(-work, kind="stable"):
+    open_lanes = [d for d in range(lanes) if len(members[d]) < capacity[d]]
+    d = min(open_lanes, key=lambda d: (load[d], d))
+    members[d].append(int(client))
+    load[d] += float(work[client])
+  return np.asarray([i for lane in members for i in lane], np.int64)
+
+
+def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
+                   lanes: int = 1, bucket: bool = True,
+                   skip_padding: bool = True, max_steps: int | None = None
+                   ) -> int:
+  """Client-steps a mapped local-training program computes (padding
+  included), for reporting real-to-computed ratios.
+
+  Args:
+    num_steps: ``[C]`` each client's real steps.
+    chunk: clients per vectorised chunk (``None``: one vmap per lane).
+    lanes: devices the clients are split over; the cohort is padded to a
+      multiple of it by repeating the last client.
+    bucket: the clients run in :func:`bucket_order` (else as given).
+    skip_padding: the per-client loop stops at the client's own count (else
+      every client computes ``max_steps``).
+    max_steps: the scan length without ``skip_padding`` (default: the
+      largest count).
+  """
+  steps = np.asarray(num_steps, np.int64).reshape(-1)
+  c = steps.shape[0]
+  if c == 0:
+    return 0
+  if not skip_padding:
+    m = -(-c // lanes)
+    return int(m * lanes * (steps.max() if max_steps is None else max_steps))
+  if bucket:
+    steps = steps[bucket_order(steps, lanes=lanes)]
+  m = -(-c // lanes)
+  steps = np.concatenate([steps, np.repeat(steps[-1:], m * lanes - c)])
+  total = 0
+  for lane in steps.reshape(lanes, m):
+    size = m if chunk is None else chunk
+    for i in range(0, m, size):
+      # A vmapped chunk runs to its largest count; a short last chunk is
+      # padded with copies of its last client (``_vectorise``).
+      part = lane[i:i + size]
+      total += int(part.max()) * size
+  return total
+
+
+def _in_bucket_order(batched: Callable[..., Any],
+                     in_axes: int | None | Sequence[int | None],
+                     work_argnum: int, chunk: int | None,
+                     lanes: int) -> Callable[..., Any]:
+  """``batched`` run with its clients in :func:`bucket_order` of argument
+  ``work_argnum``; outputs are returned in the caller's order."""
+  del chunk  # the order suits any chunk size
+
+  def call(*args, **kwargs):
+    axes = _normalise_in_axes(in_axes, len(args))
+    if axes[work_argnum] != 0:
+      raise ValueError(f"work_argnum {work_argnum} is not a mapped argument.")
+    leaves = jax.tree_util.tree_leaves(args[work_argnum])
+    if _is_traced(args) or not all(
+        getattr(x, "is_fully_addressable", True) for x in leaves):
+      # Inside a trace, or a multi-host global array: the given order.
+      return batched(*args, **kwargs)
+    # The host reads C integers to choose the order; the cohort's data is
+    # permuted on the device.
+    work = np.asarray(jax.device_get(args[work_argnum]))
+    order = bucket_order(work, lanes=lanes)
+    # Permuted even when the order is the identity, so that the permutation
+    # programs compile in the first round, not whenever the order first
+    # changes.
+    mapped = [a for a, ax in zip(args, axes) if ax == 0]
+    it = iter(_permute(mapped, jnp.asarray(order, jnp.int32)))
+    args = [next(it) if ax == 0 else a for a, ax in zip(args, axes)]
+    out = batched(*args, **kwargs)
+    return _permute(out, jnp.asarray(np.argsort(order), jnp.int32))
+
+  return call
+
+
+@jax.jit
+def _permute(tree: Any, order: jax.Array) -> Any:
+  """``tree``'s leaves reordered along the client axis."""
+  return jax.tree_util.tree_map(lambda x: jnp.take(x, order, axis=0), tree)
+
+
 def map_clients(fn: Callable[..., Any],
                 in_axes: int | None | Sequence[int | None] = 0,
                 *,
@@ -522,8 +668,11 @@ def client_stage(local: LocalUpdate,
     return local.run(params, batch_stats, opt_state, x, y, n, num_steps, key,
                      (shared_ctx, client_ctx))
 
+  # Argument 6 is num_steps: with bucketing, chunks hold similar step counts
+  # and the per-client loop (``skip_padding``) stops at each one's own.
   mapped = mapper.map(one_client,
-                      in_axes=(None, None, None, 0, 0, 0, 0, 0, 0))
+                      in_axes=(None, None, None, 0, 0, 0, 0, 0, 0),
+                      work_argnum=6)
 
   def train(params, batch_stats, shared_ctx, cohort: Cohort, keys, client_ctx):
     return mapped(params, batch_stats, shared_ctx, cohort.x, cohort.y,

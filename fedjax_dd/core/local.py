@@ -2,10 +2,20 @@
 
 The client axis is added elsewhere (``fedjax_dd.core.clients``). Here a client
 owns padded data ``x [N_max, H, W, Ch]``, ``y [N_max]`` with ``num_examples``
-valid rows, and runs ``max_steps`` scan iterations of which only the first
-``num_steps`` update the model; the rest are masked. So clients with different
-amounts of data get their own number of steps per epoch inside one program and
-never train on padding (batches are drawn modulo ``num_examples``).
+valid rows, and makes ``num_steps <= max_steps`` steps, so clients with
+different amounts of data get their own number of steps per epoch inside one
+program and never train on padding (batches are drawn modulo
+``num_examples``).
+
+The steps run in a ``lax.while_loop`` that stops after the client's own
+``num_steps`` (``skip_padding=True``, the default). Run unbatched (a chunk of
+one client) it computes exactly the client's steps; under ``vmap`` JAX runs the
+loop until the chunk's largest count and masks the finished clients, so a
+chunk costs its own maximum, not the cohort's (``clients.client_stage`` sorts
+the cohort by step count so that chunks hold similar counts).
+``skip_padding=False`` is the former form: a ``lax.scan`` of ``max_steps``
+iterations whose steps past ``num_steps`` are computed and masked. Both give
+the same bits (``tests/core/test_local.py``).
 
 Algorithms customise the update through two pure hooks:
 
@@ -94,6 +104,7 @@ def make_local_update(
     augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     lr_scale: Callable[[PyTree], jax.Array] | None = None,
     unroll: int = 1,
+    skip_padding: bool = True,
 ) -> LocalUpdate:
   """Builds ``run(params, batch_stats, opt_state, x, y, n, num_steps, key, ctx)``.
 
@@ -101,7 +112,8 @@ def make_local_update(
     task: the classifier.
     optimizer: the local optax optimizer.
     batch_size: examples per step ``B``.
-    max_steps: static scan length (the largest step count in the cohort).
+    max_steps: the largest step count a client may be given (the cohort's
+      largest); ``num_steps`` is clipped to it.
     regularizer: optional ``(params, ctx) -> scalar`` added to the loss.
     grad_correction: optional ``(grads, ctx) -> grads``.
     augment: optional ``(key, xb [B, H, W, Ch] uint8) -> xb`` applied to each
@@ -111,7 +123,10 @@ def make_local_update(
     lr_scale: optional ``ctx -> scalar``: the optimizer's updates are
       multiplied by it, which scales the learning rate of SGD (with or
       without momentum and weight decay) and Adam(W) exactly.
-    unroll: ``lax.scan`` unroll factor.
+    unroll: ``lax.scan`` unroll factor (``skip_padding=False`` only).
+    skip_padding: stop each client's loop after its own ``num_steps``
+      (``lax.while_loop``) instead of computing and masking ``max_steps``
+      steps (``lax.scan``); the results are the same.
 
   Returns:
     A :class:`LocalUpdate` whose ``run`` takes, for one client, ``params``,
@@ -160,9 +175,23 @@ def make_local_update(
       return carry, None
 
     zero = jnp.zeros((), jnp.float32)
-    (params, batch_stats, opt_state, loss_sum, acc_sum), _ = jax.lax.scan(
-        step, (params, batch_stats, opt_state, zero, zero),
-        jnp.arange(max_steps), unroll=unroll)
+    init = (params, batch_stats, opt_state, zero, zero)
+    if skip_padding:
+      # The same step body as the scan below (its mask is then always on,
+      # except for clients a vmap carries past their own count), so both
+      # forms compute the same values.
+      limit = jnp.minimum(num_steps, max_steps)
+
+      def body(loop_carry):
+        t, carry = loop_carry
+        return t + 1, step(carry, t)[0]
+
+      _, (params, batch_stats, opt_state, loss_sum, acc_sum) = (
+          jax.lax.while_loop(lambda c: c[0] < limit, body,
+                             (jnp.zeros((), jnp.int32), init)))
+    else:
+      (params, batch_stats, opt_state, loss_sum, acc_sum), _ = jax.lax.scan(
+          step, init, jnp.arange(max_steps), unroll=unroll)
     steps = jnp.minimum(num_steps, max_steps).astype(jnp.float32)
     denom = jnp.maximum(steps, 1.0)
     return LocalResult(params, batch_stats, opt_state, loss_sum / denom,

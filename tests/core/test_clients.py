@@ -208,3 +208,102 @@ def test_chunks_of_one_run_unbatched():
   for chunk in (1, 2):
     np.testing.assert_allclose(outs[chunk], outs[None], rtol=1e-6)
   assert outs[1].shape == (4, 5)
+
+
+def test_bucket_order_hand_examples():
+  from fedjax_dd.core.clients import bucket_order
+  work = np.asarray([3, 9, 1, 9, 5])
+  # One lane: decreasing work, ties in the given order.
+  np.testing.assert_array_equal(bucket_order(work), [1, 3, 4, 0, 2])
+  # Two lanes of 3 and 2 slots. 9 -> lane 0, 9 -> lane 1, 5 -> lane 0
+  # (tie at 9, lower index), 3 -> lane 1 (9 < 14), 1 -> lane 0 (lane 1 full).
+  np.testing.assert_array_equal(bucket_order(work, lanes=2), [1, 4, 2, 3, 0])
+  # More lanes than clients: the last lanes get nothing.
+  np.testing.assert_array_equal(bucket_order(np.asarray([1, 2]), lanes=4),
+                                [1, 0])
+  assert bucket_order(np.zeros((0,), np.int32)).shape == (0,)
+  with pytest.raises(ValueError, match="lanes"):
+    bucket_order(work, lanes=0)
+
+
+def test_computed_steps_hand_examples():
+  from fedjax_dd.core.clients import computed_steps
+  steps = np.asarray([10, 1, 9, 2])
+  # The masked scan: every client computes the largest count.
+  assert computed_steps(steps, chunk=2, skip_padding=False) == 40
+  assert computed_steps(steps, chunk=1, skip_padding=False,
+                        max_steps=12) == 48
+  # Chunks of 2 in the given order: max(10, 1) * 2 + max(9, 2) * 2.
+  assert computed_steps(steps, chunk=2, bucket=False) == 38
+  # Bucketed: (10, 9) and (2, 1) -> 20 + 4.
+  assert computed_steps(steps, chunk=2) == 24
+  # Unbatched clients compute exactly their own steps.
+  assert computed_steps(steps, chunk=1) == 22
+  # Three clients over two lanes: the cohort is padded with a copy of the
+  # last client of the order. Bucketed: lane 0 = (10, 1), lane 1 = (9, 9').
+  assert computed_steps(steps[:3], chunk=1, lanes=2) == 29
+  # A short last chunk is padded with a copy of its client: (10, 9) + (2, 2).
+  assert computed_steps(steps[[0, 2, 3]], chunk=2) == 24
+
+
+@pytest.mark.parametrize("backend,chunk", [("chunked", 2), ("chunked", 1),
+                                           ("chunked", 3), ("sharded", 1),
+                                           ("sharded", 2), ("vmap", None)])
+def test_client_stage_bucketing_and_skipped_padding_change_no_bits(backend,
+                                                                   chunk):
+  import optax
+  from fedjax_dd.core.algorithm import Cohort
+  from fedjax_dd.core.clients import client_stage
+  from fedjax_dd.core.local import make_local_update
+  from tests.conftest import synthetic_clients, tiny_task
+  task = tiny_task(bn=True)
+  x, y, n = synthetic_clients(num_clients=5, sizes=(5, 9, 12, 7, 3), n_max=12)
+  steps = np.asarray([1, 6, 2, 6, 4], np.int32)
+  cohort = Cohort(x=x, y=y, num_examples=n, num_steps=steps,
+                  client_ids=np.arange(5, dtype=np.int32))
+  params, stats = task.init(jax.random.PRNGKey(0))
+  keys = jax.random.split(jax.random.PRNGKey(2), 5)
+  outs = []
+  for bucket, skip in ((False, False), (True, True), (True, False)):
+    local = make_local_update(task, optax.sgd(0.1), batch_size=4,
+                              max_steps=6, skip_padding=skip)
+    mapper = ClientMapper(backend=backend, chunk_size=chunk, bucket=bucket)
+    train = client_stage(local, mapper)
+    outs.append(train(params, stats, (), cohort, keys, jnp.zeros((5,))))
+  for other in outs[1:]:
+    for a, b in zip(jax.tree_util.tree_leaves(outs[0]),
+                    jax.tree_util.tree_leaves(other)):
+      np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(outs[1].steps, steps.astype(np.float32))
+
+
+def test_bucketed_stage_compiles_once_whatever_the_order(caplog):
+  """The order changes with the cohort; nothing recompiles after the first
+  call."""
+  import logging
+  import optax
+  from fedjax_dd.core.algorithm import Cohort
+  from fedjax_dd.core.clients import client_stage
+  from fedjax_dd.core.local import make_local_update
+  from tests.conftest import synthetic_clients, tiny_task
+  task = tiny_task()
+  x, y, n = synthetic_clients()
+  local = make_local_update(task, optax.sgd(0.1), batch_size=4, max_steps=5)
+  train = client_stage(local, ClientMapper(backend="chunked", chunk_size=2))
+  params, stats = task.init(jax.random.PRNGKey(0))
+  keys = jax.random.split(jax.random.PRNGKey(2), 4)
+
+  def call(steps):
+    cohort = Cohort(x=x, y=y, num_examples=n,
+                    num_steps=np.asarray(steps, np.int32),
+                    client_ids=np.arange(4, dtype=np.int32))
+    return jax.block_until_ready(
+        train(params, stats, (), cohort, keys, jnp.zeros((4,))))
+
+  call([1, 2, 3, 4])  # the identity order
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles():
+    call([5, 1, 4, 2])
+    call([2, 5, 1, 3])
+  compiled = [r for r in caplog.records if "Compiling" in r.getMessage()]
+  assert not compiled, [r.getMessage()[:120] for r in compiled]

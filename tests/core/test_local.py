@@ -10,9 +10,9 @@ from fedjax_dd.core.local import make_local_update, steps_for
 from tests.conftest import rounds_compile_nothing, synthetic_clients, tiny_task  # noqa: F401
 
 
-def _run(task, x, y, n, num_steps, max_steps, key, lr=0.1):
+def _run(task, x, y, n, num_steps, max_steps, key, lr=0.1, skip_padding=True):
   local = make_local_update(task, optax.sgd(lr), batch_size=4,
-                            max_steps=max_steps)
+                            max_steps=max_steps, skip_padding=skip_padding)
   params, stats = task.init(jax.random.PRNGKey(0))
   return jax.jit(local.run)(params, stats, local.optimizer.init(params), x, y,
                             n, num_steps, key, ())
@@ -244,3 +244,60 @@ def test_lr_decay_does_not_recompile_across_rounds(caplog):
                                        clients_per_round=2)
   assert int(state.server.extra["round"]) == 3
   assert all(np.isfinite(r["train_loss"]) for r in rows)
+
+
+def _leaves(tree):
+  return jax.tree_util.tree_leaves(tree)
+
+
+@pytest.mark.parametrize("bn", [False, True])
+def test_skipped_padding_is_bit_identical_to_the_masked_scan(bn):
+  """The while loop (default) and the masked scan compute the same bits, for
+  one client and for a vmap over clients with uneven counts."""
+  task = tiny_task(bn=bn)
+  x, y, n = synthetic_clients()
+  counts = np.asarray([2, 7, 0, 4], np.int32)
+  keys = jax.random.split(jax.random.PRNGKey(5), 4)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  outs = {}
+  for skip in (True, False):
+    local = make_local_update(task, optax.sgd(0.1, momentum=0.9),
+                              batch_size=4, max_steps=7, skip_padding=skip)
+    one = lambda x, y, n, s, k: local.run(
+        params, stats, local.optimizer.init(params), x, y, n, s, k, ())
+    outs[skip] = (jax.jit(jax.vmap(one))(x, y, n, counts, keys),
+                  jax.jit(one)(x[1], y[1], n[1], 3, keys[1]))
+  for a, b in zip(_leaves(outs[True]), _leaves(outs[False])):
+    np.testing.assert_array_equal(a, b)
+  batched = outs[True][0]
+  np.testing.assert_array_equal(batched.steps, counts.astype(np.float32))
+  # The client with no steps keeps the initial model.
+  for a, b in zip(_leaves(jax.tree_util.tree_map(lambda l: l[2],
+                                                 batched.params)),
+                  _leaves(params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_skipped_padding_runs_only_the_clients_steps():
+  """Unbatched, the loop body runs num_steps times, not max_steps (counted
+  with a host callback)."""
+  task = tiny_task()
+  x, y, n = synthetic_clients(num_clients=1, sizes=(9,), n_max=12)
+  calls = []
+
+  def counting_loss(params, ctx):
+    del ctx
+    jax.debug.callback(lambda: calls.append(1))
+    return 0.0 * jax.tree_util.tree_leaves(params)[0].sum()
+
+  for skip, expected in ((True, 3), (False, 8)):
+    calls.clear()
+    local = make_local_update(task, optax.sgd(0.1), batch_size=4,
+                              max_steps=8, regularizer=counting_loss,
+                              skip_padding=skip)
+    params, stats = task.init(jax.random.PRNGKey(0))
+    out = jax.jit(local.run)(params, stats, local.optimizer.init(params),
+                             x[0], y[0], n[0], 3, jax.random.PRNGKey(1), ())
+    jax.block_until_ready(out)
+    jax.effects_barrier()
+    assert len(calls) == expected, (skip, len(calls))
