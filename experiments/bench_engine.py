@@ -5,6 +5,8 @@ r"""Engine benchmark: ms per client-step for every client backend.
   python -m fedjax_dd.experiments.bench_engine --other_python=OTHER/bin/python \
       --conv_impl lax,patches --pairs 3 --out ends.json
   python -m fedjax_dd.experiments.bench_engine --forms
+  python -m fedjax_dd.experiments.bench_engine \
+      --padding fedhydra.py:cifar10_a0.1 --pairs 2 --out padding.json
 
 Every backend runs with the package's defaults: on CPU ``configure_cpu()``
 exposes one host device per core, ``sharded`` splits the clients over them
@@ -30,6 +32,13 @@ count, next to:
 Writes a JSON report with ``results``, ``reference_loop``, ``matmul_gflops``,
 ``speedup_vs_loop`` per (model, num_clients) for the default backend, and
 ``speedup_vs_torch`` where the PyTorch reference ran.
+
+``--padding PRESETS``: for each ``CONFIG.py:ARG`` preset, every client of
+its partition trains once, alternately with every client computing the
+largest step count (masked; the engine before bucketing) and with the
+default bucketed, per-client loop; the report gives real and computed
+client-steps, both wall times per pair and whether the results were the same
+bits (:func:`measure_padding`).
 
 ``--conv_impl`` (``auto`` | ``lax`` | ``patches``, several comma-separated)
 picks the models' convolution formulation
@@ -373,6 +382,86 @@ def measure_ends(other_python: str, *, conv_impls: list[str], pairs: int,
           "conv_impl_ratio": conv_impl_ratio}
 
 
+def measure_padding(preset: str, *, pairs: int) -> dict:
+  """Padded local steps of a real workload, before and after bucketing.
+
+  ``preset`` is ``CONFIG.py:ARG`` of ``experiments/configs`` (e.g.
+  ``fedhydra.py:cifar10_a0.1``): its dataset, partition, model, optimizer,
+  batch and local epochs. Every client of the partition trains once from the
+  initial model through ``clients.client_stage`` with the preset's mapper,
+  alternately in the former form (``bucket=False``, ``skip_padding=False``:
+  every client computes the cohort's largest step count) and the default;
+  ``pairs`` times.
+
+  Returns:
+    ``{"preset", "clients", "real_steps", "computed_before",
+    "computed_after", "seconds": [[before, after], ...], "median_ratio"}``
+    (ratio = before / after wall time) and the mapper's chunk and lanes.
+  """
+  import dataclasses
+  import importlib
+
+  import jax
+  import numpy as np
+
+  from fedjax_dd.core import clients as clients_lib
+  from fedjax_dd.core.algorithm import Cohort
+  from fedjax_dd.core.local import make_local_update
+  from fedjax_dd.experiments import common
+
+  module, _, arg = preset.partition(":")
+  config = importlib.import_module(
+      "fedjax_dd.experiments.configs." + module.removesuffix(".py")
+  ).get_config(arg)
+  prepared = common.load_and_prepare(config)
+  parts = common.partition(config, prepared.dataset.y_train)
+  data = common.client_data(prepared.dataset, parts)
+  num_steps = common.local_steps(config, data.num_examples)
+  steps_np = np.asarray(jax.device_get(num_steps))
+  max_steps = int(steps_np.max())
+  mapper = common.mapper(config)
+  cohort = Cohort(x=data.x, y=data.y, num_examples=data.num_examples,
+                  num_steps=num_steps,
+                  client_ids=np.arange(data.num_clients, dtype=np.int32))
+  params, stats = prepared.task.init(jax.random.PRNGKey(0))
+  keys = jax.random.split(jax.random.PRNGKey(1), data.num_clients)
+  ctx = np.zeros((data.num_clients,), np.float32)
+  stages = {}
+  for name, on in (("before", False), ("after", True)):
+    local = make_local_update(prepared.task, common.make_optimizer(config),
+                              batch_size=config.client.batch_size,
+                              max_steps=max_steps, skip_padding=on)
+    stages[name] = clients_lib.client_stage(
+        local, dataclasses.replace(mapper, bucket=on))
+
+  def timed(name):
+    t = time.perf_counter()
+    out = stages[name](params, stats, (), cohort, keys, ctx)
+    jax.block_until_ready(out)
+    return time.perf_counter() - t, out
+
+  outs = {name: timed(name)[1] for name in stages}  # compile
+  same = all(bool(np.array_equal(a, b)) for a, b in zip(
+      jax.tree_util.tree_leaves(outs["before"]),
+      jax.tree_util.tree_leaves(outs["after"])))
+  seconds = []
+  for _ in range(pairs):
+    seconds.append([timed("before")[0], timed("after")[0]])
+  chunk, lanes = mapper.resolved_chunk_size, mapper.lanes
+  return {
+      "preset": preset, "clients": int(data.num_clients),
+      "backend": mapper.resolved_backend, "chunk": chunk, "lanes": lanes,
+      "real_steps": int(steps_np.sum()), "max_steps": max_steps,
+      "computed_before": clients_lib.computed_steps(
+          steps_np, chunk=chunk, lanes=lanes, bucket=False,
+          skip_padding=False),
+      "computed_after": clients_lib.computed_steps(steps_np, chunk=chunk,
+                                                   lanes=lanes),
+      "bit_identical": same, "seconds": seconds,
+      "median_ratio": _median([b / a for b, a in seconds]),
+  }
+
+
 def _worker(spec: str) -> None:
   args = json.loads(spec)
   kind = args.pop("kind")
@@ -412,11 +501,24 @@ def main(argv=None) -> dict:
                  help="only time one LeNet-5 client's local update as "
                       "unbatched / vmap of 1 / vmap of 2 / lax.map of 2 in "
                       "this interpreter (best of --reps, at least 15)")
+  p.add_argument("--padding", default="",
+                 help="comma-separated presets CONFIG.py:ARG: only measure "
+                      "each one's padded local steps and wall time before "
+                      "and after bucketing (--pairs alternations)")
   p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args._worker:
     _worker(args._worker)
     return {}
+  if args.padding:
+    report = {"padding": []}
+    for preset in args.padding.split(","):
+      row = measure_padding(preset, pairs=args.pairs)
+      report["padding"].append(row)
+      print(json.dumps(row), file=sys.stderr)
+    with open(args.out, "w") as f:
+      json.dump(report, f, indent=2)
+    return report
   if args.forms:
     report = measure_forms(steps=args.steps, batch=args.batch,
                            reps=max(args.reps, 15),

@@ -146,18 +146,23 @@ def option_supported(name: str, value: Any, platform: str) -> bool:
 
 
 def hot_program_options(classic_runtime: bool = True,
-                        per_core: bool = False) -> dict[str, Any]:
+                        per_core: bool = False,
+                        platform: str | None = None) -> dict[str, Any]:
   """XLA compiler options for the engine's hot jitted programs.
+
+  Only CPU programs get options (GPU and TPU programs compile with XLA's
+  defaults).
 
   Args:
     classic_runtime: include the classic-runtime option (see
       :func:`engine_jit`).
     per_core: the program is one of several running side by side, one per
       host device, so it gets the single-threaded options.
+    platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
   """
   if os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
     return {}
-  platform = jax.default_backend()
+  platform = platform or jax.default_backend()
   options = {}
   if classic_runtime:
     options.update(_HOT_PROGRAM_OPTIONS.get(platform, {}))
@@ -183,7 +188,8 @@ def engine_jit(fn: Callable[..., Any], *, classic_runtime: bool = True,
 
 
 def default_backend(platform: str | None = None,
-                    workload: str = "train") -> str:
+                    workload: str = "train",
+                    num_devices: int | None = None) -> str:
   """The measured-fastest backend for a platform and workload.
 
   With more than one device, ``sharded`` (on CPU these are the per-core host
@@ -195,6 +201,7 @@ def default_backend(platform: str | None = None,
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
     workload: one of :data:`WORKLOADS`: ``"train"`` (per-client training and
       generator steps, the default) or ``"kip"``.
+    num_devices: devices of ``platform``; defaults to JAX's device count.
 
   Returns:
     A backend name from :data:`BACKENDS`.
@@ -205,7 +212,7 @@ def default_backend(platform: str | None = None,
   platform = platform or jax.default_backend()
   if (platform, workload) in _WORKLOAD_BACKEND:
     return _WORKLOAD_BACKEND[(platform, workload)]
-  if jax.device_count() > 1:
+  if (jax.device_count() if num_devices is None else num_devices) > 1:
     return "sharded"
   return "chunked" if platform == "cpu" else "vmap"
 

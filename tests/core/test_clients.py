@@ -307,3 +307,21 @@ def test_bucketed_stage_compiles_once_whatever_the_order(caplog):
     call([2, 5, 1, 3])
   compiled = [r for r in caplog.records if "Compiling" in r.getMessage()]
   assert not compiled, [r.getMessage()[:120] for r in compiled]
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_accelerator_defaults_resolve_with_the_platform_injected(platform):
+  """On accelerators: one vmap per device (no chunks), sharded over several
+  devices, vmap on one, KIP like training, and no CPU compile options."""
+  from fedjax_dd.core import clients
+  assert clients.default_backend(platform, num_devices=1) == "vmap"
+  assert clients.default_backend(platform, num_devices=8) == "sharded"
+  assert clients.default_backend(platform, "kip", num_devices=1) == "vmap"
+  assert clients.default_backend(platform, "kip", num_devices=4) == "sharded"
+  assert clients.default_chunk_size(platform) is None
+  assert clients.default_chunk_size(platform, classic_runtime=False) is None
+  assert clients.hot_program_options(True, per_core=True,
+                                     platform=platform) == {}
+  # CPU for contrast: chunked on one device; KIP one vmap.
+  assert clients.default_backend("cpu", num_devices=1) == "chunked"
+  assert clients.default_backend("cpu", "kip", num_devices=2) == "vmap"

@@ -14,3 +14,13 @@ def test_forms_report_every_form():
   # has that option.
   assert set(out["compiler_options"]) <= {"xla_cpu_multi_thread_eigen",
                                           "xla_cpu_use_thunk_runtime"}
+
+
+def test_padding_report_on_the_smoke_preset():
+  """Uneven Dirichlet clients: the bucketed stage computes at most the
+  masked one's steps, at least the real ones, and the same bits."""
+  row = bench_engine.measure_padding("fedhydra.py:smoke", pairs=1)
+  assert row["clients"] == 3 and len(row["seconds"]) == 1
+  assert row["real_steps"] <= row["computed_after"] <= row["computed_before"]
+  assert row["computed_before"] >= row["max_steps"] * row["clients"]
+  assert row["bit_identical"]
