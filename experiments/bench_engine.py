@@ -5,6 +5,8 @@ r"""Engine benchmark: ms per client-step for every client backend.
   python -m fedjax_dd.experiments.bench_engine --other_python=OTHER/bin/python \
       --conv_impl lax,patches --pairs 3 --out ends.json
   python -m fedjax_dd.experiments.bench_engine --forms
+  python -m fedjax_dd.experiments.bench_engine --vs_torch 10,100 --pairs 5 \
+      --out vs_torch.json
   python -m fedjax_dd.experiments.bench_engine \
       --padding fedhydra.py:cifar10_a0.1 --pairs 2 --out padding.json
 
@@ -32,6 +34,12 @@ count, next to:
 Writes a JSON report with ``results``, ``reference_loop``, ``matmul_gflops``,
 ``speedup_vs_loop`` per (model, num_clients) for the default backend, and
 ``speedup_vs_torch`` where the PyTorch reference ran.
+
+``--vs_torch COUNTS`` (e.g. ``10,100``): the comparison the README quotes.
+LeNet-5 rounds of the engine (default backend and formulation), PyTorch's
+reference loop and the lean PyTorch loop, alternating in fresh subprocesses,
+``--pairs`` times; the median ratio PyTorch / engine with its min and max
+(:func:`measure_vs_torch`).
 
 ``--padding PRESETS``: for each ``CONFIG.py:ARG`` preset, every client of
 its partition trains once, alternately with every client computing the
@@ -240,8 +248,15 @@ def measure_matmul(reps: int) -> float:
 
 
 def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
-                  reps: int) -> dict | None:
-  """PyTorch's sequential client loop (LeNet-5 only), or None without torch."""
+                  reps: int, lean: bool = False) -> dict | None:
+  """PyTorch's sequential client loop (LeNet-5 only), or None without torch.
+
+  ``lean=False`` gathers and converts every batch from uint8 inside the loop
+  (as the papers' reference code's data loaders do). ``lean=True`` is the
+  loop a PyTorch user would write for speed: the data converted to float
+  once, outside the timing, each client a fresh copy of the global model,
+  SGD, and the mean of the client models at the end (FedAvg's server step).
+  """
   try:
     import torch
     from torch import nn
@@ -283,11 +298,82 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
         loss_fn(model(x), labels[c, idx]).backward()
         opt.step()
 
-  seconds = _min_time(run, reps)
-  return {"model": model, "num_clients": num_clients,
+  data_f = data.float() / 255.0  # lean: converted once, outside the timing
+
+  def run_lean():
+    total = None
+    for c in range(num_clients):
+      model = LeNet5()
+      model.load_state_dict(global_model.state_dict())
+      opt = torch.optim.SGD(model.parameters(), lr=0.01)
+      xc, yc = data_f[c], labels[c]
+      for _ in range(steps):
+        idx = torch.randint(0, n_max, (batch,), generator=g)
+        opt.zero_grad()
+        loss_fn(model(xc[idx]), yc[idx]).backward()
+        opt.step()
+      with torch.no_grad():
+        sd = model.state_dict()
+        total = ({k: v.clone() for k, v in sd.items()} if total is None else
+                 {k: total[k] + sd[k] for k in total})
+    global_model.load_state_dict({k: v / num_clients for k, v in total.items()})
+
+  seconds = _min_time(run_lean if lean else run, reps)
+  return {"model": model, "num_clients": num_clients, "lean": lean,
           "ms_per_client_step": 1e3 * seconds / (num_clients * steps),
           "torch_version": torch.__version__,
           "threads": torch.get_num_threads()}
+
+
+def measure_vs_torch(*, pairs: int, client_counts: list[int], steps: int,
+                     batch: int, reps: int, chunk_size: int) -> dict:
+  """The engine against both PyTorch loops, alternating, LeNet-5.
+
+  Each pair runs, for every client count, the engine (``client_stage``, the
+  default backend and conv formulation) and the two PyTorch loops
+  (:func:`measure_torch` with and without ``lean``), each in a fresh
+  subprocess, in an order rotated every pair, so drifts of the machine's
+  speed fall on all three alike.
+
+  Returns:
+    ``{"pairs": [...], "summary": {clients: {"engine_ms", "torch_ms",
+    "torch_lean_ms", "ratio_torch", "ratio_torch_lean"}}}``: medians over
+    pairs, and each ratio (PyTorch ms / engine ms, > 1: the engine is
+    faster) with its min and max over pairs.
+  """
+  kinds = ("engine", "torch", "torch_lean")
+  rows = []
+  for pair in range(pairs):
+    for c in client_counts:
+      row = {"pair": pair, "num_clients": c}
+      shift = pair % len(kinds)
+      for kind in kinds[shift:] + kinds[:shift]:
+        common = dict(model="lenet5", num_clients=c, steps=steps, batch=batch,
+                      reps=reps)
+        if kind == "engine":
+          r = _subprocess("jax", backend="auto", chunk_size=chunk_size,
+                          conv_impl="auto", flops=False, **common)
+        else:
+          r = _subprocess("torch", lean=kind == "torch_lean", **common)
+        row[kind] = r
+        row[f"{kind}_ms"] = _ms(r)
+        print(json.dumps({"pair": pair, "kind": kind, **(r or {})}),
+              file=sys.stderr)
+      for ref in ("torch", "torch_lean"):
+        e, t = row["engine_ms"], row[f"{ref}_ms"]
+        row[f"ratio_{ref}"] = t / e if e and t else None
+      rows.append(row)
+  summary = {}
+  for c in client_counts:
+    mine = [r for r in rows if r["num_clients"] == c]
+    out = {f"{k}_ms": _median([r[f"{k}_ms"] for r in mine]) for k in kinds}
+    for ref in ("torch", "torch_lean"):
+      ratios = [r[f"ratio_{ref}"] for r in mine if r[f"ratio_{ref}"]]
+      out[f"ratio_{ref}"] = {"median": _median(ratios),
+                             "min": min(ratios) if ratios else None,
+                             "max": max(ratios) if ratios else None}
+    summary[str(c)] = out
+  return {"pairs": rows, "summary": summary}
 
 
 def _subprocess(kind: str, python: str | None = None,
@@ -501,6 +587,9 @@ def main(argv=None) -> dict:
                  help="only time one LeNet-5 client's local update as "
                       "unbatched / vmap of 1 / vmap of 2 / lax.map of 2 in "
                       "this interpreter (best of --reps, at least 15)")
+  p.add_argument("--vs_torch", default="",
+                 help="comma-separated client counts: only the engine against "
+                      "both PyTorch loops, LeNet-5, --pairs alternations")
   p.add_argument("--padding", default="",
                  help="comma-separated presets CONFIG.py:ARG: only measure "
                       "each one's padded local steps and wall time before "
@@ -510,6 +599,17 @@ def main(argv=None) -> dict:
   if args._worker:
     _worker(args._worker)
     return {}
+  if args.vs_torch:
+    report = {"vs_torch": measure_vs_torch(
+        pairs=args.pairs, client_counts=[int(v) for v in
+                                         args.vs_torch.split(",")],
+        steps=args.steps, batch=args.batch, reps=args.reps,
+        chunk_size=args.chunk_size),
+              "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    with open(args.out, "w") as f:
+      json.dump(report, f, indent=2)
+    print(json.dumps(report["vs_torch"]["summary"], indent=2))
+    return report
   if args.padding:
     report = {"padding": []}
     for preset in args.padding.split(","):

@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from fedjax_dd.experiments import bench_engine
 
 
@@ -24,3 +26,35 @@ def test_padding_report_on_the_smoke_preset():
   assert row["real_steps"] <= row["computed_after"] <= row["computed_before"]
   assert row["computed_before"] >= row["max_steps"] * row["clients"]
   assert row["bit_identical"]
+
+
+def test_vs_torch_alternates_and_takes_median_ratios(monkeypatch):
+  """Fake measurements: the order rotates each pair and the ratios are
+  PyTorch ms / engine ms, median with min and max over pairs."""
+  calls = []
+  ms = {"jax": [2.0, 4.0, 2.0], "torch": [4.0, 4.0, 6.0],
+        "lean": [3.0, 2.0, 2.0]}
+
+  def fake(kind, python=None, **kw):
+    name = "lean" if kw.get("lean") else kind
+    calls.append(name)
+    return {"ms_per_client_step": ms[name].pop(0)}
+
+  monkeypatch.setattr(bench_engine, "_subprocess", fake)
+  out = bench_engine.measure_vs_torch(pairs=3, client_counts=[100], steps=1,
+                                      batch=4, reps=1, chunk_size=0)
+  assert calls == ["jax", "torch", "lean", "torch", "lean", "jax",
+                   "lean", "jax", "torch"]
+  s = out["summary"]["100"]
+  assert s["engine_ms"] == 2.0 and s["torch_ms"] == 4.0
+  # torch / engine per pair: 2, 1, 3; lean / engine: 1.5, 0.5, 1.
+  assert s["ratio_torch"] == {"median": 2.0, "min": 1.0, "max": 3.0}
+  assert s["ratio_torch_lean"] == {"median": 1.0, "min": 0.5, "max": 1.5}
+
+
+def test_lean_torch_loop_runs_when_torch_is_installed():
+  pytest.importorskip("torch")
+  for lean in (False, True):
+    r = bench_engine.measure_torch("lenet5", 2, steps=2, batch=4, reps=1,
+                                   lean=lean)
+    assert r["lean"] is lean and r["ms_per_client_step"] > 0
