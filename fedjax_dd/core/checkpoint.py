@@ -94,7 +94,7 @@ def _key_impl(leaf: Any) -> Any:
 
 
 def _default_sharding() -> jax.sharding.Sharding:
-  return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
 
 def _keys_to_data(tree: PyTree) -> PyTree:

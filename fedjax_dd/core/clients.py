@@ -129,7 +129,7 @@ def option_supported(name: str, value: Any, platform: str) -> bool:
   compiling a trivial program with it.
   """
   try:
-    device = jax.devices(platform)[0]
+    device = jax.local_devices(backend=platform)[0]
   except RuntimeError:
     return False
   try:
@@ -253,9 +253,21 @@ def initialize_multihost(**kwargs: Any) -> None:
   ``process_id``. Afterwards the ``sharded`` backend's mesh covers the devices
   of every process.
 
+  On CPU the processes exchange results through Gloo collectives (the
+  ``jax_cpu_collectives_implementation`` option, set here before
+  initialisation where this jax has it). Each process keeps its own copy of
+  the server state: the ``sharded`` backend runs each process's share of the
+  cohort and all-gathers the results, so every process then takes the same
+  server step (tested against a single process in
+  ``tests/core/test_multiprocess.py``).
+
   Args:
     **kwargs: forwarded to ``jax.distributed.initialize``.
   """
+  try:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  except (AttributeError, KeyError, ValueError):
+    pass  # a jax without the option (it had no CPU collectives to choose)
   jax.distributed.initialize(**kwargs)
 
 
@@ -490,20 +502,28 @@ class ClientMapper:
       # device_put reshards from any layout (arguments may come committed to
       # one device, e.g. restored from a checkpoint); already placed arrays
       # are not copied.
+      multi = jax.process_count() > 1
+      if multi:
+        # Every process holds the same host values (the replicated server
+        # of a multi-controller run); each places its own shards.
+        args = jax.device_get(args)
       args = [
           jax.device_put(_pad_clients(a, padded_n), over_clients) if ax == 0
           else jax.device_put(a, replicated) for a, ax in zip(args, axes)
       ]
       out = jitted_cache[key](*args)
+      if multi:
+        # Each process gets the whole cohort's results back (an all-gather)
+        # and runs the server step itself, identically.
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+        out = multihost_utils.process_allgather(out, tiled=True)
       if padded_n != n:
         out = jax.tree_util.tree_map(lambda x: x[:n], out)
-      if jax.process_count() == 1:
-        # Hand results back on the default device, where the server state
-        # lives: jitted code that mixes arrays committed to different device
-        # sets fails, and a changing input layout would recompile the
-        # aggregation every round. Multi-host runs keep the global layout.
-        out = jax.device_put(out, jax.devices()[0])
-      return out
+      # Hand results back on this process's first device, where the server
+      # state lives: jitted code that mixes arrays committed to different
+      # device sets fails, and a changing input layout would recompile the
+      # aggregation every round.
+      return jax.device_put(out, jax.local_devices()[0])
 
     return batched
 

@@ -137,7 +137,7 @@ def run_rounds(
   # One layout for every round: the client mapper hands results back
   # committed to the default device, so a state that starts uncommitted (fresh
   # init) would make round 2's eager gathers/scatters compile again.
-  state = jax.device_put(state, jax.devices()[0])
+  state = jax.device_put(state, jax.local_devices()[0])
 
   def step(carry, r):
     state, ledger = carry
