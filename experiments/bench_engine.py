@@ -7,6 +7,8 @@ r"""Engine benchmark: ms per client-step for every client backend.
   python -m fedjax_dd.experiments.bench_engine --forms
   python -m fedjax_dd.experiments.bench_engine --vs_torch 10,100 --pairs 5 \
       --out vs_torch.json
+  python -m fedjax_dd.experiments.bench_engine --scale 500,2000,10000 \
+      --out scale.json
   python -m fedjax_dd.experiments.bench_engine \
       --padding fedhydra.py:cifar10_a0.1 --pairs 2 --out padding.json
 
@@ -40,6 +42,11 @@ LeNet-5 rounds of the engine (default backend and formulation), PyTorch's
 reference loop and the lean PyTorch loop, alternating in fresh subprocesses,
 ``--pairs`` times; the median ratio PyTorch / engine with its min and max
 (:func:`measure_vs_torch`).
+
+``--scale COUNTS``: FedAvg over populations of that many MNIST-sized
+clients whose data stays in host memory, 1 % participation, each cohort
+streamed to the device; seconds per round and peak RSS, each population in
+its own subprocess (:func:`measure_scale`).
 
 ``--padding PRESETS``: for each ``CONFIG.py:ARG`` preset, every client of
 its partition trains once, alternately with every client computing the
@@ -548,10 +555,76 @@ def measure_padding(preset: str, *, pairs: int) -> dict:
   }
 
 
+def measure_scale(num_clients: int, *, participation: float, examples: int,
+                  rounds: int, batch: int) -> dict:
+  """FedAvg over a large population whose data stays in host memory.
+
+  ``num_clients`` MNIST-sized clients (``examples`` random 28x28x1 uint8
+  images each, NumPy in host memory), LeNet-5, one local epoch of batch
+  ``batch``, ``participation`` of the clients per round. The rounds loop
+  streams each cohort to the device (``rounds.gather_cohort``). One round
+  compiles; the next ``rounds`` are timed. Run in a fresh subprocess so that
+  the peak RSS is this measurement's.
+
+  Returns:
+    ``{"num_clients", "clients_per_round", "data_mb", "seconds_per_round",
+    "peak_rss_mb"}``.
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+
+  from fedjax_dd import models
+  from fedjax_dd.algorithms.fedavg import fedavg
+  from fedjax_dd.core import rounds as rounds_lib
+  from fedjax_dd.core.algorithm import ExperimentState
+  from fedjax_dd.core.local import steps_for
+  from fedjax_dd.core.task import Classifier
+  from fedjax_dd.data.stacked import ClientData
+
+  rng = np.random.default_rng(0)
+  data = ClientData(
+      x=rng.integers(0, 255, (num_clients, examples, 28, 28, 1), np.uint8),
+      y=rng.integers(0, 10, (num_clients, examples)).astype(np.int32),
+      num_examples=np.full((num_clients,), examples, np.int32))
+  task = Classifier(module=models.get_model("lenet5").build(10),
+                    input_shape=(28, 28, 1),
+                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
+                    num_classes=10)
+  num_steps = steps_for(data.num_examples, batch, epochs=1)
+  alg = fedavg(task, optax.sgd(0.01), batch_size=batch,
+               max_steps=int(np.max(num_steps)))
+  params, stats = task.init(jax.random.PRNGKey(0))
+  server, client_states = alg.init(params, stats, num_clients)
+  state = ExperimentState(server, client_states, jax.random.PRNGKey(1),
+                          jnp.asarray(0, jnp.int32))
+  per_round = max(1, round(participation * num_clients))
+  options = lambda n: rounds_lib.RoundsOptions(
+      num_rounds=n, clients_per_round=per_round, progress=False,
+      eval_every=0)
+  state, ledger, _ = rounds_lib.run_rounds(alg, state, data, num_steps,
+                                           options(1))
+  jax.block_until_ready(state.server.params)
+  t = time.perf_counter()
+  state, _, _ = rounds_lib.run_rounds(alg, state, data, num_steps,
+                                      options(1 + rounds), ledger=ledger)
+  jax.block_until_ready(state.server.params)
+  seconds = (time.perf_counter() - t) / rounds
+  return {"num_clients": num_clients, "clients_per_round": per_round,
+          "examples_per_client": examples,
+          "data_mb": (data.x.nbytes + data.y.nbytes) / 2**20,
+          "seconds_per_round": seconds,
+          "peak_rss_mb": resource.getrusage(
+              resource.RUSAGE_SELF).ru_maxrss / 1024,
+          "jax_version": jax.__version__}
+
+
 def _worker(spec: str) -> None:
   args = json.loads(spec)
   kind = args.pop("kind")
-  fns = {"jax": measure_jax, "matmul": measure_matmul, "torch": measure_torch}
+  fns = {"jax": measure_jax, "matmul": measure_matmul, "torch": measure_torch,
+         "scale": measure_scale}
   print(json.dumps(fns[kind](**args)))
 
 
@@ -590,6 +663,12 @@ def main(argv=None) -> dict:
   p.add_argument("--vs_torch", default="",
                  help="comma-separated client counts: only the engine against "
                       "both PyTorch loops, LeNet-5, --pairs alternations")
+  p.add_argument("--scale", default="",
+                 help="comma-separated population sizes: only FedAvg rounds "
+                      "over that many MNIST-sized clients streamed from host "
+                      "memory (1%% participation, --scale_rounds timed)")
+  p.add_argument("--scale_rounds", type=int, default=3)
+  p.add_argument("--scale_examples", type=int, default=60)
   p.add_argument("--padding", default="",
                  help="comma-separated presets CONFIG.py:ARG: only measure "
                       "each one's padded local steps and wall time before "
@@ -609,6 +688,17 @@ def main(argv=None) -> dict:
     with open(args.out, "w") as f:
       json.dump(report, f, indent=2)
     print(json.dumps(report["vs_torch"]["summary"], indent=2))
+    return report
+  if args.scale:
+    report = {"scale": []}
+    for c in args.scale.split(","):
+      row = _subprocess("scale", num_clients=int(c), participation=0.01,
+                        examples=args.scale_examples,
+                        rounds=args.scale_rounds, batch=10)
+      report["scale"].append(row)
+      print(json.dumps(row), file=sys.stderr)
+    with open(args.out, "w") as f:
+      json.dump(report, f, indent=2)
     return report
   if args.padding:
     report = {"padding": []}

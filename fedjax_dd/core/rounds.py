@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
@@ -77,10 +78,30 @@ def sample_clients(key: jax.Array, num_clients: int, num_sampled: int) -> jax.Ar
                                     replace=False))
 
 
-@jax.jit
 def gather_cohort(data: ClientData, num_steps: jax.Array,
                   ids: jax.Array) -> Cohort:
-  """Gathers the sampled clients' rows on the device."""
+  """The sampled clients' rows, on the device.
+
+  Device-resident ``data`` (``jax.Array``) is gathered on the device. Data
+  held in host memory (NumPy, e.g. a population too large for the device)
+  is streamed: the cohort's rows are gathered on the host and only they are
+  copied to the device, so device memory is bounded by the cohort, not the
+  population. Both give the same values.
+  """
+  if isinstance(data.x, np.ndarray):
+    host_ids = np.asarray(jax.device_get(ids))
+    return jax.device_put(Cohort(
+        x=data.x[host_ids], y=np.asarray(data.y)[host_ids],
+        num_examples=np.asarray(data.num_examples)[host_ids],
+        num_steps=np.asarray(jax.device_get(num_steps))[host_ids],
+        client_ids=host_ids.astype(np.asarray(ids).dtype)),
+        jax.local_devices()[0])
+  return _gather_on_device(data, num_steps, ids)
+
+
+@jax.jit
+def _gather_on_device(data: ClientData, num_steps: jax.Array,
+                      ids: jax.Array) -> Cohort:
   return Cohort(x=data.x[ids], y=data.y[ids],
                 num_examples=data.num_examples[ids], num_steps=num_steps[ids],
                 client_ids=ids)
@@ -114,7 +135,9 @@ def run_rounds(
   Args:
     algorithm: the federated algorithm.
     state: the state after ``state.round`` completed rounds.
-    data: all clients' padded data ``[N, N_max, ...]`` (device-resident).
+    data: all clients' padded data ``[N, N_max, ...]``: device-resident, or
+      NumPy arrays in host memory, from which each round's cohort is
+      streamed (:func:`gather_cohort`).
     num_steps: ``[N]`` active local steps per client.
     options: loop options.
     evaluate: ``(params, batch_stats) -> {"accuracy", "loss"}`` on the test

@@ -58,3 +58,11 @@ def test_lean_torch_loop_runs_when_torch_is_installed():
     r = bench_engine.measure_torch("lenet5", 2, steps=2, batch=4, reps=1,
                                    lean=lean)
     assert r["lean"] is lean and r["ms_per_client_step"] > 0
+
+
+def test_scale_row_on_a_small_population():
+  row = bench_engine.measure_scale(200, participation=0.01, examples=6,
+                                   rounds=1, batch=3)
+  assert row["num_clients"] == 200 and row["clients_per_round"] == 2
+  assert row["data_mb"] == (200 * 6 * 28 * 28 + 200 * 6 * 4) / 2**20
+  assert row["seconds_per_round"] > 0 and row["peak_rss_mb"] > 0
