@@ -195,6 +195,8 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "devices": jax.device_count(),
+      "platform": jax.default_backend(),
+      "chunk_size": mapper.resolved_chunk_size,
       "chunk_size": (mapper.resolved_chunk_size
                      if mapper.resolved_backend in ("chunked", "sharded")
                      else None),
@@ -383,11 +385,26 @@ def measure_vs_torch(*, pairs: int, client_counts: list[int], steps: int,
   return {"pairs": rows, "summary": summary}
 
 
+# The platform measurement subprocesses run on (``--platform``; None: JAX's
+# default). Set once by ``main``.
+_PLATFORM: list[str | None] = [None]
+
+
+def worker_env(platform: str | None) -> dict[str, str]:
+  """The environment of a measurement subprocess: ``JAX_PLATFORMS`` set to
+  ``platform`` (e.g. ``cuda``) when given."""
+  env = dict(os.environ)
+  if platform:
+    env["JAX_PLATFORMS"] = platform
+  return env
+
+
 def _subprocess(kind: str, python: str | None = None,
                 **kwargs) -> dict | float | None:
   cmd = [python or sys.executable, "-m", "fedjax_dd.experiments.bench_engine",
          "--_worker", json.dumps({"kind": kind, **kwargs})]
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                        env=worker_env(_PLATFORM[0]))
   if proc.returncode != 0:
     return {"error": proc.stderr[-2000:], **kwargs}
   return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -640,6 +657,14 @@ def main(argv=None) -> dict:
   p.add_argument("--reps", type=int, default=3)
   p.add_argument("--chunk_size", type=int, default=0,
                  help="clients per chunk; 0: the engine's measured default")
+  p.add_argument("--chunk_sizes", default="",
+                 help="comma-separated chunk sizes to sweep in the grid "
+                      "(0: the default), e.g. 0,16,64 on a GPU; overrides "
+                      "--chunk_size there")
+  p.add_argument("--platform", default="",
+                 help="JAX platform of the measurements, e.g. cuda or tpu "
+                      "(default: JAX's default); see the README's GPU "
+                      "section")
   p.add_argument("--cifar_clients", default="10",
                  help="client counts for hfldd_cifar_cnn and convnet3")
   p.add_argument("--conv_impl", default="auto",
@@ -675,6 +700,7 @@ def main(argv=None) -> dict:
                       "and after bucketing (--pairs alternations)")
   p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
+  _PLATFORM[0] = args.platform or None
   if args._worker:
     _worker(args._worker)
     return {}
@@ -741,6 +767,8 @@ def main(argv=None) -> dict:
                   "matmul_gflops": _subprocess("matmul", reps=args.reps),
                   "xla_flags": os.environ.get("XLA_FLAGS", "")}
   common = dict(steps=args.steps, batch=args.batch, reps=args.reps)
+  chunk_sizes = ([int(v) for v in args.chunk_sizes.split(",")]
+                 if args.chunk_sizes else [args.chunk_size])
 
   def clients_for(model):
     spec = (args.cifar_clients if model in ("hfldd_cifar_cnn", "convnet3")
@@ -749,13 +777,15 @@ def main(argv=None) -> dict:
 
   for model in args.models.split(","):
     for c in clients_for(model):
-      for backend in args.backends.split(","):
-        for impl in conv_impls:
-          r = _subprocess("jax", model=model, num_clients=c, backend=backend,
-                          chunk_size=args.chunk_size, conv_impl=impl, **common)
-          (report["reference_loop"] if backend == "loop"
-           else report["results"]).append(r)
-          print(json.dumps(r), file=sys.stderr)
+      grid = [(b, impl, chunk) for b in args.backends.split(",")
+              for impl in conv_impls for chunk in chunk_sizes
+              if not (chunk and b in ("vmap", "loop"))]  # no chunks there
+      for backend, impl, chunk in grid:
+        r = _subprocess("jax", model=model, num_clients=c, backend=backend,
+                        chunk_size=chunk, conv_impl=impl, **common)
+        (report["reference_loop"] if backend == "loop"
+         else report["results"]).append(r)
+        print(json.dumps(r), file=sys.stderr)
       t = _subprocess("torch", model=model, num_clients=c, **common)
       if t:
         report["torch"].append(t)

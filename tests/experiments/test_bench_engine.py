@@ -66,3 +66,9 @@ def test_scale_row_on_a_small_population():
   assert row["num_clients"] == 200 and row["clients_per_round"] == 2
   assert row["data_mb"] == (200 * 6 * 28 * 28 + 200 * 6 * 4) / 2**20
   assert row["seconds_per_round"] > 0 and row["peak_rss_mb"] > 0
+
+
+def test_platform_reaches_the_measurement_subprocesses(monkeypatch):
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  assert "JAX_PLATFORMS" not in bench_engine.worker_env(None)
+  assert bench_engine.worker_env("cuda")["JAX_PLATFORMS"] == "cuda"
