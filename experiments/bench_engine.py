@@ -196,11 +196,110 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "devices": jax.device_count(),
       "platform": jax.default_backend(),
-      "chunk_size": mapper.resolved_chunk_size,
       "chunk_size": (mapper.resolved_chunk_size
                      if mapper.resolved_backend in ("chunked", "sharded")
                      else None),
   }
+
+
+def measure_profile(*, steps: int, batch: int, reps: int,
+                    conv_impl: str = "auto") -> dict:
+  """Where one LeNet-5 client-step spends its time, by subtraction.
+
+  One client, unbatched, one host device, single-threaded (as each core runs
+  it under the default backend), ``steps`` training steps of batch ``batch``
+  in a ``lax.scan`` that carries the parameters; each program adds one part
+  to the previous one:
+
+  * ``sample``: draw the batch and add a function of it to the carry;
+  * ``forward``: + the forward pass and the loss;
+  * ``sgd_dense``: + the backward pass and an SGD step of the dense layers
+    only (the convolutions' kernels held constant: nothing flows into them);
+  * ``sgd``: + the convolutions' backward pass and SGD step, i.e. plain SGD
+    on every parameter (``p − lr·g``, written as the engine writes it);
+  * ``update``: the engine's local update (``make_local_update``: optax SGD,
+    the per-client step loop and its bookkeeping).
+
+  Returns:
+    ms per client-step of each program (best of ``reps``) and each part's
+    share of ``update`` (``sample``, ``forward − sample``, ...).
+  """
+  import jax
+  import jax.numpy as jnp
+
+  from fedjax_dd.core import clients
+  from fedjax_dd.core.local import apply_updates
+  from fedjax_dd.data.stacked import sample_batch
+
+  task, local, conv_impl, x, y, n_max = _local_problem(
+      "lenet5", conv_impl, 1, steps=steps, batch=batch)
+  x, y = x[0], y[0]
+  params, stats = task.init(jax.random.PRNGKey(0))
+  key = jax.random.PRNGKey(1)
+  options = clients.hot_program_options(per_core=True)
+  lr = 0.01
+  is_conv = lambda path: any("conv" in str(getattr(k, "key", k))
+                             for k in path)
+
+  def loss(p, xb, yb):
+    return task.loss(p, stats, xb, yb, train=True)[0]
+
+  def sgd(p, g):
+    return apply_updates(p, jax.tree_util.tree_map(lambda u: -lr * u, g))
+
+  # The sample and forward programs accumulate into a scalar beside the
+  # parameters, not into them: adding to a convolution's kernel invites
+  # XLA:CPU's slow fused-sum rewrite (``local.apply_updates``).
+  def sample_step(p, xb, yb):
+    return p, jnp.mean(xb.astype(jnp.float32)) + yb[0]
+
+  def forward_step(p, xb, yb):
+    return p, loss(p, xb, yb)
+
+  def dense_step(p, xb, yb):
+    split = lambda path, a: (a, None) if is_conv(path) else (None, a)
+    conv = jax.tree_util.tree_map_with_path(lambda q, a: split(q, a)[0], p)
+    dense = jax.tree_util.tree_map_with_path(lambda q, a: split(q, a)[1], p)
+    merge = lambda c, d: jax.tree_util.tree_map(
+        lambda a, b: a if b is None else b, c, d,
+        is_leaf=lambda v: v is None)
+    g = jax.grad(lambda d: loss(merge(conv, d), xb, yb))(dense)
+    return merge(conv, sgd(dense, g)), jnp.zeros((), jnp.float32)
+
+  def full_step(p, xb, yb):
+    return sgd(p, jax.grad(loss)(p, xb, yb)), jnp.zeros((), jnp.float32)
+
+  def scan(body):
+    def run(p):
+      def step(carry, t):
+        q, acc = carry
+        xb, yb = sample_batch(jax.random.fold_in(key, t), x, y, n_max, batch)
+        q, add = body(q, xb, yb)
+        return (q, acc + add), None
+      return jax.lax.scan(step, (p, jnp.zeros((), jnp.float32)),
+                          jnp.arange(steps))[0]
+    return run
+
+  programs = {
+      "sample": scan(sample_step), "forward": scan(forward_step),
+      "sgd_dense": scan(dense_step), "sgd": scan(full_step),
+      "update": lambda p: local.run(p, stats, local.optimizer.init(p), x, y,
+                                    n_max, steps, key, ()).params,
+  }
+  p_dev = jax.device_put(params, jax.devices()[0])
+  ms = {}
+  for name, fn in programs.items():
+    jitted = jax.jit(fn, compiler_options=options or None)
+    ms[name] = 1e3 * _min_time(
+        lambda: jax.block_until_ready(jitted(p_dev)), reps) / steps
+  order = list(programs)
+  parts = {order[0]: ms[order[0]]}
+  for prev, name in zip(order, order[1:]):
+    parts[name] = ms[name] - ms[prev]
+  return {"ms_per_client_step": ms,
+          "share_of_update": {k: v / ms["update"] for k, v in parts.items()},
+          "conv_impl": conv_impl, "jax_version": jax.__version__,
+          "steps": steps, "batch": batch}
 
 
 def measure_forms(*, steps: int, batch: int, reps: int,
@@ -694,6 +793,10 @@ def main(argv=None) -> dict:
                       "memory (1%% participation, --scale_rounds timed)")
   p.add_argument("--scale_rounds", type=int, default=3)
   p.add_argument("--scale_examples", type=int, default=60)
+  p.add_argument("--profile", action="store_true",
+                 help="only split one LeNet-5 client-step into sampling, "
+                      "forward, dense backward, conv backward and update "
+                      "(best of --reps, at least 15)")
   p.add_argument("--padding", default="",
                  help="comma-separated presets CONFIG.py:ARG: only measure "
                       "each one's padded local steps and wall time before "
@@ -734,6 +837,15 @@ def main(argv=None) -> dict:
       print(json.dumps(row), file=sys.stderr)
     with open(args.out, "w") as f:
       json.dump(report, f, indent=2)
+    return report
+  if args.profile:
+    report = measure_profile(steps=args.steps, batch=args.batch,
+                             reps=max(args.reps, 15),
+                             conv_impl=args.conv_impl.split(",")[0])
+    print(json.dumps(report, indent=2))
+    if args.out != p.get_default("out"):
+      with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
     return report
   if args.forms:
     report = measure_forms(steps=args.steps, batch=args.batch,

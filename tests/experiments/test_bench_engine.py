@@ -72,3 +72,11 @@ def test_platform_reaches_the_measurement_subprocesses(monkeypatch):
   monkeypatch.delenv("JAX_PLATFORMS", raising=False)
   assert "JAX_PLATFORMS" not in bench_engine.worker_env(None)
   assert bench_engine.worker_env("cuda")["JAX_PLATFORMS"] == "cuda"
+
+
+def test_profile_parts_add_up_to_the_update():
+  r = bench_engine.measure_profile(steps=1, batch=4, reps=1, conv_impl="lax")
+  assert set(r["ms_per_client_step"]) == {"sample", "forward", "sgd_dense",
+                                          "sgd", "update"}
+  assert all(v > 0 for v in r["ms_per_client_step"].values())
+  assert math.isclose(sum(r["share_of_update"].values()), 1.0, rel_tol=1e-9)
