@@ -591,7 +591,8 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
     num_steps: ``[C]`` each client's real steps.
     chunk: clients per vectorised chunk (``None``: one vmap per lane).
     lanes: devices the clients are split over; the cohort is padded to a
-      multiple of it by repeating the last client.
+      multiple of it, by clients of zero steps with ``bucket`` and by
+      repeating the last client without.
     bucket: the clients run in :func:`bucket_order` (else as given).
     skip_padding: the per-client loop stops at the client's own count (else
       every client computes ``max_steps``).
@@ -605,10 +606,13 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
   if not skip_padding:
     m = -(-c // lanes)
     return int(m * lanes * (steps.max() if max_steps is None else max_steps))
-  if bucket:
-    steps = steps[bucket_order(steps, lanes=lanes)]
   m = -(-c // lanes)
-  steps = np.concatenate([steps, np.repeat(steps[-1:], m * lanes - c)])
+  if bucket:
+    # Padded with zero-step clients, then ordered (``_in_bucket_order``).
+    steps = np.concatenate([steps, np.zeros(m * lanes - c, np.int64)])
+    steps = steps[bucket_order(steps, lanes=lanes)]
+  else:
+    steps = np.concatenate([steps, np.repeat(steps[-1:], m * lanes - c)])
   total = 0
   for lane in steps.reshape(lanes, m):
     size = m if chunk is None else chunk
@@ -625,7 +629,13 @@ def _in_bucket_order(batched: Callable[..., Any],
                      work_argnum: int, chunk: int | None,
                      lanes: int) -> Callable[..., Any]:
   """``batched`` run with its clients in :func:`bucket_order` of argument
-  ``work_argnum``; outputs are returned in the caller's order."""
+  ``work_argnum``; outputs are returned in the caller's order.
+
+  Over several lanes the cohort is first padded to a multiple of ``lanes``
+  with clients of zero work (copies of a real client whose work entry is 0;
+  for local training, zero steps), so every device gets the same number of
+  slots and no real client is computed twice.
+  """
   del chunk  # the order suits any chunk size
 
   def call(*args, **kwargs):
@@ -640,15 +650,25 @@ def _in_bucket_order(batched: Callable[..., Any],
     # The host reads C integers to choose the order; the cohort's data is
     # permuted on the device.
     work = np.asarray(jax.device_get(args[work_argnum]))
-    order = bucket_order(work, lanes=lanes)
+    n = work.shape[0]
+    slots = -(-n // lanes) * lanes
+    padded_work = np.concatenate([work, np.zeros(slots - n, work.dtype)])
+    order = bucket_order(padded_work, lanes=lanes)
+    real = order < n
     # Permuted even when the order is the identity, so that the permutation
     # programs compile in the first round, not whenever the order first
     # changes.
     mapped = [a for a, ax in zip(args, axes) if ax == 0]
-    it = iter(_permute(mapped, jnp.asarray(order, jnp.int32)))
+    work_index = sum(1 for ax in axes[:work_argnum] if ax == 0)
+    permuted = _permute_padded(mapped, jnp.asarray(np.where(real, order, 0),
+                                                   jnp.int32),
+                               jnp.asarray(real), work_index)
+    it = iter(permuted)
     args = [next(it) if ax == 0 else a for a, ax in zip(args, axes)]
     out = batched(*args, **kwargs)
-    return _permute(out, jnp.asarray(np.argsort(order), jnp.int32))
+    position = np.empty(n, np.int64)
+    position[order[real]] = np.nonzero(real)[0]
+    return _permute(out, jnp.asarray(position, jnp.int32))
 
   return call
 
@@ -657,6 +677,19 @@ def _in_bucket_order(batched: Callable[..., Any],
 def _permute(tree: Any, order: jax.Array) -> Any:
   """``tree``'s leaves reordered along the client axis."""
   return jax.tree_util.tree_map(lambda x: jnp.take(x, order, axis=0), tree)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _permute_padded(mapped: list[Any], source: jax.Array, real: jax.Array,
+                    work_index: int) -> list[Any]:
+  """Rows ``source`` of every mapped argument; where ``real`` is False the
+  row is a pad whose work (argument ``work_index``) is set to 0."""
+  out = [jax.tree_util.tree_map(lambda x: jnp.take(x, source, axis=0), a)
+         for a in mapped]
+  out[work_index] = jax.tree_util.tree_map(
+      lambda w: jnp.where(real.reshape((-1,) + (1,) * (w.ndim - 1)), w,
+                          jnp.zeros_like(w)), out[work_index])
+  return out
 
 
 def map_clients(fn: Callable[..., Any],

@@ -239,9 +239,12 @@ def test_computed_steps_hand_examples():
   assert computed_steps(steps, chunk=2) == 24
   # Unbatched clients compute exactly their own steps.
   assert computed_steps(steps, chunk=1) == 22
-  # Three clients over two lanes: the cohort is padded with a copy of the
-  # last client of the order. Bucketed: lane 0 = (10, 1), lane 1 = (9, 9').
-  assert computed_steps(steps[:3], chunk=1, lanes=2) == 29
+  # Three clients over two lanes. Bucketed, the cohort is padded with a
+  # zero-step client: lane 0 = (10, 0), lane 1 = (9, 1), only real steps.
+  assert computed_steps(steps[:3], chunk=1, lanes=2) == 20
+  # Without bucketing the sharded backend repeats the last client:
+  # (10, 1), (9, 9').
+  assert computed_steps(steps[:3], chunk=1, lanes=2, bucket=False) == 29
   # A short last chunk is padded with a copy of its client: (10, 9) + (2, 2).
   assert computed_steps(steps[[0, 2, 3]], chunk=2) == 24
 
