@@ -454,8 +454,7 @@ class ClientMapper:
         backend == "chunked" and self.resolved_chunk_size != 1)
     if work_argnum is None or not self.bucket or not ordered:
       return batched
-    return _in_bucket_order(batched, in_axes, work_argnum,
-                            self.resolved_chunk_size, self.lanes)
+    return _in_bucket_order(batched, in_axes, work_argnum, self.lanes)
 
   # Backends -----------------------------------------------------------------
 
@@ -626,8 +625,7 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
 
 def _in_bucket_order(batched: Callable[..., Any],
                      in_axes: int | None | Sequence[int | None],
-                     work_argnum: int, chunk: int | None,
-                     lanes: int) -> Callable[..., Any]:
+                     work_argnum: int, lanes: int) -> Callable[..., Any]:
   """``batched`` run with its clients in :func:`bucket_order` of argument
   ``work_argnum``; outputs are returned in the caller's order.
 
@@ -636,7 +634,6 @@ def _in_bucket_order(batched: Callable[..., Any],
   for local training, zero steps), so every device gets the same number of
   slots and no real client is computed twice.
   """
-  del chunk  # the order suits any chunk size
 
   def call(*args, **kwargs):
     axes = _normalise_in_axes(in_axes, len(args))
