@@ -83,6 +83,7 @@ import resource
 import subprocess
 import sys
 import time
+from typing import Callable
 
 import fedjax_dd
 
@@ -744,6 +745,20 @@ def _worker(spec: str) -> None:
   print(json.dumps(fns[kind](**args)))
 
 
+def _rows_report(path: str, key: str, items: list[str],
+                 measure: Callable[[str], dict]) -> dict:
+  """``{key: [measure(item), ...]}``, each row echoed to stderr, written to
+  ``path``."""
+  report = {key: []}
+  for item in items:
+    row = measure(item)
+    report[key].append(row)
+    print(json.dumps(row), file=sys.stderr)
+  with open(path, "w") as f:
+    json.dump(report, f, indent=2)
+  return report
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -819,25 +834,15 @@ def main(argv=None) -> dict:
     print(json.dumps(report["vs_torch"]["summary"], indent=2))
     return report
   if args.scale:
-    report = {"scale": []}
-    for c in args.scale.split(","):
-      row = _subprocess("scale", num_clients=int(c), participation=0.01,
-                        examples=args.scale_examples,
-                        rounds=args.scale_rounds, batch=10)
-      report["scale"].append(row)
-      print(json.dumps(row), file=sys.stderr)
-    with open(args.out, "w") as f:
-      json.dump(report, f, indent=2)
-    return report
+    return _rows_report(args.out, "scale", args.scale.split(","),
+                        lambda c: _subprocess(
+                            "scale", num_clients=int(c), participation=0.01,
+                            examples=args.scale_examples,
+                            rounds=args.scale_rounds, batch=10))
   if args.padding:
-    report = {"padding": []}
-    for preset in args.padding.split(","):
-      row = measure_padding(preset, pairs=args.pairs)
-      report["padding"].append(row)
-      print(json.dumps(row), file=sys.stderr)
-    with open(args.out, "w") as f:
-      json.dump(report, f, indent=2)
-    return report
+    return _rows_report(args.out, "padding", args.padding.split(","),
+                        lambda preset: measure_padding(preset,
+                                                       pairs=args.pairs))
   if args.profile:
     report = measure_profile(steps=args.steps, batch=args.batch,
                              reps=max(args.reps, 15),

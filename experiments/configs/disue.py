@@ -90,7 +90,7 @@ Against ε and Act (paper Fig. 2a-b on SVHN; here Fashion-MNIST, seed 0,
     FedAvg                  0.514 0.595 0.621 0.585
 
 Both rise with ε as in the paper; DisUE stays below FedAvg at every point
-after 10 rounds, by 0.02-0.15, the gap narrowing as ε grows.
+after 10 rounds, by 0.03-0.18, the gap narrowing as ε grows.
 """
 
 from fedjax_dd.experiments.configs import base as base_lib

@@ -203,6 +203,10 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
     ax_b.legend(fontsize=8)
   if title:
     fig.suptitle(title)
+  return _save(fig, path, dpi)
+
+
+def _save(fig, path: str | os.PathLike, dpi: int) -> str:
   fig.tight_layout()
   fig.savefig(path, dpi=dpi)
   return os.fspath(path)
@@ -239,9 +243,7 @@ def plot_against(series: Mapping[str, Sequence[Mapping[str, Any]]],
   ax.legend(fontsize=8)
   if title:
     ax.set_title(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=dpi)
-  return os.fspath(path)
+  return _save(fig, path, dpi)
 
 
 def plot_u_r(u_r: np.ndarray, path: str | os.PathLike, *,
