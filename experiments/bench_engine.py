@@ -105,6 +105,23 @@ def _min_time(fn, reps: int) -> float:
   return best
 
 
+def _task(model: str, conv_impl: str):
+  """The benchmarked model as a 10-class task on uint8 images scaled to
+  ``[0, 1]``; returns ``(task, conv_impl resolved)``."""
+  import jax.numpy as jnp
+
+  from fedjax_dd import models
+  from fedjax_dd.core.task import Classifier
+
+  name, shape = MODELS[model]
+  conv_impl = models.resolve_conv_impl(conv_impl)
+  task = Classifier(module=models.get_model(name).build(
+      10, conv_impl=conv_impl), input_shape=shape,
+                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
+                    num_classes=10)
+  return task, conv_impl
+
+
 def _local_problem(model: str, conv_impl: str, num_clients: int, *,
                    steps: int, batch: int):
   """The benchmarked model's local update and random uint8 client data.
@@ -118,16 +135,10 @@ def _local_problem(model: str, conv_impl: str, num_clients: int, *,
   import numpy as np
   import optax
 
-  from fedjax_dd import models
   from fedjax_dd.core.local import make_local_update
-  from fedjax_dd.core.task import Classifier
 
-  name, shape = MODELS[model]
-  conv_impl = models.resolve_conv_impl(conv_impl)
-  task = Classifier(module=models.get_model(name).build(
-      10, conv_impl=conv_impl), input_shape=shape,
-                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
-                    num_classes=10)
+  task, conv_impl = _task(model, conv_impl)
+  shape = task.input_shape
   local = make_local_update(task, optax.sgd(0.01), batch_size=batch,
                             max_steps=steps)
   rng = np.random.default_rng(0)
@@ -692,12 +703,10 @@ def measure_scale(num_clients: int, *, participation: float, examples: int,
   import numpy as np
   import optax
 
-  from fedjax_dd import models
   from fedjax_dd.algorithms.fedavg import fedavg
   from fedjax_dd.core import rounds as rounds_lib
   from fedjax_dd.core.algorithm import ExperimentState
   from fedjax_dd.core.local import steps_for
-  from fedjax_dd.core.task import Classifier
   from fedjax_dd.data.stacked import ClientData
 
   rng = np.random.default_rng(0)
@@ -705,10 +714,7 @@ def measure_scale(num_clients: int, *, participation: float, examples: int,
       x=rng.integers(0, 255, (num_clients, examples, 28, 28, 1), np.uint8),
       y=rng.integers(0, 10, (num_clients, examples)).astype(np.int32),
       num_examples=np.full((num_clients,), examples, np.int32))
-  task = Classifier(module=models.get_model("lenet5").build(10),
-                    input_shape=(28, 28, 1),
-                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
-                    num_classes=10)
+  task, _ = _task("lenet5", "lax")
   num_steps = steps_for(data.num_examples, batch, epochs=1)
   alg = fedavg(task, optax.sgd(0.01), batch_size=batch,
                max_steps=int(np.max(num_steps)))

@@ -602,10 +602,9 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
   c = steps.shape[0]
   if c == 0:
     return 0
-  if not skip_padding:
-    m = -(-c // lanes)
-    return int(m * lanes * (steps.max() if max_steps is None else max_steps))
   m = -(-c // lanes)
+  if not skip_padding:
+    return int(m * lanes * (steps.max() if max_steps is None else max_steps))
   if bucket:
     # Padded with zero-step clients, then ordered (``_in_bucket_order``).
     steps = np.concatenate([steps, np.zeros(m * lanes - c, np.int64)])

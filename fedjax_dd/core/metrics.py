@@ -68,9 +68,14 @@ class MetricsWriter:
       self._tb.flush()
 
 
-def write_json(path: str | os.PathLike, obj: Mapping[str, Any]) -> None:
-  """Writes ``obj`` as indented JSON atomically (write, then rename)."""
+def write_text(path: str | os.PathLike, text: str) -> None:
+  """Writes ``text`` to ``path`` atomically (write, then rename)."""
   tmp = os.fspath(path) + ".tmp"
   with open(tmp, "w") as f:
-    json.dump(to_jsonable(obj), f, indent=2, sort_keys=True)
+    f.write(text)
   os.replace(tmp, path)
+
+
+def write_json(path: str | os.PathLike, obj: Mapping[str, Any]) -> None:
+  """Writes ``obj`` as indented JSON atomically (write, then rename)."""
+  write_text(path, json.dumps(to_jsonable(obj), indent=2, sort_keys=True))

@@ -94,7 +94,7 @@ def gather_cohort(data: ClientData, num_steps: jax.Array,
         x=data.x[host_ids], y=np.asarray(data.y)[host_ids],
         num_examples=np.asarray(data.num_examples)[host_ids],
         num_steps=np.asarray(jax.device_get(num_steps))[host_ids],
-        client_ids=host_ids.astype(np.asarray(ids).dtype)),
+        client_ids=host_ids),
         jax.local_devices()[0])
   return _gather_on_device(data, num_steps, ids)
 

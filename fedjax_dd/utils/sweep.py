@@ -107,11 +107,16 @@ class Run:
   command: str | None
 
 
+def load_summary(workdir: str | os.PathLike) -> dict[str, Any]:
+  """A finished run's ``summary.json``."""
+  with open(os.path.join(os.fspath(workdir), "summary.json")) as f:
+    return json.load(f)
+
+
 def load_run(workdir: str | os.PathLike) -> Run:
   """Reads ``summary.json``, ``metrics.jsonl`` and (if any) ``command.txt``."""
   workdir = os.fspath(workdir)
-  with open(os.path.join(workdir, "summary.json")) as f:
-    summary = json.load(f)
+  summary = load_summary(workdir)
   metrics = os.path.join(workdir, "metrics.jsonl")
   rows = ledger_lib.load_metrics(metrics) if os.path.exists(metrics) else []
   command = None
@@ -384,9 +389,7 @@ def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
            "curves": os.path.join(out_dir, f"{name}_curves.png")}
   figures.plot_learning_curves(plotted, paths["curves"], endpoints=endpoints,
                                title=title)
-  with open(paths["markdown"] + ".tmp", "w") as f:
-    f.write(format_tables(tables))
-  os.replace(paths["markdown"] + ".tmp", paths["markdown"])
+  metrics_lib.write_text(paths["markdown"], format_tables(tables))
   report = {"tables": tables, "curves": curves, "files": paths}
   metrics_lib.write_json(paths["json"], report)
   return report
@@ -435,12 +438,14 @@ def against(groups: Mapping[str, Sequence[str | os.PathLike]], key: str,
   for label, dirs in groups.items():
     if not dirs:
       raise ValueError(f"Group {label!r} has no runs.")
-    summaries = [load_run(d).summary for d in dirs]
-    values = {json.dumps(config_value(s, key)) for s in summaries}
+    # Only the summaries: the per-round metrics are not needed here.
+    summaries = [load_summary(d) for d in dirs]
+    raw = [config_value(s, key) for s in summaries]
+    values = {json.dumps(v) for v in raw}
     if len(values) != 1:
       raise ValueError(f"Group {label!r}: its runs disagree on {key}: "
                        f"{sorted(values)}.")
-    x = _number(config_value(summaries[0], key))
+    x = _number(raw[0])
     if x is None:
       raise ValueError(f"Group {label!r}: {key} = {values.pop()} is not a "
                        "finite number.")
@@ -468,9 +473,7 @@ def against(groups: Mapping[str, Sequence[str | os.PathLike]], key: str,
                       {"mean": p["mean"], "sd": p["sd"], "n": p["n"]})
       lines.append(f"| {method} | {p['x']:g} | {acc} | {p['n']} | "
                    f"{', '.join(p['labels'])} |")
-  with open(paths["markdown"] + ".tmp", "w") as f:
-    f.write("\n".join(lines) + "\n")
-  os.replace(paths["markdown"] + ".tmp", paths["markdown"])
+  metrics_lib.write_text(paths["markdown"], "\n".join(lines) + "\n")
   report = {"key": key, "series": series, "files": paths}
   metrics_lib.write_json(paths["json"], report)
   return report
