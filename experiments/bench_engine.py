@@ -1,10 +1,12 @@
 r"""Engine benchmark: ms per client-step for every client backend.
 
   python -m fedjax_dd.experiments.bench_engine --out bench_engine.json
+  python -m fedjax_dd.experiments.bench_engine --grid_only --out grid.json
   python -m fedjax_dd.experiments.bench_engine --clients 10,100 --models lenet5 --out b.json
   python -m fedjax_dd.experiments.bench_engine --other_python=OTHER/bin/python \
       --conv_impl lax,patches --pairs 3 --out ends.json
   python -m fedjax_dd.experiments.bench_engine --forms
+  python -m fedjax_dd.experiments.bench_engine --layouts
   python -m fedjax_dd.experiments.bench_engine --vs_torch 10,100 --pairs 5 \
       --out vs_torch.json
   python -m fedjax_dd.experiments.bench_engine --scale 500,2000,10000 \
@@ -35,11 +37,18 @@ count, next to:
 
 Writes a JSON report with ``results``, ``reference_loop``, ``matmul_gflops``,
 ``speedup_vs_loop`` per (model, num_clients) for the default backend, and
-``speedup_vs_torch`` where the PyTorch reference ran.
+``speedup_vs_torch`` where the PyTorch reference ran. Unless ``--grid_only``,
+the report also holds the three sections below with their defaults:
+``vs_torch`` (LeNet-5 at 10 and 100 clients), ``padding``
+(:data:`FULL_PADDING_PRESETS`, local epochs scaled by
+:data:`FULL_PADDING_SCALE` for the wall times) and ``scale`` (500, 2,000 and
+10,000 clients). The full report takes hours on a 2-core CPU; each section
+alone is its flag below.
 
 ``--vs_torch COUNTS`` (e.g. ``10,100``): the comparison the README quotes.
-LeNet-5 rounds of the engine (default backend and formulation), PyTorch's
-reference loop and the lean PyTorch loop, alternating in fresh subprocesses,
+Rounds of ``--vs_torch_model`` (``lenet5``, or ``convnet3`` against a
+PyTorch ConvNet-3 of the same 320,010 parameters) of the engine (default
+backend and formulation), PyTorch's reference loop and the lean PyTorch loop, alternating in fresh subprocesses,
 ``--pairs`` times; the median ratio PyTorch / engine with its min and max
 (:func:`measure_vs_torch`).
 
@@ -49,11 +58,15 @@ streamed to the device; seconds per round and peak RSS, each population in
 its own subprocess (:func:`measure_scale`).
 
 ``--padding PRESETS``: for each ``CONFIG.py:ARG`` preset, every client of
-its partition trains once, alternately with every client computing the
-largest step count (masked; the engine before bucketing) and with the
+its partition (every head of an HFLDD preset: its heads' FedAvg round)
+trains once, with the local epochs scaled by ``--padding_epochs_scale``,
+alternately with every client computing the largest step count (masked; the engine before bucketing) and with the
 default bucketed, per-client loop; the report gives real and computed
 client-steps, both wall times per pair and whether the results were the same
 bits (:func:`measure_padding`).
+
+``--layouts``: one LeNet-5 client-step in NHWC and NCHW, each with and
+without donated parameter buffers (:func:`measure_layouts`).
 
 ``--conv_impl`` (``auto`` | ``lax`` | ``patches``, several comma-separated)
 picks the models' convolution formulation
@@ -314,6 +327,90 @@ def measure_profile(*, steps: int, batch: int, reps: int,
           "steps": steps, "batch": batch}
 
 
+def measure_layouts(*, steps: int, batch: int, reps: int) -> dict:
+  """One LeNet-5 client-step in two memory layouts, with and without
+  buffer donation.
+
+  A plain-``lax`` LeNet-5 (VALID 5x5 convs 6 and 16, ReLU, 2x2 max pool,
+  dense 120-84-10; the library model's layers) trained by plain SGD for
+  ``steps`` steps of batch ``batch`` in a ``lax.scan``, one client,
+  unbatched, on one host device with the per-core compiler options. The
+  variants:
+
+  * ``nhwc``: images ``[N, H, W, Ch]``, kernels ``[kh, kw, in, out]`` (the
+    library's layout, flax's);
+  * ``nchw``: images ``[N, Ch, H, W]``, kernels ``[out, in, kh, kw]``
+    (PyTorch's);
+  * ``*_donate``: the same, with the parameters' buffers donated to each
+    call (``donate_argnums``), as a rounds loop that does not keep the old
+    model would.
+
+  Returns:
+    ms per client-step of each variant (best of ``reps`` chained calls).
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from fedjax_dd.core import clients
+  from fedjax_dd.data.stacked import sample_batch
+
+  options = clients.hot_program_options(per_core=True)
+  rng = np.random.default_rng(0)
+  n_max = 10 * batch
+  x_nhwc = rng.integers(0, 255, (n_max, 28, 28, 1), np.uint8)
+  y = jnp.asarray(rng.integers(0, 10, (n_max,), np.int32))
+  shapes = {"c1": (5, 5, 1, 6), "c2": (5, 5, 6, 16), "d1": (256, 120),
+            "d2": (120, 84), "d3": (84, 10)}
+  base = {k: (rng.normal(size=v) / np.sqrt(np.prod(v[:-1]))).astype(
+      np.float32) for k, v in shapes.items()}
+  key = jax.random.PRNGKey(1)
+  ms = {}
+  for layout in ("nhwc", "nchw"):
+    dn = (("NHWC", "HWIO", "NHWC") if layout == "nhwc" else
+          ("NCHW", "OIHW", "NCHW"))
+    x = jnp.asarray(x_nhwc if layout == "nhwc" else
+                    x_nhwc.transpose(0, 3, 1, 2))
+    params = {k: jnp.asarray(v if layout == "nhwc" or k[0] == "d" else
+                             v.transpose(3, 2, 0, 1))
+              for k, v in base.items()}
+    window = (1, 2, 2, 1) if layout == "nhwc" else (1, 1, 2, 2)
+
+    def net(p, xb, dn=dn, window=window):
+      h = xb.astype(jnp.float32) / 255.0
+      for k in ("c1", "c2"):
+        h = jax.nn.relu(jax.lax.conv_general_dilated(
+            h, p[k], (1, 1), "VALID", dimension_numbers=dn))
+        h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, window, window,
+                                  "VALID")
+      h = h.reshape(h.shape[0], -1)
+      h = jax.nn.relu(h @ p["d1"])
+      h = jax.nn.relu(h @ p["d2"])
+      return h @ p["d3"]
+
+    def run(p, x=x, net=net):
+      def step(q, t):
+        xb, yb = sample_batch(jax.random.fold_in(key, t), x, y, n_max, batch)
+        loss = lambda r: -jnp.mean(jnp.take_along_axis(
+            jax.nn.log_softmax(net(r, xb)), yb[:, None], axis=1))
+        g = jax.grad(loss)(q)
+        return jax.tree_util.tree_map(lambda a, b: a - 0.01 * b, q, g), None
+      return jax.lax.scan(step, p, jnp.arange(steps))[0]
+
+    for donate in (False, True):
+      jitted = jax.jit(run, donate_argnums=(0,) if donate else (),
+                       compiler_options=options or None)
+      state = [jax.device_put(params, jax.devices()[0])]
+
+      def call(jitted=jitted, state=state):
+        state[0] = jax.block_until_ready(jitted(state[0]))
+
+      name = layout + ("_donate" if donate else "")
+      ms[name] = 1e3 * _min_time(call, reps) / steps
+  return {"ms_per_client_step": ms, "jax_version": jax.__version__,
+          "steps": steps, "batch": batch}
+
+
 def measure_forms(*, steps: int, batch: int, reps: int,
                   conv_impl: str = "auto") -> dict:
   """One LeNet-5 client's local update jitted four ways, single-threaded.
@@ -369,53 +466,61 @@ def measure_matmul(reps: int) -> float:
 
 def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
                   reps: int, lean: bool = False) -> dict | None:
-  """PyTorch's sequential client loop (LeNet-5 only), or None without torch.
+  """PyTorch's sequential client loop (LeNet-5 or ConvNet-3), or None
+  without torch (or for another model).
 
   ``lean=False`` gathers and converts every batch from uint8 inside the loop
   (as the papers' reference code's data loaders do). ``lean=True`` is the
   loop a PyTorch user would write for speed: the data converted to float
   once, outside the timing, each client a fresh copy of the global model,
   SGD, and the mean of the client models at the end (FedAvg's server step).
+  The PyTorch models mirror ``models.LeNet5`` and ``models.ConvNet`` (width
+  128, depth 3, instance norm with a learned scale and bias, average pool).
   """
   try:
     import torch
     from torch import nn
   except ImportError:
     return None
-  if model != "lenet5":
+  if model not in ("lenet5", "convnet3"):
     return None
   torch.set_num_threads(os.cpu_count() or 1)
 
-  class LeNet5(nn.Module):
+  def lenet5():
+    return nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(256, 120), nn.ReLU(),
+                         nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
 
-    def __init__(self):
-      super().__init__()
-      self.f = nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Flatten(), nn.Linear(256, 120), nn.ReLU(),
-                             nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
+  def convnet3(width=128):
+    blocks, ch = [], 3
+    for _ in range(3):
+      blocks += [nn.Conv2d(ch, width, 3, padding=1),
+                 nn.InstanceNorm2d(width, affine=True), nn.ReLU(),
+                 nn.AvgPool2d(2)]
+      ch = width
+    return nn.Sequential(*blocks, nn.Flatten(), nn.Linear(width * 16, 10))
 
-    def forward(self, x):
-      return self.f(x)
-
+  build = {"lenet5": lenet5, "convnet3": convnet3}[model]
+  h, w, ch = MODELS[model][1]
   g = torch.Generator().manual_seed(0)
   n_max = 10 * batch
-  data = torch.randint(0, 255, (num_clients, n_max, 1, 28, 28), dtype=torch.uint8,
-                       generator=g)
+  data = torch.randint(0, 255, (num_clients, n_max, ch, h, w),
+                       dtype=torch.uint8, generator=g)
   labels = torch.randint(0, 10, (num_clients, n_max), generator=g)
-  global_model = LeNet5()
+  global_model = build()
   loss_fn = nn.CrossEntropyLoss()
 
   def run():
     for c in range(num_clients):
-      model = LeNet5()
-      model.load_state_dict(global_model.state_dict())
-      opt = torch.optim.SGD(model.parameters(), lr=0.01)
+      net = build()
+      net.load_state_dict(global_model.state_dict())
+      opt = torch.optim.SGD(net.parameters(), lr=0.01)
       for _ in range(steps):
         idx = torch.randint(0, n_max, (batch,), generator=g)
         x = data[c, idx].float() / 255.0
         opt.zero_grad()
-        loss_fn(model(x), labels[c, idx]).backward()
+        loss_fn(net(x), labels[c, idx]).backward()
         opt.step()
 
   data_f = data.float() / 255.0  # lean: converted once, outside the timing
@@ -423,17 +528,17 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
   def run_lean():
     total = None
     for c in range(num_clients):
-      model = LeNet5()
-      model.load_state_dict(global_model.state_dict())
-      opt = torch.optim.SGD(model.parameters(), lr=0.01)
+      net = build()
+      net.load_state_dict(global_model.state_dict())
+      opt = torch.optim.SGD(net.parameters(), lr=0.01)
       xc, yc = data_f[c], labels[c]
       for _ in range(steps):
         idx = torch.randint(0, n_max, (batch,), generator=g)
         opt.zero_grad()
-        loss_fn(model(xc[idx]), yc[idx]).backward()
+        loss_fn(net(xc[idx]), yc[idx]).backward()
         opt.step()
       with torch.no_grad():
-        sd = model.state_dict()
+        sd = net.state_dict()
         total = ({k: v.clone() for k, v in sd.items()} if total is None else
                  {k: total[k] + sd[k] for k in total})
     global_model.load_state_dict({k: v / num_clients for k, v in total.items()})
@@ -441,13 +546,16 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
   seconds = _min_time(run_lean if lean else run, reps)
   return {"model": model, "num_clients": num_clients, "lean": lean,
           "ms_per_client_step": 1e3 * seconds / (num_clients * steps),
+          "param_count": sum(p.numel() for p in global_model.parameters()),
           "torch_version": torch.__version__,
           "threads": torch.get_num_threads()}
 
 
 def measure_vs_torch(*, pairs: int, client_counts: list[int], steps: int,
-                     batch: int, reps: int, chunk_size: int) -> dict:
-  """The engine against both PyTorch loops, alternating, LeNet-5.
+                     batch: int, reps: int, chunk_size: int,
+                     model: str = "lenet5") -> dict:
+  """The engine against both PyTorch loops, alternating, on ``model``
+  (``lenet5`` or ``convnet3``).
 
   Each pair runs, for every client count, the engine (``client_stage``, the
   default backend and conv formulation) and the two PyTorch loops
@@ -468,7 +576,7 @@ def measure_vs_torch(*, pairs: int, client_counts: list[int], steps: int,
       row = {"pair": pair, "num_clients": c}
       shift = pair % len(kinds)
       for kind in kinds[shift:] + kinds[:shift]:
-        common = dict(model="lenet5", num_clients=c, steps=steps, batch=batch,
+        common = dict(model=model, num_clients=c, steps=steps, batch=batch,
                       reps=reps)
         if kind == "engine":
           r = _subprocess("jax", backend="auto", chunk_size=chunk_size,
@@ -493,8 +601,15 @@ def measure_vs_torch(*, pairs: int, client_counts: list[int], steps: int,
                              "min": min(ratios) if ratios else None,
                              "max": max(ratios) if ratios else None}
     summary[str(c)] = out
-  return {"pairs": rows, "summary": summary}
+  return {"model": model, "steps": steps, "batch": batch, "reps": reps,
+          "pairs": rows, "summary": summary}
 
+
+# The full report's padding workloads and the scale of their local epochs
+# for the wall times (the full FedHydra CIFAR-10 workload trains ~36,500
+# CNN3 client-steps per pair on a CPU).
+FULL_PADDING_PRESETS = ("fedhydra.py:cifar10_a0.1", "hfldd_random.py:cifar10_c1")
+FULL_PADDING_SCALE = 0.1
 
 # The platform measurement subprocesses run on (``--platform``; None: JAX's
 # default). Set once by ``main``.
@@ -603,21 +718,31 @@ def measure_ends(other_python: str, *, conv_impls: list[str], pairs: int,
           "conv_impl_ratio": conv_impl_ratio}
 
 
-def measure_padding(preset: str, *, pairs: int) -> dict:
+def measure_padding(preset: str, *, pairs: int,
+                    epochs_scale: float = 1.0) -> dict:
   """Padded local steps of a real workload, before and after bucketing.
 
   ``preset`` is ``CONFIG.py:ARG`` of ``experiments/configs`` (e.g.
   ``fedhydra.py:cifar10_a0.1``): its dataset, partition, model, optimizer,
-  batch and local epochs. Every client of the partition trains once from the
-  initial model through ``clients.client_stage`` with the preset's mapper,
-  alternately in the former form (``bucket=False``, ``skip_padding=False``:
-  every client computes the cohort's largest step count) and the default;
-  ``pairs`` times.
+  batch and local epochs. For an HFLDD preset (``hfldd*.py``) the workload
+  is its heads' FedAvg round: the heads' data (own data plus the members'
+  uploads, ``run_hfldd.heads_data``) instead of the clients'. Every client
+  (head) trains once from the initial model through
+  ``clients.client_stage`` with the preset's mapper, alternately in the
+  former form (``bucket=False``, ``skip_padding=False``: every client
+  computes the cohort's largest step count) and the default; ``pairs``
+  times.
+
+  ``epochs_scale`` multiplies the preset's local epochs for the timed runs
+  only (e.g. 0.1 where the full workload takes an hour on a CPU); the
+  ``full`` counts are the preset's own.
 
   Returns:
     ``{"preset", "clients", "real_steps", "computed_before",
-    "computed_after", "seconds": [[before, after], ...], "median_ratio"}``
-    (ratio = before / after wall time) and the mapper's chunk and lanes.
+    "computed_after", "seconds": [[before, after], ...], "median_ratio",
+    "full": {...}}`` (ratio = before / after wall time; the counts are of
+    the timed runs, ``full`` of the unscaled preset) and the mapper's chunk
+    and lanes.
   """
   import dataclasses
   import importlib
@@ -631,12 +756,19 @@ def measure_padding(preset: str, *, pairs: int) -> dict:
   from fedjax_dd.experiments import common
 
   module, _, arg = preset.partition(":")
+  module = module.removesuffix(".py")
   config = importlib.import_module(
-      "fedjax_dd.experiments.configs." + module.removesuffix(".py")
-  ).get_config(arg)
-  prepared = common.load_and_prepare(config)
-  parts = common.partition(config, prepared.dataset.y_train)
-  data = common.client_data(prepared.dataset, parts)
+      "fedjax_dd.experiments.configs." + module).get_config(arg)
+  if module.startswith("hfldd"):
+    from fedjax_dd.experiments import run_hfldd
+    prepared, data = run_hfldd.heads_data(config)
+  else:
+    prepared = common.load_and_prepare(config)
+    parts = common.partition(config, prepared.dataset.y_train)
+    data = common.client_data(prepared.dataset, parts)
+  full_steps = np.asarray(jax.device_get(common.local_steps(
+      config, data.num_examples)))
+  config.client.local_epochs = config.client.local_epochs * epochs_scale
   num_steps = common.local_steps(config, data.num_examples)
   steps_np = np.asarray(jax.device_get(num_steps))
   max_steps = int(steps_np.max())
@@ -669,17 +801,28 @@ def measure_padding(preset: str, *, pairs: int) -> dict:
   for _ in range(pairs):
     seconds.append([timed("before")[0], timed("after")[0]])
   chunk, lanes = mapper.resolved_chunk_size, mapper.lanes
+
+  def counts(steps):
+    return {"steps": steps.tolist(), "real_steps": int(steps.sum()),
+            # The masked form as timed here, and as the engine ran it
+            # before bucketing (its short last chunk a smaller vmap).
+            "computed_before": clients_lib.computed_steps(
+                steps, chunk=chunk, lanes=lanes, bucket=False,
+                skip_padding=False),
+            "computed_before_original": clients_lib.computed_steps(
+                steps, chunk=chunk, lanes=lanes, bucket=False,
+                skip_padding=False, pad_short_chunk=False),
+            "computed_after": clients_lib.computed_steps(steps, chunk=chunk,
+                                                         lanes=lanes)}
+
   return {
       "preset": preset, "clients": int(data.num_clients),
       "backend": mapper.resolved_backend, "chunk": chunk, "lanes": lanes,
-      "real_steps": int(steps_np.sum()), "max_steps": max_steps,
-      "computed_before": clients_lib.computed_steps(
-          steps_np, chunk=chunk, lanes=lanes, bucket=False,
-          skip_padding=False),
-      "computed_after": clients_lib.computed_steps(steps_np, chunk=chunk,
-                                                   lanes=lanes),
+      "epochs_scale": epochs_scale, "max_steps": max_steps,
+      **counts(steps_np), "full": counts(full_steps),
       "bit_identical": same, "seconds": seconds,
       "median_ratio": _median([b / a for b, a in seconds]),
+      "jax_version": jax.__version__,
   }
 
 
@@ -822,6 +965,19 @@ def main(argv=None) -> dict:
                  help="comma-separated presets CONFIG.py:ARG: only measure "
                       "each one's padded local steps and wall time before "
                       "and after bucketing (--pairs alternations)")
+  p.add_argument("--layouts", action="store_true",
+                 help="only time one LeNet-5 client-step in NHWC and NCHW, "
+                      "with and without donated parameters (best of "
+                      "--reps, at least 15)")
+  p.add_argument("--vs_torch_model", default="lenet5",
+                 help="the model of --vs_torch: lenet5 or convnet3")
+  p.add_argument("--padding_epochs_scale", type=float, default=1.0,
+                 help="with --padding: multiply the presets' local epochs "
+                      "for the timed runs (the report keeps the full "
+                      "preset's step counts too)")
+  p.add_argument("--grid_only", action="store_true",
+                 help="without a mode flag: only the backend grid, not the "
+                      "full report's vs_torch, padding and scale sections")
   p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   _PLATFORM[0] = args.platform or None
@@ -833,7 +989,7 @@ def main(argv=None) -> dict:
         pairs=args.pairs, client_counts=[int(v) for v in
                                          args.vs_torch.split(",")],
         steps=args.steps, batch=args.batch, reps=args.reps,
-        chunk_size=args.chunk_size),
+        chunk_size=args.chunk_size, model=args.vs_torch_model),
               "xla_flags": os.environ.get("XLA_FLAGS", "")}
     with open(args.out, "w") as f:
       json.dump(report, f, indent=2)
@@ -847,12 +1003,21 @@ def main(argv=None) -> dict:
                             rounds=args.scale_rounds, batch=10))
   if args.padding:
     return _rows_report(args.out, "padding", args.padding.split(","),
-                        lambda preset: measure_padding(preset,
-                                                       pairs=args.pairs))
+                        lambda preset: measure_padding(
+                            preset, pairs=args.pairs,
+                            epochs_scale=args.padding_epochs_scale))
   if args.profile:
     report = measure_profile(steps=args.steps, batch=args.batch,
                              reps=max(args.reps, 15),
                              conv_impl=args.conv_impl.split(",")[0])
+    print(json.dumps(report, indent=2))
+    if args.out != p.get_default("out"):
+      with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    return report
+  if args.layouts:
+    report = measure_layouts(steps=args.steps, batch=args.batch,
+                             reps=max(args.reps, 15))
     print(json.dumps(report, indent=2))
     if args.out != p.get_default("out"):
       with open(args.out, "w") as f:
@@ -933,10 +1098,27 @@ def main(argv=None) -> dict:
         report["speedup_vs_loop"][f"{model}/{c}"] = loop / mine
       if mine and torch_ms:
         report["speedup_vs_torch"][f"{model}/{c}"] = torch_ms / mine
+  if not args.grid_only:
+    # The full report (the issue's "done means"): the alternating PyTorch
+    # ratios, the padding before/after on the FedHydra CIFAR-10 workload
+    # (local epochs scaled by FULL_PADDING_SCALE for the wall times) and the
+    # streamed-population rows.
+    report["vs_torch"] = measure_vs_torch(
+        pairs=args.pairs, client_counts=[10, 100], steps=args.steps,
+        batch=args.batch, reps=args.reps, chunk_size=args.chunk_size)
+    report["padding"] = [measure_padding(p, pairs=args.pairs,
+                                         epochs_scale=FULL_PADDING_SCALE)
+                         for p in FULL_PADDING_PRESETS]
+    report["scale"] = [_subprocess("scale", num_clients=c, participation=0.01,
+                                   examples=args.scale_examples,
+                                   rounds=args.scale_rounds, batch=10)
+                       for c in (500, 2000, 10000)]
   with open(args.out, "w") as f:
     json.dump(report, f, indent=2)
   print(json.dumps({k: report[k] for k in ("matmul_gflops", "speedup_vs_loop",
                                            "speedup_vs_torch")}, indent=2))
+  if "vs_torch" in report:
+    print(json.dumps(report["vs_torch"]["summary"], indent=2))
   return report
 
 

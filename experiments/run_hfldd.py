@@ -243,6 +243,22 @@ def setup(config: ml_collections.ConfigDict):
   return prepared, data, root, params, batch_stats
 
 
+def heads_data(config: ml_collections.ConfigDict):
+  """The heads' training data of an HFLDD run (stages 1-3), computed in memory.
+
+  For measurements of the heads' FedAvg workload (``bench_engine
+  --padding``): no workdir, no stage cache.
+
+  Returns:
+    ``(prepared, hybrid)``: the prepared dataset and task, and the heads'
+    ``ClientData`` ``[H, N_max, ...]`` with their counts.
+  """
+  prepared, data, root, params, batch_stats = setup(config)
+  _, _, hybrid, _, _ = _stages(config, prepared, data, params, batch_stats,
+                               root)
+  return prepared, hybrid
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs HFLDD (or HFLDD w/o DD) as described by ``config``."""
   start = time.time()

@@ -581,8 +581,8 @@ def bucket_order(work: np.ndarray, *, lanes: int = 1) -> np.ndarray:
 
 def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
                    lanes: int = 1, bucket: bool = True,
-                   skip_padding: bool = True, max_steps: int | None = None
-                   ) -> int:
+                   skip_padding: bool = True, max_steps: int | None = None,
+                   pad_short_chunk: bool = True) -> int:
   """Client-steps a mapped local-training program computes (padding
   included), for reporting real-to-computed ratios.
 
@@ -597,6 +597,10 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
       every client computes ``max_steps``).
     max_steps: the scan length without ``skip_padding`` (default: the
       largest count).
+    pad_short_chunk: a short last chunk computes a full chunk (``_vectorise``
+      pads it with copies of its last client); ``False`` counts only its
+      clients, as the engine did before bucketing (``lax.map``'s smaller
+      remainder vmap).
   """
   steps = np.asarray(num_steps, np.int64).reshape(-1)
   c = steps.shape[0]
@@ -604,7 +608,10 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
     return 0
   m = -(-c // lanes)
   if not skip_padding:
-    return int(m * lanes * (steps.max() if max_steps is None else max_steps))
+    size = m if chunk is None else chunk
+    slots = -(-m // size) * size if pad_short_chunk else m
+    return int(slots * lanes * (steps.max() if max_steps is None else
+                                max_steps))
   if bucket:
     # Padded with zero-step clients, then ordered (``_in_bucket_order``).
     steps = np.concatenate([steps, np.zeros(m * lanes - c, np.int64)])
@@ -618,7 +625,7 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
       # A vmapped chunk runs to its largest count; a short last chunk is
       # padded with copies of its last client (``_vectorise``).
       part = lane[i:i + size]
-      total += int(part.max()) * size
+      total += int(part.max()) * (size if pad_short_chunk else part.size)
   return total
 
 

@@ -247,6 +247,13 @@ def test_computed_steps_hand_examples():
   assert computed_steps(steps[:3], chunk=1, lanes=2, bucket=False) == 29
   # A short last chunk is padded with a copy of its client: (10, 9) + (2, 2).
   assert computed_steps(steps[[0, 2, 3]], chunk=2) == 24
+  # The masked scan pads it too: (10, 9), (2, 2') at 10 steps each; the
+  # engine before bucketing ran the remainder as a vmap of one.
+  assert computed_steps(steps[[0, 2, 3]], chunk=2, skip_padding=False) == 40
+  assert computed_steps(steps[[0, 2, 3]], chunk=2, skip_padding=False,
+                        pad_short_chunk=False) == 30
+  assert computed_steps(steps[[0, 2, 3]], chunk=2,
+                        pad_short_chunk=False) == 22
 
 
 @pytest.mark.parametrize("backend,chunk", [("chunked", 2), ("chunked", 1),

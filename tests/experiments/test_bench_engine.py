@@ -80,3 +80,80 @@ def test_profile_parts_add_up_to_the_update():
                                           "sgd", "update"}
   assert all(v > 0 for v in r["ms_per_client_step"].values())
   assert math.isclose(sum(r["share_of_update"].values()), 1.0, rel_tol=1e-9)
+
+
+def test_padding_report_on_hfldd_heads():
+  """An HFLDD preset's workload is its heads' round: one row per head, the
+  heads' uneven data sizes, and the same bits bucketed or not."""
+  from fedjax_dd.experiments import run_hfldd
+  from fedjax_dd.experiments.configs import hfldd_random
+
+  _, heads = run_hfldd.heads_data(hfldd_random.get_config("smoke"))
+  row = bench_engine.measure_padding("hfldd_random.py:smoke", pairs=1)
+  assert row["clients"] == heads.num_clients
+  assert row["real_steps"] == sum(row["steps"]) == row["full"]["real_steps"]
+  assert row["real_steps"] <= row["computed_after"] <= row["computed_before"]
+  assert row["bit_identical"]
+
+
+def test_padding_epochs_scale_times_fewer_steps_and_keeps_full_counts():
+  full = bench_engine.measure_padding("fedhydra.py:smoke", pairs=1)
+  half = bench_engine.measure_padding("fedhydra.py:smoke", pairs=1,
+                                      epochs_scale=0.5)
+  assert half["full"] == full["full"]
+  assert half["real_steps"] < full["real_steps"]
+  assert half["max_steps"] < full["max_steps"]
+  assert half["bit_identical"]
+
+
+@pytest.mark.parametrize("model", ["lenet5", "convnet3"])
+def test_torch_reference_models_have_the_engines_parameter_count(model):
+  torch = pytest.importorskip("torch")
+  del torch
+  r = bench_engine.measure_torch(model, 2, steps=1, batch=4, reps=1,
+                                 lean=True)
+  assert r["model"] == model and r["ms_per_client_step"] > 0
+  import jax
+  from fedjax_dd.core import ledger
+  task, _ = bench_engine._task(model, "lax")
+  params, _ = task.init(jax.random.PRNGKey(0))
+  assert r["param_count"] == ledger.num_params(params)
+
+
+def test_default_report_has_every_section(monkeypatch, tmp_path):
+  """Without a mode flag the report holds the grid, the PyTorch ratios, the
+  padding rows and the scale rows."""
+  calls = {}
+
+  def fake_subprocess(kind, python=None, **kw):
+    calls.setdefault(kind, []).append(kw)
+    if kind == "matmul":
+      return 100.0
+    if kind == "torch":
+      return None
+    return {"model": kw.get("model"), "num_clients": kw.get("num_clients"),
+            "backend": kw.get("backend"), "ms_per_client_step": 1.0}
+
+  monkeypatch.setattr(bench_engine, "_subprocess", fake_subprocess)
+  monkeypatch.setattr(bench_engine, "measure_padding",
+                      lambda p, pairs, epochs_scale: {"preset": p,
+                                                      "scale": epochs_scale})
+  out = bench_engine.main(["--out", str(tmp_path / "r.json"), "--clients",
+                           "10", "--models", "lenet5", "--backends",
+                           "sharded"])
+  assert [r["preset"] for r in out["padding"]] == list(
+      bench_engine.FULL_PADDING_PRESETS)
+  assert set(out["vs_torch"]["summary"]) == {"10", "100"}
+  assert [kw["num_clients"] for kw in calls["scale"]] == [500, 2000, 10000]
+  only = bench_engine.main(["--out", str(tmp_path / "g.json"), "--clients",
+                            "10", "--models", "lenet5", "--backends",
+                            "sharded", "--grid_only"])
+  assert "padding" not in only and "vs_torch" not in only
+
+
+def test_layouts_report_both_layouts_with_and_without_donation():
+  r = bench_engine.measure_layouts(steps=1, batch=4, reps=1)
+  assert set(r["ms_per_client_step"]) == {"nhwc", "nchw", "nhwc_donate",
+                                          "nchw_donate"}
+  assert all(math.isfinite(v) and v > 0
+             for v in r["ms_per_client_step"].values())
