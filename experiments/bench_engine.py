@@ -1006,18 +1006,15 @@ def main(argv=None) -> dict:
                         lambda preset: measure_padding(
                             preset, pairs=args.pairs,
                             epochs_scale=args.padding_epochs_scale))
-  if args.profile:
-    report = measure_profile(steps=args.steps, batch=args.batch,
-                             reps=max(args.reps, 15),
-                             conv_impl=args.conv_impl.split(",")[0])
-    print(json.dumps(report, indent=2))
-    if args.out != p.get_default("out"):
-      with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
-    return report
-  if args.layouts:
-    report = measure_layouts(steps=args.steps, batch=args.batch,
-                             reps=max(args.reps, 15))
+  if args.profile or args.layouts:
+    # One-process measurements: printed, and written where --out is given.
+    if args.profile:
+      report = measure_profile(steps=args.steps, batch=args.batch,
+                               reps=max(args.reps, 15),
+                               conv_impl=args.conv_impl.split(",")[0])
+    else:
+      report = measure_layouts(steps=args.steps, batch=args.batch,
+                               reps=max(args.reps, 15))
     print(json.dumps(report, indent=2))
     if args.out != p.get_default("out"):
       with open(args.out, "w") as f:
