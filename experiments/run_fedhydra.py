@@ -55,20 +55,25 @@ from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.utils import figures
 
-# Config fields (dotted paths) that determine the client models (checked by
-# server.teachers_from).
-_PROTOCOL_FIELDS = ("data.dataset", "model.name", "data.input_shape",
+# Every setting that determines the round-1 client models (teachers_from).
+# A field added later is compared only when it is on (server.
+# protocol_differences), so older runs' clients stay reusable.
+_PROTOCOL_FIELDS = ("data.dataset", "data.num_classes", "data.resplit",
+                    "model.name", "data.input_shape",
                     "data.num_clients", "seed", "data.seed",
                     "client.batch_size", "client.local_epochs",
                     "client.local_steps", "client.optimizer", "client.lr",
-                    "client.momentum", "client.weight_decay", "data.partition")
+                    "client.momentum", "client.weight_decay",
+                    "client.grad_clip", "data.partition")
 
 
 def _protocol(config) -> str:
   # model.client_models only when heterogeneous, so that a homogeneous
   # protocol does not depend on how "all clients use model.name" is spelled.
+  # data.resize_method only when images are resized, for the same reason.
   fields = _PROTOCOL_FIELDS + (("model.client_models",)
-                               if common.client_models(config) else ())
+                               if common.client_models(config) else ()) + (
+      ("data.resize_method",) if config.data.input_shape else ())
   return json.dumps({k: common.config_value(config, k) for k in fields},
                     sort_keys=True, default=str)
 

@@ -26,6 +26,7 @@ last checkpoint, and ``metrics.jsonl`` is trimmed to it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -40,6 +41,7 @@ from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.algorithm import ServerDistillation, Teachers
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.metrics import MetricsWriter
+from fedjax_dd.core import stage_cache as stage_cache_lib
 from fedjax_dd.core.stage_cache import StageCache
 from fedjax_dd.data.stacked import ClientData
 
@@ -66,9 +68,10 @@ class ServerOptions:
     server_seed: ``>= 0`` draws the server stages' keys from this seed
       instead of the round key (repeat the server over fixed clients).
     teachers_from: a workdir whose round-1 client models are reused; its
-      ``protocol`` must equal ours.
+      ``protocol`` must match ours (:func:`protocol_differences`).
     protocol: a string naming everything that determines the client models
-      (checked against ``teachers_from``).
+      (checked against ``teachers_from``); a JSON object is compared field
+      by field.
     stop_on_nonfinite: stop with :class:`fedjax_dd.core.loop.NonFiniteError`
       at the first epoch whose metrics are not finite.
     setup_fingerprint: the settings that determine ``setup`` besides the
@@ -119,6 +122,28 @@ class ServerResult:
   seconds: dict[str, float]
 
 
+def protocol_differences(theirs: Any, ours: str) -> list[str]:
+  """How a ``teachers_from`` run's client protocol differs from ours.
+
+  Two JSON objects are compared field by field as stage fingerprints are
+  (:func:`~fedjax_dd.core.stage_cache.fingerprint_differences`): a field
+  their protocol lacks whose value here is off (``0``, ``""``, ...) is the
+  setting's value before it joined the protocol, so it is no difference.
+  Anything else is compared as a whole string.
+
+  Returns:
+    The differing fields (or both strings), empty when they match.
+  """
+  try:
+    a, b = json.loads(theirs), json.loads(ours)
+  except (TypeError, ValueError):
+    a = b = None
+  if isinstance(a, dict) and isinstance(b, dict):
+    return stage_cache_lib.fingerprint_differences(a, b,
+                                                   names=("theirs", "ours"))
+  return [] if theirs == ours else [f"theirs: {theirs!r}, ours: {ours!r}"]
+
+
 def _teachers_template(starts, sizes, num_examples) -> Teachers:
   stack = lambda tree, m: jax.tree_util.tree_map(
       lambda a: jax.ShapeDtypeStruct((m, *a.shape), a.dtype), tree)
@@ -150,11 +175,12 @@ def _clients(algorithm, directory, r, starts, sizes, data, train_key,
       if theirs is None:
         raise ValueError(f"teachers_from={options.teachers_from!r} holds no "
                          "round-1 client checkpoint.")
-      if theirs[2].get("protocol") != options.protocol:
+      diffs = protocol_differences(theirs[2].get("protocol"),
+                                   options.protocol)
+      if diffs:
         raise ValueError(
-            "teachers_from was trained under another client protocol:\n"
-            f"  theirs: {theirs[2].get('protocol')}\n"
-            f"  ours:   {options.protocol}")
+            "teachers_from was trained under another client protocol; "
+            "differing: " + "; ".join(diffs))
       teachers, trained = theirs[1], False
     else:
       # One layout whether trained here or restored: the client mapper may

@@ -95,21 +95,28 @@ def _is_off(value: Any) -> bool:
 
 
 def fingerprint_differences(cached: Mapping[str, Any],
-                            current: Mapping[str, Any]) -> list[str]:
+                            current: Mapping[str, Any], *,
+                            names: tuple[str, str] = ("cached", "current")
+                            ) -> list[str]:
   """Fields on which two (normalised) fingerprints differ, sorted.
 
   A field missing from ``cached`` whose current value is off (see the module
   docstring) is not a difference.
+
+  Args:
+    cached, current: the stored and the current fingerprint.
+    names: how the messages call the two.
   """
+  old, new = names
   out = []
   for k in sorted(set(cached) | set(current)):
     if k not in cached:
       if not _is_off(current[k]):
-        out.append(f"{k} (cached: absent, current: {current[k]!r})")
+        out.append(f"{k} ({old}: absent, {new}: {current[k]!r})")
     elif k not in current:
-      out.append(f"{k} (cached: {cached[k]!r}, current: absent)")
+      out.append(f"{k} ({old}: {cached[k]!r}, {new}: absent)")
     elif cached[k] != current[k]:
-      out.append(f"{k} (cached: {cached[k]!r}, current: {current[k]!r})")
+      out.append(f"{k} ({old}: {cached[k]!r}, {new}: {current[k]!r})")
   return out
 
 

@@ -6,6 +6,7 @@ reproduce an uninterrupted run bit for bit: the model, the server state, the
 ledger and every metrics row.
 """
 
+import json
 import logging
 
 import jax
@@ -279,3 +280,22 @@ def test_fedd3_padding_never_reaches_the_loss(tmp_path):
   for a, b in zip(jax.tree_util.tree_leaves(clean.params),
                   jax.tree_util.tree_leaves(dirty.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_protocol_differences_compares_json_fields_and_tolerates_new_off_ones():
+  ours = json.dumps({"client.lr": 0.01, "client.grad_clip": 0.0})
+  # A field their run predates, off here: no difference.
+  assert server_lib.protocol_differences(json.dumps({"client.lr": 0.01}),
+                                         ours) == []
+  # ... but on here: named, with both values.
+  clip = json.dumps({"client.lr": 0.01, "client.grad_clip": 10.0})
+  assert server_lib.protocol_differences(json.dumps({"client.lr": 0.01}),
+                                         clip) == [
+      "client.grad_clip (theirs: absent, ours: 10.0)"]
+  assert server_lib.protocol_differences(ours, clip) == [
+      "client.grad_clip (theirs: 0.0, ours: 10.0)"]
+  # Not JSON objects: whole strings, and a missing protocol never matches.
+  assert server_lib.protocol_differences("p1", "p1") == []
+  assert server_lib.protocol_differences("p1", "p2") == [
+      "theirs: 'p1', ours: 'p2'"]
+  assert server_lib.protocol_differences(None, ours) != []

@@ -1,10 +1,15 @@
-"""The data-free presets: DENSE's own adversarial weight, the student optimiser."""
+"""The data-free presets: DENSE's own adversarial weight, the student
+optimiser, the client protocol teachers_from checks."""
+
+import copy
+import json
 
 import pytest
 
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import run_fedhydra
 
+from fedjax_dd.experiments.configs import base as base_config
 from fedjax_dd.experiments.configs import dense as dense_config
 from fedjax_dd.experiments.configs import feddf as feddf_config
 from fedjax_dd.experiments.configs import fedhydra as fedhydra_config
@@ -48,3 +53,18 @@ def test_feddf_keeps_fedhydras_clients():
   # The client protocol: every field teachers_from checks.
   for path in run_fedhydra._PROTOCOL_FIELDS:
     assert common.config_value(df, path) == common.config_value(fh, path), path
+
+
+def test_client_protocol_names_every_setting_of_the_client_models():
+  c = fedhydra_config.get_config("mnist_a0.5")
+  base = json.loads(run_fedhydra._protocol(c))
+  assert base["client.grad_clip"] == 0.0
+  assert "data.resize_method" not in base  # no resizing: not part of it
+  for path, value in (("client.grad_clip", 10.0), ("data.resplit", 0.8),
+                      ("data.num_classes", 10)):
+    other = copy.deepcopy(c)
+    base_config.set_path(other, path, value)
+    assert json.loads(run_fedhydra._protocol(other))[path] == value, path
+  c.data.input_shape = (32, 32, 1)
+  assert json.loads(run_fedhydra._protocol(c))["data.resize_method"] == (
+      "bilinear")
