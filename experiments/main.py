@@ -228,7 +228,17 @@ def main(argv):
     return
   if config.engine.multihost:
     from fedjax_dd.core import clients  # pylint: disable=g-import-not-at-top
-    clients.initialize_multihost()
+    try:
+      clients.initialize_multihost()
+    except (ValueError, RuntimeError) as e:
+      # Outside a cluster jax discovers itself (SLURM, TPU pods) it cannot
+      # know the coordinator or this process's id: one line, before the data.
+      raise app.UsageError(
+          "--config.engine.multihost=True: jax.distributed could not start "
+          f"({(str(e).splitlines() or [type(e).__name__])[0].rstrip('.')}). "
+          "The entry point initialises only from a cluster's environment "
+          "(SLURM, TPU pods); elsewhere launch experiments/"
+          "multiprocess_smoke.py's way (README, 'Several processes').") from None
   # One writer per workdir, and a workdir that can be written, checked
   # before the dataset loads. (Multi-host runs start one process per host on
   # one workdir, so they are not locked.)

@@ -186,6 +186,25 @@ def _rounds(workdir):
     return [json.loads(line)["round"] for line in f]
 
 
+def test_multihost_outside_a_cluster_is_one_usage_line_before_any_file(
+    tmp_path):
+  # No cluster jax could discover: no SLURM, MPI or Kubernetes variables.
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("SLURM_", "OMPI_", "PMI_", "KUBERNETES_",
+                              "JAX_COORDINATOR", "TPU_"))}
+  workdir = tmp_path / "w"
+  proc = subprocess.run(_cli(workdir, "--config.engine.multihost=True"),
+                        cwd=REPO_ROOT, capture_output=True, text=True,
+                        timeout=600, env=env)
+  assert proc.returncode != 0
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  (line,) = [l for l in proc.stderr.splitlines()
+             if "--config.engine.multihost=True" in l]
+  assert "jax.distributed could not start" in line
+  assert "Several processes" in line
+  assert not workdir.exists()                  # refused before anything ran
+
+
 def test_resume_with_other_settings_is_refused_before_the_data_loads(
     tmp_path):
   workdir = tmp_path / "w"
