@@ -41,8 +41,7 @@ from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.algorithm import ServerDistillation, Teachers
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.metrics import MetricsWriter
-from fedjax_dd.core import stage_cache as stage_cache_lib
-from fedjax_dd.core.stage_cache import StageCache
+from fedjax_dd.core.stage_cache import StageCache, fingerprint_differences
 from fedjax_dd.data.stacked import ClientData
 
 PyTree = Any
@@ -139,8 +138,7 @@ def protocol_differences(theirs: Any, ours: str) -> list[str]:
   except (TypeError, ValueError):
     a = b = None
   if isinstance(a, dict) and isinstance(b, dict):
-    return stage_cache_lib.fingerprint_differences(a, b,
-                                                   names=("theirs", "ours"))
+    return fingerprint_differences(a, b, names=("theirs", "ours"))
   return [] if theirs == ours else [f"theirs: {theirs!r}, ours: {ours!r}"]
 
 
