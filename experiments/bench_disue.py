@@ -246,8 +246,12 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
   params, stats, iga_state = jax.device_put((params, stats, iga_state),
                                             jax.devices()[0])
   iga_hp = config.iga
-  iga_steps = int(iga_hp.iterations) * (int(iga_hp.generator_steps) +
-                                        int(iga_hp.student_steps))
+
+  def iga_steps(num_teachers):
+    # With FedFTG's per-teacher schedule every generator step is K steps.
+    gen = int(iga_hp.generator_steps) * (
+        int(num_teachers) if iga_hp.generator_per_teacher else 1)
+    return int(iga_hp.iterations) * (gen + int(iga_hp.student_steps))
 
   def timed(fn):
     t = time.perf_counter()
@@ -293,11 +297,12 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
 
     (gp, gs, group_counts, new_params, new_stats), seconds["aggregation"] = (
         timed(aggregation))
-    (iga_state, new_params, new_stats, _), seconds["iga"] = timed(
+    (iga_state, new_params, new_stats, m), seconds["iga"] = timed(
         lambda: iga.round(iga_state, new_params, new_stats, gp, gs,
                           group_counts, t))
     info = {"num_groups": int(clusters.num_clusters),
-            "ap_converged": bool(clusters.converged)}
+            "ap_converged": bool(clusters.converged),
+            "iga_steps": iga_steps(m["num_teachers"])}
     return new_params, new_stats, iga_state, seconds, info, (result, cohort)
 
   # Warm-up: compiles every program.
@@ -357,8 +362,9 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
       "stage_seconds": stage_seconds,
       "round_seconds": round_seconds,
       "stage_seconds_by_round": per_round,
-      "iga_steps": iga_steps,
-      "iga_steps_per_second": iga_steps / stage_seconds["iga"],
+      "iga_steps_by_round": [i["iga_steps"] for i in infos],
+      "iga_steps_per_second": _median([
+          i["iga_steps"] / sec["iga"] for i, sec in zip(infos, per_round)]),
       "num_groups_by_round": [i["num_groups"] for i in infos],
       "ap_converged_by_round": [i["ap_converged"] for i in infos],
       "k_sweep": sweep,

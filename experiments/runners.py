@@ -67,7 +67,8 @@ def _iga(config, task: Classifier, *, feddf: bool = False):
       student_discrepancy=i.student_discrepancy or None,
       diversity=i.diversity, temperature=i.temperature, use_gls=i.use_gls,
       use_gwf=i.use_gwf, fresh_samples=i.fresh_samples,
-      student_class_mean=i.student_class_mean)
+      student_class_mean=i.student_class_mean,
+      generator_per_teacher=i.generator_per_teacher)
   if feddf:
     hparams = feddf_hparams(hparams)
   generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,

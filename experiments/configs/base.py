@@ -354,6 +354,8 @@ def iga(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       "enabled": True,  # False: the "−IGA" ablation (FedAvg of the groups).
       "iterations": 10,
       "generator_steps": 1,
+      # True: each generator step is one per real teacher (FedFTG's code).
+      "generator_per_teacher": False,
       "student_steps": 5,
       "batch_size": 50,
       "generator_lr": 0.01,

@@ -69,9 +69,11 @@ student, as in the reference.
 Where we differ from FedFTG's code, and why:
 
 * FedFTG makes one generator step *per client* per iteration, each on that
-  client's weighted terms (and ``L_div / K``); we make ``generator_steps``
-  steps on the summed objective of Eq. 13 (the paper's form). ``K`` steps
-  per iteration also made the cost grow with the cohort.
+  client's weighted terms and ``L_div / K`` (``generator_per_teacher=True``:
+  one step per real teacher, in teacher order, on the same ``(z, y)``; the
+  ``K`` objectives sum to Eq. 13's). By default we make ``generator_steps``
+  steps on the summed objective of Eq. 13 (the paper's form), so that the
+  cost does not grow with ``K``.
 * FedFTG's class term multiplies the *batch mean* cross-entropy by the mean of
   the per-sample weights (``mean(CE_mean · w)``); Eq. 10 and we weight each
   sample's cross-entropy by its own ``w_ki``.
@@ -124,6 +126,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dd.core.clients import ClientMapper
@@ -375,7 +378,7 @@ class IGAHyperParams:
   Attributes:
     iterations: ``I``, generator/student alternations per round [10].
     generator_steps: generator steps per iteration [1; FedFTG makes one per
-      client, see the module docstring].
+      client, see the module docstring and ``generator_per_teacher``].
     student_steps: student steps per iteration [5].
     batch_size: samples per step [50].
     generator_lr: Adam learning rate at round 0 [0.01].
@@ -405,6 +408,9 @@ class IGAHyperParams:
       entries of its cross-entropy with the weighted ensemble) and hence the
       scale its learning rate 0.1 was set for [True]. ``"l1_logits"`` is a
       mean over classes already.
+    generator_per_teacher: each of the ``generator_steps`` becomes one step
+      per real teacher ``k`` on its own terms ``β_cf·L_cf^k + β_div·L_div/K −
+      L_cd^k`` (FedFTG's code) [False: one step on the sum].
   """
   iterations: int = 10
   generator_steps: int = 1
@@ -424,6 +430,7 @@ class IGAHyperParams:
   use_gwf: bool = True
   fresh_samples: bool = True
   student_class_mean: bool = True
+  generator_per_teacher: bool = False
 
   def __post_init__(self):
     for name in ("iterations", "generator_steps", "student_steps",
@@ -512,6 +519,7 @@ class _Setup(NamedTuple):
   alpha: jax.Array           # [K_max, C]
   generator_lr: jax.Array    # ()
   student_lr: jax.Array      # ()
+  num_teachers: jax.Array    # () real teachers, K.
 
 
 class _GenCarry(NamedTuple):
@@ -576,7 +584,8 @@ def _setup(loop: _Loop, gen_params: PyTree, teacher_params: PyTree,
   decay = jnp.power(jnp.float32(hp.lr_decay), t)
   setup = _Setup(teacher_vars=tv, alpha=alpha,
                  generator_lr=jnp.float32(hp.generator_lr) * decay,
-                 student_lr=jnp.float32(hp.student_lr) * decay)
+                 student_lr=jnp.float32(hp.student_lr) * decay,
+                 num_teachers=jnp.sum(mask).astype(jnp.float32))
   return setup, _ADAM.init(gen_params)
 
 
@@ -587,38 +596,58 @@ def _ensemble_accuracy(t_logits: jax.Array, w: jax.Array,
   return jnp.mean((jnp.argmax(q, -1) == y).astype(jnp.float32))
 
 
+def _one_teacher(loop: _Loop, setup: _Setup, x: jax.Array, k: jax.Array
+                 ) -> tuple[jax.Array, jax.Array]:
+  """Teacher ``k``'s logits ``[1, B, C]`` and weight row ``[1, C]`` (``α^k``)."""
+  (params, stats), = setup.teacher_vars
+  pick = lambda a: jax.lax.dynamic_index_in_dim(a, k, keepdims=False)
+  logits, _ = loop.student.apply(jax.tree_util.tree_map(pick, params),
+                                 jax.tree_util.tree_map(pick, stats),
+                                 loop.input_fn(x), train=False)
+  return logits[None], jax.lax.dynamic_slice_in_dim(setup.alpha, k, 1)
+
+
 def _generator_loss(loop: _Loop, gen_params: PyTree, gen_stats: PyTree,
                     student_params: PyTree, student_batch_stats: PyTree,
-                    setup: _Setup, z: jax.Array, y: jax.Array):
+                    setup: _Setup, z: jax.Array, y: jax.Array,
+                    k: jax.Array | None):
+  """Eq. 13's generator objective; with a teacher index ``k``, teacher
+  ``k``'s share of it (``L_div / K``)."""
   hp = loop.hp
   x, new_stats = ensemble.apply_generator(loop.generator, gen_params,
                                           gen_stats, z, y, True)
-  t_logits, _ = loop.teachers(setup.teacher_vars, x)
+  if k is None:
+    t_logits, _ = loop.teachers(setup.teacher_vars, x)
+    alpha, div_share = setup.alpha, 1.0
+  else:
+    t_logits, alpha = _one_teacher(loop, setup, x, k)
+    div_share = 1.0 / setup.num_teachers
   s_logits, _ = loop.student.apply(student_params, student_batch_stats,
                                    loop.input_fn(x), train=False)
-  w = sample_weights(setup.alpha, y)
+  w = sample_weights(alpha, y)
   cd = cluster_distillation_loss(t_logits, s_logits, w,
                                  discrepancy=hp.discrepancy,
                                  temperature=hp.temperature)
   cf = cluster_fidelity_loss(t_logits, y, w)
   div = diversity_loss(z, x, hp.diversity)
-  loss = hp.beta_cf * cf + hp.beta_div * div - cd
-  return loss, (new_stats, {"gen_loss": loss, "gen_cd": cd, "gen_cf": cf,
-                            "gen_div": div,
-                            "ensemble_accuracy": _ensemble_accuracy(
-                                t_logits, w, y)})
+  loss = hp.beta_cf * cf + hp.beta_div * div_share * div - cd
+  metrics = {"gen_loss": loss, "gen_cd": cd, "gen_cf": cf, "gen_div": div}
+  if k is None:  # One teacher's argmax says nothing of the ensemble's.
+    metrics["ensemble_accuracy"] = _ensemble_accuracy(t_logits, w, y)
+  return loss, (new_stats, metrics)
 
 
 def _generator_step(loop: _Loop, carry: _GenCarry, student_params: PyTree,
                     student_batch_stats: PyTree, setup: _Setup, draw: _Draw,
-                    i: jax.Array, j: jax.Array
+                    i: jax.Array, j: jax.Array, k: jax.Array | None = None
                     ) -> tuple[_GenCarry, dict[str, jax.Array]]:
-  """One Adam step of the generator on slot ``(i, j)`` of the draw."""
+  """One Adam step of the generator on slot ``(i, j)`` of the draw (on
+  teacher ``k``'s terms when ``k`` is given)."""
   z, y = draw.z[i, j], draw.y[i, j]
   grads, (stats, metrics) = jax.grad(
       functools.partial(_generator_loss, loop), has_aux=True)(
           carry.params, carry.stats, student_params, student_batch_stats,
-          setup, z, y)
+          setup, z, y, k)
   updates, adam = _ADAM.update(grads, carry.adam)
   params = jax.tree_util.tree_map(lambda p, u: p - setup.generator_lr * u,
                                   carry.params, updates)
@@ -658,6 +687,14 @@ def _student_step(loop: _Loop, student_params: PyTree,
   return params, new_stats, {"student_cd": cd}
 
 
+def _mean(ms: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+  """Per-key mean of the steps' metrics, as a running sum: a stack would
+  compile anew for each count of steps (per-teacher steps vary with K)."""
+  total = functools.reduce(
+      lambda a, b: jax.tree_util.tree_map(jnp.add, a, b), ms)
+  return {k: v / len(ms) for k, v in total.items()}
+
+
 class _Programs(NamedTuple):
   draw: Callable[..., _Draw]
   setup: Callable[..., tuple[_Setup, PyTree]]
@@ -684,20 +721,29 @@ def _round(loop: _Loop, programs: _Programs, state: IGAState,
   setup, adam = programs.setup(state.gen_params, teacher_params,
                                teacher_batch_stats, class_counts, t)
   carry = _GenCarry(params=state.gen_params, stats=state.gen_stats, adam=adam)
+  # FedFTG's order: one generator step per real teacher; the indices are
+  # traced, so a changing K never recompiles.
+  per_teacher = ([jnp.int32(k) for k in np.flatnonzero(
+      np.asarray(jax.device_get(class_counts)).sum(axis=1) > 0)]
+                 if hp.generator_per_teacher else [None])
+  if not per_teacher:
+    raise ValueError("generator_per_teacher needs a teacher with a class "
+                     "count; every row of class_counts is 0.")
   sp, ss = student_params, student_batch_stats
   gen_ms, stu_ms = [], []
   for i in range(hp.iterations):
     for g in range(hp.generator_steps):
       j = g if hp.fresh_samples else 0
-      carry, m = programs.generator_step(carry, sp, ss, setup, draw, i, j)
-      gen_ms.append(m)
+      for k in per_teacher:
+        carry, m = programs.generator_step(carry, sp, ss, setup, draw, i, j,
+                                           k)
+        gen_ms.append(m)
     for s in range(hp.student_steps):
       j = hp.generator_steps + s if hp.fresh_samples else 0
       sp, ss, m = programs.student_step(sp, ss, carry.params, carry.stats,
                                         setup, draw, i, j)
       stu_ms.append(m)
-  metrics = {k: jnp.mean(jnp.stack([m[k] for m in ms]))
-             for ms in (gen_ms, stu_ms) for k in ms[0]}
+  metrics = {k: v for ms in (gen_ms, stu_ms) for k, v in _mean(ms).items()}
   metrics["num_teachers"] = jnp.sum(teacher_mask(class_counts))
   new_state = state.replace(gen_params=carry.params, gen_stats=carry.stats,
                             rounds=state.rounds + 1)

@@ -1,5 +1,6 @@
 """DisUE's inter-group aggregation: GLS, GWF, the losses, padding, rounds, resume."""
 
+import dataclasses
 import logging
 
 import jax
@@ -352,3 +353,72 @@ def test_student_step_is_fedftgs_sgd_step():
   for a, b in zip(leaves(new_p), leaves(ref)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
                                atol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# FedFTG's generator schedule: one step per real teacher.
+
+
+def test_per_teacher_objectives_are_each_teachers_share_of_eq13(problem):
+  """Teacher k's objective is β_cf·L_cf^k + β_div·L_div/K − L_cd^k, written
+  out from the teachers' logits; the K objectives sum to the summed one."""
+  task, loop, state, (sp, ss), (tp, ts), counts = problem
+  counts = counts.at[1].set(0)  # real teachers 0 and 2, slot 1 padded.
+  lp, programs = loop.round.args[:2]
+  draw = programs.draw(state.key, state.rounds, counts)
+  setup, _ = programs.setup(state.gen_params, tp, ts, counts, 0.0)
+  z, y = draw.z[0, 0], draw.y[0, 0]
+  loss = lambda k: iga._generator_loss(lp, state.gen_params, state.gen_stats,
+                                       sp, ss, setup, z, y, k)
+  summed, (_, m_sum) = loss(None)
+  x, _ = ensemble.apply_generator(GEN, state.gen_params, state.gen_stats, z,
+                                  y, True)
+  s_logits, _ = task.apply(sp, ss, x, train=False)
+  alpha = iga.class_weights(counts)
+  div = float(iga.diversity_loss(z, x))
+  total = 0.0
+  for k in (0, 2):
+    got, (_, m) = loss(jnp.int32(k))
+    t_k = task.apply(tree_map(lambda a: a[k], tp),
+                     tree_map(lambda a: a[k], ts), x, train=False)[0]
+    w = alpha[k, y]  # [B]
+    kl = jnp.sum(jax.nn.softmax(t_k) * (jax.nn.log_softmax(t_k) -
+                                        jax.nn.log_softmax(s_logits)), -1)
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(t_k), y[:, None], 1)[:, 0]
+    want = float(jnp.mean(w * ce) + div / 2 - jnp.mean(w * kl))
+    np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-6)
+    assert "ensemble_accuracy" not in m
+    total += float(got)
+  np.testing.assert_allclose(total, float(summed), rtol=1e-5, atol=1e-6)
+  assert "ensemble_accuracy" in m_sum
+
+
+def test_per_teacher_round_one_teacher_equals_summed_and_no_recompile(
+    caplog, problem):
+  task, _, state, (sp, ss), (tp, ts), counts = problem
+  one = counts.at[1:].set(0)
+  # 2 iterations of 3 student steps: the 2·K generator steps of K = 2 and 1
+  # are counts no earlier round had, so a per-step stack would compile.
+  base = dataclasses.replace(HP, student_steps=3)
+  hp = dataclasses.replace(base, generator_per_teacher=True)
+  per = iga.make_iga(task, GEN, hparams=hp, num_teachers_max=K_MAX)
+  summed = iga.make_iga(task, GEN, hparams=base, num_teachers_max=K_MAX)
+  # With one real teacher the two schedules make the same steps.
+  a = per.round(state, sp, ss, tp, ts, one, 0)
+  b = summed.round(state, sp, ss, tp, ts, one, 0)
+  for x, y in zip(leaves(a[:3]), leaves(b[:3])):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5,
+                               atol=1e-6)
+  # With three, the generator makes three steps per iteration, not one, and
+  # ends elsewhere; K = 3, 2, 1 compile nothing new.
+  c = per.round(state, sp, ss, tp, ts, counts, 0)
+  d = summed.round(state, sp, ss, tp, ts, counts, 0)
+  assert any(not np.allclose(x, y) for x, y in
+             zip(leaves(c[0].gen_params), leaves(d[0].gen_params)))
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles(True):
+    s2 = per.round(c[0], *c[1:3], tp, ts, counts.at[2].set(0), 1)
+    per.round(s2[0], *s2[1:3], tp, ts, counts.at[2].set(0).at[1].set(0), 2)
+  assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+  with pytest.raises(ValueError, match="every row of class_counts is 0"):
+    per.round(state, sp, ss, tp, ts, jnp.zeros_like(counts), 0)

@@ -22,10 +22,24 @@ def test_tiny_benchmark_times_every_stage_without_recompiling(tmp_path):
   assert r["round_seconds"] > 0
   assert (r["cohort"], r["num_clients"], r["input_shape"]) == (2, 4, [8, 8, 1])
   # 1 iteration of 1 generator step and 5 student steps.
-  assert r["iga_steps"] == 6 and r["iga_steps_per_second"] > 0
+  assert r["iga_steps_by_round"] == [6] and r["iga_steps_per_second"] > 0
   assert [(k["k"], k["real_teachers"]) for k in r["k_sweep"]] == [(1, 1),
                                                                   (2, 2)]
   # The counter sees compiles (the warm-up's), and none afterwards.
   assert r["compiles_in_warmup"] > 0
   assert r["recompiles_timed_rounds"] == r["recompiles_k_sweep"] == 0
   assert 1 <= r["num_groups_by_round"][0] <= 2
+
+
+def test_per_teacher_schedule_counts_one_generator_step_per_group(tmp_path):
+  report = bench_disue.main([
+      "--out", str(tmp_path / "b.json"), "--clients", "4", "--cohort", "2",
+      "--model", "digits_cnn", "--examples_per_client", "20", "--rounds",
+      "1", "--ks", "2", "--set", "iga.iterations=1", "--set",
+      "iga.batch_size=8", "--set", "iga.nz=8", "--set", "iga.ngf=4", "--set",
+      "client.local_epochs=1.0", "--set", "client.augment=", "--set",
+      "iga.generator_per_teacher=True"])
+  r = report["results"]["digits_cnn"]
+  # K generator steps (one per group) and 5 student steps.
+  assert r["iga_steps_by_round"] == [r["num_groups_by_round"][0] + 5]
+  assert r["recompiles_timed_rounds"] == r["recompiles_k_sweep"] == 0
