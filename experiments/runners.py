@@ -94,6 +94,7 @@ def _disue(config, task, max_steps):
   d = config.disue
   return disue(task, common.make_optimizer(config), iga=_iga(config, task),
                generator_key=_generator_key(config),
+               evaluate_before_iga=bool(config.iga.evaluate_before),
                grouping=affinity_grouping(
                    similarity=d.similarity, protocol=d.similarity_protocol,
                    damping=d.damping, preference=d.preference),
@@ -107,6 +108,7 @@ def _fedftg(config, task, max_steps, *, feddf=False):
   return fedftg(task, common.make_optimizer(config),
                 iga=_iga(config, task, feddf=feddf),
                 generator_key=_generator_key(config),
+                evaluate_before_iga=bool(config.iga.evaluate_before),
                 **_clustered_kwargs(config, max_steps))
 
 
@@ -231,6 +233,14 @@ def _clustering(rows) -> dict[str, Any]:
                                      for r in rows)}
 
 
+def _before_iga(rows) -> dict[str, Any]:
+  """``accuracy_before_iga_by_round`` when the run evaluated ω_G before IGA
+  (``iga.evaluate_before``)."""
+  pairs = [[r["round"], r["test_accuracy_before_iga"]] for r in rows
+           if "test_accuracy_before_iga" in r]
+  return {"accuracy_before_iga_by_round": pairs} if pairs else {}
+
+
 def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,
               rounds: int, wall: loop_lib.WallClock,
               extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -276,6 +286,7 @@ def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,
       "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
                             if "test_accuracy" in r],
       **_clustering(rows),
+      **_before_iga(rows),
       **efficiency,
       "paper_departures": list(config.paper_departures),
       **(extra or {}),

@@ -352,6 +352,8 @@ def iga(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   defaults are FedFTG's code and DisUE Sec. 5.1)."""
   c.iga = ml_collections.ConfigDict({
       "enabled": True,  # False: the "−IGA" ablation (FedAvg of the groups).
+      # True: also evaluate ω_G before IGA (test_accuracy_before_iga).
+      "evaluate_before": False,
       "iterations": 10,
       "generator_steps": 1,
       # True: each generator step is one per real teacher (FedFTG's code).

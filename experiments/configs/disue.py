@@ -28,7 +28,11 @@ Ablations (paper Tab. 3): ``--config.iga.use_gls=False`` (−GLS),
 (−L_div); ``--config.iga.discrepancy=l1_logits`` is FedFTG's generator term;
 ``--config.disue.similarity=raw`` the literal Eq. 3;
 ``--config.disue.similarity_protocol=pcsc`` the secure similarity (its
-ciphertexts in the ledger).
+ciphertexts in the ledger); ``--config.iga.generator_per_teacher=True``
+FedFTG's generator schedule (one generator step per cluster model);
+``--config.iga.evaluate_before=True`` also evaluates ω_G just before IGA
+every evaluated round (``test_accuracy_before_iga`` in ``metrics.jsonl``,
+``accuracy_before_iga_by_round`` in ``summary.json``).
 
 The baselines on the same protocol: ``fedavg.py``, ``fedftg.py``,
 ``feddf_datafree.py`` and ``ifca.py`` with the same preset names.

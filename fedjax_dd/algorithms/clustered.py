@@ -27,7 +27,12 @@ The server state's ``extra`` holds the round counter ``t`` of the
 learning-rate decays, the last group of every client (``-1``: never
 sampled), which clients reported their counts, and the IGA state (the
 generator), so a checkpoint of the :class:`~fedjax_dd.core.algorithm.
-ExperimentState` resumes the run bit-identically.
+ExperimentState` resumes the run bit-identically. With
+``evaluate_before_iga`` it also holds the round's ``ω_G`` of step 4, which
+the rounds loop evaluates beside the global model
+(:data:`fedjax_dd.core.rounds.EVAL_MODELS`: ``test_accuracy_before_iga``):
+FedFTG's code logs its model before and after fine-tuning every round, and
+the difference is what IGA adds.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import make_local_update
-from fedjax_dd.core.rounds import TRAFFIC_PREFIX
+from fedjax_dd.core.rounds import EVAL_MODELS, TRAFFIC_PREFIX
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill.iga import IGA
 
@@ -169,6 +174,7 @@ def clustered_distillation(
     augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     lr_decay: float = 1.0,
     bits_per_count: int = 32,
+    evaluate_before_iga: bool = False,
 ) -> FederatedAlgorithm:
   """Builds the clustered-FL round with optional IGA (see module doc).
 
@@ -189,6 +195,9 @@ def clustered_distillation(
     lr_decay: ``γ``: round ``t`` (1-based) trains the clients at
       ``lr·γ^(t-1)`` (DisUE Sec. 5.1: ``0.998``); ``1.0`` is off.
     bits_per_count: bits of one reported class count in the ledger.
+    evaluate_before_iga: keep the round's ``ω_G`` before IGA in the state
+      for the rounds loop to evaluate (``test_accuracy_before_iga``; one
+      more model in every checkpoint).
 
   Returns:
     A :class:`~fedjax_dd.core.algorithm.FederatedAlgorithm` (one model down
@@ -196,10 +205,18 @@ def clustered_distillation(
     as ``traffic/`` metrics).
 
   Raises:
-    ValueError: ``iga`` without ``generator_key``.
+    ValueError: ``iga`` without ``generator_key``, or
+      ``evaluate_before_iga`` without ``iga``.
   """
   if iga is not None and generator_key is None:
     raise ValueError("IGA needs generator_key to initialise its generator.")
+  if evaluate_before_iga and iga is None:
+    raise ValueError("evaluate_before_iga needs an IGA: without it the "
+                     "global model is the model before IGA.")
+
+  def before_iga(params, batch_stats):
+    return {"before_iga": {"params": params, "batch_stats": batch_stats}}
+
   train, group_models, fedavg_of_groups = clustered_programs(
       task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
       mapper=mapper, augment=augment, lr_decay=lr_decay)
@@ -211,6 +228,8 @@ def clustered_distillation(
              "reported": jnp.zeros((num_clients,), bool)}
     if iga is not None:
       extra["iga"] = iga.init(generator_key, params, batch_stats)
+    if evaluate_before_iga:
+      extra[EVAL_MODELS] = before_iga(params, batch_stats)
     return ServerState(params, batch_stats, {}, extra), {}
 
   def apply(server, clients, cohort, key):
@@ -229,6 +248,8 @@ def clustered_distillation(
     params, batch_stats = fedavg_of_groups(gp, gs, gw)
     extra = dict(server.extra)
     metrics = stages.cohort_metrics(result, weights)
+    if evaluate_before_iga:
+      extra[EVAL_MODELS] = before_iga(params, batch_stats)
     if iga is not None:
       extra["iga"], params, batch_stats, iga_metrics = iga.round(
           server.extra["iga"], params, batch_stats, gp, gs, group_counts, t)

@@ -106,13 +106,14 @@ def disue(task: Classifier, client_optimizer: optax.GradientTransformation,
           generator_key: jax.Array | None, grouping: Grouping | None = None,
           mapper: ClientMapper = ClientMapper(),
           augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-          lr_decay: float = 1.0) -> FederatedAlgorithm:
+          lr_decay: float = 1.0,
+          evaluate_before_iga: bool = False) -> FederatedAlgorithm:
   """Builds DisUE (Algorithm 1).
 
   Args:
-    task, client_optimizer, batch_size, max_steps, mapper, augment, lr_decay: the
-      L-phase (see :func:`~fedjax_dd.algorithms.clustered.
-      clustered_distillation`).
+    task, client_optimizer, batch_size, max_steps, mapper, augment, lr_decay,
+      evaluate_before_iga: the L-phase and the reporting (see
+      :func:`~fedjax_dd.algorithms.clustered.clustered_distillation`).
     iga: the IGA (``num_teachers_max`` = the cohort size); ``None`` is the
       "−IGA" ablation (FedAvg of the cluster models).
     generator_key: the generator's initialisation key.
@@ -125,4 +126,4 @@ def disue(task: Classifier, client_optimizer: optax.GradientTransformation,
       task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
       grouping=grouping or affinity_grouping(), iga=iga,
       generator_key=generator_key, mapper=mapper, augment=augment,
-      lr_decay=lr_decay)
+      lr_decay=lr_decay, evaluate_before_iga=evaluate_before_iga)

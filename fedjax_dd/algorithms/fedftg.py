@@ -51,7 +51,8 @@ def fedftg(task: Classifier, client_optimizer: optax.GradientTransformation,
            *, batch_size: int, max_steps: int, iga: IGA,
            generator_key: jax.Array, mapper: ClientMapper = ClientMapper(),
            augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-           lr_decay: float = 1.0) -> FederatedAlgorithm:
+           lr_decay: float = 1.0,
+           evaluate_before_iga: bool = False) -> FederatedAlgorithm:
   """Builds FedFTG (or data-free FedDF, with :func:`feddf_hparams` in
   ``iga``): FedAvg, then IGA with the cohort's clients as teachers.
 
@@ -62,4 +63,5 @@ def fedftg(task: Classifier, client_optimizer: optax.GradientTransformation,
   return clustered_distillation(
       task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
       grouping=singletons, iga=iga, generator_key=generator_key,
-      mapper=mapper, augment=augment, lr_decay=lr_decay)
+      mapper=mapper, augment=augment, lr_decay=lr_decay,
+      evaluate_before_iga=evaluate_before_iga)

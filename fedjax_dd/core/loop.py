@@ -161,7 +161,8 @@ def run_loop(
     options: loop options.
     start: the last completed step.
     index: the index keys of step ``t``'s row (e.g. ``{"round": t}``).
-    evaluate: ``carry -> {"accuracy", "loss"}`` on the test split.
+    evaluate: ``carry -> {"accuracy", "loss", ...}`` on the test split; each
+      further key ``k`` is written as ``test_<k>``.
     writer: appends one JSON row per step.
     save: ``(t, carry, force) -> Any`` checkpoints step ``t``; ``force`` is
       True at the last step. It returns False when it skipped the step
@@ -196,6 +197,9 @@ def run_loop(
       ev = evaluate(carry)
       row["test_accuracy"] = ev["accuracy"]
       row["test_loss"] = ev["loss"]
+      # Further models' figures (e.g. "accuracy_before_iga") keep their names.
+      row.update({f"test_{k}": v for k, v in ev.items()
+                  if k not in ("accuracy", "loss")})
       bar.set_postfix(acc=f"{ev['accuracy']:.4f}")
     bad = _non_finite(row)
     if bad and options.stop_on_nonfinite:

@@ -69,6 +69,29 @@ class RoundsOptions:
 # :func:`run_rounds` records them in the ledger (one message of that total).
 TRAFFIC_PREFIX = "traffic/"
 
+# Models beside the global one that the loop evaluates on the same schedule:
+# ``server.extra[EVAL_MODELS] = {name: {"params", "batch_stats"}}`` adds
+# ``test_accuracy_<name>`` and ``test_loss_<name>`` to the evaluated rows
+# (e.g. DisUE's ω_G before IGA, as FedFTG's code logs its model before and
+# after fine-tuning).
+EVAL_MODELS = "eval_models"
+
+
+def evaluate_server(evaluate: Callable[[PyTree, PyTree], dict[str, float]],
+                    server: Any) -> dict[str, float]:
+  """``evaluate`` on the global model and on every ``extra[EVAL_MODELS]``.
+
+  Returns:
+    ``{"accuracy", "loss"}`` of the global model, plus ``accuracy_<name>``
+    and ``loss_<name>`` for each extra model.
+  """
+  out = dict(evaluate(server.params, server.batch_stats))
+  extra = server.extra if isinstance(server.extra, dict) else {}
+  for name, model in extra.get(EVAL_MODELS, {}).items():
+    ev = evaluate(model["params"], model["batch_stats"])
+    out[f"accuracy_{name}"], out[f"loss_{name}"] = ev["accuracy"], ev["loss"]
+  return out
+
 
 def sample_clients(key: jax.Array, num_clients: int, num_sampled: int) -> jax.Array:
   """Sorted client ids sampled without replacement (all clients if S == N)."""
@@ -220,8 +243,7 @@ def run_rounds(
                            stop_on_nonfinite=options.stop_on_nonfinite),
       start=int(state.round), index=lambda r: {"round": r},
       evaluate=None if evaluate is None else (
-          lambda carry: evaluate(carry[0].server.params,
-                                 carry[0].server.batch_stats)),
+          lambda carry: evaluate_server(evaluate, carry[0].server)),
       writer=writer, save=save,
       on_step=None if on_round is None else (
           lambda carry, row: on_round(carry[0], row)))

@@ -15,6 +15,7 @@ from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import steps_for
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import iga as iga_lib
@@ -47,23 +48,25 @@ def _state(algorithm, task, num_clients):
                          jnp.asarray(0, jnp.int32))
 
 
-def _disue(task, *, grouping=None, use_iga=True, hparams=HP):
+def _disue(task, *, grouping=None, use_iga=True, hparams=HP, **kwargs):
   num_steps = steps_for(jnp.full((6,), 10), 5, epochs=1)
   loop = (iga_lib.make_iga(task, GEN, hparams=hparams,
                            num_teachers_max=COHORT) if use_iga else None)
   alg = disue(task, optax.sgd(0.1), batch_size=5,
               max_steps=int(jnp.max(num_steps)), iga=loop,
-              generator_key=jax.random.PRNGKey(5), grouping=grouping)
+              generator_key=jax.random.PRNGKey(5), grouping=grouping,
+              **kwargs)
   return alg, num_steps
 
 
-def _run(alg, task, rounds=2, store=None, state=None):
+def _run(alg, task, rounds=2, store=None, state=None, evaluate=None):
   data = jax.device_put(_data())
   num_steps = steps_for(data.num_examples, 5, epochs=1)
   state = state if state is not None else _state(alg, task, 6)
   opts = rounds_lib.RoundsOptions(num_rounds=rounds, clients_per_round=COHORT,
                                   progress=False, checkpoint_every=1)
-  return rounds_lib.run_rounds(alg, state, data, num_steps, opts, store=store)
+  return rounds_lib.run_rounds(alg, state, data, num_steps, opts, store=store,
+                               evaluate=evaluate)
 
 
 def test_disue_round_shapes_metrics_and_ledger():
@@ -207,3 +210,40 @@ def test_lr_decay_and_augmentation_match_fedavg_without_iga():
   for x, y in zip(jax.tree_util.tree_leaves(a.server.params),
                   jax.tree_util.tree_leaves(b.server.params)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluate_before_iga_is_the_model_without_iga_and_resumes(tmp_path):
+  task = tiny_task(bn=True)
+  alg, _ = _disue(task, evaluate_before_iga=True)
+  no_iga, _ = _disue(task, use_iga=False)
+  # Round 1 starts from the same ω_G, so the kept model is the −IGA round's.
+  one, _, _ = _run(alg, task, rounds=1)
+  ref, _, _ = _run(no_iga, task, rounds=1)
+  kept = one.server.extra[rounds_lib.EVAL_MODELS]["before_iga"]
+  for a, b in zip(jax.tree_util.tree_leaves((kept["params"],
+                                             kept["batch_stats"])),
+                  jax.tree_util.tree_leaves((ref.server.params,
+                                             ref.server.batch_stats))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # The rounds loop reports it beside the global model.
+  data = _data()
+  evaluate = make_evaluator(task, data.x.reshape(-1, 4, 4, 1),
+                            data.y.reshape(-1), batch_size=20)
+  full, _, rows = _run(alg, task, rounds=3, evaluate=evaluate)
+  for row in rows:
+    assert 0 <= row["test_accuracy_before_iga"] <= 1
+    assert np.isfinite(row["test_loss_before_iga"])
+  ev = evaluate(kept["params"], kept["batch_stats"])
+  _, _, first_rows = _run(alg, task, rounds=1, evaluate=evaluate)
+  assert first_rows[0]["test_accuracy_before_iga"] == ev["accuracy"]
+  # Resume from round 2 is bit-identical, the kept model included.
+  with CheckpointStore(str(tmp_path / "ck")) as store:
+    _run(alg, task, rounds=2, store=store)
+  with CheckpointStore(str(tmp_path / "ck")) as store:
+    _, restored, _ = store.restore(_state(alg, task, 6))
+    resumed, _, _ = _run(alg, task, rounds=3, state=restored)
+  for a, b in zip(jax.tree_util.tree_leaves(full),
+                  jax.tree_util.tree_leaves(resumed)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ValueError, match="evaluate_before_iga needs an IGA"):
+    _disue(task, use_iga=False, evaluate_before_iga=True)

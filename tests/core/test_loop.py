@@ -116,3 +116,14 @@ def test_wall_clock_adds_earlier_processes():
   wall.resumed_from({})                             # none recorded
   assert wall.before == 40.0
   assert wall.total() == pytest.approx(40.0 + wall.process())
+
+
+def test_further_evaluation_keys_are_written_as_test_keys():
+  evaluate = lambda c: {"accuracy": 0.5, "loss": 2.0,
+                        "accuracy_before": float(c) / 10.0}
+  result = loop_lib.run_loop(
+      _step, jnp.asarray(0, jnp.int32),
+      loop_lib.LoopOptions(num_steps=2, eval_every=1, progress=False),
+      index=lambda t: {"round": t}, evaluate=evaluate)
+  assert [(r["test_accuracy"], r["test_accuracy_before"])
+          for r in result.rows] == [(0.5, 0.1), (0.5, 0.4)]

@@ -287,3 +287,19 @@ def test_streamed_host_data_equals_device_data_and_resumes(tmp_path, caplog):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   rounds_compile_nothing(caplog, alg, state0, host, num_steps,
                          clients_per_round=2)
+
+
+def test_evaluate_server_adds_every_extra_model():
+  from fedjax_dd.core.algorithm import ServerState
+  # "accuracy" is the sum of the parameters, "loss" that of the statistics.
+  evaluate = lambda p, s: {"accuracy": float(sum(p)), "loss": float(sum(s))}
+  server = ServerState(params=[1.0, 2.0], batch_stats=[0.5], opt_state={},
+                       extra={rounds_lib.EVAL_MODELS: {
+                           "a": {"params": [4.0], "batch_stats": [1.0]},
+                           "b": {"params": [0.0, 7.0], "batch_stats": []}}})
+  assert rounds_lib.evaluate_server(evaluate, server) == {
+      "accuracy": 3.0, "loss": 0.5, "accuracy_a": 4.0, "loss_a": 1.0,
+      "accuracy_b": 7.0, "loss_b": 0.0}
+  plain = ServerState(params=[1.0], batch_stats=[], opt_state={}, extra={})
+  assert rounds_lib.evaluate_server(evaluate, plain) == {"accuracy": 1.0,
+                                                         "loss": 0.0}

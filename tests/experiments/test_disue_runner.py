@@ -74,3 +74,17 @@ def test_ablations_build_and_fedftg_needs_iga(tmp_path):
   with pytest.raises(ValueError, match="iga.enabled must stay True"):
     runners.RUNNERS["federated"](_smoke("fedftg", iga__enabled=False),
                                  str(tmp_path / "f"))
+
+
+def test_evaluate_before_iga_reaches_rows_and_summary(tmp_path):
+  s = runners.RUNNERS["federated"](_smoke("fedftg", iga__evaluate_before=True),
+                                   str(tmp_path / "f"))
+  with open(tmp_path / "f" / "metrics.jsonl") as f:
+    row = json.loads(f.readline())
+  assert 0 <= row["test_accuracy_before_iga"] <= 1
+  assert s["accuracy_before_iga_by_round"] == [
+      [1, row["test_accuracy_before_iga"]]]
+  with pytest.raises(ValueError, match="evaluate_before_iga needs an IGA"):
+    runners.RUNNERS["federated"](
+        _smoke("disue", iga__enabled=False, iga__evaluate_before=True),
+        str(tmp_path / "d"))
