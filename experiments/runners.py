@@ -234,11 +234,18 @@ def _clustering(rows) -> dict[str, Any]:
 
 
 def _before_iga(rows) -> dict[str, Any]:
-  """``accuracy_before_iga_by_round`` when the run evaluated ω_G before IGA
-  (``iga.evaluate_before``)."""
-  pairs = [[r["round"], r["test_accuracy_before_iga"]] for r in rows
-           if "test_accuracy_before_iga" in r]
-  return {"accuracy_before_iga_by_round": pairs} if pairs else {}
+  """When the run evaluated ω_G before IGA (``iga.evaluate_before``):
+  ``accuracy_before_iga_by_round`` and ``before_iga`` = {the final accuracy
+  before IGA, IGA's mean gain (after − before) over the evaluated rounds}."""
+  rows = [r for r in rows if "test_accuracy_before_iga" in r]
+  if not rows:
+    return {}
+  gains = [r["test_accuracy"] - r["test_accuracy_before_iga"] for r in rows]
+  return {"accuracy_before_iga_by_round": [
+              [r["round"], r["test_accuracy_before_iga"]] for r in rows],
+          "before_iga": {
+              "final_test_accuracy": rows[-1]["test_accuracy_before_iga"],
+              "mean_iga_gain": float(np.mean(gains))}}
 
 
 def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,

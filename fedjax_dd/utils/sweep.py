@@ -46,10 +46,11 @@ STATS = ("final_test_accuracy", "best_test_accuracy", "bytes_total",
 
 NESTED_STATS = {"gce": None,
                 "privacy": ("identical_to_raw_fraction",
-                            "nearest_raw_l2_median")}
+                            "nearest_raw_l2_median"),
+                "before_iga": ("final_test_accuracy", "mean_iga_gain")}
 """Nested summary entries also averaged when the runs report them, as
-``"<entry>/<key>"``: FedD3's GCE per gamma (every key) and the upload's
-privacy figure (the keys named)."""
+``"<entry>/<key>"``: FedD3's GCE per gamma (every key), the upload's
+privacy figure and ω_G before IGA (DisUE/FedFTG, the keys named)."""
 
 
 def get_stat(summary: Mapping[str, Any], key: str) -> Any:
@@ -223,6 +224,8 @@ def _fmt_stat(key: str, stat: Mapping[str, Any]) -> str:
 _NONE = {"mean": None, "sd": None, "n": 0}
 _HEADERS = {"privacy/identical_to_raw_fraction": "identical to raw",
             "privacy/nearest_raw_l2_median": "nearest-raw L2 (median)",
+            "before_iga/final_test_accuracy": "final acc before IGA",
+            "before_iga/mean_iga_gain": "IGA gain (mean over rounds)",
             "final_test_accuracy": "final acc",
             "best_test_accuracy": "best acc", "bytes_total": "traffic",
             "wall_seconds": "wall s"}

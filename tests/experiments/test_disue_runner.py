@@ -84,6 +84,10 @@ def test_evaluate_before_iga_reaches_rows_and_summary(tmp_path):
   assert 0 <= row["test_accuracy_before_iga"] <= 1
   assert s["accuracy_before_iga_by_round"] == [
       [1, row["test_accuracy_before_iga"]]]
+  assert s["before_iga"] == {
+      "final_test_accuracy": row["test_accuracy_before_iga"],
+      "mean_iga_gain": pytest.approx(row["test_accuracy"] -
+                                     row["test_accuracy_before_iga"])}
   with pytest.raises(ValueError, match="evaluate_before_iga needs an IGA"):
     runners.RUNNERS["federated"](
         _smoke("disue", iga__enabled=False, iga__evaluate_before=True),

@@ -230,3 +230,16 @@ def test_against_orders_values_and_averages_seeds(tmp_path):
   twice = {"x": groups["a01"], "y": groups["a01"]}
   with pytest.raises(ValueError, match="share"):
     sweep.against(twice, "data.partition.alpha", tmp_path / "out")
+
+
+def test_before_iga_stats_are_averaged_and_named():
+  runs = [{"method": "disue", "final_test_accuracy": 0.5, "config": {"seed": s},
+           "before_iga": {"final_test_accuracy": b, "mean_iga_gain": g}}
+          for s, b, g in [(0, 0.6, -0.04), (1, 0.4, -0.02)]]
+  t = sweep.seed_table("disue", runs)
+  assert t["stats"]["before_iga/mean_iga_gain"]["mean"] == pytest.approx(-0.03)
+  assert t["stats"]["before_iga/final_test_accuracy"]["mean"] == (
+      pytest.approx(0.5))
+  md = sweep.format_tables([t])
+  assert "final acc before IGA" in md and "IGA gain (mean over rounds)" in md
+  assert "-0.0300 ± 0.0141" in md
