@@ -68,10 +68,12 @@ lowers ω_G's test accuracy in most rounds (DisUE's ω_G before IGA is the
 cohort's FedAvg model, so the gain is what DisUE adds to FedAvg), more
 with the cluster models as teachers than with FedFTG's client models.
 FedFTG's one generator step per teacher does not change that (−0.036). An
-earlier measurement of these presets on another machine gave DisUE 0.631 ±
-0.065 and FedAvg 0.638 ± 0.076: a run's trajectory is chaotic in the
-rounding of its machine, and its final accuracy varies by more than 0.1
-from one machine to the next at Dir(0.01).
+earlier measurement of these presets on another machine gave FedAvg 0.553 /
+0.700 / 0.661 (within 0.003 of today's) but DisUE 0.558 / 0.683 / 0.651
+(mean 0.631): DisUE's run depends on the machine's rounding far more than
+FedAvg's. Our belief: the generator's pre-BatchNorm conv biases get
+gradients of pure rounding noise, which Adam scales to full steps (see
+``CGeneratorA``), and Dir(0.01) amplifies any difference in ω_G.
 
 Longer (seed 0, 100 rounds, ``experiments/results/
 disue_fmnist_dir0.01_100rounds.{md,png}``): DisUE 0.648, FedAvg 0.701
