@@ -105,6 +105,7 @@ MODELS = {
     "lenet5": ("lenet5", (28, 28, 1)),
     "hfldd_cifar_cnn": ("hfldd_cifar_cnn", (32, 32, 3)),
     "convnet3": ("convnet3", (32, 32, 3)),
+    "cnn3": ("cnn3", (32, 32, 3)),  # FedHydra's CNN3 (DisUE's CIFAR presets)
 }
 
 
@@ -231,8 +232,10 @@ def measure_profile(*, steps: int, batch: int, reps: int,
                     conv_impl: str = "auto") -> dict:
   """Where one LeNet-5 client-step spends its time, by subtraction.
 
-  One client, unbatched, one host device, single-threaded (as each core runs
-  it under the default backend), ``steps`` training steps of batch ``batch``
+  One chunk of the default chunk size (a vmap of 2 clients on jax 0.5.3's
+  classic runtime, one unbatched client on newer jax), one host device,
+  single-threaded (as each core runs it under the default backend),
+  ``steps`` training steps of batch ``batch``
   in a ``lax.scan`` that carries the parameters; each program adds one part
   to the previous one:
 
@@ -311,12 +314,21 @@ def measure_profile(*, steps: int, batch: int, reps: int,
       "update": lambda p: local.run(p, stats, local.optimizer.init(p), x, y,
                                     n_max, steps, key, ()).params,
   }
+  # Each core runs its clients in vmapped chunks of ``chunk`` (unbatched
+  # when 1), so the programs are timed in that layout: an unbatched
+  # convolutional scan is the slow path of jax 0.5.3's XLA:CPU
+  # (perf_notes.md, "a convolutional scan that is not vmapped"), which
+  # the engine never runs there.
+  chunk = clients.default_chunk_size() or 1
+  if chunk > 1:
+    params = jax.tree_util.tree_map(lambda a: jnp.stack([a] * chunk), params)
+    programs = {name: jax.vmap(fn) for name, fn in programs.items()}
   p_dev = jax.device_put(params, jax.devices()[0])
   ms = {}
   for name, fn in programs.items():
     jitted = jax.jit(fn, compiler_options=options or None)
     ms[name] = 1e3 * _min_time(
-        lambda: jax.block_until_ready(jitted(p_dev)), reps) / steps
+        lambda: jax.block_until_ready(jitted(p_dev)), reps) / (steps * chunk)
   order = list(programs)
   parts = {order[0]: ms[order[0]]}
   for prev, name in zip(order, order[1:]):
@@ -324,7 +336,7 @@ def measure_profile(*, steps: int, batch: int, reps: int,
   return {"ms_per_client_step": ms,
           "share_of_update": {k: v / ms["update"] for k, v in parts.items()},
           "conv_impl": conv_impl, "jax_version": jax.__version__,
-          "steps": steps, "batch": batch}
+          "steps": steps, "batch": batch, "chunk": chunk}
 
 
 def measure_layouts(*, steps: int, batch: int, reps: int) -> dict:

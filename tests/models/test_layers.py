@@ -68,6 +68,15 @@ def test_max_pool_gradient_goes_to_argmax():
   np.testing.assert_allclose(g[0, :, :, 0], np.full((2, 2), 0.25))
 
 
+def test_max_pool_splits_the_gradient_evenly_among_tied_maxima():
+  # Three of the window's four entries tie at the maximum: each gets 1/3
+  # (reduce-max's gradient), whatever their place in the window.
+  x = jnp.array([[2., 2.], [0., 2.]]).reshape(1, 2, 2, 1)
+  g = jax.grad(lambda x: layers.max_pool(x).sum())(x)
+  np.testing.assert_allclose(g[0, :, :, 0], [[1 / 3, 1 / 3], [0., 1 / 3]],
+                             rtol=1e-6)
+
+
 @pytest.mark.parametrize("ours,theirs", [
     (layers.max_pool, nn.max_pool),
     (layers.avg_pool, nn.avg_pool),
