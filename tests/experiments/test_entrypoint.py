@@ -250,9 +250,14 @@ def test_ctrl_c_exits_130_naming_the_checkpoint_and_resumes(tmp_path):
   workdir = tmp_path / "w"
   # Far more rounds than run before the signal lands, so the run cannot end
   # on its own first (12 rounds sometimes did).
-  proc = subprocess.Popen(_cli(workdir, "--config.rounds=500"), cwd=REPO_ROOT,
-                          stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  # The child starts with SIGINT at its default, as under a terminal: a
+  # suite launched in the background (`cmd &` in a script) inherits SIGINT
+  # ignored, and Python then installs no KeyboardInterrupt handler, so the
+  # signal would be dropped and the run would end on its own.
+  proc = subprocess.Popen(
+      _cli(workdir, "--config.rounds=500"), cwd=REPO_ROOT,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   metrics = workdir / "metrics.jsonl"
   deadline = time.time() + 600
   # Two rows: round 1's checkpoint is committed (saved after its row).
