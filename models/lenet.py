@@ -27,10 +27,15 @@ class LeNet5(nn.Module):
     num_classes: Number of output logits.
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
       or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+    phase_split: Compute the first convolution and its pool phase-split
+      (``layers.ConvReluMaxPool``; same parameters, same values to
+      rounding), which is faster on CPU (``experiments/perf_notes.md``,
+      "Phase-split first layer").
   """
 
   num_classes: int = 10
   conv_impl: str = "lax"
+  phase_split: bool = True
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -45,9 +50,8 @@ class LeNet5(nn.Module):
     """
     del train
     layers.check_images(x, "LeNet5")
-    x = nn.relu(layers.conv(self.conv_impl, 6, (5, 5), padding="VALID",
-                            name="conv1")(x))
-    x = layers.max_pool(x)
+    x = layers.ConvReluMaxPool(6, (5, 5), conv_impl=self.conv_impl,
+                               phase_split=self.phase_split, name="conv1")(x)
     x = nn.relu(layers.conv(self.conv_impl, 16, (5, 5), padding="VALID",
                             name="conv2")(x))
     x = layers.max_pool(x)

@@ -140,3 +140,82 @@ def test_check_images():
   layers.check_images(jnp.zeros((1, 2, 2, 1)), "M")
   with pytest.raises(ValueError, match="M expects"):
     layers.check_images(jnp.zeros((2, 2, 1)), "M")
+
+
+def test_phase_selection_places_each_tap_once_per_output_phase():
+  # Each kernel tap (a, b) reaches each output phase (r, s) from exactly one
+  # (u, v, p, q): 2u + p - r = a, 2v + q - s = b.
+  sel = layers._phase_selection(5, 5)
+  assert sel.shape == (3, 3, 2, 2, 2, 2, 5, 5)
+  np.testing.assert_array_equal(sel.sum(axis=(0, 1, 2, 3)),
+                                np.ones((2, 2, 5, 5)))
+  # (u, v, p, q, r, s) = (1, 1, 0, 1, 1, 0): a = 2 + 0 - 1 = 1, b = 2 + 1 = 3.
+  assert sel[1, 1, 0, 1, 1, 0].sum() == 1 and sel[1, 1, 0, 1, 1, 0, 1, 3] == 1
+  # (1, 2, 0, 1, 1, 0): b = 4 + 1 - 0 = 5 is outside the 5x5 kernel.
+  assert sel[1, 2, 0, 1, 1, 0].sum() == 0
+
+
+def test_phase_split_conv_max_pool_hand_example():
+  # A 1x1 kernel of 2 on a 4x4 ramp: the pool of 2x is 2x the pool.
+  x = jnp.arange(16, dtype=jnp.float32).reshape(1, 4, 4, 1)
+  k = jnp.full((1, 1, 1, 1), 2.0)
+  np.testing.assert_array_equal(
+      layers.phase_split_conv_max_pool(x, k)[0, :, :, 0], [[10., 14.],
+                                                          [26., 30.]])
+
+
+@pytest.mark.parametrize("conv_impl", ["lax", "patches"])
+@pytest.mark.parametrize("shape,kernel", [((3, 28, 28, 1), (5, 5, 1, 6)),
+                                          ((2, 32, 32, 3), (5, 5, 3, 6)),
+                                          ((2, 10, 8, 2), (3, 5, 2, 4))])
+def test_phase_split_equals_conv_then_max_pool(conv_impl, shape, kernel):
+  x = jax.random.normal(jax.random.PRNGKey(0), shape)
+  k = jax.random.normal(jax.random.PRNGKey(1), kernel)
+  conv_fn = (layers.patches_conv_general_dilated if conv_impl == "patches"
+             else jax.lax.conv_general_dilated)
+  ref = lambda x, k: layers.max_pool(jax.lax.conv_general_dilated(
+      x, k, (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")))
+  ours = lambda x, k: layers.phase_split_conv_max_pool(x, k, conv_fn)
+  np.testing.assert_allclose(ours(x, k), ref(x, k), rtol=1e-5, atol=1e-5)
+  g = jax.random.normal(jax.random.PRNGKey(2), ref(x, k).shape)
+  grads = [jax.grad(lambda x, k: jnp.sum(f(x, k) * g), argnums=(0, 1))(x, k)
+           for f in (ours, ref)]
+  for a, b in zip(*grads):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_phase_split_refuses_odd_inputs():
+  with pytest.raises(ValueError, match="even input sizes"):
+    layers.phase_split_conv_max_pool(jnp.zeros((1, 7, 8, 1)),
+                                     jnp.zeros((3, 3, 1, 2)))
+
+
+@pytest.mark.parametrize("shape", [(2, 28, 28, 1), (2, 27, 27, 1)])
+def test_conv_relu_max_pool_has_nn_conv_parameters_and_values(shape):
+  # Same parameter tree and initial values as nn.Conv + ReLU + max_pool, the
+  # plain form bit-identical, the phase-split form equal to rounding (the
+  # 27x27 input falls back to the plain form).
+  class Plain(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return layers.max_pool(nn.relu(nn.Conv(6, (5, 5), padding="VALID",
+                                             name="c")(x)))
+
+  class Ours(nn.Module):
+    phase_split: bool
+
+    @nn.compact
+    def __call__(self, x):
+      return layers.ConvReluMaxPool(6, (5, 5), phase_split=self.phase_split,
+                                    name="c")(x)
+
+  x = jax.random.normal(jax.random.PRNGKey(0), shape)
+  v = Plain().init(jax.random.PRNGKey(3), x)
+  for split in (False, True):
+    w = Ours(split).init(jax.random.PRNGKey(3), x)
+    assert jax.tree.structure(w) == jax.tree.structure(v)
+    for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(v)):
+      np.testing.assert_array_equal(a, b)
+  ref = Plain().apply(v, x)
+  np.testing.assert_array_equal(Ours(False).apply(v, x), ref)
+  np.testing.assert_allclose(Ours(True).apply(v, x), ref, rtol=1e-5, atol=1e-5)
