@@ -245,9 +245,23 @@ def conv(
   Returns:
     The ``nn.Conv`` module.
   """
+  return nn.Conv(features, kernel_size,
+                 conv_general_dilated=conv_function(conv_impl), **kwargs)
+
+
+def conv_function(conv_impl: str) -> Callable[..., jnp.ndarray]:
+  """The ``conv_general_dilated`` that computes ``conv_impl``.
+
+  Args:
+    conv_impl: ``"lax"``, ``"patches"`` or ``"auto"``
+      (:func:`resolve_conv_impl`).
+
+  Returns:
+    ``lax.conv_general_dilated`` or :func:`patches_conv_general_dilated`.
+  """
   if resolve_conv_impl(conv_impl) == "patches":
-    kwargs["conv_general_dilated"] = patches_conv_general_dilated
-  return nn.Conv(features, kernel_size, **kwargs)
+    return patches_conv_general_dilated
+  return lax.conv_general_dilated
 
 
 @functools.lru_cache(maxsize=None)
@@ -271,6 +285,16 @@ def _phase_selection(kh: int, kw: int) -> np.ndarray:
               if 0 <= a < kh and 0 <= b < kw:
                 sel[u, v, p, q, r, t, a, b] = 1.0
   return sel
+
+
+def phase_split_applies(x_shape: Sequence[int],
+                        kernel_shape: Sequence[int]) -> bool:
+  """Whether :func:`phase_split_conv_max_pool` takes an input of
+  ``x_shape [..., H, W, Ch]`` and a kernel of ``kernel_shape [kh, kw, ...]``:
+  even ``H`` and ``W``, odd ``kh`` and ``kw``."""
+  h, w = x_shape[-3], x_shape[-2]
+  kh, kw = kernel_shape[0], kernel_shape[1]
+  return h % 2 == 0 and w % 2 == 0 and kh % 2 == 1 and kw % 2 == 1
 
 
 def phase_split_conv_max_pool(
@@ -304,7 +328,7 @@ def phase_split_conv_max_pool(
   """
   b, h, w, ch = x.shape
   kh, kw, _, out = kernel.shape
-  if h % 2 or w % 2 or kh % 2 == 0 or kw % 2 == 0:
+  if not phase_split_applies(x.shape, kernel.shape):
     raise ValueError(
         "phase_split_conv_max_pool needs even input sizes and odd kernel "
         f"sizes, got input {x.shape} and kernel {kernel.shape}.")
@@ -350,12 +374,8 @@ class ConvReluMaxPool(nn.Module):
                         (kh, kw, x.shape[-1], self.features), jnp.float32)
     bias = self.param("bias", nn.initializers.zeros_init(), (self.features,),
                       jnp.float32)
-    conv_fn = (patches_conv_general_dilated
-               if resolve_conv_impl(self.conv_impl) == "patches"
-               else lax.conv_general_dilated)
-    h, w = x.shape[-3], x.shape[-2]
-    if self.phase_split and not (h % 2 or w % 2 or kh % 2 == 0
-                                 or kw % 2 == 0):
+    conv_fn = conv_function(self.conv_impl)
+    if self.phase_split and phase_split_applies(x.shape, kernel.shape):
       return nn.relu(phase_split_conv_max_pool(x, kernel, conv_fn) + bias)
     y = conv_fn(x, kernel, (1, 1), "VALID",
                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
