@@ -17,6 +17,12 @@ class ConvNet(nn.Module):
   Instance norm has a learned per-channel scale and bias (2 * width params per
   block) and no running statistics, so the model keeps no ``batch_stats``.
 
+  The layers are ``layers.Conv`` and ``layers.InstanceNorm``: the parameters
+  (names, shapes, initial values) of ``nn.Conv`` and ``nn.InstanceNorm``, the
+  same function to float rounding, in forms that train 1.4-1.5x faster per
+  client-step in the engine's CPU layout on jax 0.5.3
+  (experiments/perf_notes.md, "ConvNet-3").
+
   Parameter count for ``[B, 32, 32, 3]`` input, 10 classes, width 128,
   depth 3 (spatial 32 -> 16 -> 8 -> 4)::
 
@@ -67,9 +73,15 @@ class ConvNet(nn.Module):
           f"ConvNet depth {self.depth} needs H, W >= {2**self.depth}, got "
           f"{x.shape[1:3]}.")
     for i in range(self.depth):
-      x = layers.conv(self.conv_impl, self.width, (3, 3), padding="SAME",
+      # Kernel gradients on CPU (layers.lax_conv_custom_weight_grad): the
+      # first layer's few input channels make XLA's weight-gradient
+      # convolution slow, a matmul of patches takes its place; the others
+      # keep it, one client at a time under vmap.
+      x = layers.Conv(self.width, (3, 3), padding="SAME",
+                      conv_impl=self.conv_impl,
+                      weight_grad="gemm" if i == 0 else "unbatched",
                       name=f"conv{i + 1}")(x)
-      x = nn.InstanceNorm(epsilon=1e-5, name=f"norm{i + 1}")(x)
+      x = layers.InstanceNorm(epsilon=1e-5, name=f"norm{i + 1}")(x)
       x = nn.relu(x)
       x = layers.avg_pool(x)
     x = layers.flatten(x)

@@ -20,7 +20,13 @@ Convolutions can be computed in two formulations, picked per model by its
 flax's default) and ``"patches"`` (:func:`patches_conv_general_dilated`,
 im2col + one matmul). Both compute the same function with the same
 parameters; which one is faster depends on the platform and the jax version
-(:func:`resolve_conv_impl`).
+(:func:`resolve_conv_impl`). With ``lax`` on CPU a layer can also choose how
+its kernel gradient is computed (:func:`lax_conv_custom_weight_grad`).
+
+:class:`Conv` and :class:`InstanceNorm` have the parameters of ``nn.Conv``
+and ``nn.InstanceNorm`` (names, shapes, initial values) and compute the same
+functions in forms measured faster in the engine's CPU layout; ConvNet-3
+trains with them (experiments/perf_notes.md, "ConvNet-3").
 """
 
 import functools
@@ -249,19 +255,307 @@ def conv(
                  conv_general_dilated=conv_function(conv_impl), **kwargs)
 
 
-def conv_function(conv_impl: str) -> Callable[..., jnp.ndarray]:
+# How a convolution's kernel gradient is computed on CPU (:func:`conv_function`).
+WEIGHT_GRADS = ("lax", "gemm", "unbatched")
+
+
+def conv_function(conv_impl: str,
+                  weight_grad: str = "lax") -> Callable[..., jnp.ndarray]:
   """The ``conv_general_dilated`` that computes ``conv_impl``.
 
   Args:
     conv_impl: ``"lax"``, ``"patches"`` or ``"auto"``
       (:func:`resolve_conv_impl`).
+    weight_grad: Where ``conv_impl`` resolves to ``"lax"`` on CPU, how the
+      kernel's gradient is computed (:func:`lax_conv_custom_weight_grad`):
+      ``"lax"`` (autodiff's convolution), ``"gemm"`` (one matmul of the
+      input's patches) or ``"unbatched"`` (autodiff's convolution, one
+      client at a time under ``vmap``). The ``patches`` form's gradient is a
+      matmul already; other platforms keep ``lax``.
 
   Returns:
-    ``lax.conv_general_dilated`` or :func:`patches_conv_general_dilated`.
+    ``lax.conv_general_dilated``, :func:`patches_conv_general_dilated` or
+    :func:`lax_conv_custom_weight_grad` bound to ``weight_grad``.
+
+  Raises:
+    ValueError: For an unknown ``conv_impl`` or ``weight_grad``.
   """
+  if weight_grad not in WEIGHT_GRADS:
+    raise ValueError(f"Unknown weight_grad {weight_grad!r}; expected one of "
+                     f"{WEIGHT_GRADS}.")
   if resolve_conv_impl(conv_impl) == "patches":
     return patches_conv_general_dilated
-  return lax.conv_general_dilated
+  if weight_grad == "lax" or jax.default_backend() != "cpu":
+    return lax.conv_general_dilated
+  return functools.partial(lax_conv_custom_weight_grad,
+                           weight_grad=weight_grad)
+
+
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
+
+def lax_conv_custom_weight_grad(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    window_strides: Sequence[int],
+    padding: str | Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int] | None = None,
+    rhs_dilation: Sequence[int] | None = None,
+    dimension_numbers: Any = None,
+    feature_group_count: int = 1,
+    batch_group_count: int = 1,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    *,
+    weight_grad: str = "gemm",
+) -> jax.Array:
+  """``lax.conv_general_dilated`` with another kernel gradient.
+
+  The value and the input's gradient are ``lax``'s. The kernel's gradient
+  is, by ``weight_grad``:
+
+  * ``"gemm"``: ``dW [kh * kw * Ch, O] = patches(x)^T dy``, the receptive
+    fields ``[B, Ho, Wo, kh * kw * Ch]`` (:func:`_slice_patches`) contracted
+    with the output's gradient ``[B, Ho, Wo, O]`` over space by a matmul per
+    example, then summed over the batch. Why: with few input channels and many output channels
+    (ConvNet-3's first layer, 3 -> 128 on 32x32 images) XLA:CPU's
+    weight-gradient convolution runs at about 6 GFLOP/s per core on jax
+    0.5.3, the matmul at about 44 (a vmap of 2 clients: 70 ms per client
+    against 10). With many input channels the convolution is faster.
+  * ``"unbatched"``: autodiff's weight-gradient convolution, but under
+    ``vmap`` one client at a time (a ``lax.map`` over the mapped axis, so
+    the program does not grow with the cohort). Why: a vmapped kernel
+    gradient is one convolution with a batch group per client, which
+    XLA:CPU of jax 0.5.3 runs slowly and erratically (ConvNet-3's second
+    layer, one core: 72-82 ms per client unbatched, 91-193 as a vmap of 2).
+    The forward and input-gradient convolutions stay vmapped: unbatched
+    inside the local-step loop they are the slow path.
+
+  Same values as ``lax``'s to float rounding (``"unbatched"``: the same
+  convolution). Args and returns are those of ``lax.conv_general_dilated``;
+  inputs other than 2-D NHWC/HWIO convolutions without input dilation or
+  groups are computed by ``lax.conv_general_dilated`` unchanged.
+  """
+  if weight_grad not in WEIGHT_GRADS:
+    raise ValueError(f"Unknown weight_grad {weight_grad!r}; expected one of "
+                     f"{WEIGHT_GRADS}.")
+  nhwc = lhs.ndim == 4 and rhs.ndim == 4 and dimension_numbers is not None and (
+      lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+      == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC))
+  if (weight_grad == "lax" or not nhwc or feature_group_count != 1
+      or batch_group_count != 1 or tuple(lhs_dilation or (1, 1)) != (1, 1)
+      or preferred_element_type is not None):
+    return lax.conv_general_dilated(
+        lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+        dimension_numbers, feature_group_count, batch_group_count,
+        precision, preferred_element_type)
+  if not isinstance(padding, str):
+    padding = tuple(tuple(int(v) for v in p) for p in padding)
+  return _custom_wgrad_conv(
+      lhs, rhs, tuple(int(v) for v in window_strides), padding,
+      tuple(int(v) for v in (rhs_dilation or (1, 1))), precision,
+      weight_grad)
+
+
+def _nhwc_conv(lhs, rhs, strides, padding, rhs_dilation, precision):
+  return lax.conv_general_dilated(lhs, rhs, strides, padding,
+                                  rhs_dilation=rhs_dilation,
+                                  dimension_numbers=_NHWC,
+                                  precision=precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
+def _custom_wgrad_conv(lhs, rhs, strides, padding, rhs_dilation, precision,
+                       weight_grad):
+  del weight_grad
+  return _nhwc_conv(lhs, rhs, strides, padding, rhs_dilation, precision)
+
+
+def _custom_wgrad_conv_fwd(lhs, rhs, strides, padding, rhs_dilation,
+                           precision, weight_grad):
+  del weight_grad
+  y = _nhwc_conv(lhs, rhs, strides, padding, rhs_dilation, precision)
+  return y, (lhs, rhs)
+
+
+def _custom_wgrad_conv_bwd(strides, padding, rhs_dilation, precision,
+                           weight_grad, res, dy):
+  lhs, rhs = res
+  conv = functools.partial(_nhwc_conv, strides=strides, padding=padding,
+                           rhs_dilation=rhs_dilation, precision=precision)
+  _, lhs_vjp = jax.vjp(lambda x: conv(x, rhs), lhs)
+  (dlhs,) = lhs_vjp(dy)
+  if weight_grad == "gemm":
+    kh, kw, _, _ = rhs.shape
+    patches = _slice_patches(lhs, (kh, kw), strides, padding, rhs_dilation)
+    # [B, Ho, Wo, kh*kw*Ch] x [B, Ho, Wo, O] -> [B, kh*kw*Ch, O] -> summed
+    # over B, in HWIO order. One batched matmul per example rather than one
+    # matmul over all of them: jax 0.5.3's oneDNN rewrite tries to
+    # pre-evaluate the right operand of every 2-D matmul as constant
+    # weights, and on this one (whose operands come from a random batch
+    # draw) that aborted the process (tested); a batched matmul is not
+    # pre-evaluated.
+    drhs = jnp.sum(lax.dot_general(
+        patches, dy, (((1, 2), (1, 2)), ((0,), (0,))), precision=precision),
+                   axis=0).reshape(rhs.shape)
+  else:
+    drhs = _unbatched_weight_grad(conv, rhs.shape, rhs.dtype)(lhs, dy)
+  return dlhs, drhs.astype(rhs.dtype)
+
+
+_custom_wgrad_conv.defvjp(_custom_wgrad_conv_fwd, _custom_wgrad_conv_bwd)
+
+
+def _unbatched_weight_grad(conv: Callable[..., jax.Array],
+                           kernel_shape: tuple[int, ...],
+                           dtype: Any) -> Callable[..., jax.Array]:
+  """``(x, dy) -> dW`` of ``conv``, mapped one client at a time by vmap."""
+
+  def weight_grad(x, dy):
+    _, vjp = jax.vjp(lambda k: conv(x, k), jnp.zeros(kernel_shape, dtype))
+    return vjp(dy)[0]
+
+  fn = jax.custom_batching.custom_vmap(weight_grad)
+
+  @fn.def_vmap
+  def _rule(axis_size, in_batched, x, dy):
+    x, dy = (a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
+             for a, batched in zip((x, dy), in_batched))
+    return lax.map(lambda args: fn(*args), (x, dy)), True
+
+  return fn
+
+
+@jax.custom_vjp
+def add_bias(y: jax.Array, bias: jax.Array) -> jax.Array:
+  """``y + bias`` over the last axis, its bias gradient reduced in two steps.
+
+  ``y [B, ..., O]``, ``bias [O]``. The bias gradient sums the output's
+  gradient over every axis but the last: first over the middle axes
+  (``[B, O]``), then over the batch, with an optimization barrier between
+  so that XLA does not merge them back into one reduction. Why: XLA:CPU of
+  jax 0.5.3 runs a reduction that keeps only the minor axis about 6.7x
+  slower than the two steps (one ``[2, 64, 32, 32, 128]`` sum: 45 ms against
+  6.8 on one core); with vmapped clients that reduction was 8 % of a
+  ConvNet-3 step. Same value as ``y + bias``; the gradient to rounding.
+  """
+  return y + bias
+
+
+def _add_bias_fwd(y, bias):
+  return y + bias, None
+
+
+def _add_bias_bwd(_, dy):
+  per_example = jnp.sum(dy, axis=tuple(range(1, dy.ndim - 1)))
+  return dy, jnp.sum(lax.optimization_barrier(per_example), axis=0)
+
+
+add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
+
+
+class Conv(nn.Module):
+  """A 2-D convolution with ``nn.Conv``'s parameters, for the hot models.
+
+  Parameters ``kernel [kh, kw, Ch, O]`` (LeCun normal) and ``bias [O]``
+  (zeros): the names, shapes and initial values of ``nn.Conv(features,
+  kernel_size, padding=padding)``, so variables and checkpoints are
+  interchangeable with it. Computed by :func:`conv_function` (so the
+  formulation and the kernel gradient can be chosen per layer) and
+  :func:`add_bias`. Stride 1, inputs ``[B, H, W, Ch]``.
+
+  Attributes:
+    features: Output channels ``O``.
+    kernel_size: ``(kh, kw)``.
+    padding: ``"SAME"``, ``"VALID"`` or explicit pads, as for ``nn.Conv``.
+    conv_impl: ``"lax"``, ``"patches"`` or ``"auto"``.
+    weight_grad: How the kernel's gradient is computed on CPU with ``lax``:
+      ``"lax"``, ``"gemm"`` or ``"unbatched"`` (:func:`conv_function`).
+  """
+
+  features: int
+  kernel_size: tuple[int, int]
+  padding: Any = "SAME"
+  conv_impl: str = "lax"
+  weight_grad: str = "lax"
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    kh, kw = self.kernel_size
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        (kh, kw, x.shape[-1], self.features), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros_init(), (self.features,),
+                      jnp.float32)
+    # As nn.Conv: compute in the inputs' common dtype.
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias)
+    conv_fn = conv_function(self.conv_impl, self.weight_grad)
+    y = conv_fn(x, kernel, (1, 1), self.padding, dimension_numbers=_NHWC)
+    return add_bias(y, bias)
+
+
+def instance_norm_folds(platform: str | None = None,
+                        jax_version: str | None = None) -> bool:
+  """Whether :class:`InstanceNorm` folds its affine map by default.
+
+  True on CPU before jax 0.6, whose XLA:CPU classic runtime the engine uses:
+  there the folded form trains ConvNet-3 1.1-1.2x faster per client-step
+  (the engine's round, 10 clients, alternating with flax's form). On jax
+  0.12's runtime the same change made the round 1.19x slower, so newer jax
+  and other platforms keep flax's form (experiments/perf_notes.md,
+  "ConvNet-3").
+
+  Args:
+    platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default
+      backend.
+    jax_version: e.g. ``"0.5.3"``; default the running ``jax.__version__``.
+  """
+  platform = platform or jax.default_backend()
+  return platform == "cpu" and versions.version_tuple(jax_version) < (0, 6)
+
+
+class InstanceNorm(nn.Module):
+  """Instance normalisation with ``nn.InstanceNorm``'s parameters.
+
+  ``y = (x - mean) / sqrt(var + eps) * scale + bias`` with the mean and
+  variance of each example and channel over the spatial axes; the variance
+  is ``mean(x^2) - mean(x)^2`` clipped at 0, as flax computes it by default
+  (``use_fast_variance``). Parameters ``scale [Ch]`` (ones) and ``bias
+  [Ch]`` (zeros), as ``nn.InstanceNorm`` names and initialises them.
+
+  Unfolded, computed as flax computes it, ``(x - mean) * (rsqrt(var + eps)
+  * scale) + bias``. Folded, as ``x * k + (bias - mean * k)`` with ``k =
+  scale * rsqrt(var + eps)`` of shape ``[B, 1, 1, Ch]``: the same values
+  to rounding, and a backward pass without the full-size centred input.
+  On one core this layer's forward and backward on ``[64, 32, 32, 128]``
+  (ConvNet-3's first block, a vmap of 2 clients) take 51 ms per client
+  folded against 88 unfolded on jax 0.5.3; in the engine's round the gain
+  holds on jax 0.5.3 and reverses on 0.12 (:func:`instance_norm_folds`).
+
+  Attributes:
+    epsilon: Added to the variance.
+    fold: Fold the affine map; None: :func:`instance_norm_folds`.
+  """
+
+  epsilon: float = 1e-5
+  fold: bool | None = None
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    ch = x.shape[-1]
+    scale = self.param("scale", nn.initializers.ones_init(), (ch,),
+                       jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros_init(), (ch,),
+                      jnp.float32)
+    x, scale, bias = nn.dtypes.promote_dtype(x, scale, bias)
+    axes = tuple(range(1, x.ndim - 1))
+    mean = jnp.mean(x, axes, keepdims=True)
+    var = jnp.maximum(
+        jnp.mean(jnp.square(x), axes, keepdims=True) - jnp.square(mean), 0.0)
+    k = lax.rsqrt(var + self.epsilon) * scale
+    fold = instance_norm_folds() if self.fold is None else self.fold
+    if fold:
+      return x * k + (bias - mean * k)
+    return (x - mean) * k + bias
 
 
 @functools.lru_cache(maxsize=None)

@@ -145,6 +145,112 @@ def test_patches_conv_refuses_what_it_does_not_implement():
         x[0], k[0], (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
 
 
+# --- lax_conv_custom_weight_grad: lax's convolution, another kernel gradient
+
+
+def _custom_wgrad_both(kwargs, weight_grad):
+  kwargs = {"window_strides": (1, 1), **kwargs}
+  dn = ("NHWC", "HWIO", "NHWC")
+  ref = lambda x, k: lax.conv_general_dilated(x, k, dimension_numbers=dn,
+                                              **kwargs)
+  ours = lambda x, k: layers.lax_conv_custom_weight_grad(
+      x, k, dimension_numbers=dn, weight_grad=weight_grad, **kwargs)
+  return ref, ours
+
+
+@pytest.mark.parametrize("weight_grad", ["gemm", "unbatched"])
+@pytest.mark.parametrize("xs, ks, kwargs", _CASES)
+def test_custom_weight_grad_conv_matches_lax(xs, ks, kwargs, weight_grad):
+  # Every case, the input-dilated one included (it falls back to lax).
+  x, k = _rand(xs, 0), _rand(ks, 1)
+  ref, ours = _custom_wgrad_both(kwargs, weight_grad)
+  np.testing.assert_array_equal(ours(x, k), ref(x, k))
+  ct = _rand(ref(x, k).shape, 2)
+  g_ref = jax.grad(lambda x, k: jnp.vdot(ref(x, k), ct), (0, 1))(x, k)
+  g_ours = jax.grad(lambda x, k: jnp.vdot(ours(x, k), ct), (0, 1))(x, k)
+  np.testing.assert_array_equal(g_ours[0], g_ref[0])  # lax's input gradient
+  np.testing.assert_allclose(g_ours[1], g_ref[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("weight_grad", ["gemm", "unbatched"])
+@pytest.mark.parametrize("xs, ks, kwargs", _CASES[:6])
+def test_custom_weight_grad_conv_matches_lax_in_float64_under_vmap(
+    xs, ks, kwargs, weight_grad):
+  # Two clients with their own inputs and kernels, as the engine maps them;
+  # and a kernel shared by both (only the input mapped).
+  with x64():
+    x = jnp.stack([_rand(xs, 0, jnp.float64), _rand(xs, 3, jnp.float64)])
+    k = jnp.stack([_rand(ks, 1, jnp.float64), _rand(ks, 4, jnp.float64)])
+    ref, ours = _custom_wgrad_both(kwargs, weight_grad)
+    ct = _rand((2,) + ref(x[0], k[0]).shape, 2, jnp.float64)
+    loss = lambda f: lambda x, k, c: jnp.vdot(f(x, k), c)
+    for axes in ((0, 0, 0), (0, None, 0)):
+      kk = k if axes[1] == 0 else k[0]
+      grads = [jax.vmap(jax.grad(loss(f), (0, 1)), axes)(x, kk, ct)
+               for f in (ours, ref)]
+      for a, b in zip(*grads):
+        assert a.dtype == jnp.float64 and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_custom_weight_grad_is_a_cpu_lax_choice():
+  fn = layers.conv_function
+  for weight_grad in layers.WEIGHT_GRADS:
+    assert fn("patches", weight_grad) is layers.patches_conv_general_dilated
+  assert fn("lax") is lax.conv_general_dilated
+  assert fn("lax", "lax") is lax.conv_general_dilated
+  for weight_grad in ("gemm", "unbatched"):
+    chosen = fn("lax", weight_grad)
+    if jax.default_backend() == "cpu":
+      assert chosen.func is layers.lax_conv_custom_weight_grad
+      assert chosen.keywords == {"weight_grad": weight_grad}
+    else:
+      assert chosen is lax.conv_general_dilated
+  with pytest.raises(ValueError, match="weight_grad"):
+    fn("lax", "fast")
+  with pytest.raises(ValueError, match="weight_grad"):
+    layers.lax_conv_custom_weight_grad(
+        jnp.zeros((1, 4, 4, 1)), jnp.zeros((3, 3, 1, 1)), (1, 1), "SAME",
+        dimension_numbers=("NHWC", "HWIO", "NHWC"), weight_grad="fast")
+
+
+_CONSTANT_DATA_PROGRAM = """
+import jax, jax.numpy as jnp, numpy as np
+from fedjax_dd.core import clients
+from fedjax_dd.models import convnet
+m = convnet.ConvNet(width=16)
+x = jnp.asarray(np.random.default_rng(0).normal(size=(256, 32, 32, 3)),
+                jnp.float32)
+y = jnp.asarray(np.random.default_rng(1).integers(0, 10, 256))
+v = m.init(jax.random.PRNGKey(0), x[:2], train=False)
+
+def step(p, t):
+  idx = jax.random.randint(jax.random.fold_in(jax.random.PRNGKey(1), t),
+                           (32,), 0, 256)
+  def loss(p):
+    logp = jax.nn.log_softmax(m.apply(p, x[idx], train=True))
+    return -jnp.mean(jnp.take_along_axis(logp, y[idx][:, None], 1))
+  return jax.tree.map(lambda a, g: a - 0.01 * g, p, jax.grad(loss)(p)), None
+
+run = clients.engine_jit(lambda p: jax.lax.scan(step, p, jnp.arange(3))[0])
+print(bool(jnp.isfinite(jax.tree.leaves(run(v))[0]).all()))
+"""
+
+
+def test_convnet_training_with_constant_data_compiles_in_the_engine_jit():
+  # Data closed over as compile-time constants, a random batch drawn in a
+  # loop, one unbatched client, the engine's compiler options: jax 0.5.3's
+  # oneDNN matmul rewrite aborted the whole process on the first layer's
+  # matmul kernel gradient when it was one 2-D matmul. A child process, so
+  # that a regression fails this test instead of killing the session.
+  import subprocess
+  import sys
+  out = subprocess.run([sys.executable, "-c", _CONSTANT_DATA_PROGRAM],
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "True"
+
+
 # --- every model with convolutions -------------------------------------------
 
 # Registry models, with small stand-ins of the same classes where the

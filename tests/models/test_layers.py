@@ -219,3 +219,98 @@ def test_conv_relu_max_pool_has_nn_conv_parameters_and_values(shape):
   ref = Plain().apply(v, x)
   np.testing.assert_array_equal(Ours(False).apply(v, x), ref)
   np.testing.assert_allclose(Ours(True).apply(v, x), ref, rtol=1e-5, atol=1e-5)
+
+
+# --- Conv, add_bias, InstanceNorm: nn.Conv's and nn.InstanceNorm's parameters
+
+
+def test_add_bias_hand_example():
+  y = jnp.arange(12.0).reshape(2, 3, 2)
+  b = jnp.array([10.0, 20.0])
+  np.testing.assert_array_equal(layers.add_bias(y, b), y + b)
+  ct = jnp.arange(12.0).reshape(2, 3, 2) + 1  # 1..12
+  dy, db = jax.grad(lambda y, b: jnp.vdot(layers.add_bias(y, b), ct),
+                    (0, 1))(y, b)
+  np.testing.assert_array_equal(dy, ct)
+  # Channel 0 sums 1+3+5+7+9+11, channel 1 sums 2+4+...+12.
+  np.testing.assert_array_equal(db, [36.0, 42.0])
+  # Under vmap each client gets its own sums.
+  db2 = jax.vmap(jax.grad(lambda b, c: jnp.vdot(layers.add_bias(y, b), c)))(
+      jnp.stack([b, b]), jnp.stack([ct, 2 * ct]))
+  np.testing.assert_array_equal(db2, [[36.0, 42.0], [72.0, 84.0]])
+
+
+@pytest.mark.parametrize("conv_impl", ["lax", "patches"])
+@pytest.mark.parametrize("weight_grad", ["lax", "gemm", "unbatched"])
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_conv_module_has_nn_conv_parameters_values_and_gradients(
+    conv_impl, weight_grad, padding):
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 9, 8, 3))
+  theirs = nn.Conv(5, (3, 3), padding=padding)
+  ours = layers.Conv(5, (3, 3), padding=padding, conv_impl=conv_impl,
+                     weight_grad=weight_grad)
+  v = theirs.init(jax.random.PRNGKey(3), x)
+  w = ours.init(jax.random.PRNGKey(3), x)
+  assert jax.tree.structure(w) == jax.tree.structure(v)
+  for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(v)):
+    np.testing.assert_array_equal(a, b)
+  # A non-zero bias, so that the bias is really added.
+  v = jax.tree.map(lambda a: a + 0.1, v)
+  np.testing.assert_allclose(ours.apply(v, x), theirs.apply(v, x),
+                             rtol=1e-5, atol=1e-5)
+  ct = jax.random.normal(jax.random.PRNGKey(4), theirs.apply(v, x).shape)
+  g = lambda m: jax.grad(lambda v, x: jnp.vdot(m.apply(v, x), ct),
+                         (0, 1))(v, x)
+  for a, b in zip(jax.tree.leaves(g(ours)), jax.tree.leaves(g(theirs))):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_instance_norm_hand_example(fold):
+  # One example, one channel, values 1, 2, 3, 4: mean 2.5, variance 1.25.
+  x = jnp.array([1.0, 2.0, 3.0, 4.0]).reshape(1, 2, 2, 1)
+  y = layers.InstanceNorm(epsilon=0.0, fold=fold).apply(
+      {"params": {"scale": jnp.array([2.0]), "bias": jnp.array([1.0])}}, x)
+  expected = (np.array([1.0, 2.0, 3.0, 4.0]) - 2.5) / np.sqrt(1.25) * 2 + 1
+  np.testing.assert_allclose(y.reshape(-1), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("platform, version, expected", [
+    ("cpu", "0.5.3", True), ("cpu", "0.4.30", True), ("cpu", "0.6.0", False),
+    ("cpu", "0.12.0.1", False), ("gpu", "0.5.3", False),
+    ("tpu", "0.5.3", False)])
+def test_instance_norm_folds_on_the_classic_cpu_runtime_only(
+    platform, version, expected):
+  assert layers.instance_norm_folds(platform, version) is expected
+
+
+def test_unfolded_instance_norm_is_flax_bit_for_bit():
+  x = 3 * jax.random.normal(jax.random.PRNGKey(0), (3, 6, 5, 4)) + 1
+  v = {"params": {"scale": jnp.linspace(0.5, 2.0, 4),
+                  "bias": jnp.linspace(-1.0, 1.0, 4)}}
+  np.testing.assert_array_equal(
+      layers.InstanceNorm(1e-5, fold=False).apply(v, x),
+      nn.InstanceNorm(epsilon=1e-5).apply(v, x))
+
+
+@pytest.mark.parametrize("fold", [False, True])
+@pytest.mark.parametrize("shape", [(3, 6, 5, 4), (2, 4, 4, 1)])
+def test_instance_norm_matches_flax(shape, fold):
+  x = 3 * jax.random.normal(jax.random.PRNGKey(0), shape) + 1
+  theirs = nn.InstanceNorm(epsilon=1e-5)
+  ours = layers.InstanceNorm(1e-5, fold=fold)
+  v = theirs.init(jax.random.PRNGKey(1), x)
+  w = ours.init(jax.random.PRNGKey(1), x)
+  assert jax.tree.structure(w) == jax.tree.structure(v)
+  for a, b in zip(jax.tree.leaves(w), jax.tree.leaves(v)):
+    np.testing.assert_array_equal(a, b)
+  v = {"params": {"scale": jnp.linspace(0.5, 2.0, shape[-1]),
+                  "bias": jnp.linspace(-1.0, 1.0, shape[-1])}}
+  np.testing.assert_allclose(ours.apply(v, x), theirs.apply(v, x),
+                             rtol=1e-5, atol=1e-5)
+  ct = jax.random.normal(jax.random.PRNGKey(2), shape)
+  g = lambda m: jax.grad(lambda v, x: jnp.vdot(jax.nn.relu(m.apply(v, x)),
+                                               ct), (0, 1))(v, x)
+  for a, b in zip(jax.tree.leaves(g(ours)), jax.tree.leaves(g(theirs))):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
