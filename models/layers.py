@@ -48,6 +48,9 @@ BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 
 
+# The layout of every convolution here: NHWC input, HWIO kernel, NHWC output.
+_NHWC = ("NHWC", "HWIO", "NHWC")
+
 # Names accepted by a model's ``conv_impl`` field and ``model.conv_impl``.
 CONV_IMPLS = ("auto", "lax", "patches")
 
@@ -162,11 +165,7 @@ def patches_conv_general_dilated(
         "patches_conv_general_dilated supports only 2-D convolutions (rank-4 "
         f"input and kernel), got shapes {lhs.shape} and {rhs.shape}; use "
         "conv_impl='lax'.")
-  nhwc = lax.conv_dimension_numbers(lhs.shape, rhs.shape,
-                                    ("NHWC", "HWIO", "NHWC"))
-  given = (None if dimension_numbers is None else lax.conv_dimension_numbers(
-      lhs.shape, rhs.shape, dimension_numbers))
-  if given != nhwc:
+  if not _is_nhwc(lhs, rhs, dimension_numbers):
     raise NotImplementedError(
         "patches_conv_general_dilated supports only NHWC inputs, HWIO "
         f"kernels and NHWC outputs, got dimension_numbers "
@@ -195,6 +194,15 @@ def patches_conv_general_dilated(
     kernel = jnp.transpose(rhs, (2, 0, 1, 3)).reshape(ch * kh * kw, out)
   return jnp.dot(patches, kernel, precision=precision,
                  preferred_element_type=preferred_element_type)
+
+
+def _is_nhwc(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any) -> bool:
+  """Whether a convolution is 2-D with NHWC/HWIO/NHWC ``dimension_numbers``
+  (None, lax's NCHW default, is not)."""
+  if lhs.ndim != 4 or rhs.ndim != 4 or dimension_numbers is None:
+    return False
+  return (lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+          == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC))
 
 
 def _slice_patches(x: jax.Array, window: tuple[int, int],
@@ -255,8 +263,14 @@ def conv(
                  conv_general_dilated=conv_function(conv_impl), **kwargs)
 
 
-# How a convolution's kernel gradient is computed on CPU (:func:`conv_function`).
+# How a convolution's kernel gradient is computed on CPU (conv_function).
 WEIGHT_GRADS = ("lax", "gemm", "unbatched")
+
+
+def _check_weight_grad(weight_grad: str) -> None:
+  if weight_grad not in WEIGHT_GRADS:
+    raise ValueError(f"Unknown weight_grad {weight_grad!r}; expected one of "
+                     f"{WEIGHT_GRADS}.")
 
 
 def conv_function(conv_impl: str,
@@ -280,9 +294,7 @@ def conv_function(conv_impl: str,
   Raises:
     ValueError: For an unknown ``conv_impl`` or ``weight_grad``.
   """
-  if weight_grad not in WEIGHT_GRADS:
-    raise ValueError(f"Unknown weight_grad {weight_grad!r}; expected one of "
-                     f"{WEIGHT_GRADS}.")
+  _check_weight_grad(weight_grad)
   if resolve_conv_impl(conv_impl) == "patches":
     return patches_conv_general_dilated
   if weight_grad == "lax" or jax.default_backend() != "cpu":
@@ -290,8 +302,6 @@ def conv_function(conv_impl: str,
   return functools.partial(lax_conv_custom_weight_grad,
                            weight_grad=weight_grad)
 
-
-_NHWC = ("NHWC", "HWIO", "NHWC")
 
 
 def lax_conv_custom_weight_grad(
@@ -317,8 +327,9 @@ def lax_conv_custom_weight_grad(
   * ``"gemm"``: ``dW [kh * kw * Ch, O] = patches(x)^T dy``, the receptive
     fields ``[B, Ho, Wo, kh * kw * Ch]`` (:func:`_slice_patches`) contracted
     with the output's gradient ``[B, Ho, Wo, O]`` over space by a matmul per
-    example, then summed over the batch. Why: with few input channels and many output channels
-    (ConvNet-3's first layer, 3 -> 128 on 32x32 images) XLA:CPU's
+    example, then summed over the batch. Why: with few input channels and
+    many output channels (ConvNet-3's first layer, 3 -> 128 on 32x32
+    images) XLA:CPU's
     weight-gradient convolution runs at about 6 GFLOP/s per core on jax
     0.5.3, the matmul at about 44 (a vmap of 2 clients: 70 ms per client
     against 10). With many input channels the convolution is faster.
@@ -336,13 +347,9 @@ def lax_conv_custom_weight_grad(
   inputs other than 2-D NHWC/HWIO convolutions without input dilation or
   groups are computed by ``lax.conv_general_dilated`` unchanged.
   """
-  if weight_grad not in WEIGHT_GRADS:
-    raise ValueError(f"Unknown weight_grad {weight_grad!r}; expected one of "
-                     f"{WEIGHT_GRADS}.")
-  nhwc = lhs.ndim == 4 and rhs.ndim == 4 and dimension_numbers is not None and (
-      lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
-      == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC))
-  if (weight_grad == "lax" or not nhwc or feature_group_count != 1
+  _check_weight_grad(weight_grad)
+  if (weight_grad == "lax" or not _is_nhwc(lhs, rhs, dimension_numbers)
+      or feature_group_count != 1
       or batch_group_count != 1 or tuple(lhs_dilation or (1, 1)) != (1, 1)
       or preferred_element_type is not None):
     return lax.conv_general_dilated(
@@ -454,6 +461,18 @@ def _add_bias_bwd(_, dy):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
+def _conv_params(module: nn.Module, kernel_size: tuple[int, int],
+                 in_features: int, features: int) -> tuple[jax.Array, ...]:
+  """``kernel [kh, kw, in, out]`` and ``bias [out]`` declared in ``module``
+  with ``nn.Conv``'s names, shapes and initialisers (LeCun normal, zeros)."""
+  kh, kw = kernel_size
+  kernel = module.param("kernel", nn.initializers.lecun_normal(),
+                        (kh, kw, in_features, features), jnp.float32)
+  bias = module.param("bias", nn.initializers.zeros_init(), (features,),
+                      jnp.float32)
+  return kernel, bias
+
+
 class Conv(nn.Module):
   """A 2-D convolution with ``nn.Conv``'s parameters, for the hot models.
 
@@ -481,11 +500,8 @@ class Conv(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    kh, kw = self.kernel_size
-    kernel = self.param("kernel", nn.initializers.lecun_normal(),
-                        (kh, kw, x.shape[-1], self.features), jnp.float32)
-    bias = self.param("bias", nn.initializers.zeros_init(), (self.features,),
-                      jnp.float32)
+    kernel, bias = _conv_params(self, self.kernel_size, x.shape[-1],
+                                self.features)
     # As nn.Conv: compute in the inputs' common dtype.
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias)
     conv_fn = conv_function(self.conv_impl, self.weight_grad)
@@ -633,7 +649,7 @@ def phase_split_conv_max_pool(
   k = jnp.einsum("uvpqrsab,abio->uvpqirso", sel, kernel)
   k = k.reshape(kh // 2 + 1, kw // 2 + 1, 4 * ch, 4 * out)
   y = conv_general_dilated(xs, k, (1, 1), "VALID",
-                           dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                           dimension_numbers=_NHWC)
   return jnp.max(y.reshape(*y.shape[:3], 4, out), axis=3)
 
 
@@ -663,16 +679,12 @@ class ConvReluMaxPool(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    kh, kw = self.kernel_size
-    kernel = self.param("kernel", nn.initializers.lecun_normal(),
-                        (kh, kw, x.shape[-1], self.features), jnp.float32)
-    bias = self.param("bias", nn.initializers.zeros_init(), (self.features,),
-                      jnp.float32)
+    kernel, bias = _conv_params(self, self.kernel_size, x.shape[-1],
+                                self.features)
     conv_fn = conv_function(self.conv_impl)
     if self.phase_split and phase_split_applies(x.shape, kernel.shape):
       return nn.relu(phase_split_conv_max_pool(x, kernel, conv_fn) + bias)
-    y = conv_fn(x, kernel, (1, 1), "VALID",
-                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    y = conv_fn(x, kernel, (1, 1), "VALID", dimension_numbers=_NHWC)
     return max_pool(nn.relu(y + bias))
 
 
