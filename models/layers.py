@@ -490,6 +490,14 @@ class Conv(nn.Module):
     conv_impl: ``"lax"``, ``"patches"`` or ``"auto"``.
     weight_grad: How the kernel's gradient is computed on CPU with ``lax``:
       ``"lax"``, ``"gemm"`` or ``"unbatched"`` (:func:`conv_function`).
+    apply_bias: False declares the bias (so the variables stay
+      ``nn.Conv``'s) but does not add it. Only for a convolution whose
+      output goes straight into a normalisation that subtracts each
+      channel's mean over space, such as instance norm: there a per-channel
+      bias cancels exactly, so the model computes the same function and the
+      bias's gradient is zero, and adding it and reducing its gradient is
+      wasted work (the engine's ConvNet-3 round on CPU ran 1.08x faster
+      without it on jax 0.5.3, level to 1.03x on 0.12).
   """
 
   features: int
@@ -497,6 +505,7 @@ class Conv(nn.Module):
   padding: Any = "SAME"
   conv_impl: str = "lax"
   weight_grad: str = "lax"
+  apply_bias: bool = True
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -506,7 +515,7 @@ class Conv(nn.Module):
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias)
     conv_fn = conv_function(self.conv_impl, self.weight_grad)
     y = conv_fn(x, kernel, (1, 1), self.padding, dimension_numbers=_NHWC)
-    return add_bias(y, bias)
+    return add_bias(y, bias) if self.apply_bias else y
 
 
 def instance_norm_folds(platform: str | None = None,

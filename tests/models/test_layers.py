@@ -266,6 +266,23 @@ def test_conv_module_has_nn_conv_parameters_values_and_gradients(
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
 
 
+def test_conv_without_applied_bias_declares_it_but_does_not_add_it():
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 6, 5, 3))
+  theirs = nn.Conv(4, (3, 3), padding="SAME")
+  ours = layers.Conv(4, (3, 3), padding="SAME", apply_bias=False)
+  v = theirs.init(jax.random.PRNGKey(1), x)
+  w = ours.init(jax.random.PRNGKey(1), x)
+  # The same variables as nn.Conv, the bias included.
+  assert jax.tree.structure(w) == jax.tree.structure(v)
+  v = jax.tree.map(lambda a: a + 0.5, v)
+  bias = v["params"]["bias"]
+  np.testing.assert_allclose(ours.apply(v, x), theirs.apply(v, x) - bias,
+                             rtol=1e-5, atol=1e-5)
+  g = jax.grad(lambda v: jnp.sum(ours.apply(v, x) ** 2))(v)
+  np.testing.assert_array_equal(g["params"]["bias"], np.zeros(4))
+  assert np.abs(np.asarray(g["params"]["kernel"])).max() > 0
+
+
 @pytest.mark.parametrize("fold", [False, True])
 def test_instance_norm_hand_example(fold):
   # One example, one channel, values 1, 2, 3, 4: mean 2.5, variance 1.25.

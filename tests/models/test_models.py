@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,6 +139,46 @@ def test_models_reject_non_nhwc_input():
   _, module, variables = _registry_model("lenet5")
   with pytest.raises(ValueError, match="NHWC"):
     module.apply(variables, jnp.zeros((28, 28, 1)), train=False)
+
+
+class _FlaxConvNet(nn.Module):
+  """ConvNet-``depth`` from flax's own layers, the conv bias added."""
+
+  depth: int = 2
+  width: int = 8
+
+  @nn.compact
+  def __call__(self, x, *, train):
+    del train
+    for i in range(self.depth):
+      x = nn.Conv(self.width, (3, 3), padding="SAME", name=f"conv{i + 1}")(x)
+      x = nn.InstanceNorm(epsilon=1e-5, name=f"norm{i + 1}")(x)
+      x = nn.avg_pool(nn.relu(x), (2, 2), strides=(2, 2))
+    return nn.Dense(5, name="fc")(x.reshape(x.shape[0], -1))
+
+
+def test_convnet_is_flax_convnet_with_its_conv_biases_cancelled():
+  # ConvNet does not add its conv biases: instance norm subtracts each
+  # channel's spatial mean, so with non-zero biases it still computes flax's
+  # ConvNet, and the biases' gradients are zero.
+  ours, theirs = models.ConvNet(5, width=8, depth=2), _FlaxConvNet()
+  x = 2 * jax.random.normal(KEY(0), (3, 8, 8, 2)) + 1
+  v = ours.init(KEY(1), x, train=False)
+  assert (jax.tree.map(jnp.shape, v)
+          == jax.tree.map(jnp.shape, theirs.init(KEY(1), x, train=False)))
+  v = jax.tree.map(lambda a: a + 0.3, v)  # biases 0.3 everywhere
+  loss = lambda m, v: jnp.sum(jnp.sin(m.apply(v, x, train=True)))
+  np.testing.assert_allclose(ours.apply(v, x, train=False),
+                             theirs.apply(v, x, train=False),
+                             rtol=1e-5, atol=1e-5)
+  g, g_ref = (jax.grad(loss, 1)(m, v) for m in (ours, theirs))
+  for name in ("conv1", "conv2"):
+    np.testing.assert_array_equal(g["params"][name]["bias"], np.zeros(8))
+    # flax's bias gradient is zero up to rounding.
+    np.testing.assert_allclose(g_ref["params"][name]["bias"], 0.0, atol=1e-5)
+  scale = max(float(np.abs(a).max()) for a in jax.tree.leaves(g_ref))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      a, b, rtol=0, atol=1e-5 * scale), g, g_ref)
 
 
 @pytest.mark.parametrize("module,shape", [
