@@ -106,6 +106,7 @@ MODELS = {
     "hfldd_cifar_cnn": ("hfldd_cifar_cnn", (32, 32, 3)),
     "convnet3": ("convnet3", (32, 32, 3)),
     "cnn3": ("cnn3", (32, 32, 3)),  # FedHydra's CNN3 (DisUE's CIFAR presets)
+    "cnn2": ("cnn2", (28, 28, 1)),  # FedHydra's CNN2 (MNIST, Fashion-MNIST)
 }
 
 

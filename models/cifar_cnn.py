@@ -75,7 +75,12 @@ class HFLDDCifarCNN(nn.Module):
           f"{2 ** len(self.features)}, got {x.shape[1:3]}.")
     for i, width in enumerate(self.features):
       for j in (1, 2):
+        # Kernel gradients on CPU with lax (layers.conv_function): a matmul
+        # of the patches for the 3-channel input, one matmul per tap for the
+        # rest; the engine's round ran 1.3-1.4x faster than with lax's
+        # (experiments/perf_notes.md, "Kernel gradient per tap").
         x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
+                        weight_grad="gemm" if (i, j) == (0, 1) else "taps",
                         name=f"conv{i + 1}_{j}")(x)
         x = nn.relu(x)
         x = layers.batch_norm(train, name=f"bn{i + 1}_{j}")(x)

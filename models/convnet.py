@@ -19,9 +19,11 @@ class ConvNet(nn.Module):
 
   The layers are ``layers.Conv`` and ``layers.InstanceNorm``: the parameters
   (names, shapes, initial values) of ``nn.Conv`` and ``nn.InstanceNorm``, the
-  same function to float rounding, in forms that train 1.7-2.0x faster per
+  same function to float rounding, in forms that train faster per
   client-step in the engine's CPU layout on jax 0.5.3 (one core: 448-490 ms
-  before, 249-257 now; experiments/perf_notes.md, "ConvNet-3"). The
+  before, 249-257 with changes 1-4 of experiments/perf_notes.md,
+  "ConvNet-3"; the kernel gradient per tap then made the engine's round
+  1.35x faster again). The
   convolutions' biases are parameters but are not added: each convolution
   feeds an instance norm, which subtracts the channel's spatial mean, so a
   per-channel bias cancels exactly and its gradient is zero.
@@ -76,16 +78,16 @@ class ConvNet(nn.Module):
           f"ConvNet depth {self.depth} needs H, W >= {2**self.depth}, got "
           f"{x.shape[1:3]}.")
     for i in range(self.depth):
-      # Kernel gradients on CPU (layers.lax_conv_custom_weight_grad): the
-      # first layer's few input channels make XLA's weight-gradient
-      # convolution slow, a matmul of patches takes its place; the others
-      # keep it, one client at a time under vmap.
+      # Kernel gradients on CPU (layers.lax_conv_custom_weight_grad): XLA's
+      # weight-gradient convolution is slow here. The first layer's few
+      # input channels make one matmul of the patches fastest; the others
+      # (128 channels in) take one matmul per kernel tap.
       # The bias is a parameter (nn.Conv's variables) but is not added:
       # instance norm subtracts each channel's spatial mean right after, so
       # a per-channel bias cancels exactly and its gradient is zero.
       x = layers.Conv(self.width, (3, 3), padding="SAME",
                       conv_impl=self.conv_impl,
-                      weight_grad="gemm" if i == 0 else "unbatched",
+                      weight_grad="gemm" if i == 0 else "taps",
                       apply_bias=False, name=f"conv{i + 1}")(x)
       x = layers.InstanceNorm(epsilon=1e-5, name=f"norm{i + 1}")(x)
       x = nn.relu(x)

@@ -205,17 +205,15 @@ def _is_nhwc(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any) -> bool:
           == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC))
 
 
-def _slice_patches(x: jax.Array, window: tuple[int, int],
-                   strides: tuple[int, int],
-                   padding: str | Sequence[tuple[int, int]],
-                   rhs_dilation: tuple[int, int]) -> jax.Array:
-  """Receptive fields ``[B, Ho, Wo, kh * kw * Ch]`` from shifted slices.
+def _tap_slices(x: jax.Array, window: tuple[int, int],
+                strides: tuple[int, int],
+                padding: str | Sequence[tuple[int, int]],
+                rhs_dilation: tuple[int, int]) -> list[jax.Array]:
+  """The padded input's ``kh * kw`` shifted slices, each ``[B, Ho, Wo, Ch]``.
 
-  One strided slice of the padded input per kernel tap, concatenated on the
-  channel axis ([kh, kw, Ch] order). Unlike ``conv_general_dilated_patches``
-  (a convolution with a one-hot kernel, which XLA:CPU of newer jax runs on
-  its slow convolution path) this is pure data movement, exact on every
-  platform, and its gradient is a sum of pads.
+  Slice ``i * kw + j`` holds, at output pixel ``(p, q)``, the input that
+  kernel tap ``(i, j)`` multiplies there: one strided slice of the padded
+  input per tap, pure data movement.
   """
   (kh, kw), (sh, sw), (dh, dw) = window, strides, rhs_dilation
   pads = lax.padtype_to_pads(x.shape[1:3], ((kh - 1) * dh + 1,
@@ -227,18 +225,34 @@ def _slice_patches(x: jax.Array, window: tuple[int, int],
                (pads[1][0], pads[1][1], 0), (0, 0, 0)))
   ho = (x.shape[1] - (kh - 1) * dh - 1) // sh + 1
   wo = (x.shape[2] - (kw - 1) * dw - 1) // sw + 1
-  taps = [
+  return [
       lax.slice(x, (0, i * dh, j * dw, 0),
                 (x.shape[0], i * dh + (ho - 1) * sh + 1,
                  j * dw + (wo - 1) * sw + 1, x.shape[3]), (1, sh, sw, 1))
       for i in range(kh) for j in range(kw)]
-  return jnp.concatenate(taps, axis=-1)
+
+
+def _slice_patches(x: jax.Array, window: tuple[int, int],
+                   strides: tuple[int, int],
+                   padding: str | Sequence[tuple[int, int]],
+                   rhs_dilation: tuple[int, int]) -> jax.Array:
+  """Receptive fields ``[B, Ho, Wo, kh * kw * Ch]`` from shifted slices.
+
+  The taps' slices (:func:`_tap_slices`) concatenated on the channel axis
+  ([kh, kw, Ch] order). Unlike ``conv_general_dilated_patches`` (a
+  convolution with a one-hot kernel, which XLA:CPU of newer jax runs on its
+  slow convolution path) this is pure data movement, exact on every
+  platform, and its gradient is a sum of pads.
+  """
+  return jnp.concatenate(
+      _tap_slices(x, window, strides, padding, rhs_dilation), axis=-1)
 
 
 def conv(
     conv_impl: str,
     features: int,
     kernel_size: Sequence[int],
+    weight_grad: str = "lax",
     **kwargs: Any,
 ) -> nn.Conv:
   """``nn.Conv`` computed with the formulation ``conv_impl``.
@@ -253,6 +267,8 @@ def conv(
       :func:`resolve_conv_impl` for JAX's default backend).
     features: Output channels.
     kernel_size: ``(kh, kw)``.
+    weight_grad: How the kernel's gradient is computed on CPU with ``lax``
+      (:func:`conv_function`); the same gradient to float rounding.
     **kwargs: Other ``nn.Conv`` fields (``padding``, ``strides``, ``name``,
       ...).
 
@@ -260,11 +276,12 @@ def conv(
     The ``nn.Conv`` module.
   """
   return nn.Conv(features, kernel_size,
-                 conv_general_dilated=conv_function(conv_impl), **kwargs)
+                 conv_general_dilated=conv_function(conv_impl, weight_grad),
+                 **kwargs)
 
 
 # How a convolution's kernel gradient is computed on CPU (conv_function).
-WEIGHT_GRADS = ("lax", "gemm", "unbatched")
+WEIGHT_GRADS = ("lax", "gemm", "unbatched", "taps")
 
 
 def _check_weight_grad(weight_grad: str) -> None:
@@ -283,9 +300,10 @@ def conv_function(conv_impl: str,
     weight_grad: Where ``conv_impl`` resolves to ``"lax"`` on CPU, how the
       kernel's gradient is computed (:func:`lax_conv_custom_weight_grad`):
       ``"lax"`` (autodiff's convolution), ``"gemm"`` (one matmul of the
-      input's patches) or ``"unbatched"`` (autodiff's convolution, one
-      client at a time under ``vmap``). The ``patches`` form's gradient is a
-      matmul already; other platforms keep ``lax``.
+      input's patches), ``"unbatched"`` (autodiff's convolution, one
+      client at a time under ``vmap``) or ``"taps"`` (one matmul per kernel
+      tap). The ``patches`` form's gradient is a matmul already; other
+      platforms keep ``lax``.
 
   Returns:
     ``lax.conv_general_dilated``, :func:`patches_conv_general_dilated` or
@@ -341,9 +359,21 @@ def lax_conv_custom_weight_grad(
     layer, one core: 72-82 ms per client unbatched, 91-193 as a vmap of 2).
     The forward and input-gradient convolutions stay vmapped: unbatched
     inside the local-step loop they are the slow path.
+  * ``"taps"``: ``dW[i, j] = x_ij^T dy``, one matmul per kernel tap
+    ``(i, j)``, where ``x_ij [B * Ho * Wo, Ch]`` is the padded input's
+    slice that the tap multiplies (:func:`_tap_slices`) and ``dy [B * Ho *
+    Wo, O]``; the sum over the batch and space is the matmul's contraction.
+    Under vmap each becomes a batched matmul. Why: with many channels
+    (ConvNet-3's 128 -> 128 layers) the nine ``[Ch, B*Ho*Wo] x [B*Ho*Wo,
+    O]`` matmuls run near the core's matmul peak, where XLA:CPU's
+    weight-gradient convolution does not; the slices are copies of the
+    input's size each, not the 9x larger receptive fields that ``"gemm"``
+    writes. The engine's ConvNet-3 round ran 1.3-1.4x faster than with
+    ``"unbatched"`` (jax 0.5.3, 20 clients, alternating;
+    experiments/perf_notes.md, "ConvNet-3").
 
   Same values as ``lax``'s to float rounding (``"unbatched"``: the same
-  convolution). Args and returns are those of ``lax.conv_general_dilated``;
+  convolution; ``"gemm"`` and ``"taps"``: the same sums in another order). Args and returns are those of ``lax.conv_general_dilated``;
   inputs other than 2-D NHWC/HWIO convolutions without input dilation or
   groups are computed by ``lax.conv_general_dilated`` unchanged.
   """
@@ -405,12 +435,32 @@ def _custom_wgrad_conv_bwd(strides, padding, rhs_dilation, precision,
     drhs = jnp.sum(lax.dot_general(
         patches, dy, (((1, 2), (1, 2)), ((0,), (0,))), precision=precision),
                    axis=0).reshape(rhs.shape)
+  elif weight_grad == "taps":
+    drhs = _taps_weight_grad(lhs, dy, rhs.shape, strides, padding,
+                             rhs_dilation, precision)
   else:
     drhs = _unbatched_weight_grad(conv, rhs.shape, rhs.dtype)(lhs, dy)
   return dlhs, drhs.astype(rhs.dtype)
 
 
 _custom_wgrad_conv.defvjp(_custom_wgrad_conv_fwd, _custom_wgrad_conv_bwd)
+
+
+def _taps_weight_grad(x: jax.Array, dy: jax.Array,
+                      kernel_shape: tuple[int, ...],
+                      strides: tuple[int, int],
+                      padding: str | Sequence[tuple[int, int]],
+                      rhs_dilation: tuple[int, int],
+                      precision: Any) -> jax.Array:
+  """``dW [kh, kw, Ch, O]``: tap ``(i, j)``'s slice ``[B*Ho*Wo, Ch]``
+  contracted with ``dy [B*Ho*Wo, O]``, one matmul per tap."""
+  kh, kw, ch, o = kernel_shape
+  d = dy.reshape(-1, o)
+  return jnp.stack([
+      lax.dot_general(t.reshape(-1, ch), d, (((0,), (0,)), ((), ())),
+                      precision=precision)
+      for t in _tap_slices(x, (kh, kw), strides, padding, rhs_dilation)
+  ]).reshape(kernel_shape)
 
 
 def _unbatched_weight_grad(conv: Callable[..., jax.Array],
@@ -489,7 +539,8 @@ class Conv(nn.Module):
     padding: ``"SAME"``, ``"VALID"`` or explicit pads, as for ``nn.Conv``.
     conv_impl: ``"lax"``, ``"patches"`` or ``"auto"``.
     weight_grad: How the kernel's gradient is computed on CPU with ``lax``:
-      ``"lax"``, ``"gemm"`` or ``"unbatched"`` (:func:`conv_function`).
+      ``"lax"``, ``"gemm"``, ``"unbatched"`` or ``"taps"``
+      (:func:`conv_function`).
     apply_bias: False declares the bias (so the variables stay
       ``nn.Conv``'s) but does not add it. Only for a convolution whose
       output goes straight into a normalisation that subtracts each

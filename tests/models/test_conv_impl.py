@@ -158,7 +158,7 @@ def _custom_wgrad_both(kwargs, weight_grad):
   return ref, ours
 
 
-@pytest.mark.parametrize("weight_grad", ["gemm", "unbatched"])
+@pytest.mark.parametrize("weight_grad", ["gemm", "unbatched", "taps"])
 @pytest.mark.parametrize("xs, ks, kwargs", _CASES)
 def test_custom_weight_grad_conv_matches_lax(xs, ks, kwargs, weight_grad):
   # Every case, the input-dilated one included (it falls back to lax).
@@ -172,7 +172,7 @@ def test_custom_weight_grad_conv_matches_lax(xs, ks, kwargs, weight_grad):
   np.testing.assert_allclose(g_ours[1], g_ref[1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("weight_grad", ["gemm", "unbatched"])
+@pytest.mark.parametrize("weight_grad", ["gemm", "unbatched", "taps"])
 @pytest.mark.parametrize("xs, ks, kwargs", _CASES[:6])
 def test_custom_weight_grad_conv_matches_lax_in_float64_under_vmap(
     xs, ks, kwargs, weight_grad):
@@ -193,13 +193,34 @@ def test_custom_weight_grad_conv_matches_lax_in_float64_under_vmap(
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_taps_weight_grad_counts_where_each_tap_lands():
+  # Ones in, ones back: dW[i, j] counts the output pixels at which tap
+  # (i, j) reads inside the unpadded 3x3 image (SAME padding): 9 at the
+  # centre, 6 on the edges, 4 at the corners; times the batch of 2 and the
+  # single input and output channel.
+  _, ours = _custom_wgrad_both(dict(padding="SAME"), "taps")
+  x, k = jnp.ones((2, 3, 3, 1)), jnp.zeros((3, 3, 1, 1))
+  dk = jax.grad(lambda k: jnp.sum(ours(x, k)))(k)
+  np.testing.assert_array_equal(
+      dk[:, :, 0, 0], 2 * np.array([[4, 6, 4], [6, 9, 6], [4, 6, 4]]))
+  # Stride 2, VALID, on a 5x5 image: the 2x2 outputs read rows/columns
+  # (0, 2) + i and (0, 2) + j, so each tap sees 4 pixels of x = row index.
+  x = jnp.broadcast_to(jnp.arange(5.0)[None, :, None, None], (1, 5, 5, 1))
+  _, ours = _custom_wgrad_both(dict(padding="VALID", window_strides=(2, 2)),
+                               "taps")
+  dk = jax.grad(lambda k: jnp.sum(ours(x, k)))(k)
+  # Tap (i, j) sums rows i and i + 2 over two columns: 2 * (2i + 2).
+  np.testing.assert_array_equal(
+      dk[:, :, 0, 0], np.array([[4, 4, 4], [8, 8, 8], [12, 12, 12]]))
+
+
 def test_custom_weight_grad_is_a_cpu_lax_choice():
   fn = layers.conv_function
   for weight_grad in layers.WEIGHT_GRADS:
     assert fn("patches", weight_grad) is layers.patches_conv_general_dilated
   assert fn("lax") is lax.conv_general_dilated
   assert fn("lax", "lax") is lax.conv_general_dilated
-  for weight_grad in ("gemm", "unbatched"):
+  for weight_grad in ("gemm", "unbatched", "taps"):
     chosen = fn("lax", weight_grad)
     if jax.default_backend() == "cpu":
       assert chosen.func is layers.lax_conv_custom_weight_grad

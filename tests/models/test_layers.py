@@ -241,7 +241,7 @@ def test_add_bias_hand_example():
 
 
 @pytest.mark.parametrize("conv_impl", ["lax", "patches"])
-@pytest.mark.parametrize("weight_grad", ["lax", "gemm", "unbatched"])
+@pytest.mark.parametrize("weight_grad", ["lax", "gemm", "unbatched", "taps"])
 @pytest.mark.parametrize("padding", ["SAME", "VALID"])
 def test_conv_module_has_nn_conv_parameters_values_and_gradients(
     conv_impl, weight_grad, padding):

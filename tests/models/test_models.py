@@ -181,6 +181,25 @@ def test_convnet_is_flax_convnet_with_its_conv_biases_cancelled():
       a, b, rtol=0, atol=1e-5 * scale), g, g_ref)
 
 
+def test_cnn3_kernel_gradients_per_layer_equal_lax_and_are_checked():
+  # CNN3's default per-layer kernel gradients ("gemm", "taps", "taps") give
+  # the gradients of all-lax ones to float rounding; a count that does not
+  # match the convolutions is refused before any compute.
+  x = jax.random.normal(KEY(0), (4, 8, 8, 3))
+  ours = models.CNN3(5, features=(4, 8, 8))
+  ref = models.CNN3(5, features=(4, 8, 8), weight_grads=())
+  v = ours.init(KEY(1), x, train=False)
+  loss = lambda m, p: jnp.sum(jnp.sin(m.apply(
+      {**v, "params": p}, x, train=True, mutable=["batch_stats"])[0]))
+  g, g_ref = (jax.grad(loss, 1)(m, v["params"]) for m in (ours, ref))
+  scale = max(float(np.abs(a).max()) for a in jax.tree.leaves(g_ref))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(
+      a, b, rtol=0, atol=1e-5 * scale), g, g_ref)
+  with pytest.raises(ValueError, match="3 convolutions but 2 weight_grads"):
+    models.CNN3(5, weight_grads=("gemm", "taps")).init(
+        KEY(0), jnp.zeros((1, 32, 32, 3)), train=False)
+
+
 @pytest.mark.parametrize("module,shape", [
     (models.ConvNet(10, depth=3), (4, 4, 1)),
     (models.CNN3(10), (4, 4, 3)),
