@@ -370,11 +370,12 @@ def lax_conv_custom_weight_grad(
     input's size each, not the 9x larger receptive fields that ``"gemm"``
     writes. The engine's ConvNet-3 round ran 1.3-1.4x faster than with
     ``"unbatched"`` (jax 0.5.3, 20 clients, alternating;
-    experiments/perf_notes.md, "ConvNet-3").
+    experiments/perf_notes.md, "Kernel gradient per tap").
 
   Same values as ``lax``'s to float rounding (``"unbatched"``: the same
-  convolution; ``"gemm"`` and ``"taps"``: the same sums in another order). Args and returns are those of ``lax.conv_general_dilated``;
-  inputs other than 2-D NHWC/HWIO convolutions without input dilation or
+  convolution; ``"gemm"`` and ``"taps"``: the same sums in another order).
+  Args and returns are those of ``lax.conv_general_dilated``; inputs other
+  than 2-D NHWC/HWIO convolutions without input dilation or
   groups are computed by ``lax.conv_general_dilated`` unchanged.
   """
   _check_weight_grad(weight_grad)
