@@ -177,7 +177,7 @@ def patches_conv_general_dilated(
   strides = tuple(int(v) for v in window_strides)
   kdil = tuple(int(v) for v in (rhs_dilation or (1, 1)))
   if tuple(lhs_dilation or (1, 1)) == (1, 1):
-    patches = _slice_patches(lhs, (kh, kw), strides, padding, kdil)
+    patches = slice_patches(lhs, (kh, kw), strides, padding, kdil)
     # Features ordered [kh, kw, Ch], as HWIO flattens.
     kernel = rhs.reshape(kh * kw * ch, out)
   else:
@@ -232,10 +232,10 @@ def _tap_slices(x: jax.Array, window: tuple[int, int],
       for i in range(kh) for j in range(kw)]
 
 
-def _slice_patches(x: jax.Array, window: tuple[int, int],
-                   strides: tuple[int, int],
-                   padding: str | Sequence[tuple[int, int]],
-                   rhs_dilation: tuple[int, int]) -> jax.Array:
+def slice_patches(x: jax.Array, window: tuple[int, int],
+                  strides: tuple[int, int],
+                  padding: str | Sequence[tuple[int, int]],
+                  rhs_dilation: tuple[int, int]) -> jax.Array:
   """Receptive fields ``[B, Ho, Wo, kh * kw * Ch]`` from shifted slices.
 
   The taps' slices (:func:`_tap_slices`) concatenated on the channel axis
@@ -343,7 +343,7 @@ def lax_conv_custom_weight_grad(
   is, by ``weight_grad``:
 
   * ``"gemm"``: ``dW [kh * kw * Ch, O] = patches(x)^T dy``, the receptive
-    fields ``[B, Ho, Wo, kh * kw * Ch]`` (:func:`_slice_patches`) contracted
+    fields ``[B, Ho, Wo, kh * kw * Ch]`` (:func:`slice_patches`) contracted
     with the output's gradient ``[B, Ho, Wo, O]`` over space by a matmul per
     example, then summed over the batch. Why: with few input channels and
     many output channels (ConvNet-3's first layer, 3 -> 128 on 32x32
@@ -425,7 +425,7 @@ def _custom_wgrad_conv_bwd(strides, padding, rhs_dilation, precision,
   (dlhs,) = lhs_vjp(dy)
   if weight_grad == "gemm":
     kh, kw, _, _ = rhs.shape
-    patches = _slice_patches(lhs, (kh, kw), strides, padding, rhs_dilation)
+    patches = slice_patches(lhs, (kh, kw), strides, padding, rhs_dilation)
     # [B, Ho, Wo, kh*kw*Ch] x [B, Ho, Wo, O] -> [B, kh*kw*Ch, O] -> summed
     # over B, in HWIO order. One batched matmul per example rather than one
     # matmul over all of them: jax 0.5.3's oneDNN rewrite tries to
@@ -512,8 +512,8 @@ def _add_bias_bwd(_, dy):
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-def _conv_params(module: nn.Module, kernel_size: tuple[int, int],
-                 in_features: int, features: int) -> tuple[jax.Array, ...]:
+def conv_params(module: nn.Module, kernel_size: tuple[int, int],
+                in_features: int, features: int) -> tuple[jax.Array, ...]:
   """``kernel [kh, kw, in, out]`` and ``bias [out]`` declared in ``module``
   with ``nn.Conv``'s names, shapes and initialisers (LeCun normal, zeros)."""
   kh, kw = kernel_size
@@ -561,13 +561,24 @@ class Conv(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    kernel, bias = _conv_params(self, self.kernel_size, x.shape[-1],
+    kernel, bias = conv_params(self, self.kernel_size, x.shape[-1],
                                 self.features)
     # As nn.Conv: compute in the inputs' common dtype.
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias)
     conv_fn = conv_function(self.conv_impl, self.weight_grad)
     y = conv_fn(x, kernel, (1, 1), self.padding, dimension_numbers=_NHWC)
     return add_bias(y, bias) if self.apply_bias else y
+
+
+def instance_norm_params(module: nn.Module,
+                         features: int) -> tuple[jax.Array, jax.Array]:
+  """``scale [Ch]`` (ones) and ``bias [Ch]`` (zeros) declared in ``module``
+  with ``nn.InstanceNorm``'s names, shapes and initialisers."""
+  scale = module.param("scale", nn.initializers.ones_init(), (features,),
+                       jnp.float32)
+  bias = module.param("bias", nn.initializers.zeros_init(), (features,),
+                      jnp.float32)
+  return scale, bias
 
 
 def instance_norm_folds(platform: str | None = None,
@@ -618,11 +629,7 @@ class InstanceNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    ch = x.shape[-1]
-    scale = self.param("scale", nn.initializers.ones_init(), (ch,),
-                       jnp.float32)
-    bias = self.param("bias", nn.initializers.zeros_init(), (ch,),
-                      jnp.float32)
+    scale, bias = instance_norm_params(self, x.shape[-1])
     x, scale, bias = nn.dtypes.promote_dtype(x, scale, bias)
     axes = tuple(range(1, x.ndim - 1))
     mean = jnp.mean(x, axes, keepdims=True)
@@ -740,7 +747,7 @@ class ConvReluMaxPool(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    kernel, bias = _conv_params(self, self.kernel_size, x.shape[-1],
+    kernel, bias = conv_params(self, self.kernel_size, x.shape[-1],
                                 self.features)
     conv_fn = conv_function(self.conv_impl)
     if self.phase_split and phase_split_applies(x.shape, kernel.shape):
