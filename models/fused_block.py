@@ -167,14 +167,13 @@ def _block_fwd(x, kernel, scale, bias, epsilon):
   c = bias - mean * k
   y = y.reshape(b, h, w, o)
   z = jnp.maximum(y * k[:, None, None] + c[:, None, None], 0.0)
-  return _pool(z), (x, kernel, p, y, p_sum, gram_w, mean, rstd, k, c,
-                    var_raw)
+  return _pool(z), (kernel, p, y, p_sum, gram_w, mean, rstd, k, c, var_raw)
 
 
 def _block_bwd(epsilon, res, g):
   del epsilon
-  x, kernel, p, y, p_sum, gram_w, mean, rstd, k, c, var_raw = res
-  kh, kw, _, o = kernel.shape
+  kernel, p, y, p_sum, gram_w, mean, rstd, k, c, var_raw = res
+  kh, kw, ch, o = kernel.shape
   b, h, w, _ = y.shape
   n = h * w
   wf = kernel.reshape(-1, o)
@@ -207,8 +206,11 @@ def _block_bwd(epsilon, res, g):
   dy = (g_z * k[:, None, None] - a1[:, None, None]
         - a2[:, None, None] * (y - mean[:, None, None])).reshape(b, n, o)
   d_p = lax.dot_general(dy, wf, (((2,), (1,)), ((), ())))     # [B, N, K]
-  _, patches_vjp = jax.vjp(lambda v: _patches(v, (kh, kw)), x)
-  (d_x,) = patches_vjp(d_p)
+  # The patches are linear in x (p has its dtype): their transpose needs
+  # x's shape, not x, which is therefore not kept from the forward pass.
+  x_like = jax.ShapeDtypeStruct((b, h, w, ch), p.dtype)
+  (d_x,) = jax.linear_transpose(lambda v: _patches(v, (kh, kw)), x_like)(
+      d_p.astype(p.dtype))
   return d_x, d_wf.reshape(kernel.shape), d_scale, d_bias
 
 

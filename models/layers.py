@@ -562,7 +562,7 @@ class Conv(nn.Module):
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
     kernel, bias = conv_params(self, self.kernel_size, x.shape[-1],
-                                self.features)
+                               self.features)
     # As nn.Conv: compute in the inputs' common dtype.
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias)
     conv_fn = conv_function(self.conv_impl, self.weight_grad)
@@ -748,7 +748,7 @@ class ConvReluMaxPool(nn.Module):
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
     kernel, bias = conv_params(self, self.kernel_size, x.shape[-1],
-                                self.features)
+                               self.features)
     conv_fn = conv_function(self.conv_impl)
     if self.phase_split and phase_split_applies(x.shape, kernel.shape):
       return nn.relu(phase_split_conv_max_pool(x, kernel, conv_fn) + bias)
