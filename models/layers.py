@@ -790,8 +790,9 @@ def max_pool(x: jnp.ndarray, window: int = 2, stride: int = 2) -> jnp.ndarray:
     x: Input ``[..., H, W, Ch]`` (usually ``[B, H, W, Ch]``).
     window: Square window size.
     stride: Stride in both spatial axes. When equal to ``window`` (the common
-      case) pooling is a reshape + max; otherwise it falls back to
-      ``nn.max_pool`` with VALID padding.
+      case) pooling is a reshape + max whose gradient goes to the first
+      maximum of each window; otherwise it falls back to ``nn.max_pool``
+      with VALID padding.
 
   Returns:
     ``[..., (H - window) // stride + 1, (W - window) // stride + 1, Ch]``.
@@ -804,12 +805,67 @@ def max_pool(x: jnp.ndarray, window: int = 2, stride: int = 2) -> jnp.ndarray:
   if window != stride:
     return nn.max_pool(x, (window, window), strides=(stride, stride),
                        padding="VALID")
-  # Reshape + max over the window axes. On jax 0.5.3's classic CPU runtime
-  # this trains LeNet-5 1.4-1.6x faster per client-step than two pairwise
-  # maxima of strided halves, the form used before, at every cohort layout
-  # (chunks of 2 on 2 devices, unbatched, a vmap of 100 clients), with the
-  # same forward values (experiments/perf_notes.md, "Max-pool form").
-  return _window_reduce(x, window, jnp.max)
+  # A reshape exposes the window entries; the max and its gradient are our
+  # own (_window_max: reduce-max's gradient was computed wrongly under jit).
+  # Reshape + jnp.max trained LeNet-5 1.4-1.6x faster per client-step than
+  # two pairwise jnp.maximum of strided halves with autodiff's gradient
+  # ("Max-pool form"), and _window_max as fast as reshape + jnp.max
+  # ("Max-pool gradient", experiments/perf_notes.md).
+  h, w = x.shape[-3] // window * window, x.shape[-2] // window * window
+  if (h, w) != x.shape[-3:-1]:
+    return _window_max(x[..., :h, :w, :], window)
+  return _window_max(x, window)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _window_max(x: jnp.ndarray, window: int) -> jnp.ndarray:
+  """Max over non-overlapping ``window x window`` windows of ``[..., H, W, Ch]``
+  (``H``, ``W`` multiples of ``window``), its gradient routed to the first
+  maximum of each window.
+
+  Why not reduce-max's own gradient: it marks the window entries equal to
+  the max (``x == broadcast(max)``) in a separate computation, and XLA:CPU
+  got that comparison wrong under jit when ``x``'s producer was fused into it
+  (a BatchNorm before the pool, jax 0.5.3 and 0.12): in whole windows no
+  entry matched, and the jitted gradients of CNN2, CNN3 and HFLDD's CIFAR
+  CNN were off by 11-78 % of their largest entry (float64) while the eager
+  ones were exact. Here the forward pass records which entry won, as an
+  int8 per window, in the same comparisons that pick it, and the backward
+  pass only places ``g`` there. A tie goes to the first entry in row-major
+  window order (as PyTorch's and lax's ``reduce_window`` max-pool
+  gradients do) instead of being split.
+  """
+  return _window_max_fwd(x, window)[0]
+
+
+def _window_entries(x: jnp.ndarray, window: int) -> list[jnp.ndarray]:
+  h, w, ch = x.shape[-3:]
+  xr = x.reshape(*x.shape[:-3], h // window, window, w // window, window, ch)
+  return [xr[..., :, i, :, j, :] for i in range(window)
+          for j in range(window)]
+
+
+def _window_max_fwd(x, window):
+  entries = _window_entries(x, window)
+  best, index = entries[0], jnp.zeros(entries[0].shape, jnp.int8)
+  for k, e in enumerate(entries[1:], start=1):
+    wins = e > best  # strict: a tie keeps the earlier entry
+    best = jnp.where(wins, e, best)
+    index = jnp.where(wins, jnp.int8(k), index)
+  return best, index
+
+
+def _window_max_bwd(window, index, g):
+  parts = [jnp.where(index == k, g, jnp.zeros_like(g))
+           for k in range(window * window)]
+  # [..., Ho, Wo, window*window, Ch] -> [..., Ho, window, Wo, window, Ch].
+  *lead, ho, wo, ch = index.shape
+  d = jnp.stack(parts, axis=-2).reshape(*lead, ho, wo, window, window, ch)
+  d = jnp.moveaxis(d, -3, -4)
+  return (d.reshape(*lead, ho * window, wo * window, ch),)
+
+
+_window_max.defvjp(_window_max_fwd, _window_max_bwd)
 
 
 def avg_pool(x: jnp.ndarray, window: int = 2, stride: int = 2) -> jnp.ndarray:

@@ -68,13 +68,37 @@ def test_max_pool_gradient_goes_to_argmax():
   np.testing.assert_allclose(g[0, :, :, 0], np.full((2, 2), 0.25))
 
 
-def test_max_pool_splits_the_gradient_evenly_among_tied_maxima():
-  # Three of the window's four entries tie at the maximum: each gets 1/3
-  # (reduce-max's gradient), whatever their place in the window.
-  x = jnp.array([[2., 2.], [0., 2.]]).reshape(1, 2, 2, 1)
-  g = jax.grad(lambda x: layers.max_pool(x).sum())(x)
-  np.testing.assert_allclose(g[0, :, :, 0], [[1 / 3, 1 / 3], [0., 1 / 3]],
-                             rtol=1e-6)
+def test_max_pool_gives_a_tie_to_the_first_maximum():
+  # Three of the window's four entries tie at the maximum: the first in
+  # row-major window order gets the whole gradient (as PyTorch and lax's
+  # reduce_window max-pool do), eagerly and jitted alike.
+  x = jnp.array([[0., 2.], [2., 2.]]).reshape(1, 2, 2, 1)
+  grad = jax.grad(lambda x: layers.max_pool(x).sum())
+  for g in (grad(x), jax.jit(grad)(x)):
+    np.testing.assert_array_equal(g[0, :, :, 0], [[0., 1.], [0., 0.]])
+
+
+def test_max_pool_gradient_on_odd_sizes_and_larger_windows():
+  # 5x7 input, 2x2 windows: the last row and column are cropped and get no
+  # gradient; 3x3 windows on 6x6: one 1 per window, at its maximum.
+  x = jnp.asarray(np.random.default_rng(0).permutation(2 * 5 * 7 * 3)
+                  .reshape(2, 5, 7, 3), jnp.float32)
+  g = jax.jit(jax.grad(lambda x: layers.max_pool(x).sum()))(x)
+  assert g.shape == x.shape
+  np.testing.assert_array_equal(g[:, 4, :, :], 0)
+  np.testing.assert_array_equal(g[:, :, 6, :], 0)
+  win = np.asarray(x[:, :4, :6, :]).reshape(2, 2, 2, 3, 2, 3)
+  hit = np.asarray(g[:, :4, :6, :]).reshape(2, 2, 2, 3, 2, 3)
+  np.testing.assert_array_equal(hit.sum(axis=(2, 4)), 1)
+  np.testing.assert_array_equal(
+      hit, win == win.max(axis=(2, 4), keepdims=True))
+  x = x[:, :, :6, :][:, :3]
+  x = jnp.concatenate([x, x[:, ::-1] + 1000], axis=1)  # 6x6, distinct
+  g = jax.grad(lambda x: layers.max_pool(x, 3, 3).sum())(x)
+  win = np.asarray(x).reshape(2, 2, 3, 2, 3, 3)
+  hit = np.asarray(g).reshape(2, 2, 3, 2, 3, 3)
+  np.testing.assert_array_equal(
+      hit, win == win.max(axis=(2, 4), keepdims=True))
 
 
 @pytest.mark.parametrize("ours,theirs", [
