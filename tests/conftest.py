@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 
-import fedjax_dd
+# The suite runs in two worker processes (pyproject.toml): on a GPU each
+# would otherwise reserve most of its memory at start.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import fedjax_dd  # noqa: E402
 
 # The suite runs on the engine's default CPU layout (one host device per
 # core), as the entry point sets it; importing the package sets nothing.
