@@ -109,6 +109,12 @@ reproduced: its generator has had 50 steps, and distilling its samples into
 ω_G costs more than the cluster ensemble gives back (as on Fashion-MNIST,
 above). IFCA's K = 2 models cost 1.44x the traffic.
 
+These CIFAR-10 runs trained CNN3 on wrong jitted gradients (reduce-max's
+after a BatchNorm; ``experiments/perf_notes.md``, "Max-pool gradient").
+Re-measured after the fix, seed 0 only, same command: IFCA 0.243, FedFTG
+0.237, data-free FedDF 0.232, FedAvg 0.224, DisUE 0.179 (before: 0.255,
+0.240, 0.226, 0.238, 0.191); the ranking's tail is unchanged.
+
 Ablations (paper Tab. 3; seed 0, 20 rounds, one run each;
 ``experiments/results/disue_fmnist_dir0.01_ablations.{md,png}``)::
 
