@@ -776,11 +776,16 @@ def _window_reduce(
     reduce_fn: Callable[..., jnp.ndarray],
 ) -> jnp.ndarray:
   """Non-overlapping ``window x window`` reduction with VALID cropping."""
+  x = _crop_to_windows(x, window)
   h, w, ch = x.shape[-3:]
-  ho, wo = h // window, w // window
-  x = x[..., : ho * window, : wo * window, :]
-  x = x.reshape(*x.shape[:-3], ho, window, wo, window, ch)
+  x = x.reshape(*x.shape[:-3], h // window, window, w // window, window, ch)
   return reduce_fn(x, axis=(-4, -2))
+
+
+def _crop_to_windows(x: jnp.ndarray, window: int) -> jnp.ndarray:
+  """Drops the rows and columns past the last whole window (VALID)."""
+  h, w = x.shape[-3] // window * window, x.shape[-2] // window * window
+  return x[..., :h, :w, :]
 
 
 def max_pool(x: jnp.ndarray, window: int = 2, stride: int = 2) -> jnp.ndarray:
@@ -811,10 +816,7 @@ def max_pool(x: jnp.ndarray, window: int = 2, stride: int = 2) -> jnp.ndarray:
   # two pairwise jnp.maximum of strided halves with autodiff's gradient
   # ("Max-pool form"), and _window_max as fast as reshape + jnp.max
   # ("Max-pool gradient", experiments/perf_notes.md).
-  h, w = x.shape[-3] // window * window, x.shape[-2] // window * window
-  if (h, w) != x.shape[-3:-1]:
-    return _window_max(x[..., :h, :w, :], window)
-  return _window_max(x, window)
+  return _window_max(_crop_to_windows(x, window), window)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))

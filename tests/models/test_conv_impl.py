@@ -366,14 +366,14 @@ def test_model_outputs_and_gradients_agree_in_float64(name):
 @pytest.mark.parametrize("name", ["cnn2", "cnn3", "hfldd_cifar_cnn",
                                   "lenet5", "alexcifarnet"])
 def test_jitted_training_gradient_equals_the_eager_one_in_float64(name):
-  # The engine trains jitted. layers.max_pool's gradient marks the window
-  # entries equal to the max; before it materialised its input, XLA computed
-  # the BatchNorm output before a pool twice (for the max and for that
-  # comparison) with different rounding, so entries failed to match and the
-  # jitted gradient of CNN2, CNN3 and HFLDD's CIFAR CNN was off by 11-78 %
-  # of its largest entry (float64, batches of 3 and 50; here CNN2 and CNN3
-  # fail without the fix) while the eager one was exact. In float64 only
-  # such a mismatch, not rounding, exceeds the tolerance.
+  # The engine trains jitted. Reduce-max's gradient marks the window entries
+  # equal to the max; jitted after a BatchNorm, XLA:CPU found no match in
+  # whole windows, so before layers.max_pool recorded each window's winner
+  # in its forward pass the jitted gradient of CNN2, CNN3 and HFLDD's CIFAR
+  # CNN was off by 11-78 % of its largest entry (float64, batches of 3 and
+  # 50; here CNN2 and CNN3 fail without the fix) while the eager one was
+  # exact. In float64 only such a mismatch, not rounding, exceeds the
+  # tolerance.
   make, shape = _MODELS[name]
   with x64():
     model = make("lax")
