@@ -291,7 +291,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
           setup_fingerprint={"distill": distill_fingerprint(config)}),
       directory=work.directory,
       evaluate=make_evaluator(task, prepared.dataset.x_test,
-                              prepared.dataset.y_test),
+                              prepared.dataset.y_test,
+                              per_class=config.run.class_accuracy),
       writer=work.writer, wall=wall)
   # FedD3's `rounds` are server epochs: report them as its rounds.
   rows = [{**row, "round": row["epoch"]} for row in work.writer.rows()]

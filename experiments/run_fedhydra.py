@@ -199,7 +199,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   # Round-1 client models: one init per architecture from the same key.
   initial_models = [global_model if g.task is task else g.task.init(init_key)
                     for g in groups]
-  evaluate = make_evaluator(task, ds.x_test, ds.y_test)
+  evaluate = make_evaluator(task, ds.x_test, ds.y_test,
+                            per_class=config.run.class_accuracy)
   client_evaluators = [make_client_evaluator(g.task, ds.x_test, ds.y_test,
                                              mapper=mp)
                        for g, mp in zip(groups, mappers)]
@@ -260,6 +261,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "paper_departures": list(config.paper_departures),
       "final_test_accuracy": last["test_accuracy"],
       "best_test_accuracy": max(accs) if accs else last["test_accuracy"],
+      **runners.class_accuracy_summary(rows),
       "client_test_accuracy": last["client_test_accuracy"],
       "os_fedavg_test_accuracy": last["os_fedavg_test_accuracy"],
       "per_round": result.per_round,

@@ -205,7 +205,8 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       initial_model_as_seed=config.server.initial_model_as_seed,
       max_seconds=remaining_budget(config, start))
   evaluate = make_evaluator(task, prepared.dataset.x_test,
-                            prepared.dataset.y_test)
+                            prepared.dataset.y_test,
+                            per_class=config.run.class_accuracy)
   result = rounds_lib.train(
       algorithm, state, data, num_steps, options, writer=work.writer,
       store=work.store(max_to_keep=config.run.keep_checkpoints,
@@ -241,11 +242,21 @@ def _before_iga(rows) -> dict[str, Any]:
   if not rows:
     return {}
   gains = [r["test_accuracy"] - r["test_accuracy_before_iga"] for r in rows]
+  before = {"final_test_accuracy": rows[-1]["test_accuracy_before_iga"],
+            "mean_iga_gain": float(np.mean(gains))}
+  if "test_class_accuracy_before_iga" in rows[-1]:
+    before["final_test_class_accuracy"] = rows[-1][
+        "test_class_accuracy_before_iga"]
   return {"accuracy_before_iga_by_round": [
               [r["round"], r["test_accuracy_before_iga"]] for r in rows],
-          "before_iga": {
-              "final_test_accuracy": rows[-1]["test_accuracy_before_iga"],
-              "mean_iga_gain": float(np.mean(gains))}}
+          "before_iga": before}
+
+
+def class_accuracy_summary(rows) -> dict[str, Any]:
+  """With ``run.class_accuracy``: the last evaluation's accuracy per class."""
+  rows = [r for r in rows if "test_class_accuracy" in r]
+  return ({"final_test_class_accuracy": rows[-1]["test_class_accuracy"]}
+          if rows else {})
 
 
 def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,
@@ -277,6 +288,7 @@ def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,
       "model": config.model.name,
       "final_test_accuracy": accs[-1] if accs else None,
       "best_test_accuracy": max(accs) if accs else None,
+      **class_accuracy_summary(rows),
       "rounds": rounds,
       "stopped_by_time_budget": rounds < int(config.rounds),
       "num_clients": int(config.data.num_clients),

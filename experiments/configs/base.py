@@ -141,6 +141,10 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       "keep_checkpoints": 2,
       "progress": True,
       "tensorboard": False,  # also write TensorBoard scalars to DIR/tensorboard
+      # Also log each class's test accuracy (metrics.jsonl:
+      # test_class_accuracy, and test_class_accuracy_before_iga with
+      # iga.evaluate_before).
+      "class_accuracy": False,
       # > 0: stop after the first round that ends this many seconds after the
       # run's start ("as many rounds as fit"); the summary then says
       # stopped_by_time_budget. Resuming continues towards ``rounds``.

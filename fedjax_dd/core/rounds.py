@@ -82,14 +82,15 @@ def evaluate_server(evaluate: Callable[[PyTree, PyTree], dict[str, float]],
   """``evaluate`` on the global model and on every ``extra[EVAL_MODELS]``.
 
   Returns:
-    ``{"accuracy", "loss"}`` of the global model, plus ``accuracy_<name>``
-    and ``loss_<name>`` for each extra model.
+    ``evaluate``'s figures of the global model (``{"accuracy", "loss"}``,
+    and ``"class_accuracy"`` from a per-class evaluator), plus each figure
+    suffixed ``_<name>`` for each extra model (``accuracy_<name>``, ...).
   """
   out = dict(evaluate(server.params, server.batch_stats))
   extra = server.extra if isinstance(server.extra, dict) else {}
   for name, model in extra.get(EVAL_MODELS, {}).items():
     ev = evaluate(model["params"], model["batch_stats"])
-    out[f"accuracy_{name}"], out[f"loss_{name}"] = ev["accuracy"], ev["loss"]
+    out.update({f"{k}_{name}": v for k, v in ev.items()})
   return out
 
 

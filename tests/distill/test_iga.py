@@ -1,6 +1,7 @@
 """DisUE's inter-group aggregation: GLS, GWF, the losses, padding, rounds, resume."""
 
 import dataclasses
+import functools
 import logging
 
 import jax
@@ -10,10 +11,12 @@ import pytest
 
 from fedjax_dd import models
 from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import ensemble
 from fedjax_dd.distill import iga
 from fedjax_dd.models.cgenerator import CGeneratorA
 from tests.conftest import tiny_task
+from tests.conftest import x64
 
 tree_map = jax.tree_util.tree_map
 leaves = jax.tree_util.tree_leaves
@@ -431,3 +434,58 @@ def test_per_teacher_round_one_teacher_equals_summed_and_no_recompile(
   assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
   with pytest.raises(ValueError, match="every row of class_counts is 0"):
     per.round(state, sp, ss, tp, ts, jnp.zeros_like(counts), 0)
+
+
+# ----------------------------------------------------------------------------
+# The jitted steps' gradients.
+
+
+def test_jitted_gradients_equal_the_eager_ones_in_float64():
+  """The generator's and the student's gradients, jitted as the round runs
+  them, equal the eager ones. XLA:CPU once computed max-pool's gradient
+  wrongly in jitted programs after a BatchNorm (models' float64 tests); here
+  the teachers and the student are CNN3 (BatchNorm before each max-pool) and
+  the generator has BatchNorm too. In float64 only such a mismatch, not
+  rounding, exceeds the tolerance."""
+  shape = (8, 8, 3)
+  task = Classifier(module=models.CNN3(3), input_shape=shape,
+                    preprocess=lambda x: x, num_classes=3)
+  gen = CGeneratorA(out_shape=shape, nz=4, ngf=4, num_classes=3)
+  loop_fn = iga.make_iga(task, gen, num_teachers_max=K_MAX,
+                         hparams=dataclasses.replace(HP, batch_size=6))
+  loop, programs = loop_fn.round.args[:2]
+  tp, ts = _stack(task, [11, 12, 13])
+  sp, ss = task.init(jax.random.PRNGKey(9))
+  state = loop_fn.init(jax.random.PRNGKey(3), sp, ss)
+  counts = jnp.array([[6, 1, 0], [0, 2, 5], [0, 0, 0]], jnp.float32)
+  draw = programs.draw(state.key, state.rounds, counts)
+  with x64():
+    f64 = lambda t: tree_map(
+        lambda a: a.astype(jnp.float64)
+        if jnp.issubdtype(a.dtype, jnp.floating) else a, t)
+    tp, ts, sp, ss = f64((tp, ts, sp, ss))
+    gp, gs, z = f64((state.gen_params, state.gen_stats, draw.z))
+    setup, _ = iga._setup(loop, gp, tp, ts, counts, jnp.float64(2.0))
+    setup = f64(setup)
+    y = draw.y[0, 0]
+
+    def generator_grads(params):
+      return jax.grad(functools.partial(iga._generator_loss, loop),
+                      has_aux=True)(params, gs, sp, ss, setup, z[0, 0], y,
+                                    None)[0]
+
+    def student_grads(params):
+      x, _ = ensemble.apply_generator(gen, gp, gs, z[0, 1], y, False)
+      t_logits = loop.teachers(setup.teacher_vars, x)[0]
+      w = iga.sample_weights(setup.alpha, y)
+      return jax.grad(lambda p: iga.cluster_distillation_loss(
+          t_logits, task.apply(p, ss, x, train=True)[0], w))(params)
+
+    for fn, arg in ((generator_grads, gp), (student_grads, sp)):
+      eager, jitted = fn(arg), jax.jit(fn)(arg)
+      scale = max(float(jnp.max(jnp.abs(g))) for g in leaves(eager))
+      assert scale > 0
+      for a, b in zip(leaves(jitted), leaves(eager)):
+        assert a.dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12,
+                                   atol=1e-12 * scale)

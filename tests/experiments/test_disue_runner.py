@@ -92,3 +92,29 @@ def test_evaluate_before_iga_reaches_rows_and_summary(tmp_path):
     runners.RUNNERS["federated"](
         _smoke("disue", iga__enabled=False, iga__evaluate_before=True),
         str(tmp_path / "d"))
+
+
+def test_class_accuracy_reaches_rows_and_summary(tmp_path):
+  # run.class_accuracy: each class's test accuracy, before and after IGA.
+  s = runners.RUNNERS["federated"](
+      _smoke("fedftg", iga__evaluate_before=True, run__class_accuracy=True),
+      str(tmp_path / "f"))
+  with open(tmp_path / "f" / "metrics.jsonl") as f:
+    row = json.loads(f.readline())
+  after, before = row["test_class_accuracy"], row[
+      "test_class_accuracy_before_iga"]
+  assert len(after) == len(before) == 10  # digits: every class in the test
+  assert all(0 <= a <= 1 for a in after + before)
+  # The class accuracies weighted by the test split's class sizes are the
+  # accuracy.
+  y_test = common.load_and_prepare(_smoke("fedftg")).dataset.y_test
+  n = np.bincount(np.asarray(y_test), minlength=10)
+  assert np.dot(after, n) / n.sum() == pytest.approx(row["test_accuracy"],
+                                                     abs=1e-6)
+  assert np.dot(before, n) / n.sum() == pytest.approx(
+      row["test_accuracy_before_iga"], abs=1e-6)
+  assert s["final_test_class_accuracy"] == after
+  assert s["before_iga"]["final_test_class_accuracy"] == before
+  plain = runners.RUNNERS["federated"](_smoke("ifca"), str(tmp_path / "i"))
+  assert "final_test_class_accuracy" not in plain
+
