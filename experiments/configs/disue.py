@@ -80,14 +80,22 @@ disue_fmnist_dir0.01_100rounds.{md,png}``): DisUE 0.648, FedAvg 0.701
 final; over rounds 1-20 / 21-40 / 41-60 / 61-80 / 81-100 DisUE's mean test
 accuracy trails FedAvg's by 0.118 / 0.091 / 0.074 / 0.084 / 0.038 and
 IGA's mean gain per round is −0.055 / −0.020 / −0.031 / −0.032 / −0.005.
-The gap narrows as the generator trains (it makes 10 steps a round); the
-paper's 500 rounds are out of reach here. Our belief: at Dir(0.01) each
-cluster model is trained on one or a few classes and predicts them for
+At the paper's 500 rounds (seed 0, evaluated every 5 rounds,
+``experiments/results/disue_fmnist_dir0.01_500rounds.{md,png}``) the gap
+does not close: DisUE 0.710 final (best 0.791), FedAvg 0.810 (best 0.840);
+DisUE trails FedAvg by 0.072 / 0.057 / 0.073 / 0.066 / 0.071 in the mean
+test accuracy of rounds 1-100 / ... / 401-500, IGA's mean gain per window
+is −0.028 / −0.011 / −0.018 / −0.015 / −0.017, and IGA lowered ω_G in 78 of
+the 100 evaluated rounds. Traffic 2.66 GB each. Our belief: at Dir(0.01)
+each cluster model is trained on one or a few classes and predicts them for
 almost any input, so its confidence on the generator's samples carries
-little knowledge, and distilling it pulls ω_G toward the cohort's dominant
-classes. Per class (an earlier measurement, seed 0, rounds 1-4), IGA
-lowered the accuracy of 1-3 classes by more than 0.2 in each round (e.g.
-round 2: class 7 from 0.61 to 0.03).
+little knowledge, and distilling it moves whole classes of ω_G. Per class
+(``--config.run.class_accuracy=True`` with ``--config.iga.evaluate_before=
+True``, seed 0, 12 rounds, every round evaluated; ``test_class_accuracy``
+against ``test_class_accuracy_before_iga`` in ``metrics.jsonl``): IGA
+lowered ω_G in 10 of 12 rounds (mean gain −0.062); on average 3.5 classes a
+round moved by more than 0.2 either way, and the largest move was 0.98 (one
+class's accuracy).
 
 Measured (``cifar10_dir0.01``, CNN3, 5 rounds for every method (about
 4-7 minutes a run here), seeds 0, 1, 2; final test accuracy, mean ± sd;
@@ -111,9 +119,18 @@ above). IFCA's K = 2 models cost 1.44x the traffic.
 
 These CIFAR-10 runs trained CNN3 on wrong jitted gradients (reduce-max's
 after a BatchNorm; ``experiments/perf_notes.md``, "Max-pool gradient").
-Re-measured after the fix, seed 0 only, same command: IFCA 0.243, FedFTG
-0.237, data-free FedDF 0.232, FedAvg 0.224, DisUE 0.179 (before: 0.255,
-0.240, 0.226, 0.238, 0.191); the ranking's tail is unchanged.
+Re-measured after the fix, seeds 0 and 1, same command
+(``experiments/results/disue_cifar10_dir0.01_seeds01_after_fix.{md,png}``)::
+
+  FedFTG          0.246 ± 0.013 (0.237, 0.255)
+  FedAvg          0.236 ± 0.017 (0.224, 0.249)
+  IFCA            0.219 ± 0.033 (0.243, 0.196)
+  data-free FedDF 0.190 ± 0.060 (0.232, 0.148)
+  DisUE           0.145 ± 0.048 (0.179, 0.111)
+
+(before the fix, the same seeds: FedFTG 0.240 / 0.199, FedAvg 0.238 /
+0.244, IFCA 0.255 / 0.258, data-free FedDF 0.226 / 0.131, DisUE 0.191 /
+0.122); DisUE is still last.
 
 Ablations (paper Tab. 3; seed 0, 20 rounds, one run each;
 ``experiments/results/disue_fmnist_dir0.01_ablations.{md,png}``)::
