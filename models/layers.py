@@ -776,16 +776,21 @@ def _window_reduce(
     reduce_fn: Callable[..., jnp.ndarray],
 ) -> jnp.ndarray:
   """Non-overlapping ``window x window`` reduction with VALID cropping."""
-  x = _crop_to_windows(x, window)
-  h, w, ch = x.shape[-3:]
-  x = x.reshape(*x.shape[:-3], h // window, window, w // window, window, ch)
-  return reduce_fn(x, axis=(-4, -2))
+  return reduce_fn(_as_windows(x, window), axis=(-4, -2))
 
 
 def _crop_to_windows(x: jnp.ndarray, window: int) -> jnp.ndarray:
   """Drops the rows and columns past the last whole window (VALID)."""
   h, w = x.shape[-3] // window * window, x.shape[-2] // window * window
   return x[..., :h, :w, :]
+
+
+def _as_windows(x: jnp.ndarray, window: int) -> jnp.ndarray:
+  """``[..., H, W, Ch]`` -> ``[..., H // window, window, W // window, window,
+  Ch]`` after the VALID crop."""
+  x = _crop_to_windows(x, window)
+  h, w, ch = x.shape[-3:]
+  return x.reshape(*x.shape[:-3], h // window, window, w // window, window, ch)
 
 
 def max_pool(x: jnp.ndarray, window: int = 2, stride: int = 2) -> jnp.ndarray:
@@ -841,8 +846,7 @@ def _window_max(x: jnp.ndarray, window: int) -> jnp.ndarray:
 
 
 def _window_entries(x: jnp.ndarray, window: int) -> list[jnp.ndarray]:
-  h, w, ch = x.shape[-3:]
-  xr = x.reshape(*x.shape[:-3], h // window, window, w // window, window, ch)
+  xr = _as_windows(x, window)
   return [xr[..., :, i, :, j, :] for i in range(window)
           for j in range(window)]
 

@@ -77,8 +77,8 @@ TRAFFIC_PREFIX = "traffic/"
 EVAL_MODELS = "eval_models"
 
 
-def evaluate_server(evaluate: Callable[[PyTree, PyTree], dict[str, float]],
-                    server: Any) -> dict[str, float]:
+def evaluate_server(evaluate: Callable[[PyTree, PyTree], dict[str, Any]],
+                    server: Any) -> dict[str, Any]:
   """``evaluate`` on the global model and on every ``extra[EVAL_MODELS]``.
 
   Returns:

@@ -441,8 +441,8 @@ def test_per_teacher_round_one_teacher_equals_summed_and_no_recompile(
 
 
 def test_jitted_gradients_equal_the_eager_ones_in_float64():
-  """The generator's and the student's gradients, jitted as the round runs
-  them, equal the eager ones. XLA:CPU once computed max-pool's gradient
+  """The generator's gradient and the student's step, jitted as the round
+  runs them, equal the eager ones. XLA:CPU once computed max-pool's gradient
   wrongly in jitted programs after a BatchNorm (models' float64 tests); here
   the teachers and the student are CNN3 (BatchNorm before each max-pool) and
   the generator has BatchNorm too. In float64 only such a mismatch, not
@@ -474,14 +474,14 @@ def test_jitted_gradients_equal_the_eager_ones_in_float64():
                       has_aux=True)(params, gs, sp, ss, setup, z[0, 0], y,
                                     None)[0]
 
-    def student_grads(params):
-      x, _ = ensemble.apply_generator(gen, gp, gs, z[0, 1], y, False)
-      t_logits = loop.teachers(setup.teacher_vars, x)[0]
-      w = iga.sample_weights(setup.alpha, y)
-      return jax.grad(lambda p: iga.cluster_distillation_loss(
-          t_logits, task.apply(p, ss, x, train=True)[0], w))(params)
+    def student_update(params):
+      # The student step itself (slot 1 of iteration 0): its update is
+      # −lr·(gradient + weight decay·params).
+      new, _, _ = iga._student_step(loop, params, ss, gp, gs, setup,
+                                    draw._replace(z=z), 0, 1)
+      return tree_map(jnp.subtract, new, params)
 
-    for fn, arg in ((generator_grads, gp), (student_grads, sp)):
+    for fn, arg in ((generator_grads, gp), (student_update, sp)):
       eager, jitted = fn(arg), jax.jit(fn)(arg)
       scale = max(float(jnp.max(jnp.abs(g))) for g in leaves(eager))
       assert scale > 0

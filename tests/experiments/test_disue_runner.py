@@ -117,4 +117,3 @@ def test_class_accuracy_reaches_rows_and_summary(tmp_path):
   assert s["before_iga"]["final_test_class_accuracy"] == before
   plain = runners.RUNNERS["federated"](_smoke("ifca"), str(tmp_path / "i"))
   assert "final_test_class_accuracy" not in plain
-
