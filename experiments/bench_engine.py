@@ -6,6 +6,8 @@ r"""Engine benchmark: ms per client-step for every client backend.
   python -m fedjax_dd.experiments.bench_engine --other_python=OTHER/bin/python \
       --conv_impl lax,patches --pairs 3 --out ends.json
   python -m fedjax_dd.experiments.bench_engine --forms
+  python -m fedjax_dd.experiments.bench_engine --public_round \
+      --other_python=OTHER/bin/python --pairs 2 --out public.json
   python -m fedjax_dd.experiments.bench_engine --layouts
   python -m fedjax_dd.experiments.bench_engine --vs_torch 10,100 --pairs 5 \
       --out vs_torch.json
@@ -67,6 +69,18 @@ bits (:func:`measure_padding`).
 
 ``--layouts``: one LeNet-5 client-step in NHWC and NCHW, each with and
 without donated parameter buffers (:func:`measure_layouts`).
+
+``--public_round``: one FedAvg round of ``--ends_clients`` LeNet-5 clients
+(``--steps`` local steps of batch ``--batch``, SGD 0.01) built two ways,
+alternating in fresh subprocesses, ``--pairs`` times: ``public``, only
+through the public API's defaults (``models.get_model("lenet5").build(10)``,
+``fedjax_dd.algorithms.fedavg.fedavg`` with its default mapper, ``apply``),
+as a notebook builds it; and ``entry``, as the ``fedjax-dd`` entry point
+builds it (``common.conv_impl`` and ``runners.BUILDERS["fedavg"]`` on
+``fedavg.py:mnist_iid``). Both processes call ``configure_cpu()``. With
+``--other_python`` both interpreters run each pair. The report gives ms per
+client-step and per interpreter the median ratio public / entry
+(:func:`measure_public_round`).
 
 ``--conv_impl`` (``auto`` | ``lax`` | ``patches``, several comma-separated)
 picks the models' convolution formulation
@@ -165,7 +179,7 @@ def _local_problem(model: str, conv_impl: str, num_clients: int, *,
 
 def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
                 batch: int, reps: int, chunk_size: int,
-                conv_impl: str = "lax", flops: bool = True) -> dict:
+                conv_impl: str = "auto", flops: bool = True) -> dict:
   """One measurement in this process (called in a fresh subprocess).
 
   ``conv_impl`` is the models' convolution formulation (``auto`` resolved
@@ -467,6 +481,143 @@ def measure_forms(*, steps: int, batch: int, reps: int,
   return out
 
 
+ROUND_BUILDS = ("public", "entry")
+
+
+def measure_round(build: str, *, num_clients: int, steps: int, batch: int,
+                  reps: int) -> dict:
+  """One FedAvg round of LeNet-5 clients built as ``build`` says (called in
+  a fresh subprocess; see ``--public_round``).
+
+  Args:
+    build: ``"public"`` (the public API's defaults) or ``"entry"`` (the
+      entry point's choices for ``fedavg.py:mnist_iid``).
+    num_clients: Clients of the cohort (each with ``10 * batch`` examples).
+    steps: Local steps.
+    batch: Local batch size.
+    reps: Timed rounds after the compiling one (the best is kept).
+  """
+  import flax
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+
+  from fedjax_dd import models
+  from fedjax_dd import policy
+  from fedjax_dd.algorithms.fedavg import fedavg
+  from fedjax_dd.core.algorithm import Cohort
+  from fedjax_dd.core.task import Classifier
+
+  if build not in ROUND_BUILDS:
+    raise ValueError(f"build must be one of {ROUND_BUILDS}, got {build!r}.")
+  spec = models.get_model("lenet5")
+  preprocess = lambda x: x.astype(jnp.float32) / 255.0
+  if build == "public":
+    task = Classifier(module=spec.build(10), input_shape=spec.input_shape,
+                      preprocess=preprocess, num_classes=10)
+    algorithm = fedavg(task, optax.sgd(0.01), batch_size=batch,
+                       max_steps=steps)
+  else:
+    from fedjax_dd.experiments import common
+    from fedjax_dd.experiments import runners
+    from fedjax_dd.experiments.configs import fedavg as fedavg_config
+    config = fedavg_config.get_config("mnist_iid")
+    config.client.batch_size = batch
+    config.client.optimizer = "sgd"
+    config.client.lr = 0.01
+    config.client.momentum = 0.0
+    module = spec.build(10, conv_impl=common.conv_impl(config))
+    task = Classifier(module=module, input_shape=spec.input_shape,
+                      preprocess=preprocess, num_classes=10)
+    algorithm = runners.BUILDERS["fedavg"](config, task, steps)
+  rng = np.random.default_rng(0)
+  n_max = 10 * batch
+  cohort = Cohort(
+      x=jnp.asarray(rng.integers(0, 255, (num_clients, n_max,
+                                          *spec.input_shape), np.uint8)),
+      y=jnp.asarray(rng.integers(0, 10, (num_clients, n_max), np.int32)),
+      num_examples=jnp.full((num_clients,), n_max, jnp.int32),
+      num_steps=jnp.full((num_clients,), steps, jnp.int32),
+      client_ids=jnp.arange(num_clients))
+  params, stats = task.init(jax.random.PRNGKey(0))
+  server, client_states = algorithm.init(params, stats, num_clients)
+  key = jax.random.PRNGKey(1)
+
+  def run():
+    out, _, _ = algorithm.apply(server, client_states, cohort, key)
+    jax.block_until_ready(out.params)
+
+  seconds = _min_time(run, reps)
+  return {
+      "build": build, "model": "lenet5", "num_clients": num_clients,
+      "steps": steps, "batch": batch,
+      "ms_per_client_step": 1e3 * seconds / (num_clients * steps),
+      "conv_impl": task.module.conv_impl,
+      "policy": policy.as_dict(policy.current()),
+      "jax_version": jax.__version__, "flax_version": flax.__version__,
+      "python": sys.version.split()[0], "devices": jax.device_count(),
+      "platform": jax.default_backend(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }
+
+
+def measure_public_round(*, pairs: int, num_clients: int, steps: int,
+                         batch: int, reps: int,
+                         other_python: str = "") -> dict:
+  """The public-API default round against the entry point's, alternating.
+
+  Each pair runs, on this interpreter (and ``other_python`` if given), the
+  two builds of :func:`measure_round` back to back in fresh subprocesses,
+  the order flipped every pair.
+
+  Returns:
+    ``{"pairs": [...], "summary": {interpreter: {"jax_version",
+    "public_ms", "entry_ms", "ratio_public_over_entry": {"median", "min",
+    "max"}}}}``: medians over pairs; a ratio <= 1.1 meets the bar.
+  """
+  ends = {"this": sys.executable}
+  if other_python:
+    ends["other"] = other_python
+  common = dict(num_clients=num_clients, steps=steps, batch=batch, reps=reps)
+  rows = []
+  for pair in range(pairs):
+    order = ROUND_BUILDS if pair % 2 == 0 else ROUND_BUILDS[::-1]
+    for end, python in ends.items():
+      row = {"pair": pair, "interpreter": end}
+      for build in order:
+        r = _subprocess("round", python=python, build=build, **common)
+        row[build] = r
+        row[f"{build}_ms"] = _ms(r)
+        print(json.dumps({"pair": pair, "interpreter": end,
+                          **(r if isinstance(r, dict) else {})}),
+              file=sys.stderr)
+      p, e = row["public_ms"], row["entry_ms"]
+      row["ratio_public_over_entry"] = p / e if p and e else None
+      rows.append(row)
+  summary = {}
+  for end in ends:
+    mine = [r for r in rows if r["interpreter"] == end]
+    ratios = [r["ratio_public_over_entry"] for r in mine
+              if r["ratio_public_over_entry"]]
+    first = next((r["public"] for r in mine
+                  if isinstance(r["public"], dict)
+                  and "jax_version" in r["public"]), {})
+    summary[end] = {
+        "jax_version": first.get("jax_version"),
+        "conv_impl": {b: next((r[b].get("conv_impl") for r in mine
+                               if isinstance(r[b], dict)), None)
+                      for b in ROUND_BUILDS},
+        "public_ms": _median([r["public_ms"] for r in mine]),
+        "entry_ms": _median([r["entry_ms"] for r in mine]),
+        "ratio_public_over_entry": {
+            "median": _median(ratios),
+            "min": min(ratios) if ratios else None,
+            "max": max(ratios) if ratios else None},
+    }
+  return {"model": "lenet5", **common, "pairs": rows, "summary": summary}
+
+
 def measure_matmul(reps: int) -> float:
 
   import jax
@@ -478,9 +629,13 @@ def measure_matmul(reps: int) -> float:
 
 
 def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
-                  reps: int, lean: bool = False) -> dict | None:
+                  reps: int, lean: bool = False,
+                  device: str = "cpu") -> dict | None:
   """PyTorch's sequential client loop (LeNet-5 or ConvNet-3), or None
   without torch (or for another model).
+
+  ``device`` is the torch device of the models and data (e.g. ``cuda``;
+  each timed run then ends with a synchronisation).
 
   ``lean=False`` gathers and converts every batch from uint8 inside the loop
   (as the papers' reference code's data loaders do). ``lean=True`` is the
@@ -519,18 +674,18 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
   g = torch.Generator().manual_seed(0)
   n_max = 10 * batch
   data = torch.randint(0, 255, (num_clients, n_max, ch, h, w),
-                       dtype=torch.uint8, generator=g)
-  labels = torch.randint(0, 10, (num_clients, n_max), generator=g)
-  global_model = build()
+                       dtype=torch.uint8, generator=g).to(device)
+  labels = torch.randint(0, 10, (num_clients, n_max), generator=g).to(device)
+  global_model = build().to(device)
   loss_fn = nn.CrossEntropyLoss()
 
   def run():
     for c in range(num_clients):
-      net = build()
+      net = build().to(device)
       net.load_state_dict(global_model.state_dict())
       opt = torch.optim.SGD(net.parameters(), lr=0.01)
       for _ in range(steps):
-        idx = torch.randint(0, n_max, (batch,), generator=g)
+        idx = torch.randint(0, n_max, (batch,), generator=g).to(device)
         x = data[c, idx].float() / 255.0
         opt.zero_grad()
         loss_fn(net(x), labels[c, idx]).backward()
@@ -541,12 +696,12 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
   def run_lean():
     total = None
     for c in range(num_clients):
-      net = build()
+      net = build().to(device)
       net.load_state_dict(global_model.state_dict())
       opt = torch.optim.SGD(net.parameters(), lr=0.01)
       xc, yc = data_f[c], labels[c]
       for _ in range(steps):
-        idx = torch.randint(0, n_max, (batch,), generator=g)
+        idx = torch.randint(0, n_max, (batch,), generator=g).to(device)
         opt.zero_grad()
         loss_fn(net(xc[idx]), yc[idx]).backward()
         opt.step()
@@ -556,12 +711,14 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
                  {k: total[k] + sd[k] for k in total})
     global_model.load_state_dict({k: v / num_clients for k, v in total.items()})
 
-  seconds = _min_time(run_lean if lean else run, reps)
+  sync = (torch.cuda.synchronize if torch.device(device).type == "cuda"
+          else lambda: None)
+  seconds = _min_time(lambda: ((run_lean if lean else run)(), sync()), reps)
   return {"model": model, "num_clients": num_clients, "lean": lean,
           "ms_per_client_step": 1e3 * seconds / (num_clients * steps),
           "param_count": sum(p.numel() for p in global_model.parameters()),
           "torch_version": torch.__version__,
-          "threads": torch.get_num_threads()}
+          "threads": torch.get_num_threads(), "device": str(device)}
 
 
 def measure_vs_torch(*, pairs: int, client_counts: list[int], steps: int,
@@ -903,7 +1060,7 @@ def _worker(spec: str) -> None:
   args = json.loads(spec)
   kind = args.pop("kind")
   fns = {"jax": measure_jax, "matmul": measure_matmul, "torch": measure_torch,
-         "scale": measure_scale}
+         "scale": measure_scale, "round": measure_round}
   print(json.dumps(fns[kind](**args)))
 
 
@@ -982,6 +1139,11 @@ def main(argv=None) -> dict:
                  help="only time one LeNet-5 client-step in NHWC and NCHW, "
                       "with and without donated parameters (best of "
                       "--reps, at least 15)")
+  p.add_argument("--public_round", action="store_true",
+                 help="only the FedAvg round built through the public API's "
+                      "defaults against the entry point's, LeNet-5 at "
+                      "--ends_clients, --pairs alternations (with "
+                      "--other_python: on both interpreters)")
   p.add_argument("--vs_torch_model", default="lenet5",
                  help="the model of --vs_torch: lenet5 or convnet3")
   p.add_argument("--padding_epochs_scale", type=float, default=1.0,
@@ -1007,6 +1169,14 @@ def main(argv=None) -> dict:
     with open(args.out, "w") as f:
       json.dump(report, f, indent=2)
     print(json.dumps(report["vs_torch"]["summary"], indent=2))
+    return report
+  if args.public_round:
+    report = {"public_round": measure_public_round(
+        pairs=args.pairs, num_clients=args.ends_clients, steps=args.steps,
+        batch=args.batch, reps=args.reps, other_python=args.other_python)}
+    with open(args.out, "w") as f:
+      json.dump(report, f, indent=2)
+    print(json.dumps(report["public_round"]["summary"], indent=2))
     return report
   if args.scale:
     return _rows_report(args.out, "scale", args.scale.split(","),

@@ -46,7 +46,14 @@ def _data(num_clients: int, per_client: int, seed: int = 0):
 
 
 def measure(mode: str, num_clients: int, ipc: int, iterations: int,
-            per_client: int) -> dict:
+            per_client: int, reps: int = 1) -> dict:
+  """One mode's ms per KIP iteration per client: the best of ``reps``
+  timed calls after the compiling one (``rejit``: no separate compile).
+
+  The row also holds every rep (``rep_ms_per_iteration_per_client``) and
+  the compiling call's seconds (``first_call_seconds``, None for
+  ``rejit``).
+  """
   import jax
   import numpy as np
   from fedjax_dd.core.clients import ClientMapper
@@ -67,26 +74,34 @@ def measure(mode: str, num_clients: int, ipc: int, iterations: int,
                                                   workload="kip"), **common)
     jax.block_until_ready(res.x)
 
+  def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
   kernel = fc_kernel()
+  first = None
   if mode in ("batched", "vmap", "sharded"):
     backend = "auto" if mode == "batched" else mode
-    batched(backend, x, y, n, kernel)  # compile
-    start = time.perf_counter()
-    batched(backend, x, y, n, kernel)
+    first = timed(lambda: batched(backend, x, y, n, kernel))  # compile
+    run = lambda: batched(backend, x, y, n, kernel)
   elif mode == "loop":
-    batched("loop", x[:1], y[:1], n[:1], kernel)  # compile the per-client program
-    start = time.perf_counter()
-    batched("loop", x, y, n, kernel)
+    # Compile the per-client program.
+    first = timed(lambda: batched("loop", x[:1], y[:1], n[:1], kernel))
+    run = lambda: batched("loop", x, y, n, kernel)
   else:  # rejit: a fresh kernel closure, so a fresh program, per client
-    start = time.perf_counter()
-    for c in range(num_clients):
-      batched("vmap", x[c:c + 1], y[c:c + 1], n[c:c + 1], fc_kernel())
-  seconds = time.perf_counter() - start
+    def run():
+      for c in range(num_clients):
+        batched("vmap", x[c:c + 1], y[c:c + 1], n[c:c + 1], fc_kernel())
+  rep_ms = [1e3 * timed(run) / (iterations * num_clients)
+            for _ in range(reps)]
   return {"mode": mode, "backend": (ClientMapper(workload="kip").resolved_backend
                                     if mode == "batched" else mode),
           "num_clients": num_clients, "images_per_class": ipc,
           "iterations": iterations,
-          "ms_per_iteration_per_client": 1e3 * seconds / (iterations * num_clients),
+          "ms_per_iteration_per_client": min(rep_ms),
+          "rep_ms_per_iteration_per_client": rep_ms,
+          "first_call_seconds": first,
           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
           "devices": str(jax.devices()), "numpy": np.__version__}
 
