@@ -362,6 +362,9 @@ def iga(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       "generator_steps": 1,
       # True: each generator step is one per real teacher (FedFTG's code).
       "generator_per_teacher": False,
+      # L_cf's teacher weights: per_sample (Eq. 10) | batch_mean (FedFTG's
+      # code: a teacher's batch-mean CE times its mean weight).
+      "cf_weighting": "per_sample",
       "student_steps": 5,
       "batch_size": 50,
       "generator_lr": 0.01,

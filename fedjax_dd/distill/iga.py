@@ -76,7 +76,8 @@ Where we differ from FedFTG's code, and why:
   cost does not grow with ``K``.
 * FedFTG's class term multiplies the *batch mean* cross-entropy by the mean of
   the per-sample weights (``mean(CE_mean · w)``); Eq. 10 and we weight each
-  sample's cross-entropy by its own ``w_ki``.
+  sample's cross-entropy by its own ``w_ki`` by default
+  (``cf_weighting="batch_mean"`` is FedFTG's form).
 * FedFTG's student loss is ``mean_{i,c} −log σ(S_i)_c · Σ_k w_ki σ(P_ki)_c``,
   a cross-entropy with the weighted teacher ensemble divided by ``C``. Since
   ``Σ_k w_ki = 1`` for a held class, its gradient equals that of
@@ -138,6 +139,7 @@ PyTree = Any
 
 DISCREPANCIES = ("kl", "l1", "l1_logits")
 DIVERSITY_FORMS = ("fedgen", "euclidean")
+CF_WEIGHTINGS = ("per_sample", "batch_mean")
 
 
 # ----------------------------------------------------------------------------
@@ -302,20 +304,31 @@ def cluster_distillation_loss(teacher_logits: jax.Array,
 
 
 def cluster_fidelity_loss(teacher_logits: jax.Array, y: jax.Array,
-                          w: jax.Array) -> jax.Array:
+                          w: jax.Array, weighting: str = "per_sample"
+                          ) -> jax.Array:
   """``L_cf = mean_i Σ_k w_ki · CE(P_ki, y_i)`` (Eqs. 10–11, ``α`` once).
 
   Args:
     teacher_logits: ``P [K, B, C]``.
     y: ``[B]`` target labels.
     w: ``[K, B]`` per-sample teacher weights.
+    weighting: ``"per_sample"`` (Eq. 10: each sample's cross-entropy by its
+      own ``w_ki``) or ``"batch_mean"`` (FedFTG's code: ``Σ_k mean_i(w_ki) ·
+      mean_i CE(P_ki, y_i)``, a teacher's batch-mean cross-entropy, over
+      every sample, scaled by its mean weight).
 
   Returns:
     A scalar.
   """
   ce = jax.vmap(optax.softmax_cross_entropy_with_integer_labels,
                 in_axes=(0, None))(teacher_logits, y)
-  return _weighted_mean(ce, w)
+  if weighting == "per_sample":
+    return _weighted_mean(ce, w)
+  if weighting == "batch_mean":
+    wk = jnp.mean(w, axis=1)
+    return jnp.sum(jnp.where(wk != 0, wk * jnp.mean(ce, axis=1), 0.0))
+  raise ValueError(f"weighting must be one of {CF_WEIGHTINGS}, got "
+                   f"{weighting!r}.")
 
 
 def _safe_sqrt(x: jax.Array) -> jax.Array:
@@ -411,6 +424,9 @@ class IGAHyperParams:
     generator_per_teacher: each of the ``generator_steps`` becomes one step
       per real teacher ``k`` on its own terms ``β_cf·L_cf^k + β_div·L_div/K −
       L_cd^k`` (FedFTG's code) [False: one step on the sum].
+    cf_weighting: how ``L_cf`` weights the teachers, one of
+      :data:`CF_WEIGHTINGS` [``"per_sample"``, Eq. 10; ``"batch_mean"`` is
+      FedFTG's code, see :func:`cluster_fidelity_loss`].
   """
   iterations: int = 10
   generator_steps: int = 1
@@ -431,6 +447,7 @@ class IGAHyperParams:
   fresh_samples: bool = True
   student_class_mean: bool = True
   generator_per_teacher: bool = False
+  cf_weighting: str = "per_sample"
 
   def __post_init__(self):
     for name in ("iterations", "generator_steps", "student_steps",
@@ -448,6 +465,9 @@ class IGAHyperParams:
       if value is not None and value not in DISCREPANCIES:
         raise ValueError(f"{name} must be one of {DISCREPANCIES}, got "
                          f"{value!r}.")
+    if self.cf_weighting not in CF_WEIGHTINGS:
+      raise ValueError(f"cf_weighting must be one of {CF_WEIGHTINGS}, got "
+                       f"{self.cf_weighting!r}.")
     if self.diversity not in DIVERSITY_FORMS:
       raise ValueError(f"diversity must be one of {DIVERSITY_FORMS}, got "
                        f"{self.diversity!r}.")
@@ -628,7 +648,7 @@ def _generator_loss(loop: _Loop, gen_params: PyTree, gen_stats: PyTree,
   cd = cluster_distillation_loss(t_logits, s_logits, w,
                                  discrepancy=hp.discrepancy,
                                  temperature=hp.temperature)
-  cf = cluster_fidelity_loss(t_logits, y, w)
+  cf = cluster_fidelity_loss(t_logits, y, w, hp.cf_weighting)
   div = diversity_loss(z, x, hp.diversity)
   loss = hp.beta_cf * cf + hp.beta_div * div_share * div - cd
   metrics = {"gen_loss": loss, "gen_cd": cd, "gen_cf": cf, "gen_div": div}
