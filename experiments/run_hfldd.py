@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from fedjax_dd import clustering
+from fedjax_dd.cluster import sampling as clustering
 from fedjax_dd.algorithms import hfldd
 from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib

@@ -5,7 +5,7 @@ Sequentially Trained Superclients", ICPR 2022; the baseline of HFLDD (Shi et
 al., 2024), whose Eq. 19 gives its traffic.
 
 The ``N`` clients are grouped into ``O`` superclients of ``J`` clients
-(:func:`fedjax_dd.clustering.diverse_groups`). In every round each
+(:func:`fedjax_dd.cluster.sampling.diverse_groups`). In every round each
 superclient receives the global model, passes it along a ring of its
 members -- each trains ``E`` local epochs from its predecessor's model and
 hands it on -- and the last member uploads the result; the server averages

@@ -6,7 +6,7 @@ on Non-IID Data", 2024 (Alg. 2). The pipeline is a chain of separate stages:
 1. label-knowledge collection and similarity ``M`` (Eq. 4):
    :mod:`fedjax_dd.distill.soft_labels`;
 2. homogeneous KMeans clustering and ClusterSampling (Alg. 1):
-   :mod:`fedjax_dd.clustering`;
+   :mod:`fedjax_dd.cluster.sampling`;
 3. IID dataset generation (this module): every non-head member distills its
    data with the batched KIP for a fixed iteration budget
    (:func:`distill_members`; Sec. V-A: learning rate 0.004, at most 3,000
@@ -58,7 +58,7 @@ from fedjax_dd.distill import privacy
 
 if TYPE_CHECKING:
   # Host-side (scikit-learn); only its Topology type is used here.
-  from fedjax_dd.clustering import Topology
+  from fedjax_dd.cluster.sampling import Topology
 
 PyTree = Any
 

@@ -1,4 +1,6 @@
-"""DisUE's clustering stages (Leng et al., Sec. 4.1 and 4.3).
+"""Client clustering: DisUE's stages and HFLDD's.
+
+DisUE (Leng et al., Sec. 4.1 and 4.3):
 
 * :mod:`~fedjax_dd.cluster.similarity` (device): update vectors and their
   cosine matrix, Eq. 3.
@@ -9,6 +11,12 @@
 
 The cluster models themselves (Eq. 2) are
 :func:`fedjax_dd.core.aggregate.segment_weighted_mean`.
+
+HFLDD (Shi et al., Sec. IV-B and Alg. 1) and FedSeq's superclients:
+
+* :mod:`~fedjax_dd.cluster.sampling` (host, scikit-learn): homogeneous
+  K-Means on the label-knowledge similarity, ClusterSampling into
+  heterogeneous clusters with heads, and FedSeq's diverse groups.
 
 Names load on first use, so importing the package imports neither JAX nor
 scikit-learn.
@@ -27,6 +35,12 @@ _API: dict[str, str] = {
     "PCSCParams": "pcsc",
     "pcsc_cosine": "pcsc",
     "pcsc_similarity_matrix": "pcsc",
+    "homogeneous_clusters": "sampling",
+    "Topology": "sampling",
+    "cluster_sampling": "sampling",
+    "choose_heads": "sampling",
+    "build_topology": "sampling",
+    "diverse_groups": "sampling",
 }
 
 __all__ = sorted(_API)

@@ -9,7 +9,7 @@ differently two clients label ``D_g`` with the KL divergence
     M_ij = KL(S_i || S_j) = 1/|D_g| sum_m sum_c S_i[m, c] log(S_i[m, c] / S_j[m, c]).
 
 Clients with similar label distributions label ``D_g`` alike, so ``M`` is the
-feature matrix the homogeneous clustering (:mod:`fedjax_dd.clustering`) runs
+feature matrix the homogeneous clustering (:mod:`fedjax_dd.cluster.sampling`) runs
 on.
 
 All three steps are device programs: pretraining is one batched program over

@@ -10,7 +10,7 @@ import pytest
 
 from fedjax_dd.algorithms import hfldd
 from fedjax_dd.algorithms.fedavg import fedavg
-from fedjax_dd.clustering import Topology
+from fedjax_dd.cluster.sampling import Topology
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState

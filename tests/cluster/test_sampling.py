@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedjax_dd import clustering
+from fedjax_dd.cluster import sampling as clustering
 
 
 def test_homogeneous_clusters_recovers_separated_groups_in_first_seen_order():
