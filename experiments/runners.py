@@ -23,13 +23,13 @@ from fedjax_dd.algorithms.ifca import ifca
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.algorithms.fednova import fednova
 from fedjax_dd.algorithms.fedprox import fedprox
-from fedjax_dd.algorithms.os_fedavg import os_fedavg
 from fedjax_dd.algorithms.scaffold import scaffold
+from fedjax_dd.core import fit as fit_lib
 from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import rounds as rounds_lib
-from fedjax_dd.core.algorithm import ExperimentState, FederatedAlgorithm
+from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm
 from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.core.workdir import Workdir
@@ -132,8 +132,13 @@ BUILDERS: dict[str, Builder] = {
         max_steps=m, mapper=common.mapper(c)),
     "fedavg": lambda c, task, m: fedavg(task, common.make_optimizer(c),
                                         **_fedavg_kwargs(c, m)),
-    "os_fedavg": lambda c, task, m: os_fedavg(task, common.make_optimizer(c),
-                                              **_fedavg_kwargs(c, m)),
+    # One-shot FedAvg in the rounds loop: one FedAvg round (validate refuses
+    # rounds != 1) whose round-1 model travels as a seed, so the upload is
+    # its only traffic. The server-side shape of the same method is
+    # fedjax_dd.algorithms.one_shot.os_fedavg (FedHydra's runner).
+    "os_fedavg": lambda c, task, m: fedavg(
+        task, common.make_optimizer(c), comm=CommSpec(download=1, upload=1),
+        **_fedavg_kwargs(c, m)),
     "fedprox": lambda c, task, m: fedprox(task, common.make_optimizer(c),
                                           mu=c.client.mu,
                                           **_fedavg_kwargs(c, m)),
@@ -187,13 +192,9 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   start = time.time() if start_time is None else start_time
   wall = loop_lib.WallClock(start=start)
   task = prepared.task
-  init_key, default_run_key = keys.init_and_run(keys.model_root(config.seed))
-  run_key = default_run_key if run_key is None else run_key
-  params, batch_stats = (task.init(init_key) if initial_model is None
-                         else initial_model)
-  server, client_states = algorithm.init(params, batch_stats, data.num_clients)
-  state = ExperimentState(server=server, clients=client_states, key=run_key,
-                          round=jnp.asarray(0, jnp.int32))
+  state = fit_lib.initial_state(algorithm, task, data.num_clients,
+                                seed=config.seed, initial_model=initial_model,
+                                run_key=run_key)
 
   work = Workdir(workdir, tensorboard=config.run.tensorboard)
   options = rounds_lib.RoundsOptions(

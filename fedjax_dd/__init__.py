@@ -25,6 +25,9 @@ package stays cheap)::
                ExperimentState, Cohort, Teachers, CommSpec
   loops        run_loop, run_rounds, train_rounds, run_server_rounds and
                their options; CheckpointStore, StageCache, Workdir
+  notebook     prepare (dataset + model -> task), local_steps, fit (R rounds
+               with a workdir: checkpoints, metrics, resume), plot_history,
+               plot_partition
   clients      ClientMapper, client_stage, make_local_update, Classifier
   distillation distill_kip (batched KIP), KipOptions, gmm_coreset_clients,
                collect_label_knowledge, make_dfkd, DFKDHyperParams,
@@ -53,7 +56,7 @@ _API: dict[str, tuple[str, str | None]] = {
     "fednova": ("fedjax_dd.algorithms.fednova", "fednova"),
     "scaffold": ("fedjax_dd.algorithms.scaffold", "scaffold"),
     "centralized": ("fedjax_dd.algorithms.centralized", "centralized"),
-    "os_fedavg": ("fedjax_dd.algorithms.os_fedavg", "os_fedavg"),
+    "os_fedavg": ("fedjax_dd.algorithms.one_shot", "os_fedavg"),
     "fedseq": ("fedjax_dd.algorithms.fedseq", "fedseq"),
     "ifca": ("fedjax_dd.algorithms.ifca", "ifca"),
     # Clustered FL with data-free inter-group distillation.
@@ -101,6 +104,13 @@ _API: dict[str, tuple[str, str | None]] = {
     "make_local_update": ("fedjax_dd.core.local", "make_local_update"),
     "Classifier": ("fedjax_dd.core.task", "Classifier"),
     "make_evaluator": ("fedjax_dd.core.evaluate", "make_evaluator"),
+    # A notebook's path: a task from a dataset, R rounds with a workdir.
+    "prepare": ("fedjax_dd.core.prepare", "prepare"),
+    "Prepared": ("fedjax_dd.core.prepare", "Prepared"),
+    "fit": ("fedjax_dd.core.fit", "fit"),
+    "local_steps": ("fedjax_dd.core.fit", "local_steps"),
+    "plot_history": ("fedjax_dd.utils.figures", "plot_history"),
+    "plot_partition": ("fedjax_dd.utils.figures", "plot_partition"),
     # Batched distillation.
     "distill_kip": ("fedjax_dd.distill.kip", "distill_clients"),
     "KipOptions": ("fedjax_dd.distill.kip", "KipOptions"),

@@ -11,7 +11,7 @@ import pytest
 from fedjax_dd import models
 from fedjax_dd.algorithms import stratify as st
 from fedjax_dd.algorithms.one_shot import local_stage
-from fedjax_dd.algorithms.os_fedavg import os_fedavg
+from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.clients import ClientMapper
@@ -156,8 +156,8 @@ def test_local_stage_equals_one_shot_fedavg():
   max_steps = int(jnp.max(num_steps))
   params, stats = task.init(jax.random.PRNGKey(0))
   run_key = jax.random.PRNGKey(1)
-  # One-shot FedAvg through the rounds loop.
-  alg = os_fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=max_steps)
+  # One-shot FedAvg: one FedAvg round of every client through the rounds loop.
+  alg = fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=max_steps)
   server, clients = alg.init(params, stats, 4)
   state = ExperimentState(server, clients, run_key, jnp.asarray(0, jnp.int32))
   opts = rounds_lib.RoundsOptions(num_rounds=1, clients_per_round=4,

@@ -50,7 +50,8 @@ def test_local_steps_from_steps_or_epochs():
 def test_kip_options_one_name_per_setting():
   c = fedd3_config.get_config("mnist_noniid_kip_labels")
   opts = common.kip_options(c)
-  assert opts == KipOptions(max_iterations=3000, learn_labels=True)
+  assert opts == KipOptions(max_iterations=3000, learn_labels=True,
+                            clip_pixels=True)
   for f in dataclasses.fields(KipOptions):   # every field from kip.<field>
     assert c.kip[f.name] == getattr(opts, f.name)
   h = common.kip_options(hfldd_config.get_config("smoke"))
@@ -266,3 +267,12 @@ def test_neural_tangents_without_its_extra_is_refused_before_compute(
     common.validate(c)
   c.kip.kernel_impl = "native"
   common.validate(c)
+
+
+def test_validate_refuses_os_fedavg_with_more_than_one_round():
+  from fedjax_dd.experiments.configs import os_fedavg as os_config  # pylint: disable=g-import-not-at-top
+  config = os_config.get_config("smoke")
+  common.validate(config)  # rounds = 1
+  config.rounds = 5
+  with pytest.raises(ValueError, match="os_fedavg is one-shot.*rounds must be 1, got 5"):
+    common.validate(config)

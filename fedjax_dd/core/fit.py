@@ -1,0 +1,155 @@
+"""Train any :class:`FederatedAlgorithm` for R rounds from a notebook.
+
+The same loop the ``fedjax-dd`` entry point runs (:func:`fedjax_dd.core.rounds.train`):
+with a ``workdir`` every round is checkpointed with Orbax and logged to
+``metrics.jsonl``, and calling :func:`fit` again on the same directory
+resumes where the last call stopped, bit-identically::
+
+  import optax, fedjax_dd
+  prepared = fedjax_dd.prepare("digits", "digits_cnn")
+  ds = prepared.dataset
+  parts = fedjax_dd.dirichlet(ds.y_train, 10, 0.5, np.random.default_rng(0))
+  data = fedjax_dd.stack_clients(ds.x_train, ds.y_train, parts)
+  steps = fedjax_dd.local_steps(data, batch_size=32, epochs=1.0)
+  algo = fedjax_dd.fedavg(prepared.task, optax.sgd(0.05), batch_size=32,
+                          max_steps=int(steps.max()))
+  result = fedjax_dd.fit(algo, prepared, data, steps, rounds=5,
+                         clients_per_round=5, workdir="runs/fedavg")
+  result.rows[-1]["test_accuracy"]
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_dd.core import keys as keys_lib
+from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import loop as loop_lib
+from fedjax_dd.core import rounds as rounds_lib
+from fedjax_dd.core.algorithm import ExperimentState, FederatedAlgorithm
+from fedjax_dd.core.evaluate import make_evaluator
+from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.prepare import Prepared
+from fedjax_dd.core.workdir import Workdir
+from fedjax_dd.data.stacked import ClientData
+
+PyTree = Any
+
+
+def local_steps(data: ClientData, *, batch_size: int,
+                epochs: float | None = None,
+                steps: int | None = None) -> jax.Array:
+  """``[N]`` active local steps per client: ``ceil(epochs * ceil(n / B))``
+  for ``epochs`` local epochs of batch ``B``, or a fixed ``steps``; clients
+  without data take none (:func:`fedjax_dd.core.local.steps_for`).
+  """
+  if (epochs is None) == (steps is None):
+    raise ValueError("local_steps: give exactly one of epochs= or steps=.")
+  if epochs is not None:
+    return steps_for(data.num_examples, batch_size, epochs=epochs)
+  return steps_for(data.num_examples, batch_size, steps=steps)
+
+
+def initial_state(algorithm: FederatedAlgorithm, task, num_clients: int, *,
+                  seed: int,
+                  initial_model: tuple[PyTree, PyTree] | None = None,
+                  run_key: jax.Array | None = None) -> ExperimentState:
+  """The state before round 1: the model of ``seed`` (or ``initial_model``),
+  the algorithm's server and ``[N]`` client states, and the rounds' key
+  (``run_key``, default the seed's, :func:`fedjax_dd.core.keys.init_and_run`).
+  """
+  init_key, default_run_key = keys_lib.init_and_run(keys_lib.model_root(seed))
+  params, batch_stats = (task.init(init_key) if initial_model is None
+                         else initial_model)
+  server, client_states = algorithm.init(params, batch_stats, num_clients)
+  return ExperimentState(
+      server=server, clients=client_states,
+      key=default_run_key if run_key is None else run_key,
+      round=jnp.asarray(0, jnp.int32))
+
+
+def fit(algorithm: FederatedAlgorithm,
+        prepared: Prepared,
+        data: ClientData,
+        num_steps: jax.Array,
+        *,
+        rounds: int,
+        clients_per_round: int,
+        workdir: str | os.PathLike | None = None,
+        seed: int = 0,
+        eval_every: int = 1,
+        checkpoint_every: int = 1,
+        keep_checkpoints: int | None = 2,
+        max_seconds: float = 0.0,
+        progress: bool = False,
+        class_accuracy: bool = False,
+        initial_model: tuple[PyTree, PyTree] | None = None,
+        ledger: ledger_lib.Ledger | None = None) -> rounds_lib.TrainResult:
+  """Runs (or resumes) ``algorithm`` for ``rounds`` rounds.
+
+  Args:
+    algorithm: a :class:`FederatedAlgorithm` (``fedavg``, ``scaffold``,
+      ``disue``, your own ...).
+    prepared: the task and its dataset (:func:`fedjax_dd.prepare`); its test
+      split is evaluated every ``eval_every`` rounds.
+    data: all clients' padded data ``[N, N_max, ...]``.
+    num_steps: ``[N]`` local steps per client (:func:`local_steps`).
+    rounds: total rounds; a resumed run continues to this.
+    clients_per_round: sampled clients per round, in ``[1, N]``.
+    workdir: where checkpoints and ``metrics.jsonl`` go; a second call with
+      the same directory resumes from its last checkpoint. None: a
+      temporary directory, removed on return.
+    seed: the model seed: initial model and the rounds' key
+      (:func:`fedjax_dd.core.keys.init_and_run`), as the entry point's
+      ``--config.seed``.
+    eval_every, checkpoint_every, keep_checkpoints, max_seconds, progress:
+      as :class:`fedjax_dd.core.rounds.RoundsOptions` (``max_seconds`` 0:
+      no budget).
+    class_accuracy: also log the per-class test accuracy.
+    initial_model: ``(params, batch_stats)`` to start from instead of the
+      seed's initialisation.
+    ledger: traffic recorded before the rounds (e.g. a one-shot upload).
+
+  Returns:
+    :class:`fedjax_dd.core.rounds.TrainResult`: the final state, the ledger
+    and every metrics row (earlier processes' rows included on a resume).
+
+  Raises:
+    ValueError: ``rounds`` < 1, or ``clients_per_round`` outside ``[1, N]``.
+  """
+  if int(rounds) < 1:
+    raise ValueError(f"fit: rounds must be at least 1, got {rounds}.")
+  n = data.num_clients
+  if not 1 <= int(clients_per_round) <= n:
+    raise ValueError(f"fit: clients_per_round must be in [1, {n}], got "
+                     f"{clients_per_round}.")
+  if workdir is None:
+    with tempfile.TemporaryDirectory() as tmp:
+      return fit(algorithm, prepared, data, num_steps, rounds=rounds,
+                 clients_per_round=clients_per_round, workdir=tmp, seed=seed,
+                 eval_every=eval_every, checkpoint_every=checkpoint_every,
+                 keep_checkpoints=keep_checkpoints, max_seconds=max_seconds,
+                 progress=progress, class_accuracy=class_accuracy,
+                 initial_model=initial_model, ledger=ledger)
+  wall = loop_lib.WallClock(start=time.time())
+  task = prepared.task
+  state = initial_state(algorithm, task, n, seed=seed,
+                        initial_model=initial_model)
+  work = Workdir(workdir)
+  options = rounds_lib.RoundsOptions(
+      num_rounds=int(rounds), clients_per_round=int(clients_per_round),
+      eval_every=eval_every, checkpoint_every=checkpoint_every,
+      progress=progress, max_seconds=max_seconds)
+  evaluate = make_evaluator(task, prepared.dataset.x_test,
+                            prepared.dataset.y_test, per_class=class_accuracy)
+  return rounds_lib.train(
+      algorithm, state, data, num_steps, options, writer=work.writer,
+      store=work.store(max_to_keep=keep_checkpoints,
+                       save_every=checkpoint_every),
+      evaluate=evaluate, ledger=ledger, wall=wall)

@@ -1,0 +1,89 @@
+"""A dataset made ready for a model: resized, normalised, and its task built.
+
+The one place a run's data and classifier are put together, used by the
+``fedjax-dd`` entry point and by a notebook alike, so both get the same
+normalisation and the same layer forms (the model's builder reads
+:mod:`fedjax_dd.policy`)::
+
+  prepared = fedjax_dd.prepare("digits", "digits_cnn")
+  prepared.task          # Classifier: module, input shape, preprocessing
+  prepared.dataset       # Dataset resized to the model's input
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from fedjax_dd import models
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.data import preprocess
+from fedjax_dd.data import sources
+
+# Floor of the channel std: a constant channel would divide by zero.
+MIN_STD = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """A dataset resized for the model, plus the task built on it.
+
+  ``mean`` / ``std`` are THE normalisation of a run (the task's
+  preprocessing, KIP's space, the KRR checks): computed once here.
+  """
+  dataset: sources.Dataset
+  task: Classifier
+  spec: models.ModelSpec
+  mean: np.ndarray  # [Ch] train-split channel mean on the [0, 1] scale
+  std: np.ndarray   # [Ch] train-split channel std, at least MIN_STD
+
+
+def prepare(dataset: sources.Dataset | str, model: str, *,
+            input_shape: tuple[int, int, int] | None = None,
+            resize_method: str = "bilinear",
+            conv_impl: str = "auto",
+            data_dir: str | None = None) -> Prepared:
+  """Resizes ``dataset`` for ``model`` and builds its classifier.
+
+  Args:
+    dataset: a loaded :class:`~fedjax_dd.data.sources.Dataset`, or a name
+      for :func:`~fedjax_dd.data.sources.load_dataset` (``"digits"``,
+      ``"npz:PATH"``, a TFDS name).
+    model: a name of :func:`fedjax_dd.models.get_model`.
+    input_shape: ``(H, W, Ch)`` the images are resized to; default the
+      model's own.
+    resize_method: ``jax.image.resize`` method for a resize.
+    conv_impl: the convolution form (:data:`fedjax_dd.models.CONV_IMPLS`);
+      ``"auto"`` is the policy's measured form for this platform and jax.
+    data_dir: TFDS data directory, when ``dataset`` is a TFDS name.
+
+  Returns:
+    The resized dataset, the :class:`Classifier` (inputs normalised by the
+    train split's channel statistics, std floored at :data:`MIN_STD`), the
+    model spec and the statistics.
+
+  Raises:
+    ValueError: an unknown model name or dataset (before any compute).
+  """
+  spec = models.get_model(model)  # unknown names fail before the load
+  ds = (sources.load_dataset(dataset, data_dir=data_dir)
+        if isinstance(dataset, str) else dataset)
+  target = tuple(input_shape or spec.input_shape)
+  if ds.x_train.shape[1:] != target:
+    ds = dataclasses.replace(
+        ds,
+        x_train=preprocess.resize_images(ds.x_train, target,
+                                         method=resize_method),
+        x_test=preprocess.resize_images(ds.x_test, target,
+                                        method=resize_method))
+  mean, std = preprocess.channel_stats(ds.x_train)
+  mean = np.asarray(mean, np.float32)
+  std = np.maximum(np.asarray(std, np.float32), np.float32(MIN_STD))
+  module = spec.build(ds.num_classes, conv_impl=conv_impl)
+  task = Classifier(module=module, input_shape=target,
+                    preprocess=functools.partial(preprocess.normalize,
+                                                 mean=mean, std=std),
+                    num_classes=ds.num_classes)
+  return Prepared(dataset=ds, task=task, spec=spec, mean=mean, std=std)
