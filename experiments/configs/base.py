@@ -203,7 +203,8 @@ def dirichlet_client(alpha: float, client_size: int = 0
 # The keys of the ``kip`` group set by :func:`kip`: the fields of
 # ``fedjax_dd.distill.kip.KipOptions`` plus the kernel's.
 KIP_OPTION_KEYS = ("lr", "max_iterations", "target_batch_size", "reg",
-                   "learn_labels", "centered_labels", "stop_accuracy",
+                   "learn_labels", "centered_labels", "balanced_targets",
+                   "clip_pixels", "stop_accuracy",
                    "min_iterations", "segment_iterations")
 KIP_KERNEL_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch",
                    "kernel_impl")
@@ -242,6 +243,8 @@ def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
       "reg": 1e-6,
       "learn_labels": False,
       "centered_labels": False,
+      "balanced_targets": False,  # KIP App. A: class-balanced target batches
+      "clip_pixels": False,  # project the support onto [0, 255] every step
       # None (a typed placeholder, so --config.kip.stop_accuracy=X parses):
       # no early stop.
       "stop_accuracy": (config_dict.placeholder(float) if stop_accuracy is None
@@ -329,6 +332,10 @@ def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       "learn_noise": True,
       "keep_best": True,
       "adv_mask": "disagree",  # disagree | agree | none
+      # DENSE's code augments the generator's images before the teachers
+      # (random shift with zero fill, mirror); 0 / False: the papers' text.
+      "augment_shift": 0,
+      "augment_flip": False,
       "lambda_bn": 1.0,
       "lambda_adv": 1.0,  # FedHydra's λ2; dense.py sets DENSE's own.
       "beta": 1.0,
