@@ -19,6 +19,7 @@ import numpy as np
 import optax
 
 from fedjax_dd import models
+from fedjax_dd import policy
 from fedjax_dd.core import clients as clients_lib
 from fedjax_dd.core import keys
 from fedjax_dd.core import local as local_lib
@@ -175,8 +176,9 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
 
 def conv_impl(config: ml_collections.ConfigDict) -> str:
   """``config.model.conv_impl`` resolved for this platform and jax
-  (``"lax"`` or ``"patches"``); ``"lax"`` for configs without the key."""
-  return models.resolve_conv_impl(_lookup(config, "model.conv_impl") or "lax")
+  (``"lax"`` or ``"patches"``); ``"auto"`` (the policy's form, what
+  ``spec.build(n)`` gets) for configs without the key."""
+  return models.resolve_conv_impl(_lookup(config, "model.conv_impl") or "auto")
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -304,8 +306,8 @@ def client_data(ds: sources.Dataset, parts: list[np.ndarray]) -> ClientData:
 
 
 # Models whose training gradient XLA:CPU's classic runtime fails to compile
-# (jax 0.5.3); their programs keep XLA's default runtime.
-CLASSIC_RUNTIME_UNSAFE = frozenset({"resnet18"})
+# (jax 0.5.3); their programs keep XLA's default runtime. Kept in the policy.
+CLASSIC_RUNTIME_UNSAFE = policy.CLASSIC_RUNTIME_UNSAFE
 
 
 def client_models(config: ml_collections.ConfigDict) -> tuple[str, ...]:

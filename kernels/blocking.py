@@ -16,7 +16,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from fedjax_dd.utils import versions
+from fedjax_dd import policy
 
 KernelFn = Callable[..., jax.Array]
 
@@ -45,14 +45,15 @@ _COEFS = {
 # Newer XLA (jax >= 0.6) keeps more residuals in the backward pass: the native
 # kernel's gradient peaks at 2.1x (depth 1) to 2.3x (depth 2, 3) the jax-0.5.3
 # figure on the same grid (measured on jax 0.12.0.1, 8x8 to 28x28 images), so
-# gradient coefficients are scaled by this factor there (the estimate then
-# over-predicts by 12-25%). The forward peak did not change.
-_NEW_XLA_GRAD_FACTOR = 2.6
+# gradient coefficients are scaled there (the estimate then over-predicts by
+# 12-25%). The forward peak did not change. The factor per platform and jax
+# version is the policy's ``ntk_grad_memory_factor`` (fedjax_dd.policy: 1.0
+# before jax 0.6, 2.6 from it).
 
 
-def _new_xla() -> bool:
-  """Whether the running jax is 0.6 or newer (the memory model above)."""
-  return versions.version_tuple() >= (0, 6)
+def _grad_memory_factor() -> float:
+  """The gradient coefficients' scale for this platform and jax."""
+  return policy.current().ntk_grad_memory_factor
 
 
 def check_kind(kind: str) -> None:
@@ -100,8 +101,9 @@ def estimate_kernel_bytes(
   matters through ``a`` for a gradient with ``depth == 1``. The coefficients
   were fitted to XLA's compiled memory analysis on CPU (module constants);
   the estimate over-predicts the measured peak by 10-25%. On jax >= 0.6 the
-  gradient coefficients are scaled by :data:`_NEW_XLA_GRAD_FACTOR` (its
-  backward pass keeps more residuals), so the table's gradient blocks are
+  gradient coefficients are scaled by the policy's
+  ``ntk_grad_memory_factor`` (its backward pass keeps more residuals;
+  :mod:`fedjax_dd.policy`), so the table's gradient blocks are
   ~1.6x smaller there. Input channels do not enter: the first layer
   contracts them.
 
@@ -156,9 +158,8 @@ def estimate_kernel_bytes(
   if with_grad:
     pair = pair_grad if depth >= 2 else pair_grad_depth1
     single = single_grad
-    if _new_xla():
-      pair, single = (_NEW_XLA_GRAD_FACTOR * pair,
-                      _NEW_XLA_GRAD_FACTOR * single)
+    factor = _grad_memory_factor()
+    pair, single = factor * pair, factor * single
   else:
     pair, single = pair_fwd, single_fwd
   return int(math.ceil(itemsize * spatial * (pair * n1 * n2 + single *

@@ -9,7 +9,7 @@ keep running statistics in the ``batch_stats`` collection; in training pass
 Example::
 
   spec = get_model("lenet5")
-  module = spec.build(10)  # or spec.build(10, conv_impl="auto")
+  module = spec.build(10)  # the policy's forms, as the entry point gets them
   variables = init_model(module, jax.random.key(0), spec.input_shape)
   logits = module.apply(variables, x, train=False)
 """
@@ -39,12 +39,15 @@ class ModelSpec:
 
   Attributes:
     name: Registry key.
-    build: ``build(num_classes, conv_impl="lax") -> nn.Module``.
+    build: ``build(num_classes, conv_impl="auto") -> nn.Module``.
       ``conv_impl`` (:data:`CONV_IMPLS`) picks how the model's convolutions
-      are computed; ``"auto"`` is resolved here, for JAX's default backend
-      and the running jax (:func:`resolve_conv_impl`), so the module holds
-      ``"lax"`` or ``"patches"``. Models without convolutions check the
-      name and ignore it. The parameters do not depend on it.
+      are computed; ``"auto"`` (the default, as the ``fedjax-dd`` entry
+      point passes it) is resolved here by :mod:`fedjax_dd.policy` for
+      JAX's default backend and the running jax (:func:`resolve_conv_impl`),
+      so the module holds ``"lax"`` or ``"patches"``; the model's other
+      forms (kernel gradients, fused blocks, norm folding, phase split)
+      follow the same policy when it runs. Models without convolutions check
+      the name and ignore it. The parameters do not depend on it.
     input_shape: Canonical single-example input ``(H, W, Ch)``.
     has_batch_stats: Whether the model keeps a ``batch_stats`` collection
       (and so needs ``mutable=['batch_stats']`` when ``train=True``).
@@ -60,9 +63,9 @@ class ModelSpec:
 
 def _builder(make: Callable[..., nn.Module], has_convs: bool = True
              ) -> Callable[..., nn.Module]:
-  """``build(num_classes, conv_impl="lax")`` for ``make(num_classes, **kw)``."""
+  """``build(num_classes, conv_impl="auto")`` for ``make(num_classes, **kw)``."""
 
-  def build(num_classes: int, conv_impl: str = "lax") -> nn.Module:
+  def build(num_classes: int, conv_impl: str = "auto") -> nn.Module:
     conv_impl = resolve_conv_impl(conv_impl)  # validates the name as well
     if not has_convs:
       return make(num_classes)

@@ -48,12 +48,12 @@ class AlexNet(nn.Module):
     num_classes: Number of output logits.
     hidden: Widths of the hidden dense layers of the classifier.
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
   """
 
   num_classes: int = 10
   hidden: Sequence[int] = (384, 192)
-  conv_impl: str = "lax"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -99,11 +99,11 @@ class AlexCifarNet(nn.Module):
   Attributes:
     num_classes: Number of output logits.
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
   """
 
   num_classes: int = 10
-  conv_impl: str = "lax"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:

@@ -72,7 +72,7 @@ class CGeneratorA(nn.Module):
     conditional: always True: ``__call__`` takes the labels.
     output_space: always ``"normalised"`` (see above).
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
     conv_bias: whether ``conv1`` and ``conv2`` (each before a BatchNorm)
       have a bias, as in FedFTG's code (see above).
   """
@@ -83,7 +83,7 @@ class CGeneratorA(nn.Module):
   num_classes: int = 10
   conditional: bool = True
   output_space: str = "normalised"
-  conv_impl: str = "lax"
+  conv_impl: str = "auto"
   conv_bias: bool = True
 
   @nn.compact

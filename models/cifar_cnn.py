@@ -33,6 +33,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
+from fedjax_dd import policy
 from fedjax_dd.models import layers
 
 
@@ -46,12 +47,18 @@ class HFLDDCifarCNN(nn.Module):
     num_classes: Number of output logits.
     features: Output channels of the two convolutions of each block.
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    weight_grads: Each convolution's kernel gradient with ``lax``
+      (``layers.conv_function``), in order; None: ``policy.kernel_grads``
+      (on CPU one matmul of the patches for the 3-channel input, one matmul
+      per tap for the rest: the engine's round ran 1.3-1.4x faster than
+      with lax's; experiments/perf_notes.md, "Kernel gradient per tap").
   """
 
   num_classes: int = 10
   features: Sequence[int] = (128, 128, 128, 128)
-  conv_impl: str = "lax"
+  conv_impl: str = "auto"
+  weight_grads: Sequence[str] | None = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -73,14 +80,16 @@ class HFLDDCifarCNN(nn.Module):
       raise ValueError(
           f"HFLDDCifarCNN with {len(self.features)} blocks needs H, W >= "
           f"{2 ** len(self.features)}, got {x.shape[1:3]}.")
+    num_convs = 2 * len(self.features)
+    grads = (policy.kernel_grads("HFLDDCifarCNN", num_convs)
+             if self.weight_grads is None else tuple(self.weight_grads))
+    if len(grads) != num_convs:
+      raise ValueError(f"HFLDDCifarCNN has {num_convs} convolutions but "
+                       f"{len(grads)} weight_grads.")
     for i, width in enumerate(self.features):
       for j in (1, 2):
-        # Kernel gradients on CPU with lax (layers.conv_function): a matmul
-        # of the patches for the 3-channel input, one matmul per tap for the
-        # rest; the engine's round ran 1.3-1.4x faster than with lax's
-        # (experiments/perf_notes.md, "Kernel gradient per tap").
         x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
-                        weight_grad="gemm" if (i, j) == (0, 1) else "taps",
+                        weight_grad=grads[2 * i + j - 1],
                         name=f"conv{i + 1}_{j}")(x)
         x = nn.relu(x)
         x = layers.batch_norm(train, name=f"bn{i + 1}_{j}")(x)

@@ -5,9 +5,12 @@ style): ``depth`` blocks of ``[conv width 3x3 SAME -> instance norm -> ReLU ->
 avg-pool 2]`` followed by one dense layer.
 """
 
+from typing import Sequence
+
 import flax.linen as nn
 import jax.numpy as jnp
 
+from fedjax_dd import policy
 from fedjax_dd.models import fused_block
 from fedjax_dd.models import layers
 
@@ -24,8 +27,9 @@ class ConvNet(nn.Module):
   client-step in the engine's CPU layout on jax 0.5.3 (one core: 448-490 ms
   before, 249-257 with changes 1-4 of experiments/perf_notes.md,
   "ConvNet-3"; the kernel gradient per tap then made the engine's round
-  1.35x faster again). On CPU the first block is one function with its own
-  gradient (``fuse_first_block``, :mod:`fedjax_dd.models.fused_block`):
+  1.35x faster again). Which forms run by default is the policy's
+  (:mod:`fedjax_dd.policy`). On CPU the first block is one function with
+  its own gradient (``fuse_first_block``, :mod:`fedjax_dd.models.fused_block`):
   the same function and variables, and the engine's round 1.25x faster
   again on jax 0.5.3, 1.27x on 0.12. The
   convolutions' biases are parameters but are not added: each convolution
@@ -49,19 +53,24 @@ class ConvNet(nn.Module):
     width: Channels of every convolution.
     depth: Number of conv blocks (each halves the spatial size).
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
     fuse_first_block: Compute the first block (conv, instance norm, ReLU,
       pool) with ``fused_block.conv_instance_norm_relu_avg_pool``, whose
       convolution is a matmul of the input's patches whatever
-      ``conv_impl``; None: ``fused_block.fuses_first_block()`` (CPU).
+      ``conv_impl``; None: the policy's ``fuse_first_block`` (CPU).
       Same function and variables either way.
+    weight_grads: Each convolution's kernel gradient with ``lax``
+      (``layers.conv_function``); None: ``policy.kernel_grads`` (on CPU
+      one matmul of the patches for the first layer's few input channels,
+      one matmul per kernel tap for the others).
   """
 
   num_classes: int = 10
   width: int = 128
   depth: int = 3
-  conv_impl: str = "lax"
+  conv_impl: str = "auto"
   fuse_first_block: bool | None = None
+  weight_grads: Sequence[str] | None = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -87,8 +96,14 @@ class ConvNet(nn.Module):
       raise ValueError(
           f"ConvNet depth {self.depth} needs H, W >= {2**self.depth}, got "
           f"{x.shape[1:3]}.")
-    fuse = (fused_block.fuses_first_block() if self.fuse_first_block is None
+    row = policy.current()
+    fuse = (row.fuse_first_block if self.fuse_first_block is None
             else self.fuse_first_block)
+    grads = (policy.kernel_grads("ConvNet", self.depth, row)
+             if self.weight_grads is None else tuple(self.weight_grads))
+    if len(grads) != self.depth:
+      raise ValueError(f"ConvNet has {self.depth} convolutions but "
+                       f"{len(grads)} weight_grads.")
     for i in range(self.depth):
       if i == 0 and fuse:
         # The variables of conv1 and norm1 (names, shapes, initial values)
@@ -102,16 +117,12 @@ class ConvNet(nn.Module):
         x = fused_block.conv_instance_norm_relu_avg_pool(
             x, kernel, scale, bias, epsilon=1e-5)
         continue
-      # Kernel gradients on CPU (layers.lax_conv_custom_weight_grad): XLA's
-      # weight-gradient convolution is slow here. The first layer's few
-      # input channels make one matmul of the patches fastest; the others
-      # (128 channels in) take one matmul per kernel tap.
       # The bias is a parameter (nn.Conv's variables) but is not added:
       # instance norm subtracts each channel's spatial mean right after, so
       # a per-channel bias cancels exactly and its gradient is zero.
       x = layers.Conv(self.width, (3, 3), padding="SAME",
                       conv_impl=self.conv_impl,
-                      weight_grad="gemm" if i == 0 else "taps",
+                      weight_grad=grads[i],
                       apply_bias=False, name=f"conv{i + 1}")(x)
       x = layers.InstanceNorm(epsilon=1e-5, name=f"norm{i + 1}")(x)
       x = nn.relu(x)

@@ -21,6 +21,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
+from fedjax_dd import policy
 from fedjax_dd.models import layers
 
 
@@ -32,17 +33,18 @@ class ConvBNNet(nn.Module):
     features: Output channels of each conv block.
     kernel_size: Square kernel size of every convolution.
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
-    weight_grads: Each convolution's kernel gradient on CPU with ``lax``
-      (``layers.conv_function``); empty: ``"lax"`` for all. The same
-      gradient to float rounding, another speed.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    weight_grads: Each convolution's kernel gradient with ``lax``
+      (``layers.conv_function``); None: ``policy.kernel_grads`` of the
+      class's name (CNN3's are matmuls on CPU, CNN2's lax's); empty:
+      ``"lax"`` for all. The same gradient to float rounding, another speed.
   """
 
   num_classes: int = 10
   features: Sequence[int] = (32, 64)
   kernel_size: int = 5
-  weight_grads: Sequence[str] = ()
-  conv_impl: str = "lax"
+  weight_grads: Sequence[str] | None = None
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -65,15 +67,18 @@ class ConvBNNet(nn.Module):
       raise ValueError(
           f"{name} with {len(self.features)} blocks needs H, W >= "
           f"{2 ** len(self.features)}, got {x.shape[1:3]}.")
-    if self.weight_grads and len(self.weight_grads) != len(self.features):
+    if self.weight_grads is None:
+      grads = policy.kernel_grads(name, len(self.features))
+    else:
+      grads = tuple(self.weight_grads) or ("lax",) * len(self.features)
+    if len(grads) != len(self.features):
       raise ValueError(
           f"{name} has {len(self.features)} convolutions but "
-          f"{len(self.weight_grads)} weight_grads.")
+          f"{len(grads)} weight_grads.")
     k = self.kernel_size
     for i, width in enumerate(self.features):
       x = layers.conv(self.conv_impl, width, (k, k), padding="SAME",
-                      weight_grad=(self.weight_grads[i] if self.weight_grads
-                                   else "lax"),
+                      weight_grad=grads[i],
                       use_bias=False, name=f"conv{i + 1}")(x)
       x = nn.relu(layers.batch_norm(train, name=f"bn{i + 1}")(x))
       x = layers.max_pool(x)
@@ -110,9 +115,3 @@ class CNN3(ConvBNNet):
 
   features: Sequence[int] = (32, 64, 128)
   kernel_size: int = 3
-  # On CPU with lax (jax 0.5.3), the engine's round (20 clients, 10 steps,
-  # alternating) ran 75.2-76.9 ms per client-step with these against
-  # 81.9-83.5 with lax's kernel gradients (experiments/perf_notes.md,
-  # "Kernel gradient per tap"). CNN2 keeps lax's: its 5x5 taps over 32
-  # channels ran slower (55.6-57.8 against 49.2-51.7).
-  weight_grads: Sequence[str] = ("gemm", "taps", "taps")

@@ -40,12 +40,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from fedjax_dd import policy
 from fedjax_dd.models import layers
 
 
 def fuses_first_block(platform: str | None = None) -> bool:
   """Whether ConvNet computes its first block with
-  :func:`conv_instance_norm_relu_avg_pool` by default.
+  :func:`conv_instance_norm_relu_avg_pool` by default: the policy's
+  ``fuse_first_block`` (:func:`fedjax_dd.policy.lookup`).
 
   True on CPU, where it was measured faster on jax 0.5.3 and 0.12. GPU and
   TPU keep the four layers: their compilers fuse element-wise producers
@@ -56,7 +58,7 @@ def fuses_first_block(platform: str | None = None) -> bool:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default
       backend.
   """
-  return (platform or jax.default_backend()) == "cpu"
+  return policy.lookup(platform).fuse_first_block
 
 
 class ConvVariables(nn.Module):

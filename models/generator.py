@@ -48,7 +48,7 @@ class Generator(nn.Module):
     conditional: Whether ``__call__`` takes labels ``y``.
     num_classes: Number of labels of the conditional variant.
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
   """
 
   out_shape: tuple = (32, 32, 3)
@@ -56,7 +56,7 @@ class Generator(nn.Module):
   ngf: int = 64
   conditional: bool = False
   num_classes: int = 10
-  conv_impl: str = "lax"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(

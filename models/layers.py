@@ -19,9 +19,10 @@ Convolutions can be computed in two formulations, picked per model by its
 ``conv_impl`` field (see :func:`conv`): ``"lax"`` (``lax.conv_general_dilated``,
 flax's default) and ``"patches"`` (:func:`patches_conv_general_dilated`,
 im2col + one matmul). Both compute the same function with the same
-parameters; which one is faster depends on the platform and the jax version
-(:func:`resolve_conv_impl`). With ``lax`` on CPU a layer can also choose how
-its kernel gradient is computed (:func:`lax_conv_custom_weight_grad`).
+parameters; which one is faster depends on the platform and the jax version.
+With ``lax`` a layer can also choose how its kernel gradient is computed
+(:func:`lax_conv_custom_weight_grad`). Which form runs by default (``"auto"``
+and the ``None`` fields here) is decided only by :mod:`fedjax_dd.policy`.
 
 :class:`Conv` and :class:`InstanceNorm` have the parameters of ``nn.Conv``
 and ``nn.InstanceNorm`` (names, shapes, initial values) and compute the same
@@ -38,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from fedjax_dd.utils import versions
+from fedjax_dd import policy
 
 # PyTorch's BatchNorm defaults (momentum 0.1 for the *new* batch, eps 1e-5),
 # which the reference implementations of FedD3/HFLDD/FedHydra use. Flax's
@@ -54,22 +55,6 @@ _NHWC = ("NHWC", "HWIO", "NHWC")
 # Names accepted by a model's ``conv_impl`` field and ``model.conv_impl``.
 CONV_IMPLS = ("auto", "lax", "patches")
 
-# What ``conv_impl="auto"`` means: rows ``(platform, minimum jax version,
-# impl)``; the last row whose platform matches and whose minimum version is
-# <= the running jax wins. Measured on a 2-core CPU with the engine's
-# LeNet-5 round and ConvNet-3 step (experiments/perf_notes.md, "Convolution
-# formulation"): on jax 0.5.3 patches is 4.2x slower (LeNet-5) and 1.24x
-# slower (ConvNet-3) than lax; on jax 0.10.2 it takes 0.86x (LeNet-5) and
-# 0.023x (ConvNet-3, where 0.10.2's lax.conv is 31x slower than 0.5.3's).
-# Versions between those were not measured and keep lax, the former
-# behaviour.
-# Platforms without a row use "lax": XLA's GPU/TPU convolutions are their
-# tuned kernels, and the patches form is a CPU workaround.
-_AUTO_CONV_IMPL: tuple[tuple[str, tuple[int, ...], str], ...] = (
-    ("cpu", (0,), "lax"),
-    ("cpu", (0, 10), "patches"),
-)
-
 
 def resolve_conv_impl(conv_impl: str = "auto",
                       platform: str | None = None,
@@ -84,9 +69,8 @@ def resolve_conv_impl(conv_impl: str = "auto",
     jax_version: e.g. ``"0.10.2"``; default the running ``jax.__version__``.
 
   Returns:
-    ``"lax"`` or ``"patches"``: for ``"auto"`` the measured-faster one of the
-    platform and jax version (``_AUTO_CONV_IMPL``), ``"lax"`` where nothing
-    was measured.
+    ``"lax"`` or ``"patches"``: for ``"auto"`` the policy's form for the
+    platform and jax version (:func:`fedjax_dd.policy.lookup`).
 
   Raises:
     ValueError: If ``conv_impl`` is not one of :data:`CONV_IMPLS`.
@@ -96,13 +80,7 @@ def resolve_conv_impl(conv_impl: str = "auto",
                      f"{CONV_IMPLS}.")
   if conv_impl != "auto":
     return conv_impl
-  platform = platform or jax.default_backend()
-  version = versions.version_tuple(jax_version)
-  chosen = "lax"
-  for row_platform, min_version, impl in _AUTO_CONV_IMPL:
-    if row_platform == platform and version >= min_version:
-      chosen = impl
-  return chosen
+  return policy.lookup(platform, jax_version).conv
 
 
 def patches_conv_general_dilated(
@@ -267,7 +245,7 @@ def conv(
       :func:`resolve_conv_impl` for JAX's default backend).
     features: Output channels.
     kernel_size: ``(kh, kw)``.
-    weight_grad: How the kernel's gradient is computed on CPU with ``lax``
+    weight_grad: How the kernel's gradient is computed with ``lax``
       (:func:`conv_function`); the same gradient to float rounding.
     **kwargs: Other ``nn.Conv`` fields (``padding``, ``strides``, ``name``,
       ...).
@@ -280,8 +258,8 @@ def conv(
                  **kwargs)
 
 
-# How a convolution's kernel gradient is computed on CPU (conv_function).
-WEIGHT_GRADS = ("lax", "gemm", "unbatched", "taps")
+# How a ``lax`` convolution's kernel gradient is computed (conv_function).
+WEIGHT_GRADS = ("lax", "gemm", "taps")
 
 
 def _check_weight_grad(weight_grad: str) -> None:
@@ -297,13 +275,12 @@ def conv_function(conv_impl: str,
   Args:
     conv_impl: ``"lax"``, ``"patches"`` or ``"auto"``
       (:func:`resolve_conv_impl`).
-    weight_grad: Where ``conv_impl`` resolves to ``"lax"`` on CPU, how the
+    weight_grad: Where ``conv_impl`` resolves to ``"lax"``, how the
       kernel's gradient is computed (:func:`lax_conv_custom_weight_grad`):
       ``"lax"`` (autodiff's convolution), ``"gemm"`` (one matmul of the
-      input's patches), ``"unbatched"`` (autodiff's convolution, one
-      client at a time under ``vmap``) or ``"taps"`` (one matmul per kernel
-      tap). The ``patches`` form's gradient is a matmul already; other
-      platforms keep ``lax``.
+      input's patches) or ``"taps"`` (one matmul per kernel tap). The
+      ``patches`` form's gradient is a matmul already. Models take theirs
+      from :func:`fedjax_dd.policy.kernel_grads` (``"lax"`` but on CPU).
 
   Returns:
     ``lax.conv_general_dilated``, :func:`patches_conv_general_dilated` or
@@ -315,7 +292,7 @@ def conv_function(conv_impl: str,
   _check_weight_grad(weight_grad)
   if resolve_conv_impl(conv_impl) == "patches":
     return patches_conv_general_dilated
-  if weight_grad == "lax" or jax.default_backend() != "cpu":
+  if weight_grad == "lax":
     return lax.conv_general_dilated
   return functools.partial(lax_conv_custom_weight_grad,
                            weight_grad=weight_grad)
@@ -351,14 +328,6 @@ def lax_conv_custom_weight_grad(
     weight-gradient convolution runs at about 6 GFLOP/s per core on jax
     0.5.3, the matmul at about 44 (a vmap of 2 clients: 70 ms per client
     against 10). With many input channels the convolution is faster.
-  * ``"unbatched"``: autodiff's weight-gradient convolution, but under
-    ``vmap`` one client at a time (a ``lax.map`` over the mapped axis, so
-    the program does not grow with the cohort). Why: a vmapped kernel
-    gradient is one convolution with a batch group per client, which
-    XLA:CPU of jax 0.5.3 runs slowly and erratically (ConvNet-3's second
-    layer, one core: 72-82 ms per client unbatched, 91-193 as a vmap of 2).
-    The forward and input-gradient convolutions stay vmapped: unbatched
-    inside the local-step loop they are the slow path.
   * ``"taps"``: ``dW[i, j] = x_ij^T dy``, one matmul per kernel tap
     ``(i, j)``, where ``x_ij [B * Ho * Wo, Ch]`` is the padded input's
     slice that the tap multiplies (:func:`_tap_slices`) and ``dy [B * Ho *
@@ -369,11 +338,12 @@ def lax_conv_custom_weight_grad(
     weight-gradient convolution does not; the slices are copies of the
     input's size each, not the 9x larger receptive fields that ``"gemm"``
     writes. The engine's ConvNet-3 round ran 1.3-1.4x faster than with
-    ``"unbatched"`` (jax 0.5.3, 20 clients, alternating;
-    experiments/perf_notes.md, "Kernel gradient per tap").
+    autodiff's kernel gradient run one client at a time (jax 0.5.3, 20
+    clients, alternating; experiments/perf_notes.md, "Kernel gradient per
+    tap").
 
-  Same values as ``lax``'s to float rounding (``"unbatched"``: the same
-  convolution; ``"gemm"`` and ``"taps"``: the same sums in another order).
+  Same values as ``lax``'s to float rounding (the same sums in another
+  order).
   Args and returns are those of ``lax.conv_general_dilated``; inputs other
   than 2-D NHWC/HWIO convolutions without input dilation or
   groups are computed by ``lax.conv_general_dilated`` unchanged.
@@ -436,11 +406,9 @@ def _custom_wgrad_conv_bwd(strides, padding, rhs_dilation, precision,
     drhs = jnp.sum(lax.dot_general(
         patches, dy, (((1, 2), (1, 2)), ((0,), (0,))), precision=precision),
                    axis=0).reshape(rhs.shape)
-  elif weight_grad == "taps":
+  else:
     drhs = _taps_weight_grad(lhs, dy, rhs.shape, strides, padding,
                              rhs_dilation, precision)
-  else:
-    drhs = _unbatched_weight_grad(conv, rhs.shape, rhs.dtype)(lhs, dy)
   return dlhs, drhs.astype(rhs.dtype)
 
 
@@ -462,26 +430,6 @@ def _taps_weight_grad(x: jax.Array, dy: jax.Array,
                       precision=precision)
       for t in _tap_slices(x, (kh, kw), strides, padding, rhs_dilation)
   ]).reshape(kernel_shape)
-
-
-def _unbatched_weight_grad(conv: Callable[..., jax.Array],
-                           kernel_shape: tuple[int, ...],
-                           dtype: Any) -> Callable[..., jax.Array]:
-  """``(x, dy) -> dW`` of ``conv``, mapped one client at a time by vmap."""
-
-  def weight_grad(x, dy):
-    _, vjp = jax.vjp(lambda k: conv(x, k), jnp.zeros(kernel_shape, dtype))
-    return vjp(dy)[0]
-
-  fn = jax.custom_batching.custom_vmap(weight_grad)
-
-  @fn.def_vmap
-  def _rule(axis_size, in_batched, x, dy):
-    x, dy = (a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
-             for a, batched in zip((x, dy), in_batched))
-    return lax.map(lambda args: fn(*args), (x, dy)), True
-
-  return fn
 
 
 @jax.custom_vjp
@@ -538,10 +486,9 @@ class Conv(nn.Module):
     features: Output channels ``O``.
     kernel_size: ``(kh, kw)``.
     padding: ``"SAME"``, ``"VALID"`` or explicit pads, as for ``nn.Conv``.
-    conv_impl: ``"lax"``, ``"patches"`` or ``"auto"``.
-    weight_grad: How the kernel's gradient is computed on CPU with ``lax``:
-      ``"lax"``, ``"gemm"``, ``"unbatched"`` or ``"taps"``
-      (:func:`conv_function`).
+    conv_impl: ``"lax"``, ``"patches"`` or ``"auto"`` (the policy's).
+    weight_grad: How the kernel's gradient is computed with ``lax``:
+      ``"lax"``, ``"gemm"`` or ``"taps"`` (:func:`conv_function`).
     apply_bias: False declares the bias (so the variables stay
       ``nn.Conv``'s) but does not add it. Only for a convolution whose
       output goes straight into a normalisation that subtracts each
@@ -555,7 +502,7 @@ class Conv(nn.Module):
   features: int
   kernel_size: tuple[int, int]
   padding: Any = "SAME"
-  conv_impl: str = "lax"
+  conv_impl: str = "auto"
   weight_grad: str = "lax"
   apply_bias: bool = True
 
@@ -583,7 +530,8 @@ def instance_norm_params(module: nn.Module,
 
 def instance_norm_folds(platform: str | None = None,
                         jax_version: str | None = None) -> bool:
-  """Whether :class:`InstanceNorm` folds its affine map by default.
+  """Whether :class:`InstanceNorm` folds its affine map by default: the
+  policy's ``fold_norm`` (:func:`fedjax_dd.policy.lookup`).
 
   True on CPU before jax 0.6, whose XLA:CPU classic runtime the engine uses:
   there the folded form trains ConvNet-3 1.1-1.2x faster per client-step
@@ -597,8 +545,7 @@ def instance_norm_folds(platform: str | None = None,
       backend.
     jax_version: e.g. ``"0.5.3"``; default the running ``jax.__version__``.
   """
-  platform = platform or jax.default_backend()
-  return platform == "cpu" and versions.version_tuple(jax_version) < (0, 6)
+  return policy.lookup(platform, jax_version).fold_norm
 
 
 class InstanceNorm(nn.Module):
@@ -737,20 +684,23 @@ class ConvReluMaxPool(nn.Module):
     features: Output channels.
     kernel_size: ``(kh, kw)``.
     conv_impl: ``"lax"``, ``"patches"`` or ``"auto"`` (:func:`conv`).
-    phase_split: Use the phase-split form where it applies.
+    phase_split: Use the phase-split form where it applies; None: the
+      policy's ``phase_split`` (:func:`fedjax_dd.policy.current`: on CPU).
   """
 
   features: int
   kernel_size: tuple[int, int]
-  conv_impl: str = "lax"
-  phase_split: bool = True
+  conv_impl: str = "auto"
+  phase_split: bool | None = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
     kernel, bias = conv_params(self, self.kernel_size, x.shape[-1],
                                self.features)
     conv_fn = conv_function(self.conv_impl)
-    if self.phase_split and phase_split_applies(x.shape, kernel.shape):
+    phase_split = (policy.current().phase_split if self.phase_split is None
+                   else self.phase_split)
+    if phase_split and phase_split_applies(x.shape, kernel.shape):
       return nn.relu(phase_split_conv_max_pool(x, kernel, conv_fn) + bias)
     y = conv_fn(x, kernel, (1, 1), "VALID", dimension_numbers=_NHWC)
     return max_pool(nn.relu(y + bias))

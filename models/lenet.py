@@ -26,16 +26,16 @@ class LeNet5(nn.Module):
   Attributes:
     num_classes: Number of output logits.
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
     phase_split: Compute the first convolution and its pool phase-split
       (``layers.ConvReluMaxPool``; same parameters, same values to
       rounding), which is faster on CPU (``experiments/perf_notes.md``,
-      "Phase-split first layer").
+      "Phase-split first layer"); None: the policy's (``fedjax_dd.policy``).
   """
 
   num_classes: int = 10
-  conv_impl: str = "lax"
-  phase_split: bool = True
+  conv_impl: str = "auto"
+  phase_split: bool | None = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -76,11 +76,11 @@ class DigitsCNN(nn.Module):
   Attributes:
     num_classes: Number of output logits.
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
   """
 
   num_classes: int = 10
-  conv_impl: str = "lax"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:

@@ -21,12 +21,12 @@ class BasicBlock(nn.Module):
     features: Output channels.
     stride: Stride of the first convolution (and of the projection).
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
   """
 
   features: int
   stride: int = 1
-  conv_impl: str = "lax"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -56,13 +56,13 @@ class ResNet(nn.Module):
     stage_sizes: Number of BasicBlocks per stage.
     width: Channels of the stem and the first stage.
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (``layers.resolve_conv_impl``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
   """
 
   num_classes: int = 10
   stage_sizes: Sequence[int] = (2, 2, 2, 2)
   width: int = 64
-  conv_impl: str = "lax"
+  conv_impl: str = "auto"
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -89,7 +89,7 @@ class ResNet(nn.Module):
     return nn.Dense(self.num_classes, name="fc")(x)
 
 
-def resnet18(num_classes: int, conv_impl: str = "lax") -> ResNet:
+def resnet18(num_classes: int, conv_impl: str = "auto") -> ResNet:
   """ResNet-18 (BasicBlocks ``[2, 2, 2, 2]``, widths 64..512)."""
   return ResNet(num_classes=num_classes, stage_sizes=(2, 2, 2, 2), width=64,
                 conv_impl=conv_impl)

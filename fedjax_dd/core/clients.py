@@ -17,7 +17,8 @@ leading client axis ``[C, ...]`` with one of four backends:
   For debugging and as the sequential reference of the benchmarks.
 
 The default backend and chunk size per platform are chosen by measurement
-(``experiments/bench_engine.py``), see :func:`default_backend` and
+(``experiments/bench_engine.py``) and kept in one table,
+:mod:`fedjax_dd.policy`, see :func:`default_backend` and
 :func:`default_chunk_size`. On CPU, ``fedjax_dd.configure_cpu()`` (called by
 the entry point) exposes one XLA host device per core, and the default is
 ``sharded`` with chunks of 2 clients per device on XLA's classic CPU runtime
@@ -48,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fedjax_dd import policy
 
 
 def _shard_map(f, mesh, in_specs, out_specs):
@@ -75,48 +77,11 @@ BACKENDS: tuple[str, ...] = ("vmap", "chunked", "sharded", "loop")
 CLIENT_AXIS = "clients"
 
 
-# Per-program XLA options for the engine's hot programs, by platform. On the
-# CPU backend of jax 0.5.x the thunk runtime runs per-client training several
-# times slower than the classic runtime (LeNet-5, batch 64, vmap over 100
-# clients: 29.5 -> ~4 ms per client-step; experiments/bench_engine.py). They
-# are set per program rather than process-wide because the classic runtime's
-# oneDNN rewrites fail to compile some unrelated programs (the data-free KD
-# epoch, ResNet-18's training gradient). Callers opt out per program with
-# ``classic_runtime=False``; ``FEDJAX_DD_NO_XLA_FLAGS=1`` turns them off.
-_CLASSIC_RUNTIME_OPTION = "xla_cpu_use_thunk_runtime"
-_HOT_PROGRAM_OPTIONS = {"cpu": {_CLASSIC_RUNTIME_OPTION: False}}
-# When the client axis is split over several host devices, each device's
-# program runs single-threaded. This is needed for correctness, not speed:
-# without it the devices' concurrent programs, each using XLA's intra-op
-# threads, deadlocked (the FedHydra smoke test hung with no CPU use; jax 0.5.3,
-# 2 cores). Its speed effect measured neutral per program (LeNet-5, C=100:
-# 4.76 ms with it, 4.62 without; experiments/perf_notes.md). Re-checked on
-# jax 0.12.0.1 (thunk runtime): the FedHydra smoke run finishes without it
-# (44 s; 41 s with it, same accuracy) and the LeNet-5 round is neutral (4.38
-# ms without, 4.40 with); it stays because it costs nothing there and jax
-# 0.5.x needs it.
-_PER_CORE_OPTIONS = {"cpu": {"xla_cpu_multi_thread_eigen": False}}
-# Clients per vectorised chunk on each device, by platform (None: the whole
-# share at once). Measured on CPU, LeNet-5, C=100: chunks of 1-3 run at
-# 5.3-6.0 ms per client-step on one device against 9.2 for a full vmap.
-_DEFAULT_CHUNK = {"cpu": 2}
-# XLA:CPU's thunk runtime (the only one from jax 0.6; jax 0.5.x without the
-# classic-runtime option) runs a vmapped client step far slower than the
-# unbatched one: LeNet-5, one client, 10 steps, one thread, jax 0.12: 4.9 ms
-# per client-step unbatched, 7.9 as a vmap of one client, 6.4 per client as a
-# vmap of two (0.10.2: 5.1, 8.4, 6.6). The classic runtime is the reverse
-# (jax 0.5.3: 7.6 unbatched, 4.1 per client as a vmap of two;
-# ``experiments/bench_engine.py --forms``). So without the
-# classic runtime, CPU chunks hold one client, which ``_vectorise`` runs as a
-# plain ``lax.map`` with no vmap.
-_THUNK_RUNTIME_CHUNK = {"cpu": 1}
-# Measured exceptions by (platform, workload). KIP's per-client program is a
-# few kernel matmuls and a Cholesky solve on small matrices, where XLA's
-# intra-op threads on one vmap over the cohort beat per-core chunks of 2
-# (experiments/bench_kip.py, 2 cores: Img/Cls 10, C = 100: 2.24 vs 3.23 ms per
-# client-iteration; Img/Cls 1, C = 500: 0.111 vs 0.158).
+# The defaults below (backend, chunk size, the hot programs' compiler
+# options) come from one table, fedjax_dd.policy, by platform and jax
+# version, with the measurements behind them.
+_CLASSIC_RUNTIME_OPTION = policy.CLASSIC_RUNTIME_OPTION
 WORKLOADS: tuple[str, ...] = ("train", "kip")
-_WORKLOAD_BACKEND = {("cpu", "kip"): "vmap"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,8 +115,9 @@ def hot_program_options(classic_runtime: bool = True,
                         platform: str | None = None) -> dict[str, Any]:
   """XLA compiler options for the engine's hot jitted programs.
 
-  Only CPU programs get options (GPU and TPU programs compile with XLA's
-  defaults).
+  The policy row's ``compiler_options`` and ``per_core_options``
+  (:mod:`fedjax_dd.policy`): only CPU programs get options (GPU and TPU
+  programs compile with XLA's defaults).
 
   Args:
     classic_runtime: include the classic-runtime option (see
@@ -162,12 +128,13 @@ def hot_program_options(classic_runtime: bool = True,
   """
   if os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
     return {}
-  platform = platform or jax.default_backend()
+  platform = policy.platform_of(platform)
+  row = policy.lookup(platform)
   options = {}
   if classic_runtime:
-    options.update(_HOT_PROGRAM_OPTIONS.get(platform, {}))
+    options.update(row.compiler_options)
   if per_core:
-    options.update(_PER_CORE_OPTIONS.get(platform, {}))
+    options.update(row.per_core_options)
   return {k: v for k, v in options.items()
           if option_supported(k, v, platform)}
 
@@ -190,12 +157,13 @@ def engine_jit(fn: Callable[..., Any], *, classic_runtime: bool = True,
 def default_backend(platform: str | None = None,
                     workload: str = "train",
                     num_devices: int | None = None) -> str:
-  """The measured-fastest backend for a platform and workload.
+  """The policy's backend for a platform and workload
+  (:func:`fedjax_dd.policy.lookup`).
 
   With more than one device, ``sharded`` (on CPU these are the per-core host
   devices that ``fedjax_dd`` sets up). With one device, ``chunked`` on CPU
-  (small chunks stay in cache) and ``vmap`` on accelerators. KIP on CPU is
-  the measured exception: ``vmap``.
+  (small chunks stay in cache) and ``vmap`` on accelerators (not
+  measured). KIP on CPU is the measured exception: ``vmap``.
 
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
@@ -209,33 +177,36 @@ def default_backend(platform: str | None = None,
   if workload not in WORKLOADS:
     raise ValueError(f"Unknown workload {workload!r}; expected one of "
                      f"{WORKLOADS}.")
-  platform = platform or jax.default_backend()
-  if (platform, workload) in _WORKLOAD_BACKEND:
-    return _WORKLOAD_BACKEND[(platform, workload)]
+  row = policy.lookup(platform)
+  if workload == "kip" and row.kip_backend is not None:
+    return row.kip_backend
   if (jax.device_count() if num_devices is None else num_devices) > 1:
-    return "sharded"
-  return "chunked" if platform == "cpu" else "vmap"
+    return row.backend_devices
+  return row.backend
 
 
 def default_chunk_size(platform: str | None = None,
                        classic_runtime: bool = True) -> int | None:
   """Clients per vectorised chunk (per device) for a platform; None: all.
 
-  On CPU it depends on XLA's runtime: 2 where the engine's hot programs run
-  on the classic runtime (jax 0.5.x), 1 where they run on the thunk runtime
-  (newer jax, ``classic_runtime=False`` or ``FEDJAX_DD_NO_XLA_FLAGS=1``); see
-  ``_THUNK_RUNTIME_CHUNK``.
+  The policy row's (:func:`fedjax_dd.policy.lookup`). On CPU it depends on
+  XLA's runtime: ``chunk_size`` (2) where the engine's hot programs run on
+  the classic runtime (jax 0.5.x), ``thunk_chunk_size`` (1, run unbatched)
+  where they run on the thunk runtime (newer jax, ``classic_runtime=False``
+  or ``FEDJAX_DD_NO_XLA_FLAGS=1``). None on GPU and TPU (not measured).
 
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
     classic_runtime: whether the programs ask for the classic runtime
       (:func:`engine_jit`).
   """
-  platform = platform or jax.default_backend()
-  if (platform in _THUNK_RUNTIME_CHUNK and platform == jax.default_backend()
+  platform = policy.platform_of(platform)
+  row = policy.lookup(platform)
+  if (row.thunk_chunk_size != row.chunk_size
+      and platform == jax.default_backend()
       and not classic_runtime_in_effect(classic_runtime)):
-    return _THUNK_RUNTIME_CHUNK[platform]
-  return _DEFAULT_CHUNK.get(platform)
+    return row.thunk_chunk_size
+  return row.chunk_size
 
 
 def classic_runtime_in_effect(classic_runtime: bool = True) -> bool:

@@ -179,8 +179,12 @@ def test_compile_options_the_running_xla_lacks_are_dropped(monkeypatch):
                                       platform)
   # An option a newer XLA removed (as jax 0.10 removed the thunk-runtime
   # switch) is left out instead of failing every engine compilation.
-  monkeypatch.setattr(clients_lib, "_HOT_PROGRAM_OPTIONS",
-                      {platform: {"xla_no_such_option_here": True}})
+  import dataclasses
+  from fedjax_dd import policy
+  row = dataclasses.replace(
+      policy.lookup(platform),
+      compiler_options=(("xla_no_such_option_here", True),))
+  monkeypatch.setattr(policy, "lookup", lambda *a, **k: row)
   assert clients_lib.hot_program_options(True) == {}
   f = clients_lib.engine_jit(lambda x: x * 2)
   assert float(f(jnp.float32(3.0))) == 6.0

@@ -157,3 +157,40 @@ def test_layouts_report_both_layouts_with_and_without_donation():
                                           "nchw_donate"}
   assert all(math.isfinite(v) and v > 0
              for v in r["ms_per_client_step"].values())
+
+
+def test_public_and_entry_rounds_run_with_the_same_forms():
+  rows = {b: bench_engine.measure_round(b, num_clients=2, steps=1, batch=4,
+                                        reps=1)
+          for b in bench_engine.ROUND_BUILDS}
+  for build, row in rows.items():
+    assert row["build"] == build
+    assert math.isfinite(row["ms_per_client_step"])
+    assert row["ms_per_client_step"] > 0
+  assert rows["public"]["conv_impl"] == rows["entry"]["conv_impl"]
+  assert rows["public"]["conv_impl"] == rows["public"]["policy"]["conv"]
+  with pytest.raises(ValueError, match="build must be one of"):
+    bench_engine.measure_round("cli", num_clients=2, steps=1, batch=4, reps=1)
+
+
+def test_public_round_alternates_and_takes_median_ratios(monkeypatch):
+  calls = []
+  ms = {"public": [2.2, 3.0, 1.0], "entry": [2.0, 2.0, 1.0]}
+
+  def fake(kind, python=None, **kw):
+    assert kind == "round"
+    calls.append((python, kw["build"]))
+    return {"ms_per_client_step": ms[kw["build"]].pop(0),
+            "jax_version": "x", "conv_impl": "lax"}
+
+  monkeypatch.setattr(bench_engine, "_subprocess", fake)
+  out = bench_engine.measure_public_round(pairs=3, num_clients=4, steps=1,
+                                          batch=4, reps=1)
+  assert [b for _, b in calls] == ["public", "entry", "entry", "public",
+                                   "public", "entry"]
+  s = out["summary"]["this"]
+  # public / entry per pair: 1.1, 1.5, 1.0.
+  assert s["ratio_public_over_entry"] == pytest.approx(
+      {"median": 1.1, "min": 1.0, "max": 1.5})
+  assert s["public_ms"] == 2.2 and s["entry_ms"] == 2.0
+  assert s["conv_impl"] == {"public": "lax", "entry": "lax"}

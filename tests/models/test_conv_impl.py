@@ -158,7 +158,7 @@ def _custom_wgrad_both(kwargs, weight_grad):
   return ref, ours
 
 
-@pytest.mark.parametrize("weight_grad", ["gemm", "unbatched", "taps"])
+@pytest.mark.parametrize("weight_grad", ["gemm", "taps"])
 @pytest.mark.parametrize("xs, ks, kwargs", _CASES)
 def test_custom_weight_grad_conv_matches_lax(xs, ks, kwargs, weight_grad):
   # Every case, the input-dilated one included (it falls back to lax).
@@ -172,7 +172,7 @@ def test_custom_weight_grad_conv_matches_lax(xs, ks, kwargs, weight_grad):
   np.testing.assert_allclose(g_ours[1], g_ref[1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("weight_grad", ["gemm", "unbatched", "taps"])
+@pytest.mark.parametrize("weight_grad", ["gemm", "taps"])
 @pytest.mark.parametrize("xs, ks, kwargs", _CASES[:6])
 def test_custom_weight_grad_conv_matches_lax_in_float64_under_vmap(
     xs, ks, kwargs, weight_grad):
@@ -214,21 +214,23 @@ def test_taps_weight_grad_counts_where_each_tap_lands():
       dk[:, :, 0, 0], np.array([[4, 4, 4], [8, 8, 8], [12, 12, 12]]))
 
 
-def test_custom_weight_grad_is_a_cpu_lax_choice():
+def test_custom_weight_grad_is_a_lax_choice():
+  # An explicit kernel gradient is honoured on every platform; which one a
+  # model asks for is the policy's (lax's off CPU).
   fn = layers.conv_function
+  assert layers.WEIGHT_GRADS == ("lax", "gemm", "taps")
   for weight_grad in layers.WEIGHT_GRADS:
     assert fn("patches", weight_grad) is layers.patches_conv_general_dilated
   assert fn("lax") is lax.conv_general_dilated
   assert fn("lax", "lax") is lax.conv_general_dilated
-  for weight_grad in ("gemm", "unbatched", "taps"):
+  for weight_grad in ("gemm", "taps"):
     chosen = fn("lax", weight_grad)
-    if jax.default_backend() == "cpu":
-      assert chosen.func is layers.lax_conv_custom_weight_grad
-      assert chosen.keywords == {"weight_grad": weight_grad}
-    else:
-      assert chosen is lax.conv_general_dilated
+    assert chosen.func is layers.lax_conv_custom_weight_grad
+    assert chosen.keywords == {"weight_grad": weight_grad}
   with pytest.raises(ValueError, match="weight_grad"):
     fn("lax", "fast")
+  with pytest.raises(ValueError, match="weight_grad"):
+    fn("lax", "unbatched")  # removed: no model used it
   with pytest.raises(ValueError, match="weight_grad"):
     layers.lax_conv_custom_weight_grad(
         jnp.zeros((1, 4, 4, 1)), jnp.zeros((3, 3, 1, 1)), (1, 1), "SAME",
@@ -421,5 +423,6 @@ def test_registry_builds_with_conv_impl():
     assert spec.build(10).__class__ is module.__class__
   auto = models.get_model("lenet5").build(10, conv_impl="auto")
   assert auto.conv_impl == layers.resolve_conv_impl("auto")  # resolved
+  assert models.get_model("lenet5").build(10) == auto  # "auto" by default
   resnet = models.get_model("resnet18").build(10, conv_impl="patches")
   assert resnet.conv_impl == "patches"

@@ -1,0 +1,300 @@
+"""Which layer forms and client-mapper defaults run where: one table.
+
+Every model builder, every layer with a per-platform form and the client
+mapper read their defaults from :data:`TABLE`, keyed by platform and jax
+version range; nothing else picks a form. A row holds:
+
+* ``conv``: how convolutions are computed, ``"lax"``
+  (``lax.conv_general_dilated``) or ``"patches"`` (patch extraction + one
+  matmul, :func:`fedjax_dd.models.layers.patches_conv_general_dilated`);
+* ``kernel_grad``: with ``lax`` convolutions, ``"lax"`` (autodiff's
+  kernel gradient) or ``"matmul"`` (the measured matmul kernel gradients of
+  :data:`MATMUL_KERNEL_GRADS`' models; :func:`kernel_grads`);
+* ``phase_split``: LeNet-5's first convolution and pool computed
+  phase-split (:class:`fedjax_dd.models.layers.ConvReluMaxPool`);
+* ``fuse_first_block``: ConvNet's first block as one function
+  (:mod:`fedjax_dd.models.fused_block`);
+* ``fold_norm``: instance norm with its affine map folded
+  (:class:`fedjax_dd.models.layers.InstanceNorm`);
+* the client mapper's defaults (:mod:`fedjax_dd.core.clients`): the
+  backend on one device and on several, KIP's backend, the clients per
+  vectorised chunk on XLA:CPU's classic and thunk runtimes, and the
+  compiler options of the engine's hot programs;
+* ``ntk_grad_memory_factor``: the conv-kernel memory model's gradient
+  scale (:mod:`fedjax_dd.kernels.blocking`);
+* ``measured``: where the row's choices were measured, or "not measured".
+
+Every form computes the same function with the same parameters (equal to
+float rounding), so the table changes only speed. Explicit arguments
+(``build(n, conv_impl="lax")``, a layer's ``weight_grad``, a mapper's
+``chunk_size``) override it.
+
+The CPU rows are measured on a 2-core CPU with the engine's LeNet-5 and
+ConvNet-3 rounds (``experiments/perf_notes.md``). Nothing has been measured
+on a GPU or TPU: their rows hold XLA's plain forms (``lax`` convolutions and
+kernel gradients, no phase split, no fused block, no folding, no compiler
+options, one vmap per device), whose convolutions are the platforms' tuned
+kernels; the CPU forms work around XLA:CPU's slow paths.
+
+Example::
+
+  from fedjax_dd import policy
+  p = policy.current()            # this platform and jax
+  p.conv, p.chunk_size
+  policy.lookup("gpu", "0.12.0")  # another one
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax
+
+from fedjax_dd.utils import versions
+
+NOT_MEASURED = "not measured"
+
+CONV_FORMS = ("lax", "patches")
+KERNEL_GRAD_FORMS = ("lax", "matmul")
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """One row of :data:`TABLE`: the forms of one platform and jax range.
+
+  Attributes:
+    platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
+    jax_min: First jax version of the range (inclusive), e.g. ``(0, 10)``.
+    jax_below: First jax version past the range; None: no end.
+    conv: :data:`CONV_FORMS` entry for ``conv_impl="auto"``.
+    kernel_grad: :data:`KERNEL_GRAD_FORMS` entry; ``"matmul"``: the models of
+      :data:`MATMUL_KERNEL_GRADS` compute their ``lax`` convolutions' kernel
+      gradients as matmuls.
+    phase_split: LeNet-5's first convolution and pool phase-split.
+    fuse_first_block: ConvNet's first block as one function.
+    fold_norm: Instance norm folds its affine map.
+    backend: The client mapper's ``"auto"`` backend on one device.
+    backend_devices: Its ``"auto"`` backend over several devices.
+    kip_backend: KIP's ``"auto"`` backend (any device count); None: as
+      training.
+    chunk_size: Clients per vectorised chunk per device (``chunked`` and
+      ``sharded``) when the hot programs run on XLA:CPU's classic runtime;
+      None: the whole share as one vmap.
+    thunk_chunk_size: The same where the hot programs run on XLA:CPU's
+      thunk runtime (jax >= 0.6, or programs that opt out of the classic
+      runtime).
+    compiler_options: ``(name, value)`` pairs for the engine's hot programs
+      (:func:`fedjax_dd.core.clients.engine_jit`), each kept only where the
+      running XLA accepts it.
+    per_core_options: Further pairs for programs running side by side, one
+      per device (the ``sharded`` backend over several devices).
+    ntk_grad_memory_factor: Scale of the conv-kernel memory model's
+      gradient coefficients (:func:`fedjax_dd.kernels.blocking.
+      estimate_kernel_bytes`).
+    measured: Where these choices were measured, or :data:`NOT_MEASURED`.
+  """
+
+  platform: str
+  jax_min: tuple[int, ...]
+  jax_below: tuple[int, ...] | None
+  conv: str
+  kernel_grad: str
+  phase_split: bool
+  fuse_first_block: bool
+  fold_norm: bool
+  backend: str
+  backend_devices: str
+  kip_backend: str | None
+  chunk_size: int | None
+  thunk_chunk_size: int | None
+  compiler_options: tuple[tuple[str, Any], ...]
+  per_core_options: tuple[tuple[str, Any], ...]
+  ntk_grad_memory_factor: float
+  measured: str
+
+  def covers(self, platform: str, version: tuple[int, ...]) -> bool:
+    """Whether this row applies to ``platform`` at jax ``version``."""
+    return (self.platform == platform and version >= self.jax_min
+            and (self.jax_below is None or version < self.jax_below))
+
+
+# XLA:CPU's classic runtime for the engine's hot programs. On jax 0.5.x the
+# thunk runtime ran per-client training several times slower (LeNet-5,
+# batch 64, vmap over 100 clients: 29.5 -> ~4 ms per client-step). Set per
+# program, not process-wide: the classic runtime's oneDNN rewrites fail to
+# compile some other programs (the data-free KD epoch, ResNet-18's training
+# gradient). jax 0.10 removed the option; a rejected option is dropped.
+CLASSIC_RUNTIME_OPTION = "xla_cpu_use_thunk_runtime"
+_CLASSIC_RUNTIME = ((CLASSIC_RUNTIME_OPTION, False),)
+# Each device's program single-threaded when the clients are split over
+# several host devices. For correctness on jax 0.5.3: without it the
+# devices' concurrent programs, each using XLA's intra-op threads,
+# deadlocked (the FedHydra smoke test hung). Speed neutral (LeNet-5, C=100:
+# 4.76 ms with it, 4.62 without; jax 0.12.0.1: 4.40 and 4.38); kept on
+# newer jax, where it costs nothing.
+_SINGLE_THREAD = (("xla_cpu_multi_thread_eigen", False),)
+
+_CPU = dict(
+    platform="cpu",
+    kernel_grad="matmul",
+    # One or three input channels run far below XLA:CPU's convolution peak;
+    # the phase-split form (4x the channels) ran LeNet-5's round 1.15-1.3x
+    # faster on jax 0.5.3 and 2x on 0.12.
+    phase_split=True,
+    # Measured faster on jax 0.5.3 (1.25x) and 0.12 (1.27x).
+    fuse_first_block=True,
+    # Several host devices: each core runs its own stream of small programs,
+    # which beat one vmap over the cohort and XLA's intra-op threading.
+    backend="chunked",
+    backend_devices="sharded",
+    # KIP's few small kernel matmuls and Cholesky solve: one vmap with XLA's
+    # intra-op threads beat per-core chunks of 2 (Img/Cls 10, C = 100: 2.24
+    # against 3.23 ms per client-iteration; experiments/bench_kip.py).
+    kip_backend="vmap",
+    # Classic runtime: chunks of 1-3 clients ran at 5.3-6.0 ms per
+    # client-step on one device against 9.2 for a full vmap (LeNet-5,
+    # C = 100). Thunk runtime: a vmapped client step is slower than an
+    # unbatched one (LeNet-5, one thread, jax 0.12: 4.9 ms per client-step
+    # unbatched, 7.9 as a vmap of one, 6.4 per client as a vmap of two;
+    # bench_engine --forms), so chunks of one, run with no vmap.
+    chunk_size=2,
+    thunk_chunk_size=1,
+    compiler_options=_CLASSIC_RUNTIME,
+    per_core_options=_SINGLE_THREAD,
+)
+
+# Rows for XLA's plain forms: nothing measured, nothing worked around.
+_PLAIN = dict(
+    conv="lax",
+    kernel_grad="lax",
+    phase_split=False,
+    fuse_first_block=False,
+    fold_norm=False,
+    backend="vmap",
+    backend_devices="sharded",
+    kip_backend=None,
+    chunk_size=None,
+    thunk_chunk_size=None,
+    compiler_options=(),
+    per_core_options=(),
+    measured=NOT_MEASURED,
+)
+
+# The conv-kernel memory model was fitted on jax 0.5.3's XLA; newer XLA
+# (jax >= 0.6) keeps more residuals in the backward pass: the native
+# kernel's gradient peaked at 2.1-2.3x the jax-0.5.3 figure (jax 0.12.0.1,
+# CPU), scaled with margin. Accelerator rows keep the CPU figures: an
+# over-estimate only blocks the kernel into smaller pieces.
+_OLD_XLA_MEMORY = 1.0
+_NEW_XLA_MEMORY = 2.6
+
+TABLE: tuple[Policy, ...] = (
+    # jax 0.5.x: the classic runtime. lax convolutions (patches ran 4.2x
+    # slower on LeNet-5, 1.24x on ConvNet-3); instance norm folded (ConvNet-3
+    # 1.1-1.2x faster per client-step).
+    Policy(**_CPU, jax_min=(0,), jax_below=(0, 6), conv="lax",
+           fold_norm=True, ntk_grad_memory_factor=_OLD_XLA_MEMORY,
+           measured="2-core CPU, jax 0.5.3"),
+    # jax 0.6 to 0.9: the thunk runtime; convolutions not measured, so lax
+    # (the former behaviour). Folding made jax 0.12's round 1.19x slower.
+    Policy(**_CPU, jax_min=(0, 6), jax_below=(0, 10), conv="lax",
+           fold_norm=False, ntk_grad_memory_factor=_NEW_XLA_MEMORY,
+           measured="2-core CPU, jax 0.10.2 and 0.12 (conv form: not "
+                    "measured between 0.6 and 0.10)"),
+    # jax 0.10 on: patches (LeNet-5 0.86x the time of lax on jax 0.10.2,
+    # 1/5.4 on 0.12; ConvNet-3 0.023x, where lax.conv is 31x slower than on
+    # 0.5.3).
+    Policy(**_CPU, jax_min=(0, 10), jax_below=None, conv="patches",
+           fold_norm=False, ntk_grad_memory_factor=_NEW_XLA_MEMORY,
+           measured="2-core CPU, jax 0.10.2 and 0.12"),
+    Policy(**_PLAIN, platform="gpu", jax_min=(0,), jax_below=(0, 6),
+           ntk_grad_memory_factor=_OLD_XLA_MEMORY),
+    Policy(**_PLAIN, platform="gpu", jax_min=(0, 6), jax_below=None,
+           ntk_grad_memory_factor=_NEW_XLA_MEMORY),
+    Policy(**_PLAIN, platform="tpu", jax_min=(0,), jax_below=(0, 6),
+           ntk_grad_memory_factor=_OLD_XLA_MEMORY),
+    Policy(**_PLAIN, platform="tpu", jax_min=(0, 6), jax_below=None,
+           ntk_grad_memory_factor=_NEW_XLA_MEMORY),
+)
+
+# Per model (class name): the kernel gradients of its ``lax`` convolutions
+# where a row's ``kernel_grad`` is "matmul", as (first convolution, the
+# others): "gemm" (one matmul of the input's patches; few input channels)
+# and "taps" (one matmul per kernel tap; many channels), see
+# fedjax_dd.models.layers.lax_conv_custom_weight_grad. Measured on jax 0.5.3
+# with the engine's round: ConvNet-3 and the HFLDD CIFAR CNN 1.3-1.4x
+# faster, CNN3 75.2-76.9 ms per client-step against 81.9-83.5. Models not
+# listed keep lax's: CNN2's 5x5 taps over 32 channels ran slower (55.6-57.8
+# against 49.2-51.7); the others were not measured.
+MATMUL_KERNEL_GRADS: Mapping[str, tuple[str, str]] = {
+    "ConvNet": ("gemm", "taps"),
+    "HFLDDCifarCNN": ("gemm", "taps"),
+    "CNN3": ("gemm", "taps"),
+}
+
+# Models whose training gradient XLA:CPU's classic runtime fails to compile
+# (jax 0.5.3, ResNet-18): their programs keep XLA's default runtime.
+CLASSIC_RUNTIME_UNSAFE: frozenset[str] = frozenset({"resnet18"})
+
+
+def platform_of(platform: str | None = None) -> str:
+  """``platform``, or JAX's default backend when None."""
+  return platform or jax.default_backend()
+
+
+def lookup(platform: str | None = None,
+           jax_version: str | None = None) -> Policy:
+  """The row of :data:`TABLE` for a platform and jax version.
+
+  Args:
+    platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default
+      backend. Another name (a plugin's) gets the GPU row's plain forms.
+    jax_version: e.g. ``"0.10.2"``; default the running ``jax.__version__``.
+
+  Returns:
+    The :class:`Policy` row.
+  """
+  platform = platform_of(platform)
+  version = versions.version_tuple(jax_version)
+  for row in TABLE:
+    if row.covers(platform, version):
+      return row
+  for row in TABLE:
+    if row.covers("gpu", version):
+      return dataclasses.replace(row, platform=platform)
+  raise ValueError(f"No policy row for {platform!r}, jax {version}.")
+
+
+def current() -> Policy:
+  """The row for JAX's default backend and the running jax."""
+  return lookup()
+
+
+def kernel_grads(model: str, num_convs: int,
+                 row: Policy | None = None) -> tuple[str, ...]:
+  """Each ``lax`` convolution's kernel gradient for ``model``.
+
+  Args:
+    model: The model's class name (a key of :data:`MATMUL_KERNEL_GRADS`).
+    num_convs: Its number of convolutions, in order.
+    row: The policy row; default :func:`current`.
+
+  Returns:
+    ``num_convs`` names of :data:`fedjax_dd.models.layers.WEIGHT_GRADS`:
+    all ``"lax"`` unless the row's ``kernel_grad`` is ``"matmul"`` and the
+    model is listed.
+  """
+  row = row or current()
+  forms = MATMUL_KERNEL_GRADS.get(model)
+  if row.kernel_grad != "matmul" or forms is None:
+    return ("lax",) * num_convs
+  return tuple(forms[0] if i == 0 else forms[1] for i in range(num_convs))
+
+
+def as_dict(row: Policy) -> dict[str, Any]:
+  """``row`` as plain JSON-ready values (options as dicts)."""
+  out = dataclasses.asdict(row)
+  out["compiler_options"] = dict(row.compiler_options)
+  out["per_core_options"] = dict(row.per_core_options)
+  return out
