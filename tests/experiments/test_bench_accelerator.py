@@ -1,0 +1,147 @@
+"""The accelerator benchmark's report: schema, finiteness, time budget and
+skips (no timing asserts)."""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fedjax_dd.experiments import bench_accelerator
+
+from tests.conftest import REPO_ROOT, shared_dataset
+
+COMMON = ("section", "name", "status", "note", "platform", "device",
+          "jax_version", "unit", "min", "median", "max", "reps", "elapsed_s")
+
+
+def _check_schema(report: dict) -> None:
+  assert set(report) == {"meta", "rows"}
+  assert report["meta"]["finished"] is True
+  for row in report["rows"]:
+    assert set(COMMON) <= set(row), row
+    assert row["section"] in bench_accelerator.SECTIONS + ("compile",)
+    assert row["status"] in ("ok", "skipped", "error"), row
+    if row["status"] == "ok":
+      values = (row["min"], row["median"], row["max"])
+      assert all(math.isfinite(v) and v >= 0 for v in values), row
+      assert row["min"] <= row["median"] <= row["max"] and row["reps"] >= 1
+      assert row["platform"] == "cpu" and row["jax_version"]
+    else:
+      assert row["note"] and row["median"] is None and row["reps"] == 0
+
+
+def test_quick_report_schema(tmp_path):
+  """``--quick`` in this process: every section's rows but IGA's (the next
+  test), all finite."""
+  out = tmp_path / "quick.json"
+  report = bench_accelerator.main([
+      "--out", str(out), "--quick", "--in_process", "--sections",
+      "engine,vs_torch,kip,smoke,engine_backends"])
+  with open(out) as f:
+    assert json.load(f) == json.loads(json.dumps(report))
+  _check_schema(report)
+  rows = report["rows"]
+  by = {(r["section"], r["name"]): r for r in rows}
+  errors = [r for r in rows if r["status"] == "error"]
+  assert not errors, errors
+  engine = by[("engine", "lenet5/C=4/auto")]
+  assert engine["num_clients"] == 4 and engine["steps"] == 2
+  assert engine["reps"] == 1
+  # CPU gives no allocator statistics: the memory fields say so.
+  assert engine["memory"] is None and engine["peak_memory_mb"] is None
+  assert by[("engine", "lenet5/C=4/loop")]["resolved_backend"] == "loop"
+  first = by[("compile", "engine/lenet5/C=4/auto")]["first_call_ms"]
+  assert math.isfinite(first) and first > 0
+  for mode in ("batched", "loop"):
+    assert by[("kip", f"fc_ntk/C=4/ipc=1/{mode}")]["status"] == "ok"
+  assert ("kip", "fc_ntk/C=4/ipc=1/loop_over_batched") in by
+  assert ("compile", "kip/fc_ntk/C=4/ipc=1/batched") in by
+  for ref in ("torch", "torch_lean"):
+    row = by[("vs_torch", f"lenet5/C=4/{ref}")]
+    if importlib.util.find_spec("torch") is None:
+      assert row["status"] == "skipped" and "torch" in row["note"]
+    else:
+      assert row["status"] == "ok" and row["torch_device"] == "cpu"
+  for name in ("fedavg.py:mnist_iid", "disue.py:fmnist_dir0.01"):
+    assert by[("smoke", name)]["status"] == "skipped"
+
+
+def test_quick_iga_rows(tmp_path):
+  """One tiny DisUE round split into its stages, each with its compile
+  row."""
+  report = bench_accelerator.main(["--out", str(tmp_path / "i.json"),
+                                   "--quick", "--in_process", "--sections",
+                                   "iga"])
+  _check_schema(report)
+  by = {(r["section"], r["name"]): r for r in report["rows"]}
+  iga = "disue/digits_cnn/N=4/S=2"
+  for stage in ("local_training", "similarity", "ap", "aggregation", "iga",
+                "round", "iga_steps_per_second"):
+    assert by[("iga", f"{iga}/{stage}")]["status"] == "ok", stage
+  for stage in ("local_training", "iga"):
+    assert by[("compile", f"iga/{iga}/{stage}")]["first_call_ms"] > 0
+  assert by[("iga", f"{iga}/round")]["recompile_count"] == 0
+
+
+def test_torch_rows_say_when_torch_is_missing(tmp_path, monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "torch"
+                      else real(name, *a))
+  report = bench_accelerator.main(["--out", str(tmp_path / "t.json"),
+                                   "--quick", "--in_process", "--sections",
+                                   "vs_torch", "--models", "lenet5,convnet3"])
+  _check_schema(report)
+  assert len(report["rows"]) == 4
+  for row in report["rows"]:
+    assert row["status"] == "skipped" and "not installed" in row["note"]
+
+
+def test_smoke_skips_without_its_files(tmp_path):
+  report = bench_accelerator.main([
+      "--out", str(tmp_path / "s.json"), "--quick", "--in_process",
+      "--sections", "smoke", "--smoke_data_dir", str(tmp_path)])
+  _check_schema(report)
+  assert [r["status"] for r in report["rows"]] == ["skipped", "skipped"]
+  assert "mnist.npz not in" in report["rows"][0]["note"]
+
+
+def test_command_line_spent_budget_skips_every_row(tmp_path):
+  """The real command with no time left: the device is still identified
+  (the info worker is exempt), every measurement is skipped with a note and
+  the file is complete."""
+  out = tmp_path / "b.json"
+  proc = subprocess.run(
+      [sys.executable, "-m", "fedjax_dd.experiments.bench_accelerator",
+       "--out", str(out), "--quick", "--budget_s", "0"],
+      capture_output=True, text=True, check=False, cwd=REPO_ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  with open(out) as f:
+    report = json.load(f)
+  _check_schema(report)
+  assert report["meta"]["platform"] == "cpu"
+  # (The other backends' rows are engine rows.)
+  assert {r["section"] for r in report["rows"]} == set(
+      bench_accelerator.SECTIONS) - {"engine_backends"}
+  for row in report["rows"]:
+    assert row["status"] == "skipped", row
+    assert ("time budget" in row["note"] or "not installed" in row["note"]
+            or "--smoke_data_dir" in row["note"]), row
+
+
+@pytest.mark.slow
+def test_real_data_smoke_through_the_entry_point(tmp_path):
+  data_dir = os.path.dirname(shared_dataset("mnist.npz"))
+  shared_dataset("fashion_mnist.npz")
+  report = bench_accelerator.main([
+      "--out", str(tmp_path / "smoke.json"), "--quick", "--sections",
+      "smoke", "--smoke_data_dir", data_dir])
+  _check_schema(report)
+  for row in report["rows"]:
+    assert row["status"] == "ok", row
+    assert 0.0 <= row["final_test_accuracy"] <= 1.0
+    assert row["rounds_run"] == 1
