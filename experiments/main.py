@@ -258,7 +258,8 @@ def main(argv):
     except workdir_lib.FingerprintMismatchError as e:
       raise app.UsageError(str(e)) from None
     summary = runners.RUNNERS[config.runner](config, _WORKDIR.value)
-  except (loop_lib.NonFiniteError, common.InputError) as e:
+  except (loop_lib.NonFiniteError, loop_lib.MetricsFileError,
+          loop_lib.ResumeRefusedError, common.InputError) as e:
     # One line, not a traceback: the message says which step (or which
     # input the data cannot serve), why and what to change; the exit status
     # says the run failed.

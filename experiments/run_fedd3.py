@@ -135,6 +135,10 @@ def _distill_or_load(config, workdir, prepared, data
     start = time.time()
     key = keys.stage_key(keys.model_root(config.seed), keys.FEDD3_DISTILL)
     out = _distiller(config, prepared, prepared.dataset.num_classes)(key, data)
+    if out.first_loss is not None:  # KIP: stop a diverged set, uncached.
+      loop_lib.check_not_diverged(
+          out.first_loss, out.last_loss, what="fedd3: KIP",
+          advice=f"Lower --config.kip.lr (now {config.kip.lr:g}).")
     return out.arrays(), {"learned_labels": out.learned_labels,
                           "centered_labels": out.centered_labels,
                           "seconds": time.time() - start}

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-__all__ = ["CheckpointStore", "COMMIT_MARKER"]
+__all__ = ["CheckpointStore", "COMMIT_MARKER", "as_restored"]
 
 _log = logging.getLogger(__name__)
 
@@ -71,6 +71,44 @@ _META = "meta"
 # renames it when done.
 _TMP_DIR_RE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 _HASH_CHUNK = 1 << 20
+
+
+def _stale_mesh(x: jax.Array) -> bool:
+  mesh = getattr(getattr(x.aval, "sharding", None), "mesh", None)
+  return (mesh is not None and bool(getattr(mesh, "axis_names", ()))
+          and len(x.sharding.device_set) == 1)
+
+
+def as_restored(tree: PyTree) -> PyTree:
+  """``tree``'s one-device arrays as a restore hands them back: same buffers,
+  their own abstract value.
+
+  An array moved onto one device by ``jax.device_put`` keeps the abstract
+  value (aval) of its source, and with it the source's device mesh: the
+  client mapper's results, gathered from the ``clients`` mesh onto the first
+  device, still carry that mesh, and so does everything computed from them
+  (jax 0.5.3 and 0.12). JAX traces an inner function once per distinct
+  aval, so a program fed such arrays holds more copies of the same inner
+  function than one fed restored arrays, and XLA:CPU fused the two HLO
+  modules differently: a fresh FedHydra, DENSE or FedDF run rounded
+  differently from the same run resumed from its client checkpoint (jax
+  0.5.3). Re-wrapping the buffers (no copy) gives them a fresh aval, the one
+  a restore gives, so both paths compile the same programs.
+
+  Args:
+    tree: a pytree; leaves that are not one-device ``jax.Array`` s with a
+      stale mesh (and weak-typed ones) are returned unchanged.
+
+  Returns:
+    The same values.
+  """
+  def fresh(x):
+    if not isinstance(x, jax.Array) or x.weak_type or not _stale_mesh(x):
+      return x
+    return jax.make_array_from_single_device_arrays(
+        x.shape, x.sharding, [x.addressable_data(0)])
+
+  return jax.tree_util.tree_map(fresh, tree)
 
 
 # ----------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 import tqdm
 
-from fedjax_dd.core.metrics import MetricsWriter
+from fedjax_dd.core.metrics import MetricsFileError, MetricsWriter
 
 Carry = TypeVar("Carry")
 Row = dict[str, Any]
@@ -80,6 +80,90 @@ class NonFiniteError(FloatingPointError):
                last_saved: int | None):
     super().__init__(message)
     self.step, self.keys, self.last_saved = step, keys, last_saved
+
+
+def check_rows(writer: MetricsWriter | None, last: int, *,
+               key: str = "round", first: int = 1) -> None:
+  """After a resume: the rows of steps ``first .. last`` are all there.
+
+  A checkpoint at step ``last`` means those rows were written before it; a
+  ``metrics.jsonl`` deleted or cut since then would otherwise be rewritten
+  from the resumed step on, and the summary would describe only part of the
+  run.
+
+  Raises:
+    MetricsFileError: rows are missing or repeated (one line, naming the
+      file and the fix).
+  """
+  if writer is None or last < first:
+    return
+  steps = [r.get(key) for r in writer.rows()
+           if isinstance(r.get(key), int) and first <= r.get(key) <= last]
+  if steps != list(range(first, last + 1)):
+    missing = sorted(set(range(first, last + 1)) - set(steps))
+    what = (f"lacks the rows of {key}s {_span(missing)}" if missing else
+            f"does not hold {key}s {first}..{last} once each, in order")
+    raise MetricsFileError(
+        f"{writer.path} {what}, which the checkpoint at {key} {last} "
+        "recorded (the file was deleted, cut or edited). Restore the file, "
+        "or start the run again in a new --workdir (or delete this one's "
+        "checkpoints).")
+
+
+def _span(values: list[int]) -> str:
+  if len(values) > 3 and values == list(range(values[0], values[-1] + 1)):
+    return f"{values[0]}..{values[-1]}"
+  return ", ".join(map(str, values))
+
+
+class ResumeRefusedError(ValueError):
+  """The workdir's checkpoints answer another request than this call's
+  (e.g. a finished run asked for fewer rounds than it ran)."""
+
+
+class DivergedError(NonFiniteError):
+  """An optimisation ended with its loss above where it started (or not
+  finite): it diverged, and its result is not what the run asked for."""
+
+  def __init__(self, message: str):
+    super().__init__(message, step=-1, keys=[], last_saved=None)
+
+
+def check_not_diverged(first_loss, last_loss, *, what: str,
+                       advice: str) -> None:
+  """Stops a distillation whose loss rose past its start, as
+  :func:`run_loop` stops training at a non-finite metric.
+
+  Per run (e.g. per client) ``first_loss`` is the loss of its first
+  iteration and ``last_loss`` of its last; runs with both 0 (no iteration
+  ran, as KIP reports them) are left out.
+
+  Args:
+    first_loss, last_loss: ``[C]`` host arrays.
+    what: the stage's name for the message (e.g. ``"fedd3: KIP"``).
+    advice: what to change, appended to the message.
+
+  Raises:
+    DivergedError: a last loss is not finite, or the median last loss is
+      above the median first loss (a single run's noise does not count).
+  """
+  first = np.asarray(first_loss, np.float64).reshape(-1)
+  last = np.asarray(last_loss, np.float64).reshape(-1)
+  ran = (first != 0) | (last != 0)
+  if not ran.any():
+    return
+  first, last = first[ran], last[ran]
+  bad = ~np.isfinite(last) | ~np.isfinite(first)
+  if bad.any():
+    raise DivergedError(
+        f"{what} diverged: the loss of {int(bad.sum())} of {len(last)} runs "
+        f"is not finite. {advice}")
+  start, end = float(np.median(first)), float(np.median(last))
+  if end > start:
+    raise DivergedError(
+        f"{what} diverged: the median loss rose from {start:.4g} at the first "
+        f"iteration to {end:.4g} at the last ({int(np.sum(last > first))} of "
+        f"{len(last)} runs ended above their start). {advice}")
 
 
 def _non_finite(row: Mapping[str, Any]) -> list[str]:

@@ -21,6 +21,11 @@ def to_jsonable(value: Any) -> Any:
   return value
 
 
+class MetricsFileError(ValueError):
+  """``metrics.jsonl`` is damaged, or disagrees with the run's checkpoints
+  (one line naming the file and what to do)."""
+
+
 class MetricsWriter:
   """Appends rows to ``DIR/metrics.jsonl``; truncates on resume.
 
@@ -44,15 +49,42 @@ class MetricsWriter:
                           "pip install -e '.[tensorboard]'.") from e
       self._tb = tensorboardX.SummaryWriter(os.fspath(tensorboard_dir))
 
-  def rows(self) -> list[dict[str, Any]]:
+  def _read(self, torn_tail_ok: bool) -> list[dict[str, Any]]:
     if not os.path.exists(self.path):
       return []
     with open(self.path) as f:
-      return [json.loads(line) for line in f if line.strip()]
+      lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+    rows = []
+    for j, (i, line) in enumerate(lines):
+      try:
+        row = json.loads(line)
+        if not isinstance(row, dict):
+          raise ValueError("not an object")
+      except ValueError:
+        if torn_tail_ok and j == len(lines) - 1:
+          break  # Cut by a kill while written: after the last checkpoint.
+        raise MetricsFileError(
+            f"{self.path}: line {i} is not a JSON row (the file was cut or "
+            "edited); restore the file, or start the run again in a new "
+            "--workdir.") from None
+      rows.append(row)
+    return rows
+
+  def rows(self) -> list[dict[str, Any]]:
+    """Every row.
+
+    Raises:
+      MetricsFileError: a line is not a JSON row.
+    """
+    return self._read(torn_tail_ok=False)
 
   def truncate_after(self, round_index: int, key: str = "round") -> None:
-    """Drops rows past ``round_index`` (written after the last checkpoint)."""
-    kept = [r for r in self.rows() if r.get(key, 0) <= round_index]
+    """Drops rows past ``round_index`` (written after the last checkpoint),
+    and a last line cut short by a kill while it was written."""
+    # Nothing to keep before the first step: what the file holds is not read.
+    kept = [] if round_index <= 0 else [
+        r for r in self._read(torn_tail_ok=True)
+        if r.get(key, 0) <= round_index]
     with open(self.path, "w") as f:
       for r in kept:
         f.write(json.dumps(r, sort_keys=True) + "\n")

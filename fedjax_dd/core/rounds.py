@@ -20,7 +20,7 @@ from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState, FederatedAlgorithm
-from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.checkpoint import CheckpointStore, as_restored
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.data.stacked import ClientData
 
@@ -184,7 +184,7 @@ def run_rounds(
   # One layout for every round: the client mapper hands results back
   # committed to the default device, so a state that starts uncommitted (fresh
   # init) would make round 2's eager gathers/scatters compile again.
-  state = jax.device_put(state, jax.local_devices()[0])
+  state = as_restored(jax.device_put(state, jax.local_devices()[0]))
 
   def step(carry, r):
     state, ledger = carry
@@ -194,8 +194,12 @@ def run_rounds(
     server, client_slice, metrics = algorithm.apply(
         state.server, _gather(state.clients, ids), cohort, train_key)
     clients = _scatter(state.clients, ids, client_slice)
-    state = ExperimentState(server=server, clients=clients, key=state.key,
-                            round=jnp.asarray(r, jnp.int32))
+    # The next round sees the state as a resumed run restores it: results of
+    # the client mapper carry its device mesh in their avals, which changes
+    # the compiled programs of the next round (as_restored).
+    state = as_restored(ExperimentState(
+        server=server, clients=clients, key=state.key,
+        round=jnp.asarray(r, jnp.int32)))
     down, up = ledger_lib.fedavg_round_bits(
         model_size, s, r, bits_per_param=options.bits_per_param,
         initial_model_as_seed=options.initial_model_as_seed,
@@ -271,6 +275,7 @@ def resume(store: CheckpointStore | None, template: ExperimentState,
   step, state, meta = restored
   if writer is not None:
     writer.truncate_after(step)
+    loop_lib.check_rows(writer, step)
   if wall is not None:
     wall.resumed_from(meta)
   return state, ledger_lib.Ledger.from_dict(meta["ledger"])
@@ -313,11 +318,26 @@ def train(
   ``writer``'s rows; a resumed run continues from the checkpoint's state and
   ledger, with the rows written after it dropped. ``store`` is closed on
   return.
+
+  Raises:
+    fedjax_dd.core.loop.ResumeRefusedError: the checkpoint has finished more
+      rounds than ``options.num_rounds``.
+    fedjax_dd.core.metrics.MetricsFileError: ``writer``'s rows do not reach
+      the checkpoint (:func:`fedjax_dd.core.loop.check_rows`).
   """
   try:
     resumed = resume(store, state, writer, wall)
     if resumed is not None:
       state, ledger = resumed
+      done = int(state.round)
+      if done > options.num_rounds:
+        # The loop would run nothing and report round `done` as the answer.
+        raise loop_lib.ResumeRefusedError(
+            f"{store.directory} holds a run that finished {done} rounds; "
+            f"{options.num_rounds} were asked for, and its results describe "
+            f"{done}. Ask for {done} rounds or more (--config.rounds) to "
+            f"report or continue it, or use a new --workdir for "
+            f"{options.num_rounds}.")
     else:
       writer.truncate_after(0)
     state, ledger, _ = run_rounds(algorithm, state, data, num_steps, options,

@@ -39,7 +39,7 @@ from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.algorithm import ServerDistillation, Teachers
-from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.checkpoint import CheckpointStore, as_restored
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.core.stage_cache import StageCache, fingerprint_differences
 from fedjax_dd.data.stacked import ClientData
@@ -184,9 +184,11 @@ def _clients(algorithm, directory, r, starts, sizes, data, train_key,
       # One layout whether trained here or restored: the client mapper may
       # hand back models sharded over devices, and a server program compiled
       # for sharded inputs rounds differently from the restored (one-device)
-      # run's, which would break bit-identical resume.
-      teachers = jax.device_put(
-          algorithm.client_stage(starts, data, train_key), jax.devices()[0])
+      # run's, which would break bit-identical resume. Moved to one device
+      # they still carry the mapper's mesh in their avals, which changes the
+      # compiled server programs too (as_restored).
+      teachers = as_restored(jax.device_put(
+          algorithm.client_stage(starts, data, train_key), jax.devices()[0]))
       jax.block_until_ready(teachers)
       trained = True
     store.save(r, teachers, {"protocol": options.protocol}, force=True)
@@ -209,7 +211,7 @@ def _setup(algorithm, directory, r, teachers, key, options
   hit = cache.load("setup", options.setup_fingerprint)
   if hit is not None:
     return {k: jnp.asarray(v) for k, v in hit.arrays.items()}, False
-  setup = algorithm.setup(teachers, key)
+  setup = as_restored(algorithm.setup(teachers, key))
   if setup:  # Nothing to cache for a method without a setup.
     cache.save("setup", options.setup_fingerprint, jax.device_get(setup),
                {"round": r})
@@ -306,9 +308,9 @@ def run_server_rounds(
     if computed:
       seconds["setup"] += time.monotonic() - t0
 
-    state = jax.device_put(
+    state = as_restored(jax.device_put(
         algorithm.init(epochs_key, setup, teachers, params, batch_stats),
-        jax.devices()[0])
+        jax.devices()[0]))
     offset = (r - 1) * e_total
     with CheckpointStore(os.path.join(directory, f"r{r}", "server"),
                          max_to_keep=2,
@@ -328,6 +330,8 @@ def run_server_rounds(
 
       if writer is not None:
         writer.truncate_after(offset + start, key="step")
+        if e_total:  # Every step up to the checkpoint wrote its row.
+          loop_lib.check_rows(writer, offset + start, key="step")
       budget = 0.0
       if options.max_seconds:
         budget = max(options.max_seconds - (time.monotonic() - t_start), 1e-6)

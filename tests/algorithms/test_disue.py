@@ -17,6 +17,7 @@ from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import iga as iga_lib
 from fedjax_dd.models.cgenerator import CGeneratorA
@@ -247,3 +248,97 @@ def test_evaluate_before_iga_is_the_model_without_iga_and_resumes(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   with pytest.raises(ValueError, match="evaluate_before_iga needs an IGA"):
     _disue(task, use_iga=False, evaluate_before_iga=True)
+
+
+class _Killed(Exception):
+  pass
+
+
+class _Plan:
+  """The ``n``-th call of one point raises :class:`_Killed`: ``apply`` (a
+  round starts), ``iga`` (mid-round: clients trained and grouped, IGA
+  starts), ``row`` (a row written, before its checkpoint)."""
+
+  def __init__(self, point, n):
+    self.point, self.n, self.counts = point, n, {}
+
+  def tick(self, point):
+    self.counts[point] = self.counts.get(point, 0) + 1
+    if point == self.point and self.counts[point] == self.n:
+      raise _Killed(f"{point} #{self.n}")
+
+
+class _Writer(MetricsWriter):
+
+  def __init__(self, path, plan=None):
+    super().__init__(path)
+    self._plan = plan
+
+  def write(self, row):
+    super().write(row)
+    if self._plan is not None:
+      self._plan.tick("row")
+
+
+def test_disue_killed_at_every_round_boundary_and_mid_iga_resumes_bit_identically(
+    tmp_path):
+  task = tiny_task(bn=True)
+  num_steps = steps_for(jnp.full((6,), 10), 5, epochs=1)
+  data = jax.device_put(_data())
+  evaluate = make_evaluator(task, data.x.reshape(-1, 4, 4, 1),
+                            data.y.reshape(-1), batch_size=20)
+  loop = iga_lib.make_iga(task, GEN, hparams=HP, num_teachers_max=COHORT)
+
+  def build(plan=None):
+    def iga_round(*args):
+      if plan is not None:
+        plan.tick("iga")
+      return loop.round(*args)
+
+    alg = disue(task, optax.sgd(0.1), batch_size=5,
+                max_steps=int(jnp.max(num_steps)),
+                iga=loop._replace(round=iga_round),
+                generator_key=jax.random.PRNGKey(5))
+
+    def apply(*args):
+      if plan is not None:
+        plan.tick("apply")
+      return alg.apply(*args)
+
+    return alg._replace(apply=apply)
+
+  opts = rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=COHORT,
+                                  progress=False, eval_every=2,
+                                  checkpoint_every=2)
+
+  def train(directory, plan=None):
+    alg = build(plan)
+    return rounds_lib.train(
+        alg, _state(alg, task, 6), data, num_steps, opts,
+        writer=_Writer(directory / "metrics.jsonl", plan),
+        store=CheckpointStore(str(directory / "ck"), save_every=2),
+        evaluate=evaluate)
+
+  full = train(tmp_path / "full")
+  assert [r["round"] for r in full.rows] == [1, 2, 3]
+  # The state carried between rounds has the avals a restore gives (the
+  # client mapper's mesh is not left in them).
+  for leaf in jax.tree_util.tree_leaves(full.state):
+    if isinstance(leaf, jax.Array):
+      assert not leaf.aval.sharding.mesh.axis_names, leaf.aval.sharding
+  part = tmp_path / "part"
+  for point, n in [("apply", 1),  # round 1 started
+                   ("iga", 1),    # round 1's clients trained, IGA started
+                   ("row", 1),    # row 1 written, no checkpoint
+                   ("row", 2),    # row 2 written, its checkpoint not
+                   ("apply", 1),  # restored at 2; round 3 started
+                   ("iga", 1),    # mid round 3
+                   ("row", 1)]:   # row 3 written, its checkpoint not
+    with pytest.raises(_Killed):
+      train(part, _Plan(point, n))
+  resumed = train(part)
+  assert resumed.rows == full.rows
+  for a, b in zip(jax.tree_util.tree_leaves(full.state),
+                  jax.tree_util.tree_leaves(resumed.state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert resumed.ledger.to_dict() == full.ledger.to_dict()

@@ -470,3 +470,23 @@ def leaf_arrays(state) -> list[np.ndarray]:
       leaf = jax.random.key_data(leaf)
     out.append(np.asarray(leaf))
   return out
+
+
+def test_as_restored_drops_the_client_mesh_from_avals_without_copying():
+  from fedjax_dd.core.checkpoint import as_restored  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core.clients import ClientMapper  # pylint: disable=g-import-not-at-top
+  if jax.device_count() < 2:
+    pytest.skip("needs two host devices for the sharded mapper")
+  out = ClientMapper(backend="sharded").map(lambda x: x * 2.0,
+                                            in_axes=(0,))(jnp.ones((4, 3)))
+  moved = jax.device_put(out, jax.devices()[0])
+  # jax.device_put keeps the source's mesh in the aval (jax 0.5.3 and 0.12).
+  assert moved.aval.sharding.mesh.axis_names == ("clients",)
+  tree = {"a": moved, "n": 3, "b": jnp.arange(2)}
+  fresh = as_restored(tree)
+  assert fresh["a"].aval.sharding.mesh.axis_names == ()
+  assert fresh["a"].sharding == moved.sharding
+  assert (fresh["a"].addressable_data(0).unsafe_buffer_pointer()
+          == moved.addressable_data(0).unsafe_buffer_pointer())
+  np.testing.assert_array_equal(np.asarray(fresh["a"]), 2.0)
+  assert fresh["n"] == 3 and fresh["b"] is tree["b"]

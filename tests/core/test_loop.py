@@ -127,3 +127,25 @@ def test_further_evaluation_keys_are_written_as_test_keys():
       index=lambda t: {"round": t}, evaluate=evaluate)
   assert [(r["test_accuracy"], r["test_accuracy_before"])
           for r in result.rows] == [(0.5, 0.1), (0.5, 0.4)]
+
+
+def test_a_distillation_whose_loss_rose_past_its_start_is_stopped():
+  # Falling losses (one client's noise aside) pass; clients that ran no
+  # iteration (both 0) are left out.
+  loop_lib.check_not_diverged([0.5, 0.4, 0.3, 0.0], [0.2, 0.45, 0.1, 0.0],
+                              what="KIP", advice="Lower lr.")
+  loop_lib.check_not_diverged([0.0], [0.0], what="KIP", advice="")
+  # The median rose (fedd3.py:smoke at kip.lr=1e8: 0.114 -> 0.5).
+  with pytest.raises(loop_lib.DivergedError) as info:
+    loop_lib.check_not_diverged([0.114, 0.12, 0.11], [0.5, 0.5, 0.09],
+                                what="fedd3: KIP", advice="Lower lr.")
+  message = str(info.value)
+  assert "\n" not in message
+  assert message == ("fedd3: KIP diverged: the median loss rose from 0.114 "
+                     "at the first iteration to 0.5 at the last (2 of 3 runs "
+                     "ended above their start). Lower lr.")
+  # The entry point reports it as it reports NaN training: one line.
+  assert isinstance(info.value, loop_lib.NonFiniteError)
+  with pytest.raises(loop_lib.DivergedError, match="1 of 2 runs is not finite"):
+    loop_lib.check_not_diverged([0.3, 0.2], [np.nan, 0.1], what="KIP",
+                                advice="")

@@ -27,3 +27,21 @@ def test_tensorboard_scalars(tmp_path):
   w.write({"round": 1, "test_accuracy": 0.5})
   files = os.listdir(tmp_path / "tb")
   assert any(f.startswith("events.out.tfevents") for f in files)
+
+
+def test_a_cut_last_line_is_dropped_on_truncate_and_named_otherwise(tmp_path):
+  import pytest  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core.metrics import MetricsFileError  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "metrics.jsonl"
+  w = MetricsWriter(path)
+  w.write({"round": 1})
+  with open(path, "a") as f:
+    f.write('{"round": 2, "x')  # killed while writing round 2's row
+  with pytest.raises(MetricsFileError, match=r"line 2 is not a JSON row"):
+    w.rows()
+  w.truncate_after(1)
+  assert w.rows() == [{"round": 1}]
+  # A fresh start drops whatever the file held without reading it.
+  path.write_text("garbage\n{oops\n")
+  w.truncate_after(0)
+  assert w.rows() == []

@@ -1,6 +1,8 @@
 """The rounds loop: ledger closed form, bit-identical resume, no recompiles."""
 
+import json
 import logging
+import os
 
 import jax
 import jax.numpy as jnp
@@ -303,3 +305,68 @@ def test_evaluate_server_adds_every_extra_model():
   plain = ServerState(params=[1.0], batch_stats=[], opt_state={}, extra={})
   assert rounds_lib.evaluate_server(evaluate, plain) == {"accuracy": 1.0,
                                                          "loss": 0.0}
+
+
+def test_deleted_or_cut_metrics_of_a_checkpointed_run_stop_the_resume(
+    tmp_path):
+  from fedjax_dd.core import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  alg, state0, data, num_steps, evaluate = _setup()
+  opts = rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=2,
+                                  progress=False, checkpoint_every=1)
+  path = tmp_path / "metrics.jsonl"
+
+  def train():
+    return rounds_lib.train(
+        alg, state0, data, num_steps, opts, writer=MetricsWriter(path),
+        store=CheckpointStore(tmp_path / "ck"), evaluate=evaluate)
+
+  rows = train().rows
+  assert [r["round"] for r in rows] == [1, 2, 3]
+  # Deleted after the run finished: the re-run does not rewrite history.
+  os.remove(path)
+  with pytest.raises(loop_lib.MetricsFileError) as info:
+    train()
+  message = str(info.value)
+  assert "\n" not in message
+  assert f"{path} lacks the rows of rounds 1, 2, 3" in message
+  assert "new --workdir" in message
+  # Rows cut from the middle: named too.
+  with open(path, "w") as f:
+    f.write(json.dumps(rows[0]) + "\n" + json.dumps(rows[2]) + "\n")
+  with pytest.raises(loop_lib.MetricsFileError, match="rounds 2,"):
+    train()
+  # A last line cut by a kill while written (after the last checkpoint,
+  # round 2) is dropped and the run resumes to the same rows.
+  with open(path, "w") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    f.write(json.dumps(rows[2])[:20])
+  ck = tmp_path / "ck"
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.rmtree(ck / "3")
+  assert train().rows == rows
+  # A damaged line elsewhere is named, not a traceback.
+  with open(path, "w") as f:
+    f.write(json.dumps(rows[0]) + "\n{oops\n" + json.dumps(rows[2]) + "\n")
+  with pytest.raises(loop_lib.MetricsFileError, match="line 2 is not a JSON"):
+    MetricsWriter(path).rows()
+
+
+def test_a_finished_run_asked_for_fewer_rounds_is_refused(tmp_path):
+  from fedjax_dd.core import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  alg, state0, data, num_steps, evaluate = _setup()
+
+  def train(rounds):
+    return rounds_lib.train(
+        alg, state0, data, num_steps,
+        rounds_lib.RoundsOptions(num_rounds=rounds, clients_per_round=2,
+                                 progress=False),
+        writer=MetricsWriter(tmp_path / "metrics.jsonl"),
+        store=CheckpointStore(tmp_path / "ck"))
+
+  assert int(train(3).state.round) == 3
+  with pytest.raises(loop_lib.ResumeRefusedError) as info:
+    train(2)
+  message = str(info.value)
+  assert "\n" not in message
+  assert "finished 3 rounds; 2 were asked for" in message
+  assert int(train(3).state.round) == 3  # the same request still resumes
