@@ -10,6 +10,7 @@ Layout of ``Workdir(directory)``::
     tensorboard/         optional scalars
     .lock                held by the one process running in it (WorkdirLock)
     config.json          the settings that define the run (record_fingerprint)
+    data_digests.json    content digests of its npz files, by size and mtime
 
 The loops take the pieces (writer, stores) explicitly; this class only names
 where they live, so a notebook can pass its own.
@@ -29,6 +30,13 @@ _log = logging.getLogger(__name__)
 
 FINGERPRINT_FILE = "config.json"
 """Name of the file holding a run's fingerprint (:func:`record_fingerprint`)."""
+
+DIGEST_CACHE = "data_digests.json"
+"""Content digests of the run's ``npz:`` files, computed once per file
+version (size and modification time)."""
+
+CONTENT_SUFFIX = "#content"
+"""Suffix of the fingerprint entry holding a data file's content digest."""
 
 
 
@@ -183,6 +191,71 @@ def has_run_files(directory: str | os.PathLike) -> bool:
           or latest_checkpoint(directory) is not None)
 
 
+def _cached_digest(directory: str, path: str) -> str:
+  """``npz_digest(path)``, cached in ``directory/data_digests.json`` under
+  the file's size and modification time (a file rewritten in place gets a
+  new time, so it is hashed again)."""
+  from fedjax_dd.data import sources  # pylint: disable=g-import-not-at-top
+  st = os.stat(path)
+  version = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+  cache_path = os.path.join(directory, DIGEST_CACHE)
+  try:
+    with open(cache_path, encoding="utf-8") as f:
+      cache = json.load(f)
+    if not isinstance(cache, dict):
+      cache = {}
+  except (OSError, ValueError):
+    cache = {}
+  entry = cache.get(path)
+  if (isinstance(entry, dict) and entry.get("size") == version["size"]
+      and entry.get("mtime_ns") == version["mtime_ns"]):
+    return entry["sha256"]
+  digest = sources.npz_digest(path)
+  cache[path] = dict(version, sha256=digest)
+  try:
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{cache_path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(cache, f, indent=1, sort_keys=True)
+    os.replace(tmp, cache_path)
+  except OSError:
+    pass  # Read-only: hashed again next time.
+  return digest
+
+
+def content_digests(directory: str | os.PathLike,
+                    fingerprint: Mapping[str, Any]) -> dict[str, str]:
+  """``{name + CONTENT_SUFFIX: "sha256:<hex>"}`` for each setting whose value
+  names an existing ``npz:`` file (the dataset, the public data).
+
+  A path says where the data is, not what it holds: the digest of its arrays
+  makes a file replaced under the same path another experiment. Files that
+  are missing or no npz archive get no entry (their loader reports them).
+  """
+  from fedjax_dd.data import sources  # pylint: disable=g-import-not-at-top
+  out = {}
+  for name, value in fingerprint.items():
+    path = sources.npz_path(value)
+    if path is None or not os.path.isfile(path):
+      continue
+    try:
+      out[f"{name}{CONTENT_SUFFIX}"] = "sha256:" + _cached_digest(
+          os.fspath(directory), path)
+    except (OSError, ValueError):
+      continue
+  return out
+
+
+def _difference(name: str, old: Any, new: Any, recorded: Mapping[str, Any]
+                ) -> str:
+  if name.endswith(CONTENT_SUFFIX) and isinstance(old, str):
+    setting = name[:-len(CONTENT_SUFFIX)]
+    return (f"{setting}: the file {recorded.get(setting)} holds other data "
+            f"than when the run started (its arrays' {old[:19]}..., now "
+            f"{str(new)[:19]}...)")
+  return f"{name} was {json.dumps(old)}, now {json.dumps(new)}"
+
+
 def record_fingerprint(directory: str | os.PathLike,
                        fingerprint: Mapping[str, Any], *,
                        defaults: Mapping[str, Any] | None = None) -> str:
@@ -193,7 +266,9 @@ def record_fingerprint(directory: str | os.PathLike,
   the restore; comparing a fingerprint first names the settings that differ.
   The caller decides which settings define the run (the entry point leaves
   out those a resume may change, e.g. the number of rounds); this function
-  only compares what it is given.
+  only compares what it is given, plus the content of every ``npz:`` file a
+  setting names (:func:`content_digests`): a file replaced under the same
+  path is refused as another dataset would be.
 
   Args:
     directory: the run directory (created if missing).
@@ -213,21 +288,33 @@ def record_fingerprint(directory: str | os.PathLike,
   Raises:
     FingerprintMismatchError: the directory holds results and the recorded
       fingerprint differs; one line naming each differing key with its
-      recorded and new value.
+      recorded and new value. Also when ``config.json`` cannot be read.
   """
   directory = os.fspath(directory)
   path = os.path.join(directory, FINGERPRINT_FILE)
   new = _normalised(fingerprint)
+  new.update(content_digests(directory, new))
   if os.path.isfile(path):
-    with open(path, encoding="utf-8") as f:
-      old = json.load(f)
+    try:
+      with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+      if not isinstance(old, dict):
+        raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+      raise FingerprintMismatchError(
+          f"{path} is damaged ({type(e).__name__}: "
+          f"{str(e).splitlines()[0] if str(e) else 'unreadable'}); it records "
+          "the settings of this run. Restore it, delete it to resume with "
+          "the current settings recorded anew, or use a new --workdir."
+      ) from None
     missing = "(unset)"
     known = _normalised(defaults or {})
-    diffs = [f"{k} was {json.dumps(old.get(k, missing))}, now "
-             f"{json.dumps(new.get(k, missing))}"
+    # A run recorded before content digests has none: nothing to compare.
+    diffs = [_difference(k, old.get(k, missing), new.get(k, missing), old)
              for k in sorted(set(old) | set(new))
              if old.get(k, missing) != new.get(k, missing)
-             and not (k not in old and k in known and known[k] == new[k])]
+             and not (k not in old and k in known and known[k] == new[k])
+             and not (k not in old and k.endswith(CONTENT_SUFFIX))]
     # A run that stopped before any result (e.g. its dataset failed to
     # load) leaves nothing to mix: the new settings replace the old.
     if diffs and has_run_files(directory):

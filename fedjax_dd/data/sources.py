@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib.util
 import logging
 import os
@@ -496,6 +497,32 @@ def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
         "y_train=..., x_test=..., y_test=...).")
   with np.load(full, allow_pickle=False) as f:
     return full, {k: f[k] for k in f.files}
+
+
+def npz_path(spec: str) -> str | None:
+  """The absolute file of ``npz:PATH`` (relative to the CWD), None for
+  other names."""
+  if not isinstance(spec, str) or not spec.startswith(_NPZ_PREFIX):
+    return None
+  path = spec[len(_NPZ_PREFIX):]
+  return os.path.abspath(os.path.expanduser(path)) if path else None
+
+
+def npz_digest(path: str) -> str:
+  """SHA-256 of an npz archive's arrays: each key, dtype, shape and bytes,
+  in key order.
+
+  The arrays, not the file bytes: the same arrays saved again (another
+  compression) give the same digest; other images or labels under the
+  same path do not.
+  """
+  h = hashlib.sha256()
+  with np.load(path, allow_pickle=False) as f:
+    for k in sorted(f.files):
+      a = np.ascontiguousarray(f[k])
+      h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
+      h.update(a.tobytes())
+  return h.hexdigest()
 
 
 def _load_npz(spec: str, num_classes: int | None = None) -> Dataset:

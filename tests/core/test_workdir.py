@@ -118,3 +118,60 @@ def test_latest_checkpoint_is_the_newest_committed_step(tmp_path):
       os.path.join("checkpoints", "2"), 2)
   assert workdir_lib.has_run_files(tmp_path)
   assert not workdir_lib.has_run_files(tmp_path / "nothing")
+
+
+def test_an_npz_replaced_under_the_same_path_is_another_dataset(tmp_path):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  data = tmp_path / "d.npz"
+  x = np.arange(24, dtype=np.uint8).reshape(6, 2, 2, 1)
+  y = np.asarray([0, 1, 2, 0, 1, 2], np.int32)
+  np.savez(data, x_train=x, y_train=y, x_test=x, y_test=y)
+  path = tmp_path / "w"
+  fp = {"data.dataset": f"npz:{data}", "seed": 0}
+  assert workdir_lib.record_fingerprint(path, fp) == "new"
+  with open(path / workdir_lib.FINGERPRINT_FILE) as f:
+    recorded = json.load(f)
+  key = "data.dataset" + workdir_lib.CONTENT_SUFFIX
+  assert recorded[key].startswith("sha256:")
+  # Computed once per file version: the cache answers the second time.
+  with open(path / workdir_lib.DIGEST_CACHE) as f:
+    assert json.load(f)[str(data)]["sha256"] == recorded[key][7:]
+  _commit(path / "checkpoints", 2)
+  assert workdir_lib.record_fingerprint(path, fp) == "same"
+  # The same arrays written again (compressed) are the same data.
+  np.savez_compressed(data, x_train=x, y_train=y, x_test=x, y_test=y)
+  assert workdir_lib.record_fingerprint(path, fp) == "same"
+  # Shuffled labels under the same path: refused, in one line naming it.
+  np.savez(data, x_train=x, y_train=y[::-1], x_test=x, y_test=y)
+  os.utime(data, ns=(1, 1))  # even with an older time than the cache's
+  with pytest.raises(workdir_lib.FingerprintMismatchError) as info:
+    workdir_lib.record_fingerprint(path, fp)
+  message = str(info.value)
+  assert "\n" not in message
+  assert f"data.dataset: the file npz:{data} holds other data" in message
+  assert "new --workdir" in message
+  # A run recorded before content digests resumes and records them.
+  old = tmp_path / "old"
+  workdir_lib.record_fingerprint(old, fp)
+  with open(old / workdir_lib.FINGERPRINT_FILE, "w") as f:
+    json.dump(fp, f)
+  _commit(old / "checkpoints", 1)
+  assert workdir_lib.record_fingerprint(old, fp) == "same"
+  with open(old / workdir_lib.FINGERPRINT_FILE) as f:
+    assert key in json.load(f)
+
+
+def test_a_damaged_config_json_is_one_line_naming_it(tmp_path):
+  path = tmp_path / "w"
+  workdir_lib.record_fingerprint(path, {"seed": 0})
+  config = path / workdir_lib.FINGERPRINT_FILE
+  for text in ('{"seed": 0', "[1, 2]"):
+    config.write_text(text)
+    with pytest.raises(workdir_lib.FingerprintMismatchError) as info:
+      workdir_lib.record_fingerprint(path, {"seed": 0})
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"{config} is damaged" in message and "delete it" in message
+  # Deleted as the message offers: the settings are recorded anew.
+  config.unlink()
+  assert workdir_lib.record_fingerprint(path, {"seed": 0}) == "new"
