@@ -92,7 +92,9 @@ def _hparams(config) -> dfkd.DFKDHyperParams:
       reset_generator=d.reset_generator,
       learn_noise=d.learn_noise,
       keep_best=d.keep_best,
-      adv_mask=d.adv_mask)
+      adv_mask=d.adv_mask,
+      augment_shift=d.augment_shift,
+      augment_flip=d.augment_flip)
 
 
 def _synthesis(config, task) -> dict[str, Any]:

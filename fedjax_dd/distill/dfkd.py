@@ -32,6 +32,32 @@ The ensemble logits ``P`` of a pooled image never change (the teachers are
 frozen), so they are stored with the image instead of recomputing ``m``
 teacher passes per student step; the result is the same.
 
+Where this loop departs from DENSE's released code (``zj-jayzhang/DENSE``,
+``helpers/synthesizers.py`` and ``loop_df_fl.py``, read at commit 237c5dd):
+
+* ``L_BN``: DENSE hooks every BatchNorm layer of every teacher and *sums*
+  the statistics losses over teachers; here it is their *mean* (FedHydra's
+  Eq. 14, ``1/m``). For ``m`` teachers DENSE's ``λ1 = 1`` is ``λ1 = m`` here.
+* Augmentation: DENSE's generator loss sees the images through a random
+  crop with 4 pixels of zero padding and a random mirror (kornia), the pool
+  keeping the originals; its student reads the pool through a random mirror
+  (plus the crop on CIFAR) and recomputes the teachers on each view. Here
+  ``augment_shift`` / ``augment_flip`` give the generator's part (off by
+  default, the papers' text); the student sees the stored images and ``P``.
+* The student's loss: DENSE uses the temperature KL alone (its README's
+  command: ``T = 20``); FedHydra's Eqs. 17–19 add ``β·CE`` on the hard
+  label, as here. One ``temperature`` serves the student's KL and ``L_AD``
+  here; DENSE's ``L_AD`` always uses ``T = 1``.
+* The student inside ``L_AD``: DENSE leaves it in training mode (batch
+  statistics; each generator step's forward pass also moves its running
+  statistics); here it runs on its running statistics, which stay put.
+* The fresh generator: DENSE re-initialises it with N(0, 0.02) weights, zero
+  biases and N(1, 0.02) BatchNorm scales; here Flax's default initialisers.
+* The pool: DENSE stores 8-bit PNG files; here float32.
+* FedHydra's Alg. 1 (line 11) initialises the generator once, before the
+  epochs; ``reset_generator=False`` is that reading, the default follows
+  DENSE's code (which FedHydra's code extends).
+
 One epoch is a host loop over five jitted programs, each compiled once:
 :func:`_draw` (noise, labels, pool order, a fresh generator),
 :func:`_generator_begin`, ``T_G`` × :func:`_generator_step`,
@@ -122,6 +148,12 @@ class DFKDHyperParams:
     adv_mask: samples that enter ``L_AD``: ``"disagree"`` (student and
       ensemble predict different classes; FedHydra's and DENSE's released
       code), ``"agree"``, or ``"none"`` (all).
+    augment_shift: the generator's loss sees each image shifted by a random
+      ``(dy, dx)`` in ``[-s, s]²`` with zero fill (DENSE's code:
+      ``RandomCrop(padding=4)`` on 28- and 32-pixel images); ``0``: none
+      (the papers' text). The pool keeps the unshifted images.
+    augment_flip: the generator's loss also sees a random half of the
+      images mirrored left-right (DENSE's code, on every dataset).
   """
   batch_size: int = 128
   generator_steps: int = 30
@@ -135,6 +167,8 @@ class DFKDHyperParams:
   learn_noise: bool = True
   keep_best: bool = True
   adv_mask: str = "disagree"
+  augment_shift: int = 0
+  augment_flip: bool = False
 
   def __post_init__(self):
     for name in ("batch_size", "generator_steps", "pool_size"):
@@ -146,6 +180,9 @@ class DFKDHyperParams:
           f"{self.student_steps}.")
     if self.temperature <= 0:
       raise ValueError(f"temperature must be > 0, got {self.temperature}.")
+    if self.augment_shift < 0:
+      raise ValueError(
+          f"augment_shift must be >= 0, got {self.augment_shift}.")
     if self.adv_mask not in ensemble.ADV_MASKS:
       raise ValueError(f"adv_mask must be one of {ensemble.ADV_MASKS}, got "
                        f"{self.adv_mask!r}.")
@@ -199,6 +236,8 @@ class _Draw(NamedTuple):
   filled: jax.Array       # () filled pool slots after this epoch's insert.
   gen_params: PyTree      # a freshly initialised generator.
   gen_stats: PyTree
+  shifts: jax.Array       # [T_G, B, 2] int32 offsets in [0, 2s] (augment).
+  flips: jax.Array        # [T_G, B] bool mirror flags (augment).
 
 
 class _GenCarry(NamedTuple):
@@ -277,8 +316,39 @@ def _draw(loop: _Loop, key: jax.Array, epoch_index: jax.Array) -> _Draw:
   order, filled = _pool_order(order_key, epoch_index, hp.pool_size,
                               hp.batch_size)
   gp, gs = ensemble.init_generator(loop.generator, init_key)
+  # A separate stream, so that switching augmentation on leaves z, y, the
+  # pool order and the fresh generator as they were.
+  k_shift, k_flip = jax.random.split(jax.random.fold_in(gen_key, 1))
+  steps = (hp.generator_steps, hp.batch_size)
+  shifts = jax.random.randint(k_shift, (*steps, 2), 0,
+                              2 * hp.augment_shift + 1)
+  flips = jax.random.bernoulli(k_flip, 0.5, steps) & hp.augment_flip
   return _Draw(z=z, y=y, order=order, filled=filled, gen_params=gp,
-               gen_stats=gs)
+               gen_stats=gs, shifts=shifts, flips=flips)
+
+
+def augment(x: jax.Array, shifts: jax.Array, flips: jax.Array,
+            max_shift: int) -> jax.Array:
+  """Shifted and mirrored copies of ``x [B, H, W, Ch]`` (differentiable).
+
+  Args:
+    x: images.
+    shifts: ``[B, 2]`` crop offsets in ``[0, 2·max_shift]`` into ``x``
+      zero-padded by ``max_shift`` on each side (offset ``max_shift``: no
+      shift), as torchvision's / kornia's ``RandomCrop(padding=max_shift)``.
+    flips: ``[B]`` whether to mirror the image left-right (after the shift).
+    max_shift: the padding ``s``; ``0`` leaves the positions alone.
+
+  Returns:
+    ``[B, H, W, Ch]``.
+  """
+  if max_shift:
+    _, h, w, ch = x.shape
+    s = max_shift
+    padded = jnp.pad(x, ((0, 0), (s, s), (s, s), (0, 0)))
+    x = jax.vmap(lambda im, o: jax.lax.dynamic_slice(
+        im, (o[0], o[1], 0), (h, w, ch)))(padded, shifts)
+  return jnp.where(flips[:, None, None, None], x[:, :, ::-1], x)
 
 
 def _generator_begin(loop: _Loop, state: DFKDState, z: jax.Array,
@@ -299,20 +369,27 @@ def _generator_begin(loop: _Loop, state: DFKDState, z: jax.Array,
 
 def _generator_loss(loop: _Loop, gen_vars: tuple[PyTree, jax.Array],
                     gen_stats: PyTree, params: PyTree, batch_stats: PyTree,
-                    teacher_vars: TeacherVars, ctx: PyTree, y: jax.Array):
+                    teacher_vars: TeacherVars, ctx: PyTree, y: jax.Array,
+                    shifts: jax.Array, flips: jax.Array):
   """``L_Gen`` of :func:`ensemble.generator_objective` on ``x̂ = G(z)``.
 
+  The teachers and the student see ``x̂`` through :func:`augment` (the
+  identity unless ``augment_shift`` or ``augment_flip``).
+
   Returns:
-    ``(loss, (new_gen_stats, x̂ [B, H, W, Ch], metrics))``.
+    ``(loss, (new_gen_stats, x̂ [B, H, W, Ch], metrics))``; ``x̂`` unaugmented.
   """
   hp = loop.hp
   gen_params, z = gen_vars
   x01, new_stats = ensemble.apply_generator(loop.generator, gen_params,
                                             gen_stats, z, y, True)
-  t_logits, bn = loop.teachers(teacher_vars, x01)
+  view = x01
+  if hp.augment_shift or hp.augment_flip:
+    view = augment(x01, shifts, flips, hp.augment_shift)
+  t_logits, bn = loop.teachers(teacher_vars, view)
   p = loop.combine(t_logits, y, ctx)
-  s_logits, _ = loop.student.apply(params, batch_stats, loop.student_input(x01),
-                                   train=False)
+  s_logits, _ = loop.student.apply(params, batch_stats,
+                                   loop.student_input(view), train=False)
   loss, metrics = ensemble.generator_objective(
       p, y, bn, s_logits, lambda_bn=hp.lambda_bn, lambda_adv=hp.lambda_adv,
       temperature=hp.temperature, adv_mask=hp.adv_mask)
@@ -321,13 +398,17 @@ def _generator_loss(loop: _Loop, gen_vars: tuple[PyTree, jax.Array],
 
 def _generator_step(loop: _Loop, carry: _GenCarry, params: PyTree,
                     batch_stats: PyTree, teacher_vars: TeacherVars,
-                    ctx: PyTree, y: jax.Array
+                    ctx: PyTree, y: jax.Array, shifts: jax.Array,
+                    flips: jax.Array
                     ) -> tuple[_GenCarry, dict[str, jax.Array]]:
-  """One optimizer step on the generator (and the noise); tracks the best."""
+  """One optimizer step on the generator (and the noise); tracks the best.
+
+  ``shifts [B, 2]`` and ``flips [B]`` are this step's augmentation.
+  """
   (loss, (gen_stats, x01, metrics)), (g_gen, g_z) = jax.value_and_grad(
       functools.partial(_generator_loss, loop), has_aux=True)(
           carry.gen_vars, carry.gen_stats, params, batch_stats, teacher_vars,
-          ctx, y)
+          ctx, y, shifts, flips)
   if not loop.hp.learn_noise:
     g_z = jnp.zeros_like(g_z)
   updates, opt_state = loop.generator_optimizer.update(
@@ -402,9 +483,10 @@ def _epoch(loop: _Loop, programs: _Programs, state: DFKDState,
   draw = programs.draw(state.key, state.epoch)
   carry = programs.generator_begin(state, draw.z, draw.gen_params,
                                    draw.gen_stats)
-  for _ in range(hp.generator_steps):
+  for t in range(hp.generator_steps):
     carry, gen_metrics = programs.generator_step(
-        carry, state.params, state.batch_stats, teacher_vars, ctx, draw.y)
+        carry, state.params, state.batch_stats, teacher_vars, ctx, draw.y,
+        draw.shifts[t], draw.flips[t])
 
   pool_x, pool_y, pool_p = programs.pool_insert(state, teacher_vars, ctx,
                                                 carry, draw.y)

@@ -253,3 +253,36 @@ def test_protocol_switches_change_the_pool():
     pools[name] = np.asarray(state.pool_x)
     assert np.all((pools[name] > 0) & (pools[name] < 1))
   assert not np.allclose(pools["ref"], pools["plain"])
+
+
+def test_augment_shifts_with_zero_fill_and_mirrors():
+  x = jnp.arange(9.0).reshape(1, 3, 3, 1) + 1.0  # rows 1 2 3 / 4 5 6 / 7 8 9
+  same = dfkd.augment(x, jnp.array([[1, 1]]), jnp.array([False]), 1)
+  np.testing.assert_array_equal(same, x)  # offset s: no shift
+  # Offset (0, 2): the view starts one row above and one column right of x.
+  moved = dfkd.augment(x, jnp.array([[0, 2]]), jnp.array([False]), 1)
+  np.testing.assert_array_equal(moved[0, :, :, 0],
+                                [[0, 0, 0], [2, 3, 0], [5, 6, 0]])
+  mirrored = dfkd.augment(x, jnp.array([[1, 1]]), jnp.array([True]), 0)
+  np.testing.assert_array_equal(mirrored[0, :, :, 0],
+                                [[3, 2, 1], [6, 5, 4], [9, 8, 7]])
+  with pytest.raises(ValueError, match="augment_shift"):
+    dfkd.DFKDHyperParams(augment_shift=-1)
+
+
+def test_augmented_synthesis_keeps_the_draws_and_does_not_recompile(caplog):
+  d, state, tv = _small(dict(generator_steps=2, pool_size=2))
+  da, sa, _ = _small(dict(generator_steps=2, pool_size=2, augment_shift=1,
+                          augment_flip=True))
+  s1, _ = d.epoch(state, tv, ())
+  a1, m = da.epoch(sa, tv, ())
+  assert all(np.isfinite(float(v)) for v in m.values())
+  # Same labels; the generator saw other views, so the kept batch differs.
+  np.testing.assert_array_equal(s1.pool_y, a1.pool_y)
+  assert not np.allclose(s1.pool_x, a1.pool_x)
+  assert np.all((a1.pool_x[0] > 0) & (a1.pool_x[0] < 1))
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles(True):
+    a2, _ = da.epoch(a1, tv, ())
+  assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+  assert int(a2.epoch) == 2
