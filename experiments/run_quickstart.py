@@ -5,6 +5,9 @@ shared ``data`` settings and ``seed``, its overrides), runs it through its
 runner in ``WORKDIR/<method>`` (a re-run resumes each), and writes the
 comparison: the printed table, ``comparison.png``
 (:func:`fedjax_dd.utils.figures.plot_comparison`) and ``summary.json``.
+Each row carries its member's ``note`` (what the row shows, or why the system
+cannot show it in the quickstart's budget); a one-shot member's baseline row
+(the one-shot FedAvg of its own clients) carries ``baseline_note``.
 """
 
 from __future__ import annotations
@@ -40,13 +43,13 @@ def member_config(config: ml_collections.ConfigDict,
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-  """Markdown: method, final accuracy, bytes sent, wall seconds."""
-  out = ["| method | final accuracy | bytes sent | wall |",
-         "|---|---|---|---|"]
+  """Markdown: method, final accuracy, bytes sent, wall seconds, note."""
+  out = ["| method | final accuracy | bytes sent | wall | note |",
+         "|---|---|---|---|---|"]
   for r in rows:
     out.append(f"| {r['method']} | {r['final_test_accuracy']:.4f} | "
                f"{reporting.format_bytes(r['bytes_total'])} | "
-               f"{r['wall_seconds']:.0f} s |")
+               f"{r['wall_seconds']:.0f} s | {r.get('note', '')} |")
   return "\n".join(out)
 
 
@@ -57,17 +60,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     member = member_config(config, name)
     summary = runners.RUNNERS[member.runner](member,
                                              os.path.join(workdir, name))
+    m = config.members[name]
     rows.append({"method": name,
                  "final_test_accuracy": summary["final_test_accuracy"],
                  "bytes_total": summary["bytes_total"],
                  "wall_seconds": summary["wall_seconds"],
-                 "workdir": name})
+                 "workdir": name, "note": m.get("note", "")})
     if summary.get("os_fedavg_test_accuracy") is not None:
       # The one-shot methods' clients, averaged: the server's baseline.
       rows.append({"method": f"{name}: one-shot FedAvg of its clients",
                    "final_test_accuracy": summary["os_fedavg_test_accuracy"],
                    "bytes_total": summary["bytes_total"],
-                   "wall_seconds": 0.0, "workdir": name})
+                   "wall_seconds": 0.0, "workdir": name,
+                   "note": m.get("baseline_note", "")})
   work = Workdir(workdir)
   figures.plot_comparison(rows, work.path("comparison.png"))
   print(table(rows))

@@ -329,6 +329,10 @@ def plot_comparison(rows: Sequence[Mapping[str, Any]],
                     dpi: int = 120) -> str:
   """Methods side by side: final test accuracy and total bytes sent.
 
+  Horizontal bars, one row per method from the top, the method names once
+  on the shared y axis: long names (such as a baseline's description) need
+  no rotation and cannot run into their neighbours.
+
   Args:
     rows: one per method, with ``method``, ``final_test_accuracy`` and
       ``bytes_total``.
@@ -342,22 +346,25 @@ def plot_comparison(rows: Sequence[Mapping[str, Any]],
   names = [str(r["method"]) for r in rows]
   acc = [float(r["final_test_accuracy"] or 0.0) for r in rows]
   traffic = [max(float(r["bytes_total"] or 0.0), 1.0) for r in rows]
-  fig = new_figure(figsize=(10, 3.6))
-  ax_a, ax_b = fig.subplots(1, 2)
+  fig = new_figure(figsize=(10, 1.2 + 0.42 * len(rows)))
+  ax_a, ax_b = fig.subplots(1, 2, sharey=True)
   colours = [colormap("tab10")(i % 10) for i in range(len(rows))]
-  ax_a.bar(names, acc, color=colours)
-  ax_a.set_ylim(0, 1)
-  ax_a.set_ylabel("final test accuracy")
+  pos = np.arange(len(rows))
+  ax_a.barh(pos, acc, color=colours)
+  ax_a.set_yticks(pos, names)
+  ax_a.invert_yaxis()  # the first row on top, as in the printed table
+  ax_a.set_xlim(0, 1.12)
+  ax_a.set_xlabel("final test accuracy")
   for i, a in enumerate(acc):
-    ax_a.text(i, a + 0.02, f"{a:.3f}", ha="center", fontsize=8)
-  ax_b.bar(names, traffic, color=colours)
+    ax_a.text(a + 0.01, i, f"{a:.3f}", va="center", fontsize=8)
+  ax_b.barh(pos, traffic, color=colours)
   # One-shot uploads and rounds of model exchange differ by orders of
   # magnitude.
-  ax_b.set_yscale("log")
-  ax_b.set_ylabel("bytes sent")
+  ax_b.set_xscale("log")
+  ax_b.set_xlabel("bytes sent")
+  ax_b.tick_params(axis="y", left=False)
   for ax in (ax_a, ax_b):
-    ax.tick_params(axis="x", labelrotation=20)
-    ax.grid(axis="y", alpha=0.3)
+    ax.grid(axis="x", alpha=0.3)
   if title:
     fig.suptitle(title)
   fig.tight_layout()

@@ -24,11 +24,23 @@ def test_members_share_data_partition_and_seed():
 
 def test_table_formats_every_row():
   rows = [{"method": "a", "final_test_accuracy": 0.5, "bytes_total": 2048,
-           "wall_seconds": 3.4}]
+           "wall_seconds": 3.4, "note": "why"},
+          {"method": "b", "final_test_accuracy": 0.25, "bytes_total": 10,
+           "wall_seconds": 0.0}]
   text = run_quickstart.table(rows)
   assert text.splitlines() == [
-      "| method | final accuracy | bytes sent | wall |", "|---|---|---|---|",
-      "| a | 0.5000 | 2.05 KB | 3 s |"]
+      "| method | final accuracy | bytes sent | wall | note |",
+      "|---|---|---|---|---|",
+      "| a | 0.5000 | 2.05 KB | 3 s | why |",
+      "| b | 0.2500 | 10 B | 0 s |  |"]
+
+
+def test_every_row_has_a_note():
+  c = quickstart.get_config()
+  for name in c.order:
+    assert c.members[name].note, name
+  # The one-shot member's baseline row says what it is.
+  assert c.members.fedhydra.baseline_note
 
 
 def test_two_member_quickstart_writes_table_figure_and_summary(tmp_path,
@@ -42,6 +54,8 @@ def test_two_member_quickstart_writes_table_figure_and_summary(tmp_path,
   with open(tmp_path / "summary.json") as f:
     written = json.load(f)
   assert [r["method"] for r in written["methods"]] == ["fedavg", "fedd3"]
+  assert [r["note"] for r in written["methods"]] == [
+      c.members.fedavg.note, c.members.fedd3.note]
   for r in s["methods"]:
     assert 0.0 <= r["final_test_accuracy"] <= 1.0
     assert r["bytes_total"] > 0 and np.isfinite(r["wall_seconds"])
