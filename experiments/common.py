@@ -7,7 +7,6 @@ into the explicit arguments the library takes.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import logging
 import os
@@ -23,8 +22,8 @@ from fedjax_dd import policy
 from fedjax_dd.core import clients as clients_lib
 from fedjax_dd.core import keys
 from fedjax_dd.core import local as local_lib
+from fedjax_dd.core import prepare as prepare_lib
 from fedjax_dd.core.local import steps_for
-from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import partition as partition_lib
 from fedjax_dd.data import preprocess
 from fedjax_dd.data import sources
@@ -33,27 +32,15 @@ from fedjax_dd.distill import kip as kip_lib
 from fedjax_dd.experiments.configs import base as base_config
 
 
-# Floor of the channel std: a constant channel would divide by zero.
-MIN_STD = 1e-3
+# The library's floor of the channel std (a constant channel would divide by
+# zero) and its prepared dataset + task.
+MIN_STD = prepare_lib.MIN_STD
+Prepared = prepare_lib.Prepared
 
 
 class InputError(ValueError):
   """The data cannot serve the config (bad labels, a privacy refusal), found
   before any compute; the entry point reports it in one line."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-  """A dataset resized for the model, plus the task built on it.
-
-  ``mean`` / ``std`` are THE normalisation of a run (the task's
-  preprocessing, KIP's space, the KRR checks): computed once here.
-  """
-  dataset: sources.Dataset
-  task: Classifier
-  spec: models.ModelSpec
-  mean: np.ndarray  # [Ch] train-split channel mean on the [0, 1] scale
-  std: np.ndarray   # [Ch] train-split channel std, at least MIN_STD
 
 
 def config_value(config: ml_collections.ConfigDict, path: str) -> Any:
@@ -157,21 +144,10 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
   The channel statistics of the (resized) train split, the std floored at
   :data:`MIN_STD`, normalise the task's inputs.
   """
-  ds = load_dataset(config)
-  spec = models.get_model(config.model.name)
-  target = tuple(config.data.input_shape or spec.input_shape)
-  if ds.x_train.shape[1:] != target:
-    ds = dataclasses.replace(ds, x_train=resize(config, ds.x_train, target),
-                             x_test=resize(config, ds.x_test, target))
-  mean, std = preprocess.channel_stats(ds.x_train)
-  mean = np.asarray(mean, np.float32)
-  std = np.maximum(np.asarray(std, np.float32), np.float32(MIN_STD))
-  module = spec.build(ds.num_classes, conv_impl=conv_impl(config))
-  task = Classifier(module=module, input_shape=target,
-                    preprocess=functools.partial(preprocess.normalize,
-                                                 mean=mean, std=std),
-                    num_classes=ds.num_classes)
-  return Prepared(dataset=ds, task=task, spec=spec, mean=mean, std=std)
+  return prepare_lib.prepare(
+      load_dataset(config), config.model.name,
+      input_shape=tuple(config.data.input_shape or ()) or None,
+      resize_method=config.data.resize_method, conv_impl=conv_impl(config))
 
 
 def conv_impl(config: ml_collections.ConfigDict) -> str:
@@ -508,6 +484,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
                      "--config.model.conv_impl.")
   if _lookup(config, "data.partition") is not None:
     check_partition(config.data.partition)
+  if _lookup(config, "method") == "os_fedavg" and int(config.rounds) != 1:
+    raise ValueError(
+        f"os_fedavg is one-shot: one aggregation, so config.rounds must be "
+        f"1, got {config.rounds}; for several rounds use "
+        "experiments/configs/fedavg.py.")
   if _lookup(config, "kip.kernel_impl") == "neural_tangents":
     import importlib.util  # pylint: disable=g-import-not-at-top
     if importlib.util.find_spec("neural_tangents") is None:

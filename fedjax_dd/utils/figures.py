@@ -370,3 +370,97 @@ def plot_comparison(rows: Sequence[Mapping[str, Any]],
   fig.tight_layout()
   fig.savefig(path, dpi=dpi)
   return os.fspath(path)
+
+
+def plot_history(histories: Mapping[str, Sequence[Mapping[str, Any]]]
+                 | Sequence[Mapping[str, Any]],
+                 path: str | os.PathLike | None = None, *,
+                 key: str = "test_accuracy", title: str | None = None,
+                 dpi: int = 100):
+  """One run's (or several runs') metric against the round.
+
+  Args:
+    histories: a run's metrics rows (``fit(...).rows``, or the rows of a
+      ``metrics.jsonl``), or ``{label: rows}`` for several runs. Rows
+      without ``key`` (rounds that were not evaluated) are skipped.
+    path: output PNG path; None returns the figure without saving it (a
+      notebook displays it).
+    key: the row field to plot.
+    title: optional figure title.
+    dpi: resolution of a saved PNG.
+
+  Returns:
+    The path written, or the ``matplotlib.figure.Figure`` when ``path`` is
+    None.
+
+  Raises:
+    ValueError: no row of any run has ``key``.
+  """
+  if not isinstance(histories, Mapping):
+    histories = {key: histories}
+  fig = new_figure(figsize=(5.5, 3.8))
+  ax = fig.subplots()
+  drawn = 0
+  for label, rows in histories.items():
+    points = [(r["round"], r[key]) for r in rows
+              if r.get(key) is not None and "round" in r]
+    if points:
+      ax.plot(*zip(*points), marker=".", label=label)
+      drawn += 1
+  if not drawn:
+    raise ValueError(f"plot_history: no row has {key!r}.")
+  ax.set_xlabel("round")
+  ax.set_ylabel(key.replace("_", " "))
+  ax.grid(alpha=0.3)
+  if len(histories) > 1:
+    ax.legend(fontsize=8)
+  if title:
+    ax.set_title(title)
+  if path is None:
+    fig.tight_layout()
+    return fig
+  return _save(fig, path, dpi)
+
+
+def plot_partition(labels: np.ndarray, parts: Sequence[np.ndarray],
+                   path: str | os.PathLike | None = None, *,
+                   num_classes: int | None = None, title: str | None = None,
+                   dpi: int = 100):
+  """Each client's label distribution as stacked bars (one bar per client).
+
+  Args:
+    labels: ``[N]`` train labels.
+    parts: each client's index array into ``labels`` (a partitioner's
+      output, e.g. :func:`fedjax_dd.data.partition.dirichlet`).
+    path: output PNG path; None returns the figure.
+    num_classes: classes ``K`` (default max label + 1).
+    title: optional figure title.
+    dpi: resolution of a saved PNG.
+
+  Returns:
+    The path written, or the figure when ``path`` is None.
+  """
+  labels = np.asarray(labels)
+  k = int(num_classes or (labels.max() + 1))
+  counts = np.stack([np.bincount(labels[np.asarray(p, np.int64)],
+                                 minlength=k)[:k] for p in parts])  # [M, K]
+  fig = new_figure(figsize=(max(4.0, 0.25 * len(parts) + 2), 3.8))
+  ax = fig.subplots()
+  cmap = colormap("tab10" if k <= 10 else "tab20")
+  bottom = np.zeros(len(parts))
+  clients = np.arange(len(parts))
+  for j in range(k):
+    ax.bar(clients, counts[:, j], bottom=bottom, color=cmap(j % cmap.N),
+           label=str(j), width=0.85)
+    bottom += counts[:, j]
+  ax.set_xlabel("client")
+  ax.set_ylabel("examples")
+  ax.legend(title="class", fontsize=7, ncol=2 if k > 10 else 1,
+            bbox_to_anchor=(1.01, 1), loc="upper left")
+  if title:
+    ax.set_title(title)
+  if path is None:
+    fig.tight_layout()
+    return fig
+  fig.savefig(path, dpi=dpi, bbox_inches="tight")
+  return os.fspath(path)
