@@ -367,7 +367,9 @@ def plot_comparison(rows: Sequence[Mapping[str, Any]],
     ax.grid(axis="x", alpha=0.3)
   if title:
     fig.suptitle(title)
-  fig.tight_layout()
+  # w_pad: the panels' outermost x tick labels (1.0 and the smallest power
+  # of ten) would otherwise meet between them.
+  fig.tight_layout(w_pad=3.0)
   fig.savefig(path, dpi=dpi)
   return os.fspath(path)
 

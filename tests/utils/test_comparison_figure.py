@@ -1,0 +1,36 @@
+"""The quickstart's comparison figure: one bar per method, readable labels."""
+
+import itertools
+
+from fedjax_dd.utils import figures
+
+
+def test_comparison_tick_labels_do_not_overlap(tmp_path, monkeypatch):
+  made = []
+  new_figure = figures.new_figure
+
+  def capture(**kwargs):
+    made.append(new_figure(**kwargs))
+    return made[-1]
+
+  monkeypatch.setattr(figures, "new_figure", capture)
+  names = ["fedavg", "fedd3", "hfldd", "fedhydra",
+           "fedhydra: one-shot FedAvg of its clients", "disue"]
+  rows = [{"method": n, "final_test_accuracy": 0.1 * (i + 1),
+           "bytes_total": 10.0 ** (i + 3)} for i, n in enumerate(names)]
+  path = figures.plot_comparison(rows, tmp_path / "comparison.png")
+  assert (tmp_path / "comparison.png").stat().st_size > 0
+  assert path.endswith("comparison.png")
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  canvas = FigureCanvasAgg(made[0])
+  canvas.draw()
+  renderer = canvas.get_renderer()
+  labels = [t for ax in made[0].axes
+            for t in ax.get_xticklabels() + ax.get_yticklabels()
+            if t.get_text() and t.get_visible()]
+  # Every method's name is shown once, in the table's order from the top.
+  shown = [t.get_text() for t in made[0].axes[0].get_yticklabels()]
+  assert shown == names
+  boxes = [t.get_window_extent(renderer) for t in labels]
+  for (a, ta), (b, tb) in itertools.combinations(zip(boxes, labels), 2):
+    assert not a.overlaps(b), (ta.get_text(), tb.get_text())
