@@ -329,7 +329,14 @@ def run_server_rounds(
         return out
 
       if writer is not None:
-        writer.truncate_after(offset + start, key="step")
+        # Rows past the checkpoint are dropped where the run resumes: in an
+        # unfinished round. A finished round's later rows are a later
+        # round's, which drops its own (dropping them here lost them).
+        if e_total == 0:
+          if restored is None:
+            writer.truncate_after(r - 1, key="step")
+        elif start < e_total:
+          writer.truncate_after(offset + start, key="step")
         if e_total:  # Every step up to the checkpoint wrote its row.
           loop_lib.check_rows(writer, offset + start, key="step")
       budget = 0.0

@@ -261,6 +261,10 @@ def test_two_round_fedhydra_resumes_bit_identically(tmp_path, kill):
          **opts)
   resumed = _run(algo, data, task, evaluate, tmp_path / "part", **opts)
   _assert_same(full, resumed)
+  # Re-running the finished run keeps every round's rows (restoring round 1
+  # once dropped round 2's rows as if written after round 1's checkpoint).
+  again = _run(algo, data, task, evaluate, tmp_path / "full", **opts)
+  assert again[1] == full[1]
 
 
 def test_teachers_from_and_refusals(tmp_path):
