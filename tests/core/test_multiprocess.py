@@ -31,7 +31,7 @@ def _env(devices: int) -> dict:
 
 @pytest.mark.multidevice
 def test_two_processes_equal_one_process(tmp_path):
-  """The README's launch: 2 processes of 1 CPU device each run FedAvg with
+  """The launch of docs/getting_started.md (several processes): 2 processes of 1 CPU device each run FedAvg with
   the client axis sharded over both; both end with the parameters of one
   process running the same over 2 devices."""
   out = str(tmp_path / "params")
