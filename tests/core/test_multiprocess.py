@@ -31,8 +31,9 @@ def _env(devices: int) -> dict:
 
 @pytest.mark.multidevice
 def test_two_processes_equal_one_process(tmp_path):
-  """The launch of docs/getting_started.md (several processes): 2 processes of 1 CPU device each run FedAvg with
-  the client axis sharded over both; both end with the parameters of one
+  """The launch in docs/getting_started.md ("Several processes"): 2
+  processes of 1 CPU device each run FedAvg with the client axis sharded
+  over both; both end with the parameters of one
   process running the same over 2 devices."""
   out = str(tmp_path / "params")
   coordinator = f"127.0.0.1:{_free_port()}"
