@@ -2,7 +2,7 @@ r"""Exports the client index sets of a preset's partition, for a reference
 implementation to train on exactly our clients.
 
   .venv/bin/python experiments/reference/export_partition.py \
-      --preset=fmnist_dir0.01 --seed=0 --out=/tmp/part_seed0.npz
+      --preset=fmnist_dir0.01 --seed=0 --out=part_seed0.npz
 
 The partition is the one the entry point builds for
 ``experiments/configs/fedftg.py:<preset>`` with ``--seeds=<seed>`` (``seed =

@@ -50,11 +50,13 @@ What the adapter supplies (nothing in ``--ref_dir`` is edited):
    global model on the test set just before it (the cohort's FedAvg) and
    just after, and writes one JSON line per round to ``--out``
    (``round``, ``test_accuracy_before_ft``, ``test_accuracy``, ``gain``,
-   ``clients``, ``seconds``). With ``--skip_train_eval`` (default) the
-   reference's evaluations on the pooled *train* set (six per round, only
-   printed and sent to TensorBoard) return NaN instead; they draw no random
-   numbers, so training is unchanged. ``print_per`` is set beyond the run,
-   so the reference prints no per-epoch evaluations either.
+   ``clients``, ``seconds``). With ``--skip_train_eval`` (default) every
+   evaluation of the reference's on anything but the test set (the pooled
+   train set, six per round, and each client's train set before its local
+   training; only printed and sent to TensorBoard) returns NaN instead, so
+   its log prints ``nan`` there; they draw no random numbers, so training is
+   unchanged. ``print_per`` is set beyond the run, so the reference prints
+   no per-epoch evaluations either.
 
 Protocol, as the reference's ``train.py`` runs FedFTG: seeds ``torch``,
 ``random`` and ``numpy`` with ``--seed``; ``act_prob = 0.15`` (each client
