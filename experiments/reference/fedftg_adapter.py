@@ -58,6 +58,9 @@ What the adapter supplies (nothing in ``--ref_dir`` is edited):
    unchanged. ``print_per`` is set beyond the run, so the reference prints
    no per-epoch evaluations either.
 
+``--init=flax`` (a diagnostic of ours, off by default) initialises LeNet-5
+as our Flax model is (LeCun-normal truncated weights, zero biases).
+
 Protocol, as the reference's ``train.py`` runs FedFTG: seeds ``torch``,
 ``random`` and ``numpy`` with ``--seed``; ``act_prob = 0.15`` (each client
 takes part with probability 0.15, drawn by the reference, so the cohort size
@@ -246,6 +249,11 @@ def main(argv=None):
   ap.add_argument("--lr_decay", type=float, default=0.998)
   ap.add_argument("--weight_decay", type=float, default=1e-3)
   ap.add_argument("--threads", type=int, default=1)
+  ap.add_argument("--init", default="torch", choices=("torch", "flax"),
+                  help="LeNet-5's initialisation: PyTorch's default, or "
+                  "Flax's (LeCun-normal truncated weights, zero biases) as "
+                  "our models/lenet.py; a diagnostic of ours, not the "
+                  "reference's protocol")
   ap.add_argument("--skip_train_eval", type=int, default=1)
   ap.add_argument("--out", required=True, help="JSON lines, one per round")
   args = ap.parse_args(argv)
@@ -305,6 +313,14 @@ def main(argv=None):
   np.random.seed(args.seed)
   model_func = lenet
   init_model = model_func()
+  if args.init == "flax":
+    with torch.no_grad():
+      for m in init_model.modules():
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+          fan_in = m.weight[0].numel()
+          std = (1.0 / fan_in) ** 0.5 / 0.87962566103423978
+          torch.nn.init.trunc_normal_(m.weight, 0.0, std, -2 * std, 2 * std)
+          torch.nn.init.zeros_(m.bias)
   init_g_model = gan_models.CGeneratorA(
       nz=100, ngf=64, nc=data_obj.channels, img_size=data_obj.width,
       n_cls=data_obj.n_cls)
