@@ -346,11 +346,17 @@ def test_model_outputs_and_gradients_agree(name, train):
   x = _rand((3, *shape), 1)
   out_ref, g_ref = _loss_and_grads(ref_model, variables, x, train)
   out, g = _loss_and_grads(ours_model, variables, x, train)
-  _assert_close(out, out_ref, 1e-5)
-  _assert_grads_close(g, g_ref, 1e-5)
+  # In training mode a BatchNorm over 3 images divides each layer's float32
+  # rounding by a small batch deviation, 8 times in HFLDD's CIFAR CNN (one
+  # logit 8.7e-5 apart on jax 0.12); the float64 test below holds the two
+  # forms to 1e-12 there.
+  rtol = 2e-4 if train and "batch_stats" in variables else 1e-5
+  _assert_close(out, out_ref, rtol)
+  _assert_grads_close(g, g_ref, rtol)
 
 
-@pytest.mark.parametrize("name", ["lenet5", "resnet"])
+@pytest.mark.parametrize("name", ["lenet5", "resnet", "hfldd_cifar_cnn",
+                                  "cnn3"])
 def test_model_outputs_and_gradients_agree_in_float64(name):
   make, shape = _MODELS[name]
   with x64():
