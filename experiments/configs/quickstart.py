@@ -16,8 +16,8 @@ system cannot show it in this budget. FedHydra's server gets 24 HASA epochs
 (the paper runs 200) on 20 four-class teachers; it stays below its bar, the
 one-shot FedAvg of its own clients (the next row), and the note says why.
 
-Measured (seed 0, fresh workdir; the 2 cores shared with other work, load
-7-10, so the CPU time is the better guide to an idle machine):
+Measured (seed 0, fresh workdir; jax 0.5.3 on 2 cores shared with other
+work, load 7-10; jax 0.12 on a quiet machine, load 1.6):
 
   row                           jax 0.5.3   jax 0.12
   FedAvg                        0.669       0.669
@@ -26,7 +26,7 @@ Measured (seed 0, fresh workdir; the 2 cores shared with other work, load
   FedHydra                      0.575       0.489
   its clients' one-shot FedAvg  0.731       0.731
   DisUE                         0.847       0.831
-  wall (CPU) seconds            209 (92)    393 (148)
+  wall (CPU) seconds            209 (92)    90 (126)
 """
 
 import ml_collections
