@@ -28,9 +28,7 @@ from fedjax_dd.core import fit as fit_lib
 from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
-from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm
-from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.distill.iga import IGAHyperParams, make_iga
@@ -191,29 +189,20 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   """
   start = time.time() if start_time is None else start_time
   wall = loop_lib.WallClock(start=start)
-  task = prepared.task
-  state = fit_lib.initial_state(algorithm, task, data.num_clients,
-                                seed=config.seed, initial_model=initial_model,
-                                run_key=run_key)
-
-  work = Workdir(workdir, tensorboard=config.run.tensorboard)
-  options = rounds_lib.RoundsOptions(
-      num_rounds=config.rounds,
+  result = fit_lib.fit(
+      algorithm, prepared, data, num_steps, rounds=config.rounds,
       clients_per_round=common.clients_per_round(config, data.num_clients),
+      workdir=workdir, seed=config.seed,
       eval_every=config.run.eval_every,
       checkpoint_every=config.run.checkpoint_every,
+      keep_checkpoints=config.run.keep_checkpoints,
+      max_seconds=remaining_budget(config, start),
       progress=config.run.progress,
+      class_accuracy=config.run.class_accuracy,
+      initial_model=initial_model, ledger=ledger, run_key=run_key,
       stop_on_nonfinite=config.run.stop_on_nonfinite,
       initial_model_as_seed=config.server.initial_model_as_seed,
-      max_seconds=remaining_budget(config, start))
-  evaluate = make_evaluator(task, prepared.dataset.x_test,
-                            prepared.dataset.y_test,
-                            per_class=config.run.class_accuracy)
-  result = rounds_lib.train(
-      algorithm, state, data, num_steps, options, writer=work.writer,
-      store=work.store(max_to_keep=config.run.keep_checkpoints,
-                       save_every=config.run.checkpoint_every),
-      evaluate=evaluate, ledger=ledger, wall=wall)
+      tensorboard=config.run.tensorboard, wall=wall)
   state, ledger = result.state, result.ledger
 
   summary = summarize(
@@ -221,7 +210,7 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       rounds=int(state.round), wall=wall, extra=extra_summary)
   if finalize is not None:
     summary = finalize(summary)
-  work.write_summary(summary)
+  Workdir(workdir).write_summary(summary)
   return summary
 
 

@@ -48,15 +48,14 @@ def export(config, path: str) -> dict:
   Returns:
     A summary: clients, sizes, classes per client.
   """
-  from fedjax_dd.data import preprocess  # pylint: disable=g-import-not-at-top
   from fedjax_dd.experiments import common  # pylint: disable=g-import-not-at-top
-  ds = common.load_dataset(config)
+  # The run's own preparation: the same data and normalisation statistics.
+  prepared = common.load_and_prepare(config)
+  ds = prepared.dataset
   parts = common.partition(config, ds.y_train)
-  mean, std = preprocess.channel_stats(ds.x_train)
-  std = np.maximum(np.asarray(std, np.float32), np.float32(common.MIN_STD))
   indices, offsets = pack(parts)
   np.savez(path, indices=indices, offsets=offsets,
-           mean=np.asarray(mean, np.float32), std=std,
+           mean=prepared.mean, std=prepared.std,
            dataset=np.asarray(config.data.dataset),
            partition=np.asarray(json.dumps(config.data.partition.to_dict())),
            data_seed=np.asarray(int(config.data.seed)),

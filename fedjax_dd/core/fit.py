@@ -20,6 +20,7 @@ resumes where the last call stopped, bit-identically::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -90,7 +91,12 @@ def fit(algorithm: FederatedAlgorithm,
         progress: bool = False,
         class_accuracy: bool = False,
         initial_model: tuple[PyTree, PyTree] | None = None,
-        ledger: ledger_lib.Ledger | None = None) -> rounds_lib.TrainResult:
+        ledger: ledger_lib.Ledger | None = None,
+        run_key: jax.Array | None = None,
+        stop_on_nonfinite: bool = True,
+        initial_model_as_seed: bool = True,
+        tensorboard: bool = False,
+        wall: loop_lib.WallClock | None = None) -> rounds_lib.TrainResult:
   """Runs (or resumes) ``algorithm`` for ``rounds`` rounds.
 
   Args:
@@ -115,6 +121,12 @@ def fit(algorithm: FederatedAlgorithm,
     initial_model: ``(params, batch_stats)`` to start from instead of the
       seed's initialisation.
     ledger: traffic recorded before the rounds (e.g. a one-shot upload).
+    run_key: the rounds' key; default the seed's.
+    stop_on_nonfinite, initial_model_as_seed: as
+      :class:`fedjax_dd.core.rounds.RoundsOptions`.
+    tensorboard: also write the metrics as TensorBoard scalars.
+    wall: the run's wall clock (default: started now); each checkpoint
+      records its total.
 
   Returns:
     :class:`fedjax_dd.core.rounds.TrainResult`: the final state, the ledger
@@ -129,27 +141,25 @@ def fit(algorithm: FederatedAlgorithm,
   if not 1 <= int(clients_per_round) <= n:
     raise ValueError(f"fit: clients_per_round must be in [1, {n}], got "
                      f"{clients_per_round}.")
-  if workdir is None:
-    with tempfile.TemporaryDirectory() as tmp:
-      return fit(algorithm, prepared, data, num_steps, rounds=rounds,
-                 clients_per_round=clients_per_round, workdir=tmp, seed=seed,
-                 eval_every=eval_every, checkpoint_every=checkpoint_every,
-                 keep_checkpoints=keep_checkpoints, max_seconds=max_seconds,
-                 progress=progress, class_accuracy=class_accuracy,
-                 initial_model=initial_model, ledger=ledger)
-  wall = loop_lib.WallClock(start=time.time())
-  task = prepared.task
-  state = initial_state(algorithm, task, n, seed=seed,
-                        initial_model=initial_model)
-  work = Workdir(workdir)
-  options = rounds_lib.RoundsOptions(
-      num_rounds=int(rounds), clients_per_round=int(clients_per_round),
-      eval_every=eval_every, checkpoint_every=checkpoint_every,
-      progress=progress, max_seconds=max_seconds)
-  evaluate = make_evaluator(task, prepared.dataset.x_test,
-                            prepared.dataset.y_test, per_class=class_accuracy)
-  return rounds_lib.train(
-      algorithm, state, data, num_steps, options, writer=work.writer,
-      store=work.store(max_to_keep=keep_checkpoints,
-                       save_every=checkpoint_every),
-      evaluate=evaluate, ledger=ledger, wall=wall)
+  with contextlib.ExitStack() as stack:
+    if workdir is None:
+      workdir = stack.enter_context(tempfile.TemporaryDirectory())
+    wall = wall or loop_lib.WallClock(start=time.time())
+    task = prepared.task
+    state = initial_state(algorithm, task, n, seed=seed,
+                          initial_model=initial_model, run_key=run_key)
+    work = Workdir(workdir, tensorboard=tensorboard)
+    options = rounds_lib.RoundsOptions(
+        num_rounds=int(rounds), clients_per_round=int(clients_per_round),
+        eval_every=eval_every, checkpoint_every=checkpoint_every,
+        progress=progress, max_seconds=max_seconds,
+        stop_on_nonfinite=stop_on_nonfinite,
+        initial_model_as_seed=initial_model_as_seed)
+    evaluate = make_evaluator(task, prepared.dataset.x_test,
+                              prepared.dataset.y_test,
+                              per_class=class_accuracy)
+    return rounds_lib.train(
+        algorithm, state, data, num_steps, options, writer=work.writer,
+        store=work.store(max_to_keep=keep_checkpoints,
+                         save_every=checkpoint_every),
+        evaluate=evaluate, ledger=ledger, wall=wall)
