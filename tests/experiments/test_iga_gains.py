@@ -1,0 +1,44 @@
+"""The gain table over runs' metrics.jsonl (experiments/iga_gains.py)."""
+
+import json
+
+import pytest
+
+from fedjax_dd.experiments import iga_gains
+
+
+def _run(d, before, after):
+  d.mkdir(parents=True)
+  rows = []
+  for t, a in enumerate(after):
+    r = {"round": t + 1, "test_accuracy": a}
+    if before is not None:
+      r["test_accuracy_before_iga"] = before[t]
+    rows.append(json.dumps(r) + "\n")
+  (d / "metrics.jsonl").write_text("".join(rows))
+
+
+def test_hand_checked_gains_finals_and_common_rounds(tmp_path):
+  # Seed 0 gains +0.1, -0.1 (mean 0); seed 1 gains +0.2, +0.2 (mean +0.2);
+  # FedAvg seed 0 has a third round, which the common cut (2) drops.
+  _run(tmp_path / "kl" / "seed_0", [0.5, 0.6], [0.6, 0.5])
+  _run(tmp_path / "kl" / "seed_1", [0.3, 0.4], [0.5, 0.6])
+  _run(tmp_path / "fa" / "seed_0", None, [0.4, 0.6, 0.9])
+  _run(tmp_path / "fa" / "seed_1", None, [0.2, 0.4])
+  groups = {"kl": iga_gains.read_group(str(tmp_path / "kl")),
+            "fa": iga_gains.read_group(str(tmp_path / "fa"))}
+  assert iga_gains.common_rounds(groups) == 2
+  text = iga_gains.tables(groups, 2, window=1)
+  # mean gain (0 + 0.2) / 2 = 0.1, sd sqrt(0.02) = 0.141; 1 of 4 rounds
+  # lowered; finals 0.5 / 0.6.
+  assert ("| kl | 0, 1 | +0.000 / +0.200 | +0.100 ± 0.141 | 1 of 4 | "
+          "0.500 / 0.600 | 0.550 ± 0.071 | 0.550 ± 0.000 |") in text
+  assert "| fa | 0, 1 | – | – | – | 0.600 / 0.400 | 0.500 ± 0.141 |" in text
+  # Window of round 2: kl accuracy (0.5 + 0.6) / 2, gains -0.1 and +0.2.
+  assert "| 2–2 | 0.550 ± 0.071 | +0.050 ± 0.212 | 0.500 ± 0.141 | – |" in text
+
+
+def test_more_rounds_than_a_run_has_is_refused(tmp_path):
+  _run(tmp_path / "a", [0.5], [0.6])
+  with pytest.raises(SystemExit, match="only 1"):
+    iga_gains.main([f"a={tmp_path / 'a'}", "--rounds=2"])
