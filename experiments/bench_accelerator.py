@@ -12,7 +12,8 @@ CPU), in this order (``--sections`` picks and orders them):
   (32x32x3), ``--steps`` local steps of batch ``--batch``, at each of
   ``--clients``, with the default client backend; ms per client-step and
   the device's peak memory (``device.memory_stats()``, where the platform
-  reports it).
+  reports it). ``--conv_impls lax,patches`` times each convolution form
+  (default: the policy's, ``auto``).
 * ``vs_torch``: the PyTorch reference loops of ``bench_engine --vs_torch``
   (``measure_torch``, plain and lean; on CUDA when torch sees a GPU)
   alternating with the engine, ``--torch_pairs`` times, at
@@ -68,6 +69,8 @@ import time
 from unittest import mock
 
 import fedjax_dd
+
+from fedjax_dd.policy import CONV_FORMS
 
 SECTIONS = ("engine", "vs_torch", "kip", "iga", "smoke", "engine_backends")
 ENGINE_MODELS = ("lenet5", "convnet3")
@@ -134,13 +137,14 @@ def work_info() -> dict:
 
 
 def work_engine(model: str, num_clients: int, backend: str,
-                chunk_size: int, steps: int, batch: int, reps: int) -> dict:
+                chunk_size: int, steps: int, batch: int, reps: int,
+                conv_impl: str = "auto") -> dict:
   from fedjax_dd.experiments import bench_engine
 
   with _recorded_reps(bench_engine) as rec:
     r = bench_engine.measure_jax(model, num_clients, backend, steps=steps,
                                  batch=batch, reps=reps,
-                                 chunk_size=chunk_size, conv_impl="auto",
+                                 chunk_size=chunk_size, conv_impl=conv_impl,
                                  flops=False)
   return {**_device_info(), "detail": r, "first_s": rec["first"],
           "rep_s": rec["reps"], "memory": _peak_memory()}
@@ -325,14 +329,17 @@ def _backend_spec(spec: str) -> tuple[str, int]:
   return name, int(chunk or 0)
 
 
-def _engine_row(bench: Bench, args, model: str, c: int, spec: str) -> None:
+def _engine_row(bench: Bench, args, model: str, c: int, spec: str,
+                conv_impl: str = "auto") -> None:
   backend, chunk = _backend_spec(spec)
-  name = f"{model}/C={c}/{spec}"
+  name = f"{model}/C={c}/{spec}" + (
+      "" if conv_impl == "auto" else f"/conv={conv_impl}")
   out = bench.call("engine", args.cap_engine_s, model=model, num_clients=c,
                    backend=backend, chunk_size=chunk or args.chunk_size,
-                   steps=args.steps, batch=args.batch, reps=args.reps)
+                   steps=args.steps, batch=args.batch, reps=args.reps,
+                   conv_impl=conv_impl)
   extra = dict(model=model, num_clients=c, backend=spec, steps=args.steps,
-               batch=args.batch)
+               batch=args.batch, conv_impl_asked=conv_impl)
   if _failed(bench, out, "engine", name, "ms per client-step", **extra):
     return
   r = out["result"]
@@ -364,7 +371,8 @@ def run_engine(bench: Bench, args, specs_for) -> None:
   for model in args.models.split(","):
     for c in _ints(args.clients):
       for spec in specs_for(model, c):
-        _engine_row(bench, args, model, c, spec)
+        for conv_impl in args.conv_impls.split(","):
+          _engine_row(bench, args, model, c, spec, conv_impl)
 
 
 def run_vs_torch(bench: Bench, args) -> None:
@@ -585,6 +593,10 @@ def main(argv=None) -> dict:
   g.add_argument("--steps", type=int, default=10)
   g.add_argument("--batch", type=int, default=64)
   g.add_argument("--reps", type=int, default=3)
+  g.add_argument("--conv_impls", default="auto",
+                 help="comma-separated convolution forms of the engine rows "
+                      "(auto, lax, patches): auto is the policy's; naming "
+                      "others compares the forms on this platform")
   g.add_argument("--chunk_size", type=int, default=0,
                  help="clients per chunk; 0: the engine's default")
   g.add_argument("--backends", default="",
@@ -646,6 +658,10 @@ def main(argv=None) -> dict:
   unknown = set(sections) - set(SECTIONS)
   if unknown:
     p.error(f"unknown sections {sorted(unknown)}; expected {SECTIONS}")
+  forms = ("auto",) + CONV_FORMS
+  bad = [f for f in args.conv_impls.split(",") if f not in forms]
+  if bad:
+    p.error(f"unknown --conv_impls {bad}; expected some of {forms}")
 
   bench = Bench(args.out, budget_s=args.budget_s, in_process=args.in_process,
                 meta={"command": "python -m fedjax_dd.experiments."

@@ -225,6 +225,16 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops = float(cost.get("flops", 0.0)) if cost else 0.0
   ms = 1e3 * seconds / client_steps
+  auto_chunk = None
+  if backend == "auto" and mapper.resolved_backend == "vmap":
+    # The chunks an "auto" vmap runs in under the policy's array cap.
+    from fedjax_dd import policy
+    from fedjax_dd.core import clients
+    auto_chunk = clients.vmap_chunk_limit(
+        lambda p, s, x, y, n, k: local.run(p, s, local.optimizer.init(p), x,
+                                           y, n, steps, k, ()),
+        (params, stats, cohort.x, cohort.y, cohort.num_examples, keys),
+        (None, None, 0, 0, 0, 0), policy.lookup().max_vmap_elements)
   return {
       "model": model, "backend": backend, "num_clients": num_clients,
       "resolved_backend": mapper.resolved_backend,
@@ -239,7 +249,7 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
       "platform": jax.default_backend(),
       "chunk_size": (mapper.resolved_chunk_size
                      if mapper.resolved_backend in ("chunked", "sharded")
-                     else None),
+                     else auto_chunk),
   }
 
 

@@ -20,6 +20,8 @@ version range; nothing else picks a form. A row holds:
   backend on one device and on several, KIP's backend, the clients per
   vectorised chunk on XLA:CPU's classic and thunk runtimes, and the
   compiler options of the engine's hot programs;
+* ``max_vmap_elements``: the largest array an ``"auto"`` vmap over the
+  clients may hold before the mapper splits the cohort into chunks;
 * ``ntk_grad_memory_factor``: the conv-kernel memory model's gradient
   scale (:mod:`fedjax_dd.kernels.blocking`);
 * ``measured``: where the row's choices were measured, or "not measured".
@@ -30,11 +32,14 @@ float rounding), so the table changes only speed. Explicit arguments
 ``chunk_size``) override it.
 
 The CPU rows are measured on a 2-core CPU with the engine's LeNet-5 and
-ConvNet-3 rounds (``experiments/perf_notes.md``). Nothing has been measured
-on a GPU or TPU: their rows hold XLA's plain forms (``lax`` convolutions and
-kernel gradients, no phase split, no fused block, no folding, no compiler
-options, one vmap per device), whose convolutions are the platforms' tuned
-kernels; the CPU forms work around XLA:CPU's slow paths.
+ConvNet-3 rounds (``experiments/perf_notes.md``). The GPU and TPU rows hold
+XLA's plain forms (``lax`` convolutions and kernel gradients, no phase
+split, no fused block, no folding, no compiler options, one vmap per
+device), whose convolutions are the platforms' tuned kernels; the CPU forms
+work around XLA:CPU's slow paths. The GPU row for jax >= 0.6 was run on an
+H100 with jax 0.11.2 (``experiments/results/bench_accelerator_h100.md``):
+its plain forms were measured, the CPU forms were not compared there. The
+TPU rows are not measured.
 
 Example::
 
@@ -89,6 +94,10 @@ class Policy:
       running XLA accepts it.
     per_core_options: Further pairs for programs running side by side, one
       per device (the ``sharded`` backend over several devices).
+    max_vmap_elements: With the ``"auto"`` backend resolved to ``vmap``, the
+      largest array (elements) the vectorised program may hold: a cohort
+      whose largest per-client array times C exceeds it runs in chunks
+      (:func:`fedjax_dd.core.clients.vmap_chunk_limit`). None: no limit.
     ntk_grad_memory_factor: Scale of the conv-kernel memory model's
       gradient coefficients (:func:`fedjax_dd.kernels.blocking.
       estimate_kernel_bytes`).
@@ -111,6 +120,7 @@ class Policy:
   compiler_options: tuple[tuple[str, Any], ...]
   per_core_options: tuple[tuple[str, Any], ...]
   ntk_grad_memory_factor: float
+  max_vmap_elements: int | None
   measured: str
 
   def covers(self, platform: str, version: tuple[int, ...]) -> bool:
@@ -162,6 +172,8 @@ _CPU = dict(
     thunk_chunk_size=1,
     compiler_options=_CLASSIC_RUNTIME,
     per_core_options=_SINGLE_THREAD,
+    # The one-device default is chunked: no vmap over the whole cohort.
+    max_vmap_elements=None,
 )
 
 # Rows for XLA's plain forms: nothing measured, nothing worked around.
@@ -178,8 +190,22 @@ _PLAIN = dict(
     thunk_chunk_size=None,
     compiler_options=(),
     per_core_options=(),
+    max_vmap_elements=None,
     measured=NOT_MEASURED,
 )
+
+# XLA:GPU indexes some kernels' arrays with 32-bit integers. On an H100
+# (jax 0.11.2) a vmap of ConvNet-3's round over 1,000 clients, whose first
+# activation holds 1000 x 64 x 32 x 32 x 128 = 8.4e9 elements, died with
+# CUDA_ERROR_ILLEGAL_ADDRESS; chunks of 128 clients ran at 1.54 ms per
+# client-step, level with one vmap of 100 clients (1.51 ms); the cap gives
+# chunks of 128 there (2^31 / 8.4e6 = 256 clients, the power of two below).
+# LeNet-5's largest per-client array (its 640 images, 5.0e5 elements) is 17
+# times smaller: its vmap of 1,000 clients ran (0.079 ms per client-step,
+# against 0.125 at 100 clients) and stays one vmap.
+_INT32_ELEMENTS = 2**31 - 1
+_GPU_MEASURED = ("H100, jax 0.11.2: the plain forms (engine round, KIP, "
+                 "IGA; the CPU forms not compared)")
 
 # The conv-kernel memory model was fitted on jax 0.5.3's XLA; newer XLA
 # (jax >= 0.6) keeps more residuals in the backward pass: the native
@@ -212,9 +238,12 @@ TABLE: tuple[Policy, ...] = (
            jax_below=None, conv="patches",
            fold_norm=False, ntk_grad_memory_factor=_NEW_XLA_MEMORY,
            measured="2-core CPU, jax 0.10.2 and 0.12"),
-    Policy(**_PLAIN, platform="gpu", jax_min=(0,), jax_below=(0, 6),
+    Policy(**{**_PLAIN, "max_vmap_elements": _INT32_ELEMENTS},
+           platform="gpu", jax_min=(0,), jax_below=(0, 6),
            ntk_grad_memory_factor=_OLD_XLA_MEMORY),
-    Policy(**_PLAIN, platform="gpu", jax_min=(0, 6), jax_below=None,
+    Policy(**{**_PLAIN, "max_vmap_elements": _INT32_ELEMENTS,
+              "measured": _GPU_MEASURED},
+           platform="gpu", jax_min=(0, 6), jax_below=None,
            ntk_grad_memory_factor=_NEW_XLA_MEMORY),
     Policy(**_PLAIN, platform="tpu", jax_min=(0,), jax_below=(0, 6),
            ntk_grad_memory_factor=_OLD_XLA_MEMORY),
@@ -266,7 +295,8 @@ def lookup(platform: str | None = None,
       return row
   for row in TABLE:
     if row.covers("gpu", version):
-      return dataclasses.replace(row, platform=platform)
+      return dataclasses.replace(row, platform=platform,
+                                 measured=NOT_MEASURED)
   raise ValueError(f"No policy row for {platform!r}, jax {version}.")
 
 

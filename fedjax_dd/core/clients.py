@@ -319,6 +319,59 @@ def _vectorise(fn: Callable[..., Any], axes: tuple[int | None, ...],
   return chunked
 
 
+def _largest_array(jaxpr: Any) -> int:
+  """Elements of the largest array in a jaxpr, nested jaxprs included."""
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+  best = 0
+  for var in list(jaxpr.invars) + list(jaxpr.outvars):
+    best = max(best, int(np.prod(getattr(var.aval, "shape", ()) or (1,))))
+  for eqn in jaxpr.eqns:
+    for var in eqn.outvars:
+      best = max(best, int(np.prod(getattr(var.aval, "shape", ()) or (1,))))
+    for param in eqn.params.values():
+      for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+        if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None),
+                                           "eqns"):
+          best = max(best, _largest_array(sub))
+  return best
+
+
+def vmap_chunk_limit(fn: Callable[..., Any], args: Sequence[Any],
+                     axes: Sequence[int | None],
+                     max_elements: int | None) -> int | None:
+  """Clients per vectorised program so that no array exceeds
+  ``max_elements``; None when one vmap over all of them stays within it.
+
+  Traces ``fn`` for one client (abstractly, nothing runs) and finds its
+  largest intermediate array, E elements; a vmap over C clients holds
+  C x E. Past the limit the cohort runs in chunks of the largest power of
+  two k with k x E <= ``max_elements`` (at least 1). XLA:GPU indexes some
+  kernels' arrays with 32-bit integers, so its policy row
+  (:data:`fedjax_dd.policy.TABLE`) caps arrays at 2^31 - 1 elements.
+
+  Args:
+    fn: the per-client function.
+    args: the stacked arguments (arrays or tracers), client axis first where
+      ``axes`` is 0.
+    axes: ``0`` (mapped) or ``None`` (broadcast) per argument.
+    max_elements: the cap; None: no cap.
+
+  Returns:
+    The chunk size, or None for one vmap.
+  """
+  if max_elements is None:
+    return None
+  n = num_clients_of(args, axes)
+  one = [jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), a)
+         if ax == 0 else a for a, ax in zip(args, axes)]
+  largest = _largest_array(jax.make_jaxpr(fn)(*one))
+  if n * largest <= max_elements:
+    return None
+  k = max(1, max_elements // max(largest, 1))
+  return min(n, 1 << (k.bit_length() - 1))
+
+
 def _is_traced(args: Sequence[Any]) -> bool:
   return any(isinstance(leaf, jax.core.Tracer)
              for leaf in jax.tree_util.tree_leaves(args))
@@ -430,10 +483,17 @@ class ClientMapper:
   # Backends -----------------------------------------------------------------
 
   def _jit_vectorised(self, fn, in_axes, static_argnames, chunk):
+    # "auto" resolved to one vmap keeps the cohort's largest array within
+    # the policy's cap (decided at trace time, so once per compiled shape).
+    cap = (policy.lookup().max_vmap_elements
+           if chunk is None and self.backend == "auto" else None)
 
     def batched(*args, **kwargs):
       axes = _normalise_in_axes(in_axes, len(args))
-      return _vectorise(functools.partial(fn, **kwargs), axes, chunk)(*args)
+      per_client = functools.partial(fn, **kwargs)
+      k = chunk if cap is None else vmap_chunk_limit(per_client, args, axes,
+                                                     cap)
+      return _vectorise(per_client, axes, k)(*args)
 
     return engine_jit(batched, static_argnames=static_argnames,
                       classic_runtime=self.classic_runtime)

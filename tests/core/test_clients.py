@@ -339,3 +339,53 @@ def test_accelerator_defaults_resolve_with_the_platform_injected(platform):
   # CPU for contrast: chunked on one device; KIP one vmap.
   assert clients.default_backend("cpu", num_devices=1) == "chunked"
   assert clients.default_backend("cpu", "kip", num_devices=2) == "vmap"
+
+
+def test_vmap_chunk_limit_hand_example():
+  """Per client: x [4] @ w [4, 8] -> [8]; the broadcast w (32 elements) is
+  the largest array. Ten clients hold 10 x 32 = 320 elements."""
+  from fedjax_dd.core import clients
+  w = np.ones((4, 8), np.float32)
+  x = np.ones((10, 4), np.float32)
+  fn = lambda w, x: x @ w
+  axes = (None, 0)
+  assert clients.vmap_chunk_limit(fn, (w, x), axes, None) is None
+  assert clients.vmap_chunk_limit(fn, (w, x), axes, 320) is None
+  # 100 // 32 = 3 clients fit: the power of two below, 2.
+  assert clients.vmap_chunk_limit(fn, (w, x), axes, 100) == 2
+  assert clients.vmap_chunk_limit(fn, (w, x), axes, 64) == 2
+  assert clients.vmap_chunk_limit(fn, (w, x), axes, 63) == 1
+  assert clients.vmap_chunk_limit(fn, (w, x), axes, 1) == 1
+  # Arrays inside a nested program count: a scan whose body makes [16, 16].
+  def scanned(w, x):
+    def body(c, _):
+      return c + jnp.sum(jnp.outer(jnp.tile(x, 4), jnp.tile(x, 4))), None
+    return jax.lax.scan(body, jnp.zeros(()), None, length=3)[0]
+  assert clients.vmap_chunk_limit(scanned, (w, x), axes, 10 * 256) is None
+  assert clients.vmap_chunk_limit(scanned, (w, x), axes, 10 * 256 - 1) == 8
+
+
+def test_auto_vmap_chunks_past_the_policy_cap(monkeypatch):
+  """An "auto" mapper resolved to vmap splits the cohort once C x (largest
+  per-client array) passes the row's cap, with the same results as one
+  vmap; an explicit vmap is left as asked."""
+  import dataclasses
+  from fedjax_dd import policy
+  from fedjax_dd.core import clients
+  row = dataclasses.replace(policy.lookup(), backend="vmap",
+                            backend_devices="vmap", max_vmap_elements=100)
+  monkeypatch.setattr(policy, "lookup", lambda *a, **k: row)
+  seen = []
+  real = clients._vectorise
+  monkeypatch.setattr(clients, "_vectorise",
+                      lambda fn, axes, chunk: seen.append(chunk) or real(
+                          fn, axes, chunk))
+  w = jnp.asarray(np.random.default_rng(0).normal(size=(4, 8)), jnp.float32)
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(10, 4)), jnp.float32)
+  fn = lambda w, x: jnp.tanh(x @ w)
+  auto = clients.ClientMapper().map(fn, (None, 0))(w, x)
+  plain = clients.ClientMapper(backend="vmap").map(fn, (None, 0))(w, x)
+  assert seen == [2, None]
+  # Equal to float rounding (a vmap of 2 and of 10 may round apart).
+  np.testing.assert_allclose(auto, plain, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(auto, jnp.tanh(x @ w), rtol=1e-5, atol=1e-6)

@@ -145,3 +145,21 @@ def test_real_data_smoke_through_the_entry_point(tmp_path):
     assert row["status"] == "ok", row
     assert 0.0 <= row["final_test_accuracy"] <= 1.0
     assert row["rounds_run"] == 1
+
+
+def test_engine_rows_per_convolution_form(tmp_path):
+  """--conv_impls times each form by name; an unknown form is refused
+  before anything runs."""
+  report = bench_accelerator.main([
+      "--out", str(tmp_path / "c.json"), "--quick", "--in_process",
+      "--sections", "engine", "--models", "lenet5",
+      "--conv_impls", "lax,patches"])
+  _check_schema(report)
+  rows = [r for r in report["rows"] if r["section"] == "engine"]
+  assert [(r["name"], r["conv_impl"]) for r in rows] == [
+      ("lenet5/C=4/auto/conv=lax", "lax"),
+      ("lenet5/C=4/auto/conv=patches", "patches")]
+  with pytest.raises(SystemExit):
+    bench_accelerator.main(["--out", str(tmp_path / "d.json"), "--quick",
+                            "--conv_impls", "lax,winograd"])
+  assert not (tmp_path / "d.json").exists()
