@@ -29,6 +29,7 @@ from fedjax_dd.data import preprocess
 from fedjax_dd.data import sources
 from fedjax_dd.data.stacked import ClientData, stack_clients
 from fedjax_dd.distill import kip as kip_lib
+from fedjax_dd.experiments import checks
 from fedjax_dd.experiments.configs import base as base_config
 
 
@@ -497,6 +498,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
           "optional extra that imports only with jax < 0.6: pip install "
           "\"fedjax-dd[nt]\" (or keep the default "
           "--config.kip.kernel_impl=native, the same kernels in pure JAX).")
+  # The library's own ranges and names, before the data loads.
+  checks.check_values(config)
 
 
 def partition_options(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -499,6 +499,29 @@ def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
     return full, {k: f[k] for k in f.files}
 
 
+def check_name(spec: str) -> None:
+  """Refuses a dataset name :func:`load_dataset` cannot load, without
+  loading it: an unknown name, ``npz:`` without a path, or an ``npz:`` file
+  that does not exist (its contents are checked when it loads).
+
+  Raises:
+    ValueError: naming the spec and the valid names (or the missing file).
+  """
+  if not isinstance(spec, str):
+    raise ValueError(f"A dataset must be a name or 'npz:PATH', got "
+                     f"{type(spec).__name__} {spec!r}.")
+  if spec.startswith(_NPZ_PREFIX):
+    path = npz_path(spec)
+    if path is None:
+      raise ValueError(f"{spec!r}: missing path after 'npz:'.")
+    if not os.path.isfile(path):
+      raise ValueError(f"{spec!r}: file not found: {path}")
+  elif spec not in _LOADERS:
+    raise ValueError(
+        f"Unknown dataset {spec!r}. Valid names: {sorted(_LOADERS)} or "
+        "'npz:PATH'.")
+
+
 def npz_path(spec: str) -> str | None:
   """The absolute file of ``npz:PATH`` (relative to the CWD), None for
   other names."""

@@ -1,0 +1,267 @@
+"""Value checks of a config that run before the dataset loads.
+
+:func:`fedjax_dd.experiments.common.validate` calls :func:`check_values`
+after its own checks. Each check here stands in for a library check that
+would otherwise fire only after the data loaded or after compute started
+(a partition's ``alpha``, ``iga.iterations``, ``disue.damping``, the
+optimizer's name, ...), so a wrong setting costs seconds, not a training
+run, and its message names the ``--config.<path>`` to change.
+
+Where the library has an options dataclass with its own checks
+(:class:`fedjax_dd.distill.iga.IGAHyperParams`,
+:class:`fedjax_dd.distill.kip.KipOptions`), it is built here from the
+config group and its message is re-worded to name the setting; the other
+ranges are the library's, repeated in :data:`_RANGES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+# One name per optimizer of common.make_optimizer.
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def _lookup(config: ml_collections.ConfigDict, path: str) -> Any:
+  node = config
+  for part in path.split("."):
+    if not hasattr(node, "keys") or part not in node:
+      return None  # a group or key this config does not have
+    node = node[part]
+  return node
+
+
+def _fail(path: str, want: str, value: Any) -> None:
+  raise ValueError(f"config.{path} must be {want}, got {value!r}; set "
+                   f"--config.{path}.")
+
+
+def _is_int(value: Any) -> bool:
+  return not isinstance(value, (bool, np.bool_)) and isinstance(
+      value, (int, np.integer))
+
+
+def _int(path: str, value: Any, low: int, high: int | None = None) -> None:
+  if not _is_int(value) or value < low or (high is not None and value > high):
+    _fail(path, f"an int >= {low}" + (f" and <= {high}" if high is not None
+                                       else ""), value)
+
+
+def _number(path: str, value: Any, low: float | None, high: float | None,
+            *, low_open: bool = False, high_open: bool = False) -> None:
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    number = math.nan
+  ok = math.isfinite(number) and not isinstance(value, (bool, np.bool_))
+  if ok and low is not None:
+    ok = number > low if low_open else number >= low
+  if ok and high is not None:
+    ok = number < high if high_open else number <= high
+  if not ok:
+    parts = []
+    if low is not None:
+      parts.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+      parts.append(f"{'<' if high_open else '<='} {high:g}")
+    _fail(path, "a finite number " + " and ".join(parts), value)
+
+
+def _choice(path: str, value: Any, choices) -> None:
+  if value not in tuple(choices):
+    _fail(path, f"one of {list(choices)}", value)
+
+
+# (path, kind, bounds) of settings whose library check runs after the data
+# loads. Kinds: "int" (low, high or None), "num" (low, high, low open, high
+# open), "choice" (a callable returning the names, imported on use).
+def _ranges() -> tuple[tuple[str, str, tuple], ...]:
+  # pylint: disable=g-import-not-at-top
+  from fedjax_dd import models
+  from fedjax_dd.algorithms import disue
+  from fedjax_dd.core import clients
+  from fedjax_dd.data import partition
+  from fedjax_dd.data import preprocess
+  from fedjax_dd.distill import ensemble
+  # pylint: enable=g-import-not-at-top
+  return (
+      ("seed", "int", (0, None)),
+      ("data.seed", "int", (0, None)),
+      ("data.resplit", "num", (0.0, 1.0, False, True)),
+      ("data.resize_method", "choice", preprocess._RESIZE_METHODS),  # pylint: disable=protected-access
+      ("data.aux_size", "int", (0, None)),
+      ("data.public_size", "int", (0, None)),
+      ("data.partition.alpha", "num", (0.0, None, True, False)),
+      ("data.partition.min_size", "int", (1, None)),
+      ("data.partition.num_classes_per_client", "int", (1, None)),
+      ("data.partition.style", "choice", partition._STYLES),  # pylint: disable=protected-access
+      ("data.partition.client_size", "int", (0, None)),
+      ("data.partition.classes_per_client", "int", (1, None)),
+      ("data.partition.sigma", "num", (0.0, None, False, False)),
+      ("model.name", "choice", sorted(models.MODELS)),
+      ("client.optimizer", "choice", OPTIMIZERS),
+      ("client.clients_per_round", "int", (0, None)),
+      ("client.client_fraction", "num", (0.0, 1.0, True, False)),
+      ("client.pretrain_batch_size", "int", (1, None)),
+      ("client.pretrain_epochs", "num", (0.0, None, False, False)),
+      ("client.pretrain_steps", "int", (0, None)),
+      ("client.mu", "num", (0.0, None, False, False)),
+      ("engine.backend", "choice", ("auto", *clients.BACKENDS)),
+      ("engine.chunk_size", "int", (0, None)),
+      ("server.seed", "int", (-1, None)),
+      ("disue.similarity", "choice", disue.SIMILARITIES),
+      ("disue.similarity_protocol", "choice", disue.PROTOCOLS),
+      ("disue.damping", "num", (0.5, 1.0, False, True)),
+      ("iga.nz", "int", (1, None)),
+      ("iga.ngf", "int", (1, None)),
+      ("hfldd.num_homogeneous", "int", (1, None)),
+      ("hfldd.kmeans_n_init", "int", (1, None)),
+      ("hfldd.num_groups", "int", (1, None)),
+      ("hfldd.sent_label_bits", "int", (-1, None)),
+      ("ifca.num_clusters", "int", (1, None)),
+      ("ifca.global_model", "choice", ("largest", "average")),
+      ("fedd3.distiller", "choice", ("kip", "gmm", "random")),
+      ("dfkd.nz", "int", (1, None)),
+      ("dfkd.ngf", "int", (1, None)),
+      ("dfkd.synthetic_batch_size", "int", (1, None)),
+      ("dfkd.generator_steps", "int", (1, None)),
+      ("dfkd.student_steps", "int", (0, None)),
+      ("dfkd.pool_size", "int", (0, None)),
+      ("dfkd.stratify_steps", "int", (1, None)),
+      ("dfkd.stratify_batch_size", "int", (1, None)),
+      ("dfkd.feddf_steps", "int", (1, None)),
+      ("dfkd.augment_shift", "int", (0, None)),
+      ("dfkd.aggregation", "choice", ("sa", "ae")),
+      ("dfkd.adv_mask", "choice", ensemble.ADV_MASKS),
+      ("dfkd.temperature", "num", (0.0, None, True, False)),
+      ("dfkd.lambda_bn", "num", (0.0, None, False, False)),
+      ("dfkd.lambda_adv", "num", (0.0, None, False, False)),
+      ("dfkd.beta", "num", (0.0, None, False, False)),
+      ("dfkd.generator_b1", "num", (0.0, 1.0, False, True)),
+      ("kip.kernel_depth", "int", (0, None)),
+      ("kip.kernel_kind", "choice", ("ntk", "nngp")),
+      ("kip.kernel_batch", "int", (0, None)),
+  )
+
+
+def _check_ranges(config: ml_collections.ConfigDict) -> None:
+  for path, kind, bounds in _ranges():
+    value = _lookup(config, path)
+    if value is None:
+      continue
+    if kind == "int":
+      _int(path, value, *bounds)
+    elif kind == "num":
+      low, high, low_open, high_open = bounds
+      _number(path, value, low, high, low_open=low_open, high_open=high_open)
+    else:
+      _choice(path, value, bounds)
+
+
+def _check_datasets(config: ml_collections.ConfigDict) -> None:
+  """Dataset names the run loads later (public and auxiliary sets)."""
+  from fedjax_dd.data import sources  # pylint: disable=g-import-not-at-top
+  if _lookup(config, "method") == "feddf" and not _lookup(
+      config, "data.public_data"):
+    _fail("data.public_data", "a dataset name or 'npz:PATH' (FedDF "
+          "distils on its unlabelled images)", "")
+  for path, size in (("data.public_data", "data.public_size"),
+                     ("data.aux_dataset", "data.aux_size")):
+    spec = _lookup(config, path)
+    if not spec:
+      continue
+    try:
+      sources.check_name(spec)
+    except ValueError as e:
+      raise ValueError(f"config.{path}: {e} Set --config.{path}.") from None
+    if _lookup(config, size) == 0:
+      _fail(size, f"an int >= 1 (images drawn from {path}={spec!r})", 0)
+
+
+def _check_models(config: ml_collections.ConfigDict) -> None:
+  from fedjax_dd import models  # pylint: disable=g-import-not-at-top
+  names = _lookup(config, "model.client_models")
+  if not names:
+    return
+  for name in (s.strip() for s in str(names).split(",")):
+    if name and name not in models.MODELS:
+      _fail("model.client_models",
+            f"comma-separated names of {sorted(models.MODELS)}", names)
+
+
+def _check_sampling(config: ml_collections.ConfigDict) -> None:
+  per_round = _lookup(config, "client.clients_per_round")
+  num_clients = _lookup(config, "data.num_clients")
+  if per_round and num_clients and per_round > num_clients:
+    raise ValueError(
+        f"config.client.clients_per_round must be at most "
+        f"config.data.num_clients = {num_clients} (0: client_fraction of "
+        f"them), got {per_round}; set --config.client.clients_per_round.")
+  clusters = _lookup(config, "ifca.num_clusters")
+  if clusters and num_clients and clusters > num_clients:
+    raise ValueError(
+        f"config.ifca.num_clusters must be at most config.data.num_clients "
+        f"= {num_clients}, got {clusters}; set --config.ifca.num_clusters.")
+
+
+_FIELD = re.compile(r"^(?:\w+\.)?(\w+) (must .*)$", re.S)
+
+
+def _options(group: str, cls, values: dict[str, Any]) -> None:
+  """Builds the library's options ``cls`` from ``values`` (its checks run in
+  ``__post_init__``); a refusal names ``config.<group>.<field>``."""
+  try:
+    cls(**values)
+  except (ValueError, TypeError) as e:
+    text = str(e)
+    m = _FIELD.match(text)
+    if m is None:
+      raise ValueError(f"config.{group}: {text} Set the --config.{group}.* "
+                       "setting it names.") from None
+    field, rest = m.groups()
+    raise ValueError(f"config.{group}.{field} {rest.rstrip('.')}; set "
+                     f"--config.{group}.{field}.") from None
+
+
+def _check_options(config: ml_collections.ConfigDict) -> None:
+  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.distill import iga as iga_lib
+  from fedjax_dd.distill import kip as kip_lib
+  # pylint: enable=g-import-not-at-top
+  i = _lookup(config, "iga")
+  if i is not None and i.enabled:
+    values = {f.name: i[f.name] for f in dataclasses.fields(
+        iga_lib.IGAHyperParams) if f.name in i}
+    if "student_discrepancy" in values:
+      values["student_discrepancy"] = values["student_discrepancy"] or None
+    _options("iga", iga_lib.IGAHyperParams, values)
+  k = _lookup(config, "kip")
+  if k is not None:
+    _options("kip", kip_lib.KipOptions, {
+        f.name: k[f.name] for f in dataclasses.fields(kip_lib.KipOptions)
+        if f.name in k})
+  h = _lookup(config, "hfldd")
+  if h is not None and h.get("member_data") in ("kip", "random"):
+    _int("hfldd.support_size", h.support_size, 1)
+
+
+def check_values(config: ml_collections.ConfigDict) -> None:
+  """Refuses, before the dataset loads, settings the library would refuse
+  later: numeric ranges and names (:func:`_ranges`), public and auxiliary
+  dataset names, client models, sampling counts and the IGA / KIP options.
+
+  Raises:
+    ValueError: one line naming ``config.<path>``, what it must be and the
+      value given, and the ``--config.<path>`` to set.
+  """
+  _check_ranges(config)
+  _check_models(config)
+  _check_sampling(config)
+  _check_datasets(config)
+  _check_options(config)

@@ -1,0 +1,93 @@
+"""Value checks before the dataset loads (experiments/checks.py)."""
+
+import pytest
+
+from fedjax_dd.data import sources
+from fedjax_dd.experiments import common
+from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments.configs import disue as disue_config
+from fedjax_dd.experiments.configs import fedavg as fedavg_config
+from fedjax_dd.experiments.configs import fedd3 as fedd3_config
+from fedjax_dd.experiments.configs import feddf as feddf_config
+from fedjax_dd.experiments.configs import hfldd as hfldd_config
+from fedjax_dd.experiments.configs import ifca as ifca_config
+
+_PRESETS = {"fedavg": lambda: fedavg_config.get_config("smoke"),
+            "feddf": lambda: feddf_config.get_config("smoke"),
+            "disue": lambda: disue_config.get_config("smoke"),
+            "hfldd": lambda: hfldd_config.get_config("smoke"),
+            "fedd3": lambda: fedd3_config.get_config("smoke"),
+            "ifca": lambda: ifca_config.get_config("smoke")}
+
+
+@pytest.mark.parametrize("preset,path,value,message", [
+    # Each of these was refused only after the data loaded or compute
+    # started (issue 41: partition options, sampling, public_size, damping
+    # after 12 s, support_size after 15 s, names, chunk_size, iterations).
+    ("feddf", "data.partition.alpha", -1.0,
+     r"config.data.partition.alpha must be a finite number > 0, got -1.0; "
+     r"set --config.data.partition.alpha\."),
+    ("fedavg", "data.partition.num_classes_per_client", 0,
+     r"data.partition.num_classes_per_client must be an int >= 1, got 0"),
+    ("fedavg", "data.partition.style", "foo",
+     r"data.partition.style must be one of \['balanced', 'hfldd', 'fedd3'\]"),
+    ("fedavg", "client.clients_per_round", -3,
+     r"config.client.clients_per_round must be an int >= 0, got -3"),
+    ("fedavg", "client.clients_per_round", 500,
+     r"at most config.data.num_clients = 8 .*got 500"),
+    ("fedavg", "client.client_fraction", 0.0,
+     r"client_fraction must be a finite number > 0 and <= 1, got 0.0"),
+    ("fedavg", "client.client_fraction", 1.5, r"<= 1, got 1.5"),
+    ("feddf", "data.public_size", 0,
+     r"config.data.public_size must be an int >= 1 \(images drawn from "
+     r"data.public_data='digits'\), got 0"),
+    ("feddf", "data.public_data", "foo",
+     r"config.data.public_data: Unknown dataset 'foo'.*Set "
+     r"--config.data.public_data\."),
+    ("feddf", "data.public_data", "npz:/nonexistent/x.npz",
+     r"file not found: /nonexistent/x.npz"),
+    ("feddf", "data.public_data", "", r"config.data.public_data must be a "
+     r"dataset name"),
+    ("hfldd", "data.aux_dataset", "npz:", r"missing path after 'npz:'"),
+    ("disue", "disue.damping", 1.0,
+     r"config.disue.damping must be a finite number >= 0.5 and < 1, got 1.0"),
+    ("disue", "disue.similarity", "cos", r"disue.similarity must be one of"),
+    ("hfldd", "hfldd.support_size", 0,
+     r"config.hfldd.support_size must be an int >= 1, got 0"),
+    ("fedavg", "client.optimizer", "foo",
+     r"client.optimizer must be one of \['sgd', 'adam', 'adamw'\], got 'foo'"),
+    ("fedavg", "engine.backend", "foo",
+     r"engine.backend must be one of \['auto', 'vmap'"),
+    ("fedavg", "model.name", "foo", r"config.model.name must be one of \["),
+    ("fedavg", "model.client_models", "digits_cnn,foo",
+     r"model.client_models must be comma-separated names"),
+    ("fedavg", "engine.chunk_size", -1,
+     r"config.engine.chunk_size must be an int >= 0, got -1"),
+    ("disue", "iga.iterations", 0,
+     r"config.iga.iterations must be >= 1, got 0; set --config.iga.iterations"),
+    ("disue", "iga.discrepancy", "l2", r"config.iga.discrepancy must be one"),
+    ("fedd3", "kip.reg", float("nan"),
+     r"config.kip.reg must be a finite number .*set --config.kip.reg\."),
+    ("fedd3", "fedd3.distiller", "pca", r"fedd3.distiller must be one of"),
+    ("ifca", "ifca.num_clusters", 50, r"ifca.num_clusters must be at most"),
+    ("fedavg", "data.seed", -1, r"config.data.seed must be an int >= 0"),
+    ("fedavg", "data.resplit", 1.0, r"data.resplit must be a finite number "
+     r">= 0 and < 1"),
+])
+def test_settings_refused_before_the_data_loads(preset, path, value, message):
+  config = _PRESETS[preset]()
+  common.validate(config)  # the preset itself is fine
+  base_lib.set_path(config, path, value)
+  with pytest.raises(ValueError, match=message):
+    common.validate(config)
+
+
+def test_check_name_refuses_without_loading(tmp_path):
+  sources.check_name("digits")
+  path = tmp_path / "d.npz"
+  path.write_bytes(b"not read")
+  sources.check_name(f"npz:{path}")  # exists: its contents are read later
+  with pytest.raises(ValueError, match=r"Unknown dataset 'dgits'"):
+    sources.check_name("dgits")
+  with pytest.raises(ValueError, match="file not found"):
+    sources.check_name(f"npz:{tmp_path / 'missing.npz'}")
