@@ -23,7 +23,9 @@ ties: lowest index), or, with ``global_model="average"``, the
 example-weighted average of the cluster models by those counts (meaningful
 only while the models stay close, e.g. from a shared start). All ``K``
 models are in ``ServerState.extra["models"]`` (``[K, ...]``, with
-``extra["batch_stats"]``) for per-cluster evaluation.
+``extra["batch_stats"]``) for per-cluster evaluation. With ``iga`` the
+global model is instead distilled from the round's cluster models
+(:class:`fedjax_dd.algorithms.cluster_models.IGAPlugin`, DisUE Tab. 2).
 
 Reference: Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for
 Clustered Federated Learning", NeurIPS 2020.
@@ -38,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dd.algorithms import stages
+from fedjax_dd.algorithms import cluster_models, stages
 from fedjax_dd.algorithms.fedavg import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
@@ -46,11 +48,12 @@ from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import make_local_update
 from fedjax_dd.core.task import Classifier
+from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
 
-GLOBAL_MODELS = ("largest", "average")
+GLOBAL_MODELS = cluster_models.GLOBAL_MODELS
 
 
 def selection_losses(task: Classifier, models: PyTree, batch_stats: PyTree,
@@ -84,7 +87,9 @@ def ifca(task: Classifier,
          mapper: ClientMapper = ClientMapper(),
          global_model: str = "largest",
          augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-         lr_decay: float = 1.0) -> FederatedAlgorithm:
+         lr_decay: float = 1.0,
+         iga: IGA | None = None,
+         generator_key: jax.Array | None = None) -> FederatedAlgorithm:
   """Builds IFCA with ``K = num_clusters`` models.
 
   Args:
@@ -99,6 +104,9 @@ def ifca(task: Classifier,
     augment: optional per-batch augmentation of the local update.
     lr_decay: ``gamma``: round ``t`` trains at ``lr * gamma**(t - 1)``
       (:func:`fedjax_dd.algorithms.fedavg.fedavg`); ``1.0``: off.
+    iga: DisUE's IGA (``num_teachers_max`` = the cohort size) distilling
+      the round's cluster models into the global model; ``None``: off.
+    generator_key: the IGA generator's initialisation key.
 
   Returns:
     A :class:`FederatedAlgorithm`; its server state keeps
@@ -110,9 +118,7 @@ def ifca(task: Classifier,
   """
   if not isinstance(num_clusters, int) or num_clusters < 1:
     raise ValueError(f"num_clusters must be an int >= 1, got {num_clusters}.")
-  if global_model not in GLOBAL_MODELS:
-    raise ValueError(f"global_model must be one of {GLOBAL_MODELS}, got "
-                     f"{global_model!r}.")
+  cluster_models.check_global_model(global_model)
   if not (lr_decay > 0 and math.isfinite(lr_decay)):
     raise ValueError(f"lr_decay must be a positive finite number, got "
                      f"{lr_decay}.")
@@ -132,16 +138,10 @@ def ifca(task: Classifier,
     return result, pick, losses
 
   train = mapper.map(one_client, in_axes=(None, None, 0, 0, 0, 0, 0, 0))
-
-  def global_of(models, stats, sizes):
-    if global_model == "largest":
-      j = jnp.argmax(sizes)
-      return tree_map(lambda m: m[j], models), tree_map(lambda s: s[j], stats)
-    w = jnp.where(sizes.sum() > 0, sizes, jnp.ones_like(sizes))
-    return stages.weighted_mean(models, w), stages.weighted_mean(stats, w)
+  plugin = (None if iga is None
+            else cluster_models.IGAPlugin(task, iga, generator_key))
 
   def init(params, batch_stats, num_clients):
-    del num_clients
     starts = [(params, batch_stats)] + [
         task.init(jax.random.fold_in(init_key, j)) for j in range(1, k_models)]
     models = tree_map(lambda *ps: jnp.stack(ps), *[p for p, _ in starts])
@@ -150,27 +150,21 @@ def ifca(task: Classifier,
              "sizes": jnp.zeros((k_models,), jnp.float32)}
     if decay:
       extra["round"] = jnp.zeros((), jnp.int32)
+    if plugin is not None:
+      extra.update(plugin.init(params, batch_stats, num_clients))
     # Round 0's global model is model 0, the given start.
     return ServerState(params, batch_stats, (), extra=extra), {}
 
   @jax.jit
   def aggregate(server: ServerState, result, picks, losses, cohort: Cohort):
-    n = cohort.num_examples.astype(jnp.float32)
-    onehot = jax.nn.one_hot(picks, k_models, dtype=jnp.float32)  # [S, K]
-    w = onehot * n[:, None]
-    sizes = w.sum(axis=0)  # [K]
-    denom = jnp.maximum(sizes, 1e-12)
-
-    def per_cluster(stacked, old):
-      s = jnp.tensordot(w.T, stacked.astype(jnp.float32), axes=1)  # [K, ...]
-      s = s / denom.reshape((-1,) + (1,) * (s.ndim - 1))
-      keep = (sizes > 0).reshape((-1,) + (1,) * (s.ndim - 1))
-      return jnp.where(keep, s.astype(old.dtype), old)
-
-    models = tree_map(per_cluster, result.params, server.extra["models"])
-    stats = tree_map(per_cluster, result.batch_stats,
-                     server.extra["batch_stats"])
-    params, batch_stats = global_of(models, stats, sizes)
+    models, sizes = cluster_models.aggregate(
+        server.extra["models"], result.params, picks, cohort.num_examples,
+        k_models)
+    stats, _ = cluster_models.aggregate(
+        server.extra["batch_stats"], result.batch_stats, picks,
+        cohort.num_examples, k_models)
+    params, batch_stats = cluster_models.global_model(models, stats, sizes,
+                                                      global_model)
     extra = {**server.extra, "models": models, "batch_stats": stats,
              "sizes": sizes}
     if decay:
@@ -178,7 +172,7 @@ def ifca(task: Classifier,
     server = server.replace(params=params, batch_stats=batch_stats,
                             extra=extra)
     metrics = stages.cohort_metrics(result, cohort.num_examples)
-    counts = onehot.sum(axis=0)
+    counts = jax.nn.one_hot(picks, k_models, dtype=jnp.float32).sum(axis=0)
     for j in range(k_models):
       metrics[f"cluster_{j}_clients"] = counts[j]
     metrics["selection_loss"] = jnp.min(losses, axis=1).mean()
@@ -193,6 +187,12 @@ def ifca(task: Classifier,
         server.extra["models"], server.extra["batch_stats"], cohort.x,
         cohort.y, cohort.num_examples, cohort.num_steps, keys, scale)
     server, metrics = aggregate(server, result, picks, losses, cohort)
+    if plugin is not None:
+      extra, params, batch_stats, iga_metrics = plugin.round(
+          server.extra, result, picks, k_models, cohort)
+      server = server.replace(params=params, batch_stats=batch_stats,
+                              extra=extra)
+      metrics = {**metrics, **iga_metrics}
     return server, clients, metrics
 
   return FederatedAlgorithm(init=init, apply=apply,

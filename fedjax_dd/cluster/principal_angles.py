@@ -1,0 +1,184 @@
+"""PACFL's client signatures and their principal-angle proximity.
+
+Each client summarises its data by the top-``p`` left singular vectors of its
+data matrix (Vahidian et al., PACFL, AAAI 2023, Sec. 3 "the clients' data
+subspaces"); the server measures how far two clients' subspaces are apart by
+the angles between them and clusters the proximity matrix hierarchically.
+
+* :func:`client_subspace` is written for ONE client (the client axis is
+  added by :mod:`fedjax_dd.core.clients`): for each class present in the
+  client's data (the authors' code, ``main_pacfl.py``, takes the SVD of every
+  class's ``[D, n_c]`` matrix of raw pixels separately and stacks the ``p``
+  vectors of every class; ``per_class=False`` is one SVD of all the data,
+  the paper's wording), ``U_c = svd(X_c^T)[:, :p]``. Columns beyond a class's
+  rank, of absent classes and of padding are zero, with a mask.
+* :func:`proximity` is the ``[N, N]`` matrix of angles in degrees between
+  two clients' signatures. ``"smallest"`` is the smallest principal angle
+  ``Θ_1 = arccos(σ_max(U_iᵀ U_j))`` (PACFL Eq. 2's ``A_ij = Θ_1``);
+  ``"basis"`` is the authors' code (``calculating_adjacency``): the
+  smallest angle between any two basis vectors, ``min arccos(U_iᵀ U_j)``
+  over entries. We take ``|U_iᵀ U_j|`` in both, since the sign of a
+  singular vector is arbitrary (the code's ``arccos`` of a negative entry
+  gives an angle over 90° for the same direction).
+* :func:`agglomerative` is scikit-learn's ``AgglomerativeClustering`` on the
+  precomputed matrix with a distance threshold ``β`` (the paper's stopping
+  threshold) or a fixed number of clusters. The authors' code merges by its
+  own loop, whose ``"average"`` replaces a merged row by the mean of the two
+  rows (WPGMA); scikit-learn's ``"average"`` is the size-weighted mean
+  (UPGMA), so a threshold can give different clusters on the same matrix.
+* :func:`assign` places new clients by the same angles: the cluster of the
+  lowest linkage distance (average / complete / single over its members).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PROXIMITIES = ("smallest", "basis")
+LINKAGES = ("average", "complete", "single")
+
+
+def client_subspace(x: jax.Array, y: jax.Array, n: jax.Array, *,
+                    num_classes: int, rank: int,
+                    per_class: bool = True) -> tuple[jax.Array, jax.Array]:
+  """ONE client's signature: top-``rank`` left singular vectors per class.
+
+  Args:
+    x: ``[N_max, H, W, Ch]`` images (raw pixels; angles do not depend on
+      their scale).
+    y: ``[N_max]`` labels.
+    n: valid examples; rows ``>= n`` are padding.
+    num_classes: ``C`` (static).
+    rank: ``p`` (static).
+    per_class: one SVD per class (the authors' code) or of all the data.
+
+  Returns:
+    ``(U [D, G·p], mask [G·p])`` with ``G = C`` per class or ``1``;
+    column ``g·p + j`` is the ``j``-th singular vector of group ``g`` when
+    ``j`` is below the group's rank (mask True), zero otherwise.
+  """
+  n_max = x.shape[0]
+  m = x.reshape(n_max, -1).astype(jnp.float32)
+  valid = jnp.arange(n_max) < n
+
+  def one(rows):
+    mat = jnp.where(rows[:, None], m, 0.0).T  # [D, N_max]
+    u, s, _ = jnp.linalg.svd(mat, full_matrices=False)
+    u, s = u[:, :rank], s[:rank]
+    # A column past the group's rank spans nothing of its data.
+    tol = jnp.max(s) * max(mat.shape) * jnp.finfo(jnp.float32).eps
+    keep = (s > tol) & (jnp.arange(rank) < jnp.sum(rows))
+    return u * keep[None, :], keep
+
+  if per_class:
+    groups = valid[None, :] & (y[None, :] == jnp.arange(num_classes)[:, None])
+  else:
+    groups = valid[None, :]
+  u, keep = jax.vmap(one)(groups)  # [G, D, p], [G, p]
+  g = u.shape[0]
+  return (jnp.transpose(u, (1, 0, 2)).reshape(u.shape[1], g * rank),
+          keep.reshape(g * rank))
+
+
+@functools.partial(jax.jit, static_argnames=("form",))
+def proximity(u: jax.Array, mask: jax.Array, form: str = "smallest"
+              ) -> jax.Array:
+  """``[N, N]`` angles in degrees between the clients' signatures.
+
+  Args:
+    u: ``[N, D, R]`` stacked :func:`client_subspace` bases.
+    mask: ``[N, R]`` their valid columns.
+    form: ``"smallest"`` principal angle or ``"basis"`` (module doc).
+
+  Returns:
+    ``[N, N]`` float32; the diagonal is 0 (up to rounding, clipped).
+  """
+  if form not in PROXIMITIES:
+    raise ValueError(f"form must be one of {PROXIMITIES}, got {form!r}.")
+  u = u * mask[:, None, :]
+  gram = jnp.abs(jnp.einsum("idr,jds->ijrs", u, u))  # [N, N, R, R]
+  if form == "basis":
+    cos = jnp.max(gram, axis=(2, 3))
+  else:
+    cos = jax.vmap(jax.vmap(lambda g: jnp.linalg.svd(g, compute_uv=False)[0])
+                   )(gram)
+  angles = jnp.degrees(jnp.arccos(jnp.clip(cos, 0.0, 1.0)))
+  return jnp.where(jnp.eye(u.shape[0], dtype=bool), 0.0, angles)
+
+
+class Clusters(NamedTuple):
+  """Host result of :func:`agglomerative`.
+
+  Attributes:
+    labels: ``[N]`` int32 cluster of each client, ``0 .. K-1``.
+    num_clusters: ``K``.
+  """
+  labels: np.ndarray
+  num_clusters: int
+
+
+def agglomerative(a: np.ndarray, *, threshold: float | None = None,
+                  num_clusters: int | None = None,
+                  linkage: str = "average") -> Clusters:
+  """Hierarchical clustering of a precomputed proximity matrix.
+
+  Args:
+    a: ``[N, N]`` symmetric distances (host array; ``jax.device_get`` it
+      first).
+    threshold: ``β``: clusters at a linkage distance ``>= β`` are not merged.
+    num_clusters: a fixed ``K`` instead (exactly one of the two).
+    linkage: ``"average"``, ``"complete"`` or ``"single"``.
+
+  Returns:
+    :class:`Clusters`, numbered by each cluster's first client.
+  """
+  from sklearn.cluster import AgglomerativeClustering  # pylint: disable=g-import-not-at-top
+  if (threshold is None) == (num_clusters is None):
+    raise ValueError("give exactly one of threshold= or num_clusters=.")
+  if linkage not in LINKAGES:
+    raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}.")
+  a = np.asarray(a, np.float64)
+  a = (a + a.T) / 2
+  np.fill_diagonal(a, 0.0)
+  if a.shape[0] == 1:
+    return Clusters(np.zeros(1, np.int32), 1)
+  model = AgglomerativeClustering(
+      n_clusters=num_clusters, distance_threshold=threshold,
+      metric="precomputed", linkage=linkage).fit(a)
+  # scikit-learn's numbering is arbitrary: renumber by first member.
+  _, first = np.unique(model.labels_, return_index=True)
+  order = np.argsort(first)
+  relabel = np.empty_like(order)
+  relabel[order] = np.arange(order.shape[0])
+  labels = relabel[model.labels_].astype(np.int32)
+  return Clusters(labels, int(labels.max()) + 1)
+
+
+def assign(a_new: np.ndarray, labels: np.ndarray, num_clusters: int,
+           linkage: str = "average") -> np.ndarray:
+  """Clusters of new clients from their angles to the clustered ones.
+
+  Args:
+    a_new: ``[M, N]`` angles of ``M`` new clients to the ``N`` clustered
+      clients (:func:`proximity` of the stacked signatures, the new rows).
+    labels: ``[N]`` clusters of the clustered clients.
+    num_clusters: ``K``.
+    linkage: the distance of a client to a cluster: the mean
+      (``"average"``), largest (``"complete"``) or smallest (``"single"``)
+      angle to its members.
+
+  Returns:
+    ``[M]`` int32 cluster of each new client (ties: the lowest id).
+  """
+  if linkage not in LINKAGES:
+    raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}.")
+  a_new = np.asarray(a_new, np.float64)
+  reduce = {"average": np.mean, "complete": np.max, "single": np.min}[linkage]
+  dist = np.stack([reduce(a_new[:, labels == k], axis=1)
+                   for k in range(num_clusters)], axis=1)
+  return np.argmin(dist, axis=1).astype(np.int32)

@@ -1,0 +1,97 @@
+"""Kill-and-resume check of a rounds run (the pattern of test_disue.py).
+
+A run is killed at chosen points (``apply``: a round starts; ``row``: a
+metrics row is written, before its checkpoint; any point the algorithm's
+builder ticks itself, e.g. mid-round), restarted from its workdir each time,
+and must end with the rows, state and ledger of an uninterrupted run.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_dd.core import rounds as rounds_lib
+from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.metrics import MetricsWriter
+
+
+class Killed(Exception):
+  pass
+
+
+class Plan:
+  """The ``n``-th call of ``point`` raises :class:`Killed`."""
+
+  def __init__(self, point, n):
+    self.point, self.n, self.counts = point, n, {}
+
+  def tick(self, point):
+    self.counts[point] = self.counts.get(point, 0) + 1
+    if point == self.point and self.counts[point] == self.n:
+      raise Killed(f"{point} #{self.n}")
+
+
+class _Writer(MetricsWriter):
+
+  def __init__(self, path, plan=None):
+    super().__init__(path)
+    self._plan = plan
+
+  def write(self, row):
+    super().write(row)
+    if self._plan is not None:
+      self._plan.tick("row")
+
+
+def check(tmp_path, build, initial_state, data, num_steps, options, kills, *,
+          evaluate=None):
+  """Asserts that a run killed at every ``(point, n)`` of ``kills`` in turn
+  and then resumed equals an uninterrupted run, row for row.
+
+  Args:
+    build: ``tick -> FederatedAlgorithm``, called once (every run shares its
+      compiled programs); the algorithm may call ``tick(point)`` at its own
+      points, which kills the run when the current plan says so.
+    initial_state: ``algorithm -> ExperimentState``.
+    options: :class:`fedjax_dd.core.rounds.RoundsOptions` (checkpointing
+      every ``options.checkpoint_every`` rounds).
+  """
+
+  current = {"plan": None}
+
+  def tick(point):
+    if current["plan"] is not None:
+      current["plan"].tick(point)
+
+  alg = build(tick)
+  apply = alg.apply
+
+  def ticking(*args):
+    tick("apply")
+    return apply(*args)
+
+  alg = alg._replace(apply=ticking)
+
+  def train(directory, plan=None):
+    current["plan"] = plan
+    return rounds_lib.train(
+        alg, initial_state(alg), data, num_steps, options,
+        writer=_Writer(directory / "metrics.jsonl", plan),
+        store=CheckpointStore(str(directory / "ck"),
+                              save_every=options.checkpoint_every),
+        evaluate=evaluate)
+
+  full = train(tmp_path / "full")
+  assert [r["round"] for r in full.rows] == list(
+      range(1, options.num_rounds + 1))
+  part = tmp_path / "part"
+  for point, n in kills:
+    with pytest.raises(Killed):
+      train(part, Plan(point, n))
+  resumed = train(part)
+  assert resumed.rows == full.rows
+  for a, b in zip(jax.tree_util.tree_leaves(full.state),
+                  jax.tree_util.tree_leaves(resumed.state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert resumed.ledger.to_dict() == full.ledger.to_dict()
+  return full
