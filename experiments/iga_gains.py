@@ -2,6 +2,7 @@ r"""Per-seed and per-window table of server-distillation gains, from runs'
 ``metrics.jsonl`` (DisUE's IGA, FedFTG's fine-tuning; FedAvg alongside).
 
   python experiments/iga_gains.py [--rounds=R] [--window=5] \
+      [--extra=iga_ensemble_accuracy,iga_student_cd] \
       kl=DIR/kl l1_logits=DIR/l1 fedavg=DIR/fedavg
 
 Each argument is ``LABEL=DIR``, ``DIR`` a sweep workdir (``seed_*/``) or a
@@ -82,13 +83,17 @@ def series(rows: dict[int, dict], rounds: int):
 
 
 def tables(groups: dict[str, dict[int, dict[int, dict]]], rounds: int,
-           window: int = 5) -> str:
+           window: int = 5, extra: tuple[str, ...] = ()) -> str:
+  """Markdown: the per-run summary and the per-window table. ``extra``:
+  metrics.jsonl keys shown as their mean over the rounds (± sd over the
+  seeds; "–" for runs that lack them)."""
   out = [f"Rounds 1–{rounds} of every run; gain = accuracy after the "
          "server's distillation minus just before it, every round.", "",
          "| run | seeds | mean gain/round (per seed) | mean gain ± sd | "
          "rounds lowered | final accuracy (per seed) | final ± sd | "
-         "mean accuracy over the rounds ± sd |",
-         "|---|---|---|---|---|---|---|---|"]
+         "mean accuracy over the rounds ± sd |"
+         + "".join(f" mean {k} |" for k in extra),
+         "|---|---|---|---|---|---|---|---|" + "---|" * len(extra)]
   per = {}
   for label, g in groups.items():
     gains, lowered, finals, means = [], 0, [], []
@@ -101,16 +106,22 @@ def tables(groups: dict[str, dict[int, dict[int, dict]]], rounds: int,
         lowered += int(np.sum(a < b))
     per[label] = g
     seeds = ", ".join(str(s) for s in g)
+    tail = ""
+    for key in extra:
+      vals = [np.mean([rows[t][key] for t in range(1, rounds + 1)])
+              for rows in g.values()
+              if all(key in rows[t] for t in range(1, rounds + 1))]
+      tail += f" {_m(vals)} |" if vals else " – |"
     if gains:
       gcol = " / ".join(f"{x:+.3f}" for x in gains)
       out.append(f"| {label} | {seeds} | {gcol} | {_ms(gains)} | "
                  f"{lowered} of {rounds * len(gains)} | "
                  + " / ".join(f"{x:.3f}" for x in finals)
-                 + f" | {_m(finals)} | {_m(means)} |")
+                 + f" | {_m(finals)} | {_m(means)} |" + tail)
     else:
       out.append(f"| {label} | {seeds} | – | – | – | "
                  + " / ".join(f"{x:.3f}" for x in finals)
-                 + f" | {_m(finals)} | {_m(means)} |")
+                 + f" | {_m(finals)} | {_m(means)} |" + tail)
   out += ["", "Per window of rounds: mean over the window's rounds, then "
           "mean ± sd over the seeds (accuracy after; gain for the runs that "
           "distil).", ""]
@@ -141,6 +152,8 @@ def main(argv=None):
   ap.add_argument("--rounds", type=int, default=0,
                   help="rounds to compare (default: the fewest any run has)")
   ap.add_argument("--window", type=int, default=5)
+  ap.add_argument("--extra", default="",
+                  help="comma-separated metrics.jsonl keys to average")
   args = ap.parse_args(argv)
   groups = {}
   for spec in args.runs:
@@ -153,7 +166,8 @@ def main(argv=None):
     raise SystemExit(f"--rounds={args.rounds}: some run has only {have} "
                      "consecutive evaluated rounds.")
   rounds = args.rounds or have
-  print(tables(groups, rounds, args.window))
+  extra = tuple(k for k in args.extra.split(",") if k)
+  print(tables(groups, rounds, args.window, extra))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ def _run(d, before, after):
     r = {"round": t + 1, "test_accuracy": a}
     if before is not None:
       r["test_accuracy_before_iga"] = before[t]
+      r["m"] = float(t)  # mean over rounds 1-2: 0.5
     rows.append(json.dumps(r) + "\n")
   (d / "metrics.jsonl").write_text("".join(rows))
 
@@ -28,12 +29,15 @@ def test_hand_checked_gains_finals_and_common_rounds(tmp_path):
   groups = {"kl": iga_gains.read_group(str(tmp_path / "kl")),
             "fa": iga_gains.read_group(str(tmp_path / "fa"))}
   assert iga_gains.common_rounds(groups) == 2
-  text = iga_gains.tables(groups, 2, window=1)
+  text = iga_gains.tables(groups, 2, window=1, extra=("m",))
   # mean gain (0 + 0.2) / 2 = 0.1, sd sqrt(0.02) = 0.141; 1 of 4 rounds
   # lowered; finals 0.5 / 0.6.
   assert ("| kl | 0, 1 | +0.000 / +0.200 | +0.100 ± 0.141 | 1 of 4 | "
-          "0.500 / 0.600 | 0.550 ± 0.071 | 0.550 ± 0.000 |") in text
-  assert "| fa | 0, 1 | – | – | – | 0.600 / 0.400 | 0.500 ± 0.141 |" in text
+          "0.500 / 0.600 | 0.550 ± 0.071 | 0.550 ± 0.000 | 0.500 ± 0.000 |"
+          ) in text
+  # FedAvg: mean accuracy per seed 0.5 and 0.3; it has no "m".
+  assert ("| fa | 0, 1 | – | – | – | 0.600 / 0.400 | 0.500 ± 0.141 | "
+          "0.400 ± 0.141 | – |") in text
   # Window of round 2: kl accuracy (0.5 + 0.6) / 2, gains -0.1 and +0.2.
   assert "| 2–2 | 0.550 ± 0.071 | +0.050 ± 0.212 | 0.500 ± 0.141 | – |" in text
 
