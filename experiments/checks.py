@@ -246,6 +246,10 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
     _options("kip", kip_lib.KipOptions, {
         f.name: k[f.name] for f in dataclasses.fields(kip_lib.KipOptions)
         if f.name in k})
+  d = _lookup(config, "dynafed")
+  if d is not None:
+    from fedjax_dd.algorithms import dynafed  # pylint: disable=g-import-not-at-top
+    _options("dynafed", dynafed.DynaFedHyperParams, dict(d))
   h = _lookup(config, "hfldd")
   if h is not None and h.get("member_data") in ("kip", "random"):
     _int("hfldd.support_size", h.support_size, 1)

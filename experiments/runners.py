@@ -19,6 +19,7 @@ import numpy as np
 from fedjax_dd.algorithms.centralized import centralized
 from fedjax_dd.algorithms.disue import affinity_grouping, disue
 from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
+from fedjax_dd.algorithms.dynafed import DynaFedHyperParams, dynafed
 from fedjax_dd.algorithms.ifca import ifca
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.algorithms.fednova import fednova
@@ -120,6 +121,16 @@ def _ifca(config, task, max_steps):
               **_clustered_kwargs(config, max_steps))
 
 
+def _dynafed(config, task, max_steps):
+  kwargs = _fedavg_kwargs(config, max_steps)
+  if "lr_decay" in kwargs:
+    raise ValueError("DynaFed's clients train at a constant rate: "
+                     "config.client.lr_decay must stay 1.0.")
+  hparams = DynaFedHyperParams(**config.dynafed.to_dict())
+  return dynafed(task, common.make_optimizer(config), hparams=hparams,
+                 **kwargs)
+
+
 BUILDERS: dict[str, Builder] = {
     "disue": _disue,
     "fedftg": _fedftg,
@@ -146,6 +157,7 @@ BUILDERS: dict[str, Builder] = {
     "scaffold": lambda c, task, m: scaffold(
         task, learning_rate=c.client.lr, server_learning_rate=c.server.lr,
         **_fedavg_kwargs(c, m)),
+    "dynafed": _dynafed,
 }
 
 

@@ -418,6 +418,27 @@ def ifca(c: ml_collections.ConfigDict, num_clusters: int = 2
   return c
 
 
+def dynafed(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``dynafed`` group: the fields of
+  ``fedjax_dd.algorithms.dynafed.DynaFedHyperParams`` (HFLDD Sec. V-A: 15
+  images per class, 20 fine-tuning epochs of batch 256; the rest from the
+  authors' code)."""
+  c.dynafed = ml_collections.ConfigDict({
+      "images_per_class": 15,
+      "trajectory_rounds": 24,  # L: FedAvg rounds stored before synthesis
+      "expert_rounds": 3,  # M: a start θ_s's target is θ_{s+M}
+      "student_steps": 20,  # N
+      "iterations": 3000,  # I: matching steps (once, at round L)
+      "image_lr": 5e-2,
+      "lr_lr": 1e-5,
+      "initial_syn_lr": 0.04,
+      "finetune_epochs": 20,
+      "finetune_batch_size": 256,
+      "finetune_lr": 1e-4,
+  })
+  return c
+
+
 def disue_protocol(c: ml_collections.ConfigDict, *, dataset: str,
                    model: str, alpha: float) -> ml_collections.ConfigDict:
   """DisUE Sec. 5.1's federated protocol, shared by DisUE and its baselines:
