@@ -208,3 +208,12 @@ def eq19_bits(*, num_groups: int, group_size: int, num_params: int,
     return 0
   return int(num_groups * num_params * bits_per_param *
              ((2 * rounds - 1) + transfers * rounds))
+
+
+def traffic_bytes(*, num_groups: int, group_size: int, num_params: int,
+                  rounds: int) -> dict[str, int | float]:
+  """HFLDD Eq. 19 in bytes under both counts of :data:`TRAFFIC`:
+  ``{"eq19_bytes": ..., "physical_bytes": ...}`` (:func:`eq19_bits`)."""
+  return {f"{name}_bytes": ledger_lib.bits_to_bytes(eq19_bits(
+      num_groups=num_groups, group_size=group_size, num_params=num_params,
+      rounds=rounds, traffic=name)) for name in TRAFFIC}

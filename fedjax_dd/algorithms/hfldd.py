@@ -315,6 +315,19 @@ def eq18_bits(*, num_clients: int, aux_size: int, num_classes: int,
   return int(soft + data + model)
 
 
+def sent_label_bits(override: int = -1, *, learned_labels: bool) -> int:
+  """Bits charged per label entry of the members' uploads.
+
+  ``override >= 0`` is used as given (``0``: Eq. 18 to the letter); ``-1``
+  counts what is transmitted: learned KIP labels travel as
+  :data:`~fedjax_dd.core.ledger.BITS_PER_SOFT_LABEL`-bit floats, fixed labels
+  are implied by the class and cost 0, as in Eq. 18.
+  """
+  if int(override) >= 0:
+    return int(override)
+  return ledger_lib.BITS_PER_SOFT_LABEL if learned_labels else 0
+
+
 def setup_ledger(topology: Topology, sent_counts: np.ndarray, *, aux_size: int,
                  num_classes: int, pixels_per_sample: int,
                  bits_per_soft_label: int = ledger_lib.BITS_PER_SOFT_LABEL,

@@ -17,6 +17,7 @@ averaging); FedHydra (Bai et al.) Alg. 1 line 2-5 (local training).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -237,3 +238,95 @@ def client_report(groups: Sequence[ensemble.TeacherGroup],
             "os_fedavg_test_accuracy": averaged}
 
   return report
+
+
+def server_report(report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
+                  *, class_counts: np.ndarray, num_classes: int,
+                  directory: str) -> dict[str, Any]:
+  """A finished one-shot run's figures and its server's diagnostics.
+
+  Writes, into ``directory``, ``u_r.png`` (FedHydra's stratification
+  ``U_r``, Alg. 2, beside the clients' true class shares), ``samples.png``
+  (the server's synthetic samples by class) and ``accuracy.png`` (test
+  accuracy against server epoch), each when there is something to draw.
+
+  Args:
+    report: ``algorithm.report(state, setup)`` (``{}`` for a server without
+      one): ``U``, ``U_r``, ``U_c``, ``samples`` as it has them.
+    rows: the metrics rows (``step``, ``test_accuracy``).
+    class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
+    num_classes: ``c``.
+    directory: where the figures go.
+
+  Returns:
+    ``{"figures": [file names], "U": ..., "U_r": ..., "U_c": ...,
+    "U_r_vs_class_share": ...}`` (the ``U`` fields as the report has them;
+    :func:`fedjax_dd.algorithms.stratify.agreement_with_class_shares`).
+  """
+  from fedjax_dd.algorithms import stratify  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  path = lambda name: os.path.join(directory, name)
+  written = []
+  if "U_r" in report:
+    written.append(figures.plot_u_r(
+        report["U_r"], path("u_r.png"),
+        class_shares=stratify.class_shares(class_counts)))
+  if "samples" in report:
+    written.append(figures.plot_class_samples(
+        *report["samples"], num_classes, path("samples.png")))
+  points = [[r["step"], r["test_accuracy"]] for r in rows
+            if "test_accuracy" in r]
+  if points:
+    written.append(figures.plot_accuracy(points, path("accuracy.png")))
+  out: dict[str, Any] = {"figures": [os.path.basename(w) for w in written]}
+  for k in ("U", "U_r", "U_c"):
+    if k in report:
+      out[k] = np.asarray(report[k]).tolist()
+  if "U_r" in report:
+    out["U_r_vs_class_share"] = stratify.agreement_with_class_shares(
+        np.asarray(report["U_r"]), class_counts)
+  return out
+
+
+def summary_fields(result, *, names: Sequence[str],
+                   groups: Sequence[ensemble.TeacherGroup], num_examples,
+                   class_counts: np.ndarray, report: Mapping[str, Any],
+                   rows: Sequence[Mapping[str, Any]], num_classes: int,
+                   directory: str) -> dict[str, Any]:
+  """A one-shot run's own summary fields, and its figures
+  (:func:`server_report`).
+
+  Args:
+    result: :class:`fedjax_dd.core.server.ServerResult` of the run.
+    names: each group's architecture name.
+    groups: the architecture groups.
+    num_examples: ``[m]`` examples per client.
+    class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
+    report: ``algorithm.report(state, setup)`` (``{}`` without one).
+    rows: the metrics rows.
+    num_classes: ``c``.
+    directory: where the figures go.
+
+  Returns:
+    Each client's architecture and test accuracy, one-shot FedAvg's
+    accuracy, the per-round records, the clients' sizes and class counts,
+    the ledger, the seconds of the client, setup and server stages, and
+    :func:`server_report`'s fields.
+  """
+  arch_of = {k: n for n, g in zip(names, groups) for k in g.client_ids}
+  last = result.per_round[-1]
+  return {
+      "client_models": [arch_of[k] for k in range(len(arch_of))],
+      "client_test_accuracy": last["client_test_accuracy"],
+      "os_fedavg_test_accuracy": last["os_fedavg_test_accuracy"],
+      "per_round": result.per_round,
+      "client_sizes": np.asarray(num_examples).tolist(),
+      "client_class_counts": np.asarray(class_counts).tolist(),
+      "ledger": result.ledger.to_dict(),
+      "stage_seconds": {"local_training_seconds": result.seconds["client"],
+                        "setup_seconds": result.seconds["setup"],
+                        "distillation_seconds": result.seconds["server"]},
+      **server_report(report, rows, class_counts=class_counts,
+                      num_classes=num_classes, directory=directory),
+  }

@@ -93,3 +93,26 @@ def format_table(table: Sequence[Mapping[str, Any]]) -> str:
         f"{ratio(r['rounds_ratio'])} | {ratio(r['traffic_ratio'])} | "
         f"{'-' if r['best_accuracy'] is None else format(r['best_accuracy'], '.4f')} |")
   return "\n".join(lines)
+
+
+def comparison_table(rows: Rows) -> str:
+  """Markdown of a comparison of methods: method, final accuracy, bytes
+  sent, wall seconds and each row's ``note``."""
+  out = ["| method | final accuracy | bytes sent | wall | note |",
+         "|---|---|---|---|---|"]
+  for r in rows:
+    out.append(f"| {r['method']} | {r['final_test_accuracy']:.4f} | "
+               f"{format_bytes(r['bytes_total'])} | "
+               f"{r['wall_seconds']:.0f} s | {r.get('note', '')} |")
+  return "\n".join(out)
+
+
+def write_comparison(rows: Rows, directory: str) -> str:
+  """Writes ``directory/comparison.png``
+  (:func:`fedjax_dd.utils.figures.plot_comparison`: final accuracy and bytes
+  sent per method) and returns :func:`comparison_table` of ``rows``."""
+  import os  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  figures.plot_comparison(rows, os.path.join(directory, "comparison.png"))
+  return comparison_table(rows)

@@ -1,0 +1,312 @@
+"""HFLDD stages 1-3 chained on the host, cached, and their report.
+
+Reference: Shi et al., "Dataset Distillation-based Hybrid Federated Learning
+on Non-IID Data", 2024 (Alg. 2). :mod:`fedjax_dd.algorithms.hfldd` holds each
+stage over explicit arrays; this module chains them the way a run does, so a
+notebook gets the entry point's stages:
+
+1. :func:`label_knowledge_clusters`: every client pretrains from one init
+   and labels ``D_g``, the server computes ``M`` (Eq. 4) and KMeans groups
+   the rows of ``M`` into homogeneous clusters (Sec. IV-B). FedSeq's
+   similarity grouping uses the same two steps;
+2. ClusterSampling (Alg. 1) builds the heterogeneous clusters and heads;
+3. the members send what a :data:`Sender` makes of their data
+   (:func:`kip_sender`: KIP for a fixed budget; :func:`random_sender`: the
+   random-samples control; :func:`raw_sender`: the "w/o DD" ablation of
+   Fig. 5), :func:`fedjax_dd.algorithms.hfldd.sent_privacy` measures the
+   uploads, and every head builds ``D_h``.
+
+:func:`run_stages` returns them as :class:`Stages`, each stage timed;
+:func:`stages_or_load` keeps them in a run's
+:class:`~fedjax_dd.core.stage_cache.StageCache` (stage :data:`STAGE`), so a
+resumed run does not compute them again. :func:`setup_ledger` records their
+Eq. 18 traffic before the rounds and :func:`summary_fields` reports them
+(with Eq. 18 in bytes) after.
+
+Host-side: KMeans is scikit-learn, so this module is kept apart from
+:mod:`fedjax_dd.algorithms.hfldd`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import optax
+
+from fedjax_dd.algorithms import hfldd
+from fedjax_dd.cluster import sampling
+from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.stage_cache import StageCache
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.distill import kip
+from fedjax_dd.distill import soft_labels
+
+_log = logging.getLogger(__name__)
+
+STAGE = "hfldd"
+"""The name of stages 1-3 in a run's stage cache."""
+
+Sender = Callable[[ClientData, sampling.Topology],
+                  tuple[hfldd.SentData, dict[str, Any]]]
+"""``(data, topology) -> (sent, info)``: stage 3's uploads of the members."""
+
+
+def label_knowledge_clusters(
+    task: Classifier, params, batch_stats, data: ClientData,
+    load_aux: Callable[[], np.ndarray], key: jax.Array, *,
+    optimizer: optax.GradientTransformation, batch_size: int,
+    num_homogeneous: int, kmeans_seed: int, kmeans_n_init: int = 10,
+    pretrain_epochs: float = 0.0, pretrain_steps: int = 0,
+    mapper: ClientMapper = ClientMapper()
+) -> tuple[np.ndarray, dict[str, float], dict[str, Any]]:
+  """Label knowledge (Eq. 4) and homogeneous KMeans (Sec. IV-B).
+
+  Args:
+    task: the classifier.
+    params: the common initial parameters every client pretrains from.
+    batch_stats: their BatchNorm statistics.
+    data: all clients' data ``[N, N_max, ...]``.
+    load_aux: ``() -> D_g`` images ``[M, H, W, Ch]`` uint8 in the task's
+      input shape (loaded here, so that its time counts in the stage).
+    key: the pretraining key.
+    optimizer: the clients' pretraining optimizer.
+    batch_size: pretraining batch size.
+    num_homogeneous: ``K`` clusters.
+    kmeans_seed: KMeans' ``random_state``.
+    kmeans_n_init: KMeans restarts.
+    pretrain_epochs: > 0: pretrain this many local epochs ...
+    pretrain_steps: ... else this many steps.
+    mapper: client-axis backend.
+
+  Returns:
+    ``(homogeneous [N], stage_seconds, info)``; ``info`` holds ``aux_size``,
+    ``soft_labels_shape`` and ``kl_mean_offdiag`` (the mean off-diagonal
+    entry of ``M``).
+  """
+  times = {}
+  t0 = time.time()
+  x_aux = load_aux()
+  if pretrain_epochs:
+    steps = steps_for(data.num_examples, batch_size, epochs=pretrain_epochs)
+  else:
+    steps = steps_for(data.num_examples, batch_size, steps=pretrain_steps)
+  s, m, _ = soft_labels.collect_label_knowledge(
+      task, params, batch_stats, data, x_aux, steps, key,
+      optimizer=optimizer, batch_size=batch_size, mapper=mapper)
+  m_host = np.asarray(jax.device_get(m))
+  times["label_knowledge"] = time.time() - t0
+  t0 = time.time()
+  homo = sampling.homogeneous_clusters(m_host, num_homogeneous,
+                                       seed=kmeans_seed, n_init=kmeans_n_init)
+  times["homogeneous_clustering"] = time.time() - t0
+  off_diagonal = max(m_host.size - m_host.shape[0], 1)
+  info = {"aux_size": int(x_aux.shape[0]),
+          "soft_labels_shape": list(s.shape),
+          "kl_mean_offdiag": float(m_host.sum() / off_diagonal)}
+  return homo, times, info
+
+
+def kip_sender(key: jax.Array, *, kernel_fn: kip.KernelFn, mean, std,
+               num_classes: int, support_size: int,
+               options: kip.KipOptions = hfldd.HFLDD_KIP,
+               mapper: ClientMapper = ClientMapper(workload="kip"),
+               log_progress: bool = False) -> Sender:
+  """Members distil ``support_size`` images each with the batched KIP
+  (:func:`fedjax_dd.algorithms.hfldd.distill_members`).
+
+  ``info`` reports the members, support size, iterations, final target
+  accuracy and :func:`fedjax_dd.distill.kip.loss_summary`.
+  """
+  progress = None
+  if log_progress:
+    progress = lambda done, _: _log.info("KIP: %d / %d iterations", done,
+                                         options.max_iterations)
+
+  def send(data, topology):
+    sent, res = hfldd.distill_members(
+        key, data, topology, kernel_fn=kernel_fn, mean=mean, std=std,
+        num_classes=num_classes, support_size=support_size, options=options,
+        mapper=mapper, progress=progress)
+    return sent, {
+        "kip_members": int(sent.senders.size),
+        "kip_support_size": int(sent.x.shape[1]),
+        "kip_iterations_mean": float(np.mean(res.iterations)),
+        "kip_iterations_max": int(np.max(res.iterations)),
+        "kip_final_accuracy_mean": float(np.mean(res.accuracy)),
+        "kip_loss": kip.loss_summary(res.iterations, res.first_loss,
+                                     res.loss),
+    }
+
+  return send
+
+
+def random_sender(*, num_classes: int, sample_size: int,
+                  rng: np.random.Generator) -> Sender:
+  """Members send ``sample_size`` random raw samples (the control,
+  :func:`fedjax_dd.algorithms.hfldd.random_members`)."""
+  return lambda data, topology: (hfldd.random_members(
+      data, topology, num_classes=num_classes, sample_size=sample_size,
+      rng=rng), {})
+
+
+def raw_sender(*, num_classes: int) -> Sender:
+  """Members send all their raw data (the "w/o DD" ablation, Fig. 5)."""
+  return lambda data, topology: (hfldd.raw_members(
+      data, topology, num_classes=num_classes), {})
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+  """HFLDD's stages 1-3 (host arrays).
+
+  Attributes:
+    topology: homogeneous and heterogeneous clusters, heads.
+    counts: ``[M]`` samples each member sent (``|D~_i|``).
+    hybrid: the heads' ``D_h``: ``x [H, D_max, H, W, Ch]`` uint8, ``y
+      [H, D_max, K]`` targets, ``num_examples [H]``.
+    times: seconds per stage.
+    info: the stages' statistics (label knowledge, KIP, ``privacy``).
+    cached: whether they came from the stage cache.
+  """
+  topology: sampling.Topology
+  counts: np.ndarray
+  hybrid: ClientData
+  times: dict[str, float]
+  info: dict[str, Any]
+  cached: bool = False
+
+  @property
+  def pixels_per_sample(self) -> int:
+    """``H * W * Ch`` of one image."""
+    return int(np.prod(np.shape(self.hybrid.x)[2:]))
+
+  @property
+  def distilled_samples(self) -> int:
+    """``sum_i |D~_i|``: every sample the members sent."""
+    return int(np.sum(self.counts))
+
+
+def run_stages(data: ClientData, *, num_classes: int,
+               cluster: Callable[[], tuple[np.ndarray, dict[str, float],
+                                           dict[str, Any]]],
+               send: Sender, topology_rng: np.random.Generator) -> Stages:
+  """Stages 1-3: clusters, heads, the members' uploads and the heads' data.
+
+  Args:
+    data: all clients' data ``[N, N_max, ...]``.
+    num_classes: ``N_c``.
+    cluster: ``() -> (homogeneous [N], seconds, info)``, e.g.
+      :func:`label_knowledge_clusters` with its arguments bound.
+    send: the members' uploads (:func:`kip_sender`, :func:`random_sender`,
+      :func:`raw_sender`).
+    topology_rng: ClusterSampling's draws.
+  """
+  homo, times, info = cluster()
+  t0 = time.time()
+  topology = sampling.build_topology(homo, topology_rng)
+  times["cluster_sampling"] = time.time() - t0
+  t0 = time.time()
+  sent, gen_info = send(data, topology)
+  times["dataset_generation"] = time.time() - t0
+  t0 = time.time()
+  gen_info["privacy"] = hfldd.sent_privacy(data, sent)
+  times["privacy"] = time.time() - t0
+  hybrid = hfldd.build_hybrid_data(data, topology, sent,
+                                   num_classes=num_classes)
+  return Stages(topology=topology, counts=sent.counts, hybrid=hybrid,
+                times=times, info={**info, **gen_info})
+
+
+def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
+                   compute: Callable[[], Stages]) -> Stages:
+  """Stages 1-3 from ``cache`` (stage :data:`STAGE`), or computed and saved.
+
+  Raises:
+    fedjax_dd.core.stage_cache.StaleStageError: the cache holds stages
+      computed under another ``fingerprint``.
+  """
+  def arrays_and_info():
+    s = compute()
+    return ({"homogeneous": s.topology.homogeneous,
+             "heterogeneous": s.topology.heterogeneous,
+             "heads": s.topology.heads, "counts": s.counts, "x": s.hybrid.x,
+             "y": s.hybrid.y, "num_examples": s.hybrid.num_examples},
+            {"times": s.times, "info": s.info})
+
+  stage, computed = cache.get_or_compute(STAGE, fingerprint, arrays_and_info)
+  a = stage.arrays
+  topology = sampling.Topology(homogeneous=a["homogeneous"],
+                               heterogeneous=a["heterogeneous"],
+                               heads=a["heads"])
+  hybrid = ClientData(x=a["x"], y=a["y"], num_examples=a["num_examples"])
+  return Stages(topology=topology, counts=a["counts"], hybrid=hybrid,
+                times=stage.info["times"], info=stage.info["info"],
+                cached=not computed)
+
+
+def setup_ledger(stages: Stages, *, aux_size: int, num_classes: int,
+                 bits_per_sent_label: int = 0) -> ledger_lib.Ledger:
+  """The one-shot traffic of stages 1-3 (Eq. 18's first two terms),
+  recorded at round 0 (:func:`fedjax_dd.algorithms.hfldd.setup_ledger`)."""
+  return hfldd.setup_ledger(
+      stages.topology, stages.counts, aux_size=aux_size,
+      num_classes=num_classes, pixels_per_sample=stages.pixels_per_sample,
+      bits_per_sent_label=bits_per_sent_label)
+
+
+def topology_figure(stages: Stages, directory: str | os.PathLike, *,
+                    title: str) -> str:
+  """Writes ``directory/topology.png`` (clusters and heads); its path."""
+  from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  t = stages.topology
+  return figures.plot_topology(t.homogeneous, t.heterogeneous, t.heads,
+                               os.path.join(directory, "topology.png"),
+                               title=title)
+
+
+def summary_fields(stages: Stages, *, aux_size: int, num_classes: int,
+                   member_data: str, num_params: int, rounds: int,
+                   bytes_by_tag: dict[str, Any], training_seconds: float,
+                   topology_figure_path: str) -> dict[str, Any]:
+  """HFLDD's own fields of a finished run's summary.
+
+  ``stage_seconds`` adds ``training`` (the rounds' seconds) to the stages'.
+
+  ``eq18_bytes`` is Eq. 18 (:func:`fedjax_dd.algorithms.hfldd.eq18_bits`)
+  for the ``rounds`` run, in bytes; ``sent_label_bytes`` what the ledger
+  charged for the uploads' labels (tag ``distilled_labels``).
+  """
+  t = stages.topology
+  return {
+      "num_clients": int(t.num_clients),
+      "aux_size": int(aux_size),
+      "num_classes": int(num_classes),
+      "num_heads": int(t.num_heads),
+      "member_data": member_data,
+      "distilled_samples_total": stages.distilled_samples,
+      "pixels_per_sample": stages.pixels_per_sample,
+      "sent_label_bytes": bytes_by_tag.get("distilled_labels", 0),
+      "privacy": stages.info.get("privacy"),
+      "kip_loss": stages.info.get("kip_loss"),
+      "head_dataset_sizes": np.asarray(stages.hybrid.num_examples).tolist(),
+      "eq18_bytes": ledger_lib.bits_to_bytes(hfldd.eq18_bits(
+          num_clients=t.num_clients, aux_size=aux_size,
+          num_classes=num_classes, distilled_samples=stages.distilled_samples,
+          pixels_per_sample=stages.pixels_per_sample, num_heads=t.num_heads,
+          num_params=num_params, rounds=rounds)),
+      "clusters": t.to_dict(),
+      "stage_seconds": {**stages.times, "training": training_seconds},
+      "stages_cached": stages.cached,
+      "stage_info": stages.info,
+      "topology_figure": topology_figure_path,
+  }
