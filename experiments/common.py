@@ -67,25 +67,29 @@ def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return dict(walk(config.to_dict(), ""))
 
 
-# Settings a resumed run may change: they decide how long and how a run goes
-# (rounds, evaluation, checkpoints, logging, budget; the client backend, which
-# gives the same results, and the convolution formulation, equal to rounding),
-# where the TFDS copy sits, or only document it.
-# Everything else defines the experiment, including the paths
-# server.teachers_from and fedd3.distilled_from, whose contents change the
-# results.
-RESUME_SAFE = ("rounds", "run", "engine", "paper_departures", "data.data_dir",
-               "model.conv_impl")
+# Settings a resumed run may change: the keys marked out of the ``run``
+# fingerprint in experiments/configs/base.py (FINGERPRINT_RULES).
+RESUME_SAFE = base_config.fingerprint_paths("run")
 
 
-def fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The settings that define the experiment of ``config``, as
-  ``{dotted path: value}``: every leaf except those under
+def fingerprint(config: ml_collections.ConfigDict, name: str = "run"
+                ) -> dict[str, Any]:
+  """Fingerprint ``name`` of ``config`` as ``{dotted path: value}``, by the
+  rules of ``base_config.FINGERPRINT_RULES``.
+
+  ``"run"`` (the default) is every leaf except those under
   :data:`RESUME_SAFE` (so a workdir resumed with more rounds or another
   ``run.eval_every`` continues, and one with another ``data.num_clients`` is
-  refused; see :func:`fedjax_dd.core.workdir.record_fingerprint`)."""
-  return {k: v for k, v in flat_config(config).items()
-          if not any(k == p or k.startswith(p + ".") for p in RESUME_SAFE)}
+  refused; see :func:`fedjax_dd.core.workdir.record_fingerprint`);
+  ``"hfldd_stages"`` is every leaf except those marked out of it; the other
+  fingerprints hold the values (a group's as a dict) of the keys marked
+  into them.
+  """
+  paths = base_config.fingerprint_paths(name, config)
+  if name in base_config.SUBTRACTIVE_FINGERPRINTS:
+    return {k: v for k, v in flat_config(config).items()
+            if not any(k == p or k.startswith(p + ".") for p in paths)}
+  return {p: config_value(config, p) for p in paths}
 
 
 def data_dir(config: ml_collections.ConfigDict) -> str | None:
@@ -546,3 +550,45 @@ def check_partition(group: ml_collections.ConfigDict) -> None:
         f"partition options: {' and '.join(problems)}. Options by partition "
         f"([optional]): {table}. A flag cannot add or drop options: use a "
         f"preset whose partition is {name!r}, or keep the preset's name.")
+
+
+def initialised_clients(config: ml_collections.ConfigDict):
+  """Data, partition and the common initial model of HFLDD and FedSeq.
+
+  Returns:
+    ``(prepared, data, root_key, params, batch_stats)``; the model is
+    initialised from ``stage_key(root, Stage.INIT)``.
+  """
+  prepared = load_and_prepare(config)
+  data = client_data(prepared.dataset,
+                     partition(config, prepared.dataset.y_train))
+  root = keys.model_root(config.seed)
+  params, batch_stats = prepared.task.init(
+      keys.stage_key(root, keys.Stage.INIT))
+  return prepared, data, root, params, batch_stats
+
+
+def label_knowledge_clusters(config: ml_collections.ConfigDict,
+                             prepared: Prepared, data: ClientData, params,
+                             batch_stats, root: jax.Array):
+  """HFLDD's stages 1-2 from the config (shared with FedSeq's grouping):
+  :func:`fedjax_dd.algorithms.hfldd_stages.label_knowledge_clusters` on
+  ``data.aux_*``, pretraining from ``stage_key(root, Stage.PRETRAIN)``."""
+  from fedjax_dd.algorithms import hfldd_stages  # pylint: disable=g-import-not-at-top
+
+  def load_aux():
+    x = sources.load_unlabeled(
+        config.data.aux_dataset, num=config.data.aux_size,
+        rng=keys.numpy_stream(config.data.seed, keys.Stream.AUX_DATA),
+        data_dir=data_dir(config))
+    return resize(config, x, prepared.task.input_shape)
+
+  c = config.client
+  return hfldd_stages.label_knowledge_clusters(
+      prepared.task, params, batch_stats, data, load_aux,
+      keys.stage_key(root, keys.Stage.PRETRAIN),
+      optimizer=make_optimizer(config), batch_size=c.pretrain_batch_size,
+      num_homogeneous=config.hfldd.num_homogeneous, kmeans_seed=config.seed,
+      kmeans_n_init=config.hfldd.kmeans_n_init,
+      pretrain_epochs=c.pretrain_epochs, pretrain_steps=c.pretrain_steps,
+      mapper=mapper(config))

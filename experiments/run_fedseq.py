@@ -23,21 +23,20 @@ import numpy as np
 from fedjax_dd.cluster import sampling as clustering
 from fedjax_dd.algorithms import fedseq
 from fedjax_dd.core import keys
-from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
-from fedjax_dd.experiments import run_hfldd
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs FedSeq as described by ``config``."""
   start = time.time()
-  prepared, data, root, params, batch_stats = run_hfldd.setup(config)
+  prepared, data, root, params, batch_stats = common.initialised_clients(
+      config)
   ds, task = prepared.dataset, prepared.task
 
   times: dict[str, float] = {}
   if config.hfldd.group_by_similarity:
-    homo, times, _ = run_hfldd.label_knowledge_clusters(
+    homo, times, _ = common.label_knowledge_clusters(
         config, prepared, data, params, batch_stats, root)
   else:
     homo = np.zeros(data.num_clients, np.int64)
@@ -71,10 +70,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         "num_classes": int(ds.num_classes),
         # bytes_total equals the count named by fedseq_traffic.
         "fedseq_traffic": traffic,
-        **{f"{name}_bytes": ledger_lib.bits_to_bytes(fedseq.eq19_bits(
+        **fedseq.traffic_bytes(
             num_groups=len(groups), group_size=group_size,
-            num_params=summary["param_count"], rounds=summary["rounds"],
-            traffic=name)) for name in fedseq.TRAFFIC},
+            num_params=summary["param_count"], rounds=summary["rounds"]),
         "stage_seconds": times,
         "config": config_dict,
     })

@@ -4,7 +4,7 @@
 shared ``data`` settings and ``seed``, its overrides), runs it through its
 runner in ``WORKDIR/<method>`` (a re-run resumes each), and writes the
 comparison: the printed table, ``comparison.png``
-(:func:`fedjax_dd.utils.figures.plot_comparison`) and ``summary.json``.
+(:func:`fedjax_dd.utils.reporting.write_comparison`) and ``summary.json``.
 Each row carries its member's ``note`` (what the row shows, or why the system
 cannot show it in the quickstart's budget); a one-shot member's baseline row
 (the one-shot FedAvg of its own clients) carries ``baseline_note``.
@@ -22,7 +22,6 @@ import ml_collections
 from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs import base as base_lib
-from fedjax_dd.utils import figures
 from fedjax_dd.utils import reporting
 
 
@@ -43,14 +42,9 @@ def member_config(config: ml_collections.ConfigDict,
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-  """Markdown: method, final accuracy, bytes sent, wall seconds, note."""
-  out = ["| method | final accuracy | bytes sent | wall | note |",
-         "|---|---|---|---|---|"]
-  for r in rows:
-    out.append(f"| {r['method']} | {r['final_test_accuracy']:.4f} | "
-               f"{reporting.format_bytes(r['bytes_total'])} | "
-               f"{r['wall_seconds']:.0f} s | {r.get('note', '')} |")
-  return "\n".join(out)
+  """Markdown: method, final accuracy, bytes sent, wall seconds, note
+  (:func:`fedjax_dd.utils.reporting.comparison_table`)."""
+  return reporting.comparison_table(rows)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -74,8 +68,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                    "wall_seconds": 0.0, "workdir": name,
                    "note": m.get("baseline_note", "")})
   work = Workdir(workdir)
-  figures.plot_comparison(rows, work.path("comparison.png"))
-  print(table(rows))
+  print(reporting.write_comparison(rows, work.directory))
   summary = {"method": "quickstart", "dataset": config.data.dataset,
              "methods": rows, "wall_seconds": time.time() - start,
              "figures": ["comparison.png"], "config": config.to_dict()}

@@ -27,8 +27,9 @@ from fedjax_dd.algorithms.fedprox import fedprox
 from fedjax_dd.algorithms.scaffold import scaffold
 from fedjax_dd.core import fit as fit_lib
 from fedjax_dd.core import keys
-from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
+from fedjax_dd.core import server as server_lib
+from fedjax_dd.core import summary as summary_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.core.workdir import Workdir
@@ -226,46 +227,15 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   return summary
 
 
-def _clustering(rows) -> dict[str, Any]:
-  """Clustered methods' groups per round (DisUE: AP's K and convergence)."""
-  rows = [r for r in rows if "num_clusters" in r]
-  if not rows:
-    return {}
-  return {"num_clusters_by_round": [[r["round"], int(r["num_clusters"])]
-                                    for r in rows],
-          "ap_converged_rounds": sum(int(r["clustering_converged"])
-                                     for r in rows)}
-
-
-def _before_iga(rows) -> dict[str, Any]:
-  """When the run evaluated ω_G before IGA (``iga.evaluate_before``):
-  ``accuracy_before_iga_by_round`` and ``before_iga`` = {the final accuracy
-  before IGA, IGA's mean gain (after − before) over the evaluated rounds}."""
-  rows = [r for r in rows if "test_accuracy_before_iga" in r]
-  if not rows:
-    return {}
-  gains = [r["test_accuracy"] - r["test_accuracy_before_iga"] for r in rows]
-  before = {"final_test_accuracy": rows[-1]["test_accuracy_before_iga"],
-            "mean_iga_gain": float(np.mean(gains))}
-  if "test_class_accuracy_before_iga" in rows[-1]:
-    before["final_test_class_accuracy"] = rows[-1][
-        "test_class_accuracy_before_iga"]
-  return {"accuracy_before_iga_by_round": [
-              [r["round"], r["test_accuracy_before_iga"]] for r in rows],
-          "before_iga": before}
-
-
 def class_accuracy_summary(rows) -> dict[str, Any]:
   """With ``run.class_accuracy``: the last evaluation's accuracy per class."""
-  rows = [r for r in rows if "test_class_accuracy" in r]
-  return ({"final_test_class_accuracy": rows[-1]["test_class_accuracy"]}
-          if rows else {})
+  return summary_lib.class_accuracy_fields(rows)
 
 
 def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,
               rounds: int, wall: loop_lib.WallClock,
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
-  """The summary fields every rounds-style run reports, from memory.
+              extra: dict[str, Any] | None = None, **fields) -> dict[str, Any]:
+  """:func:`fedjax_dd.core.summary.run_summary` with the config's fields.
 
   Args:
     config: the run's config.
@@ -276,44 +246,47 @@ def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,
     rounds: rounds (or epochs) completed.
     wall: the run's wall clock.
     extra: method-specific fields, added before ``config``.
+    **fields: other arguments of ``run_summary``.
   """
-  accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
-  totals = ledger.cumulative()
-  efficiency = {}
-  if config.server.gce_gammas:
-    efficiency = ledger_lib.gce_summary(
-        ledger, final_accuracy=accs[-1] if accs else None,
-        best_accuracy=max(accs) if accs else None,
-        gammas=tuple(config.server.gce_gammas))
-  return {
-      "method": config.method,
-      "dataset": config.data.dataset,
-      "model": config.model.name,
-      "final_test_accuracy": accs[-1] if accs else None,
-      "best_test_accuracy": max(accs) if accs else None,
-      **class_accuracy_summary(rows),
-      "rounds": rounds,
-      "stopped_by_time_budget": rounds < int(config.rounds),
-      "num_clients": int(config.data.num_clients),
-      "param_count": ledger_lib.num_params(params),
-      "bytes_uploaded": totals["bytes_uploaded"],
-      "bytes_downloaded": totals["bytes_downloaded"],
-      "bytes_total": totals["bytes_total"],
-      "bytes_peer": totals["bytes_peer"],
-      "bytes_by_tag": {k: v["bytes_total"]
-                       for k, v in ledger.tag_totals().items()},
-      # This process's seconds, and the run's over every resumed process.
-      "wall_seconds": wall.process(),
-      "wall_seconds_total": wall.total(),
-      "accuracy_by_round": [[r["round"], r["test_accuracy"]] for r in rows
-                            if "test_accuracy" in r],
-      **_clustering(rows),
-      **_before_iga(rows),
-      **efficiency,
-      "paper_departures": list(config.paper_departures),
-      **(extra or {}),
-      "config": config.to_dict(),
-  }
+  fields.setdefault("num_clients", int(config.data.num_clients))
+  return summary_lib.run_summary(
+      method=config.method, dataset=config.data.dataset,
+      model=config.model.name, rows=rows, ledger=ledger, params=params,
+      rounds=rounds, planned_rounds=int(config.rounds), wall=wall,
+      paper_departures=config.paper_departures,
+      gce_gammas=tuple(config.server.gce_gammas), extra=extra,
+      config=config.to_dict(), **fields)
+
+
+def run_server(config: ml_collections.ConfigDict, workdir: str, algorithm,
+               data, *, start: float, run_key: jax.Array, evaluate,
+               initial_models, global_model,
+               group_sizes, num_rounds: int, num_epochs: int,
+               tensorboard: bool = False, on_clients=None, **options):
+  """Drives a server-side method through
+  :func:`fedjax_dd.core.server.run_server_rounds` with the config's
+  evaluation, checkpoint, progress, non-finite and time-budget settings
+  (``options``: other :class:`~fedjax_dd.core.server.ServerOptions` fields).
+
+  Returns:
+    ``(result, rows, wall, work)``: the driver's result, the metrics rows,
+    the run's wall clock and its :class:`~fedjax_dd.core.workdir.Workdir`.
+  """
+  work = Workdir(workdir, tensorboard=tensorboard)
+  wall = loop_lib.WallClock(start=start)
+  result = server_lib.run_server_rounds(
+      algorithm, data, run_key=run_key, initial_models=initial_models,
+      global_model=global_model, group_sizes=group_sizes,
+      options=server_lib.ServerOptions(
+          num_rounds=num_rounds, num_epochs=num_epochs,
+          eval_every=config.run.eval_every,
+          checkpoint_every=config.run.checkpoint_every,
+          progress=config.run.progress,
+          stop_on_nonfinite=config.run.stop_on_nonfinite,
+          max_seconds=remaining_budget(config, start), **options),
+      directory=work.directory, evaluate=evaluate, writer=work.writer,
+      wall=wall, on_clients=on_clients)
+  return result, work.writer.rows(), wall, work
 
 
 def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

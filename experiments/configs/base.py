@@ -458,3 +458,109 @@ def disue_protocol(c: ml_collections.ConfigDict, *, dataset: str,
   c.client.grad_clip = 10.0
   c.client.augment = "flip_crop"
   return c
+
+
+# The fingerprints of a run, and each config key's rule, declared once per
+# key (a dotted path; a group stands for all its keys). A fingerprint is
+# ``{path: value}`` (``fedjax_dd.experiments.common.fingerprint``):
+#
+# * ``run``: ``config.json``, checked on every resume (a resumed run must be
+#   the same experiment): every key except those marked ``-run``, which
+#   decide how long and how a run goes (rounds, evaluation, checkpoints,
+#   logging, budget; the client backend, which gives the same results, and
+#   the convolution formulation, equal to rounding), where the TFDS copy
+#   sits, or only document it. The paths server.teachers_from and
+#   fedd3.distilled_from stay in: their contents change the results;
+# * ``hfldd_stages``: HFLDD's cached stages 1-3: every key except those
+#   marked ``-hfldd_stages``, which change only the heads' rounds (their
+#   local training and sampling; pre-training has its own keys), the
+#   summary (GCE, label bits charged) or which implementation computes the
+#   same KIP kernel;
+# * ``fedd3_distill``: FedD3's cached distilled set (the upload): only the
+#   keys marked ``+fedd3_distill`` (KIP's segment length only paces progress
+#   reports and kip.kernel_impl only picks the implementation of the same
+#   kernel, so neither is);
+# * ``client_protocol``: the one-shot runner's round-1 client models
+#   (``server.teachers_from`` reuses them): only ``+client_protocol`` keys,
+#   ``+client_protocol?COND`` ones when :data:`FINGERPRINT_CONDITIONS`
+#   ``[COND]`` holds (a homogeneous protocol does not depend on how "every
+#   client uses model.name" is spelled, nor an unresized one on the resize
+#   method), so older runs' clients stay reusable;
+# * ``server_setup``: the one-shot runner's checkpointed server setup (FedHydra's
+#   stratification): only ``+server_setup`` keys.
+_RUN_ONLY = ("-run", "-hfldd_stages")
+_UPLOAD = ("+fedd3_distill", "+client_protocol")
+_CLIENTS = ("-hfldd_stages", "+client_protocol")
+FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
+    "rounds": _RUN_ONLY,
+    "run": _RUN_ONLY,
+    "engine": _RUN_ONLY,
+    "paper_departures": _RUN_ONLY,
+    "model.conv_impl": _RUN_ONLY,
+    "data.data_dir": ("-run",),
+    "seed": _UPLOAD,
+    "data.dataset": _UPLOAD,
+    "data.num_classes": _UPLOAD,
+    "data.resplit": _UPLOAD,
+    "data.input_shape": _UPLOAD,
+    "data.resize_method": ("+fedd3_distill", "+client_protocol?resized"),
+    "data.num_clients": _UPLOAD,
+    "data.seed": _UPLOAD,
+    "data.partition": _UPLOAD,
+    "model.name": _UPLOAD,
+    "model.client_models": ("+client_protocol?heterogeneous",),
+    "client.batch_size": _CLIENTS,
+    "client.local_epochs": _CLIENTS,
+    "client.local_steps": _CLIENTS,
+    "client.optimizer": ("+client_protocol",),
+    "client.lr": ("+client_protocol",),
+    "client.momentum": ("+client_protocol",),
+    "client.weight_decay": ("+client_protocol",),
+    "client.grad_clip": ("+client_protocol",),
+    "client.clients_per_round": ("-hfldd_stages",),
+    "client.client_fraction": ("-hfldd_stages",),
+    "server.initial_model_as_seed": ("-hfldd_stages",),
+    "server.gce_gammas": ("-hfldd_stages",),
+    "server.seed": ("+server_setup",),
+    "hfldd.sent_label_bits": ("-hfldd_stages",),
+    "fedd3.distiller": ("+fedd3_distill",),
+    "fedd3.images_per_class": ("+fedd3_distill",),
+    "fedd3.allow_raw_upload": ("+fedd3_distill",),
+    "kip.kernel": ("+fedd3_distill",),
+    "kip.kernel_depth": ("+fedd3_distill",),
+    "kip.kernel_kind": ("+fedd3_distill",),
+    "kip.kernel_impl": ("-hfldd_stages",),
+    **{f"kip.{k}": ("+fedd3_distill",) for k in KIP_OPTION_KEYS
+       if k != "segment_iterations"},
+    **{f"dfkd.{k}": ("+server_setup",) for k in (
+        "stratify_steps", "stratify_batch_size", "nz", "ngf", "generator_lr",
+        "generator_b1")},
+}
+
+# Conditions of ``+NAME?COND`` rules: config -> whether the key joins.
+FINGERPRINT_CONDITIONS = {
+    "resized": lambda c: bool(c.data.input_shape),
+    "heterogeneous": lambda c: bool(
+        {s.strip() for s in c.model.client_models.split(",") if s.strip()}
+        - {c.model.name}),
+}
+
+# The fingerprints holding every key not marked out of them; the others
+# hold only the keys marked into them.
+SUBTRACTIVE_FINGERPRINTS = ("run", "hfldd_stages")
+
+
+def fingerprint_paths(name: str, c: ml_collections.ConfigDict | None = None
+                      ) -> tuple[str, ...]:
+  """The declared paths of fingerprint ``name``: those marked out of a
+  subtractive one, or those in an additive one (with ``c``: the conditional
+  ones whose condition holds on ``c``; without: all)."""
+  sign = "-" if name in SUBTRACTIVE_FINGERPRINTS else "+"
+  out = []
+  for path, rules in FINGERPRINT_RULES.items():
+    for rule in rules:
+      rule_name, _, cond = rule[1:].partition("?")
+      if rule[0] == sign and rule_name == name and (
+          not cond or c is None or FINGERPRINT_CONDITIONS[cond](c)):
+        out.append(path)
+  return tuple(out)

@@ -51,7 +51,7 @@ def test_feddf_keeps_fedhydras_clients():
   df, fh = feddf_config.get_config("mnist_a0.5"), fedhydra_config.get_config(
       "mnist_a0.5")
   # The client protocol: every field teachers_from checks.
-  for path in run_fedhydra._PROTOCOL_FIELDS:
+  for path in base_config.fingerprint_paths("client_protocol"):
     assert common.config_value(df, path) == common.config_value(fh, path), path
 
 

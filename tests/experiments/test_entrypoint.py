@@ -168,9 +168,9 @@ def test_os_fedavg_a05_trains_the_same_clients_as_fedhydra():
   os_c, fh_c = os_config.get_config("mnist_a0.5"), fedhydra_config.get_config(
       "mnist_a0.5")
   from fedjax_dd.experiments import common
-  from fedjax_dd.experiments import run_fedhydra
+  from fedjax_dd.experiments.configs import base as base_config
   # The client protocol: every field teachers_from checks.
-  for path in run_fedhydra._PROTOCOL_FIELDS:
+  for path in base_config.fingerprint_paths("client_protocol"):
     assert common.config_value(os_c, path) == common.config_value(
         fh_c, path), path
 

@@ -8,10 +8,12 @@ import pytest
 
 from fedjax_dd.algorithms import fedd3 as fedd3_lib
 from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import server as server_lib
 from fedjax_dd.core.stage_cache import StageCache, StaleStageError
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import run_fedd3
 from fedjax_dd.experiments import runners
+from fedjax_dd.experiments import stage_builders
 from fedjax_dd.experiments.configs import base
 from fedjax_dd.experiments.configs import fedd3
 
@@ -122,7 +124,7 @@ def test_a_killed_run_resumes_on_its_cached_distilled_set(
 
   # Killed once the distilled set is cached, before the server trains.
   with monkeypatch.context() as m:
-    m.setattr(run_fedd3.server_lib, "run_server_rounds", killed)
+    m.setattr(server_lib, "run_server_rounds", killed)
     with pytest.raises(KeyboardInterrupt):
       runners.RUNNERS["fedd3"](_smoke(), str(workdir))
   assert not os.path.exists(workdir / "summary.json")
@@ -131,7 +133,7 @@ def test_a_killed_run_resumes_on_its_cached_distilled_set(
   def no_distiller(*args, **kwargs):
     raise AssertionError("distilled again")
 
-  monkeypatch.setattr(run_fedd3, "_distiller", no_distiller)
+  monkeypatch.setattr(stage_builders, "distiller", no_distiller)
   s = runners.RUNNERS["fedd3"](_smoke(), str(workdir))
   assert s["distilled_cached"] is True
   # The same upload and training as an uninterrupted run.

@@ -1,0 +1,132 @@
+"""Config -> library builders of the one-shot runners' stages.
+
+* :func:`distiller`: FedD3's client stage (``run_fedd3``), KIP, the GMM
+  coreset or the random-real control;
+* :data:`SERVER_METHODS`: the server methods of the ``fedhydra`` runner
+  (``run_fedhydra``): FedHydra, DENSE, FedDF and one-shot FedAvg, each built
+  over the shared one-shot client stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import ml_collections
+import optax
+
+from fedjax_dd import models
+from fedjax_dd.algorithms import fedd3
+from fedjax_dd.algorithms import fedd3_stages
+from fedjax_dd.algorithms import one_shot
+from fedjax_dd.algorithms import stratify as stratify_lib
+from fedjax_dd.algorithms.dense import dense
+from fedjax_dd.algorithms.feddf import feddf, public_set
+from fedjax_dd.algorithms.fedhydra import fedhydra
+from fedjax_dd.core import keys
+from fedjax_dd.data import sources
+from fedjax_dd.distill import dfkd
+from fedjax_dd.distill import ensemble
+from fedjax_dd.experiments import common
+
+
+def distiller(config: ml_collections.ConfigDict, prepared: common.Prepared,
+              num_classes: int) -> fedd3.Distiller:
+  """FedD3's distiller named by ``config.fedd3.distiller`` (kip | gmm |
+  random), with the config's KIP settings and upload budget."""
+  options = common.kip_options(config)
+  progress = (fedd3_stages.progress_bar(options.max_iterations)
+              if config.run.progress else None)
+  f = config.fedd3
+  builders = {
+      "kip": lambda: fedd3.kip_distiller(
+          common.kip_kernel(config), num_classes=num_classes,
+          mean=prepared.mean, std=prepared.std,
+          images_per_class=f.images_per_class, options=options,
+          mapper=common.mapper(config, workload="kip"),
+          allow_raw_upload=f.allow_raw_upload, progress=progress),
+      "gmm": lambda: fedd3.gmm_distiller(
+          num_classes=num_classes, images_per_class=f.images_per_class,
+          allow_raw_upload=f.allow_raw_upload),
+      "random": lambda: fedd3.random_distiller(
+          num_classes=num_classes, images_per_class=f.images_per_class),
+  }
+  if f.distiller not in builders:
+    raise ValueError(f"Unknown distiller {f.distiller!r}; expected one of "
+                     f"{sorted(builders)}.")
+  return builders[f.distiller]()
+
+
+def _hparams(config) -> dfkd.DFKDHyperParams:
+  """:class:`fedjax_dd.distill.dfkd.DFKDHyperParams` from the ``dfkd`` group."""
+  d = config.dfkd
+  return dfkd.DFKDHyperParams(
+      batch_size=d.synthetic_batch_size,
+      pool_size=d.pool_size or d.distill_epochs,
+      **{k: d[k] for k in (
+          "generator_steps", "student_steps", "lambda_bn", "lambda_adv",
+          "beta", "temperature", "reset_generator", "learn_noise",
+          "keep_best", "adv_mask", "augment_shift", "augment_flip")})
+
+
+def _synthesis(config, task) -> dict[str, Any]:
+  """The generator and optimisers shared by FedHydra and DENSE."""
+  d = config.dfkd
+  return dict(
+      generator=models.Generator(out_shape=tuple(task.input_shape),
+                                 nz=d.nz, ngf=d.ngf,
+                                 conv_impl=common.conv_impl(config)),
+      generator_optimizer=optax.adam(d.generator_lr, b1=d.generator_b1),
+      student_optimizer=optax.sgd(d.student_lr,
+                                  momentum=d.student_momentum or None),
+      mapper=common.mapper(config))
+
+
+AGGREGATIONS: dict[str, ensemble.CombineFn] = {
+    "sa": stratify_lib.stratified_ensemble,
+    "ae": ensemble.average_ensemble,
+}
+
+
+def _fedhydra(config, stage, groups, task, input_fn):
+  syn = _synthesis(config, task)
+  return fedhydra(stage, groups, syn.pop("generator"), task, input_fn,
+                  _hparams(config), stratify_steps=config.dfkd.stratify_steps,
+                  stratify_batch_size=config.dfkd.stratify_batch_size,
+                  combine=AGGREGATIONS[config.dfkd.aggregation],
+                  sa_average_scale=config.dfkd.sa_average_scale, **syn)
+
+
+def _dense(config, stage, groups, task, input_fn):
+  syn = _synthesis(config, task)
+  return dense(stage, groups, syn.pop("generator"), task, input_fn,
+               _hparams(config), **syn)
+
+
+def _feddf(config, stage, groups, task, input_fn):
+  public = sources.load_unlabeled(
+      config.data.public_data, num=config.data.public_size,
+      rng=keys.numpy_stream(config.data.seed, keys.Stream.PUBLIC_DATA))
+  d = config.dfkd
+  return feddf(stage, groups, task, input_fn,
+               jax.device_put(public_set(public, task.input_shape)),
+               optimizer=optax.adam(d.feddf_lr),
+               batch_size=d.synthetic_batch_size,
+               steps_per_epoch=d.feddf_steps,
+               temperature=d.temperature, mapper=common.mapper(config))
+
+
+def _os_fedavg(config, stage, groups, task, input_fn):
+  del config, groups, task, input_fn
+  return one_shot.os_fedavg(stage)
+
+
+# The fedhydra runner's methods: method -> (builder, whether it has server
+# epochs); a builder is (config, client stage, groups, task, input_fn) ->
+# ServerDistillation.
+SERVER_METHODS: dict[str, tuple[Callable[..., Any], bool]] = {
+    "fedhydra": (_fedhydra, True),
+    "dense": (_dense, True),
+    "feddf": (_feddf, True),
+    "os_fedavg": (_os_fedavg, False),
+}
