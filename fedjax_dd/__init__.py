@@ -17,14 +17,16 @@ package stays cheap)::
 
   algorithms   fedavg, fedprox, fednova, scaffold, centralized, os_fedavg,
                fedseq, ifca, fedhydra, dense, feddf, one_shot (client stage
-               and one-shot averaging), fedd3 and hfldd (their stages)
+               and one-shot averaging), fedd3 and hfldd (their stages),
+               fedd3_stages and hfldd_stages (chained as a run, cached)
   clustered    disue, fedftg, clustered_distillation, affinity_grouping,
                make_iga, IGAHyperParams, update_similarity,
                affinity_propagation
   shapes       FederatedAlgorithm, ServerDistillation, ServerState,
                ExperimentState, Cohort, Teachers, CommSpec
   loops        run_loop, run_rounds, train_rounds, run_server_rounds and
-               their options; CheckpointStore, StageCache, Workdir
+               their options; CheckpointStore, StageCache, Workdir,
+               run_summary (a finished run's summary.json fields)
   notebook     prepare (dataset + model -> task), local_steps, fit (R rounds
                with a workdir: checkpoints, metrics, resume), plot_history,
                plot_partition
@@ -76,9 +78,12 @@ _API: dict[str, tuple[str, str | None]] = {
     "dense": ("fedjax_dd.algorithms.dense", "dense"),
     "feddf": ("fedjax_dd.algorithms.feddf", "feddf"),
     "one_shot": ("fedjax_dd.algorithms.one_shot", None),
-    # Stage modules of FedD3 and HFLDD.
+    # Stage modules of FedD3 and HFLDD, and the stages chained as a run
+    # does (with the stage cache and the summary fields).
     "fedd3": ("fedjax_dd.algorithms.fedd3", None),
     "hfldd": ("fedjax_dd.algorithms.hfldd", None),
+    "fedd3_stages": ("fedjax_dd.algorithms.fedd3_stages", None),
+    "hfldd_stages": ("fedjax_dd.algorithms.hfldd_stages", None),
     # Shapes and state.
     "FederatedAlgorithm": ("fedjax_dd.core.algorithm", "FederatedAlgorithm"),
     "ServerDistillation": ("fedjax_dd.core.algorithm", "ServerDistillation"),
@@ -97,6 +102,7 @@ _API: dict[str, tuple[str, str | None]] = {
     "ServerOptions": ("fedjax_dd.core.server", "ServerOptions"),
     "CheckpointStore": ("fedjax_dd.core.checkpoint", "CheckpointStore"),
     "StageCache": ("fedjax_dd.core.stage_cache", "StageCache"),
+    "run_summary": ("fedjax_dd.core.summary", "run_summary"),
     "Workdir": ("fedjax_dd.core.workdir", "Workdir"),
     # The client axis and local training.
     "ClientMapper": ("fedjax_dd.core.clients", "ClientMapper"),
