@@ -17,10 +17,12 @@ import ml_collections
 import numpy as np
 
 from fedjax_dd.algorithms.centralized import centralized
+from fedjax_dd.algorithms.cfl import cfl
 from fedjax_dd.algorithms.disue import affinity_grouping, disue
 from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
 from fedjax_dd.algorithms.dynafed import DynaFedHyperParams, dynafed
 from fedjax_dd.algorithms.ifca import ifca
+from fedjax_dd.algorithms.pacfl import cluster_clients, pacfl
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.algorithms.fednova import fednova
 from fedjax_dd.algorithms.fedprox import fedprox
@@ -119,7 +121,34 @@ def _ifca(config, task, max_steps):
               init_key=keys.stage_key(keys.model_root(config.seed),
                                       keys.Stage.CLUSTER_MODELS),
               global_model=config.ifca.global_model,
+              **_plugin_iga(config, task),
               **_clustered_kwargs(config, max_steps))
+
+
+def _plugin_iga(config, task):
+  """IGA on a clustered baseline's cluster models (``+iga`` presets)."""
+  return dict(iga=_iga(config, task), generator_key=_generator_key(config))
+
+
+def _cfl(config, task, max_steps):
+  f = config.cfl
+  return cfl(task, common.make_optimizer(config), eps1=f.eps1, eps2=f.eps2,
+             warmup=f.warmup, max_clusters=f.max_clusters,
+             global_model=f.global_model, **_plugin_iga(config, task),
+             **_clustered_kwargs(config, max_steps))
+
+
+def _pacfl(config, task, max_steps, data):
+  f = config.pacfl
+  clusters = cluster_clients(
+      data, num_classes=task.num_classes, rank=f.rank,
+      threshold=f.threshold if f.threshold > 0 else None,
+      num_clusters=f.num_clusters if f.threshold <= 0 else None,
+      linkage=f.linkage, proximity=f.proximity, per_class=f.per_class,
+      mapper=common.mapper(config))
+  return pacfl(task, common.make_optimizer(config), clusters=clusters,
+               global_model=f.global_model, **_plugin_iga(config, task),
+               **_clustered_kwargs(config, max_steps))
 
 
 def _dynafed(config, task, max_steps):
@@ -137,6 +166,7 @@ BUILDERS: dict[str, Builder] = {
     "fedftg": _fedftg,
     "feddf_datafree": lambda c, task, m: _fedftg(c, task, m, feddf=True),
     "ifca": _ifca,
+    "cfl": _cfl,
     "centralized": lambda c, task, m: centralized(
         task, common.make_optimizer(c), batch_size=c.client.batch_size,
         max_steps=m, mapper=common.mapper(c)),
@@ -159,6 +189,13 @@ BUILDERS: dict[str, Builder] = {
         task, learning_rate=c.client.lr, server_learning_rate=c.server.lr,
         **_fedavg_kwargs(c, m)),
     "dynafed": _dynafed,
+}
+
+
+# Methods whose server sees something of every client's data before round 1
+# (PACFL's subspaces): built from the clients' data too.
+DATA_BUILDERS: dict[str, Callable[..., FederatedAlgorithm]] = {
+    "pacfl": _pacfl,
 }
 
 
@@ -296,8 +333,12 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   parts = _client_partition(config, prepared)
   data = common.client_data(prepared.dataset, parts)
   num_steps = common.local_steps(config, data.num_examples)
-  algorithm = BUILDERS[config.method](config, prepared.task,
-                                      int(jnp.max(num_steps)))
+  max_steps = int(jnp.max(num_steps))
+  if config.method in DATA_BUILDERS:
+    algorithm = DATA_BUILDERS[config.method](config, prepared.task, max_steps,
+                                             data)
+  else:
+    algorithm = BUILDERS[config.method](config, prepared.task, max_steps)
   return train_rounds(config, workdir, prepared=prepared, algorithm=algorithm,
                       data=data, num_steps=num_steps, start_time=start)
 

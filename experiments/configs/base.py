@@ -418,6 +418,34 @@ def ifca(c: ml_collections.ConfigDict, num_clusters: int = 2
   return c
 
 
+def cfl(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``cfl`` group (Sattler et al. 2020; the defaults are the
+  authors' code: eps 0.4 / 1.6, splits after round 20)."""
+  c.cfl = ml_collections.ConfigDict({
+      "eps1": 0.4,  # mean update norm below which a cluster is stationary
+      "eps2": 1.6,  # largest update norm above which it splits
+      "warmup": 20,
+      "max_clusters": 8,
+      "global_model": "largest",  # largest | average
+  })
+  return c
+
+
+def pacfl(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``pacfl`` group (Vahidian et al. 2023; the defaults are the
+  authors' scripts: p = 3, average linkage)."""
+  c.pacfl = ml_collections.ConfigDict({
+      "rank": 3,  # p: singular vectors per class
+      "per_class": True,  # one SVD per class (code) or per client
+      "proximity": "basis",  # basis (code) | smallest (principal angle)
+      "threshold": 4.9,  # beta in degrees (code: 3.5-4.9); 0: num_clusters
+      "num_clusters": 0,
+      "linkage": "average",  # average | complete | single
+      "global_model": "largest",  # largest | average
+  })
+  return c
+
+
 def dynafed(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds the ``dynafed`` group: the fields of
   ``fedjax_dd.algorithms.dynafed.DynaFedHyperParams`` (HFLDD Sec. V-A: 15

@@ -226,3 +226,14 @@ def protocol(method: str, arg: str):
 
 def get_config(arg: str = "fmnist_dir0.01"):
   return protocol("disue", arg)
+
+
+def clustered_baseline(method: str, arg: str):
+  """:func:`protocol` for a clustered baseline (IFCA, CFL, PACFL): preset
+  ``<name>+iga`` plugs DisUE's IGA into its cluster models (DisUE Tab. 2),
+  ``<name>`` runs it without."""
+  name, plugged = ((arg[:-len("+iga")], True) if arg.endswith("+iga")
+                   else (arg, False))
+  c = protocol(method, name)
+  c.iga.enabled = plugged
+  return c

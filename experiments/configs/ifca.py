@@ -4,6 +4,8 @@ Commands (CPU, 2 cores)::
 
   fedjax-dd --config=experiments/configs/ifca.py:fmnist_dir0.01 --workdir=/tmp/ifca
   ...ifca.py:cifar10_dir0.01 / cifar10_dir0.1 / smoke / *_gpu
+  ...ifca.py:<any of them>+iga   IGA plugged into the cluster models
+    (DisUE Tab. 2): the evaluated model is distilled from them every round.
 
 See experiments/configs/disue.py for the protocol (N = 100, Act = 0.15,
 FedFTG's Dirichlet, 5 local epochs, batch 50, SGD lr 0.1·0.998^t, weight
@@ -19,4 +21,4 @@ from fedjax_dd.experiments.configs import disue
 
 
 def get_config(arg: str = "fmnist_dir0.01"):
-  return disue.protocol("ifca", arg)
+  return disue.clustered_baseline("ifca", arg)

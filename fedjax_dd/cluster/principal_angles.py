@@ -13,13 +13,18 @@ the angles between them and clusters the proximity matrix hierarchically.
   the paper's wording), ``U_c = svd(X_c^T)[:, :p]``. Columns beyond a class's
   rank, of absent classes and of padding are zero, with a mask.
 * :func:`proximity` is the ``[N, N]`` matrix of angles in degrees between
-  two clients' signatures. ``"smallest"`` is the smallest principal angle
-  ``Θ_1 = arccos(σ_max(U_iᵀ U_j))`` (PACFL Eq. 2's ``A_ij = Θ_1``);
-  ``"basis"`` is the authors' code (``calculating_adjacency``): the
-  smallest angle between any two basis vectors, ``min arccos(U_iᵀ U_j)``
-  over entries. We take ``|U_iᵀ U_j|`` in both, since the sign of a
-  singular vector is arbitrary (the code's ``arccos`` of a negative entry
-  gives an angle over 90° for the same direction).
+  two clients' signatures. ``"basis"`` is the authors' code
+  (``calculating_adjacency``): the smallest angle between any two of the
+  clients' singular vectors, ``min arccos |U_iᵀ U_j|`` over entries (we take
+  the absolute value, since the sign of a singular vector is arbitrary: the
+  code's ``arccos`` of a negative entry gives an angle over 90° for the same
+  direction). ``"smallest"`` is the smallest principal angle between the
+  spans, ``Θ_1 = arccos σ_max(Q_iᵀ Q_j)`` with ``Q`` an orthonormal basis of
+  the client's vectors (PACFL Eq. 2's ``A_ij = Θ_1``). With one subspace per
+  class the spans of two clients share the directions common to all images
+  (e.g. the first singular vector of raw pixels, close to the mean image),
+  so ``"smallest"`` is near 0 for every pair (digits: all 0); ``"basis"``
+  separates them (digits: 3-13°).
 * :func:`agglomerative` is scikit-learn's ``AgglomerativeClustering`` on the
   precomputed matrix with a distance threshold ``β`` (the paper's stopping
   threshold) or a fixed number of clusters. The authors' code merges by its
@@ -101,10 +106,18 @@ def proximity(u: jax.Array, mask: jax.Array, form: str = "smallest"
   if form not in PROXIMITIES:
     raise ValueError(f"form must be one of {PROXIMITIES}, got {form!r}.")
   u = u * mask[:, None, :]
-  gram = jnp.abs(jnp.einsum("idr,jds->ijrs", u, u))  # [N, N, R, R]
   if form == "basis":
+    gram = jnp.abs(jnp.einsum("idr,jds->ijrs", u, u))  # [N, N, R, R]
     cos = jnp.max(gram, axis=(2, 3))
   else:
+    # Principal angles need orthonormal bases: the classes' vectors together
+    # are not (the first vectors of two classes are close).
+    def orthonormal(b):
+      q, s, _ = jnp.linalg.svd(b, full_matrices=False)
+      return q * (s > jnp.max(s) * 1e-4)[None, :]
+
+    q = jax.vmap(orthonormal)(u)
+    gram = jnp.einsum("idr,jds->ijrs", q, q)
     cos = jax.vmap(jax.vmap(lambda g: jnp.linalg.svd(g, compute_uv=False)[0])
                    )(gram)
   angles = jnp.degrees(jnp.arccos(jnp.clip(cos, 0.0, 1.0)))

@@ -1,0 +1,57 @@
+"""IFCA, CFL and PACFL configs: DisUE's presets, ``+iga`` presets, smoke."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedjax_dd.experiments import common
+from fedjax_dd.experiments import runners
+from fedjax_dd.experiments.configs import cfl, disue, ifca, pacfl
+
+CONFIGS = {"ifca": ifca, "cfl": cfl, "pacfl": pacfl}
+
+
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+@pytest.mark.parametrize("plugged", [False, True])
+def test_presets_and_iga_presets(method, plugged):
+  for name in disue.PRESETS:
+    c = CONFIGS[method].get_config(name + ("+iga" if plugged else ""))
+    assert c.method == method and c.iga.enabled == plugged
+    common.validate(c)
+    # DisUE's protocol, with the method's own group (and, in the smoke
+    # preset, its own rounds).
+    want = disue.protocol(method, name).to_dict()
+    want["iga"]["enabled"] = plugged
+    got = c.to_dict()
+    got.pop(method, None), want.pop(method, None)
+    if name == "smoke":
+      got.pop("rounds"), want.pop("rounds")
+    assert got == want
+  with pytest.raises(ValueError, match="Unknown preset"):
+    CONFIGS[method].get_config("mnist+iga")
+
+
+def _smoke(method, arg="smoke"):
+  c = CONFIGS[method].get_config(arg)
+  c.run.progress = False
+  c.rounds = 2
+  return c
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(CONFIGS))
+def test_smoke_with_iga_runs_and_reports_clusters(tmp_path, method):
+  s = runners.RUNNERS["federated"](_smoke(method, "smoke+iga"),
+                                   str(tmp_path / method))
+  assert s["method"] == method and np.isfinite(s["final_test_accuracy"])
+  with open(tmp_path / method / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  assert all(any(k.startswith("iga_") for k in r) for r in rows)
+  # Class counts go up once per client (4 of 10 sampled a round).
+  assert 0 < s["bytes_by_tag"]["class_counts"] * 8 <= 10 * 10 * 32
+  if method == "pacfl":
+    assert s["bytes_by_tag"]["pacfl_subspace"] > 0
+    assert [k for _, k in s["num_clusters_by_round"]] == [5, 5]
+  if method == "cfl":
+    assert [k for _, k in s["num_clusters_by_round"]] == [1, 2]
