@@ -30,6 +30,7 @@ from fedjax_dd.models.fedhydra_cnn import CNN2, CNN3, ConvBNNet
 from fedjax_dd.models.generator import Generator
 from fedjax_dd.models.layers import CONV_IMPLS, resolve_conv_impl
 from fedjax_dd.models.lenet import DigitsCNN, LeNet5
+from fedjax_dd.models.projection import ProjectionNet, projection_builder
 from fedjax_dd.models.resnet import BasicBlock, ResNet, resnet18
 
 
@@ -52,6 +53,8 @@ class ModelSpec:
     has_batch_stats: Whether the model keeps a ``batch_stats`` collection
       (and so needs ``mutable=['batch_stats']`` when ``train=True``).
     description: One-line summary.
+    head: The name of the model's output ``Dense`` (``""``: none named),
+      which :class:`ProjectionNet` skips to read the representation.
   """
 
   name: str
@@ -59,6 +62,7 @@ class ModelSpec:
   input_shape: tuple[int, int, int]
   has_batch_stats: bool
   description: str
+  head: str = ""
 
 
 def _builder(make: Callable[..., nn.Module], has_convs: bool = True
@@ -80,50 +84,72 @@ def _cls(cls: type[nn.Module]) -> Callable[..., nn.Module]:
 
 _SPECS = (
     ModelSpec("lenet5", _cls(LeNet5), (28, 28, 1), False,
-              "LeNet-5, ReLU + max-pool, VALID convs; 44,426 params @10."),
+              "LeNet-5, ReLU + max-pool, VALID convs; 44,426 params @10.",
+              head="fc3"),
     ModelSpec("convnet3", _cls(ConvNet), (32, 32, 3), False,
-              "ConvNet-3 width 128 with instance norm; 320,010 params @10."),
+              "ConvNet-3 width 128 with instance norm; 320,010 params @10.",
+              head="fc"),
     ModelSpec("hfldd_cifar_cnn", _cls(HFLDDCifarCNN),
               (32, 32, 3), True,
               "HFLDD CIFAR-10 CNN, 4x[conv,ReLU,BN]x2+pool, widths 128; "
-              "1,043,850 params @10."),
+              "1,043,850 params @10.",
+              head="fc"),
     ModelSpec("alexnet", _cls(AlexNet), (32, 32, 3), False,
               "Five-conv CIFAR AlexNet 64-192-384-256-256, MLP 384-192; "
-              "3,900,682 params @10."),
+              "3,900,682 params @10.",
+              head="head"),
     ModelSpec("alexcifarnet", _cls(AlexCifarNet),
               (32, 32, 3), False,
               "FedD3 reference AlexCifarNet (2 conv + LRN); "
-              "1,756,426 params @10."),
+              "1,756,426 params @10.",
+              head="fc3"),
     ModelSpec("resnet18", _builder(resnet18), (32, 32, 3), True,
               "CIFAR ResNet-18 (3x3 stem, BasicBlocks [2,2,2,2]); "
-              "11,173,962 params @10."),
+              "11,173,962 params @10.",
+              head="fc"),
     ModelSpec("cnn2", _cls(CNN2), (28, 28, 1), True,
               "FedHydra CNN2: 2x[conv5x5,BN,ReLU,pool] 32-64 + dense; "
-              "83,562 params @10."),
+              "83,562 params @10.",
+              head="fc"),
     ModelSpec("cnn3", _cls(CNN3), (32, 32, 3), True,
               "FedHydra CNN3: 3x[conv3x3,BN,ReLU,pool] 32-64-128 + dense; "
-              "113,962 params @10."),
+              "113,962 params @10.",
+              head="fc"),
     ModelSpec("fc", _builder(lambda k: FC(num_classes=k), has_convs=False),
               (28, 28, 1), False,
               "FC1: one hidden ReLU layer of 1024 on the flattened input "
-              "(any input shape); 814,090 params @10 on 28x28x1."),
+              "(any input shape); 814,090 params @10 on 28x28x1.",
+              head="head"),
     ModelSpec("digits_cnn", _cls(DigitsCNN), (8, 8, 1),
               False,
-              "Small CNN for 8x8 sklearn digits; 53,002 params @10."),
+              "Small CNN for 8x8 sklearn digits; 53,002 params @10.",
+              head="fc2"),
 )
 
 MODELS: Mapping[str, ModelSpec] = types.MappingProxyType(
     {spec.name: spec for spec in _SPECS})
 
+# MOON's networks (models/projection.py), ``<name>_proj``: every model less
+# its output layer, with a 2-layer projection head to 256 and an output layer
+# on it. Kept apart from MODELS, whose every entry the model tests run.
+PROJECTED: Mapping[str, ModelSpec] = types.MappingProxyType({
+    f"{spec.name}_proj": ModelSpec(
+        f"{spec.name}_proj", projection_builder(spec.build, spec.head),
+        spec.input_shape, spec.has_batch_stats,
+        f"{spec.name} without {spec.head!r}, MOON's projection head "
+        "(d -> d -> 256) and output layer.")
+    for spec in _SPECS})
+
 
 def get_model(name: str) -> ModelSpec:
-  """Returns the registered ``ModelSpec`` called ``name``.
+  """Returns the registered ``ModelSpec`` called ``name`` (or its MOON
+  variant ``<name>_proj``, :data:`PROJECTED`).
 
   Raises:
     ValueError: If ``name`` is not registered (the message lists the names).
   """
   try:
-    return MODELS[name]
+    return MODELS[name] if name in MODELS else PROJECTED[name]
   except KeyError:
     raise ValueError(
         f"Unknown model {name!r}; known models: {', '.join(sorted(MODELS))}."
@@ -172,6 +198,6 @@ __all__ = [
     "AlexCifarNet", "AlexNet", "BasicBlock", "CNN2", "CNN3", "CONV_IMPLS",
     "ConvBNNet", "ConvNet", "DigitsCNN", "FC", "Generator", "HFLDDCifarCNN",
     "LeNet5",
-    "MODELS", "ModelSpec", "ResNet", "get_model", "init_model",
+    "MODELS", "ModelSpec", "PROJECTED", "ProjectionNet", "ResNet", "get_model", "init_model",
     "resnet18", "resolve_conv_impl",
 ]

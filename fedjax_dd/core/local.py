@@ -22,7 +22,11 @@ Algorithms customise the update through two pure hooks:
 * ``regularizer(params, ctx) -> scalar`` added to the loss (FedProx);
 * ``grad_correction(grads, ctx) -> grads`` (SCAFFOLD's control variates).
 
-and two opt-in ones:
+and three opt-in ones:
+
+* ``loss(params, batch_stats, xb, yb, ctx) -> (loss, (new_stats, accuracy))``
+  in place of the task's cross-entropy, for a loss that needs the batch
+  beyond the logits (MOON's model-contrastive term on the projection);
 
 * ``augment(key, xb) -> xb`` applied to every sampled batch before the loss
   (e.g. :func:`flip_and_crop`);
@@ -103,6 +107,8 @@ def make_local_update(
     grad_correction: Callable[[PyTree, PyTree], PyTree] | None = None,
     augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     lr_scale: Callable[[PyTree], jax.Array] | None = None,
+    loss: Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
+    | None = None,
     unroll: int = 1,
     skip_padding: bool = True,
 ) -> LocalUpdate:
@@ -123,6 +129,9 @@ def make_local_update(
     lr_scale: optional ``ctx -> scalar``: the optimizer's updates are
       multiplied by it, which scales the learning rate of SGD (with or
       without momentum and weight decay) and Adam(W) exactly.
+    loss: optional ``(params, batch_stats, xb, yb, ctx) -> (loss,
+      (new_batch_stats, accuracy))`` replacing ``task.loss`` (in training
+      mode) on every batch; ``regularizer`` is still added.
     unroll: ``lax.scan`` unroll factor (``skip_padding=False`` only).
     skip_padding: stop each client's loop after its own ``num_steps``
       (``lax.while_loop``) instead of computing and masking ``max_steps``
@@ -139,11 +148,16 @@ def make_local_update(
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
 
+  if loss is None:
+    batch_loss = lambda p, s, xb, yb, ctx: task.loss(p, s, xb, yb, train=True)
+  else:
+    batch_loss = loss
+
   def loss_fn(params, batch_stats, xb, yb, ctx):
-    loss, (new_stats, acc) = task.loss(params, batch_stats, xb, yb, train=True)
+    value, (new_stats, acc) = batch_loss(params, batch_stats, xb, yb, ctx)
     if regularizer is not None:
-      loss = loss + regularizer(params, ctx)
-    return loss, (new_stats, acc)
+      value = value + regularizer(params, ctx)
+    return value, (new_stats, acc)
 
   value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
 

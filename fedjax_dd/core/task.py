@@ -41,16 +41,22 @@ class Classifier:
     return variables["params"], variables.get("batch_stats", {})
 
   def apply(self, params: PyTree, batch_stats: PyTree, x: jax.Array, *,
-            train: bool) -> tuple[jax.Array, PyTree]:
-    """Logits ``[B, K]`` for float inputs, and the updated BatchNorm stats."""
+            train: bool, method: Any = None) -> tuple[Any, PyTree]:
+    """Logits ``[B, K]`` for float inputs, and the updated BatchNorm stats.
+
+    ``method``: another method of the module to call instead (e.g.
+    ``ProjectionNet.project``, MOON's projection and logits); its output is
+    returned in place of the logits.
+    """
     variables = {"params": params}
+    kwargs = {} if method is None else {"method": method}
     if batch_stats:
       variables["batch_stats"] = batch_stats
       if train:
-        logits, updates = self.module.apply(
-            variables, x, train=True, mutable=["batch_stats"])
-        return logits, updates["batch_stats"]
-    return self.module.apply(variables, x, train=train), batch_stats
+        out, updates = self.module.apply(
+            variables, x, train=True, mutable=["batch_stats"], **kwargs)
+        return out, updates["batch_stats"]
+    return self.module.apply(variables, x, train=train, **kwargs), batch_stats
 
   def loss(self, params: PyTree, batch_stats: PyTree, x_uint8: jax.Array,
            y: jax.Array, *, train: bool = True,

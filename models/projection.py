@@ -1,0 +1,96 @@
+"""A registered classifier split into representation, projection head and
+output layer, for MOON's model-contrastive loss.
+
+MOON (Li, He, Song, CVPR 2021, Sec. 3.2) builds its network from three parts:
+a base encoder, a projection head (a 2-layer MLP mapping the representation
+to ``out_dim``) and an output layer on the projection. The authors' code
+(``model.py``, ``ModelFedCon``) takes the base encoder to be a classifier
+without its last linear layer, the head to be ``Linear(d, d) -> ReLU ->
+Linear(d, out_dim)`` with ``out_dim = 256`` (``--out_dim``), and the output
+layer to be ``Linear(out_dim, num_classes)``; the contrastive loss reads the
+projection ``z`` and the cross-entropy the output layer's logits.
+
+:class:`ProjectionNet` builds that from any model of this package without
+changing it: the base model runs with its last ``Dense`` (named by
+``ModelSpec.head``) skipped through ``flax.linen.intercept_methods``, so the
+base returns the input of that layer, its penultimate representation ``h``.
+The base's parameters are then those of the registered model less its
+output layer; the registered model itself is untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class ProjectionNet(nn.Module):
+  """``base`` less its output layer, then MOON's projection head and output layer.
+
+  Layout (``d`` the base's representation width)::
+
+    h = base without `head`        # [B, d]
+    z = Dense(d) -> ReLU -> Dense(proj_dim)   (proj1, proj2)
+    logits = Dense(num_classes)(z)            (out)
+
+  Attributes:
+    base: a classifier of this package (``spec.build(...)``).
+    head: the name of the base's output ``Dense`` (a direct child of the
+      base), skipped.
+    num_classes: number of output logits.
+    proj_dim: the projection's width (MOON: 256).
+  """
+
+  base: nn.Module
+  head: str
+  num_classes: int = 10
+  proj_dim: int = 256
+
+  def represent(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
+    """The base's representation ``h [B, d]``."""
+    # A plain function: a module method as interceptor would intercept itself.
+    with nn.intercept_methods(_skip(self.head)):
+      h = self.base(x, train=train)
+    return h.reshape((h.shape[0], -1))
+
+  @nn.compact
+  def project(self, x: jnp.ndarray, *, train: bool
+              ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``(z [B, proj_dim], logits [B, num_classes])`` for images ``x``."""
+    h = self.represent(x, train=train)
+    z = nn.relu(nn.Dense(h.shape[-1], name="proj1")(h))
+    z = nn.Dense(self.proj_dim, name="proj2")(z)
+    return z, nn.Dense(self.num_classes, name="out")(z)
+
+  def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
+    """Logits ``[B, num_classes]`` (the package's classifier interface)."""
+    return self.project(x, train=train)[1]
+
+
+def _skip(head: str):
+  """An interceptor returning the input of the base's ``Dense`` ``head``."""
+
+  def interceptor(next_fun, args, kwargs, context):
+    module = context.module
+    if (context.method_name == "__call__" and isinstance(module, nn.Dense)
+        and module.name == head
+        and getattr(module.parent, "name", None) == "base"):
+      # The output layer's input is the representation h.
+      return args[0]
+    return next_fun(*args, **kwargs)
+
+  return interceptor
+
+
+def projection_builder(base_build: Any, head: str, proj_dim: int = 256):
+  """``build(num_classes, conv_impl="auto")`` of a :class:`ProjectionNet`
+  over ``base_build``'s model."""
+
+  def build(num_classes: int, conv_impl: str = "auto") -> nn.Module:
+    return ProjectionNet(base=base_build(num_classes, conv_impl=conv_impl),
+                         head=head, num_classes=num_classes,
+                         proj_dim=proj_dim)
+
+  return build
