@@ -21,7 +21,8 @@ package stays cheap)::
                fedd3_stages and hfldd_stages (chained as a run, cached)
   clustered    disue, fedftg, clustered_distillation, affinity_grouping,
                make_iga, IGAHyperParams, update_similarity,
-               affinity_propagation
+               affinity_propagation, cfl, pacfl (cluster_clients: its
+               signatures and clusters)
   shapes       FederatedAlgorithm, ServerDistillation, ServerState,
                ExperimentState, Cohort, Teachers, CommSpec
   loops        run_loop, run_rounds, train_rounds, run_server_rounds and
@@ -73,6 +74,9 @@ _API: dict[str, tuple[str, str | None]] = {
                           "update_similarity"),
     "affinity_propagation": ("fedjax_dd.cluster.affinity",
                              "affinity_propagation"),
+    "cfl": ("fedjax_dd.algorithms.cfl", "cfl"),
+    "pacfl": ("fedjax_dd.algorithms.pacfl", "pacfl"),
+    "cluster_clients": ("fedjax_dd.algorithms.pacfl", "cluster_clients"),
     # Server-side distillation (ServerDistillation factories).
     "fedhydra": ("fedjax_dd.algorithms.fedhydra", "fedhydra"),
     "dense": ("fedjax_dd.algorithms.dense", "dense"),
