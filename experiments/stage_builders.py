@@ -3,8 +3,8 @@
 * :func:`distiller`: FedD3's client stage (``run_fedd3``), KIP, the GMM
   coreset or the random-real control;
 * :data:`SERVER_METHODS`: the server methods of the ``fedhydra`` runner
-  (``run_fedhydra``): FedHydra, DENSE, FedDF and one-shot FedAvg, each built
-  over the shared one-shot client stage.
+  (``run_fedhydra``): FedHydra, DENSE, FedDF, one-shot FedAvg, Co-Boosting
+  and OT fusion, each built over the shared one-shot client stage.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import ml_collections
 import optax
 
 from fedjax_dd import models
+from fedjax_dd.algorithms import coboosting as coboosting_lib
 from fedjax_dd.algorithms import fedd3
 from fedjax_dd.algorithms import fedd3_stages
 from fedjax_dd.algorithms import one_shot
+from fedjax_dd.algorithms import ot_fusion as ot_fusion_lib
 from fedjax_dd.algorithms import stratify as stratify_lib
 from fedjax_dd.algorithms.dense import dense
 from fedjax_dd.algorithms.feddf import feddf, public_set
@@ -121,6 +123,43 @@ def _os_fedavg(config, stage, groups, task, input_fn):
   return one_shot.os_fedavg(stage)
 
 
+def _public(config, task, num=None):
+  """FedDF's unlabeled public set (``data.public_data``), first ``num``."""
+  public = sources.load_unlabeled(
+      config.data.public_data, num=num or config.data.public_size,
+      rng=keys.numpy_stream(config.data.seed, keys.Stream.PUBLIC_DATA))
+  return public_set(public, task.input_shape)
+
+
+def _coboosting(config, stage, groups, task, input_fn):
+  d, cb = config.dfkd, config.coboosting
+  syn = _synthesis(config, task)
+  syn["student_optimizer"] = optax.chain(
+      optax.clip_by_global_norm(cb.student_clip),
+      optax.add_decayed_weights(cb.student_weight_decay),
+      optax.sgd(d.student_lr, momentum=d.student_momentum or None))
+  hparams = coboosting_lib.CoBoostingHyperParams(
+      batch_size=d.synthetic_batch_size, generator_steps=d.generator_steps,
+      student_steps=d.student_steps,
+      pool_size=d.pool_size or d.distill_epochs,
+      num_epochs=d.distill_epochs if cb.cosine else 0,
+      **{k: cb[k] for k in (
+          "hardness", "lambda_hard", "lambda_adv", "lambda_bn",
+          "adv_temperature", "temperature", "perturb_temperature", "epsilon",
+          "weight_lr", "weight_decay", "weight_passes", "generator_clip")})
+  return coboosting_lib.coboosting(stage, groups, syn.pop("generator"), task,
+                                   input_fn, hparams, **syn)
+
+
+def _ot_fusion(config, stage, groups, task, input_fn):
+  del input_fn
+  o = config.ot_fusion
+  samples = (_public(config, task, o.num_samples)
+             if o.mode == "activations" else None)
+  return ot_fusion_lib.ot_fusion(stage, groups, mode=o.mode, samples=samples,
+                                 anchor=o.anchor)
+
+
 # The fedhydra runner's methods: method -> (builder, whether it has server
 # epochs); a builder is (config, client stage, groups, task, input_fn) ->
 # ServerDistillation.
@@ -129,4 +168,6 @@ SERVER_METHODS: dict[str, tuple[Callable[..., Any], bool]] = {
     "dense": (_dense, True),
     "feddf": (_feddf, True),
     "os_fedavg": (_os_fedavg, False),
+    "coboosting": (_coboosting, True),
+    "ot_fusion": (_ot_fusion, False),
 }

@@ -357,6 +357,43 @@ def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
+def coboosting(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``coboosting`` group: Co-Boosting's own settings
+  (:class:`fedjax_dd.algorithms.coboosting.CoBoostingHyperParams`; defaults
+  from the authors' code). Generator, batch, pool, epochs and the student's
+  learning rate and momentum come from the ``dfkd`` group, as for DENSE."""
+  c.coboosting = ml_collections.ConfigDict({
+      "hardness": 1.0,  # gamma of L_H (--hs)
+      "lambda_hard": 1.0,  # --ohg
+      "lambda_adv": 1.0,  # beta (--adv)
+      "lambda_bn": 0.0,  # --bn
+      "adv_temperature": 3.0,
+      "temperature": 4.0,  # --kd_T
+      "perturb_temperature": 4.0,
+      "epsilon": 8.0 / 255.0,  # --odseta, on [0, 1] images here
+      "weight_lr": 0.01,  # mu (--mu)
+      "weight_decay": 0.99,  # mu's decay per epoch (--wdc)
+      "weight_passes": 1,  # --wa_steps
+      "generator_clip": 10.0,
+      "student_weight_decay": 1e-4,
+      "student_clip": 10.0,
+      "cosine": True,  # cosine learning-rate schedule over the epochs
+  })
+  return c
+
+
+def ot_fusion(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``ot_fusion`` group (:func:`fedjax_dd.algorithms.ot_fusion.
+  ot_fusion`; the authors' README commands)."""
+  c.ot_fusion = ml_collections.ConfigDict({
+      "mode": "weights",  # weights | activations
+      "anchor": 0,  # the client every model is aligned to
+      # Activation-based: images of data.public_data (--act-num-samples).
+      "num_samples": 200,
+  })
+  return c
+
+
 def iga(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds the ``iga`` group: DisUE's inter-group aggregation / FedFTG's
   server fine-tuning (:class:`fedjax_dd.distill.iga.IGAHyperParams`; the
@@ -563,10 +600,18 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     **{f"dfkd.{k}": ("+server_setup",) for k in (
         "stratify_steps", "stratify_batch_size", "nz", "ngf", "generator_lr",
         "generator_b1")},
+    # OT fusion's transports (its setup); the public set only when the
+    # transports come from its activations.
+    "ot_fusion": ("+server_setup?ot_fusion",),
+    "data.public_data": ("+server_setup?ot_activations",),
+    "data.public_size": ("+server_setup?ot_activations",),
 }
 
 # Conditions of ``+NAME?COND`` rules: config -> whether the key joins.
 FINGERPRINT_CONDITIONS = {
+    "ot_fusion": lambda c: "ot_fusion" in c,
+    "ot_activations": lambda c: ("ot_fusion" in c and
+                                 c.ot_fusion.mode == "activations"),
     "resized": lambda c: bool(c.data.input_shape),
     "heterogeneous": lambda c: bool(
         {s.strip() for s in c.model.client_models.split(",") if s.strip()}

@@ -252,7 +252,8 @@ def server_report(report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
 
   Args:
     report: ``algorithm.report(state, setup)`` (``{}`` for a server without
-      one): ``U``, ``U_r``, ``U_c``, ``samples`` as it has them.
+      one): ``U``, ``U_r``, ``U_c``, ``samples``, ``ensemble_weights``,
+      ``transport_off_permutation`` as it has them.
     rows: the metrics rows (``step``, ``test_accuracy``).
     class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
     num_classes: ``c``.
@@ -280,7 +281,10 @@ def server_report(report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
   if points:
     written.append(figures.plot_accuracy(points, path("accuracy.png")))
   out: dict[str, Any] = {"figures": [os.path.basename(w) for w in written]}
-  for k in ("U", "U_r", "U_c"):
+  # FedHydra's U; Co-Boosting's final ensemble weights; OT fusion's
+  # distance of each layer's transports from permutations.
+  for k in ("U", "U_r", "U_c", "ensemble_weights",
+            "transport_off_permutation"):
     if k in report:
       out[k] = np.asarray(report[k]).tolist()
   if "U_r" in report:
