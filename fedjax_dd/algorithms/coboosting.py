@@ -4,7 +4,7 @@ DENSE's one-shot server (a generator against the client ensemble, the
 ensemble distilled into the global model on a pool of synthetic batches),
 with the data and the ensemble improving each other every epoch ``e``:
 
-1. **Hard-sample synthesis** (Sec. 4.1, Eqs. 4-6): a freshly initialised
+1. **Hard-sample synthesis**: a freshly initialised
    generator and its noise are optimised for ``T_G`` steps (Adam) on
    ``L_G = L_H + β·L_A (+ λ_BN·L_BN)`` with the weighted ensemble
    ``A_w(x̂) = Σ_k w_k f_k(x̂) / Σ_k w_k``:
@@ -12,11 +12,11 @@ with the data and the ensemble improving each other every epoch ``e``:
    ``p`` held constant: hard samples weigh more) and
    ``L_A = −KL(σ(A_w/τ_A) ‖ σ(S/τ_A))`` over all samples (the student ``S`` in
    inference mode). The batch of lowest ``L_G`` joins the pool.
-2. **Ensemble re-weighting** (Sec. 4.2, Eq. 7): from the second epoch on,
+2. **Ensemble re-weighting**: from the second epoch on,
    before the new batch joins, one pass of signed gradient descent over the
    pool on the ensemble's cross-entropy with the generator's labels,
    ``w ← clip(w − μ·δ^e·sign(∇_w CE(A_w(x̂), y)), 0, 1)``, ``δ`` the decay.
-3. **Hard-sample enhancement** (Sec. 4.1, Eq. 8): every pool batch the
+3. **Hard-sample enhancement**: every pool batch the
    student sees is first pushed by one signed step along a random direction
    of the ensemble's softened output, ``x̂' = x̂ + ε·sign(∇_x Σ r ⊙
    σ(A_w(x̂)/4))`` with ``r ~ U(−1, 1)^K`` (output-diversified sampling).
@@ -56,8 +56,13 @@ from ``fold_in(key, e)`` by a separate program, so a resumed epoch draws
 what an uninterrupted one does. The only messages are the clients' model
 uploads.
 
+The paper's text is not among ``../shared/papers``: the formulas above are
+written from the authors' code, which they match term by term, and the step
+names are the paper's; its equation numbers are not cited for that reason.
+
 Reference: Dai et al., "Enhancing One-Shot Federated Learning Through Data
-and Ensemble Co-Boosting", ICLR 2024 (Secs. 4.1-4.2, Eqs. 4-8, Alg. 1).
+and Ensemble Co-Boosting", ICLR 2024; compared against in FedHydra (Bai et
+al.), Tabs. 1-4.
 """
 
 from __future__ import annotations
@@ -173,8 +178,8 @@ def weighted_ensemble(logits: jax.Array, y: jax.Array, w: jax.Array
 
 
 def hard_sample_loss(p: jax.Array, y: jax.Array, hardness: float) -> jax.Array:
-  """``L_H = mean_i (1 − σ(p_i)_{y_i})^γ · CE(p_i, y_i)`` (Eq. 5), the weight
-  held constant."""
+  """``L_H = mean_i (1 − σ(p_i)_{y_i})^γ · CE(p_i, y_i)``, the weight held
+  constant (the code's ``loss_oh``)."""
   conf = jnp.take_along_axis(jax.nn.softmax(p), y[:, None], 1)[:, 0]
   weight = jax.lax.stop_gradient((1.0 - conf) ** hardness)
   return jnp.mean(weight *
@@ -183,8 +188,8 @@ def hard_sample_loss(p: jax.Array, y: jax.Array, hardness: float) -> jax.Array:
 
 def enhance(x01: jax.Array, logits_fn: Callable[[jax.Array], jax.Array],
             r: jax.Array, epsilon: float, temperature: float) -> jax.Array:
-  """``x + ε·sign(∇_x Σ r ⊙ σ(A(x)/T))`` (Eq. 8), for ``x [B, H, W, Ch]``,
-  ``r [B, K]``."""
+  """``x + ε·sign(∇_x Σ r ⊙ σ(A(x)/T))`` for ``x [B, H, W, Ch]``, ``r [B, K]``
+  (the code's ``cb_kd_train``)."""
   g = jax.grad(lambda x: jnp.sum(r * jax.nn.softmax(logits_fn(x) / temperature,
                                                     -1)))(x01)
   return jax.lax.stop_gradient(x01 + epsilon * jnp.sign(g))

@@ -7,7 +7,7 @@ model to an anchor model, layer by layer from the input, and averages the
 aligned models. For a layer ``ℓ`` with weights ``W_k^{(ℓ)}`` (neurons on the
 output axis) and the previous layer's transport ``T^{(ℓ−1)}``:
 
-1. **input alignment** (Sec. 4, "aligning the incoming edges"):
+1. **input alignment** (the incoming edges):
    ``Ŵ_k^{(ℓ)} = W_k^{(ℓ)} T^{(ℓ−1)} diag(1/β^{(ℓ−1)})``, so that ``Ŵ_k``'s
    inputs are ordered as the anchor's;
 2. **neuron transport**: the ground cost ``C_ij = ‖a_i − b_j‖₂`` between
@@ -15,12 +15,12 @@ output axis) and the previous layer's transport ``T^{(ℓ−1)}``:
    are the neurons' incoming weights (``Ŵ_k``'s rows, bias included;
    "weight-based") or their pre-activations on a batch of samples
    ("activation-based"); the exact OT plan ``T^{(ℓ)} = argmin ⟨T, C⟩`` with
-   uniform marginals ``α = 1/n``, ``β = 1/n`` (Eq. 1, ``ot.emd`` of POT);
+   uniform marginals ``α = 1/n``, ``β = 1/n`` (``ot.emd`` of POT);
 3. **aligned weights**: ``W̃_k^{(ℓ)} = diag(1/β^{(ℓ)}) T^{(ℓ)ᵀ} Ŵ_k^{(ℓ)}``,
    i.e. client ``k``'s neurons transported onto the anchor's (a permutation
    for models of equal width). Biases and the neurons' BatchNorm scale,
    offset and running statistics move with their neuron;
-4. **fusion**: ``W_F = Σ_k ω_k W̃_k`` (Eq. 3 with the models' weights).
+4. **fusion**: ``W_F = Σ_k ω_k W̃_k``.
 
 The output layer is not transported (its neurons are the classes).
 
@@ -56,8 +56,13 @@ takes the previous transport on its channel axis (NHWC flattening). Only
 sequential networks (FedHydra's CNN2 / CNN3, LeNet-5, the digits CNN) are
 supported; a residual or branching model is refused.
 
+The paper's text is not among ``../shared/papers``: the steps above follow
+its Sec. 4 ("Proposed algorithm") as written in the authors' code
+(``wasserstein_ensemble.py``, ``ground_metric.py``), and its equation
+numbers are not cited for that reason.
+
 Reference: Singh and Jaggi, "Model Fusion via Optimal Transport", NeurIPS
-2020 (Sec. 4, Eqs. 1-3; Algorithm 1 of the appendix).
+2020; the "OT" baseline of FedHydra (Bai et al.), Tabs. 1, 2, 4 and 5.
 """
 
 from __future__ import annotations
@@ -331,7 +336,11 @@ def ot_fusion(client_stage: Callable[..., Teachers],
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
   if mode == "activations" and samples is None:
     raise ValueError("Activation-based OT fusion needs samples.")
-  import ot  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  try:
+    import ot  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except ImportError as e:
+    raise ImportError("OT fusion solves its transports with POT, the optional "
+                      "extra: pip install 'fedjax-dd[ot]'.") from e
   group = groups[0]
   m = len(group.client_ids)
   if not 0 <= anchor < m:
