@@ -85,6 +85,7 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
   # pylint: disable=g-import-not-at-top
   from fedjax_dd import models
   from fedjax_dd.algorithms import disue
+  from fedjax_dd.cluster import principal_angles
   from fedjax_dd.core import clients
   from fedjax_dd.data import partition
   from fedjax_dd.data import preprocess
@@ -126,6 +127,17 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       ("hfldd.sent_label_bits", "int", (-1, None)),
       ("ifca.num_clusters", "int", (1, None)),
       ("ifca.global_model", "choice", ("largest", "average")),
+      ("cfl.eps1", "num", (0.0, None, False, False)),
+      ("cfl.eps2", "num", (0.0, None, False, False)),
+      ("cfl.warmup", "int", (0, None)),
+      ("cfl.max_clusters", "int", (1, None)),
+      ("cfl.global_model", "choice", ("largest", "average")),
+      ("pacfl.rank", "int", (1, None)),
+      ("pacfl.proximity", "choice", principal_angles.PROXIMITIES),
+      ("pacfl.linkage", "choice", principal_angles.LINKAGES),
+      ("pacfl.threshold", "num", (0.0, None, False, False)),
+      ("pacfl.num_clusters", "int", (0, None)),
+      ("pacfl.global_model", "choice", ("largest", "average")),
       ("fedd3.distiller", "choice", ("kip", "gmm", "random")),
       ("dfkd.nz", "int", (1, None)),
       ("dfkd.ngf", "int", (1, None)),
@@ -208,6 +220,12 @@ def _check_sampling(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
         f"config.ifca.num_clusters must be at most config.data.num_clients "
         f"= {num_clients}, got {clusters}; set --config.ifca.num_clusters.")
+  if (_lookup(config, "pacfl.threshold") == 0
+      and not _lookup(config, "pacfl.num_clusters")):
+    raise ValueError(
+        "config.pacfl.num_clusters must be at least 1 when "
+        "config.pacfl.threshold = 0, got 0; set --config.pacfl.num_clusters "
+        "or --config.pacfl.threshold.")
 
 
 _FIELD = re.compile(r"^(?:\w+\.)?(\w+) (must .*)$", re.S)

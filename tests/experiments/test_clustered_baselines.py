@@ -55,3 +55,20 @@ def test_smoke_with_iga_runs_and_reports_clusters(tmp_path, method):
     assert [k for _, k in s["num_clusters_by_round"]] == [5, 5]
   if method == "cfl":
     assert [k for _, k in s["num_clusters_by_round"]] == [1, 2]
+
+
+@pytest.mark.parametrize("method, path, value, message", [
+    ("cfl", "cfl.max_clusters", 0, r"config.cfl.max_clusters must be an int "
+     r">= 1, got 0"),
+    ("cfl", "cfl.eps1", -1.0, r"config.cfl.eps1 must be"),
+    ("pacfl", "pacfl.linkage", "ward", r"config.pacfl.linkage must be one of"),
+    ("pacfl", "pacfl.proximity", "cosine", r"pacfl.proximity must be one of"),
+    ("pacfl", "pacfl.threshold", 0.0, r"pacfl.num_clusters must be at least 1"),
+])
+def test_bad_settings_are_refused_before_the_data_loads(method, path, value,
+                                                        message):
+  from fedjax_dd.experiments.configs import base as base_lib  # pylint: disable=g-import-not-at-top
+  c = CONFIGS[method].get_config("smoke")
+  base_lib.set_path(c, path, value)
+  with pytest.raises(ValueError, match=message):
+    common.validate(c)
