@@ -71,3 +71,20 @@ def test_agglomerative_threshold_fixed_k_and_assignment():
   np.testing.assert_array_equal(pa.assign(new, c.labels, 2), [1, 0])
   with pytest.raises(ValueError, match="exactly one"):
     pa.agglomerative(a)
+
+
+def test_randomized_vectors_match_the_full_svd():
+  # 40 images of 8x8 whose singular values fall by 0.6 a step: the top 3
+  # vectors of 6 power iterations on 5 columns equal LAPACK's.
+  rng = np.random.default_rng(0)
+  left, _ = np.linalg.qr(rng.normal(size=(64, 40)))
+  right, _ = np.linalg.qr(rng.normal(size=(40, 40)))
+  images = (right * 0.6 ** np.arange(40)) @ left.T  # [40, 64]
+  x = jnp.asarray(images.reshape(40, 8, 8, 1), jnp.float32)
+  y, n = jnp.zeros((40,), jnp.int32), 40
+  kw = dict(num_classes=1, rank=3, per_class=False)
+  fast, mask = pa.client_subspace(x, y, n, oversample=2, **kw)
+  exact, _ = pa.client_subspace(x, y, n, iterations=-1, **kw)
+  assert bool(mask.all())
+  np.testing.assert_allclose(np.abs(np.sum(fast * exact, axis=0)), 1.0,
+                             atol=1e-4)
