@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import logging as py_logging
 import os
 import re
 import signal
@@ -46,6 +47,7 @@ from ml_collections import config_flags
 
 import fedjax_dd
 
+from fedjax_dd.core import checkpoint as checkpoint_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.experiments import common
@@ -129,6 +131,31 @@ def _config_arg(argv: Sequence[str]) -> str | None:
   return None
 
 
+def _config_file_error(argv: Sequence[str]) -> str | None:
+  """One line for a ``--config=FILE[:ARG]`` whose ``get_config`` refuses
+  its argument (an unknown preset), instead of the traceback that absl's
+  flag error would embed; None when it loads (or is absent: absl says so)."""
+  path = _config_arg(argv)
+  if path is None:
+    return None
+  try:
+    flags.FLAGS["config"].parser.parse(path)
+  except Exception as e:  # pylint: disable=broad-except
+    cause = e.__cause__ or e.__context__
+    while cause is not None and (cause.__cause__ or cause.__context__):
+      if isinstance(cause, (ValueError, KeyError)):
+        break
+      cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, (ValueError, KeyError)):
+      text = str(cause.args[0]) if cause.args else str(cause)
+      return f"--config={path}: {text}"
+    text = str(e).strip().splitlines()
+    if text and "Traceback" not in str(e):
+      return f"--config={path}: {text[-1]}"
+    return None  # absl reports it with the file's own traceback
+  return None
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
   """absl's flag parsing; an unknown ``--config.<key>`` is a usage error.
 
@@ -136,6 +163,10 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   of a key the config lacks; this exits with one line naming the nearest
   valid key instead, as absl does for a flags error.
   """
+  refusal = _config_file_error(argv)
+  if refusal is not None:
+    sys.stderr.write(f"FATAL Flags parsing error: {refusal}\n")
+    sys.exit(1)
   try:
     return app.parse_flags_with_usage(argv)
   except (AttributeError, KeyError) as e:
@@ -155,6 +186,36 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
 
 # The exit status of a process stopped by SIGINT, as shells report it.
 EXIT_INTERRUPTED = 130
+# ... and by SIGTERM (a scheduler's stop), handled as SIGINT.
+EXIT_TERMINATED = 143
+_exit_status = EXIT_INTERRUPTED
+
+
+def _on_sigterm(signum, frame) -> None:
+  """SIGTERM ends the run as Ctrl-C does (one line, the lock released,
+  resumable), with SIGTERM's exit status."""
+  del signum, frame
+  global _exit_status
+  _exit_status = EXIT_TERMINATED
+  raise KeyboardInterrupt
+
+
+def check_backend() -> str | None:
+  """One line when JAX cannot start the backend ``JAX_PLATFORMS`` asks for
+  (e.g. ``cuda`` on a machine without a GPU), else None."""
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    jax.devices()
+  except Exception as e:  # pylint: disable=broad-except
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    first = (str(e).strip().splitlines() or [
+        f"no backend initialised ({type(e).__name__})."])[0]
+    asked = (f"JAX_PLATFORMS={platforms}" if platforms
+             else "JAX's default platforms")
+    return (f"JAX cannot start a backend for {asked}: {first} Set "
+            "JAX_PLATFORMS to a platform this machine has (cpu; cuda needs "
+            "a GPU and jax[cuda]), or unset it.")
+  return None
 
 
 def interrupted_message(workdir: str) -> str:
@@ -169,6 +230,29 @@ def interrupted_message(workdir: str) -> str:
           "from it.")
 
 
+class _DiskFullLogFilter(py_logging.Filter):
+  """Drops the writers' own log records of a full device (Orbax logs each
+  failed write thread's traceback); the entry point's one line says it."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    if error is not None and checkpoint_lib.is_disk_full(error):
+      return False
+    return "RESOURCE_EXHAUSTED" not in str(record.msg)
+
+
+def disk_full_message(workdir: str, error: BaseException) -> str:
+  """One line when the workdir's device is full: what could not be written
+  and the checkpoint a re-run resumes from."""
+  if isinstance(error, checkpoint_lib.DiskFullError):
+    return str(error)
+  latest = workdir_lib.latest_checkpoint(workdir)
+  kept = ("no checkpoint was written yet" if latest is None else
+          f"the last good checkpoint, {latest[0]} (step {latest[1]}), is kept")
+  return (f"No space left on the device of {workdir}; {kept}. Free some "
+          "space and re-run the same command to resume.")
+
+
 def _exit_interrupted(message: str) -> None:
   """Prints ``message`` and exits with :data:`EXIT_INTERRUPTED` at once.
 
@@ -178,10 +262,13 @@ def _exit_interrupted(message: str) -> None:
   trusted on resume.
   """
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: same end
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
   sys.stdout.flush()
+  if _exit_status == EXIT_TERMINATED:
+    message = message.replace("Interrupted:", "Terminated (SIGTERM):", 1)
   sys.stderr.write(message + "\n")
   sys.stderr.flush()
-  os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
+  os._exit(_exit_status)  # pylint: disable=protected-access
 
 
 def _preset_fingerprint() -> dict | None:
@@ -199,6 +286,9 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     # Orbax logs every checkpoint step at INFO; keep the console readable.
     logging.set_verbosity(logging.WARNING)
+  if not (_WORKDIR.value or "").strip():
+    raise app.UsageError("--workdir is empty; give the directory the run "
+                         "writes to, e.g. --workdir=workdir/run1.")
   config = _CONFIG.value
   if "runner" not in config:
     raise ValueError("The config must set `runner` (see experiments/runners.py).")
@@ -213,11 +303,24 @@ def main(argv):
     raise app.UsageError(
         "--seeds sets config.seed and config.data.seed itself; drop "
         f"{sweep.seed_flags_in(sys.argv)}.")
-  if _SEEDS.value:
-    # Each seed runs as its own `fedjax-dd` command (experiments/sweep.py).
+  backend_error = check_backend()
+  if backend_error is not None:
+    raise app.UsageError(backend_error)
+  if _SEEDS.value is not None:
+    # Each seed runs as its own `fedjax-dd` command (experiments/sweep.py);
+    # every seed's config is checked first, so that no refusal waits for the
+    # seeds before it.
     try:
-      report = sweep.run_seeds(config, _WORKDIR.value,
-                               sweep.parse_seeds(_SEEDS.value), argv=sys.argv)
+      seeds = sweep.parse_seeds(_SEEDS.value)
+      for seed in seeds:
+        common.validate(sweep.seed_config(config, seed))
+    except ValueError as e:
+      raise app.UsageError(str(e)) from None
+    try:
+      report = sweep.run_seeds(config, _WORKDIR.value, seeds, argv=sys.argv)
+    except sweep.SeedFailedError as e:
+      sys.stderr.write(f"FATAL {e}\n")
+      sys.exit(1)
     except KeyboardInterrupt:
       _exit_interrupted(
           f"Interrupted: the sweep in {_WORKDIR.value} stopped; re-running "
@@ -265,6 +368,17 @@ def main(argv):
     # says the run failed.
     sys.stderr.write(f"FATAL {e}\n")
     sys.exit(1)
+  except (OSError, ValueError) as e:
+    if not checkpoint_lib.is_disk_full(e):
+      raise
+    # Orbax/tensorstore's RESOURCE_EXHAUSTED (a long traceback) or ENOSPC.
+    # Exit without the interpreter's teardown, where the failed writers'
+    # threads would print more tracebacks of their closed event loops.
+    lock.__exit__(None, None, None)
+    sys.stdout.flush()
+    sys.stderr.write(f"FATAL {disk_full_message(_WORKDIR.value, e)}\n")
+    sys.stderr.flush()
+    os._exit(1)  # pylint: disable=protected-access
   except KeyboardInterrupt:
     lock.__exit__(None, None, None)
     _exit_interrupted(interrupted_message(_WORKDIR.value))
@@ -280,7 +394,13 @@ def run():
   """Console-script entry point."""
   # One host device per core for the engine's CPU backend, before JAX
   # initialises (importing the package sets nothing).
-  fedjax_dd.configure_cpu()
+  try:
+    fedjax_dd.configure_cpu()
+  except ValueError as e:  # a bad FEDJAX_DD_* environment variable
+    sys.stderr.write(f"FATAL {e}\n")
+    sys.exit(1)
+  signal.signal(signal.SIGTERM, _on_sigterm)
+  py_logging.getLogger("absl").addFilter(_DiskFullLogFilter())
   app.run(main, argv=sys.argv, flags_parser=parse_flags)
 
 

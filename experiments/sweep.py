@@ -70,15 +70,72 @@ Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
 
 
 def parse_seeds(values: Sequence[str] | str) -> list[int]:
-  """``"0,1,2"`` or ``["0", "1", "2"]`` -> ``[0, 1, 2]`` (distinct)."""
+  """``"0,1,2"`` or ``["0", "1", "2"]`` -> ``[0, 1, 2]`` (distinct).
+
+  Raises:
+    ValueError: one line naming ``--seeds``: no seed, an entry that is not
+      an int >= 0, or a seed given twice.
+  """
   if isinstance(values, str):
     values = values.split(",")
-  seeds = [int(v) for v in (str(v).strip() for v in values) if v]
-  if not seeds:
-    raise ValueError("No seeds given.")
-  if len(set(seeds)) != len(seeds):
-    raise ValueError(f"Seeds repeat: {seeds}.")
+  entries = [str(v).strip() for v in values]
+  if not any(entries):
+    raise ValueError("--seeds names no seed; give comma-separated ints >= 0, "
+                     "e.g. --seeds=0,1,2.")
+  seeds = []
+  for v in entries:
+    if not v:
+      continue
+    if not v.isdigit():
+      raise ValueError(f"--seeds entries must be ints >= 0 (each sets seed "
+                       f"and data.seed), got {v!r} in {','.join(entries)}.")
+    seeds.append(int(v))
+  repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+  if repeated:
+    raise ValueError(f"--seeds repeats {', '.join(map(str, repeated))}: each "
+                     "seed runs once; drop the repeats.")
   return seeds
+
+
+class SeedFailedError(RuntimeError):
+  """A seed's run of a sweep failed; the message ends with its own last
+  line (its refusal)."""
+
+
+def _run_seed(cmd: list[str], seed: int) -> None:
+  """Runs one seed's command, passing its output through as it comes, and
+  raises :class:`SeedFailedError` with the run's last ``FATAL`` line (else
+  its last line) if it fails, so that the refusal is printed last."""
+  proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)  # pylint: disable=consider-using-with
+  tail = b""
+  try:
+    while True:
+      chunk = os.read(proc.stderr.fileno(), 4096)
+      if not chunk:
+        break
+      sys.stderr.buffer.write(chunk)
+      sys.stderr.buffer.flush()
+      tail = (tail + chunk)[-16384:]
+    returncode = proc.wait()
+  except BaseException:
+    # Interrupted (Ctrl-C reaches the child too; SIGTERM only this process):
+    # stop the child the same way, so its lock and checkpoints stay whole.
+    proc.terminate()
+    try:
+      proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+    raise
+  finally:
+    proc.stderr.close()
+  if returncode:
+    lines = [l.strip() for l in tail.decode(errors="replace").replace(
+        "\r", "\n").splitlines() if l.strip()]
+    fatal = [l for l in lines if l.startswith("FATAL")]
+    last = (fatal or lines or ["(no message)"])[-1].removeprefix("FATAL ")
+    raise SeedFailedError(
+        f"--seeds: seed {seed} failed (exit {returncode}) in "
+        f"{shlex.join(cmd)}: {last}")
 
 
 def seed_flags_in(argv: Sequence[str]) -> list[str]:
@@ -186,10 +243,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
       else:
         cmd = [sys.executable, "-m", "fedjax_dd.experiments.main",
                *seed_args(argv, workdir, seed)]
-        proc = subprocess.run(cmd, check=False)
-        if proc.returncode:
-          raise RuntimeError(f"seed {seed} failed (exit {proc.returncode}): "
-                             f"{shlex.join(cmd)}")
+        _run_seed(cmd, seed)
     _check_summary(d, seed)
     with open(os.path.join(d, "command.txt"), "w") as f:
       f.write(seed_command(argv, workdir, seed) + "\n")
@@ -217,6 +271,12 @@ def _check_summary(workdir: str, seed: int) -> None:
 
 def _group_dirs(path: str) -> list[str]:
   """The run workdirs of a sweep workdir, or ``[path]`` for a single run."""
+  if not os.path.exists(path):
+    raise ValueError(f"{path!r} does not exist; give a sweep workdir "
+                     "(seed_* runs) or a run workdir.")
+  if not os.path.isdir(path):
+    raise ValueError(f"{path!r} is a file; give a sweep workdir (seed_* "
+                     "runs) or a run workdir.")
   found = [d for _, d in sweep_lib.find_seed_dirs(path)]
   if found:
     return found
@@ -273,8 +333,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                            "config key, one point per DIR (e.g. "
                            "data.partition.alpha)")
   args = parser.parse_args(argv)
-  report = compare(args.runs, args.out, name=args.name, title=args.title,
-                   against=args.against)
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    parser.error(f"--out {args.out} is a file; give a directory for the "
+                 "report.")
+  try:
+    report = compare(args.runs, args.out, name=args.name, title=args.title,
+                     against=args.against)
+  except (ValueError, KeyError, OSError) as e:
+    # A missing, empty or damaged input (a summary.json that is not JSON,
+    # a metrics.jsonl cut mid-line): one line, not a traceback.
+    text = str(e) if not isinstance(e, json.JSONDecodeError) else (
+        f"a summary.json or metrics.jsonl under {', '.join(args.runs)} is "
+        f"not valid JSON ({e}); re-run that run or leave it out")
+    parser.error(text)
   with open(report["files"]["markdown"]) as f:
     print(f.read())
   if args.against:

@@ -36,13 +36,44 @@ def _usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+# Values of FEDJAX_DD_NO_XLA_FLAGS (case-insensitive); unset or "" is off.
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def no_xla_flags() -> bool:
+  """Whether ``FEDJAX_DD_NO_XLA_FLAGS`` turns fedjax-dd's XLA options off.
+
+  Raises:
+    ValueError: a value that is neither on (1, true, yes, on) nor off (0,
+      false, no, off, empty); "0" once meant on, as any non-empty value did.
+  """
+  value = os.environ.get("FEDJAX_DD_NO_XLA_FLAGS", "").strip().lower()
+  if value in _TRUE:
+    return True
+  if value in _FALSE:
+    return False
+  raise ValueError(
+      f"FEDJAX_DD_NO_XLA_FLAGS must be 1 (fedjax-dd's XLA options off) or 0 "
+      f"(on, as when unset), got {os.environ['FEDJAX_DD_NO_XLA_FLAGS']!r}.")
+
+
 def host_device_count() -> int:
-  """How many host devices fedjax-dd asks XLA for."""
-  override = os.environ.get("FEDJAX_DD_HOST_DEVICES")
+  """How many host devices fedjax-dd asks XLA for.
+
+  Raises:
+    ValueError: ``FEDJAX_DD_HOST_DEVICES`` is set but not an int >= 1.
+  """
+  override = os.environ.get("FEDJAX_DD_HOST_DEVICES", "").strip()
   if override:
-    count = int(override)
+    try:
+      count = int(override)
+    except ValueError:
+      count = 0
     if count < 1:
-      raise ValueError(f"FEDJAX_DD_HOST_DEVICES must be >= 1, got {override}.")
+      raise ValueError(
+          f"FEDJAX_DD_HOST_DEVICES must be an int >= 1 (host devices for the "
+          f"client axis), got {override!r}; unset it for one per core.")
     return count
   return max(1, min(_usable_cores(), MAX_HOST_DEVICES))
 
@@ -57,7 +88,7 @@ def _backend_initialised() -> bool:
 
 def configure() -> bool:
   """Appends the host device count to ``XLA_FLAGS``; True if it did."""
-  if os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
+  if no_xla_flags():
     return False
   flags = os.environ.get("XLA_FLAGS", "")
   if _FLAG in flags or _backend_initialised():

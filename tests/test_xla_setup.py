@@ -60,6 +60,30 @@ def test_count_override_cap_and_single_core(fresh):
   assert "XLA_FLAGS" not in os.environ
 
 
+@pytest.mark.parametrize("value,message", [
+    ("abc", r"^FEDJAX_DD_HOST_DEVICES must be an int >= 1 \(host devices for "
+     r"the client axis\), got 'abc'; unset it for one per core\.$"),
+    ("2.5", r"got '2.5'"), ("-1", r"got '-1'")])
+def test_bad_host_device_counts_are_named(fresh, value, message):
+  fresh.setenv("FEDJAX_DD_HOST_DEVICES", value)
+  with pytest.raises(ValueError, match=message):
+    _xla_setup.host_device_count()
+
+
+def test_the_opt_out_reads_on_and_off(fresh):
+  for value, off in (("1", True), ("true", True), ("0", False),
+                     ("false", False), ("", False)):
+    fresh.setenv("FEDJAX_DD_NO_XLA_FLAGS", value)
+    assert _xla_setup.no_xla_flags() is off
+  # "0" used to turn the options off, as any non-empty value did.
+  fresh.setenv("FEDJAX_DD_NO_XLA_FLAGS", "0")
+  assert _xla_setup.configure()
+  fresh.setenv("FEDJAX_DD_NO_XLA_FLAGS", "maybe")
+  with pytest.raises(ValueError, match=r"^FEDJAX_DD_NO_XLA_FLAGS must be 1 "
+                     r".* or 0 .*, got 'maybe'\.$"):
+    _xla_setup.configure()
+
+
 def _clean_env():
   import os
   env = {k: v for k, v in os.environ.items()

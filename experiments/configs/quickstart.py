@@ -52,7 +52,10 @@ FEDHYDRA_NOTE = ("below its bar in this budget: 24 server epochs (paper 200) "
 
 
 def get_config(arg: str = ""):
-  del arg
+  # One comparison, no presets: a name after ':' would be silently dropped.
+  if arg:
+    raise ValueError(f"Unknown preset {arg!r}: quickstart.py has none; "
+                     "use --config=experiments/configs/quickstart.py.")
   # The common groups (engine, run, ...); data and seed are shared by every
   # member: one dataset, partition and seed.
   c = base_lib.base(method="quickstart", dataset="digits",

@@ -41,6 +41,7 @@ deletes steps and temporary directories it finds stale.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -55,13 +56,47 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-__all__ = ["CheckpointStore", "COMMIT_MARKER", "as_restored"]
+__all__ = ["CheckpointStore", "COMMIT_MARKER", "DiskFullError", "as_restored",
+           "is_disk_full"]
 
 _log = logging.getLogger(__name__)
 
 PyTree = Any
 
 COMMIT_MARKER = "fedjax_dd_commit.json"
+
+
+class DiskFullError(OSError):
+  """A write failed because the device holding the workdir is full.
+
+  Raised by :meth:`CheckpointStore.save` instead of the writer's own error
+  (tensorstore's ``RESOURCE_EXHAUSTED`` through Orbax, or ``ENOSPC``); the
+  partial checkpoint is removed and the committed ones are kept.
+  """
+
+  def __str__(self) -> str:
+    return str(self.strerror)
+
+
+# How a full device shows in the writers' errors: errno ENOSPC from Python,
+# tensorstore's status (through Orbax, a ValueError) and its OS text.
+_DISK_FULL_TEXT = ("RESOURCE_EXHAUSTED", "No space left on device")
+
+
+def is_disk_full(error: BaseException) -> bool:
+  """Whether ``error`` (or an error it was raised from) says the device is
+  full."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, DiskFullError):
+      return True
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+      return True
+    if any(t in str(error) for t in _DISK_FULL_TEXT):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
 """Name of the commit marker file written into every complete step directory."""
 
 _MARKER_VERSION = 1
@@ -414,20 +449,46 @@ class CheckpointStore:
       )
       shutil.rmtree(path, ignore_errors=True)
 
-    self._manager.save(
-        step,
-        args=ocp.args.Composite(
-            **{
-                _STATE: ocp.args.StandardSave(_keys_to_data(state)),
-                _META: ocp.args.JsonSave(meta),
-            }
-        ),
-        force=True,
-    )
-    self._manager.wait_until_finished()
-    _write_marker(self._step_dir(step), step)
+    try:
+      self._manager.save(
+          step,
+          args=ocp.args.Composite(
+              **{
+                  _STATE: ocp.args.StandardSave(_keys_to_data(state)),
+                  _META: ocp.args.JsonSave(meta),
+              }
+          ),
+          force=True,
+      )
+      self._manager.wait_until_finished()
+      _write_marker(self._step_dir(step), step)
+    except Exception as e:  # pylint: disable=broad-except
+      if not is_disk_full(e):
+        raise
+      self._drop_partial(step)
+      raise self._disk_full(step) from None
     self._apply_retention()
     return True
+
+  def _drop_partial(self, step: int) -> None:
+    """Removes what a failed save of ``step`` left (never a committed
+    step), to give the space back."""
+    for s, path in self._tmp_dirs():
+      if s == step:
+        shutil.rmtree(path, ignore_errors=True)
+    step_dir = self._step_dir(step)
+    if step_dir.is_dir() and not (step_dir / COMMIT_MARKER).exists():
+      shutil.rmtree(step_dir, ignore_errors=True)
+
+  def _disk_full(self, step: int) -> DiskFullError:
+    latest = self.latest_step()
+    kept = ("no earlier checkpoint was written" if latest is None else
+            f"the last good checkpoint, step {latest}, is kept")
+    return DiskFullError(
+        errno.ENOSPC,
+        f"No space left on the device of {self._directory}: checkpoint "
+        f"{step} could not be written (its partial files were removed); "
+        f"{kept}. Free some space and re-run the same command to resume.")
 
   def _apply_retention(self) -> None:
     if self._max_to_keep is None:

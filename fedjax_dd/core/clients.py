@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fedjax_dd import _xla_setup
 from fedjax_dd import policy
 
 
@@ -126,7 +127,7 @@ def hot_program_options(classic_runtime: bool = True,
       host device, so it gets the single-threaded options.
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
   """
-  if os.environ.get("FEDJAX_DD_NO_XLA_FLAGS"):
+  if _xla_setup.no_xla_flags():
     return {}
   platform = policy.platform_of(platform)
   row = policy.lookup(platform)

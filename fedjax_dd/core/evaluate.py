@@ -10,6 +10,7 @@ import numpy as np
 
 from fedjax_dd.core.clients import ClientMapper, engine_jit
 from fedjax_dd.core.task import Classifier
+from fedjax_dd.data import validate
 
 PyTree = Any
 
@@ -91,7 +92,14 @@ def make_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
       on each true class's examples (``None`` for a class with none). In
       strongly non-IID runs a round can swap whole classes at a steady mean
       accuracy; this shows it.
+
+  Raises:
+    ValueError: ``x`` not uint8 images of ``task.input_shape``, ``y`` not
+      ``[N]`` class indices in ``[0, task.num_classes)``, or a different
+      ``N``.
   """
+  validate.split(x, y, num_classes=task.num_classes,
+                 input_shape=task.input_shape)
   xs, ys, masks = _batched(np.asarray(x), np.asarray(y), batch_size)
   fn = engine_jit(lambda p, s: _evaluate_one(task, p, s, xs, ys, masks,
                                              per_class))
@@ -115,7 +123,12 @@ def make_client_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
   Returns:
     ``evaluate(params [C, ...], batch_stats [C, ...]) -> {"accuracy" [C],
     "loss" [C]}`` as NumPy arrays.
+
+  Raises:
+    ValueError: as :func:`make_evaluator`.
   """
+  validate.split(x, y, num_classes=task.num_classes,
+                 input_shape=task.input_shape)
   xs, ys, masks = _batched(np.asarray(x), np.asarray(y), batch_size)
   mapped = mapper.map(
       lambda p, s, xs, ys, ms: _evaluate_one(task, p, s, xs, ys, ms),

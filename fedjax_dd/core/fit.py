@@ -38,6 +38,7 @@ from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.prepare import Prepared
 from fedjax_dd.core.workdir import Workdir
+from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import ClientData
 
 PyTree = Any
@@ -146,6 +147,13 @@ def fit(algorithm: FederatedAlgorithm,
       workdir = stack.enter_context(tempfile.TemporaryDirectory())
     wall = wall or loop_lib.WallClock(start=time.time())
     task = prepared.task
+    # The clients' labels against the task's classes and their images
+    # against its input, once: an out-of-range label otherwise surfaces as
+    # a non-finite loss blamed on the learning rate.
+    validate.image_shape("data.x", data.x, task.input_shape, leading=2)
+    if data.y.ndim == 2:
+      validate.client_stack(data.x, data.y, data.num_examples,
+                            num_classes=task.num_classes, fetch=True)
     state = initial_state(algorithm, task, n, seed=seed,
                           initial_model=initial_model, run_key=run_key)
     work = Workdir(workdir, tensorboard=tensorboard)

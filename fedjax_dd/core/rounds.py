@@ -22,6 +22,7 @@ from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState, FederatedAlgorithm
 from fedjax_dd.core.checkpoint import CheckpointStore, as_restored
 from fedjax_dd.core.metrics import MetricsWriter
+from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import ClientData
 
 PyTree = Any
@@ -176,6 +177,10 @@ def run_rounds(
     ``(state, ledger, rows)``: final state, ledger and the rows written.
   """
   n = data.num_clients
+  # Once, before anything compiles: a negative step count, or counts past
+  # the padded length, would train on padding or report nonsense.
+  validate.client_fields(data.x, data.y, data.num_examples, fetch=True)
+  validate.step_counts("num_steps", num_steps, n, fetch=True)
   s = options.clients_per_round
   if not 1 <= s <= n:
     raise ValueError(f"clients_per_round must be in [1, {n}], got {s}.")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 from typing import Any, Mapping
 
 from fedjax_dd.core.checkpoint import COMMIT_MARKER, CheckpointStore
@@ -117,7 +118,12 @@ class WorkdirLock:
     import socket  # pylint: disable=g-import-not-at-top
     check_writable(self.directory)
     path = os.path.join(self.directory, ".lock")
-    f = open(path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+    try:
+      f = open(path, "a+", encoding="utf-8", errors="replace")  # pylint: disable=consider-using-with
+    except OSError as e:  # e.g. .lock replaced by a directory
+      raise PermissionError(
+          f"The workdir lock {path} cannot be opened ({e.strerror}); it is "
+          "only a lock, holding no results: delete it and re-run.") from None
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -163,9 +169,21 @@ def check_writable(directory: str | os.PathLike) -> None:
     raise PermissionError(
         f"--workdir {directory} cannot be created (permission denied); "
         "choose a writable path.") from None
+  except OSError as e:  # e.g. a read-only file system (EROFS), ENOSPC
+    raise PermissionError(
+        f"--workdir {directory} cannot be created ({e.strerror}); choose a "
+        "writable path.") from None
   if not os.access(directory, os.W_OK | os.X_OK):
     raise PermissionError(
         f"--workdir {directory} is not writable; choose a writable path.")
+  # os.access says yes to root and knows nothing of a read-only mount: write.
+  try:
+    with tempfile.TemporaryFile(dir=directory):
+      pass
+  except OSError as e:
+    raise PermissionError(
+        f"--workdir {directory} is not writable ({e.strerror}); choose a "
+        "writable path.") from None
 
 
 class FingerprintMismatchError(ValueError):

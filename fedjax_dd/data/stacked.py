@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dd.data import validate
+
 
 @flax.struct.dataclass
 class ClientData:
@@ -42,6 +44,11 @@ class ClientData:
   x: jax.Array | np.ndarray
   y: jax.Array | np.ndarray
   num_examples: jax.Array | np.ndarray
+
+  def __post_init__(self):
+    # Checked once, where the stack is built from host arrays (device and
+    # traced copies, and the specs that share this dataclass, are not read).
+    validate.client_fields(self.x, self.y, self.num_examples)
 
   @property
   def num_clients(self) -> int:
@@ -62,7 +69,8 @@ class ClientData:
 
 def stack_clients(x: np.ndarray, y: np.ndarray,
                   partition: Sequence[np.ndarray], *,
-                  pad_to: int | None = None) -> ClientData:
+                  pad_to: int | None = None,
+                  allow_shared: bool = False) -> ClientData:
   """Gathers each client's examples into zero-padded host arrays.
 
   Args:
@@ -73,6 +81,8 @@ def stack_clients(x: np.ndarray, y: np.ndarray,
     pad_to: Padded length ``N_max``; defaults to the largest client and must
       not be smaller. A fixed value keeps shapes (and compiled programs)
       stable across partitions.
+    allow_shared: accept an example in several clients (a resampling, not a
+      partition); by default that is refused.
 
   Returns:
     ``ClientData`` with NumPy fields ``x [C, N_max, H, W, Ch]``,
@@ -80,7 +90,8 @@ def stack_clients(x: np.ndarray, y: np.ndarray,
 
   Raises:
     ValueError: Mismatched ``x``/``y``, empty partition or client, indices
-      out of range or not integer, or ``pad_to`` too small.
+      out of range or not integer, an index in two clients (unless
+      ``allow_shared``), or ``pad_to`` too small.
   """
   x = np.asarray(x)
   y = np.asarray(y)
@@ -107,6 +118,8 @@ def stack_clients(x: np.ndarray, y: np.ndarray,
           f"client {k}: indices must lie in [0, {x.shape[0]}), got range "
           f"[{idx.min()}, {idx.max()}].")
     parts.append(idx)
+  if not allow_shared:
+    validate.disjoint_indices(parts)
   sizes = np.array([p.size for p in parts], np.int32)
   n_max = int(sizes.max())
   if pad_to is not None:

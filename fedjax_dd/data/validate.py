@@ -25,7 +25,8 @@ import numpy as np
 __all__ = [
     "shape_str", "is_concrete", "host_values", "positive_int",
     "finite_number", "client_stack", "labels_in_range", "channel_stats",
-    "images", "step_counts",
+    "images", "step_counts", "client_fields", "image_shape", "split",
+    "disjoint_indices",
 ]
 
 # Offending values shown in a message (the count is always given).
@@ -204,15 +205,128 @@ def channel_stats(mean: Any, std: Any, channels: int) -> None:
           f"{a.tolist()}.")
 
 
-def step_counts(name: str, steps: Any, num_clients: int) -> None:
+def step_counts(name: str, steps: Any, num_clients: int, *,
+                fetch: bool = False) -> None:
   """``steps [C]`` integer local step counts, ``>= 0`` (values on host
-  arrays only)."""
+  arrays, or concrete device arrays with ``fetch``)."""
   shape = np.shape(steps)
   dtype = np.dtype(getattr(steps, "dtype", np.asarray(steps).dtype))
   if tuple(shape) != (num_clients,) or not np.issubdtype(dtype, np.integer):
     raise ValueError(f"{name} must be [C] = [{num_clients}] integer step "
                      f"counts, got shape {shape_str(shape)} dtype {dtype}.")
-  host = host_values(steps, fetch=False)
+  host = host_values(steps, fetch=fetch)
   if host is not None and (host < 0).any():
     raise ValueError(f"{name} must be >= 0, got {int((host < 0).sum())} "
                      f"negative ({_examples(host[host < 0])}).")
+
+
+def _is_array(a: Any) -> bool:
+  return isinstance(a, np.ndarray) or (isinstance(a, jax.Array)
+                                       and is_concrete(a))
+
+
+def client_fields(x: Any, y: Any, num_examples: Any, *,
+                  fetch: bool = False) -> None:
+  """The fields of a :class:`fedjax_dd.data.stacked.ClientData`, checked
+  as far as every producer allows: ``x [C, N_max, ...]``, ``y [C, N_max]``
+  integer class indices ``>= 0`` on real rows (or ``[C, N_max, K]`` soft
+  labels), ``num_examples [C]`` integers in ``[0, N_max]``, and no float
+  images in ``[0, 1]`` (uint8 pixels are expected; the models' normalisation
+  would leave such images near-constant). Values are read on host arrays,
+  or concrete device arrays with ``fetch``; anything else (tracers, the
+  ``in_axes`` or sharding specs that share the dataclass) is not checked.
+
+  Raises:
+    ValueError: naming the field, the expected shape, dtype or range and
+      what was given.
+  """
+  if not all(_is_array(a) for a in (x, y, num_examples)):
+    return
+  if np.ndim(x) < 2:
+    raise ValueError(f"x must be [C, N_max, H, W, Ch] images, got shape "
+                     f"{shape_str(np.shape(x))}.")
+  c, n_max = np.shape(x)[:2]
+  y_shape = tuple(np.shape(y))
+  y_dtype = np.dtype(y.dtype)
+  if y_shape[:2] != (c, n_max) or len(y_shape) not in (2, 3):
+    raise ValueError(
+        f"y must be [C, N_max] = [{c}, {n_max}] (the first two axes of x), "
+        f"got shape {shape_str(y_shape)}.")
+  n_shape = tuple(np.shape(num_examples))
+  n_dtype = np.dtype(num_examples.dtype)
+  if n_shape != (c,) or not np.issubdtype(n_dtype, np.integer):
+    raise ValueError(f"num_examples must be [C] = [{c}] integer counts, got "
+                     f"shape {shape_str(n_shape)} dtype {n_dtype}.")
+  n = host_values(num_examples, fetch=fetch)
+  if n is not None:
+    bad = (n < 0) | (n > n_max)
+    if bad.any():
+      raise ValueError(
+          f"num_examples must lie in [0, N_max = {n_max}] (the padded length "
+          f"of x), got {int(bad.sum())} outside it ({_examples(n[bad])}).")
+  if len(y_shape) == 2 and not np.issubdtype(y_dtype, np.integer):
+    raise ValueError(f"y must be [C, N_max] integer class indices, got dtype "
+                     f"{y_dtype}.")
+  if len(y_shape) == 2 and n is not None:
+    labels = host_values(y, fetch=fetch)
+    if labels is not None:
+      real = labels[np.arange(n_max)[None, :] < n[:, None]]
+      if real.size and real.min() < 0:
+        raise ValueError(
+            f"y must hold class indices >= 0, got {int((real < 0).sum())} "
+            f"negative ({_examples(real[real < 0])}).")
+  if np.issubdtype(np.dtype(x.dtype), np.floating):
+    pixels = host_values(x, fetch=fetch)
+    if pixels is not None and pixels.size and float(np.nanmax(pixels)) <= 1.0:
+      images("x", pixels, rank=np.ndim(x), layout="[C, N_max, H, W, Ch]")
+
+
+def image_shape(name: str, x: Any, input_shape: Any, *, leading: int) -> None:
+  """The image axes of ``x`` (after ``leading`` axes) equal the model's
+  ``input_shape`` ``(H, W, Ch)``."""
+  got = tuple(int(s) for s in np.shape(x)[leading:])
+  want = tuple(int(s) for s in input_shape)
+  if got != want:
+    raise ValueError(
+        f"{name} must hold images of the model's input shape [H, W, Ch] = "
+        f"{list(want)}, got {list(got)} (shape {shape_str(np.shape(x))}); "
+        "resize them with fedjax_dd.data.preprocess.resize_images.")
+
+
+def split(x: Any, y: Any, *, num_classes: int, input_shape: Any) -> None:
+  """An evaluation split: ``x [N, H, W, Ch]`` uint8 of the model's input
+  shape, ``y [N]`` integer class indices in ``[0, num_classes)``, the same
+  ``N``."""
+  images("x", x, rank=4, layout="[N, H, W, Ch]", fetch=True)
+  y_shape = np.shape(y)
+  y_dtype = np.dtype(getattr(y, "dtype", np.asarray(y).dtype))
+  if len(y_shape) != 1 or not np.issubdtype(y_dtype, np.integer):
+    raise ValueError(f"y must be [N] integer class indices, got shape "
+                     f"{shape_str(y_shape)} dtype {y_dtype}.")
+  if y_shape[0] != np.shape(x)[0]:
+    raise ValueError(
+        f"x and y must hold the same number of examples N, got x "
+        f"{shape_str(np.shape(x))} and y {shape_str(y_shape)}.")
+  image_shape("x", x, input_shape, leading=1)
+  labels = host_values(y, fetch=True)
+  if labels is not None:
+    labels_in_range("y", labels, num_classes)
+
+
+def disjoint_indices(partition: Any) -> None:
+  """No example index in two clients' index arrays (a partition, not a
+  resampling: a shared example would be trained on twice and counted twice
+  in the traffic)."""
+  all_idx = [np.asarray(p).ravel() for p in partition]
+  if not all_idx:
+    return
+  flat = np.concatenate(all_idx)
+  values, counts = np.unique(flat, return_counts=True)
+  shared = values[counts > 1]
+  if shared.size:
+    first = int(shared[0])
+    clients = [k for k, idx in enumerate(all_idx) if np.any(idx == first)]
+    raise ValueError(
+        f"partition must give each example to one client, got "
+        f"{shared.size} indices in more than one (e.g. index {first} in "
+        f"clients {clients}); a client listing an index twice counts too.")

@@ -45,7 +45,7 @@ def test_parse_seeds():
   assert sweep.parse_seeds(["3", "5"]) == [3, 5]
   with pytest.raises(ValueError, match="repeat"):
     sweep.parse_seeds("1,1")
-  with pytest.raises(ValueError, match="No seeds"):
+  with pytest.raises(ValueError, match="names no seed"):
     sweep.parse_seeds("")
 
 
@@ -138,7 +138,7 @@ def test_compare_labels_and_single_runs(tmp_path):
   assert [t["num_seeds"] for t in report["tables"]] == [2, 1, 1]
   for name in ("compare.md", "compare.json", "compare_curves.png"):
     assert os.path.isfile(os.path.join(out, name)), name
-  with pytest.raises(ValueError, match="neither"):
+  with pytest.raises(ValueError, match="does not exist"):
     sweep.compare([str(tmp_path / "nothing")], out)
   # --against: one point per DIR at its config value (here the model seed).
   report = sweep.main([f"mine={b}", f"--out={out}", "--against=seed"])

@@ -1,0 +1,117 @@
+"""Unhelpful failures of the two entry points, each now one line (issue 41):
+presets, seeds, the backend, SIGTERM, a full disk, fedjax-dd-sweep inputs."""
+
+import signal
+import sys
+
+import pytest
+
+from fedjax_dd.experiments import main as main_lib
+from fedjax_dd.experiments import sweep
+
+_CONFIGS = "experiments/configs"
+
+
+@pytest.mark.parametrize("arg,message", [
+    ("fedavg.py:bogus", r"^--config=experiments/configs/fedavg.py:bogus: "
+     r"Unknown preset 'bogus'; expected one of \["),
+    # quickstart.py has no presets; the name was dropped and the run went on.
+    ("quickstart.py:bogus", r"Unknown preset 'bogus': quickstart.py has "
+     r"none"),
+])
+def test_an_unknown_preset_is_one_line(arg, message):
+  error = main_lib._config_file_error(["fedjax-dd", f"--config={_CONFIGS}/"
+                                       f"{arg}", "--workdir=/nowhere"])
+  assert error is not None and "Traceback" not in error
+  assert pytest.importorskip("re").search(message, error), error
+  for good in ("fedavg.py:smoke", "quickstart.py"):
+    assert main_lib._config_file_error(
+        ["fedjax-dd", f"--config={_CONFIGS}/{good}"]) is None
+
+
+@pytest.mark.parametrize("seeds,message", [
+    ("0,a", r"--seeds entries must be ints >= 0 .*got 'a' in 0,a\."),
+    ("1,-1", r"got '-1'"),
+    ("0,1,0", r"--seeds repeats 0: each seed runs once"),
+    (",", r"--seeds names no seed"),
+    ("", r"--seeds names no seed"),
+])
+def test_bad_seeds_are_named(seeds, message):
+  with pytest.raises(ValueError, match=message):
+    sweep.parse_seeds(seeds)
+  assert sweep.parse_seeds(" 2, 0 ,1") == [2, 0, 1]
+
+
+def test_a_failed_seed_ends_with_its_own_refusal(capfd):
+  # A child that prints usage text and then its refusal, as absl does.
+  child = [sys.executable, "-c", "import sys; sys.stderr.write('usage: "
+           "long text\\nFATAL config.x must be 1\\n\\n  more usage\\n'); "
+           "sys.exit(1)"]
+  with pytest.raises(sweep.SeedFailedError,
+                     match=r"^--seeds: seed 3 failed \(exit 1\) in .*: "
+                     r"config.x must be 1$"):
+    sweep._run_seed(child, 3)
+  assert "usage: long text" in capfd.readouterr().err  # passed through
+
+
+def test_a_backend_jax_cannot_start_is_one_line(monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+
+  def no_gpu():
+    raise AssertionError()  # jax 0.12's second call after a failed init
+  monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+  monkeypatch.setattr(jax, "devices", no_gpu)
+  assert main_lib.check_backend() == (
+      "JAX cannot start a backend for JAX_PLATFORMS=cuda: no backend "
+      "initialised (AssertionError). Set JAX_PLATFORMS to a platform this "
+      "machine has (cpu; cuda needs a GPU and jax[cuda]), or unset it.")
+  monkeypatch.undo()
+  assert main_lib.check_backend() is None
+
+
+def test_sigterm_is_handled_as_ctrl_c(monkeypatch):
+  monkeypatch.setattr(main_lib, "_exit_status", main_lib.EXIT_INTERRUPTED)
+  old = signal.signal(signal.SIGTERM, main_lib._on_sigterm)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      signal.raise_signal(signal.SIGTERM)
+  finally:
+    signal.signal(signal.SIGTERM, old)
+  assert main_lib._exit_status == main_lib.EXIT_TERMINATED == 143
+
+
+def test_disk_full_message_without_a_checkpoint(tmp_path):
+  error = OSError(28, "No space left on device")
+  assert main_lib.disk_full_message(str(tmp_path), error) == (
+      f"No space left on the device of {tmp_path}; no checkpoint was written "
+      "yet. Free some space and re-run the same command to resume.")
+
+
+def _sweep_error(capsys, *argv):
+  with pytest.raises(SystemExit) as e:
+    sweep.main(list(argv))
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert "Traceback" not in err
+  return err.strip().splitlines()[-1]
+
+
+def test_sweep_tool_inputs(tmp_path, capsys):
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "summary.json").write_text('{"method": ')  # cut
+  out_file = tmp_path / "out.txt"
+  out_file.write_text("")
+  assert _sweep_error(capsys, str(run), f"--out={out_file}") == (
+      f"fedjax-dd-sweep: error: --out {out_file} is a file; give a directory "
+      "for the report.")
+  assert _sweep_error(capsys, str(tmp_path / "missing"),
+                      f"--out={tmp_path}/o").endswith("does not exist; give "
+                      "a sweep workdir (seed_* runs) or a run workdir.")
+  (tmp_path / "empty").mkdir()
+  assert _sweep_error(capsys, str(tmp_path / "empty"),
+                      f"--out={tmp_path}/o").endswith(
+                          "holds neither seed_*/summary.json nor "
+                          "summary.json.")
+  assert "is not valid JSON" in _sweep_error(capsys, str(run),
+                                             f"--out={tmp_path}/o")
