@@ -21,7 +21,8 @@ are the authors' EMNIST values; ``num_clusters_by_round`` in
 round 2 (warm-up 1, ``eps1`` large, ``eps2 = 0``) so that it exercises the
 tree.
 
-Measured: see ``experiments/results/`` (none yet on the full presets).
+Measured: ``cfl.py:smoke`` (jax 0.12, 3 rounds, 1 -> 2 -> 4 clusters):
+final test accuracy 0.281. Not measured yet on the full presets.
 """
 
 from fedjax_dd.experiments.configs import base as base_lib

@@ -21,9 +21,16 @@ agglomerative clustering, stopping at ``pacfl.threshold`` degrees (or a
 fixed ``pacfl.num_clusters`` with ``threshold = 0``), and trains one model
 per cluster. ``p = 3`` and the linkage are the authors' scripts'; their
 thresholds (3.5-4.9 degrees) were set for their basis-vector angle on
-CIFAR-10 label skew, so ``threshold`` is set per preset here.
+CIFAR-10 label skew; we keep 4.9 on the full presets. On
+``fmnist_dir0.01`` (100 clients, seed 0) the angles between clients run
+from 1.0 to 58.8 degrees (median 8.3) and 4.9 gives 9 clusters (3: 10, 8:
+7, 10: 6, 15: 2); the signatures and the proximity matrix took 24 s on 2
+loaded cores. The smoke preset's 10 digits clients span 3.4-13.3 degrees,
+so it uses 6 (5 clusters).
 
-Measured: see ``experiments/results/`` (none yet on the full presets).
+Measured: ``pacfl.py:smoke`` (jax 0.12, 2 rounds, 5 clusters, 3 and 4 of
+them trained): final test accuracy 0.197; the signatures' upload 44,544
+bytes once. Not measured yet on the full presets.
 """
 
 from fedjax_dd.experiments.configs import base as base_lib
@@ -33,6 +40,5 @@ from fedjax_dd.experiments.configs import disue
 def get_config(arg: str = "fmnist_dir0.01"):
   c = base_lib.pacfl(disue.clustered_baseline("pacfl", arg))
   if arg.startswith("smoke"):
-    # Digits' 10 clients span 3.4-13.3 degrees: 6 gives 5 clusters.
     c.pacfl.threshold = 6.0
   return c
