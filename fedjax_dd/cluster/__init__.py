@@ -18,6 +18,12 @@ HFLDD (Shi et al., Sec. IV-B and Alg. 1) and FedSeq's superclients:
   K-Means on the label-knowledge similarity, ClusterSampling into
   heterogeneous clusters with heads, and FedSeq's diverse groups.
 
+PACFL (Vahidian et al., AAAI 2023):
+
+* :mod:`~fedjax_dd.cluster.principal_angles` (device, then host
+  scikit-learn): each client's top singular vectors, the matrix of angles
+  between them, agglomerative clustering and the assignment of new clients.
+
 Names load on first use, so importing the package imports neither JAX nor
 scikit-learn.
 """
@@ -35,6 +41,10 @@ _API: dict[str, str] = {
     "PCSCParams": "pcsc",
     "pcsc_cosine": "pcsc",
     "pcsc_similarity_matrix": "pcsc",
+    "client_subspace": "principal_angles",
+    "proximity": "principal_angles",
+    "agglomerative": "principal_angles",
+    "assign": "principal_angles",
     "homogeneous_clusters": "sampling",
     "Topology": "sampling",
     "cluster_sampling": "sampling",
