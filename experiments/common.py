@@ -236,8 +236,38 @@ def partition(config: ml_collections.ConfigDict, labels: np.ndarray) -> list[np.
   rng = keys.numpy_stream(config.data.seed)
   parts = PARTITIONERS[p.name](labels, config.data.num_clients, rng=rng,
                                **kwargs)
+  check_coverage(config, labels, parts)
   check_upload_privacy(config, labels, parts)
   return parts
+
+
+def check_coverage(config: ml_collections.ConfigDict, labels: np.ndarray,
+                   parts: list[np.ndarray]) -> None:
+  """Refuses a partition under which no client holds some class: the run
+  would train on part of the data and be tested on all of it (e.g.
+  ``pathological`` with 2 classes per client and ``data.num_clients=1``:
+  2 of 10 classes, 80 % of the data unused).
+
+  Raises:
+    InputError: naming the classes, the share of the data left out and the
+      settings to change.
+  """
+  labels = np.asarray(labels)
+  held = np.unique(labels[np.concatenate(parts)]) if parts else []
+  present = np.unique(labels)
+  missing = np.setdiff1d(present, held)
+  if missing.size:
+    unused = int(np.isin(labels, missing).sum())
+    shown = ", ".join(str(int(c)) for c in missing[:10]) + (
+        ", ..." if missing.size > 10 else "")
+    raise InputError(
+        f"data.partition {config.data.partition.name!r} over "
+        f"data.num_clients={config.data.num_clients} gives no client "
+        f"classes {shown} ({missing.size} of {present.size} classes, "
+        f"{unused} of {labels.size} training examples, "
+        f"{100 * unused / labels.size:.0f} %); the test set still holds them. "
+        "Raise --config.data.num_clients (or the classes per client) so that "
+        "every class has a client.")
 
 
 # FedD3 distillers whose upload the privacy guard covers (the random

@@ -1,5 +1,6 @@
 """Value checks before the dataset loads (experiments/checks.py)."""
 
+import numpy as np
 import pytest
 
 from fedjax_dd.data import sources
@@ -91,3 +92,18 @@ def test_check_name_refuses_without_loading(tmp_path):
     sources.check_name("dgits")
   with pytest.raises(ValueError, match="file not found"):
     sources.check_name(f"npz:{tmp_path / 'missing.npz'}")
+
+
+def test_a_partition_that_leaves_classes_to_no_client_is_refused():
+  config = fedavg_config.get_config("smoke")  # pathological, 2 per client
+  labels = np.repeat(np.arange(10), 5)        # 10 classes of 5
+  config.data.num_clients = 1
+  with pytest.raises(common.InputError, match=(
+      r"^data.partition 'pathological' over data.num_clients=1 gives no "
+      r"client classes .* \(8 of 10 classes, 40 of 50 training examples, "
+      r"80 %\); the test set still holds them\. Raise "
+      r"--config.data.num_clients")):
+    common.partition(config, labels)
+  config.data.num_clients = 5                 # 5 x 2 covers all 10 classes
+  parts = common.partition(config, labels)
+  assert sum(p.size for p in parts) == 50

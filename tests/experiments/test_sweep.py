@@ -145,7 +145,9 @@ def test_compare_labels_and_single_runs(tmp_path):
   assert [p["x"] for p in report["against"]["series"]["toy"]] == [2]
   assert os.path.isfile(os.path.join(out, "compare_against.png"))
   with pytest.raises(ValueError, match="disagree"):
-    sweep.main([a, f"--out={out}", "--against=seed"])  # seeds 0 and 1
+    sweep.compare([a], out, against="seed")  # seeds 0 and 1
+  with pytest.raises(SystemExit):  # the command: one line, no traceback
+    sweep.main([a, f"--out={out}", "--against=seed"])
 
 
 def test_cli_sweep_over_two_seeds_of_fedavg_smoke(tmp_path):
