@@ -159,10 +159,32 @@ def check_no_raw_upload(uploaded_x: Any, owner: Any, client_x: Any,
     RawUploadError: naming how many uploads are raw, from which clients,
       and what to change.
   """
-  identical = identical_to_raw(uploaded_x, owner, client_x, num_examples)
+  ux, own_all, cx, n = _validate(uploaded_x, owner, client_x, num_examples)
+  identical = _identical(ux, own_all, cx, n)
   if identical.any():
     own = np.asarray(owner)[identical]
     clients = np.unique(own)
+    # A constant image (one value in every pixel) or a sender whose images
+    # are all the same: KIP's gradient is zero there, so no number of
+    # iterations moves the image; "run more iterations" would not help.
+    flat = ux[identical].reshape(int(identical.sum()), -1)
+    constant = flat.min(axis=1) == flat.max(axis=1)
+    uniform = np.array([
+        len({r.tobytes() for r in cx[c, :int(n[c])]}) == 1 for c in own])
+    stuck = constant | uniform
+    if stuck.all():
+      raise RawUploadError(
+          f"{int(identical.sum())} of {identical.size} {what} images to "
+          f"upload are byte-identical to a raw image of their sender "
+          f"({clients.size} clients, e.g. {clients[:5].tolist()}), and "
+          f"{int(constant.sum())} of them are constant images (one value in "
+          "every pixel)"
+          + (f", {int((uniform & ~constant).sum())} from clients whose images"
+             " are all the same" if (uniform & ~constant).any() else "")
+          + ": an image cannot be distilled away from a set of identical "
+          "images (the gradient is zero), so more iterations give the same "
+          "images. Check the dataset (constant images carry nothing to "
+          "distill), or set allow_raw_upload=True to send them as they are.")
     raise RawUploadError(
         f"{int(identical.sum())} of {identical.size} {what} images to upload "
         f"are byte-identical to a raw image of their sender ({clients.size} "

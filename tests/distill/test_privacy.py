@@ -70,3 +70,25 @@ def test_identity_flags_and_the_guard():
     privacy.check_no_raw_upload(up, owner, x, n)
   privacy.check_no_raw_upload(up[2:], owner[2:], x, n)  # nothing raw
   assert privacy.identical_to_raw(up[:0], owner[:0], x, n).shape == (0,)
+
+
+def test_constant_images_are_not_told_to_run_more_iterations():
+  # Two clients of two images each; the uploads copy one raw image each.
+  x = np.zeros((2, 2, 2, 2, 1), np.uint8)
+  x[0, 0] = [[[10], [20]], [[30], [40]]]     # varied pixels
+  x[0, 1] = 200
+  x[1, :] = 7                               # constant, and all the same
+  n = np.array([2, 2])
+  owner = np.array([0, 1])
+  varied = np.stack([x[0, 0], x[1, 0]])
+  with pytest.raises(privacy.RawUploadError, match=r"Run more iterations"):
+    privacy.check_no_raw_upload(varied[:1], owner[:1], x, n)
+  with pytest.raises(privacy.RawUploadError, match=(
+      r"^1 of 1 KIP images to upload are byte-identical .* and 1 of them are "
+      r"constant images \(one value in every pixel\): an image cannot be "
+      r"distilled away from a set of identical images .* more iterations "
+      r"give the same images\.")):
+    privacy.check_no_raw_upload(varied[1:], owner[1:], x, n)
+  # Mixed: one upload KIP could still move, so the advice stays.
+  with pytest.raises(privacy.RawUploadError, match=r"Run more iterations"):
+    privacy.check_no_raw_upload(varied, owner, x, n)
