@@ -219,6 +219,15 @@ def _check_models(config: ml_collections.ConfigDict) -> None:
             f"comma-separated names of {sorted(models.MODELS)}", names)
 
 
+def _check_input_shape(config: ml_collections.ConfigDict) -> None:
+  shape = _lookup(config, "data.input_shape")
+  if shape is None or tuple(shape) == ():
+    return
+  if len(tuple(shape)) != 3 or not all(_is_int(v) and v >= 1 for v in shape):
+    _fail("data.input_shape", "() (the model's) or (H, W, Ch) of positive "
+          "ints", tuple(shape))
+
+
 def _check_sampling(config: ml_collections.ConfigDict) -> None:
   per_round = _lookup(config, "client.clients_per_round")
   num_clients = _lookup(config, "data.num_clients")
@@ -296,6 +305,7 @@ def check_values(config: ml_collections.ConfigDict) -> None:
   """
   _check_ranges(config)
   _check_models(config)
+  _check_input_shape(config)
   _check_sampling(config)
   _check_datasets(config)
   _check_options(config)

@@ -138,6 +138,11 @@ def _config_file_error(argv: Sequence[str]) -> str | None:
   path = _config_arg(argv)
   if path is None:
     return None
+  file = path.split(":", 1)[0]
+  if not os.path.isfile(file):
+    return (f"--config={path}: no such file {file!r} (relative to "
+            f"{os.getcwd()}); the configs are experiments/configs/*.py, e.g. "
+            "--config=experiments/configs/fedavg.py:smoke.")
   try:
     flags.FLAGS["config"].parser.parse(path)
   except Exception as e:  # pylint: disable=broad-except

@@ -72,6 +72,8 @@ _PRESETS = {"fedavg": lambda: fedavg_config.get_config("smoke"),
     ("fedd3", "fedd3.distiller", "pca", r"fedd3.distiller must be one of"),
     ("ifca", "ifca.num_clusters", 50, r"ifca.num_clusters must be at most"),
     ("fedavg", "data.seed", -1, r"config.data.seed must be an int >= 0"),
+    ("fedavg", "data.input_shape", (4, 4), r"config.data.input_shape must "
+     r"be \(\) \(the model's\) or \(H, W, Ch\) of positive ints, got \(4, 4\)"),
     ("fedavg", "data.resplit", 1.0, r"data.resplit must be a finite number "
      r">= 0 and < 1"),
 ])

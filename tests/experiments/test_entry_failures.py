@@ -29,6 +29,14 @@ def test_an_unknown_preset_is_one_line(arg, message):
         ["fedjax-dd", f"--config={_CONFIGS}/{good}"]) is None
 
 
+def test_a_missing_config_file_is_one_line():
+  error = main_lib._config_file_error(
+      ["fedjax-dd", f"--config={_CONFIGS}/nothere.py:smoke"])
+  assert error.startswith(f"--config={_CONFIGS}/nothere.py:smoke: no such "
+                          f"file '{_CONFIGS}/nothere.py' (relative to ")
+  assert error.endswith("e.g. --config=experiments/configs/fedavg.py:smoke.")
+
+
 @pytest.mark.parametrize("seeds,message", [
     ("0,a", r"--seeds entries must be ints >= 0 .*got 'a' in 0,a\."),
     ("1,-1", r"got '-1'"),
