@@ -236,8 +236,9 @@ def partition(config: ml_collections.ConfigDict, labels: np.ndarray) -> list[np.
   rng = keys.numpy_stream(config.data.seed)
   parts = PARTITIONERS[p.name](labels, config.data.num_clients, rng=rng,
                                **kwargs)
-  check_coverage(config, labels, parts)
+  # The privacy refusal first: it names the client classes themselves.
   check_upload_privacy(config, labels, parts)
+  check_coverage(config, labels, parts)
   return parts
 
 
