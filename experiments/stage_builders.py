@@ -67,8 +67,8 @@ def _hparams(config) -> dfkd.DFKDHyperParams:
       pool_size=d.pool_size or d.distill_epochs,
       **{k: d[k] for k in (
           "generator_steps", "student_steps", "lambda_bn", "lambda_adv",
-          "beta", "temperature", "reset_generator", "learn_noise",
-          "keep_best", "adv_mask", "augment_shift", "augment_flip")})
+          "beta", "temperature", "adv_temperature", "reset_generator",
+          "learn_noise", "keep_best", "adv_mask", "augment_shift", "augment_flip")})
 
 
 def _synthesis(config, task) -> dict[str, Any]:

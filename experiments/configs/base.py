@@ -340,6 +340,8 @@ def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       "lambda_adv": 1.0,  # FedHydra's λ2; dense.py sets DENSE's own.
       "beta": 1.0,
       "temperature": 1.0,
+      # T of L_AD alone (0: temperature); DENSE's code: 1 with its T = 20.
+      "adv_temperature": 0.0,
       "stratify_steps": 30,  # T_G of Alg. 2.
       "stratify_batch_size": 16,
       "aggregation": "sa",  # sa | ae

@@ -46,8 +46,9 @@ Where this loop departs from DENSE's released code (``zj-jayzhang/DENSE``,
   default, the papers' text); the student sees the stored images and ``P``.
 * The student's loss: DENSE uses the temperature KL alone (its README's
   command: ``T = 20``); FedHydra's Eqs. 17–19 add ``β·CE`` on the hard
-  label, as here. One ``temperature`` serves the student's KL and ``L_AD``
-  here; DENSE's ``L_AD`` always uses ``T = 1``.
+  label, as here (``beta = 0`` is DENSE's). DENSE's ``L_AD`` always uses
+  ``T = 1``; here ``adv_temperature`` (default: the student's
+  ``temperature``).
 * The student inside ``L_AD``: DENSE leaves it in training mode (batch
   statistics; each generator step's forward pass also moves its running
   statistics); here it runs on its running statistics, which stay put.
@@ -138,7 +139,11 @@ class DFKDHyperParams:
     lambda_bn: ``λ1`` [1].
     lambda_adv: ``λ2`` [1; DENSE uses 0.5].
     beta: ``β`` of the student's hard-label CE [1].
-    temperature: KD temperature ``T`` of both KL terms [1].
+    temperature: KD temperature ``T`` of the student's KL [1], and of
+      ``L_AD`` unless ``adv_temperature`` is set.
+    adv_temperature: ``T`` of ``L_AD`` alone; ``0`` (default): the same
+      ``temperature``. DENSE's code computes ``L_AD`` at ``T = 1`` whatever
+      its student's ``T`` (its README's command: 20).
     reset_generator: re-initialise the generator at the start of every epoch
       (reference code) instead of carrying it over.
     learn_noise: optimise the noise ``z`` together with the generator
@@ -163,6 +168,7 @@ class DFKDHyperParams:
   lambda_adv: float = 1.0
   beta: float = 1.0
   temperature: float = 1.0
+  adv_temperature: float = 0.0
   reset_generator: bool = True
   learn_noise: bool = True
   keep_best: bool = True
@@ -180,6 +186,9 @@ class DFKDHyperParams:
           f"{self.student_steps}.")
     if self.temperature <= 0:
       raise ValueError(f"temperature must be > 0, got {self.temperature}.")
+    if self.adv_temperature < 0:
+      raise ValueError(f"adv_temperature must be >= 0 (0: temperature), got "
+                       f"{self.adv_temperature}.")
     if self.augment_shift < 0:
       raise ValueError(
           f"augment_shift must be >= 0, got {self.augment_shift}.")
@@ -392,7 +401,7 @@ def _generator_loss(loop: _Loop, gen_vars: tuple[PyTree, jax.Array],
                                    loop.student_input(view), train=False)
   loss, metrics = ensemble.generator_objective(
       p, y, bn, s_logits, lambda_bn=hp.lambda_bn, lambda_adv=hp.lambda_adv,
-      temperature=hp.temperature, adv_mask=hp.adv_mask)
+      temperature=hp.adv_temperature or hp.temperature, adv_mask=hp.adv_mask)
   return loss, (new_stats, x01, metrics)
 
 

@@ -239,6 +239,24 @@ def test_student_pass_over_filled_pool_and_stored_logits():
   assert int(m2["student_steps"]) == 5
 
 
+def test_adv_temperature_sets_the_temperature_of_l_ad_alone():
+  # One generator step from the same generator and student: L_AD depends on
+  # the temperature it is computed at and on nothing else that differs.
+  adv = {}
+  for name, kw in {"t1": dict(temperature=1.0),
+                   "t4_adv1": dict(temperature=4.0, adv_temperature=1.0),
+                   "t4": dict(temperature=4.0)}.items():
+    d, state, tv = _small(dict(generator_steps=1, pool_size=1,
+                               adv_mask="none", **kw))
+    _, m = d.epoch(state, tv, ())
+    adv[name] = float(m["gen_adv"])
+  assert adv["t1"] < 0
+  np.testing.assert_allclose(adv["t4_adv1"], adv["t1"], rtol=1e-6)
+  assert abs(adv["t4"] - adv["t1"]) > 1e-4
+  with pytest.raises(ValueError, match="adv_temperature"):
+    dfkd.DFKDHyperParams(adv_temperature=-1.0)
+
+
 def test_protocol_switches_change_the_pool():
   """Reset + learnable noise + best batch (the reference code) vs. off."""
   pools = {}
