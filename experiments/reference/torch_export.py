@@ -178,7 +178,7 @@ def load_clients(workdir: str, preset: str):
     raise ValueError("Only runs whose clients share one architecture.")
   prepared = common.load_and_prepare(config)
   module = get_model(config.model.name).build(prepared.dataset.num_classes)
-  shape = (1, *config.data.input_shape)
+  shape = (1, *prepared.task.input_shape)
   v = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0),
                                          jnp.zeros(shape), train=False))
   m = config.data.num_clients
@@ -207,7 +207,7 @@ def export(workdir: str, preset: str, out: str) -> dict[str, Any]:
   params, stats, config, prepared = load_clients(workdir, preset)
   module = get_model(config.model.name).build(prepared.dataset.num_classes)
   features, k = tuple(module.features), int(module.kernel_size)
-  hw = tuple(config.data.input_shape[:2])
+  hw = tuple(prepared.task.input_shape[:2])
   m = config.data.num_clients
   take = lambda t, i: jax.tree_util.tree_map(lambda a: a[i], t)
   state_dicts = [
@@ -216,7 +216,7 @@ def export(workdir: str, preset: str, out: str) -> dict[str, Any]:
           image_hw=hw).items()} for i in range(m)]
   meta = {"model": config.model.name, "features": features,
           "kernel_size": k, "num_classes": prepared.dataset.num_classes,
-          "channels": int(config.data.input_shape[2]), "image_hw": hw,
+          "channels": int(prepared.task.input_shape[2]), "image_hw": hw,
           "mean": np.asarray(prepared.mean, np.float32).reshape(-1).tolist(),
           "std": np.asarray(prepared.std, np.float32).reshape(-1).tolist(),
           "dataset": config.data.dataset, "workdir": os.path.abspath(workdir)}
