@@ -24,7 +24,9 @@ from fedjax_dd.algorithms.dynafed import DynaFedHyperParams, dynafed
 from fedjax_dd.algorithms.ifca import ifca
 from fedjax_dd.algorithms.pacfl import cluster_clients, pacfl
 from fedjax_dd.algorithms.fedavg import fedavg
+from fedjax_dd.algorithms.feddyn import feddyn
 from fedjax_dd.algorithms.fednova import fednova
+from fedjax_dd.algorithms.moon import moon
 from fedjax_dd.algorithms.fedprox import fedprox
 from fedjax_dd.algorithms.scaffold import scaffold
 from fedjax_dd.core import fit as fit_lib
@@ -187,6 +189,12 @@ BUILDERS: dict[str, Builder] = {
         **_fedavg_kwargs(c, m)),
     "scaffold": lambda c, task, m: scaffold(
         task, learning_rate=c.client.lr, server_learning_rate=c.server.lr,
+        **_fedavg_kwargs(c, m)),
+    "moon": lambda c, task, m: moon(
+        task, common.make_optimizer(c), mu=c.moon.mu,
+        temperature=c.moon.temperature, **_fedavg_kwargs(c, m)),
+    "feddyn": lambda c, task, m: feddyn(
+        task, common.make_optimizer(c), alpha=c.feddyn.alpha,
         **_fedavg_kwargs(c, m)),
     "dynafed": _dynafed,
 }

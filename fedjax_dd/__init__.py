@@ -15,7 +15,8 @@ options themselves (:mod:`fedjax_dd.core.clients`).
 The public API, as one flat namespace (loaded on first use, so importing the
 package stays cheap)::
 
-  algorithms   fedavg, fedprox, fednova, scaffold, centralized, os_fedavg,
+  algorithms   fedavg, fedprox, fednova, scaffold, moon, feddyn,
+               centralized, os_fedavg,
                fedseq, ifca, fedhydra, dense, feddf, one_shot (client stage
                and one-shot averaging), fedd3 and hfldd (their stages),
                fedd3_stages and hfldd_stages (chained as a run, cached)
@@ -58,6 +59,8 @@ _API: dict[str, tuple[str, str | None]] = {
     "fedprox": ("fedjax_dd.algorithms.fedprox", "fedprox"),
     "fednova": ("fedjax_dd.algorithms.fednova", "fednova"),
     "scaffold": ("fedjax_dd.algorithms.scaffold", "scaffold"),
+    "moon": ("fedjax_dd.algorithms.moon", "moon"),
+    "feddyn": ("fedjax_dd.algorithms.feddyn", "feddyn"),
     "centralized": ("fedjax_dd.algorithms.centralized", "centralized"),
     "os_fedavg": ("fedjax_dd.algorithms.one_shot", "os_fedavg"),
     "fedseq": ("fedjax_dd.algorithms.fedseq", "fedseq"),

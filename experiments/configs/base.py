@@ -506,6 +506,23 @@ def dynafed(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
+def moon(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``moon`` group (Li, He, Song, CVPR 2021, Sec. 4.1: mu = 1, 5 on
+  CIFAR-100; tau = 0.5)."""
+  c.moon = ml_collections.ConfigDict({
+      "mu": 1.0,  # weight of the model-contrastive loss (Eq. 3)
+      "temperature": 0.5,  # tau (Eq. 2)
+  })
+  return c
+
+
+def feddyn(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``feddyn`` group (Acar et al., ICLR 2021; alpha = 0.01, the
+  authors' default)."""
+  c.feddyn = ml_collections.ConfigDict({"alpha": 0.01})
+  return c
+
+
 def disue_protocol(c: ml_collections.ConfigDict, *, dataset: str,
                    model: str, alpha: float) -> ml_collections.ConfigDict:
   """DisUE Sec. 5.1's federated protocol, shared by DisUE and its baselines:

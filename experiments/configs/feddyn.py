@@ -1,0 +1,25 @@
+r"""FedDyn (Acar et al., ICLR 2021) under DisUE's protocol (a baseline of
+disue.py's Tab. 1; same presets), alpha = 0.01.
+
+Commands (CPU, 2 cores)::
+
+  fedjax-dd --config=experiments/configs/feddyn.py:smoke --workdir=/tmp/fd
+    digits, 10 clients, 4 a round, 2 rounds: 0.186 final, 2.54 MB (seed 0,
+    jax 0.12; two rounds of 4 clients at Dir(0.1), a plumbing check).
+  fedjax-dd --config=experiments/configs/feddyn.py:fmnist_dir0.01 --workdir=/tmp/fd
+    Fashion-MNIST Dir(0.01), LeNet-5; not measured yet.
+  ...feddyn.py:cifar10_dir0.01 / cifar10_dir0.1 / svhn_gpu / cifar10_gpu /
+    cifar100_gpu
+
+See experiments/configs/disue.py for the protocol (N = 100, Act = 0.15,
+FedFTG's Dirichlet, 5 local epochs, batch 50, SGD lr 0.1·0.998^t, weight
+decay 1e-3, clip 10, flip and crop) and the presets. FedDyn's own code
+uses the same client learning-rate decay, weight decay 1e-3 and clip 10.
+"""
+
+from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments.configs import disue
+
+
+def get_config(arg: str = "fmnist_dir0.01"):
+  return base_lib.feddyn(disue.protocol("feddyn", arg))

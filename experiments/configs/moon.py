@@ -1,0 +1,31 @@
+r"""MOON (Li, He, Song, CVPR 2021) under DisUE's protocol (a baseline of
+disue.py's Tab. 1; same presets).
+
+Commands (CPU, 2 cores)::
+
+  fedjax-dd --config=experiments/configs/moon.py:smoke --workdir=/tmp/moon
+    digits, 10 clients, 4 a round, 2 rounds: 0.097 final (0.144 best), 4.98 MB (seed 0,
+    jax 0.12; two rounds of 4 clients at Dir(0.1), a plumbing check).
+  fedjax-dd --config=experiments/configs/moon.py:fmnist_dir0.01 --workdir=/tmp/moon
+    Fashion-MNIST Dir(0.01), LeNet-5; not measured yet.
+  ...moon.py:cifar10_dir0.01 / cifar10_dir0.1 / svhn_gpu / cifar10_gpu /
+    cifar100_gpu   (mu = 5 on CIFAR-100, MOON Sec. 4.1)
+
+See experiments/configs/disue.py for the protocol (N = 100, Act = 0.15,
+FedFTG's Dirichlet, 5 local epochs, batch 50, SGD lr 0.1·0.998^t, weight
+decay 1e-3, clip 10, flip and crop) and the presets. The model is the
+preset's with MOON's projection head (``<model>_proj``: the model less its
+output layer, ``d -> d -> 256``, an output layer on the projection), so it
+has more parameters than the other baselines' and its messages are larger.
+"""
+
+from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments.configs import disue
+
+
+def get_config(arg: str = "fmnist_dir0.01"):
+  c = base_lib.moon(disue.protocol("moon", arg))
+  c.model.name = f"{c.model.name}_proj"
+  if arg == "cifar100_gpu":
+    c.moon.mu = 5.0
+  return c
