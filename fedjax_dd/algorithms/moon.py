@@ -29,9 +29,10 @@ From the authors' code (``main.py``, ``train_net_fedcon``; ``model.py``,
 * A client keeps its last local model until it is sampled again.
 
 A client that was never sampled has no previous local model; here it starts
-from the initial global model (the authors' code copies each party's own
-freshly initialised network), so its first ``ℓ_con`` is ``log 2`` with zero
-gradient (``z_prev = z_glob``).
+from the initial global model (the authors' code, ``--load_first_net``,
+copies each party's network as it stands before round 1, initialised
+separately from the global model), so its first ``ℓ_con`` has zero gradient
+(``z_prev = z_glob``) and its first round is FedAvg's.
 
 Per-client state: the previous local model ``(params, batch_stats)`` of all
 ``N`` clients, stacked ``[N, ...]`` in ``ExperimentState.clients`` and
