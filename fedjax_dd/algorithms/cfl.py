@@ -39,7 +39,6 @@ cluster model of most examples in the round, their average, or, with
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -47,14 +46,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dd.algorithms import cluster_models, stages
-from fedjax_dd.algorithms.fedavg import round_factor
+from fedjax_dd.algorithms import cluster_models
 from fedjax_dd.cluster.similarity import flatten_params
-from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill.iga import IGA
 
@@ -203,23 +199,11 @@ def cfl(task: Classifier,
   cluster_models.check_global_model(global_model)
   if not isinstance(max_clusters, int) or max_clusters < 1:
     raise ValueError(f"max_clusters must be an int >= 1, got {max_clusters}.")
-  if not (lr_decay > 0 and math.isfinite(lr_decay)):
-    raise ValueError(f"lr_decay must be a positive finite number, got "
-                     f"{lr_decay}.")
   k_max = max_clusters
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, augment=augment,
-                            lr_scale=(lambda ctx: ctx)
-                            if lr_decay != 1.0 else None)
-
-  def one_client(models, stats, pick, x, y, n, num_steps, key, scale):
-    params = tree_map(lambda m: m[pick], models)
-    batch_stats = tree_map(lambda s: s[pick], stats)
-    return local.run(params, batch_stats, local.optimizer.init(params), x, y,
-                     n, num_steps, key, scale)
-
-  train = mapper.map(one_client, in_axes=(None, None, 0, 0, 0, 0, 0, 0, 0),
-                     work_argnum=6)
+  aggregate = cluster_models.make_aggregate(k_max, global_model)
+  train = cluster_models.make_trainer(
+      task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
+      mapper=mapper, augment=augment, lr_decay=lr_decay)
   plugin = (None if iga is None
             else cluster_models.IGAPlugin(task, iga, generator_key))
 
@@ -252,23 +236,6 @@ def cfl(task: Classifier,
                 cohort.num_examples.astype(jnp.float32))}
 
   @jax.jit
-  def aggregate(server: ServerState, result, picks, cohort: Cohort):
-    models, sizes = cluster_models.aggregate(
-        server.extra["models"], result.params, picks, cohort.num_examples,
-        k_max)
-    stats, _ = cluster_models.aggregate(
-        server.extra["batch_stats"], result.batch_stats, picks,
-        cohort.num_examples, k_max)
-    params, batch_stats = cluster_models.global_model(models, stats, sizes,
-                                                      global_model)
-    extra = {**server.extra, "models": models, "batch_stats": stats,
-             "sizes": sizes, "round": server.extra["round"] + 1}
-    metrics = stages.cohort_metrics(result, cohort.num_examples)
-    metrics["clusters_trained"] = jnp.sum(sizes > 0)
-    return server.replace(params=params, batch_stats=batch_stats,
-                          extra=extra), metrics
-
-  @jax.jit
   def apply_splits(extra, sources, clusters, num_clusters, parent,
                    split_round):
     # Slot j takes the model of cluster sources[j] (itself when unsplit).
@@ -283,13 +250,7 @@ def cfl(task: Classifier,
 
   def apply(server, clients, cohort, key):
     t = server.extra["round"]
-    keys = keys_lib.client_keys(key, cohort.client_ids)
-    scale = jnp.full(cohort.client_ids.shape, round_factor(lr_decay, t),
-                     jnp.float32)
-    picks = server.extra["clusters"][cohort.client_ids]
-    result = train(server.extra["models"], server.extra["batch_stats"],
-                   picks, cohort.x, cohort.y, cohort.num_examples,
-                   cohort.num_steps, keys, scale)
+    result, picks = train(server, cohort, key)
     extra = record(server.extra, result, picks, cohort)
     num_clusters = int(extra["num_clusters"])
     splits = []

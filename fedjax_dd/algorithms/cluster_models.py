@@ -26,15 +26,21 @@ Clustered Federated Learning" (DisUE), Sec. 4.2 and Tab. 2.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from fedjax_dd.algorithms import stages
+from fedjax_dd.algorithms.fedavg import round_factor
 from fedjax_dd.algorithms.clustered import class_counts
 from fedjax_dd.core import aggregate as aggregate_lib
-from fedjax_dd.core.algorithm import Cohort
+from fedjax_dd.core import keys as keys_lib
+from fedjax_dd.core.algorithm import Cohort, ServerState
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import make_local_update
 from fedjax_dd.core.rounds import TRAFFIC_PREFIX
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill.iga import IGA
@@ -103,6 +109,83 @@ def compact_labels(picks: jax.Array, num_clusters: int) -> jax.Array:
   clusters present, so ``S`` teacher slots hold them whatever ``K`` is."""
   present = jnp.zeros((num_clusters,), jnp.int32).at[picks].set(1)
   return (jnp.cumsum(present) - 1)[picks]
+
+
+def make_trainer(task: Classifier,
+                 client_optimizer: optax.GradientTransformation,
+                 *,
+                 batch_size: int,
+                 max_steps: int,
+                 mapper: ClientMapper,
+                 augment: Callable[[jax.Array, jax.Array], jax.Array] | None,
+                 lr_decay: float) -> Callable[..., Any]:
+  """Local training of each sampled client from its cluster's model.
+
+  Returns:
+    ``train(server, cohort, key) -> (result, picks)``: every client of the
+    cohort trains ``server.extra["models"][picks[i]]`` (its cluster, from
+    ``server.extra["clusters"]``) at ``lr·γ^(t-1)`` in round ``t``;
+    ``result`` is the stacked local result ``[C, ...]``.
+  """
+  if not (lr_decay > 0 and math.isfinite(lr_decay)):
+    raise ValueError(f"lr_decay must be a positive finite number, got "
+                     f"{lr_decay}.")
+  local = make_local_update(task, client_optimizer, batch_size=batch_size,
+                            max_steps=max_steps, augment=augment,
+                            lr_scale=(lambda ctx: ctx)
+                            if lr_decay != 1.0 else None)
+
+  def one_client(models, stats, pick, x, y, n, num_steps, key, scale):
+    params = tree_map(lambda m: m[pick], models)
+    batch_stats = tree_map(lambda s: s[pick], stats)
+    return local.run(params, batch_stats, local.optimizer.init(params), x, y,
+                     n, num_steps, key, scale)
+
+  mapped = mapper.map(one_client, in_axes=(None, None, 0, 0, 0, 0, 0, 0, 0),
+                      work_argnum=6)
+
+  def train(server: ServerState, cohort: Cohort, key: jax.Array):
+    keys = keys_lib.client_keys(key, cohort.client_ids)
+    scale = jnp.full(cohort.client_ids.shape,
+                     round_factor(lr_decay, server.extra["round"]),
+                     jnp.float32)
+    picks = server.extra["clusters"][cohort.client_ids]
+    result = mapped(server.extra["models"], server.extra["batch_stats"],
+                    picks, cohort.x, cohort.y, cohort.num_examples,
+                    cohort.num_steps, keys, scale)
+    return result, picks
+
+  return train
+
+
+def make_aggregate(num_models: int, mode: str) -> Callable[..., Any]:
+  """The server's step after training (jitted): each cluster's model is the
+  example-weighted mean of its clients' (:func:`aggregate`, models and batch
+  statistics), the evaluated model is :func:`global_model` of them (``mode``
+  ``"largest"`` or ``"average"``), and the
+  round counter advances.
+
+  Returns:
+    ``aggregate(server, result, picks, cohort) -> (server, metrics)``;
+    metrics are the cohort's training metrics and ``clusters_trained``.
+  """
+  check_global_model(mode)
+
+  @jax.jit
+  def step(server: ServerState, result, picks, cohort: Cohort):
+    models, sizes = aggregate(server.extra["models"], result.params, picks,
+                              cohort.num_examples, num_models)
+    stats, _ = aggregate(server.extra["batch_stats"], result.batch_stats,
+                         picks, cohort.num_examples, num_models)
+    params, batch_stats = global_model(models, stats, sizes, mode)
+    extra = {**server.extra, "models": models, "batch_stats": stats,
+             "sizes": sizes, "round": server.extra["round"] + 1}
+    metrics = stages.cohort_metrics(result, cohort.num_examples)
+    metrics["clusters_trained"] = jnp.sum(sizes > 0)
+    return server.replace(params=params, batch_stats=batch_stats,
+                          extra=extra), metrics
+
+  return step
 
 
 class IGAPlugin:

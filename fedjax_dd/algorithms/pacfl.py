@@ -41,7 +41,6 @@ code github.com/MMorafah/PACFL (read, not copied).
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -49,14 +48,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dd.algorithms import cluster_models, stages
-from fedjax_dd.algorithms.fedavg import round_factor
+from fedjax_dd.algorithms import cluster_models
 from fedjax_dd.cluster import principal_angles
-from fedjax_dd.core import keys as keys_lib
-from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
+from fedjax_dd.core.algorithm import (CommSpec, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
 from fedjax_dd.core.rounds import TRAFFIC_PREFIX
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
@@ -167,27 +163,14 @@ def pacfl(task: Classifier,
     ``clusters_trained`` (clusters with a client this round) and
     ``clustering_converged`` (always 1).
   """
-  cluster_models.check_global_model(global_model)
-  if not (lr_decay > 0 and math.isfinite(lr_decay)):
-    raise ValueError(f"lr_decay must be a positive finite number, got "
-                     f"{lr_decay}.")
   k_models = int(clusters.num_clusters)
   labels = np.asarray(clusters.labels, np.int32)
   if labels.min() < 0 or labels.max() >= k_models:
     raise ValueError(f"cluster labels must lie in [0, {k_models}).")
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, augment=augment,
-                            lr_scale=(lambda ctx: ctx)
-                            if lr_decay != 1.0 else None)
-
-  def one_client(models, stats, pick, x, y, n, num_steps, key, scale):
-    params = tree_map(lambda m: m[pick], models)
-    batch_stats = tree_map(lambda s: s[pick], stats)
-    return local.run(params, batch_stats, local.optimizer.init(params), x, y,
-                     n, num_steps, key, scale)
-
-  train = mapper.map(one_client, in_axes=(None, None, 0, 0, 0, 0, 0, 0, 0),
-                     work_argnum=6)
+  aggregate = cluster_models.make_aggregate(k_models, global_model)
+  train = cluster_models.make_trainer(
+      task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
+      mapper=mapper, augment=augment, lr_decay=lr_decay)
   plugin = (None if iga is None
             else cluster_models.IGAPlugin(task, iga, generator_key))
 
@@ -204,32 +187,9 @@ def pacfl(task: Classifier,
       extra.update(plugin.init(params, batch_stats, num_clients))
     return ServerState(params, batch_stats, (), extra=extra), {}
 
-  @jax.jit
-  def aggregate(server: ServerState, result, picks, cohort: Cohort):
-    models, sizes = cluster_models.aggregate(
-        server.extra["models"], result.params, picks, cohort.num_examples,
-        k_models)
-    stats, _ = cluster_models.aggregate(
-        server.extra["batch_stats"], result.batch_stats, picks,
-        cohort.num_examples, k_models)
-    params, batch_stats = cluster_models.global_model(models, stats, sizes,
-                                                      global_model)
-    extra = {**server.extra, "models": models, "batch_stats": stats,
-             "sizes": sizes, "round": server.extra["round"] + 1}
-    metrics = stages.cohort_metrics(result, cohort.num_examples)
-    metrics["clusters_trained"] = jnp.sum(sizes > 0)
-    return server.replace(params=params, batch_stats=batch_stats,
-                          extra=extra), metrics
-
   def apply(server, clients, cohort, key):
     t = server.extra["round"]
-    keys = keys_lib.client_keys(key, cohort.client_ids)
-    scale = jnp.full(cohort.client_ids.shape, round_factor(lr_decay, t),
-                     jnp.float32)
-    picks = server.extra["clusters"][cohort.client_ids]
-    result = train(server.extra["models"], server.extra["batch_stats"],
-                   picks, cohort.x, cohort.y, cohort.num_examples,
-                   cohort.num_steps, keys, scale)
+    result, picks = train(server, cohort, key)
     server, metrics = aggregate(server, result, picks, cohort)
     if plugin is not None:
       extra, params, batch_stats, iga_metrics = plugin.round(
