@@ -14,7 +14,6 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.local import steps_for
-from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.data.stacked import ClientData
 from tests.conftest import rounds_compile_nothing, synthetic_clients, tiny_task
 
@@ -158,33 +157,11 @@ def test_no_recompilation_across_the_phases(caplog, built):
   assert [r["round"] for r in rows] == [2, 3, 4]
 
 
-class _Killed(Exception):
-  pass
-
-
-class _Plan:
-  """The ``n``-th call of one point raises :class:`_Killed`: ``apply`` (a
-  round starts) or ``row`` (a row written, before its checkpoint)."""
-
-  def __init__(self, point, n):
-    self.point, self.n, self.counts = point, n, {}
-
-  def tick(self, point):
-    self.counts[point] = self.counts.get(point, 0) + 1
-    if point == self.point and self.counts[point] == self.n:
-      raise _Killed(f"{point} #{self.n}")
-
-
-class _Writer(MetricsWriter):
-
-  def __init__(self, path, plan=None):
-    super().__init__(path)
-    self._plan = plan
-
-  def write(self, row):
-    super().write(row)
-    if self._plan is not None:
-      self._plan.tick("row")
+# The kill points: apply (a round starts), row (a row written, before its
+# checkpoint), and any the builder ticks itself (DisUE: iga, mid-round).
+from tests.algorithms.kill_resume import Killed as _Killed  # pylint: disable=g-import-not-at-top
+from tests.algorithms.kill_resume import Plan as _Plan  # pylint: disable=g-import-not-at-top
+from tests.algorithms.kill_resume import _Writer  # pylint: disable=g-import-not-at-top
 
 
 def test_killed_at_every_phase_resumes_bit_identically(tmp_path, built):
