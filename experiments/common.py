@@ -244,10 +244,12 @@ def partition(config: ml_collections.ConfigDict, labels: np.ndarray) -> list[np.
 
 def check_coverage(config: ml_collections.ConfigDict, labels: np.ndarray,
                    parts: list[np.ndarray]) -> None:
-  """Refuses a partition under which no client holds some class: the run
-  would train on part of the data and be tested on all of it (e.g.
-  ``pathological`` with 2 classes per client and ``data.num_clients=1``:
-  2 of 10 classes, 80 % of the data unused).
+  """Refuses a partition under which no client holds classes that make up
+  more than half of the training data: the run would train on the rest and
+  be tested on all of it (e.g. ``pathological`` with 2 classes per client
+  and ``data.num_clients=1``: 2 of 10 classes, 80 % of the data unused).
+  A smaller share left out (a pathological split that misses a class by
+  chance) is a logged warning with the same figures.
 
   Raises:
     InputError: naming the classes, the share of the data left out and the
@@ -261,7 +263,7 @@ def check_coverage(config: ml_collections.ConfigDict, labels: np.ndarray,
     unused = int(np.isin(labels, missing).sum())
     shown = ", ".join(str(int(c)) for c in missing[:10]) + (
         ", ..." if missing.size > 10 else "")
-    raise InputError(
+    message = (
         f"data.partition {config.data.partition.name!r} over "
         f"data.num_clients={config.data.num_clients} gives no client "
         f"classes {shown} ({missing.size} of {present.size} classes, "
@@ -269,6 +271,9 @@ def check_coverage(config: ml_collections.ConfigDict, labels: np.ndarray,
         f"{100 * unused / labels.size:.0f} %); the test set still holds them. "
         "Raise --config.data.num_clients (or the classes per client) so that "
         "every class has a client.")
+    if 2 * unused > labels.size:
+      raise InputError(message)
+    logging.warning("%s", message)
 
 
 # FedD3 distillers whose upload the privacy guard covers (the random

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core import ledger as ledger_lib
@@ -150,8 +151,11 @@ def fit(algorithm: FederatedAlgorithm,
     # The clients' labels against the task's classes and their images
     # against its input, once: an out-of-range label otherwise surfaces as
     # a non-finite loss blamed on the learning rate.
-    validate.image_shape("data.x", data.x, task.input_shape, leading=2)
-    if data.y.ndim == 2:
+    # Grouped layouts (FedSeq's [G, M, N_max, ...]) lead with more axes.
+    lead = max(1, np.ndim(data.num_examples))
+    validate.image_shape("data.x", data.x, task.input_shape,
+                         leading=lead + 1)
+    if data.y.ndim == 2 and lead == 1:
       validate.client_stack(data.x, data.y, data.num_examples,
                             num_classes=task.num_classes, fetch=True)
     state = initial_state(algorithm, task, n, seed=seed,

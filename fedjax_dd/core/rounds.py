@@ -180,7 +180,8 @@ def run_rounds(
   # Once, before anything compiles: a negative step count, or counts past
   # the padded length, would train on padding or report nonsense.
   validate.client_fields(data.x, data.y, data.num_examples, fetch=True)
-  validate.step_counts("num_steps", num_steps, n, fetch=True)
+  validate.step_counts("num_steps", num_steps,
+                       tuple(np.shape(data.num_examples)), fetch=True)
   s = options.clients_per_round
   if not 1 <= s <= n:
     raise ValueError(f"clients_per_round must be in [1, {n}], got {s}.")

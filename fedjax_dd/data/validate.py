@@ -205,14 +205,17 @@ def channel_stats(mean: Any, std: Any, channels: int) -> None:
           f"{a.tolist()}.")
 
 
-def step_counts(name: str, steps: Any, num_clients: int, *,
-                fetch: bool = False) -> None:
+def step_counts(name: str, steps: Any, num_clients: int | tuple[int, ...],
+                *, fetch: bool = False) -> None:
   """``steps [C]`` integer local step counts, ``>= 0`` (values on host
-  arrays, or concrete device arrays with ``fetch``)."""
+  arrays, or concrete device arrays with ``fetch``); ``num_clients`` may be
+  a shape (grouped layouts: FedSeq's ``[G, M]``)."""
+  want = ((num_clients,) if isinstance(num_clients, (int, np.integer))
+          else tuple(num_clients))
   shape = np.shape(steps)
   dtype = np.dtype(getattr(steps, "dtype", np.asarray(steps).dtype))
-  if tuple(shape) != (num_clients,) or not np.issubdtype(dtype, np.integer):
-    raise ValueError(f"{name} must be [C] = [{num_clients}] integer step "
+  if tuple(shape) != want or not np.issubdtype(dtype, np.integer):
+    raise ValueError(f"{name} must be [C] = {list(want)} integer step "
                      f"counts, got shape {shape_str(shape)} dtype {dtype}.")
   host = host_values(steps, fetch=fetch)
   if host is not None and (host < 0).any():
@@ -245,18 +248,28 @@ def client_fields(x: Any, y: Any, num_examples: Any, *,
   if np.ndim(x) < 2:
     raise ValueError(f"x must be [C, N_max, H, W, Ch] images, got shape "
                      f"{shape_str(np.shape(x))}.")
-  c, n_max = np.shape(x)[:2]
+  # Grouped layouts (FedSeq's [G, M, N_max, ...]) carry counts [G, M]: the
+  # counts' axes lead, N_max follows them.
+  lead = max(1, np.ndim(num_examples))
+  if np.ndim(x) < lead + 1:
+    raise ValueError(f"x must be [C, N_max, H, W, Ch] images, got shape "
+                     f"{shape_str(np.shape(x))}.")
+  clients = tuple(np.shape(x)[:lead])
+  n_max = np.shape(x)[lead]
   y_shape = tuple(np.shape(y))
   y_dtype = np.dtype(y.dtype)
-  if y_shape[:2] != (c, n_max) or len(y_shape) not in (2, 3):
+  if (y_shape[:lead + 1] != clients + (n_max,)
+      or len(y_shape) not in (lead + 1, lead + 2)):
+    axes = "two" if lead == 1 else str(lead + 1)
     raise ValueError(
-        f"y must be [C, N_max] = [{c}, {n_max}] (the first two axes of x), "
-        f"got shape {shape_str(y_shape)}.")
+        f"y must be [C, N_max] = {list(clients + (n_max,))} (the first "
+        f"{axes} axes of x), got shape {shape_str(y_shape)}.")
   n_shape = tuple(np.shape(num_examples))
   n_dtype = np.dtype(num_examples.dtype)
-  if n_shape != (c,) or not np.issubdtype(n_dtype, np.integer):
-    raise ValueError(f"num_examples must be [C] = [{c}] integer counts, got "
-                     f"shape {shape_str(n_shape)} dtype {n_dtype}.")
+  if n_shape != clients or not np.issubdtype(n_dtype, np.integer):
+    raise ValueError(f"num_examples must be [C] = {list(clients)} integer "
+                     f"counts, got shape {shape_str(n_shape)} dtype "
+                     f"{n_dtype}.")
   n = host_values(num_examples, fetch=fetch)
   if n is not None:
     bad = (n < 0) | (n > n_max)
@@ -264,13 +277,13 @@ def client_fields(x: Any, y: Any, num_examples: Any, *,
       raise ValueError(
           f"num_examples must lie in [0, N_max = {n_max}] (the padded length "
           f"of x), got {int(bad.sum())} outside it ({_examples(n[bad])}).")
-  if len(y_shape) == 2 and not np.issubdtype(y_dtype, np.integer):
+  if len(y_shape) == lead + 1 and not np.issubdtype(y_dtype, np.integer):
     raise ValueError(f"y must be [C, N_max] integer class indices, got dtype "
                      f"{y_dtype}.")
-  if len(y_shape) == 2 and n is not None:
+  if len(y_shape) == lead + 1 and n is not None:
     labels = host_values(y, fetch=fetch)
     if labels is not None:
-      real = labels[np.arange(n_max)[None, :] < n[:, None]]
+      real = labels[np.arange(n_max) < n[..., None]]
       if real.size and real.min() < 0:
         raise ValueError(
             f"y must hold class indices >= 0, got {int((real < 0).sum())} "

@@ -28,8 +28,9 @@ def _run(stage, task, x, y, n):
 def test_one_shot_stage_refuses_unstacked_images():
   task, stage = _stage()
   x, y, n = synthetic_clients()
-  with pytest.raises(ValueError, match=r"^x must be \[C, N_max, H, W, Ch\] "
-                     r"uint8 images, got shape \(12, 4, 4, 1\)"):
+  # Refused when the ClientData is built: x's first two axes are not y's.
+  with pytest.raises(ValueError, match=r"^y must be \[C, N_max\] = \[12, 4\] "
+                     r"\(the first two axes of x\), got shape \(4, 12\)"):
     _run(stage, task, x[0], y, n)
 
 
@@ -53,7 +54,8 @@ def test_one_shot_stage_refuses_counts_above_the_padding():
   task, stage = _stage()
   x, y, _ = synthetic_clients()
   with pytest.raises(ValueError, match=r"^num_examples must lie in \[0, "
-                     r"N_max = 12\], got 1 outside it \(13\)\.$"):
+                     r"N_max = 12\] \(the padded length of x\), got 1 outside "
+                     r"it \(13\)\.$"):
     _run(stage, task, x, y, np.array([5, 9, 13, 7], np.int32))
 
 

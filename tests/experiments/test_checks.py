@@ -109,3 +109,16 @@ def test_a_partition_that_leaves_classes_to_no_client_is_refused():
   config.data.num_clients = 5                 # 5 x 2 covers all 10 classes
   parts = common.partition(config, labels)
   assert sum(p.size for p in parts) == 50
+
+
+def test_a_partition_that_leaves_a_few_classes_out_is_a_warning(caplog):
+  """At most half the data left out: the run goes on, with the figures in
+  a warning (a pathological split of 8 clients misses class 9 of digits)."""
+  labels = np.repeat(np.arange(10), 5)
+  config = fedavg_config.get_config("smoke")
+  parts = [np.flatnonzero(labels < 6)]        # classes 6-9: 40 % left out
+  with caplog.at_level("WARNING"):
+    common.check_coverage(config, labels, parts)
+  assert "(4 of 10 classes, 20 of 50 training examples, 40 %)" in caplog.text
+  with pytest.raises(common.InputError, match=r"\(6 of 10 classes"):
+    common.check_coverage(config, labels, [np.flatnonzero(labels < 4)])
