@@ -210,6 +210,10 @@ def _check_models(config: ml_collections.ConfigDict) -> None:
   name = _lookup(config, "model.name")
   if name is not None and not _known_model(name):
     _fail("model.name", f"one of {sorted(models.MODELS)}", name)
+  init = _lookup(config, "model.init")
+  if init is not None and init not in models.param_init.INIT_SCHEMES:
+    _fail("model.init", f"one of {sorted(models.param_init.INIT_SCHEMES)}",
+          init)
   names = _lookup(config, "model.client_models")
   if not names:
     return

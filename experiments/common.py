@@ -152,7 +152,8 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
   return prepare_lib.prepare(
       load_dataset(config), config.model.name,
       input_shape=tuple(config.data.input_shape or ()) or None,
-      resize_method=config.data.resize_method, conv_impl=conv_impl(config))
+      resize_method=config.data.resize_method, conv_impl=conv_impl(config),
+      init=_lookup(config, "model.init") or "")
 
 
 def conv_impl(config: ml_collections.ConfigDict) -> str:

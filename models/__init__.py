@@ -30,6 +30,7 @@ from fedjax_dd.models.fedhydra_cnn import CNN2, CNN3, ConvBNNet
 from fedjax_dd.models.generator import Generator
 from fedjax_dd.models.layers import CONV_IMPLS, resolve_conv_impl
 from fedjax_dd.models.lenet import DigitsCNN, LeNet5
+from fedjax_dd.models import param_init
 from fedjax_dd.models.projection import ProjectionNet, projection_builder
 from fedjax_dd.models.resnet import BasicBlock, ResNet, resnet18
 
@@ -199,5 +200,5 @@ __all__ = [
     "ConvBNNet", "ConvNet", "DigitsCNN", "FC", "Generator", "HFLDDCifarCNN",
     "LeNet5",
     "MODELS", "ModelSpec", "PROJECTED", "ProjectionNet", "ResNet", "get_model", "init_model",
-    "resnet18", "resolve_conv_impl",
+    "param_init", "resnet18", "resolve_conv_impl",
 ]

@@ -84,6 +84,11 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # fedjax_dd.models.layers.resolve_conv_impl). Same parameters, results
       # equal to float rounding.
       "conv_impl": "auto",
+      # Parameter initialisation: "" the layers' own (Flax's: LeCun-normal
+      # kernels, zero biases), "torch" PyTorch's defaults (uniform
+      # +-1/sqrt(fan_in) kernels and biases), as a PyTorch reference starts
+      # (fedjax_dd.models.param_init).
+      "init": "",
   })
   c.client = ml_collections.ConfigDict({
       "batch_size": 64,
@@ -593,6 +598,7 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "data.partition": _UPLOAD,
     "model.name": _UPLOAD,
     "model.client_models": ("+client_protocol?heterogeneous",),
+    "model.init": ("+client_protocol",),
     "client.batch_size": _CLIENTS,
     "client.local_epochs": _CLIENTS,
     "client.local_steps": _CLIENTS,

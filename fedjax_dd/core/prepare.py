@@ -44,7 +44,8 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
             input_shape: tuple[int, int, int] | None = None,
             resize_method: str = "bilinear",
             conv_impl: str = "auto",
-            data_dir: str | None = None) -> Prepared:
+            data_dir: str | None = None,
+            init: str = "") -> Prepared:
   """Resizes ``dataset`` for ``model`` and builds its classifier.
 
   Args:
@@ -58,6 +59,9 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
     conv_impl: the convolution form (:data:`fedjax_dd.models.CONV_IMPLS`);
       ``"auto"`` is the policy's measured form for this platform and jax.
     data_dir: TFDS data directory, when ``dataset`` is a TFDS name.
+    init: the parameter initialisation
+      (:data:`fedjax_dd.models.param_init.INIT_SCHEMES`): ``""`` the layers'
+      own (Flax's), ``"torch"`` PyTorch's defaults.
 
   Returns:
     The resized dataset, the :class:`Classifier` (inputs normalised by the
@@ -68,6 +72,7 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
     ValueError: an unknown model name or dataset (before any compute).
   """
   spec = models.get_model(model)  # unknown names fail before the load
+  param_init = models.param_init.init_scheme(init)  # so do unknown inits
   ds = (sources.load_dataset(dataset, data_dir=data_dir)
         if isinstance(dataset, str) else dataset)
   target = tuple(input_shape or spec.input_shape)
@@ -85,5 +90,5 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
   task = Classifier(module=module, input_shape=target,
                     preprocess=functools.partial(preprocess.normalize,
                                                  mean=mean, std=std),
-                    num_classes=ds.num_classes)
+                    num_classes=ds.num_classes, param_init=param_init)
   return Prepared(dataset=ds, task=task, spec=spec, mean=mean, std=std)

@@ -28,17 +28,26 @@ class Classifier:
     preprocess: maps uint8 images ``[B, H, W, Ch]`` to float32 model inputs
       (normalisation happens on the device, inside the jitted program).
     num_classes: number of classes.
+    param_init: optional ``(params, key) -> params`` applied after the
+      module's own initialisation, e.g.
+      :func:`fedjax_dd.models.param_init.torch_default` to start as a
+      PyTorch reference does; None keeps the layers' (Flax's) own.
   """
   module: nn.Module
   input_shape: tuple[int, int, int]
   preprocess: Callable[[jax.Array], jax.Array]
   num_classes: int
+  param_init: Callable[[PyTree, jax.Array], PyTree] | None = None
 
   def init(self, key: jax.Array) -> tuple[PyTree, PyTree]:
     """Returns ``(params, batch_stats)``; ``batch_stats`` is ``{}`` without BN."""
     x = jnp.zeros((1, *self.input_shape), jnp.float32)
     variables = self.module.init(key, x, train=False)
-    return variables["params"], variables.get("batch_stats", {})
+    params = variables["params"]
+    if self.param_init is not None:
+      # A key of its own, so the layers' draw is the same with or without.
+      params = self.param_init(params, jax.random.fold_in(key, 1))
+    return params, variables.get("batch_stats", {})
 
   def apply(self, params: PyTree, batch_stats: PyTree, x: jax.Array, *,
             train: bool, method: Any = None) -> tuple[Any, PyTree]:
