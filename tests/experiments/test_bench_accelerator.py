@@ -34,6 +34,9 @@ def _check_schema(report: dict) -> None:
       assert row["note"] and row["median"] is None and row["reps"] == 0
 
 
+# Runs the benchmark and checks its fields only: slow (the fast smoke of
+# the command is test_command_line_spent_budget_skips_every_row).
+@pytest.mark.slow
 def test_quick_report_schema(tmp_path):
   """``--quick`` in this process: every section's rows but IGA's (the next
   test), all finite."""
@@ -70,6 +73,9 @@ def test_quick_report_schema(tmp_path):
     assert by[("smoke", name)]["status"] == "skipped"
 
 
+# Fields, and a DisUE round without recompiles, which
+# tests/experiments/test_bench_disue.py checks fast: slow.
+@pytest.mark.slow
 def test_quick_iga_rows(tmp_path):
   """One tiny DisUE round split into its stages, each with its compile
   row."""
@@ -147,9 +153,11 @@ def test_real_data_smoke_through_the_entry_point(tmp_path):
     assert row["rounds_run"] == 1
 
 
+# Runs the benchmark and checks its fields only: slow (the fast smoke of
+# the command is test_command_line_spent_budget_skips_every_row).
+@pytest.mark.slow
 def test_engine_rows_per_convolution_form(tmp_path):
-  """--conv_impls times each form by name; an unknown form is refused
-  before anything runs."""
+  """--conv_impls times each form by name."""
   report = bench_accelerator.main([
       "--out", str(tmp_path / "c.json"), "--quick", "--in_process",
       "--sections", "engine", "--models", "lenet5",
@@ -159,6 +167,10 @@ def test_engine_rows_per_convolution_form(tmp_path):
   assert [(r["name"], r["conv_impl"]) for r in rows] == [
       ("lenet5/C=4/auto/conv=lax", "lax"),
       ("lenet5/C=4/auto/conv=patches", "patches")]
+
+
+def test_an_unknown_convolution_form_is_refused_before_anything_runs(
+    tmp_path):
   with pytest.raises(SystemExit):
     bench_accelerator.main(["--out", str(tmp_path / "d.json"), "--quick",
                             "--conv_impls", "lax,winograd"])

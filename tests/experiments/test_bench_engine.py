@@ -7,6 +7,8 @@ import pytest
 from fedjax_dd.experiments import bench_engine
 
 
+# Runs the measurement and checks its fields only: slow.
+@pytest.mark.slow
 def test_forms_report_every_form():
   out = bench_engine.measure_forms(steps=1, batch=4, reps=1, conv_impl="lax")
   assert out["conv_impl"] == "lax" and out["steps"] == 1
@@ -74,6 +76,8 @@ def test_platform_reaches_the_measurement_subprocesses(monkeypatch):
   assert bench_engine.worker_env("cuda")["JAX_PLATFORMS"] == "cuda"
 
 
+# Runs the measurement and checks its fields only: slow.
+@pytest.mark.slow
 def test_profile_parts_add_up_to_the_update():
   r = bench_engine.measure_profile(steps=1, batch=4, reps=1, conv_impl="lax")
   assert set(r["ms_per_client_step"]) == {"sample", "forward", "sgd_dense",
@@ -151,6 +155,8 @@ def test_default_report_has_every_section(monkeypatch, tmp_path):
   assert "padding" not in only and "vs_torch" not in only
 
 
+# Runs the measurement and checks its fields only: slow.
+@pytest.mark.slow
 def test_layouts_report_both_layouts_with_and_without_donation():
   r = bench_engine.measure_layouts(steps=1, batch=4, reps=1)
   assert set(r["ms_per_client_step"]) == {"nhwc", "nchw", "nhwc_donate",
