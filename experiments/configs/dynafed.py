@@ -23,7 +23,8 @@ fine-tuning by Adam at lr 1e-4.
 CPU presets (departures, in ``paper_departures``): synthesis after L = 5
 rounds with M = 2 and I = 200 matching steps (the authors: 24 rounds, M = 3,
 3,000 steps), so that it fits the CPU and the first rounds HFLDD's Fig. 3
-is read at (HFLDD's table in hfldd.py stops at round 7).
+is read at (HFLDD's measured table stops at round 7:
+experiments/results/hfldd_mnist_presets.md).
 """
 
 from fedjax_dd.experiments.configs import base as base_lib
