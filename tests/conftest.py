@@ -8,6 +8,19 @@ import os
 # would otherwise reserve most of its memory at start.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+# Many tests, and the entry-point subprocesses they start (which inherit
+# os.environ), compile the same programs: keep them in a persistent
+# compilation cache inside the checkout (git-ignored), every program
+# included (JAX's defaults skip the ones that compile in under a second,
+# most of this suite's on CPU). Set here, before JAX is imported, and never
+# by the package: for users the cache stays opt-in. .ci/run sets its own
+# directory per leg; `JAX_COMPILATION_CACHE_DIR=` (empty) turns it off.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(_REPO, ".ci-cache", "jax"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 import fedjax_dd  # noqa: E402
 
 # The suite runs on the engine's default CPU layout (one host device per
