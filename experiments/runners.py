@@ -18,6 +18,7 @@ import numpy as np
 
 from fedjax_dd.algorithms.centralized import centralized
 from fedjax_dd.algorithms.cfl import cfl
+from fedjax_dd.algorithms.cfl_gp import cfl_gp
 from fedjax_dd.algorithms.disue import affinity_grouping, disue
 from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
 from fedjax_dd.algorithms.dynafed import DynaFedHyperParams, dynafed
@@ -140,6 +141,19 @@ def _cfl(config, task, max_steps):
              **_clustered_kwargs(config, max_steps))
 
 
+def _cfl_gp(config, task, max_steps):
+  f = config.cfl_gp
+  return cfl_gp(task, common.make_optimizer(config),
+                num_clusters=f.num_clusters, feature_dim=f.feature_dim,
+                period=f.period, warmup=f.warmup, decay=f.decay,
+                cluster_seed=f.cluster_seed, global_model=f.global_model,
+                projection_key=keys.stage_key(
+                    keys.model_root(config.seed),
+                    keys.Stage.GRADIENT_PROJECTION),
+                **_plugin_iga(config, task),
+                **_clustered_kwargs(config, max_steps))
+
+
 def _pacfl(config, task, max_steps, data):
   f = config.pacfl
   clusters = cluster_clients(
@@ -169,6 +183,7 @@ BUILDERS: dict[str, Builder] = {
     "feddf_datafree": lambda c, task, m: _fedftg(c, task, m, feddf=True),
     "ifca": _ifca,
     "cfl": _cfl,
+    "cfl_gp": _cfl_gp,
     "centralized": lambda c, task, m: centralized(
         task, common.make_optimizer(c), batch_size=c.client.batch_size,
         max_steps=m, mapper=common.mapper(c)),

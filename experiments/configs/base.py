@@ -475,6 +475,22 @@ def cfl(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
+def cfl_gp(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds the ``cfl_gp`` group (Kim, Kim, de Veciana, ICML 2024; the paper's
+  algorithm text was not reachable: every value is this library's choice,
+  see fedjax_dd.algorithms.cfl_gp)."""
+  c.cfl_gp = ml_collections.ConfigDict({
+      "num_clusters": 4,  # K
+      "feature_dim": 64,  # D: random projection of each update
+      "period": 5,  # rounds between partitions
+      "warmup": 0,  # rounds before the schedule starts
+      "decay": 1.0,  # beta in g <- beta g + R^T delta (1: a plain sum)
+      "cluster_seed": 0,  # SpectralClustering's random_state
+      "global_model": "largest",  # largest | average
+  })
+  return c
+
+
 def pacfl(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds the ``pacfl`` group (Vahidian et al. 2023; the defaults are the
   authors' scripts: p = 3, average linkage)."""

@@ -1,4 +1,5 @@
-"""IFCA, CFL and PACFL configs: DisUE's presets, ``+iga`` presets, smoke."""
+"""IFCA, CFL, CFL-GP and PACFL configs: DisUE's presets, ``+iga`` presets,
+smoke."""
 
 import json
 
@@ -7,9 +8,9 @@ import pytest
 
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
-from fedjax_dd.experiments.configs import cfl, disue, ifca, pacfl
+from fedjax_dd.experiments.configs import cfl, cfl_gp, disue, ifca, pacfl
 
-CONFIGS = {"ifca": ifca, "cfl": cfl, "pacfl": pacfl}
+CONFIGS = {"ifca": ifca, "cfl": cfl, "cfl_gp": cfl_gp, "pacfl": pacfl}
 
 
 @pytest.mark.parametrize("method", sorted(CONFIGS))
@@ -55,12 +56,17 @@ def test_smoke_with_iga_runs_and_reports_clusters(tmp_path, method):
     assert [k for _, k in s["num_clusters_by_round"]] == [5, 5]
   if method == "cfl":
     assert [k for _, k in s["num_clusters_by_round"]] == [1, 2]
+  if method == "cfl_gp":
+    assert [r["cfl_gp_partitioned"] for r in rows] == [1, 1]
 
 
 @pytest.mark.parametrize("method, path, value, message", [
     ("cfl", "cfl.max_clusters", 0, r"config.cfl.max_clusters must be an int "
      r">= 1, got 0"),
     ("cfl", "cfl.eps1", -1.0, r"config.cfl.eps1 must be"),
+    ("cfl_gp", "cfl_gp.period", 0, r"config.cfl_gp.period must be an int "
+     r">= 1, got 0"),
+    ("cfl_gp", "cfl_gp.decay", 0.0, r"config.cfl_gp.decay must be"),
     ("pacfl", "pacfl.linkage", "ward", r"config.pacfl.linkage must be one of"),
     ("pacfl", "pacfl.proximity", "cosine", r"pacfl.proximity must be one of"),
     ("pacfl", "pacfl.threshold", 0.0, r"pacfl.num_clusters must be at least 1"),

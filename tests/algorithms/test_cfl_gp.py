@@ -1,0 +1,125 @@
+"""CFL-GP: affinity, spectral partition, model inheritance, rounds, resume."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_dd.algorithms import cfl_gp as cfl_gp_lib
+from fedjax_dd.core import rounds as rounds_lib
+from fedjax_dd.core.algorithm import ExperimentState
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.evaluate import make_evaluator
+from tests.algorithms import kill_resume
+from tests.algorithms.test_cfl import GROUP, _two_groups
+from tests.conftest import rounds_compile_nothing, tiny_task
+
+
+def test_affinity_by_hand():
+  a = cfl_gp_lib.affinity(np.asarray([[1.0, 0.0], [2.0, 0.0], [-1.0, 0.0],
+                                      [0.0, 3.0], [0.0, 0.0]]))
+  # (1 + cos) / 2: same direction 1, opposite 0, orthogonal or zero 1/2.
+  np.testing.assert_allclose(a, [[1, 1, 0, .5, .5], [1, 1, 0, .5, .5],
+                                 [0, 0, 1, .5, .5], [.5, .5, .5, 1, .5],
+                                 [.5, .5, .5, .5, 1]], atol=1e-12)
+
+
+def test_partition_separates_opposite_directions():
+  g = np.asarray([[1.0, 0.0], [0.9, 0.1], [-1.0, 0.0], [-0.9, -0.1],
+                  [1.0, 0.05]])
+  labels = cfl_gp_lib.partition(g, 2)
+  assert labels[0] == labels[1] == labels[4] != labels[2] == labels[3]
+
+
+def test_inherit_takes_the_majority_old_cluster():
+  # New 0 holds old {2, 2}, new 1 holds old {1}; new 2 is empty: itself.
+  np.testing.assert_array_equal(
+      cfl_gp_lib.inherit(np.asarray([2, 2, 1]), np.asarray([0, 0, 1]), 3),
+      [2, 1, 2])
+  # A tie (one member of old 0, one of old 1) goes to the lowest id.
+  np.testing.assert_array_equal(
+      cfl_gp_lib.inherit(np.asarray([1, 0]), np.asarray([0, 0]), 2), [0, 1])
+
+
+def test_align_keeps_the_old_ids():
+  # Spectral labels [1, 1, 0]: new 1 overlaps old 0 twice, so it becomes 0.
+  np.testing.assert_array_equal(
+      cfl_gp_lib.align(np.asarray([0, 0, 1]), np.asarray([1, 1, 0]), 2),
+      [0, 0, 1])
+  # All from old 0: the larger new cluster keeps id 0.
+  np.testing.assert_array_equal(
+      cfl_gp_lib.align(np.zeros(3, int), np.asarray([1, 0, 0]), 2),
+      [1, 0, 0])
+
+
+def _alg(task, **kw):
+  kw = {"num_clusters": 2, "period": 1, "warmup": 0, "feature_dim": 16,
+        **kw}
+  return cfl_gp_lib.cfl_gp(task, optax.sgd(0.5), batch_size=6, max_steps=2,
+                           projection_key=jax.random.PRNGKey(7),
+                           mapper=ClientMapper(backend="vmap"), **kw)
+
+
+def _state(alg, task):
+  params, stats = task.init(jax.random.PRNGKey(0))
+  server, clients = alg.init(params, stats, 2 * GROUP)
+  return ExperimentState(server, clients, jax.random.PRNGKey(1),
+                         jnp.asarray(0, jnp.int32))
+
+
+def test_groups_with_conflicting_labels_are_partitioned():
+  task = tiny_task()
+  data = jax.device_put(_two_groups())
+  alg = _alg(task, period=2)
+  opts = rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=2 * GROUP,
+                                  progress=False)
+  state, _, rows = rounds_lib.run_rounds(
+      alg, _state(alg, task), data, jnp.full((2 * GROUP,), 2, jnp.int32),
+      opts)
+  # Period 2: round 2 partitions, and every client has a feature by then.
+  assert [r["cfl_gp_partitioned"] for r in rows] == [0, 1, 0]
+  clusters = np.asarray(state.server.extra["clusters"])
+  assert len(set(clusters[:GROUP])) == 1 and len(set(clusters[GROUP:])) == 1
+  assert clusters[0] != clusters[GROUP]
+  # One group keeps id 0, the other moves to id 1.
+  assert rows[1]["cfl_gp_moved"] == GROUP
+  assert np.all(np.asarray(state.server.extra["has_feature"]))
+  assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+
+
+def test_bad_arguments():
+  task = tiny_task()
+  for kw, match in (({"num_clusters": 0}, "num_clusters"),
+                    ({"period": 0}, "period"), ({"decay": 0.0}, "decay"),
+                    ({"global_model": "best"}, "global_model")):
+    with pytest.raises(ValueError, match=match):
+      _alg(task, **kw)
+
+
+def test_no_recompilation_across_partitions(caplog):
+  task = tiny_task(bn=True)
+  data = jax.device_put(_two_groups())
+  alg = _alg(task, lr_decay=0.9)
+  _, rows = rounds_compile_nothing(
+      caplog, alg, _state(alg, task), data,
+      jnp.full((2 * GROUP,), 2, jnp.int32), clients_per_round=2 * GROUP,
+      rounds=2)
+  assert all(r["cfl_gp_partitioned"] == 1 for r in rows)
+
+
+def test_killed_and_resumed_run_is_bit_identical(tmp_path):
+  task = tiny_task(bn=True)
+  data = jax.device_put(_two_groups())
+  evaluate = make_evaluator(task, data.x.reshape(-1, 4, 4, 1),
+                            data.y.reshape(-1), batch_size=32)
+  opts = rounds_lib.RoundsOptions(num_rounds=4, clients_per_round=6,
+                                  progress=False, eval_every=2,
+                                  checkpoint_every=2)
+  full = kill_resume.check(
+      tmp_path, lambda tick: _alg(task, period=2, decay=0.5),
+      lambda alg: _state(alg, task), data,
+      jnp.full((2 * GROUP,), 2, jnp.int32), opts,
+      [("apply", 1), ("row", 2), ("apply", 2), ("row", 1)],
+      evaluate=evaluate)
+  assert sum(r["cfl_gp_partitioned"] for r in full.rows) == 2
