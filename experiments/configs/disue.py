@@ -27,7 +27,8 @@ FedFTG's L1 on logits); ``--config.disue.similarity=raw`` the literal Eq. 3;
 ``--config.iga.generator_per_teacher=True`` FedFTG's generator schedule;
 ``--config.iga.evaluate_before=True`` also evaluates ω_G just before IGA.
 The baselines on the same protocol: ``fedavg.py``, ``fedftg.py``,
-``feddf_datafree.py``, ``ifca.py`` and ``pacfl.py`` with the same presets.
+``feddf_datafree.py``, ``ifca.py``, ``cfl.py``, ``cfl_gp.py`` and
+``pacfl.py`` with the same presets.
 
 Expected: final test accuracy about 0.58 (fmnist_dir0.01, 10 rounds
 ``--config.rounds=10 --config.run.max_wall_seconds=0``, seeds 0-2,
@@ -121,9 +122,9 @@ def get_config(arg: str = "fmnist_dir0.01"):
 
 
 def clustered_baseline(method: str, arg: str):
-  """:func:`protocol` for a clustered baseline (IFCA, CFL, PACFL): preset
-  ``<name>+iga`` plugs DisUE's IGA into its cluster models (DisUE Tab. 2),
-  ``<name>`` runs it without."""
+  """:func:`protocol` for a clustered baseline (IFCA, CFL, CFL-GP, PACFL):
+  preset ``<name>+iga`` plugs DisUE's IGA into its cluster models (DisUE
+  Tab. 2), ``<name>`` runs it without."""
   name, plugged = ((arg[:-len("+iga")], True) if arg.endswith("+iga")
                    else (arg, False))
   c = protocol(method, name)

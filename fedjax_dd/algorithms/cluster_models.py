@@ -1,11 +1,12 @@
 """Stages shared by the methods that keep one model per cluster.
 
-IFCA, CFL and PACFL hold ``K`` cluster models stacked ``[K, ...]``; every
-sampled client trains the model of its cluster, and the server sets each
+IFCA, CFL, CFL-GP and PACFL hold ``K`` cluster models stacked ``[K, ...]``;
+every sampled client trains the model of its cluster, and the server sets each
 cluster's model to the example-weighted mean of the models its clients
 returned (a model nobody trained keeps its weights): :func:`aggregate`.
 What differs is how a client's cluster is found (IFCA: the lowest loss;
-CFL: recursive bi-partitioning; PACFL: principal angles of the data).
+CFL: recursive bi-partitioning; CFL-GP: spectral partitions of accumulated
+updates; PACFL: principal angles of the data).
 
 The evaluated global model (``ServerState.params``) is the model picked by
 the most training examples this round or the example-weighted average of the
