@@ -144,12 +144,12 @@ def _cfl(config, task, max_steps):
 def _cfl_gp(config, task, max_steps):
   f = config.cfl_gp
   return cfl_gp(task, common.make_optimizer(config),
-                num_clusters=f.num_clusters, feature_dim=f.feature_dim,
-                period=f.period, warmup=f.warmup, decay=f.decay,
+                num_clusters=f.num_clusters, compression=f.compression,
+                period=f.period, stop_round=f.stop_round,
                 cluster_seed=f.cluster_seed, global_model=f.global_model,
-                projection_key=keys.stage_key(
+                subset_key=keys.stage_key(
                     keys.model_root(config.seed),
-                    keys.Stage.GRADIENT_PROJECTION),
+                    keys.Stage.GRADIENT_SUBSET),
                 **_plugin_iga(config, task),
                 **_clustered_kwargs(config, max_steps))
 

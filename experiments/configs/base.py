@@ -476,16 +476,15 @@ def cfl(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def cfl_gp(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds the ``cfl_gp`` group (Kim, Kim, de Veciana, ICML 2024; the paper's
-  algorithm text was not reachable: every value is this library's choice,
-  see fedjax_dd.algorithms.cfl_gp)."""
+  """Adds the ``cfl_gp`` group (Kim, Kim, de Veciana, ICML 2024; defaults
+  from the authors' code: period 2, partitions up to round 10, 1/100 of the
+  coordinates; K is DisUE's protocol's choice)."""
   c.cfl_gp = ml_collections.ConfigDict({
       "num_clusters": 4,  # K
-      "feature_dim": 64,  # D: random projection of each update
-      "period": 5,  # rounds between partitions
-      "warmup": 0,  # rounds before the schedule starts
-      "decay": 1.0,  # beta in g <- beta g + R^T delta (1: a plain sum)
-      "cluster_seed": 0,  # SpectralClustering's random_state
+      "compression": 100,  # P / D: coordinates of each update kept
+      "period": 2,  # rounds between partitions
+      "stop_round": 10,  # last round that may partition; 0: none
+      "cluster_seed": 0,  # K-Means' random_state
       "global_model": "largest",  # largest | average
   })
   return c

@@ -1,43 +1,56 @@
 """CFL-GP: clustered FL by spectral partitioning of accumulated gradients.
 
 Kim, Kim, de Veciana, "Clustered Federated Learning via Gradient-based
-Partitioning", ICML 2024. The idea (paper abstract): group the clients whose
-model updates are alike by periodically accumulating the gradients clients
-compute and clustering them. Only the paper's abstract and introduction
-were reachable when this module was written, not its algorithm box or
-equations, so the details below are this module's choices; every constant
-is an argument (and a config value, ``cfl_gp.*``):
+Partitioning", ICML 2024: the server accumulates the updates clients compute
+for the cluster models into a gradient profile matrix ``G`` and partitions
+the clients periodically by spectral clustering of ``G``. The paper's
+algorithm box and equations were not reachable when this module was
+written (only its abstract and introduction); the steps below follow the
+authors' released code (github.com/Heasung-Kim/clustered-federated-learning-
+via-gradient-based-partitioning, ``run_CFLGP`` and
+``spectral_clustering_and_matching``; read, not copied), and every constant
+is an argument and a config value (``cfl_gp.*``):
 
-* Features. After each round, every sampled client's update ``Δθ_i``
-  (returned model minus its cluster's model) is reduced to ``D`` numbers by
-  a fixed Gaussian random projection ``R ∈ R^{P×D}`` (``R_pd ~ N(0, 1/D)``,
-  Johnson-Lindenstrauss, drawn from ``projection_key``) and accumulated:
-  ``g_i ← β g_i + R^T Δθ_i`` (``decay`` ``β``; 1: a plain sum). The server
-  computes ``R^T Δθ_i`` from the uploaded model, so the features cost no
-  message beyond the models.
-* Schedule. Every ``period`` rounds from round ``warmup + period`` on
-  (rounds ``t`` with ``t > warmup`` and ``(t − warmup) % period == 0``),
-  the server partitions the clients that have a feature.
-* Partition. Affinity ``A_ij = (1 + cos(g_i, g_j)) / 2 ∈ [0, 1]`` and
-  scikit-learn's ``SpectralClustering(K, affinity="precomputed")`` with
-  ``assign_labels="cluster_qr"`` (no k-means restarts, so a resumed run
-  repeats the labels). Clients without a feature keep their cluster.
-* Models. The new clusters take the ids of the old ones they overlap most
-  (one to one, Hungarian matching), and new cluster ``j`` starts from the
-  model of the old cluster that holds most of its members (ties: the
-  lowest id): a cluster split off cluster 0 starts from cluster 0's model,
-  not from a slot's untrained one; an empty slot keeps its model. Before the first partition every client is in
-  cluster 0, as in CFL's start from one cluster.
+* Profile. Each sampled client's update ``Δθ_i`` (returned model minus its
+  cluster's model) is reduced to ``D = max(P // compression, 1)`` of its
+  ``P`` coordinates, one fixed random subset for the run (the code's
+  ``random_G_indices``, ``P / 100``), and averaged into its column of ``G``
+  (here a row ``g_i`` of ``features [N, D]``) with the code's cumulative
+  weight: ``g_i ← (1 − β_t) g_i + β_t Δθ_i[idx]``,
+  ``β_t = 1 / (⌊t / (K·period)⌋ + 1)`` in round ``t``.
+* Schedule. The server partitions in rounds ``t`` with
+  ``(t − 1) % period == 0`` while ``t <= stop_round`` (the code's rounds
+  ``c_round % period == 0`` below ``clustering_termination_threshold``;
+  defaults 2 and 10); ``stop_round = 0`` never stops.
+* Partition. ``G`` is projected on its top ``K`` left singular vectors
+  (``U_K Σ_K`` of the SVD of ``features``) and the projections are
+  clustered by K-Means (k-means++, ``cluster_seed``; scikit-learn), as the
+  code does. The new clusters take the ids of the old ones they overlap
+  most (the code's permutation matching, here the Hungarian algorithm).
+  Clients without an update keep their cluster.
+* Models. New cluster ``j`` starts from the model of the old cluster that
+  holds most of its members (ties: the lowest id), so a cluster split off
+  cluster 0 starts from cluster 0's model and not an untrained slot (in
+  the code every model starts equal and keeps its id). Before the first
+  partition every client is in cluster 0, as in the code's round 0.
+
+Departures, because the DisUE protocol samples a cohort each round where
+the code queries every client: the profile takes a client's update in
+every round it is sampled (the code, in partition rounds only), and a
+client's update is of its own cluster's model (as the code's query loop
+computes it). The server reads ``Δθ_i`` off the uploaded model, so the
+profile costs no message beyond the models (CommSpec's ledger entries).
 
 Training and aggregation are the shared stages of
 :mod:`fedjax_dd.algorithms.cluster_models`: each sampled client trains its
 cluster's model, each cluster's model becomes the example-weighted FedAvg of
 its clients'. The state (``extra``) holds the ``K`` models, ``clusters``
-``[N]``, ``features`` ``[N, D]``, ``has_feature`` ``[N]`` and the round, so
-a checkpoint resumes bit-identically. The evaluated model is the cluster
-model of most examples this round, their average, or, with ``iga``, the
-model DisUE's IGA distils from the round's cluster models (DisUE Tab. 2;
-:class:`fedjax_dd.algorithms.cluster_models.IGAPlugin`).
+``[N]``, ``features`` ``[N, D]``, ``has_feature`` ``[N]``, the coordinate
+subset and the round, so a checkpoint resumes bit-identically. The
+evaluated model is the cluster model of most examples this round, their
+average, or, with ``iga``, the model DisUE's IGA distils from the round's
+cluster models (DisUE Tab. 2; :class:`fedjax_dd.algorithms.cluster_models.
+IGAPlugin`).
 """
 
 from __future__ import annotations
@@ -61,33 +74,28 @@ PyTree = Any
 tree_map = jax.tree_util.tree_map
 
 
-def affinity(features: np.ndarray) -> np.ndarray:
-  """``[M, M]`` affinity ``(1 + cos(g_i, g_j)) / 2`` of ``[M, D]`` features
-  (a zero feature has cosine 0 with every other)."""
-  g = np.asarray(features, np.float64)
-  unit = g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-30)
-  a = (1.0 + unit @ unit.T) / 2.0
-  a = np.clip((a + a.T) / 2.0, 0.0, 1.0)
-  np.fill_diagonal(a, 1.0)
-  return a
-
-
 def partition(features: np.ndarray, num_clusters: int, *,
-              seed: int = 0) -> np.ndarray:
-  """Spectral clustering of the features' :func:`affinity` (host).
+              seed: int = 0, n_init: int = 10) -> np.ndarray:
+  """The code's spectral clustering of the profile (host): K-Means of the
+  clients' coordinates on the top ``K`` singular vectors.
 
   Args:
-    features: ``[M, D]`` accumulated gradient features, ``M > K``.
+    features: ``[M, D]`` rows ``g_i`` (``G^T``), ``M > K``.
     num_clusters: ``K``.
-    seed: the eigensolver's ``random_state``.
+    seed: K-Means' ``random_state``.
+    n_init: K-Means restarts.
 
   Returns:
     ``[M]`` int32 labels in ``[0, K)``.
   """
-  from sklearn.cluster import SpectralClustering  # pylint: disable=g-import-not-at-top
-  sc = SpectralClustering(n_clusters=num_clusters, affinity="precomputed",
-                          assign_labels="cluster_qr", random_state=seed)
-  return sc.fit(affinity(features)).labels_.astype(np.int32)
+  from sklearn.cluster import KMeans  # pylint: disable=g-import-not-at-top
+  u, s, _ = np.linalg.svd(np.asarray(features, np.float64),
+                          full_matrices=False)
+  # P_K^T G in the code's terms; column signs do not change distances.
+  reduced = u[:, :num_clusters] * s[:num_clusters]
+  km = KMeans(n_clusters=num_clusters, init="k-means++", n_init=n_init,
+              random_state=seed)
+  return km.fit(reduced).labels_.astype(np.int32)
 
 
 def align(old: np.ndarray, new: np.ndarray, num_clusters: int
@@ -122,11 +130,10 @@ def cfl_gp(task: Classifier,
            num_clusters: int,
            batch_size: int,
            max_steps: int,
-           projection_key: jax.Array,
-           feature_dim: int = 64,
-           period: int = 5,
-           warmup: int = 0,
-           decay: float = 1.0,
+           subset_key: jax.Array,
+           compression: int = 100,
+           period: int = 2,
+           stop_round: int = 10,
            cluster_seed: int = 0,
            mapper: ClientMapper = ClientMapper(),
            global_model: str = "largest",
@@ -134,7 +141,7 @@ def cfl_gp(task: Classifier,
            lr_decay: float = 1.0,
            iga: IGA | None = None,
            generator_key: jax.Array | None = None) -> FederatedAlgorithm:
-  """Builds CFL-GP (module doc).
+  """Builds CFL-GP (module doc; defaults from the authors' code).
 
   Args:
     task: the classifier of every cluster.
@@ -142,13 +149,12 @@ def cfl_gp(task: Classifier,
     num_clusters: ``K >= 1`` (static).
     batch_size: local batch size.
     max_steps: static local scan length.
-    projection_key: the key of the random projection ``R`` (fixed for the
-      run).
-    feature_dim: ``D``, numbers per client feature.
+    subset_key: the key of the fixed coordinate subset of the profile.
+    compression: ``P / D``: the profile keeps ``max(P // compression, 1)``
+      coordinates of each update.
     period: rounds between partitions.
-    warmup: rounds before the schedule starts.
-    decay: ``β`` in ``g_i ← β g_i + R^T Δθ_i``, in ``(0, 1]``.
-    cluster_seed: the spectral clustering's ``random_state``.
+    stop_round: the last round that may partition; ``0``: no last round.
+    cluster_seed: K-Means' ``random_state``.
     mapper: the client-axis backend.
     global_model: ``"largest"`` or ``"average"``.
     augment: optional per-batch augmentation of the local update.
@@ -161,17 +167,15 @@ def cfl_gp(task: Classifier,
     A :class:`FederatedAlgorithm`; metrics add ``num_clusters`` (``K``),
     ``clusters_trained``, ``cfl_gp_partitioned`` (1 in a partition round),
     ``cfl_gp_moved`` (clients whose cluster changed) and
-    ``clustering_converged`` (always 1).
+    ``clustering_converged`` (1 once no later round partitions).
   """
   cluster_models.check_global_model(global_model)
-  for name, v in (("num_clusters", num_clusters), ("feature_dim", feature_dim),
+  for name, v in (("num_clusters", num_clusters), ("compression", compression),
                   ("period", period)):
     if not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be an int >= 1, got {v}.")
-  if not isinstance(warmup, int) or warmup < 0:
-    raise ValueError(f"warmup must be an int >= 0, got {warmup}.")
-  if not 0.0 < decay <= 1.0:
-    raise ValueError(f"decay must lie in (0, 1], got {decay}.")
+  if not isinstance(stop_round, int) or stop_round < 0:
+    raise ValueError(f"stop_round must be an int >= 0, got {stop_round}.")
   k = num_clusters
   aggregate = cluster_models.make_aggregate(k, global_model)
   train = cluster_models.make_trainer(
@@ -181,11 +185,15 @@ def cfl_gp(task: Classifier,
             else cluster_models.IGAPlugin(task, iga, generator_key))
 
   def init(params, batch_stats, num_clients):
+    p = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
+    d = max(p // compression, 1)
+    index = jnp.sort(jax.random.permutation(subset_key, p)[:d])
     extra = {"models": cluster_models.stack([params] * k),
              "batch_stats": cluster_models.stack([batch_stats] * k),
              "clusters": jnp.zeros((num_clients,), jnp.int32),
-             "features": jnp.zeros((num_clients, feature_dim), jnp.float32),
+             "features": jnp.zeros((num_clients, d), jnp.float32),
              "has_feature": jnp.zeros((num_clients,), bool),
+             "feature_index": index.astype(jnp.int32),
              "sizes": jnp.zeros((k,), jnp.float32),
              "round": jnp.zeros((), jnp.int32)}
     if plugin is not None:
@@ -193,16 +201,16 @@ def cfl_gp(task: Classifier,
     return ServerState(params, batch_stats, (), extra=extra), {}
 
   @jax.jit
-  def record(extra, result, picks, cohort: Cohort, projection_key):
+  def record(extra, result, picks, cohort: Cohort):
     starts = tree_map(lambda m: m[picks], extra["models"])
     delta = flatten_params(result.params) - flatten_params(starts)  # [S, P]
-    # R is regenerated from its key rather than stored: [P, D] would be
-    # the largest array of the checkpoint. The key is an argument, not a
-    # closure constant, so XLA does not fold R into the program.
-    r = jax.random.normal(projection_key, (delta.shape[1], feature_dim),
-                          jnp.float32) / np.sqrt(feature_dim)
+    t = extra["round"] + 1
+    # The code's cumulative average: the weight of a new update halves,
+    # thirds, ... every K·period rounds.
+    beta = 1.0 / (jnp.floor(t / (k * period)) + 1.0)
     ids = cohort.client_ids
-    g = decay * extra["features"][ids] + delta @ r
+    g = ((1.0 - beta) * extra["features"][ids]
+         + beta * delta[:, extra["feature_index"]])
     return {**extra, "features": extra["features"].at[ids].set(g),
             "has_feature": extra["has_feature"].at[ids].set(True)}
 
@@ -215,12 +223,16 @@ def cfl_gp(task: Classifier,
                                     extra["batch_stats"]),
             "clusters": clusters}
 
+  def scheduled(t):
+    return (k > 1 and (t - 1) % period == 0
+            and (stop_round == 0 or t <= stop_round))
+
   def apply(server, clients, cohort, key):
     t = int(server.extra["round"]) + 1
     result, picks = train(server, cohort, key)
-    extra = record(server.extra, result, picks, cohort, projection_key)
+    extra = record(server.extra, result, picks, cohort)
     moved, partitioned = 0, 0
-    if k > 1 and t > warmup and (t - warmup) % period == 0:
+    if scheduled(t):
       host = jax.device_get({n: extra[n] for n in
                              ("clusters", "features", "has_feature")})
       members = np.flatnonzero(host["has_feature"])
@@ -246,7 +258,8 @@ def cfl_gp(task: Classifier,
     metrics["num_clusters"] = k
     metrics["cfl_gp_partitioned"] = partitioned
     metrics["cfl_gp_moved"] = moved
-    metrics["clustering_converged"] = 1
+    metrics["clustering_converged"] = int(
+        k == 1 or (stop_round > 0 and t >= stop_round))
     return server, clients, metrics
 
   return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec())

@@ -45,7 +45,7 @@ class Stage(enum.IntEnum):
   ROUNDS = 3         # HFLDD / FedSeq rounds (the run key).
   GENERATOR = 4      # IGA's conditional generator (DisUE, FedFTG).
   CLUSTER_MODELS = 5  # IFCA's models 1 .. K-1.
-  GRADIENT_PROJECTION = 6  # CFL-GP's random projection of the updates.
+  GRADIENT_SUBSET = 6  # CFL-GP's coordinate subset of the updates.
 
 
 # FedD3 has always keyed its client distillation with stage 1.

@@ -16,15 +16,6 @@ from tests.algorithms.test_cfl import GROUP, _two_groups
 from tests.conftest import rounds_compile_nothing, tiny_task
 
 
-def test_affinity_by_hand():
-  a = cfl_gp_lib.affinity(np.asarray([[1.0, 0.0], [2.0, 0.0], [-1.0, 0.0],
-                                      [0.0, 3.0], [0.0, 0.0]]))
-  # (1 + cos) / 2: same direction 1, opposite 0, orthogonal or zero 1/2.
-  np.testing.assert_allclose(a, [[1, 1, 0, .5, .5], [1, 1, 0, .5, .5],
-                                 [0, 0, 1, .5, .5], [.5, .5, .5, 1, .5],
-                                 [.5, .5, .5, .5, 1]], atol=1e-12)
-
-
 def test_partition_separates_opposite_directions():
   g = np.asarray([[1.0, 0.0], [0.9, 0.1], [-1.0, 0.0], [-0.9, -0.1],
                   [1.0, 0.05]])
@@ -54,10 +45,10 @@ def test_align_keeps_the_old_ids():
 
 
 def _alg(task, **kw):
-  kw = {"num_clusters": 2, "period": 1, "warmup": 0, "feature_dim": 16,
+  kw = {"num_clusters": 2, "period": 1, "stop_round": 0, "compression": 1,
         **kw}
   return cfl_gp_lib.cfl_gp(task, optax.sgd(0.5), batch_size=6, max_steps=2,
-                           projection_key=jax.random.PRNGKey(7),
+                           subset_key=jax.random.PRNGKey(7),
                            mapper=ClientMapper(backend="vmap"), **kw)
 
 
@@ -71,19 +62,25 @@ def _state(alg, task):
 def test_groups_with_conflicting_labels_are_partitioned():
   task = tiny_task()
   data = jax.device_put(_two_groups())
-  alg = _alg(task, period=2)
+  alg = _alg(task, period=1, stop_round=2)
+  state0 = _state(alg, task)
   opts = rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=2 * GROUP,
                                   progress=False)
   state, _, rows = rounds_lib.run_rounds(
-      alg, _state(alg, task), data, jnp.full((2 * GROUP,), 2, jnp.int32),
-      opts)
-  # Period 2: round 2 partitions, and every client has a feature by then.
-  assert [r["cfl_gp_partitioned"] for r in rows] == [0, 1, 0]
+      alg, state0, data, jnp.full((2 * GROUP,), 2, jnp.int32), opts)
+  # Rounds 1 and 2 partition; the schedule stops after stop_round = 2.
+  assert [r["cfl_gp_partitioned"] for r in rows] == [1, 1, 0]
+  assert [r["clustering_converged"] for r in rows] == [0, 1, 1]
+  # compression 1 keeps every coordinate, in order.
+  p = sum(x.size for x in jax.tree_util.tree_leaves(state0.server.params))
+  np.testing.assert_array_equal(state.server.extra["feature_index"],
+                                np.arange(p))
   clusters = np.asarray(state.server.extra["clusters"])
   assert len(set(clusters[:GROUP])) == 1 and len(set(clusters[GROUP:])) == 1
   assert clusters[0] != clusters[GROUP]
-  # One group keeps id 0, the other moves to id 1.
-  assert rows[1]["cfl_gp_moved"] == GROUP
+  # Round 1: one group keeps id 0, the other moves to id 1; round 2
+  # keeps them.
+  assert [r["cfl_gp_moved"] for r in rows] == [GROUP, 0, 0]
   assert np.all(np.asarray(state.server.extra["has_feature"]))
   assert rows[-1]["train_loss"] < rows[0]["train_loss"]
 
@@ -91,7 +88,9 @@ def test_groups_with_conflicting_labels_are_partitioned():
 def test_bad_arguments():
   task = tiny_task()
   for kw, match in (({"num_clusters": 0}, "num_clusters"),
-                    ({"period": 0}, "period"), ({"decay": 0.0}, "decay"),
+                    ({"period": 0}, "period"),
+                    ({"compression": 0}, "compression"),
+                    ({"stop_round": -1}, "stop_round"),
                     ({"global_model": "best"}, "global_model")):
     with pytest.raises(ValueError, match=match):
       _alg(task, **kw)
@@ -117,7 +116,7 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path):
                                   progress=False, eval_every=2,
                                   checkpoint_every=2)
   full = kill_resume.check(
-      tmp_path, lambda tick: _alg(task, period=2, decay=0.5),
+      tmp_path, lambda tick: _alg(task, period=2),
       lambda alg: _state(alg, task), data,
       jnp.full((2 * GROUP,), 2, jnp.int32), opts,
       [("apply", 1), ("row", 2), ("apply", 2), ("row", 1)],

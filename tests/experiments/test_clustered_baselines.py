@@ -66,7 +66,7 @@ def test_smoke_with_iga_runs_and_reports_clusters(tmp_path, method):
     ("cfl", "cfl.eps1", -1.0, r"config.cfl.eps1 must be"),
     ("cfl_gp", "cfl_gp.period", 0, r"config.cfl_gp.period must be an int "
      r">= 1, got 0"),
-    ("cfl_gp", "cfl_gp.decay", 0.0, r"config.cfl_gp.decay must be"),
+    ("cfl_gp", "cfl_gp.stop_round", -1, r"config.cfl_gp.stop_round must be"),
     ("pacfl", "pacfl.linkage", "ward", r"config.pacfl.linkage must be one of"),
     ("pacfl", "pacfl.proximity", "cosine", r"pacfl.proximity must be one of"),
     ("pacfl", "pacfl.threshold", 0.0, r"pacfl.num_clusters must be at least 1"),
