@@ -74,6 +74,12 @@ PyTree = Any
 tree_map = jax.tree_util.tree_map
 
 
+def profile_weight(t, num_clusters: int, period: int):
+  """``β_t = 1 / (⌊t / (K·period)⌋ + 1)``, the weight of round ``t``'s
+  update in the profile (the code's cumulative average)."""
+  return 1.0 / (jnp.floor(t / (num_clusters * period)) + 1.0)
+
+
 def partition(features: np.ndarray, num_clusters: int, *,
               seed: int = 0, n_init: int = 10) -> np.ndarray:
   """The code's spectral clustering of the profile (host): K-Means of the
@@ -204,10 +210,8 @@ def cfl_gp(task: Classifier,
   def record(extra, result, picks, cohort: Cohort):
     starts = tree_map(lambda m: m[picks], extra["models"])
     delta = flatten_params(result.params) - flatten_params(starts)  # [S, P]
-    t = extra["round"] + 1
-    # The code's cumulative average: the weight of a new update halves,
-    # thirds, ... every K·period rounds.
-    beta = 1.0 / (jnp.floor(t / (k * period)) + 1.0)
+    # The weight of a new update halves, thirds, ... every K·period rounds.
+    beta = profile_weight(extra["round"] + 1, k, period)
     ids = cohort.client_ids
     g = ((1.0 - beta) * extra["features"][ids]
          + beta * delta[:, extra["feature_index"]])

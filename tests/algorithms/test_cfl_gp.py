@@ -23,6 +23,12 @@ def test_partition_separates_opposite_directions():
   assert labels[0] == labels[1] == labels[4] != labels[2] == labels[3]
 
 
+def test_profile_weight_by_hand():
+  # K = 2, period 1: rounds 1 | 2-3 | 4 weigh 1, 1/2, 1/3.
+  got = [float(cfl_gp_lib.profile_weight(t, 2, 1)) for t in (1, 2, 3, 4)]
+  np.testing.assert_allclose(got, [1.0, 0.5, 0.5, 1 / 3], rtol=1e-6)
+
+
 def test_inherit_takes_the_majority_old_cluster():
   # New 0 holds old {2, 2}, new 1 holds old {1}; new 2 is empty: itself.
   np.testing.assert_array_equal(
