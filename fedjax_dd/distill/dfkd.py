@@ -59,10 +59,12 @@ Where this loop departs from DENSE's released code (``zj-jayzhang/DENSE``,
   epochs; ``reset_generator=False`` is that reading, the default follows
   DENSE's code (which FedHydra's code extends).
 
-One epoch is a host loop over five jitted programs, each compiled once:
-:func:`_draw` (noise, labels, pool order, a fresh generator),
-:func:`_generator_begin`, ``T_G`` × :func:`_generator_step`,
-:func:`_pool_insert` and the student steps (:func:`_student_step`).
+One epoch is one iteration of the generator–student skeleton shared with
+IGA (:mod:`fedjax_dd.distill.gen_student`), a host loop over five jitted
+programs, each compiled once: :func:`_draw` (noise, labels, pool order, a
+fresh generator), :func:`_generator_begin`, ``T_G`` ×
+:func:`_generator_step`, :func:`_pool_insert` and the student steps
+(:func:`_student_step`).
 
 References:
   Zhang et al., "DENSE: Data-Free One-Shot Federated Learning", NeurIPS 2022.
@@ -84,7 +86,7 @@ import optax
 
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
-from fedjax_dd.distill import ensemble
+from fedjax_dd.distill import ensemble, gen_student
 from fedjax_dd.distill.ensemble import CombineFn, InputFn, TeacherVars
 
 PyTree = Any
@@ -217,24 +219,14 @@ class DataFreeKD(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Loop:
+class _Loop(gen_student.Loop):
   """What :func:`make_dfkd` fixes: the models, the rule, the optimizers."""
   hp: DFKDHyperParams
-  generator: nn.Module
   teachers: ensemble.TeacherFn
   combine: CombineFn
-  student: Classifier
   student_input: InputFn
   generator_optimizer: optax.GradientTransformation
   student_optimizer: optax.GradientTransformation
-
-  @property
-  def nz(self) -> int:
-    return ensemble.generator_nz(self.generator)
-
-  @property
-  def num_classes(self) -> int:
-    return self.student.num_classes
 
 
 class _Draw(NamedTuple):
@@ -249,13 +241,10 @@ class _Draw(NamedTuple):
   flips: jax.Array        # [T_G, B] bool mirror flags (augment).
 
 
-class _GenCarry(NamedTuple):
-  """The generator's state across the ``T_G`` steps of one epoch."""
-  gen_vars: tuple[PyTree, jax.Array]  # (generator params, noise z [B, nz]).
-  gen_stats: PyTree
-  opt_state: PyTree                   # of generator_optimizer over gen_vars.
-  best_loss: jax.Array                # () lowest L_Gen so far.
-  best_x: jax.Array                   # [B, H, W, Ch] the images achieving it.
+# The generator's carry across the T_G steps of one epoch: params are
+# (generator params, noise z [B, nz]), best is (lowest L_Gen so far [],
+# the images achieving it [B, H, W, Ch]).
+_GenCarry = gen_student.GenCarry
 
 
 class _Programs(NamedTuple):
@@ -275,8 +264,7 @@ def _init_state(loop: _Loop, key: jax.Array, params: PyTree,
                 batch_stats: PyTree) -> DFKDState:
   """A fresh generator, an all-zero pool ``[S, B, ...]`` and the student."""
   hp = loop.hp
-  init_key, run_key = jax.random.split(key)
-  gp, gs = ensemble.init_generator(loop.generator, init_key)
+  gp, gs, run_key = gen_student.init_generator(loop, key)
   z = jnp.zeros((1, loop.nz), jnp.float32)
   image = jax.eval_shape(
       lambda: ensemble.apply_generator(loop.generator, gp, gs, z,
@@ -313,12 +301,10 @@ def _pool_order(key: jax.Array, epoch_index: jax.Array, pool_size: int,
 def _draw(loop: _Loop, key: jax.Array, epoch_index: jax.Array) -> _Draw:
   """Epoch ``e``'s noise, labels, pool order and fresh generator.
 
-  All from ``fold_in(key, e)``, so an epoch's randomness does not depend on
-  how the run was resumed.
+  All from ``fold_in(key, e)`` (:func:`gen_student.split_keys`).
   """
   hp = loop.hp
-  gen_key, order_key, init_key = jax.random.split(
-      jax.random.fold_in(key, epoch_index), 3)
+  gen_key, order_key, init_key = gen_student.split_keys(key, epoch_index, 3)
   kz, ky = jax.random.split(gen_key)
   z = jax.random.normal(kz, (hp.batch_size, loop.nz), jnp.float32)
   y = jax.random.randint(ky, (hp.batch_size,), 0, loop.num_classes)
@@ -371,9 +357,9 @@ def _generator_begin(loop: _Loop, state: DFKDState, z: jax.Array,
     gp, gs = state.gen_params, state.gen_stats
     # The noise is new every epoch; so is its optimizer state.
     opt_state = opt.init((gp, z)) if hp.learn_noise else state.gen_opt_state
-  return _GenCarry(gen_vars=(gp, z), gen_stats=gs, opt_state=opt_state,
-                   best_loss=jnp.array(jnp.inf, jnp.float32),
-                   best_x=jnp.zeros(state.pool_x.shape[1:], jnp.float32))
+  return _GenCarry(params=(gp, z), stats=gs, opt_state=opt_state,
+                   best=(jnp.array(jnp.inf, jnp.float32),
+                         jnp.zeros(state.pool_x.shape[1:], jnp.float32)))
 
 
 def _generator_loss(loop: _Loop, gen_vars: tuple[PyTree, jax.Array],
@@ -386,7 +372,8 @@ def _generator_loss(loop: _Loop, gen_vars: tuple[PyTree, jax.Array],
   identity unless ``augment_shift`` or ``augment_flip``).
 
   Returns:
-    ``(loss, (new_gen_stats, x̂ [B, H, W, Ch], metrics))``; ``x̂`` unaugmented.
+    ``(loss, (new_gen_stats, (x̂ [B, H, W, Ch], metrics)))``; ``x̂``
+    unaugmented.
   """
   hp = loop.hp
   gen_params, z = gen_vars
@@ -402,7 +389,17 @@ def _generator_loss(loop: _Loop, gen_vars: tuple[PyTree, jax.Array],
   loss, metrics = ensemble.generator_objective(
       p, y, bn, s_logits, lambda_bn=hp.lambda_bn, lambda_adv=hp.lambda_adv,
       temperature=hp.adv_temperature or hp.temperature, adv_mask=hp.adv_mask)
-  return loss, (new_stats, x01, metrics)
+  return loss, (new_stats, (x01, metrics))
+
+
+def _generator_update(loop: _Loop, grads, opt_state, gen_vars):
+  """Adam on the generator and, with ``learn_noise``, the noise."""
+  g_gen, g_z = grads
+  if not loop.hp.learn_noise:
+    g_z = jnp.zeros_like(g_z)
+  updates, opt_state = loop.generator_optimizer.update(
+      (g_gen, g_z), opt_state, gen_vars)
+  return optax.apply_updates(gen_vars, updates), opt_state
 
 
 def _generator_step(loop: _Loop, carry: _GenCarry, params: PyTree,
@@ -414,21 +411,14 @@ def _generator_step(loop: _Loop, carry: _GenCarry, params: PyTree,
 
   ``shifts [B, 2]`` and ``flips [B]`` are this step's augmentation.
   """
-  (loss, (gen_stats, x01, metrics)), (g_gen, g_z) = jax.value_and_grad(
-      functools.partial(_generator_loss, loop), has_aux=True)(
-          carry.gen_vars, carry.gen_stats, params, batch_stats, teacher_vars,
-          ctx, y, shifts, flips)
-  if not loop.hp.learn_noise:
-    g_z = jnp.zeros_like(g_z)
-  updates, opt_state = loop.generator_optimizer.update(
-      (g_gen, g_z), carry.opt_state, carry.gen_vars)
-  gen_vars = optax.apply_updates(carry.gen_vars, updates)
-  better = loss < carry.best_loss
-  best_x = jnp.where(better, jax.lax.stop_gradient(x01), carry.best_x)
-  return _GenCarry(gen_vars=gen_vars, gen_stats=gen_stats,
-                   opt_state=opt_state,
-                   best_loss=jnp.minimum(loss, carry.best_loss),
-                   best_x=best_x), metrics
+  new, loss, (x01, metrics) = gen_student.generator_step(
+      functools.partial(_generator_loss, loop),
+      functools.partial(_generator_update, loop), carry, params, batch_stats,
+      teacher_vars, ctx, y, shifts, flips)
+  best_loss, best_x = carry.best
+  better = loss < best_loss
+  best_x = jnp.where(better, jax.lax.stop_gradient(x01), best_x)
+  return new._replace(best=(jnp.minimum(loss, best_loss), best_x)), metrics
 
 
 def _pool_insert(loop: _Loop, state: DFKDState, teacher_vars: TeacherVars,
@@ -441,10 +431,10 @@ def _pool_insert(loop: _Loop, state: DFKDState, teacher_vars: TeacherVars,
   """
   hp = loop.hp
   if hp.keep_best:
-    x_new = carry.best_x
+    x_new = carry.best[1]
   else:
-    gp, z_end = carry.gen_vars
-    x_new, _ = ensemble.apply_generator(loop.generator, gp, carry.gen_stats,
+    gp, z_end = carry.params
+    x_new, _ = ensemble.apply_generator(loop.generator, gp, carry.stats,
                                         z_end, y, True)
     x_new = jax.lax.stop_gradient(x_new)
   t_logits, _ = loop.teachers(teacher_vars, x_new)
@@ -480,44 +470,47 @@ def _epoch(loop: _Loop, programs: _Programs, state: DFKDState,
            ) -> tuple[DFKDState, dict[str, jax.Array]]:
   """One epoch: ``T_G`` generator steps, pool insert, the student steps.
 
-  Host loops over single jitted steps: XLA:CPU (jax 0.5.3) ran the generator
-  step about 14x slower inside a rolled while loop (``lax.scan``) than as one
-  program (MNIST, 5 CNN2 teachers, batch 64: 6.0 vs 0.42 s per step; the
-  student's rolled loop cost as much), and unrolling ``T_G = 30`` steps took
-  minutes to compile. The random inputs are drawn by a separate program:
-  XLA:CPU's oneDNN rewriter tries to constant-fold dot operands and aborts on
-  values computed from PRNG bits inside the same program (jax 0.5.3).
+  One iteration of :func:`gen_student.alternate` (which says why these are
+  host loops over single jitted steps).
   """
   hp = loop.hp
   draw = programs.draw(state.key, state.epoch)
   carry = programs.generator_begin(state, draw.z, draw.gen_params,
                                    draw.gen_stats)
-  for t in range(hp.generator_steps):
-    carry, gen_metrics = programs.generator_step(
+  filled = int(draw.filled)
+  pool = {}
+
+  def generator(carry, student, i, t):
+    carry, m = programs.generator_step(
         carry, state.params, state.batch_stats, teacher_vars, ctx, draw.y,
         draw.shifts[t], draw.flips[t])
+    return carry, [m]
 
-  pool_x, pool_y, pool_p = programs.pool_insert(state, teacher_vars, ctx,
-                                                carry, draw.y)
-  filled = int(draw.filled)
-  num_steps = filled if hp.student_steps == 0 else hp.student_steps
-  p, s, o = state.params, state.batch_stats, state.opt_state
-  step_metrics = []
-  for i in range(num_steps):
-    start = (i % filled) * hp.batch_size
-    p, s, o, m = programs.student_step(p, s, o, pool_x, pool_p, draw.order,
-                                       start)
-    step_metrics.append(m)
+  def student_steps(carry, i):
+    pool["x"], pool["y"], pool["p"] = programs.pool_insert(
+        state, teacher_vars, ctx, carry, draw.y)
+    return filled if hp.student_steps == 0 else hp.student_steps
 
-  metrics = dict(gen_metrics)
+  def student_step(student, carry, i, s):
+    p, s_, o, m = programs.student_step(
+        *student, pool["x"], pool["p"], draw.order,
+        (s % filled) * hp.batch_size)
+    return (p, s_, o), m
+
+  carry, (p, s, o), gen_ms, step_metrics = gen_student.alternate(
+      carry, (state.params, state.batch_stats, state.opt_state),
+      iterations=1, generator_steps=hp.generator_steps, generator=generator,
+      student_steps=student_steps, student_step=student_step)
+  num_steps = len(step_metrics)
+  metrics = dict(gen_ms[-1])
   metrics.update({k: jnp.mean(jnp.stack([m[k] for m in step_metrics]))
                   for k in step_metrics[0]})
   metrics["student_steps"] = jnp.asarray(num_steps, jnp.float32)
-  gen_params, _ = carry.gen_vars
-  new_state = DFKDState(gen_params=gen_params, gen_stats=carry.gen_stats,
+  gen_params, _ = carry.params
+  new_state = DFKDState(gen_params=gen_params, gen_stats=carry.stats,
                         gen_opt_state=carry.opt_state, params=p,
-                        batch_stats=s, opt_state=o, pool_x=pool_x,
-                        pool_y=pool_y, pool_p=pool_p, key=state.key,
+                        batch_stats=s, opt_state=o, pool_x=pool["x"],
+                        pool_y=pool["y"], pool_p=pool["p"], key=state.key,
                         epoch=state.epoch + 1)
   return new_state, metrics
 
@@ -560,11 +553,9 @@ def make_dfkd(groups: Sequence[ensemble.TeacherGroup],
                combine=combine, student=student, student_input=student_input,
                generator_optimizer=generator_optimizer,
                student_optimizer=student_optimizer)
-  programs = _Programs(
-      draw=jax.jit(functools.partial(_draw, loop)),
-      generator_begin=jax.jit(functools.partial(_generator_begin, loop)),
-      generator_step=jax.jit(functools.partial(_generator_step, loop)),
-      pool_insert=jax.jit(functools.partial(_pool_insert, loop)),
-      student_step=jax.jit(functools.partial(_student_step, loop)))
+  programs = gen_student.jit_programs(
+      _Programs, loop, draw=_draw, generator_begin=_generator_begin,
+      generator_step=_generator_step, pool_insert=_pool_insert,
+      student_step=_student_step)
   return DataFreeKD(init=functools.partial(_init_state, loop),
                     epoch=functools.partial(_epoch, loop, programs))

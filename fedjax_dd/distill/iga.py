@@ -101,9 +101,10 @@ gradient, and every weighted sum selects (rather than multiplies) zero-weight
 terms; the result is bit-identical whatever the padding holds. All shapes
 depend on ``K_max`` only, so a changing ``K`` never recompiles.
 
-One round is a host loop over four jitted programs, each compiled once
-(:func:`_draw`, :func:`_setup`, :func:`_generator_step`,
-:func:`_student_step`), for the reasons given in :mod:`fedjax_dd.distill.dfkd`
+One round is ``I`` iterations of the generator–student skeleton shared
+with DENSE/FedHydra (:mod:`fedjax_dd.distill.gen_student`), a host loop over
+four jitted programs, each compiled once (:func:`_draw`, :func:`_setup`,
+:func:`_generator_step`, :func:`_student_step`), for the reasons given there
 (XLA:CPU runs rolled loops of these steps far slower; PRNG draws live in their
 own program).
 
@@ -132,7 +133,7 @@ import optax
 
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
-from fedjax_dd.distill import ensemble
+from fedjax_dd.distill import ensemble, gen_student
 from fedjax_dd.distill.ensemble import InputFn, TeacherVars
 
 PyTree = Any
@@ -499,21 +500,11 @@ class IGA(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class _Loop:
+class _Loop(gen_student.Loop):
   hp: IGAHyperParams
-  generator: nn.Module
-  student: Classifier
   input_fn: InputFn
   teachers: ensemble.TeacherFn
   num_teachers_max: int
-
-  @property
-  def nz(self) -> int:
-    return ensemble.generator_nz(self.generator)
-
-  @property
-  def num_classes(self) -> int:
-    return self.student.num_classes
 
   @property
   def draws_per_iteration(self) -> int:
@@ -542,10 +533,8 @@ class _Setup(NamedTuple):
   num_teachers: jax.Array    # () real teachers, K.
 
 
-class _GenCarry(NamedTuple):
-  params: PyTree
-  stats: PyTree
-  adam: PyTree
+# The generator's carry across a round: its params, stats and Adam state.
+_GenCarry = gen_student.GenCarry
 
 
 _ADAM = optax.scale_by_adam()  # PyTorch Adam defaults: (0.9, 0.999), 1e-8.
@@ -553,8 +542,7 @@ _ADAM = optax.scale_by_adam()  # PyTorch Adam defaults: (0.9, 0.999), 1e-8.
 
 def _init_state(loop: _Loop, key: jax.Array, student_params: PyTree,
                 student_batch_stats: PyTree) -> IGAState:
-  init_key, run_key = jax.random.split(key)
-  gp, gs = ensemble.init_generator(loop.generator, init_key)
+  gp, gs, run_key = gen_student.init_generator(loop, key)
   z = jnp.zeros((2, loop.nz), jnp.float32)
   y = jnp.zeros((2,), jnp.int32)
   # Fails early if the generator's samples do not fit the student.
@@ -573,7 +561,7 @@ def _draw(loop: _Loop, key: jax.Array, rounds: jax.Array,
   c = loop.num_classes
   p = (label_prior(class_counts) if hp.use_gls
        else jnp.full((c,), 1.0 / c, jnp.float32))
-  kz, ky = jax.random.split(jax.random.fold_in(key, rounds))
+  kz, ky = gen_student.split_keys(key, rounds, 2)
   n = (hp.iterations, loop.draws_per_iteration)
   z = jax.random.normal(kz, (*n, hp.batch_size, loop.nz), jnp.float32)
   keys = jax.random.split(ky, n[0] * n[1])
@@ -664,14 +652,16 @@ def _generator_step(loop: _Loop, carry: _GenCarry, student_params: PyTree,
   """One Adam step of the generator on slot ``(i, j)`` of the draw (on
   teacher ``k``'s terms when ``k`` is given)."""
   z, y = draw.z[i, j], draw.y[i, j]
-  grads, (stats, metrics) = jax.grad(
-      functools.partial(_generator_loss, loop), has_aux=True)(
-          carry.params, carry.stats, student_params, student_batch_stats,
-          setup, z, y, k)
-  updates, adam = _ADAM.update(grads, carry.adam)
-  params = jax.tree_util.tree_map(lambda p, u: p - setup.generator_lr * u,
-                                  carry.params, updates)
-  return _GenCarry(params=params, stats=stats, adam=adam), metrics
+
+  def update(grads, adam, params):
+    updates, adam = _ADAM.update(grads, adam)
+    return jax.tree_util.tree_map(lambda p, u: p - setup.generator_lr * u,
+                                  params, updates), adam
+
+  carry, _, metrics = gen_student.generator_step(
+      functools.partial(_generator_loss, loop), update, carry,
+      student_params, student_batch_stats, setup, z, y, k)
+  return carry, metrics
 
 
 def _student_step(loop: _Loop, student_params: PyTree,
@@ -740,7 +730,8 @@ def _round(loop: _Loop, programs: _Programs, state: IGAState,
   draw = programs.draw(state.key, state.rounds, class_counts)
   setup, adam = programs.setup(state.gen_params, teacher_params,
                                teacher_batch_stats, class_counts, t)
-  carry = _GenCarry(params=state.gen_params, stats=state.gen_stats, adam=adam)
+  carry = _GenCarry(params=state.gen_params, stats=state.gen_stats,
+                    opt_state=adam)
   # FedFTG's order: one generator step per real teacher; the indices are
   # traced, so a changing K never recompiles.
   per_teacher = ([jnp.int32(k) for k in np.flatnonzero(
@@ -749,20 +740,27 @@ def _round(loop: _Loop, programs: _Programs, state: IGAState,
   if not per_teacher:
     raise ValueError("generator_per_teacher needs a teacher with a class "
                      "count; every row of class_counts is 0.")
-  sp, ss = student_params, student_batch_stats
-  gen_ms, stu_ms = [], []
-  for i in range(hp.iterations):
-    for g in range(hp.generator_steps):
-      j = g if hp.fresh_samples else 0
-      for k in per_teacher:
-        carry, m = programs.generator_step(carry, sp, ss, setup, draw, i, j,
-                                           k)
-        gen_ms.append(m)
-    for s in range(hp.student_steps):
-      j = hp.generator_steps + s if hp.fresh_samples else 0
-      sp, ss, m = programs.student_step(sp, ss, carry.params, carry.stats,
-                                        setup, draw, i, j)
-      stu_ms.append(m)
+
+  def generator(carry, student, i, g):
+    j = g if hp.fresh_samples else 0
+    ms = []
+    for k in per_teacher:
+      carry, m = programs.generator_step(carry, *student, setup, draw, i, j,
+                                         k)
+      ms.append(m)
+    return carry, ms
+
+  def student_step(student, carry, i, s):
+    j = hp.generator_steps + s if hp.fresh_samples else 0
+    sp, ss, m = programs.student_step(*student, carry.params, carry.stats,
+                                      setup, draw, i, j)
+    return (sp, ss), m
+
+  carry, (sp, ss), gen_ms, stu_ms = gen_student.alternate(
+      carry, (student_params, student_batch_stats), iterations=hp.iterations,
+      generator_steps=hp.generator_steps, generator=generator,
+      student_steps=lambda carry, i: hp.student_steps,
+      student_step=student_step)
   metrics = {k: v for ms in (gen_ms, stu_ms) for k, v in _mean(ms).items()}
   metrics["num_teachers"] = jnp.sum(teacher_mask(class_counts))
   new_state = state.replace(gen_params=carry.params, gen_stats=carry.stats,
@@ -812,10 +810,8 @@ def make_iga(student: Classifier, generator: nn.Module, *,
   loop = _Loop(hp=hparams, generator=generator, student=student, input_fn=fn,
                teachers=ensemble.make_teacher_fn((group,), mapper),
                num_teachers_max=num_teachers_max)
-  programs = _Programs(
-      draw=jax.jit(functools.partial(_draw, loop)),
-      setup=jax.jit(functools.partial(_setup, loop)),
-      generator_step=jax.jit(functools.partial(_generator_step, loop)),
-      student_step=jax.jit(functools.partial(_student_step, loop)))
+  programs = gen_student.jit_programs(
+      _Programs, loop, draw=_draw, setup=_setup,
+      generator_step=_generator_step, student_step=_student_step)
   return IGA(init=functools.partial(_init_state, loop),
              round=functools.partial(_round, loop, programs))
