@@ -18,6 +18,23 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(_REPO, ".ci-cache", "jax"))
+# Older jax returns wrong executables from the persistent cache for this
+# suite: on jax 0.5.3, tests/kernels/test_krr.py and tests/core/test_local.py
+# fail with the cache (NaN solves, zero updates) and pass without it. Keep
+# it off there, whatever the environment says; jax 0.12 passes the whole
+# suite with it.
+_CACHE_MIN_JAX = (0, 12)
+
+
+def _jax_version() -> tuple[int, ...]:
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  return tuple(int(p) for p in re.findall(
+      r"\d+", importlib.metadata.version("jax"))[:2])
+
+
+if _jax_version() < _CACHE_MIN_JAX:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = ""
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
