@@ -275,10 +275,8 @@ def cfl(task: Classifier,
     server, metrics = aggregate(server.replace(extra=extra), result, picks,
                                 cohort)
     if plugin is not None:
-      extra, params, batch_stats, iga_metrics = plugin.round(
-          server.extra, result, picks, k_max, cohort)
-      server = server.replace(params=params, batch_stats=batch_stats,
-                              extra=extra)
+      server, iga_metrics = plugin.round(server, result, picks, k_max,
+                                         cohort)
       metrics.update(iga_metrics)
     metrics["num_clusters"] = num_clusters + len(splits)
     metrics["cfl_splits"] = len(splits)

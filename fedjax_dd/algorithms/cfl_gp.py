@@ -254,10 +254,8 @@ def cfl_gp(task: Classifier,
     server, metrics = aggregate(server.replace(extra=extra), result, picks,
                                 cohort)
     if plugin is not None:
-      extra, params, batch_stats, iga_metrics = plugin.round(
-          server.extra, result, picks, k, cohort)
-      server = server.replace(params=params, batch_stats=batch_stats,
-                              extra=extra)
+      server, iga_metrics = plugin.round(server, result, picks, k,
+                                         cohort)
       metrics.update(iga_metrics)
     metrics["num_clusters"] = k
     metrics["cfl_gp_partitioned"] = partitioned

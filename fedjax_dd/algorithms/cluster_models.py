@@ -224,12 +224,14 @@ class IGAPlugin:
     return {"iga": self._iga.init(self._key, params, batch_stats),
             "reported": jnp.zeros((num_clients,), bool)}
 
-  def round(self, extra: dict[str, Any], result, picks: jax.Array,
-            num_clusters: int, cohort: Cohort):
+  def round(self, server: ServerState, result, picks: jax.Array,
+            num_clusters: int, cohort: Cohort
+            ) -> tuple[ServerState, dict[str, Any]]:
     """One IGA round after the cluster aggregation.
 
     Args:
-      extra: the server's ``extra`` (holds the plug-in's state).
+      server: the aggregated server state (its ``extra`` holds the
+        plug-in's state).
       result: the cohort's local results (``params``, ``batch_stats`` stacked
         ``[S, ...]``).
       picks: ``[S]`` cluster of each cohort client.
@@ -237,10 +239,11 @@ class IGAPlugin:
       cohort: the round's cohort.
 
     Returns:
-      ``(extra, params, batch_stats, metrics)``: the new ``extra``, the
-      distilled global model, ``iga_*`` metrics and the class counts'
-      traffic.
+      ``(server, metrics)``: the server with the distilled global model and
+      the plug-in's new state, and the ``iga_*`` metrics with the class
+      counts' traffic.
     """
+    extra = server.extra
     labels = compact_labels(picks, num_clusters)
     counts = class_counts(cohort, self._num_classes)
     gp, gs, group_counts, params, batch_stats = self._teachers(
@@ -256,4 +259,5 @@ class IGAPlugin:
     metrics = {f"iga_{k}": v for k, v in m.items()}
     metrics[f"{TRAFFIC_PREFIX}upload/class_counts"] = (
         new_reports * self._num_classes * self._bits)
-    return extra, params, batch_stats, metrics
+    return server.replace(params=params, batch_stats=batch_stats,
+                          extra=extra), metrics

@@ -188,10 +188,8 @@ def ifca(task: Classifier,
         cohort.y, cohort.num_examples, cohort.num_steps, keys, scale)
     server, metrics = aggregate(server, result, picks, losses, cohort)
     if plugin is not None:
-      extra, params, batch_stats, iga_metrics = plugin.round(
-          server.extra, result, picks, k_models, cohort)
-      server = server.replace(params=params, batch_stats=batch_stats,
-                              extra=extra)
+      server, iga_metrics = plugin.round(server, result, picks, k_models,
+                                         cohort)
       metrics = {**metrics, **iga_metrics}
     return server, clients, metrics
 

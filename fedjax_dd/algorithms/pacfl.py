@@ -192,10 +192,8 @@ def pacfl(task: Classifier,
     result, picks = train(server, cohort, key)
     server, metrics = aggregate(server, result, picks, cohort)
     if plugin is not None:
-      extra, params, batch_stats, iga_metrics = plugin.round(
-          server.extra, result, picks, k_models, cohort)
-      server = server.replace(params=params, batch_stats=batch_stats,
-                              extra=extra)
+      server, iga_metrics = plugin.round(server, result, picks, k_models,
+                                         cohort)
       metrics.update(iga_metrics)
     metrics["num_clusters"] = k_models
     metrics["clustering_converged"] = 1
