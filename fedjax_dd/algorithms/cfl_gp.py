@@ -104,15 +104,22 @@ def partition(features: np.ndarray, num_clusters: int, *,
   return km.fit(reduced).labels_.astype(np.int32)
 
 
+def _overlap(old: np.ndarray, new: np.ndarray, num_clusters: int
+             ) -> np.ndarray:
+  """``[K, K]`` counts: entry ``[j, i]`` is how many clients moved from old
+  cluster ``i`` to new cluster ``j``."""
+  counts = np.zeros((num_clusters, num_clusters), np.int64)
+  np.add.at(counts, (new, old), 1)
+  return counts
+
+
 def align(old: np.ndarray, new: np.ndarray, num_clusters: int
           ) -> np.ndarray:
   """``new`` relabelled so that each new cluster takes the id of the old
   cluster it overlaps most, one to one (Hungarian matching of the overlap
   counts; spectral labels are arbitrary)."""
   from scipy.optimize import linear_sum_assignment  # pylint: disable=g-import-not-at-top
-  counts = np.zeros((num_clusters, num_clusters), np.int64)
-  np.add.at(counts, (new, old), 1)
-  rows, cols = linear_sum_assignment(-counts)
+  rows, cols = linear_sum_assignment(-_overlap(old, new, num_clusters))
   ids = np.empty(num_clusters, np.int32)
   ids[rows] = cols
   return ids[new]
@@ -122,8 +129,7 @@ def inherit(old: np.ndarray, new: np.ndarray, num_clusters: int
             ) -> np.ndarray:
   """``[K]`` the old cluster whose model each new cluster starts from: the
   one holding most of its members (ties: lowest id); itself when empty."""
-  counts = np.zeros((num_clusters, num_clusters), np.int64)
-  np.add.at(counts, (new, old), 1)
+  counts = _overlap(old, new, num_clusters)
   sources = np.argmax(counts, axis=1).astype(np.int32)
   empty = counts.sum(axis=1) == 0
   sources[empty] = np.arange(num_clusters, dtype=np.int32)[empty]
