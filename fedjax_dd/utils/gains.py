@@ -45,7 +45,9 @@ def _jsonl(path: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def _sd(a: np.ndarray) -> float:
+def _sd(values: Sequence[float]) -> float:
+  """Sample sd (``ddof=1``) of ``values``; 0 for a single value."""
+  a = np.asarray(values, float)
   return float(a.std(ddof=1)) if a.size > 1 else 0.0
 
 
@@ -254,9 +256,7 @@ def fedftg_table(ref: Sequence[BeforeAfter], ours: Sequence[BeforeAfter],
     oa = [x[1][t] for x in ours[:n]]
     out.append(f"| {t + 1} | {fmt_mean_sd(rb)} | {fmt_mean_sd(ra)} | "
                f"{fmt_mean_sd(ob)} | {fmt_mean_sd(oa)} |")
-    sr = np.std(ra, ddof=1) if n > 1 else 0.0
-    so = np.std(oa, ddof=1) if n > 1 else 0.0
-    overlap.append(abs(np.mean(ra) - np.mean(oa)) <= sr + so)
+    overlap.append(abs(np.mean(ra) - np.mean(oa)) <= _sd(ra) + _sd(oa))
   g_ref, g_ours = np.array(gains[0]), np.array(gains[1])
   within = (g_ref.min() <= g_ours.mean() <= g_ref.max()
             or abs(g_ours.mean() - g_ref.mean()) <= 0.01)
@@ -320,8 +320,7 @@ def dense_table(ref: Sequence[np.ndarray], ours: Sequence[np.ndarray],
   for t in range(k):
     out.append(f"| {t + 1} | {fmt_mean_sd([x[t] for x in ref[:n]], 4)} | "
                f"{fmt_mean_sd([x[t] for x in ours[:n]], 4)} |")
-  sd = max(np.std(fin[0], ddof=1) if n > 1 else 0.0,
-           np.std(fin[1], ddof=1) if n > 1 else 0.0)
+  sd = max(_sd(fin[0]), _sd(fin[1]))
   gap = abs(np.mean(fin[0]) - np.mean(fin[1]))
   out += ["", f"Bar: final means {np.mean(fin[0]):.4f} ({names[0]}) and "
           f"{np.mean(fin[1]):.4f} ({names[1]}) after {k} epochs, apart by "
