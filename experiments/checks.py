@@ -153,7 +153,7 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       ("dfkd.stratify_batch_size", "int", (1, None)),
       ("dfkd.feddf_steps", "int", (1, None)),
       ("dfkd.augment_shift", "int", (0, None)),
-      ("dfkd.aggregation", "choice", ("sa", "ae")),
+      ("dfkd.aggregation", "choice", ("sa", "ae", "sa_predicted")),
       ("dfkd.adv_mask", "choice", ensemble.ADV_MASKS),
       ("dfkd.temperature", "num", (0.0, None, True, False)),
       ("dfkd.lambda_bn", "num", (0.0, None, False, False)),

@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from fedjax_dd import models
 from fedjax_dd.algorithms import one_shot
@@ -42,6 +43,9 @@ from fedjax_dd.distill import ensemble
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import stage_builders
+
+# Test images on which FedHydra's summary measures SA's target naming.
+PROBE = 2000
 
 # method -> (builder, whether it has server epochs).
 BUILDERS = stage_builders.SERVER_METHODS
@@ -129,6 +133,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
           class_counts=class_counts, rows=rows, num_classes=task.num_classes,
           report=(algorithm.report(result.state, result.setup)
                   if algorithm.report is not None else {}),
-          directory=work.directory))
+          directory=work.directory, probe=(
+              np.asarray(ds.x_test[:PROBE], np.float32) / 255.0,
+              ds.y_test[:PROBE])))
   work.write_summary(summary)
   return summary

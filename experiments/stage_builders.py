@@ -87,6 +87,7 @@ def _synthesis(config, task) -> dict[str, Any]:
 AGGREGATIONS: dict[str, ensemble.CombineFn] = {
     "sa": stratify_lib.stratified_ensemble,
     "ae": ensemble.average_ensemble,
+    "sa_predicted": stratify_lib.stratified_ensemble_predicted,
 }
 
 

@@ -349,7 +349,9 @@ def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       "adv_temperature": 0.0,
       "stratify_steps": 30,  # T_G of Alg. 2.
       "stratify_batch_size": 16,
-      "aggregation": "sa",  # sa | ae
+      # sa | ae | sa_predicted (Eq. 10's rows by the plain average's
+      # prediction instead of the target label; stratify.py says why).
+      "aggregation": "sa",
       # Multiply U_c by c so that SA with uninformative U equals AE instead
       # of AE / c (stratify.sa_context). False: Eqs. 6-11 literally (student
       # 0.756 vs 0.94 for AE on mnist_a0.5 at the CPU scale).

@@ -99,9 +99,17 @@ def federated_preset(method: str, arg: str):
   return c
 
 
+# Preset names of DisUE's protocol (disue.py's presets).
+DISUE_SUFFIXES = ("_dir0.01", "_dir0.1", "_gpu")
+
+
+def disue_preset(method: str, arg: str):
+  """DisUE's protocol for ``method`` (a baseline of its Tab. 1)."""
+  from fedjax_dd.experiments.configs import disue  # pylint: disable=g-import-not-at-top
+  return disue.protocol(method, arg)
+
+
 def get_config(arg: str = "mnist_iid"):
-  if arg.endswith(("_dir0.01", "_dir0.1", "_gpu")):
-    # DisUE's protocol (its baseline; the presets of disue.py).
-    from fedjax_dd.experiments.configs import disue  # pylint: disable=g-import-not-at-top
-    return disue.protocol("fedavg", arg)
+  if arg.endswith(DISUE_SUFFIXES):
+    return disue_preset("fedavg", arg)
   return federated_preset("fedavg", arg)

@@ -297,7 +297,8 @@ def summary_fields(result, *, names: Sequence[str],
                    groups: Sequence[ensemble.TeacherGroup], num_examples,
                    class_counts: np.ndarray, report: Mapping[str, Any],
                    rows: Sequence[Mapping[str, Any]], num_classes: int,
-                   directory: str) -> dict[str, Any]:
+                   directory: str, probe: tuple[Any, Any] | None = None
+                   ) -> dict[str, Any]:
   """A one-shot run's own summary fields, and its figures
   (:func:`server_report`).
 
@@ -311,6 +312,11 @@ def summary_fields(result, *, names: Sequence[str],
     rows: the metrics rows.
     num_classes: ``c``.
     directory: where the figures go.
+    probe: real labelled images ``(x01 [P, H, W, Ch] in [0, 1], labels [P])``;
+      with a report that has ``U_r`` and ``U_c`` (FedHydra), the summary gets
+      ``sa_target_naming``
+      (:func:`fedjax_dd.algorithms.stratify.target_naming_rates`): how often
+      SA names a wrong target label, against the plain average.
 
   Returns:
     Each client's architecture and test accuracy, one-shot FedAvg's
@@ -320,6 +326,11 @@ def summary_fields(result, *, names: Sequence[str],
   """
   arch_of = {k: n for n, g in zip(names, groups) for k in g.client_ids}
   last = result.per_round[-1]
+  extra = {}
+  if probe is not None and "U_r" in report and "U_c" in report:
+    from fedjax_dd.algorithms import stratify  # pylint: disable=g-import-not-at-top
+    extra["sa_target_naming"] = stratify.target_naming_rates(
+        groups, result.teachers.vars, report["U_r"], report["U_c"], *probe)
   return {
       "client_models": [arch_of[k] for k in range(len(arch_of))],
       "client_test_accuracy": last["client_test_accuracy"],
@@ -333,4 +344,5 @@ def summary_fields(result, *, names: Sequence[str],
                         "distillation_seconds": result.seconds["server"]},
       **server_report(report, rows, class_counts=class_counts,
                       num_classes=num_classes, directory=directory),
+      **extra,
   }

@@ -182,6 +182,103 @@ def stratified_ensemble(logits: jax.Array, y: jax.Array,
   return jnp.sum(weights[:, :, None] * scaled, axis=0)
 
 
+def stratified_ensemble_predicted(logits: jax.Array, y: jax.Array,
+                                  ctx: tuple[jax.Array, jax.Array]
+                                  ) -> jax.Array:
+  """SA whose Eq. 10 rows follow the ensemble's prediction, not the target.
+
+  Eq. 10 weights client ``k`` on sample ``i`` by ``U_r(y(i), k)``, the row of
+  the generator's *target* label, so the ensemble is told the answer it is
+  asked for: at Dirichlet α = 0.01 that row (with Eq. 8's per-class scales)
+  can name ``y(i)`` whatever the image, and the generator then needs no
+  class content (``experiments/results/fedhydra_tab1_mnist_a0.01_gpu.md``).
+  Here the row is the mix of ``U_r``'s rows by the plain average's class
+  probabilities, ``V(i) = σ(mean_k P_k(i)) · U_r`` (held constant like the
+  paper's ``U_r(y(i))``), so nothing reads ``y``. Not the paper's rule:
+  ``dfkd.aggregation=sa_predicted``.
+
+  Args:
+    logits: teacher logits ``[m, B, c]`` in client order.
+    y: target labels ``[B]`` (unused).
+    ctx: ``(U_r [c, m], U_c [c, m])``.
+
+  Returns:
+    Ensemble logits ``[B, c]``: ``P_i = Σ_k V[i, k] · (P_k ⊙ U_c[:, k])[i]``.
+  """
+  del y
+  u_r, u_c = ctx
+  probs = jax.lax.stop_gradient(jax.nn.softmax(jnp.mean(logits, 0), -1))
+  # A weighted sum rather than a dot, as in stratified_ensemble.
+  weights = jnp.sum(probs[:, :, None] * u_r[None], axis=1)  # [B, m]
+  scaled = logits * jnp.transpose(u_c)[:, None, :]           # [m, B, c]
+  return jnp.sum(jnp.transpose(weights)[:, :, None] * scaled, axis=0)
+
+
+def target_naming_rate(combine: Callable[..., jax.Array], logits: jax.Array,
+                       labels: jax.Array, ctx: Any, num_classes: int
+                       ) -> jax.Array:
+  """How often an ensemble rule names a target label that is not the truth.
+
+  For every sample ``i`` and every target ``t != labels[i]``, whether
+  ``argmax combine(logits, t) == t``: a rule that ignores the target names
+  it as often as it mistakes the sample for class ``t``; a rule that reads
+  the target (Eq. 10's rows) names it more often.
+
+  Args:
+    combine: an ensemble rule ``(logits [m, B, c], y [B], ctx) -> [B, c]``.
+    logits: teacher logits ``[m, B, c]`` on real, labelled samples.
+    labels: their true labels ``[B]``.
+    ctx: the rule's context.
+    num_classes: ``c``.
+
+  Returns:
+    The fraction over the ``B · (c − 1)`` (sample, wrong target) pairs.
+  """
+  def named(t):
+    target = jnp.full(labels.shape, t, labels.dtype)
+    hit = jnp.argmax(combine(logits, target, ctx), -1) == t
+    return jnp.sum(jnp.where(labels != t, hit, False))
+
+  hits = jnp.sum(jnp.stack([named(t) for t in range(num_classes)]))
+  return hits / (labels.shape[0] * (num_classes - 1))
+
+
+def target_naming_rates(groups: Sequence[TeacherGroup],
+                        teacher_vars: TeacherVars, u_r: Any, u_c: Any,
+                        x01: jax.Array, labels: jax.Array,
+                        mapper: ClientMapper = ClientMapper()
+                        ) -> dict[str, float]:
+  """:func:`target_naming_rate` of SA (Eqs. 8–11), of
+  :func:`stratified_ensemble_predicted` and of the plain average, on real
+  labelled images.
+
+  Args:
+    groups: the teachers' architecture groups.
+    teacher_vars: their stacked variables, one ``(params, batch_stats)`` per
+      group.
+    u_r: ``U_r [c, m]``.
+    u_c: ``U_c [c, m]`` (its scale does not change an arg-max).
+    x01: images ``[P, H, W, Ch]`` in ``[0, 1]``.
+    labels: their labels ``[P]``.
+    mapper: batching of the teachers.
+
+  Returns:
+    ``{"sa": ..., "sa_predicted": ..., "ae": ...}``, each the fraction of
+    (image, wrong target) pairs on which the rule names the target.
+  """
+  from fedjax_dd.distill import ensemble  # pylint: disable=g-import-not-at-top
+  logits, _ = jax.jit(ensemble.make_teacher_fn(groups, mapper))(
+      teacher_vars, jnp.asarray(x01))
+  ctx = (jnp.asarray(u_r, jnp.float32), jnp.asarray(u_c, jnp.float32))
+  labels = jnp.asarray(labels, jnp.int32)
+  rules = {"sa": stratified_ensemble,
+           "sa_predicted": stratified_ensemble_predicted,
+           "ae": ensemble.average_ensemble}
+  return {name: float(target_naming_rate(rule, logits, labels, ctx,
+                                         logits.shape[-1]))
+          for name, rule in rules.items()}
+
+
 def sa_context(s: Stratification, *, average_scale: bool = True
                ) -> tuple[jax.Array, jax.Array]:
   """The ``ctx`` of :func:`stratified_ensemble` for a stratification.

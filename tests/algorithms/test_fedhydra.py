@@ -95,6 +95,56 @@ def test_stratified_ensemble_matches_numpy():
                              rtol=1e-5, atol=1e-5)
 
 
+def test_sa_predicted_rows_ignore_the_target_hand_checked():
+  # m = 2 clients, c = 2 classes, one sample: teacher 0 says [4, 0], teacher
+  # 1 says [0, 2]; U_c = 1 so Eq. 8 leaves the logits as they are.
+  logits = jnp.array([[[4.0, 0.0]], [[0.0, 2.0]]])
+  u_r = jnp.array([[0.9, 0.1], [0.2, 0.8]])
+  ctx = (u_r, jnp.ones((2, 2)))
+  # Eq. 10 picks the target's row: target 1 gives 0.2 * [4, 0] + 0.8 * [0, 2].
+  np.testing.assert_allclose(st.stratified_ensemble(logits, jnp.array([1]), ctx),
+                             [[0.8, 1.6]], rtol=1e-6)
+  np.testing.assert_allclose(st.stratified_ensemble(logits, jnp.array([0]), ctx),
+                             [[3.6, 0.2]], rtol=1e-6)
+  # The predicted rows: σ(mean) = σ([2, 1]) = [0.7311, 0.2689] mixes the rows
+  # into V = [0.7118, 0.2882]; output V0 * [4, 0] + V1 * [0, 2].
+  p0 = np.exp(2) / (np.exp(2) + np.exp(1))
+  v = p0 * np.array([0.9, 0.1]) + (1 - p0) * np.array([0.2, 0.8])
+  want = [[4 * v[0], 2 * v[1]]]
+  for y in (0, 1):
+    got = st.stratified_ensemble_predicted(logits, jnp.array([y]), ctx)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+  # Uniform U: the predicted rows reduce to the plain average too.
+  rng = np.random.default_rng(1)
+  many = jnp.asarray(rng.normal(size=(3, 4, 5)), jnp.float32)
+  flat = (jnp.full((5, 3), 1 / 3), jnp.ones((5, 3)))
+  np.testing.assert_allclose(
+      st.stratified_ensemble_predicted(many, jnp.zeros(4, jnp.int32), flat),
+      many.mean(0), rtol=1e-5, atol=1e-6)
+
+
+def test_target_naming_rate_hand_checked():
+  # Two samples, c = 2. Sample 0 is class 0 (teachers [4, 0] and [0, 2]);
+  # sample 1 is class 1 (teachers [1, 0] and [0, 3]). Each has one wrong
+  # target. SA with the wrong target's row names it on both: 0.2*[4,0] +
+  # 0.8*[0,2] = [0.8, 1.6] -> 1, and 0.9*[1,0] + 0.1*[0,3] = [0.9, 0.3] -> 0.
+  logits = jnp.array([[[4.0, 0.0], [1.0, 0.0]], [[0.0, 2.0], [0.0, 3.0]]])
+  labels = jnp.array([0, 1])
+  ctx = (jnp.array([[0.9, 0.1], [0.2, 0.8]]), jnp.ones((2, 2)))
+  assert float(st.target_naming_rate(st.stratified_ensemble, logits, labels,
+                                     ctx, 2)) == 1.0
+  # The plain average ([2, 1] -> 0, [0.5, 1.5] -> 1) is right on both, so it
+  # names neither wrong target; so are the predicted rows here.
+  assert float(st.target_naming_rate(ensemble.average_ensemble, logits,
+                                     labels, ctx, 2)) == 0.0
+  assert float(st.target_naming_rate(st.stratified_ensemble_predicted, logits,
+                                     labels, ctx, 2)) == 0.0
+  # Swap the labels: now the average is wrong on both samples and names each
+  # (new) wrong target, i.e. the class it predicts.
+  assert float(st.target_naming_rate(ensemble.average_ensemble, logits,
+                                     labels[::-1], ctx, 2)) == 1.0
+
+
 def test_agreement_with_class_shares_hand_checked():
   # 3 classes x 2 clients; client 0 holds 4 x class 0 and 1 x class 1, client
   # 1 holds 3 x class 1; nobody holds class 2 (its row is ignored).

@@ -9,9 +9,11 @@ from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs import disue as disue_config
 from fedjax_dd.experiments.configs import fedavg, feddf_datafree, fedftg, ifca
+from fedjax_dd.experiments.configs import fedprox, scaffold
 
 CONFIGS = {"disue": disue_config, "fedftg": fedftg,
-           "feddf_datafree": feddf_datafree, "ifca": ifca, "fedavg": fedavg}
+           "feddf_datafree": feddf_datafree, "ifca": ifca, "fedavg": fedavg,
+           "fedprox": fedprox, "scaffold": scaffold}
 
 
 @pytest.mark.parametrize("method", sorted(CONFIGS))
@@ -33,6 +35,14 @@ def test_every_preset_follows_the_protocol_and_validates(method, arg):
                           "lenet5" if arg.startswith("fmnist") else "cnn3")
   assert c.iga.nz == (256 if arg == "cifar100_gpu" else 100)
   assert c.rounds == 500
+
+
+def test_fedprox_and_scaffold_keep_their_own_settings_under_disue():
+  assert fedprox.get_config("fmnist_dir0.01").client.mu == 0.01
+  assert fedavg.get_config("fmnist_dir0.01").client.mu == 0.0
+  assert scaffold.get_config("fmnist_dir0.01").server.lr == 1.0
+  # Their own presets are untouched: FedD3's protocol keeps mu = 0.1.
+  assert fedprox.get_config("mnist_fedd3").client.mu == 0.1
 
 
 def _smoke(method, **overrides):

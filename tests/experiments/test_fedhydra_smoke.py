@@ -34,6 +34,9 @@ def test_fedhydra_smoke_then_resume(tmp_path):
   np.testing.assert_array_equal(counts.sum(1), summary["client_sizes"])
   agree = summary["U_r_vs_class_share"]
   assert -1.0 <= agree["correlation"] <= 1.0
+  naming = summary["sa_target_naming"]
+  assert set(naming) == {"sa", "sa_predicted", "ae"}
+  assert all(0.0 <= v <= 1.0 for v in naming.values())
   assert 0.0 <= agree["argmax_agreement"] <= 1.0
   # One upload per client model, nothing downloaded (the init is a seed).
   assert summary["bytes_uploaded"] == m * summary["param_count"] * 4
@@ -52,6 +55,7 @@ def test_fedhydra_smoke_then_resume(tmp_path):
   assert again["final_test_accuracy"] == summary["final_test_accuracy"]
   assert again["stage_seconds"]["local_training_seconds"] == 0
   assert again["stage_seconds"]["setup_seconds"] == 0
+  assert again["sa_target_naming"] == naming
 
 
 def test_fedhydra_multi_round_then_resume(tmp_path, monkeypatch):
@@ -113,6 +117,7 @@ def test_dense_reuses_fedhydra_clients(tmp_path):
   dsum = run_fedhydra.run(dconf, str(tmp_path / "de"))
   assert dsum["client_test_accuracy"] == summary["client_test_accuracy"]
   assert "U" not in dsum and np.isfinite(dsum["final_test_accuracy"])
+  assert "sa_target_naming" not in dsum
   # server_seed repeats the server stage over the same clients: the clients
   # are reused, the stratification is drawn anew.
   rconf = fedhydra_config.get_config("smoke")
