@@ -97,10 +97,8 @@ def fedavg(task: Classifier,
     delta = aggregator(stages.deltas(result.params, server.params), cohort,
                        result)
     batch_stats = stages.weighted_mean(result.batch_stats, weights)
-    server = stages.server_step(server_optimizer, server, delta, batch_stats)
-    if decay:
-      server = server.replace(
-          extra={**server.extra, "round": server.extra["round"] + 1})
+    server = stages.server_step(server_optimizer, server, delta, batch_stats,
+                                advance_round=decay)
     return server, stages.cohort_metrics(result, weights)
 
   def init(params, batch_stats, num_clients):

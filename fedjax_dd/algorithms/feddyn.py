@@ -139,11 +139,8 @@ def feddyn(task: Classifier,
     delta = tree_map(lambda m, hh: m - hh / alpha,
                      stages.weighted_mean(d, uniform), h)
     batch_stats = stages.weighted_mean(result.batch_stats, cohort.num_examples)
-    server = stages.server_step(server_opt, server, delta, batch_stats)
-    extra = {**server.extra, "h": h}
-    if decay:
-      extra["round"] = server.extra["round"] + 1
-    server = server.replace(extra=extra)
+    server = stages.server_step(server_opt, server, delta, batch_stats,
+                                extra={"h": h}, advance_round=decay)
     return server, {"grad": grad}, stages.cohort_metrics(result,
                                                          cohort.num_examples)
 

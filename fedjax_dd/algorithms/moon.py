@@ -174,10 +174,8 @@ def moon(task: Classifier,
     delta = stages.weighted_mean(stages.deltas(result.params, server.params),
                                  weights)
     batch_stats = stages.weighted_mean(result.batch_stats, weights)
-    server = stages.server_step(server_opt, server, delta, batch_stats)
-    if decay:
-      server = server.replace(
-          extra={**server.extra, "round": server.extra["round"] + 1})
+    server = stages.server_step(server_opt, server, delta, batch_stats,
+                                advance_round=decay)
     # This round's local models are the sampled clients' next w_i^{t-1}.
     clients = {"prev": (result.params, result.batch_stats)}
     return server, clients, stages.cohort_metrics(result, weights)

@@ -115,11 +115,8 @@ def scaffold(task: Classifier,
     frac = cohort.num_examples.shape[0] / server.extra["num_clients"]
     c = tree_map(lambda cg, d: cg + frac * d, c, delta_c)
     batch_stats = stages.weighted_mean(result.batch_stats, cohort.num_examples)
-    server = stages.server_step(server_opt, server, delta, batch_stats)
-    extra = {**server.extra, "c": c}
-    if decay:
-      extra["round"] = server.extra["round"] + 1
-    server = server.replace(extra=extra)
+    server = stages.server_step(server_opt, server, delta, batch_stats,
+                                extra={"c": c}, advance_round=decay)
     return server, {"c": c_new}, stages.cohort_metrics(result,
                                                        cohort.num_examples)
 

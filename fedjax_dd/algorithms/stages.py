@@ -40,18 +40,38 @@ def deltas(client_params: PyTree, server_params: PyTree) -> PyTree:
 
 
 def server_step(server_opt: optax.GradientTransformation, server: ServerState,
-                delta: PyTree, batch_stats: PyTree) -> ServerState:
+                delta: PyTree, batch_stats: PyTree, *,
+                extra: dict[str, Any] | None = None,
+                advance_round: bool = False) -> ServerState:
   """Applies an aggregated update through the server optimizer.
 
   The server treats ``−delta`` as a pseudo-gradient, so ``optax.sgd(1.0)``
   gives plain FedAvg (``x ← x + delta``) and other optimizers give FedOpt.
+
+  Args:
+    server_opt: the server optimizer.
+    server: the state before the round.
+    delta: the aggregated update.
+    batch_stats: the new BatchNorm statistics.
+    extra: entries of ``server.extra`` this round replaces (SCAFFOLD's
+      ``c``, FedDyn's ``h``); the others are kept.
+    advance_round: add one to ``server.extra["round"]``, the round counter
+      of a decaying client learning rate.
+
+  Returns:
+    The new server state.
   """
   pseudo_grad = tree_map(jnp.negative, delta)
   updates, opt_state = server_opt.update(pseudo_grad, server.opt_state,
                                          server.params)
   params = optax.apply_updates(server.params, updates)
+  new_extra = {**server.extra, **(extra or {})}
+  if advance_round:
+    new_extra["round"] = server.extra["round"] + 1
   return server.replace(params=params, opt_state=opt_state,
-                        batch_stats=batch_stats)
+                        batch_stats=batch_stats,
+                        extra=new_extra if (extra or advance_round)
+                        else server.extra)
 
 
 def cohort_metrics(result: LocalResult, weights: jax.Array) -> dict[str, jax.Array]:
