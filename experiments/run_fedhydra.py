@@ -19,6 +19,8 @@ undefined across architectures, so ``os_fedavg_test_accuracy`` is null and
 
 ``config.server.teachers_from`` may name an earlier workdir with the same client
 protocol (checked) whose round-1 client models are reused.
+``config.client.independent_init`` starts every client from its own
+initialisation instead of the shared global model (one round only).
 
 Outputs: ``metrics.jsonl`` (one row per evaluated epoch), ``summary.json``,
 ``u_r.png``, ``samples.png``, ``accuracy.png``.
@@ -70,6 +72,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         f"client architectures model.client_models="
         f"{config.model.client_models!r}; use "
         "fedhydra, dense or feddf, or homogeneous clients.")
+  if config.client.independent_init and config.rounds > 1:
+    raise ValueError(
+        "config.client.independent_init needs rounds = 1: from round 2 the "
+        f"clients start from the distilled model (got rounds = "
+        f"{config.rounds}); set --config.rounds=1.")
   if archs and config.rounds > 1:
     raise ValueError(
         "Heterogeneous clients (model.client_models) need rounds=1: the "
@@ -90,13 +97,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                                data.num_clients, input_fn)
   names = tuple(n or config.model.name for n in names)
   mappers = [common.mapper(config, (name,)) for name in names]
-  stage = one_shot.client_stage(groups, common.make_optimizer(config),
-                                batch_size=config.client.batch_size,
-                                num_steps=num_steps, mappers=mappers)
+  init_key, run_key = keys.init_and_run(keys.model_root(config.seed))
+  stage = one_shot.client_stage(
+      groups, common.make_optimizer(config),
+      batch_size=config.client.batch_size, num_steps=num_steps,
+      mappers=mappers,
+      independent_init=init_key if config.client.independent_init else None)
   build, has_epochs = BUILDERS[config.method]
   algorithm = build(config, stage, groups, task, input_fn)
 
-  init_key, run_key = keys.init_and_run(keys.model_root(config.seed))
   global_model = task.init(init_key)
   # Round-1 client models: one init per architecture from the same key.
   initial_models = [global_model if g.task is task else g.task.init(init_key)

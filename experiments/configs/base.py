@@ -112,6 +112,10 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       "clients_per_round": 0,  # > 0: sampled clients per round (seeded) ...
       "client_fraction": 1.0,  # ... else this fraction of all clients.
       "mu": 0.0,  # FedProx's proximal weight.
+      # One-shot runner (FedHydra, DENSE, FedDF, Co-Boosting, OT, one-shot
+      # FedAvg): every client starts from its own initialisation instead of
+      # the shared global model (one_shot.independent_starts); rounds = 1.
+      "independent_init": False,
       # HFLDD's label-knowledge pre-training (stage 1): pretrain_steps steps
       # of pretrain_batch_size; pretrain_epochs > 0 overrides the steps.
       "pretrain_batch_size": 64,
@@ -624,6 +628,7 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "client.momentum": ("+client_protocol",),
     "client.weight_decay": ("+client_protocol",),
     "client.grad_clip": ("+client_protocol",),
+    "client.independent_init": ("+client_protocol",),
     "client.clients_per_round": ("-hfldd_stages",),
     "client.client_fraction": ("-hfldd_stages",),
     "server.initial_model_as_seed": ("-hfldd_stages",),

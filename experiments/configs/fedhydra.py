@@ -22,7 +22,10 @@ client k uses entry k % len), server resnet18; one-shot FedAvg is then
 undefined (null in summary.json). ``--config.server.teachers_from=DIR
 --config.server.seed=S`` repeats only the server stage over DIR's clients.
 Ablations: ``--config.dfkd.lambda_bn``, ``--config.dfkd.lambda_adv``,
-``--config.dfkd.aggregation=ae``, ``--config.rounds=R`` (Tab. 5).
+``--config.dfkd.aggregation=ae`` (or ``sa_predicted``: Eq. 10's rows from
+the ensemble's prediction, not the target label), ``--config.rounds=R``
+(Tab. 5). ``--config.client.independent_init=True``: clients that share no
+initialisation (Alg. 1 creates the global model after the local updates).
 
 Expected: final test accuracy about 0.92 (mnist_a0.5, mean of seeds 0-2,
 0.9247 ± 0.0207; paper Tab. 1: 88.75 %); every measured figure, the

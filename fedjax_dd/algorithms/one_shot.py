@@ -44,7 +44,8 @@ def local_stage(task: Classifier,
                 *,
                 batch_size: int,
                 max_steps: int,
-                mapper: ClientMapper = ClientMapper()
+                mapper: ClientMapper = ClientMapper(),
+                per_client_start: bool = False
                 ) -> Callable[[PyTree, PyTree, Cohort, jax.Array], LocalResult]:
   """One-shot local training of every client of one architecture.
 
@@ -54,6 +55,8 @@ def local_stage(task: Classifier,
     batch_size: [128].
     max_steps: static scan length (``max(cohort.num_steps)``).
     mapper: how the clients are batched.
+    per_client_start: ``train`` takes one start per client, stacked
+      ``[S, ...]`` (:func:`independent_starts`).
 
   Returns:
     ``train(params, batch_stats, cohort, key) -> LocalResult [S, ...]``.
@@ -62,7 +65,8 @@ def local_stage(task: Classifier,
   """
   local = make_local_update(task, optimizer, batch_size=batch_size,
                             max_steps=max_steps)
-  train_all = stages.client_stage(local, mapper)
+  train_all = stages.client_stage(local, mapper,
+                                  per_client_start=per_client_start)
 
   def train(params, batch_stats, cohort: Cohort, key: jax.Array) -> LocalResult:
     client_keys = keys.client_keys(key, cohort.client_ids)
@@ -72,12 +76,32 @@ def local_stage(task: Classifier,
   return train
 
 
+def independent_starts(task: Classifier, init_key: jax.Array,
+                       client_ids: jax.Array) -> tuple[PyTree, PyTree]:
+  """One fresh initialisation per client, ``[S, ...]``.
+
+  Client ``k`` starts from ``task.init(fold_in(init_key, k))``
+  (:func:`fedjax_dd.core.keys.client_keys`), so its start depends on its id
+  alone, not on the other clients.
+
+  Args:
+    task: the client model.
+    init_key: the run's model-init key.
+    client_ids: ``[S]`` the clients' ids.
+
+  Returns:
+    ``(params, batch_stats)`` stacked ``[S, ...]``.
+  """
+  return jax.vmap(task.init)(keys.client_keys(init_key, client_ids))
+
+
 def client_stage(groups: Sequence[ensemble.TeacherGroup],
                  optimizer: optax.GradientTransformation,
                  *,
                  batch_size: int,
                  num_steps: jax.Array,
-                 mappers: Sequence[ClientMapper] | None = None
+                 mappers: Sequence[ClientMapper] | None = None,
+                 independent_init: jax.Array | None = None
                  ) -> Callable[..., Teachers]:
   """The one-shot client stage over architecture groups.
 
@@ -87,6 +111,12 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
     batch_size: local batch size.
     num_steps: ``[m]`` local steps per client (client order).
     mappers: one client mapper per group (default: the engine's default).
+    independent_init: an init key: every client starts from its own
+      initialisation (:func:`independent_starts`) and ``starts`` is ignored.
+      ``None`` (default): all clients of a group start from its ``starts``
+      entry, one-shot FedAvg's protocol. FedHydra's Alg. 1 creates the
+      global model only after the local updates (lines 4–11), which reads as
+      clients that share no start.
 
   Returns:
     ``stage(starts, data, key) -> Teachers``: ``starts`` holds per group the
@@ -105,10 +135,11 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
   validate.step_counts("num_steps", num_steps, m)
   mappers = tuple(mappers) if mappers is not None else (ClientMapper(),) * len(groups)
   num_steps = jnp.asarray(num_steps)
+  own = independent_init is not None
   trains = tuple(
       local_stage(g.task, optimizer, batch_size=batch_size,
                   max_steps=int(jnp.max(num_steps[np.asarray(g.client_ids)])),
-                  mapper=mp)
+                  mapper=mp, per_client_start=own)
       for g, mp in zip(groups, mappers))
 
   def stage(starts, data: ClientData, key: jax.Array) -> Teachers:
@@ -124,6 +155,8 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
       cohort = Cohort(x=data.x[ids], y=data.y[ids],
                       num_examples=data.num_examples[ids],
                       num_steps=num_steps[ids], client_ids=ids)
+      if own:
+        params, stats = independent_starts(g.task, independent_init, ids)
       result = train(params, stats, cohort, key)
       out.append((result.params, result.batch_stats))
     return Teachers(vars=tuple(out), num_examples=data.num_examples)

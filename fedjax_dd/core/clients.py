@@ -739,7 +739,8 @@ def map_clients(fn: Callable[..., Any],
 
 
 def client_stage(local: LocalUpdate,
-                 mapper: ClientMapper) -> Callable[..., LocalResult]:
+                 mapper: ClientMapper, *,
+                 per_client_start: bool = False) -> Callable[..., LocalResult]:
   """Local training of a cohort from the broadcast server model.
 
   Each client starts a fresh local optimizer from the server parameters; the
@@ -749,6 +750,9 @@ def client_stage(local: LocalUpdate,
   Args:
     local: the per-client local update.
     mapper: the client-axis backend.
+    per_client_start: ``params`` and ``batch_stats`` are stacked ``[S, ...]``,
+      one start per client (one-shot clients initialised independently),
+      instead of one model broadcast to all.
 
   Returns:
     ``train(params, batch_stats, shared_ctx, cohort, keys [S], client_ctx)``
@@ -765,8 +769,9 @@ def client_stage(local: LocalUpdate,
 
   # Argument 6 is num_steps: with bucketing, chunks hold similar step counts
   # and the per-client loop (``skip_padding``) stops at each one's own.
+  start_axis = 0 if per_client_start else None
   mapped = mapper.map(one_client,
-                      in_axes=(None, None, None, 0, 0, 0, 0, 0, 0),
+                      in_axes=(start_axis, start_axis, None, 0, 0, 0, 0, 0, 0),
                       work_argnum=6)
 
   def train(params, batch_stats, shared_ctx, cohort: Cohort, keys, client_ctx):

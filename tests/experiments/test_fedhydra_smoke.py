@@ -205,3 +205,30 @@ def test_fedhydra_hetero_smoke_then_resume(tmp_path):
   assert again["client_test_accuracy"] == summary["client_test_accuracy"]
   assert again["stage_seconds"]["local_training_seconds"] == 0
   assert again["stage_seconds"]["setup_seconds"] == 0
+
+
+def test_independent_init_clients(tmp_path):
+  shared_conf = fedhydra_config.get_config("smoke")
+  shared_conf.method = "os_fedavg"
+  shared = run_fedhydra.run(shared_conf, str(tmp_path / "shared"))
+  conf = fedhydra_config.get_config("smoke")
+  conf.method = "os_fedavg"
+  conf.client.independent_init = True
+  own = run_fedhydra.run(conf, str(tmp_path / "own"))
+  # Same data and keys, other starts: other clients, another average.
+  assert own["client_test_accuracy"] != shared["client_test_accuracy"]
+  assert own["os_fedavg_test_accuracy"] != shared["os_fedavg_test_accuracy"]
+  # Resuming repeats it; the clients are not retrained.
+  again = run_fedhydra.run(conf, str(tmp_path / "own"))
+  assert again["client_test_accuracy"] == own["client_test_accuracy"]
+  assert again["stage_seconds"]["local_training_seconds"] == 0
+  # The client protocol records it: shared-init clients are refused.
+  dconf = dense_config.get_config("smoke")
+  dconf.client.independent_init = True
+  dconf.server.teachers_from = str(tmp_path / "shared")
+  with pytest.raises(ValueError, match="independent_init"):
+    run_fedhydra.run(dconf, str(tmp_path / "de"))
+  # From round 2 the clients start from the distilled model: refused.
+  conf.rounds = 2
+  with pytest.raises(ValueError, match="rounds = 1"):
+    run_fedhydra.run(conf, str(tmp_path / "two"))
