@@ -204,7 +204,7 @@ BUILDERS: dict[str, Builder] = {
         **_fedavg_kwargs(c, m)),
     "scaffold": lambda c, task, m: scaffold(
         task, learning_rate=c.client.lr, server_learning_rate=c.server.lr,
-        **_fedavg_kwargs(c, m)),
+        optimizer=common.make_optimizer(c), **_fedavg_kwargs(c, m)),
     "moon": lambda c, task, m: moon(
         task, common.make_optimizer(c), mu=c.moon.mu,
         temperature=c.moon.temperature, **_fedavg_kwargs(c, m)),

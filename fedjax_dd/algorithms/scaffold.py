@@ -43,7 +43,9 @@ def scaffold(task: Classifier,
              server_learning_rate: float = 1.0,
              mapper: ClientMapper = ClientMapper(),
              augment=None,
-             lr_decay: float = 1.0) -> FederatedAlgorithm:
+             lr_decay: float = 1.0,
+             optimizer: optax.GradientTransformation | None = None
+             ) -> FederatedAlgorithm:
   """Builds SCAFFOLD with local SGD at ``learning_rate``.
 
   Args:
@@ -59,6 +61,14 @@ def scaffold(task: Classifier,
       that round's ``K_i * eta_t``. ``1.0`` (default): off, state and results
       unchanged; otherwise the finished rounds are counted in
       ``extra["round"]``.
+    optimizer: the local optimizer, fed the corrected gradient
+      ``g − c_i + c`` [``optax.sgd(learning_rate)``]. A chain that clips the
+      gradient and adds weight decay before SGD at ``learning_rate``
+      (``client.grad_clip``, ``client.weight_decay``) follows FedFTG's
+      released SCAFFOLD (``methods/local_fn.py``, commit ``1e6347c``), the
+      baseline of DisUE's protocol: the correction enters the loss, so
+      clipping and decay act on the corrected gradient. The variate update still divides by
+      ``K_i · learning_rate``.
 
   Returns:
     A :class:`FederatedAlgorithm` whose client state is ``{"c": [N, ...]}``.
@@ -73,7 +83,7 @@ def scaffold(task: Classifier,
     lr_scale = lambda ctx: ctx[1][1]
   else:
     correction, lr_scale = _correction, None
-  local = make_local_update(task, optax.sgd(learning_rate),
+  local = make_local_update(task, optimizer or optax.sgd(learning_rate),
                             batch_size=batch_size, max_steps=max_steps,
                             grad_correction=correction, augment=augment,
                             lr_scale=lr_scale)

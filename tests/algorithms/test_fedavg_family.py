@@ -150,6 +150,42 @@ def test_scaffold_variates_follow_option_two():
   assert alg.comm.upload == 2 and alg.comm.download == 2
 
 
+def test_scaffold_local_optimizer_clips_the_corrected_gradient():
+  # A clip of 1e-3 and weight decay change every step; in round 1 the
+  # variates are zero, so each client is the same chain without SCAFFOLD.
+  task = tiny_task()
+  cohort = _cohort(num_steps=(2, 3, 1, 2))
+  key = jax.random.PRNGKey(9)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  chain = optax.chain(optax.clip_by_global_norm(1e-3),
+                      optax.add_decayed_weights(1e-3), optax.sgd(LR))
+  alg = scaffold(task, learning_rate=LR, batch_size=B, max_steps=3,
+                 optimizer=chain)
+  plain = scaffold(task, learning_rate=LR, batch_size=B, max_steps=3)
+  server, clients = alg.init(params, stats, 4)
+  got, got_clients, _ = alg.apply(server, clients, cohort, key)
+  bare, _, _ = plain.apply(server, clients, cohort, key)
+  local = make_local_update(task, chain, batch_size=B, max_steps=3)
+  keys = client_keys(key, cohort.client_ids)
+  refs = [local.run(params, stats, chain.init(params), cohort.x[i],
+                    cohort.y[i], cohort.num_examples[i], cohort.num_steps[i],
+                    keys[i], ()) for i in range(4)]
+  mean_delta = jax.tree_util.tree_map(
+      lambda x, *ys: sum(y - x for y in ys) / 4, params, *[r.params for r in refs])
+  _allclose(got.params, jax.tree_util.tree_map(lambda x, d: x + d, params,
+                                               mean_delta),
+            rtol=1e-5, atol=1e-6)
+  # Every step moved by at most lr * (1e-3 + decay): far less than plain SGD.
+  step = lambda s: max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+      jax.tree_util.tree_leaves(s.params), jax.tree_util.tree_leaves(params)))
+  assert step(got) < step(bare) / 10
+  # The variates still divide by K_i * lr (option II).
+  k0 = 2.0
+  _allclose(jax.tree_util.tree_map(lambda a: a[0], got_clients["c"]),
+            jax.tree_util.tree_map(lambda x, y: (x - y) / (k0 * LR), params,
+                                   refs[0].params), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("bn", [False, True])
 def test_centralized_equals_one_local_run_with_persistent_optimizer(bn):
   from fedjax_dd.algorithms.centralized import centralized
