@@ -9,7 +9,9 @@ r"""FedProx under the FedAvg presets (mu = 0.01; FedD3's protocol: mu = 0.1).
   fedjax-dd --config=experiments/configs/fedprox.py:fmnist_dir0.01 --workdir=/tmp/fp \
       --config.rounds=30
     DisUE's protocol (a baseline of its Tab. 1; disue.py's presets, mu =
-    0.01). Expected: EXPECTED_FMNIST
+    0.01). Expected: final test accuracy about 0.70
+    (30 rounds, seeds 0-2, 0.705 ± 0.048;
+    experiments/results/disue_tab1_fmnist_dir0.01_30rounds.md).
 """
 
 from fedjax_dd.experiments.configs import fedavg as fedavg_config

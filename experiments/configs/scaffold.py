@@ -5,7 +5,9 @@ r"""SCAFFOLD (option II variates, server lr 1) under the FedAvg presets.
   fedjax-dd --config=experiments/configs/scaffold.py:fmnist_dir0.01 --workdir=/tmp/sc \
       --config.rounds=30
     DisUE's protocol (a baseline of its Tab. 1; disue.py's presets).
-    Expected: EXPECTED_FMNIST
+    Expected: final test accuracy about
+    0.73 (30 rounds, seeds 0-2, 0.731 ± 0.009;
+    experiments/results/disue_tab1_fmnist_dir0.01_30rounds.md).
 """
 
 from fedjax_dd.experiments.configs import fedavg as fedavg_config
