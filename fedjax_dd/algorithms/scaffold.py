@@ -67,8 +67,8 @@ def scaffold(task: Classifier,
       (``client.grad_clip``, ``client.weight_decay``) follows FedFTG's
       released SCAFFOLD (``methods/local_fn.py``, commit ``1e6347c``), the
       baseline of DisUE's protocol: the correction enters the loss, so
-      clipping and decay act on the corrected gradient. The variate update still divides by
-      ``K_i · learning_rate``.
+      clipping and decay act on the corrected gradient. The variate update
+      still divides by ``K_i · learning_rate``.
 
   Returns:
     A :class:`FederatedAlgorithm` whose client state is ``{"c": [N, ...]}``.

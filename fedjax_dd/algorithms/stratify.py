@@ -40,6 +40,7 @@ import optax
 
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.distill.ensemble import TeacherGroup, TeacherVars, check_groups
+from fedjax_dd.distill.ensemble import average_ensemble, make_teacher_fn
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
@@ -266,14 +267,13 @@ def target_naming_rates(groups: Sequence[TeacherGroup],
     ``{"sa": ..., "sa_predicted": ..., "ae": ...}``, each the fraction of
     (image, wrong target) pairs on which the rule names the target.
   """
-  from fedjax_dd.distill import ensemble  # pylint: disable=g-import-not-at-top
-  logits, _ = jax.jit(ensemble.make_teacher_fn(groups, mapper))(
+  logits, _ = jax.jit(make_teacher_fn(groups, mapper))(
       teacher_vars, jnp.asarray(x01))
   ctx = (jnp.asarray(u_r, jnp.float32), jnp.asarray(u_c, jnp.float32))
   labels = jnp.asarray(labels, jnp.int32)
   rules = {"sa": stratified_ensemble,
            "sa_predicted": stratified_ensemble_predicted,
-           "ae": ensemble.average_ensemble}
+           "ae": average_ensemble}
   return {name: float(target_naming_rate(rule, logits, labels, ctx,
                                          logits.shape[-1]))
           for name, rule in rules.items()}
