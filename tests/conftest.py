@@ -26,14 +26,9 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
 _CACHE_MIN_JAX = (0, 12)
 
 
-def _jax_version() -> tuple[int, ...]:
-  import importlib.metadata  # pylint: disable=g-import-not-at-top
-  import re  # pylint: disable=g-import-not-at-top
-  return tuple(int(p) for p in re.findall(
-      r"\d+", importlib.metadata.version("jax"))[:2])
+from fedjax_dd.utils import versions  # noqa: E402  (imports no jax)
 
-
-if _jax_version() < _CACHE_MIN_JAX:
+if versions.version_tuple()[:2] < _CACHE_MIN_JAX:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = ""
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

@@ -42,7 +42,14 @@ Row = Mapping[str, Any]
 
 STATS = ("final_test_accuracy", "best_test_accuracy", "bytes_total",
          "wall_seconds")
-"""Summary keys averaged over the seeds."""
+"""Summary keys averaged over the seeds. ``wall_seconds`` is read as the
+run's time over every resumed process (:data:`RUN_TOTALS`)."""
+
+RUN_TOTALS = {"wall_seconds": "wall_seconds_total"}
+"""Summary keys whose whole-run value lives under another key: a resumed
+run's ``wall_seconds`` is its last process's, ``wall_seconds_total`` the
+sum over every process. Summaries without the total (older runs) fall back
+to the key itself."""
 
 NESTED_STATS = {"gce": None,
                 "privacy": ("identical_to_raw_fraction",
@@ -54,7 +61,13 @@ privacy figure and ω_G before IGA (DisUE/FedFTG, the keys named)."""
 
 
 def get_stat(summary: Mapping[str, Any], key: str) -> Any:
-  """``summary[key]``, or ``summary[a][b]`` for ``key = "a/b"`` (else None)."""
+  """``summary[key]``, or ``summary[a][b]`` for ``key = "a/b"`` (else None).
+
+  For a key of :data:`RUN_TOTALS`, the whole run's value when the summary
+  has it.
+  """
+  if key in RUN_TOTALS and summary.get(RUN_TOTALS[key]) is not None:
+    key = RUN_TOTALS[key]
   value: Any = summary
   for part in key.split("/"):
     if not isinstance(value, Mapping) or part not in value:

@@ -1,16 +1,22 @@
-"""Version numbers as comparable tuples (per-version choices of the engine)."""
+"""Version numbers as comparable tuples (per-version choices of the engine).
 
-import jax
+Imports nothing heavy: the test suite reads the installed jax's version
+through :func:`installed_version` before jax is imported, since some
+environment variables (the compilation cache) must be set first.
+"""
+
+import importlib.metadata
 
 
 def version_tuple(version: str | None = None) -> tuple[int, ...]:
   """``"0.10.2"`` -> ``(0, 10, 2)``; a non-numeric tail (``rc1``) is dropped.
 
   Args:
-    version: a dotted version string; default the running ``jax.__version__``.
+    version: a dotted version string; default the installed jax's
+      (:func:`installed_version`).
   """
   parts = []
-  for part in (version or jax.__version__).split("."):
+  for part in (version or installed_version()).split("."):
     digits = ""
     for ch in part:
       if not ch.isdigit():
@@ -22,3 +28,8 @@ def version_tuple(version: str | None = None) -> tuple[int, ...]:
     if digits != part:
       break
   return tuple(parts)
+
+
+def installed_version(package: str = "jax") -> str:
+  """The installed distribution's version string, without importing it."""
+  return importlib.metadata.version(package)

@@ -67,6 +67,16 @@ def test_seed_table_and_markdown():
     sweep.seed_table("x", SUMMARIES, commands=cmds[:2])
 
 
+def test_wall_time_is_the_whole_run_over_resumed_processes():
+  # A run resumed once: its last process took 3 s of the run's 10 s.
+  resumed = {**_summary(0.5, 0.6, 1000, 3.0, 0), "wall_seconds_total": 10.0}
+  older = _summary(0.7, 0.8, 1000, 14.0, 1)  # no total: its own seconds
+  t = sweep.seed_table("fedavg", [resumed, older])
+  assert [r["wall_seconds"] for r in t["runs"]] == [10.0, 14.0]
+  assert t["stats"]["wall_seconds"]["mean"] == pytest.approx(12.0)
+  assert sweep.get_stat(resumed, "wall_seconds") == 10.0
+
+
 def test_learning_curve_aligns_runs_of_different_lengths():
   c = sweep.learning_curve([RUN_A, RUN_B])
   assert c.x_key == "round"
