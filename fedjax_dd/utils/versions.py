@@ -6,6 +6,7 @@ environment variables (the compilation cache) must be set first.
 """
 
 import importlib.metadata
+import sys
 
 
 def version_tuple(version: str | None = None) -> tuple[int, ...]:
@@ -31,5 +32,9 @@ def version_tuple(version: str | None = None) -> tuple[int, ...]:
 
 
 def installed_version(package: str = "jax") -> str:
-  """The installed distribution's version string, without importing it."""
+  """The running module's ``__version__`` if it is imported, else the
+  installed distribution's version, read without importing it."""
+  module = sys.modules.get(package)
+  if module is not None and hasattr(module, "__version__"):
+    return module.__version__
   return importlib.metadata.version(package)
