@@ -107,6 +107,7 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       ("client.optimizer", "choice", OPTIMIZERS),
       ("client.clients_per_round", "int", (0, None)),
       ("client.client_fraction", "num", (0.0, 1.0, True, False)),
+      ("client.activity", "num", (0.0, 1.0, False, False)),
       ("client.pretrain_batch_size", "int", (1, None)),
       ("client.pretrain_epochs", "num", (0.0, None, False, False)),
       ("client.pretrain_steps", "int", (0, None)),

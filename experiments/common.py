@@ -20,6 +20,7 @@ import optax
 from fedjax_dd import models
 from fedjax_dd import policy
 from fedjax_dd.core import clients as clients_lib
+from fedjax_dd.core import cohorts
 from fedjax_dd.core import keys
 from fedjax_dd.core import local as local_lib
 from fedjax_dd.core import prepare as prepare_lib
@@ -366,6 +367,16 @@ def clients_per_round(config: ml_collections.ConfigDict, num_clients: int) -> in
   if not 0.0 < fraction <= 1.0:
     raise ValueError(f"client_fraction must be in (0, 1], got {fraction}.")
   return max(1, int(round(fraction * num_clients)))
+
+
+def cohort(config: ml_collections.ConfigDict,
+           num_clients: int) -> cohorts.CohortSampler:
+  """The rounds' cohort draw: each client joins with probability
+  ``client.activity`` when it is set (FedDyn's and FedFTG's ``act_prob``),
+  else :func:`clients_per_round` clients."""
+  if config.client.activity:
+    return cohorts.BernoulliCohort(float(config.client.activity))
+  return cohorts.FixedCohort(clients_per_round(config, num_clients))
 
 
 def mapper(config: ml_collections.ConfigDict,

@@ -80,8 +80,10 @@ def _iga(config, task: Classifier, *, feddf: bool = False):
   generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,
                           ngf=i.ngf, num_classes=task.num_classes,
                           conv_impl=common.conv_impl(config))
-  cohort = common.clients_per_round(config, config.data.num_clients)
-  return make_iga(task, generator, num_teachers_max=cohort, hparams=hparams,
+  n = config.data.num_clients
+  return make_iga(task, generator,
+                  num_teachers_max=common.cohort(config, n).size_bound(n),
+                  hparams=hparams,
                   mapper=common.mapper(config))
 
 
@@ -264,7 +266,7 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   wall = loop_lib.WallClock(start=start)
   result = fit_lib.fit(
       algorithm, prepared, data, num_steps, rounds=config.rounds,
-      clients_per_round=common.clients_per_round(config, data.num_clients),
+      clients_per_round=common.cohort(config, data.num_clients),
       workdir=workdir, seed=config.seed,
       eval_every=config.run.eval_every,
       checkpoint_every=config.run.checkpoint_every,

@@ -105,6 +105,8 @@ _API: dict[str, tuple[str, str | None]] = {
     "run_rounds": ("fedjax_dd.core.rounds", "run_rounds"),
     "train_rounds": ("fedjax_dd.core.rounds", "train"),
     "RoundsOptions": ("fedjax_dd.core.rounds", "RoundsOptions"),
+    "FixedCohort": ("fedjax_dd.core.cohorts", "FixedCohort"),
+    "BernoulliCohort": ("fedjax_dd.core.cohorts", "BernoulliCohort"),
     "run_server_rounds": ("fedjax_dd.core.server", "run_server_rounds"),
     "ServerOptions": ("fedjax_dd.core.server", "ServerOptions"),
     "CheckpointStore": ("fedjax_dd.core.checkpoint", "CheckpointStore"),

@@ -111,6 +111,10 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       "augment": "",
       "clients_per_round": 0,  # > 0: sampled clients per round (seeded) ...
       "client_fraction": 1.0,  # ... else this fraction of all clients.
+      # > 0: instead, each client joins a round independently with this
+      # probability (FedDyn's and FedFTG's act_prob; an empty draw is drawn
+      # again), so the cohort's size varies (fedjax_dd.core.cohorts).
+      "activity": 0.0,
       "mu": 0.0,  # FedProx's proximal weight.
       # One-shot runner (FedHydra, DENSE, FedDF, Co-Boosting, OT, one-shot
       # FedAvg): every client starts from its own initialisation instead of
@@ -631,6 +635,7 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "client.independent_init": ("+client_protocol",),
     "client.clients_per_round": ("-hfldd_stages",),
     "client.client_fraction": ("-hfldd_stages",),
+    "client.activity": ("-hfldd_stages",),
     "server.initial_model_as_seed": ("-hfldd_stages",),
     "server.gce_gammas": ("-hfldd_stages",),
     "server.seed": ("+server_setup",),

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dd.core import cohorts
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
@@ -83,7 +84,7 @@ def fit(algorithm: FederatedAlgorithm,
         num_steps: jax.Array,
         *,
         rounds: int,
-        clients_per_round: int,
+        clients_per_round: int | cohorts.CohortSampler,
         workdir: str | os.PathLike | None = None,
         seed: int = 0,
         eval_every: int = 1,
@@ -109,7 +110,8 @@ def fit(algorithm: FederatedAlgorithm,
     data: all clients' padded data ``[N, N_max, ...]``.
     num_steps: ``[N]`` local steps per client (:func:`local_steps`).
     rounds: total rounds; a resumed run continues to this.
-    clients_per_round: sampled clients per round, in ``[1, N]``.
+    clients_per_round: sampled clients per round, in ``[1, N]``, or a
+      cohort sampler (:class:`fedjax_dd.core.cohorts.BernoulliCohort`).
     workdir: where checkpoints and ``metrics.jsonl`` go; a second call with
       the same directory resumes from its last checkpoint. None: a
       temporary directory, removed on return.
@@ -135,14 +137,17 @@ def fit(algorithm: FederatedAlgorithm,
     and every metrics row (earlier processes' rows included on a resume).
 
   Raises:
-    ValueError: ``rounds`` < 1, or ``clients_per_round`` outside ``[1, N]``.
+    ValueError: ``rounds`` < 1, ``clients_per_round`` outside ``[1, N]``,
+      or a Bernoulli probability outside ``(0, 1]``.
   """
   if int(rounds) < 1:
     raise ValueError(f"fit: rounds must be at least 1, got {rounds}.")
   n = data.num_clients
-  if not 1 <= int(clients_per_round) <= n:
-    raise ValueError(f"fit: clients_per_round must be in [1, {n}], got "
-                     f"{clients_per_round}.")
+  sampler = cohorts.as_sampler(clients_per_round)
+  try:
+    sampler.validate(n)
+  except ValueError as e:
+    raise ValueError(f"fit: {e}") from None
   with contextlib.ExitStack() as stack:
     if workdir is None:
       workdir = stack.enter_context(tempfile.TemporaryDirectory())
@@ -162,7 +167,7 @@ def fit(algorithm: FederatedAlgorithm,
                           initial_model=initial_model, run_key=run_key)
     work = Workdir(workdir, tensorboard=tensorboard)
     options = rounds_lib.RoundsOptions(
-        num_rounds=int(rounds), clients_per_round=int(clients_per_round),
+        num_rounds=int(rounds), clients_per_round=sampler,
         eval_every=eval_every, checkpoint_every=checkpoint_every,
         progress=progress, max_seconds=max_seconds,
         stop_on_nonfinite=stop_on_nonfinite,

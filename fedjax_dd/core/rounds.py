@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dd.core import cohorts
 from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
@@ -35,7 +36,10 @@ class RoundsOptions:
 
   Attributes:
     num_rounds: total rounds of the run (a resumed run continues to this).
-    clients_per_round: sampled clients ``S`` per round (``<= N``).
+    clients_per_round: sampled clients ``S`` per round (``<= N``), or a
+      cohort sampler (:mod:`fedjax_dd.core.cohorts`; e.g.
+      ``BernoulliCohort(0.15)``, each client joining with probability
+      0.15, whose rows then carry ``cohort_size``).
     eval_every: evaluate the global model every this many rounds (and at the
       last round); ``0`` disables evaluation.
     checkpoint_every: save every this many rounds (and at the last round).
@@ -54,7 +58,7 @@ class RoundsOptions:
       the last checkpoint stays the last good round.
   """
   num_rounds: int
-  clients_per_round: int
+  clients_per_round: int | cohorts.CohortSampler
   eval_every: int = 1
   checkpoint_every: int = 1
   progress: bool = True
@@ -97,10 +101,7 @@ def evaluate_server(evaluate: Callable[[PyTree, PyTree], dict[str, Any]],
 
 def sample_clients(key: jax.Array, num_clients: int, num_sampled: int) -> jax.Array:
   """Sorted client ids sampled without replacement (all clients if S == N)."""
-  if num_sampled == num_clients:
-    return jnp.arange(num_clients)
-  return jnp.sort(jax.random.choice(key, num_clients, (num_sampled,),
-                                    replace=False))
+  return cohorts.FixedCohort(num_sampled).draw(key, num_clients)
 
 
 def gather_cohort(data: ClientData, num_steps: jax.Array,
@@ -182,9 +183,8 @@ def run_rounds(
   validate.client_fields(data.x, data.y, data.num_examples, fetch=True)
   validate.step_counts("num_steps", num_steps,
                        tuple(np.shape(data.num_examples)), fetch=True)
-  s = options.clients_per_round
-  if not 1 <= s <= n:
-    raise ValueError(f"clients_per_round must be in [1, {n}], got {s}.")
+  sampler = cohorts.as_sampler(options.clients_per_round)
+  sampler.validate(n)
   ledger = ledger if ledger is not None else ledger_lib.Ledger()
   model_size = ledger_lib.num_params(state.server.params)
   # One layout for every round: the client mapper hands results back
@@ -195,8 +195,9 @@ def run_rounds(
   def step(carry, r):
     state, ledger = carry
     sample_key, train_key = keys.sample_and_train(keys.round_key(state.key, r))
-    ids = sample_clients(sample_key, n, s)
-    cohort = gather_cohort(data, num_steps, ids)
+    ids = sampler.draw(sample_key, n)
+    s = int(ids.shape[0])
+    cohort = gather_cohort(data, num_steps, jnp.asarray(ids))
     server, client_slice, metrics = algorithm.apply(
         state.server, _gather(state.clients, ids), cohort, train_key)
     clients = _scatter(state.clients, ids, client_slice)
@@ -220,7 +221,7 @@ def run_rounds(
     # Traffic beyond the models (e.g. class counts, secure-similarity
     # ciphertexts): metrics named "traffic/<kind>/<tag>" hold this round's
     # total bits; they go to the ledger, not to the metrics row.
-    row = {}
+    row = {} if sampler.fixed else {"cohort_size": s}
     for k, v in metrics.items():
       if k.startswith(TRAFFIC_PREFIX):
         kind, tag = k[len(TRAFFIC_PREFIX):].split("/", 1)

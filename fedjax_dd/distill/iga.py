@@ -486,9 +486,10 @@ class IGA(NamedTuple):
       generator (the student's variables only check that the generator's
       samples fit the student).
     round: ``(state, student_params, student_batch_stats, teacher_params
-      [K_max, ...], teacher_batch_stats [K_max, ...], class_counts [K_max, C],
-      t) -> (state, student_params, student_batch_stats, metrics)``: one
-      round of ``I`` iterations; ``t`` is the communication round of the
+      [K, ...], teacher_batch_stats [K, ...], class_counts [K, C], t) ->
+      (state, student_params, student_batch_stats, metrics)``: one round of
+      ``I`` iterations over ``K <= K_max`` teachers (padded to ``K_max``
+      with zero count rows); ``t`` is the communication round of the
       learning-rate decay.
   """
   init: Callable[..., IGAState]
@@ -718,14 +719,23 @@ def _round(loop: _Loop, programs: _Programs, state: IGAState,
            class_counts: jax.Array, t: Any):
   hp = loop.hp
   k_max, c = loop.num_teachers_max, loop.num_classes
-  if tuple(jnp.shape(class_counts)) != (k_max, c):
-    raise ValueError(f"class_counts must be [K_max={k_max}, C={c}], got "
-                     f"{jnp.shape(class_counts)}.")
+  shape = tuple(jnp.shape(class_counts))
+  if len(shape) != 2 or shape[1] != c or not 1 <= shape[0] <= k_max:
+    raise ValueError(f"class_counts must be [K, C={c}] with 1 <= K <= "
+                     f"K_max={k_max}, got {shape}.")
+  k = shape[0]
   for leaf in jax.tree_util.tree_leaves((teacher_params, teacher_batch_stats)):
-    if leaf.shape[:1] != (k_max,):
-      raise ValueError(f"Teacher variables must be stacked [K_max={k_max}, "
-                       f"...]; got a leaf of shape {leaf.shape}.")
+    if leaf.shape[:1] != (k,):
+      raise ValueError(f"Teacher variables must be stacked [K={k}, ...] as "
+                       f"class_counts; got a leaf of shape {leaf.shape}.")
   class_counts = jnp.asarray(class_counts, jnp.float32)
+  if k < k_max:
+    # A smaller cohort (a Bernoulli draw): zero count rows are padded
+    # teachers, so every K runs the programs compiled for K_max.
+    pad = lambda a: jnp.pad(a, [(0, k_max - k)] + [(0, 0)] * (a.ndim - 1))
+    class_counts = pad(class_counts)
+    teacher_params, teacher_batch_stats = jax.tree_util.tree_map(
+        pad, (teacher_params, teacher_batch_stats))
   t = jnp.asarray(t, jnp.float32)
   draw = programs.draw(state.key, state.rounds, class_counts)
   setup, adam = programs.setup(state.gen_params, teacher_params,
@@ -781,8 +791,8 @@ def make_iga(student: Classifier, generator: nn.Module, *,
       ``generator.apply(vars, z, y, train=)``, e.g.
       :class:`fedjax_dd.models.cgenerator.CGeneratorA`.
     num_teachers_max: ``K_max``, the length of the stacked teacher axis
-      (e.g. the cohort size); fewer real teachers are padded with zero count
-      rows.
+      (e.g. the largest cohort); fewer real teachers are padded with zero
+      count rows, by the caller or by ``round`` (a stack of ``K < K_max``).
     hparams: schedule, loss weights and ablations.
     input_fn: maps generator images in ``[0, 1]`` to the classifiers' input;
       not applied to (and not needed for) a generator with ``output_space =

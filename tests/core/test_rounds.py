@@ -12,6 +12,7 @@ import pytest
 
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.algorithms.scaffold import scaffold
+from fedjax_dd.core import cohorts
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
@@ -55,6 +56,27 @@ def test_fedavg_ledger_matches_hfldd_eq3():
     assert len(rows) == 3
 
 
+def test_bernoulli_cohort_rows_and_ledger():
+  # Each of the 4 clients joins with probability 0.5: the rows carry the
+  # round's cohort size, and the ledger charges that many models each way
+  # (none down in round 1: the initial model comes from the seed).
+  alg, state, data, num_steps, _ = _setup()
+  n_params = ledger_lib.num_params(state.server.params)
+  opts = rounds_lib.RoundsOptions(
+      num_rounds=6, clients_per_round=cohorts.BernoulliCohort(0.5),
+      progress=False, eval_every=0)
+  _, ledger, rows = rounds_lib.run_rounds(alg, state, data, num_steps, opts)
+  sizes = [row["cohort_size"] for row in rows]
+  assert len(set(sizes)) > 1 and all(1 <= k <= 4 for k in sizes)
+  for r, (row, k) in enumerate(zip(rows, sizes), start=1):
+    assert row["bytes_uploaded_round"] * 8 == k * n_params * 32
+    assert row["bytes_downloaded_round"] * 8 == (r > 1) * k * n_params * 32
+  fixed = rounds_lib.RoundsOptions(num_rounds=1, clients_per_round=2,
+                                   progress=False, eval_every=0)
+  assert "cohort_size" not in rounds_lib.run_rounds(
+      alg, state, data, num_steps, fixed)[2][0]
+
+
 def test_traffic_metrics_go_to_the_ledger_not_the_row():
   alg, state, data, num_steps, _ = _setup()
 
@@ -88,10 +110,13 @@ def test_scaffold_ledger_counts_two_models_up():
   assert totals["bytes_downloaded"] * 8 == 1 * 2 * 2 * n_params * 32
 
 
-@pytest.mark.parametrize("algorithm_name", ["fedavg", "scaffold"])
-def test_resume_is_bit_identical(tmp_path, algorithm_name):
+@pytest.mark.parametrize("algorithm_name,cohort", [
+    ("fedavg", 2), ("scaffold", 2),
+    ("fedavg", cohorts.BernoulliCohort(0.5)),
+    ("scaffold", cohorts.BernoulliCohort(0.5))])
+def test_resume_is_bit_identical(tmp_path, algorithm_name, cohort):
   alg, state0, data, num_steps, evaluate = _setup(algorithm_name)
-  opts = dict(clients_per_round=2, progress=False, checkpoint_every=1)
+  opts = dict(clients_per_round=cohort, progress=False, checkpoint_every=1)
 
   # Uninterrupted run of 5 rounds.
   w_full = MetricsWriter(tmp_path / "full" / "metrics.jsonl")

@@ -226,6 +226,24 @@ def test_padded_teachers_change_nothing(problem):
   _same(runs[0], runs[1])
 
 
+def test_a_shorter_stack_is_padded_to_k_max(problem):
+  # A Bernoulli cohort hands IGA K < K_max teachers: the round pads them
+  # with zero count rows, and is the round of a stack padded by the caller
+  # (whatever the padded slot held: test_padded_teachers_change_nothing).
+  _, loop, state, (sp, ss), (tp, ts), counts = problem
+  padded = loop.round(state, sp, ss, tp, ts, counts.at[2].set(0), 0)
+  short = loop.round(state, sp, ss, tree_map(lambda a: a[:2], tp),
+                     tree_map(lambda a: a[:2], ts), counts[:2], 0)
+  _same(padded[:3], short[:3])
+  assert int(short[3]["num_teachers"]) == 2
+  with pytest.raises(ValueError, match=r"1 <= K <= K_max=3"):
+    loop.round(state, sp, ss, _stack(tiny_task(bn=True), [1, 2, 3, 4])[0],
+               _stack(tiny_task(bn=True), [1, 2, 3, 4])[1],
+               jnp.ones((4, 3), jnp.int32), 0)
+  with pytest.raises(ValueError, match=r"stacked \[K=2"):
+    loop.round(state, sp, ss, tp, ts, counts[:2], 0)
+
+
 def test_padded_slot_matches_fewer_slots():
   # Two teachers stacked in K_max = 3 slots (one padded) and in K_max = 2
   # give the same round. The batched teacher programs differ with K_max, so

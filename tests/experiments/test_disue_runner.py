@@ -73,6 +73,25 @@ def test_baseline_smoke_runs(tmp_path, method):
   assert s["method"] == method and np.isfinite(s["final_test_accuracy"])
 
 
+def test_bernoulli_activity_reaches_the_cohort_iga_and_ledger(tmp_path):
+  # --config.client.activity: each client joins a round with probability
+  # 0.5 (FedFTG's act_prob); IGA distils from exactly the round's cohort.
+  c = _smoke("fedftg", client__activity=0.5)
+  c.rounds = 3
+  s = runners.RUNNERS["federated"](c, str(tmp_path / "f"))
+  with open(tmp_path / "f" / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  sizes = [r["cohort_size"] for r in rows]
+  assert all(1 <= k <= c.data.num_clients for k in sizes)
+  assert [r["iga_num_teachers"] for r in rows] == sizes
+  # A client reports its 10 class counts of 32 bits the first round it
+  # joins: once for each of at least max(sizes) distinct clients.
+  reporters, rest = divmod(s["bytes_by_tag"]["class_counts"] * 8, 10 * 32)
+  assert rest == 0
+  assert max(sizes) <= reporters <= min(sum(sizes), c.data.num_clients)
+  assert np.isfinite(s["final_test_accuracy"])
+
+
 def test_ablations_build_and_fedftg_needs_iga(tmp_path):
   # −IGA is FedAvg of the clusters: no generator, no iga_* metrics.
   s = runners.RUNNERS["federated"](_smoke("disue", iga__enabled=False),
