@@ -29,9 +29,9 @@ import numpy as np
 
 from fedjax_dd.core import keys
 
-# A Bernoulli cohort larger than ``max_size`` is drawn again; by default
-# ``max_size`` is the size exceeded with probability at most this, so the
-# bound changes the draw's distribution by less than it.
+# A Bernoulli cohort larger than its size bound is drawn again; by default
+# the bound is the size exceeded with probability at most this, so it
+# changes the draw's distribution by less than that.
 DEFAULT_TAIL = 1e-6
 
 
@@ -140,7 +140,7 @@ class BernoulliCohort:
                        f"{num_clients}.")
 
   def draw(self, key: jax.Array, num_clients: int) -> np.ndarray:
-    """``[K]`` sorted int32 client ids, ``1 <= K <= max_size``."""
+    """``[K]`` sorted int32 client ids, ``1 <= K <= size_bound(N)``."""
     bound = self.size_bound(num_clients)
     attempt = 0
     while True:

@@ -195,9 +195,10 @@ def run_rounds(
   def step(carry, r):
     state, ledger = carry
     sample_key, train_key = keys.sample_and_train(keys.round_key(state.key, r))
-    ids = sampler.draw(sample_key, n)
+    # One device copy of a host (Bernoulli) draw for the three gathers.
+    ids = jnp.asarray(sampler.draw(sample_key, n))
     s = int(ids.shape[0])
-    cohort = gather_cohort(data, num_steps, jnp.asarray(ids))
+    cohort = gather_cohort(data, num_steps, ids)
     server, client_slice, metrics = algorithm.apply(
         state.server, _gather(state.clients, ids), cohort, train_key)
     clients = _scatter(state.clients, ids, client_slice)

@@ -230,15 +230,14 @@ def test_a_shorter_stack_is_padded_to_k_max(problem):
   # A Bernoulli cohort hands IGA K < K_max teachers: the round pads them
   # with zero count rows, and is the round of a stack padded by the caller
   # (whatever the padded slot held: test_padded_teachers_change_nothing).
-  _, loop, state, (sp, ss), (tp, ts), counts = problem
+  task, loop, state, (sp, ss), (tp, ts), counts = problem
   padded = loop.round(state, sp, ss, tp, ts, counts.at[2].set(0), 0)
   short = loop.round(state, sp, ss, tree_map(lambda a: a[:2], tp),
                      tree_map(lambda a: a[:2], ts), counts[:2], 0)
   _same(padded[:3], short[:3])
   assert int(short[3]["num_teachers"]) == 2
   with pytest.raises(ValueError, match=r"1 <= K <= K_max=3"):
-    loop.round(state, sp, ss, _stack(tiny_task(bn=True), [1, 2, 3, 4])[0],
-               _stack(tiny_task(bn=True), [1, 2, 3, 4])[1],
+    loop.round(state, sp, ss, *_stack(task, [1, 2, 3, 4]),
                jnp.ones((4, 3), jnp.int32), 0)
   with pytest.raises(ValueError, match=r"stacked \[K=2"):
     loop.round(state, sp, ss, tp, ts, counts[:2], 0)
