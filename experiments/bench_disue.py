@@ -236,7 +236,10 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
       **runners._clustered_kwargs(config, max_steps))
   iga = runners._iga(config, task)
   lr_decay = float(config.client.lr_decay)
-  s = common.clients_per_round(config, data.num_clients)
+  # The rounds loop's draw: a fixed cohort, or Bernoulli with
+  # client.activity (then each round has its own size, and a new size
+  # compiles the client programs again, as it does in the rounds loop).
+  sampler = common.cohort(config, data.num_clients)
   init_key, run_key = keys_lib.init_and_run(keys_lib.model_root(config.seed))
   params, stats = task.init(init_key)
   iga_state = iga.init(runners._generator_key(config), params, stats)
@@ -263,7 +266,7 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
     # Round r (1-based) as the rounds loop draws it; t = finished rounds.
     sample_key, train_key = keys_lib.sample_and_train(
         keys_lib.round_key(run_key, r))
-    ids = rounds_lib.sample_clients(sample_key, data.num_clients, s)
+    ids = jnp.asarray(sampler.draw(sample_key, data.num_clients))
     cohort = rounds_lib.gather_cohort(data, num_steps, ids)
     jax.block_until_ready(cohort)
     t = jnp.asarray(r - 1, jnp.int32)
@@ -300,7 +303,8 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
     (iga_state, new_params, new_stats, m), seconds["iga"] = timed(
         lambda: iga.round(iga_state, new_params, new_stats, gp, gs,
                           group_counts, t))
-    info = {"num_groups": int(clusters.num_clusters),
+    info = {"cohort": int(ids.shape[0]),
+            "num_groups": int(clusters.num_clusters),
             "ap_converged": bool(clusters.converged),
             "iga_steps": iga_steps(m["num_teachers"])}
     return new_params, new_stats, iga_state, seconds, info, (result, cohort)
@@ -323,12 +327,13 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
   # K sweep: other segment ids for the aggregation, K real teachers for IGA
   # (group_counts has zero rows k >= K).
   result, cohort = last
+  s = int(cohort.client_ids.shape[0])
   weights = cohort.num_examples
   counts = class_counts(cohort, task.num_classes)
   jax.block_until_ready(counts)
   sweep = []
   with count_compiles() as sweep_counter:
-    for k in ks:
+    for k in (k for k in ks if k <= s):
       labels = jnp.asarray(np.arange(s, dtype=np.int32) % np.int32(k),
                            jnp.int32)
       t = time.perf_counter()
@@ -352,7 +357,8 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
       "input_shape": list(task.input_shape),
       "param_count": num_params(params),
       "num_clients": int(data.num_clients),
-      "cohort": int(s),
+      "cohort": s,
+      "cohort_by_round": [i["cohort"] for i in infos],
       "examples_per_client": int(np.max(np.asarray(data.num_examples))),
       "local_steps": max_steps,
       "client_backend": mapper.resolved_backend,
