@@ -43,7 +43,10 @@ loaders, so no dataset is needed. ``--dataset fmnist`` / ``cifar10`` load
 ``../shared/datasets/*.npz``. ``--model`` takes a comma-separated list
 (``lenet5``: 28x28x1; ``cnn3``: FedHydra's CNN3, 32x32x3; ``digits_cnn``:
 8x8x1); ``--set KEY=VALUE`` overrides any config field (e.g.
-``--set iga.iterations=1``).
+``--set iga.iterations=1``). With ``--set client.activity=P`` each round
+draws its cohort as the rounds loop does (each client joins with
+probability P; ``cohort_by_round``), and every new cohort size compiles the
+client programs once, so ``recompile_count`` counts them.
 
 Measured once on a machine of 2 CPU cores shared with other jobs (jax 0.5.3,
 2 host devices, ``sharded`` client backend), synthetic data in the model's input shape, median of 3 rounds after

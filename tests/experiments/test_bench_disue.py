@@ -4,15 +4,18 @@ import json
 
 from fedjax_dd.experiments import bench_disue
 
+# A tiny IGA and one local epoch without augmentation.
+TINY = ["--model", "digits_cnn", "--examples_per_client", "20", "--set",
+        "iga.iterations=1", "--set", "iga.batch_size=8", "--set", "iga.nz=8",
+        "--set", "iga.ngf=4", "--set", "client.local_epochs=1.0", "--set",
+        "client.augment="]
+
 
 def test_tiny_benchmark_times_every_stage_without_recompiling(tmp_path):
   out = tmp_path / "bench.json"
   report = bench_disue.main([
-      "--out", str(out), "--clients", "4", "--cohort", "2", "--model",
-      "digits_cnn", "--examples_per_client", "20", "--rounds", "1", "--ks",
-      "1,2", "--set", "iga.iterations=1", "--set", "iga.batch_size=8",
-      "--set", "iga.nz=8", "--set", "iga.ngf=4", "--set",
-      "client.local_epochs=1.0", "--set", "client.augment="])
+      "--out", str(out), "--clients", "4", "--cohort", "2", "--rounds", "1",
+      "--ks", "1,2", *TINY])
   with open(out) as f:
     assert json.load(f) == json.loads(json.dumps(report))
   assert report["recompile_count"] == 0
@@ -34,10 +37,7 @@ def test_tiny_benchmark_times_every_stage_without_recompiling(tmp_path):
 def test_per_teacher_schedule_counts_one_generator_step_per_group(tmp_path):
   report = bench_disue.main([
       "--out", str(tmp_path / "b.json"), "--clients", "4", "--cohort", "2",
-      "--model", "digits_cnn", "--examples_per_client", "20", "--rounds",
-      "1", "--ks", "2", "--set", "iga.iterations=1", "--set",
-      "iga.batch_size=8", "--set", "iga.nz=8", "--set", "iga.ngf=4", "--set",
-      "client.local_epochs=1.0", "--set", "client.augment=", "--set",
+      "--rounds", "1", "--ks", "2", *TINY, "--set",
       "iga.generator_per_teacher=True"])
   r = report["results"]["digits_cnn"]
   # K generator steps (one per group) and 5 student steps.
@@ -49,11 +49,7 @@ def test_bernoulli_activity_times_the_rounds_loops_draw(tmp_path):
   from fedjax_dd.core import cohorts, keys as keys_lib
   report = bench_disue.main([
       "--out", str(tmp_path / "b.json"), "--clients", "6", "--cohort", "2",
-      "--model", "digits_cnn", "--examples_per_client", "20", "--rounds",
-      "2", "--ks", "1", "--set", "iga.iterations=1", "--set",
-      "iga.batch_size=8", "--set", "iga.nz=8", "--set", "iga.ngf=4", "--set",
-      "client.local_epochs=1.0", "--set", "client.augment=", "--set",
-      "client.activity=0.5"])
+      "--rounds", "2", "--ks", "1", *TINY, "--set", "client.activity=0.5"])
   r = report["results"]["digits_cnn"]
   # Timed rounds 2 and 3 draw as run_rounds does: Bernoulli(0.5) on the
   # round's sample key, not a fixed cohort of --cohort clients.
