@@ -286,7 +286,8 @@ def server_report(report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
   Args:
     report: ``algorithm.report(state, setup)`` (``{}`` for a server without
       one): ``U``, ``U_r``, ``U_c``, ``samples``, ``ensemble_weights``,
-      ``transport_off_permutation`` as it has them.
+      ``transport_off_permutation``, ``transport_off_identity`` as it has
+      them.
     rows: the metrics rows (``step``, ``test_accuracy``).
     class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
     num_classes: ``c``.
@@ -315,9 +316,10 @@ def server_report(report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
     written.append(figures.plot_accuracy(points, path("accuracy.png")))
   out: dict[str, Any] = {"figures": [os.path.basename(w) for w in written]}
   # FedHydra's U; Co-Boosting's final ensemble weights; OT fusion's
-  # distance of each layer's transports from permutations.
+  # distance of each layer's transports from permutations and from the
+  # identity.
   for k in ("U", "U_r", "U_c", "ensemble_weights",
-            "transport_off_permutation"):
+            "transport_off_permutation", "transport_off_identity"):
     if k in report:
       out[k] = np.asarray(report[k]).tolist()
   if "U_r" in report:

@@ -389,11 +389,19 @@ def ot_fusion(client_stage: Callable[..., Teachers],
 
   def report(state, setup) -> dict[str, Any]:
     del state
-    # How far each client is from a permutation of the anchor's neurons:
-    # the share of transported mass off the plan's largest entry per row.
-    return {"transport_off_permutation": [
-        float(1.0 - np.mean(np.max(np.asarray(setup[f"transport_{i}"]), -1)))
-        for i in range(len(setup))]}
+    # Per layer. How far each client is from a permutation of the anchor's
+    # neurons: the share of transported mass off the plan's largest entry
+    # per row. How far it is from the identity, over the clients other than
+    # the anchor: the share of mass that moves to another neuron; 0 when
+    # the clients share their initialisation and fusion is plain averaging.
+    ts = [np.asarray(setup[f"transport_{i}"]) for i in range(len(setup))]
+    others = [k for k in range(m) if k != anchor_pos]
+    return {
+        "transport_off_permutation": [
+            float(1.0 - np.mean(np.max(t, -1))) for t in ts],
+        "transport_off_identity": [
+            float(1.0 - np.mean(np.diagonal(t[others], axis1=-2, axis2=-1)))
+            if others else 0.0 for t in ts]}
 
   return ServerDistillation(
       client_stage=client_stage, setup=setup, init=init, epoch=epoch,

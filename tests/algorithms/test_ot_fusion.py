@@ -85,7 +85,7 @@ def test_permuted_mlp_fuses_back_to_the_anchor(mode):
   kw = dict(mode=mode, samples=x if mode == "activations" else None)
   # 1 example on A, 3 on B: plain averaging would weigh B's units 3:1 into
   # the wrong slots; aligned, both are A.
-  _, setup, state, teachers = _fuse(task, [a, b], [1, 3], **kw)
+  algo, setup, state, teachers = _fuse(task, [a, b], [1, 3], **kw)
   t = np.asarray(setup["transport_0"])
   assert t.shape == (2, 8, 8)
   np.testing.assert_array_equal(t[0], np.eye(8))
@@ -94,6 +94,10 @@ def test_permuted_mlp_fuses_back_to_the_anchor(mode):
   for got, want in zip(_leaves((state["params"], state["batch_stats"])),
                        _leaves(a)):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+  # Every hidden unit of B moves (PERM_A has no fixed point), and each
+  # moves whole.
+  assert algo.report(state, setup) == {"transport_off_permutation": [0.0],
+                                       "transport_off_identity": [1.0]}
   avg = one_shot.average(teachers)
   assert not np.allclose(avg[0]["Dense_0"]["kernel"], a[0]["Dense_0"]["kernel"])
   # With B as the anchor the fusion is B.
@@ -130,8 +134,16 @@ def test_permuted_cnn_fuses_back_through_the_flatten():
   # The permuted network computes the same function.
   np.testing.assert_allclose(task.apply(q, r, x, train=False)[0],
                              task.apply(p, s, x, train=False)[0], rtol=1e-5)
-  _, setup, state, _ = _fuse(task, [(p, s), (q, r)], [2, 5])
+  algo, setup, state, _ = _fuse(task, [(p, s), (q, r)], [2, 5])
   np.testing.assert_array_equal(setup["transport_1"][1], np.eye(4)[:, p2])
+  # Two models with one start: every transport is the identity.
+  same, same_setup, _, _ = _fuse(task, [(p, s), (p, s)], [2, 5])
+  assert same.report(None, same_setup)["transport_off_identity"] == [0.0, 0.0]
+  # A third model equal to the anchor halves the moved share: 3 of 3 conv1
+  # units move in one of the two non-anchor models.
+  three, three_setup, _, _ = _fuse(task, [(p, s), (q, r), (p, s)], [2, 5, 1])
+  assert three.report(None, three_setup)["transport_off_identity"] == [0.5,
+                                                                       0.5]
   for got, want in zip(_leaves((state["params"], state["batch_stats"])),
                        _leaves((p, s))):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
