@@ -267,10 +267,8 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
 
   def one_round(r, params, stats, iga_state):
     # Round r (1-based) as the rounds loop draws it; t = finished rounds.
-    sample_key, train_key = keys_lib.sample_and_train(
-        keys_lib.round_key(run_key, r))
-    ids = jnp.asarray(sampler.draw(sample_key, data.num_clients))
-    cohort = rounds_lib.gather_cohort(data, num_steps, ids)
+    ids, cohort, train_key = rounds_lib.round_cohort(run_key, r, sampler,
+                                                     data, num_steps)
     jax.block_until_ready(cohort)
     t = jnp.asarray(r - 1, jnp.int32)
     seconds = {}

@@ -125,6 +125,28 @@ def gather_cohort(data: ClientData, num_steps: jax.Array,
   return _gather_on_device(data, num_steps, ids)
 
 
+def round_cohort(run_key: jax.Array, r: int,
+                 sampler: cohorts.CohortSampler, data: ClientData,
+                 num_steps: jax.Array) -> tuple[jax.Array, Cohort, jax.Array]:
+  """Round ``r``'s cohort as :func:`run_rounds` draws it.
+
+  Args:
+    run_key: the run's key (``ExperimentState.key``).
+    r: the round, 1-based.
+    sampler: the cohort draw (:mod:`fedjax_dd.core.cohorts`).
+    data: the population.
+    num_steps: ``[N]`` local steps per client.
+
+  Returns:
+    ``(ids, cohort, train_key)``: ``[S]`` client ids on the device, their
+    :func:`gather_cohort` rows, and the round's training key.
+  """
+  sample_key, train_key = keys.sample_and_train(keys.round_key(run_key, r))
+  # One device copy of a host (Bernoulli) draw for the loop's three gathers.
+  ids = jnp.asarray(sampler.draw(sample_key, data.num_clients))
+  return ids, gather_cohort(data, num_steps, ids), train_key
+
+
 @jax.jit
 def _gather_on_device(data: ClientData, num_steps: jax.Array,
                       ids: jax.Array) -> Cohort:
@@ -194,11 +216,9 @@ def run_rounds(
 
   def step(carry, r):
     state, ledger = carry
-    sample_key, train_key = keys.sample_and_train(keys.round_key(state.key, r))
-    # One device copy of a host (Bernoulli) draw for the three gathers.
-    ids = jnp.asarray(sampler.draw(sample_key, n))
+    ids, cohort, train_key = round_cohort(state.key, r, sampler, data,
+                                          num_steps)
     s = int(ids.shape[0])
-    cohort = gather_cohort(data, num_steps, ids)
     server, client_slice, metrics = algorithm.apply(
         state.server, _gather(state.clients, ids), cohort, train_key)
     clients = _scatter(state.clients, ids, client_slice)
