@@ -20,6 +20,10 @@ def test_members_share_data_partition_and_seed():
     assert m.data.partition.to_dict() == c.data.partition.to_dict()
     assert (m.seed, m.data.seed) == (c.seed, c.data.seed)
   assert configs[4].client.clients_per_round == 10  # an override applied
+  # FedHydra's clients start from their own inits (one-shot FL's regime);
+  # the others keep the shared start.
+  assert [m.client.independent_init for m in configs] == [
+      False, False, False, True, False]
 
 
 def test_table_formats_every_row():
