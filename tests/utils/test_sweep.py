@@ -165,6 +165,20 @@ def test_plot_learning_curves_writes_a_png(tmp_path):
   assert os.path.getsize(path) > 0
 
 
+def test_line_style_tells_more_curves_than_colours_apart():
+  class ThreeColours:
+    N = 3
+
+    def __call__(self, i):
+      return "rgb"[i]
+
+  styles = [figures.line_style(i, ThreeColours()) for i in range(12)]
+  # The colours in order, then again dashed, dotted and dash-dotted.
+  assert styles[:4] == [("r", "-"), ("g", "-"), ("b", "-"), ("r", "--")]
+  assert styles[8] == ("b", ":") and styles[11] == ("b", "-.")
+  assert len(set(styles)) == 12
+
+
 def test_figures_and_sweep_import_without_matplotlib():
   code = ("import sys; import fedjax_dd.utils.figures, fedjax_dd.utils.sweep; "
           "sys.exit('matplotlib' in sys.modules)")
