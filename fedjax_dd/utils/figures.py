@@ -249,8 +249,9 @@ def plot_against(series: Mapping[str, Sequence[Mapping[str, Any]]],
     x = [p["x"] for p in points]
     mean = [np.nan if p["mean"] is None else p["mean"] for p in points]
     sd = [0.0 if p["sd"] is None else p["sd"] for p in points]
-    ax.errorbar(x, mean, yerr=sd, marker="o", capsize=4,
-                color=cmap(i % cmap.N), label=method)
+    colour, style = line_style(i, cmap)
+    ax.errorbar(x, mean, yerr=sd, marker="o", capsize=4, color=colour,
+                linestyle=style, label=method)
   ax.set_xlabel(xlabel)
   ax.set_ylabel("final test accuracy")
   ax.grid(alpha=0.3)
