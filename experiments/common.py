@@ -154,7 +154,8 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
       load_dataset(config), config.model.name,
       input_shape=tuple(config.data.input_shape or ()) or None,
       resize_method=config.data.resize_method, conv_impl=conv_impl(config),
-      init=_lookup(config, "model.init") or "")
+      init=_lookup(config, "model.init") or "",
+      proj_dim=int(_lookup(config, "model.proj_dim") or 0))
 
 
 def conv_impl(config: ml_collections.ConfigDict) -> str:

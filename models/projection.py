@@ -85,12 +85,23 @@ def _skip(head: str):
 
 
 def projection_builder(base_build: Any, head: str, proj_dim: int = 256):
-  """``build(num_classes, conv_impl="auto")`` of a :class:`ProjectionNet`
-  over ``base_build``'s model."""
+  """``build(num_classes, conv_impl="auto", proj_dim=proj_dim)`` of a
+  :class:`ProjectionNet` over ``base_build``'s model.
 
-  def build(num_classes: int, conv_impl: str = "auto") -> nn.Module:
+  ``proj_dim`` is the head's output width (MOON's ``--out_dim``, 256 in the
+  paper's runs); a build call may override it.
+
+  Raises:
+    ValueError: (from the build) a ``proj_dim`` below 1, before any layer
+      is made.
+  """
+
+  def build(num_classes: int, conv_impl: str = "auto",
+            proj_dim: int = proj_dim) -> nn.Module:
+    if int(proj_dim) < 1:
+      raise ValueError(f"proj_dim must be at least 1, got {proj_dim}.")
     return ProjectionNet(base=base_build(num_classes, conv_impl=conv_impl),
                          head=head, num_classes=num_classes,
-                         proj_dim=proj_dim)
+                         proj_dim=int(proj_dim))
 
   return build

@@ -89,6 +89,9 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # +-1/sqrt(fan_in) kernels and biases), as a PyTorch reference starts
       # (fedjax_dd.models.param_init).
       "init": "",
+      # Width of MOON's projection head (a "<name>_proj" model only):
+      # 0 the model's default, 256 (MOON's --out_dim).
+      "proj_dim": 0,
   })
   c.client = ml_collections.ConfigDict({
       "batch_size": 64,
@@ -624,6 +627,7 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "model.name": _UPLOAD,
     "model.client_models": ("+client_protocol?heterogeneous",),
     "model.init": ("+client_protocol",),
+    "model.proj_dim": ("+client_protocol",),
     "client.batch_size": _CLIENTS,
     "client.local_epochs": _CLIENTS,
     "client.local_steps": _CLIENTS,

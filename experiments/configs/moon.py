@@ -20,6 +20,8 @@ decay 1e-3, clip 10, flip and crop) and the presets. The model is the
 preset's with MOON's projection head (``<model>_proj``: the model less its
 output layer, ``d -> d -> 256``, an output layer on the projection), so it
 has more parameters than the other baselines' and its messages are larger.
+``--config.model.proj_dim=W`` sets the head's width (MOON's ``--out_dim``;
+0, the default, keeps 256).
 """
 
 from fedjax_dd.experiments.configs import base as base_lib

@@ -45,7 +45,8 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
             resize_method: str = "bilinear",
             conv_impl: str = "auto",
             data_dir: str | None = None,
-            init: str = "") -> Prepared:
+            init: str = "",
+            proj_dim: int = 0) -> Prepared:
   """Resizes ``dataset`` for ``model`` and builds its classifier.
 
   Args:
@@ -62,6 +63,9 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
     init: the parameter initialisation
       (:data:`fedjax_dd.models.param_init.INIT_SCHEMES`): ``""`` the layers'
       own (Flax's), ``"torch"`` PyTorch's defaults.
+    proj_dim: the projection head's width of a MOON model (a ``<name>_proj``
+      of :data:`fedjax_dd.models.PROJECTED`); ``0`` its default (256, MOON's
+      ``--out_dim``).
 
   Returns:
     The resized dataset, the :class:`Classifier` (inputs normalised by the
@@ -69,10 +73,22 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
     model spec and the statistics.
 
   Raises:
-    ValueError: an unknown model name or dataset (before any compute).
+    ValueError: an unknown model name or dataset, or a ``proj_dim`` for a
+      model without a projection head or below 0 (before any compute).
   """
   spec = models.get_model(model)  # unknown names fail before the load
   param_init = models.param_init.init_scheme(init)  # so do unknown inits
+  build_options = {}
+  if int(proj_dim) < 0:  # like the checks above, before the load
+    raise ValueError(f"proj_dim must be at least 1 (0: the model's "
+                     f"default), got {proj_dim}.")
+  if proj_dim:
+    if model not in models.PROJECTED:
+      raise ValueError(
+          f"proj_dim={proj_dim} is the width of MOON's projection head; "
+          f"{model!r} has none (a '<name>_proj' model has: "
+          f"{', '.join(sorted(models.PROJECTED))}).")
+    build_options["proj_dim"] = int(proj_dim)
   ds = (sources.load_dataset(dataset, data_dir=data_dir)
         if isinstance(dataset, str) else dataset)
   target = tuple(input_shape or spec.input_shape)
@@ -86,7 +102,7 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
   mean, std = preprocess.channel_stats(ds.x_train)
   mean = np.asarray(mean, np.float32)
   std = np.maximum(np.asarray(std, np.float32), np.float32(MIN_STD))
-  module = spec.build(ds.num_classes, conv_impl=conv_impl)
+  module = spec.build(ds.num_classes, conv_impl=conv_impl, **build_options)
   task = Classifier(module=module, input_shape=target,
                     preprocess=functools.partial(preprocess.normalize,
                                                  mean=mean, std=std),

@@ -16,6 +16,7 @@ from fedjax_dd.algorithms.fedprox import proximal_term
 from fedjax_dd.algorithms.moon import (client_state_bytes, contrastive_loss,
                                        cosine, moon)
 from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import prepare as prepare_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
@@ -24,6 +25,7 @@ from fedjax_dd.core.keys import client_keys
 from fedjax_dd.core.local import make_local_update, steps_for
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.core.task import Classifier
+from fedjax_dd.data import sources
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.models.projection import ProjectionNet
 from tests.conftest import (TinyBNNet, TinyNet, rounds_compile_nothing,
@@ -79,7 +81,6 @@ def test_contrastive_loss_by_hand():
 
 def test_projection_net_drops_the_output_layer_and_adds_the_head():
   task = _proj_task()
-  base = TinyNet()
   params, _ = task.init(jax.random.PRNGKey(0))
   assert set(params) == {"base", "proj1", "proj2", "out"}
   assert set(params["base"]) == {"Dense_0"}  # the output layer Dense_1 is gone
@@ -109,6 +110,32 @@ def test_projection_net_drops_the_output_layer_and_adds_the_head():
   assert shapes["proj1"]["kernel"].shape == (84, 84)
   assert shapes["proj2"]["kernel"].shape == (84, 256)
   assert "lenet5_proj" not in models.MODELS  # the model tests' list unchanged
+
+
+def test_projection_width_is_a_build_option_and_a_prepare_option():
+  spec = models.get_model("lenet5_proj")
+  shapes = jax.eval_shape(
+      lambda k: models.init_model(spec.build(10, proj_dim=32), k,
+                                  spec.input_shape),
+      jax.random.PRNGKey(0))["params"]
+  assert shapes["proj2"]["kernel"].shape == (84, 32)
+  assert shapes["out"]["kernel"].shape == (32, 10)
+  with pytest.raises(ValueError, match="proj_dim must be at least 1, got 0"):
+    spec.build(10, proj_dim=0)
+  ds = sources.load_dataset("digits")
+  prepared = prepare_lib.prepare(ds, "digits_cnn_proj", proj_dim=16)
+  params, _ = prepared.task.init(jax.random.PRNGKey(0))
+  assert params["proj2"]["kernel"].shape[1] == 16
+  default, _ = prepare_lib.prepare(ds, "digits_cnn_proj").task.init(
+      jax.random.PRNGKey(0))
+  assert default["proj2"]["kernel"].shape[1] == 256  # 0: MOON's out_dim
+  # A model without the head, or a negative width, is refused before the
+  # data is read: the dataset name here would fail to load.
+  with pytest.raises(ValueError, match="'digits_cnn' has none"):
+    prepare_lib.prepare("npz:/nonexistent/x.npz", "digits_cnn", proj_dim=16)
+  with pytest.raises(ValueError, match="got -1"):
+    prepare_lib.prepare("npz:/nonexistent/x.npz", "digits_cnn_proj",
+                        proj_dim=-1)
 
 
 def test_moon_needs_a_projection_model():

@@ -1,5 +1,6 @@
 """Value checks before the dataset loads (experiments/checks.py)."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -12,6 +13,7 @@ from fedjax_dd.experiments.configs import fedd3 as fedd3_config
 from fedjax_dd.experiments.configs import feddf as feddf_config
 from fedjax_dd.experiments.configs import hfldd as hfldd_config
 from fedjax_dd.experiments.configs import ifca as ifca_config
+from fedjax_dd.experiments.configs import moon as moon_config
 
 _PRESETS = {"fedavg": lambda: fedavg_config.get_config("smoke"),
             "feddf": lambda: feddf_config.get_config("smoke"),
@@ -65,6 +67,11 @@ _PRESETS = {"fedavg": lambda: fedavg_config.get_config("smoke"),
     ("fedavg", "model.name", "foo", r"config.model.name must be one of \["),
     ("fedavg", "model.init", "kaiming",
      r"model.init must be one of \['', 'torch'\]"),
+    ("fedavg", "model.proj_dim", 64,
+     r"config.model.proj_dim must be 0 for model 'digits_cnn' \(it sets the "
+     r"width of MOON's projection head"),
+    ("fedavg", "model.proj_dim", -1,
+     r"config.model.proj_dim must be an int >= 0, got -1"),
     ("fedavg", "model.client_models", "digits_cnn,foo",
      r"model.client_models must be comma-separated names"),
     ("fedavg", "engine.chunk_size", -1,
@@ -127,3 +134,12 @@ def test_a_partition_that_leaves_a_few_classes_out_is_a_warning(caplog):
   assert "(4 of 10 classes, 20 of 50 training examples, 40 %)" in caplog.text
   with pytest.raises(common.InputError, match=r"\(6 of 10 classes"):
     common.check_coverage(config, labels, [np.flatnonzero(labels < 4)])
+
+
+def test_moon_projection_width_reaches_the_model():
+  config = moon_config.get_config("smoke")
+  config.model.proj_dim = 8
+  common.validate(config)  # a '<name>_proj' model takes a width
+  params, _ = common.load_and_prepare(config).task.init(jax.random.PRNGKey(0))
+  assert params["proj2"]["kernel"].shape[-1] == 8
+  assert params["out"]["kernel"].shape[0] == 8
