@@ -68,7 +68,6 @@ al.), Tabs. 1-4.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Callable, NamedTuple, Sequence
 

@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import flax
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 

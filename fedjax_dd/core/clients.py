@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
 import jax

@@ -6,14 +6,11 @@ import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from fedjax_dd import models
 from fedjax_dd.algorithms import coboosting as cb
 from fedjax_dd.core.checkpoint import as_restored
-from fedjax_dd.distill import ensemble
-from tests.conftest import tiny_task
 from tests.core import test_server as ts
 
 

@@ -7,7 +7,6 @@ import pytest
 from fedjax_dd.algorithms import hfldd
 from fedjax_dd.algorithms import hfldd_stages
 from fedjax_dd.cluster.sampling import Topology
-from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.stage_cache import StageCache, StaleStageError
 from fedjax_dd.data.stacked import ClientData
 

@@ -1,7 +1,5 @@
 """IFCA: cluster selection by loss, per-cluster averaging, state round trip."""
 
-import logging
-
 import jax
 import jax.numpy as jnp
 import numpy as np

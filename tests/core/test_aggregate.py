@@ -5,7 +5,6 @@ import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from fedjax_dd.core.aggregate import segment_weighted_mean, weighted_mean
 

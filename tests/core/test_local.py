@@ -223,9 +223,7 @@ def test_lr_decay_off_is_the_old_state_and_bit_identical():
 
 
 def test_lr_decay_does_not_recompile_across_rounds(caplog):
-  import logging
   from fedjax_dd.algorithms.fedavg import fedavg
-  from fedjax_dd.core import rounds as rounds_lib
   from fedjax_dd.core.algorithm import ExperimentState
   from fedjax_dd.data.stacked import ClientData
   task = tiny_task()

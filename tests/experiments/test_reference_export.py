@@ -6,7 +6,6 @@ import json
 import pathlib
 
 import numpy as np
-import pytest
 
 _REF = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "reference"
 

@@ -123,7 +123,6 @@ def test_bad_shapes_are_refused_before_compute():
 
 
 def test_jitted_gradient_compiles_once():
-  args = _problem((2, 8, 8, 3), (3, 3), 4, jnp.float32)
   step = jax.jit(jax.grad(lambda *a: jnp.sum(fused(*a)), (1, 2, 3)))
   for seed in range(3):
     jax.block_until_ready(step(*_problem((2, 8, 8, 3), (3, 3), 4,
