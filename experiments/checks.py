@@ -104,11 +104,11 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       ("data.partition.client_size", "int", (0, None)),
       ("data.partition.classes_per_client", "int", (1, None)),
       ("data.partition.sigma", "num", (0.0, None, False, False)),
+      ("model.proj_dim", "int", (0, None)),
       ("client.optimizer", "choice", OPTIMIZERS),
       ("client.clients_per_round", "int", (0, None)),
       ("client.client_fraction", "num", (0.0, 1.0, True, False)),
       ("client.activity", "num", (0.0, 1.0, False, False)),
-      ("model.proj_dim", "int", (0, None)),
       ("client.pretrain_batch_size", "int", (1, None)),
       ("client.pretrain_epochs", "num", (0.0, None, False, False)),
       ("client.pretrain_steps", "int", (0, None)),
@@ -222,11 +222,11 @@ def _check_models(config: ml_collections.ConfigDict) -> None:
   if init is not None and init not in models.param_init.INIT_SCHEMES:
     _fail("model.init", f"one of {sorted(models.param_init.INIT_SCHEMES)}",
           init)
-  if _lookup(config, "model.proj_dim") and name not in models.PROJECTED:
+  proj_dim = _lookup(config, "model.proj_dim")
+  if proj_dim and name not in models.PROJECTED:
     _fail("model.proj_dim",
           f"0 for model {name!r} (it sets the width of MOON's projection "
-          "head, which only a '<name>_proj' model has)",
-          _lookup(config, "model.proj_dim"))
+          "head, which only a '<name>_proj' model has)", proj_dim)
   names = _lookup(config, "model.client_models")
   if not names:
     return

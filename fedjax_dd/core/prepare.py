@@ -79,10 +79,10 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
   spec = models.get_model(model)  # unknown names fail before the load
   param_init = models.param_init.init_scheme(init)  # so do unknown inits
   build_options = {}
-  if int(proj_dim) < 0:  # like the checks above, before the load
-    raise ValueError(f"proj_dim must be at least 1 (0: the model's "
-                     f"default), got {proj_dim}.")
-  if proj_dim:
+  if proj_dim:  # like the checks above, before the load
+    if int(proj_dim) < 1:
+      raise ValueError(f"proj_dim must be at least 1 (0: the model's "
+                       f"default), got {proj_dim}.")
     if model not in models.PROJECTED:
       raise ValueError(
           f"proj_dim={proj_dim} is the width of MOON's projection head; "
