@@ -74,7 +74,8 @@ def _iga(config, task: Classifier, *, feddf: bool = False):
       use_gwf=i.use_gwf, fresh_samples=i.fresh_samples,
       student_class_mean=i.student_class_mean,
       generator_per_teacher=i.generator_per_teacher,
-      cf_weighting=i.cf_weighting)
+      cf_weighting=i.cf_weighting,
+      cd_through_teachers=i.cd_through_teachers)
   if feddf:
     hparams = feddf_hparams(hparams)
   generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,

@@ -429,6 +429,8 @@ def iga(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       # L_cf's teacher weights: per_sample (Eq. 10) | batch_mean (FedFTG's
       # code: a teacher's batch-mean CE times its mean weight).
       "cf_weighting": "per_sample",
+      # False: L_cd's gradient stops at the teachers' logits (FedFTG's code).
+      "cd_through_teachers": True,
       "student_steps": 5,
       "batch_size": 50,
       "generator_lr": 0.01,

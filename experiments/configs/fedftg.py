@@ -10,11 +10,13 @@ FedFTG (Zhang et al., CVPR 2022): FedAvg of the cohort, then IGA with
 the cohort's clients as teachers (labels from their class counts, per-class
 teacher weights), with FedFTG's code choices (``FEDFTG_CODE`` below, where
 IGA's defaults follow DisUE's paper): the generator's ``L_cd`` is the mean
-absolute logit difference and the student's the weighted ensemble's
+absolute logit difference, its gradient stopped at the teachers' logits,
+and the student's the weighted ensemble's
 cross-entropy averaged over the classes; one generator step per client per
 iteration; one ``(z, y)`` per iteration reused by the generator and student
 steps; ``L_cf`` a client's batch-mean cross-entropy times its mean class
 weight. Each stays selectable (``--config.iga.discrepancy=kl``,
+``cd_through_teachers=True``,
 ``generator_per_teacher=False``, ``fresh_samples=True``,
 ``cf_weighting=per_sample``).
 
@@ -32,8 +34,11 @@ from fedjax_dd.experiments.configs import disue
 # train_global_model_cgan_bs_weight_iloop_fz_dis and train_gan_fn.py), where
 # IGA's defaults follow DisUE's paper instead.
 FEDFTG_CODE = {
-    # Generator: mean absolute logit difference (not Eq. 9's KL) ...
+    # Generator: mean absolute logit difference (not Eq. 9's KL), with the
+    # teachers' logits detached (its gradient reaches the generator through
+    # the student only) ...
     "discrepancy": "l1_logits",
+    "cd_through_teachers": False,
     # ... student: cross-entropy with the weighted ensemble, averaged over
     # the classes (the KL's gradient / C).
     "student_discrepancy": "kl",

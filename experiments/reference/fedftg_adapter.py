@@ -58,6 +58,14 @@ What the adapter supplies (nothing in ``--ref_dir`` is edited):
    unchanged. ``print_per`` is set beyond the run, so the reference prints
    no per-epoch evaluations either.
 
+7. **Dumps** (``--dump_dir``, off by default). Before each server
+   fine-tuning the adapter saves its inputs to ``round_RRR.pt``: the
+   global model (the cohort's FedAvg) and the generator as state dicts
+   (the generator's BatchNorm statistics included), the clients' flat
+   parameter vectors ``[K, P]`` and class counts ``[K, C]``, and the two
+   learning rates. It only copies, so the run is the same with or without
+   it. ``fedftg_server_swap.py`` runs both servers on these inputs.
+
 ``--init=flax`` (a diagnostic of ours, off by default) initialises LeNet-5
 as our Flax model is (LeCun-normal truncated weights, zero biases).
 
@@ -233,6 +241,24 @@ def _data_object(data_path, part_path):
   return obj
 
 
+def _dump(torch, path, s_model, g_model, client_params, clnt_cls_num, rest):
+  """Saves one fine-tuning call's inputs (item 7 of the module docstring).
+
+  Copies only: no random number is drawn, so the run is unchanged.
+  """
+  glb_lr, gen_lr, batch_size, _, weight_decay, dataset_name = rest[:6]
+  torch.save({
+      "student": {k: v.detach().clone()
+                  for k, v in s_model.state_dict().items()},
+      "generator": {k: v.detach().clone()
+                    for k, v in g_model.state_dict().items()},
+      "client_params": np.asarray(client_params, np.float32).copy(),
+      "class_counts": np.asarray(clnt_cls_num, np.float32).copy(),
+      "glb_lr": float(glb_lr), "gen_lr": float(gen_lr),
+      "batch_size": int(batch_size), "weight_decay": float(weight_decay),
+      "dataset_name": dataset_name}, path)
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--ref_dir", required=True,
@@ -256,7 +282,12 @@ def main(argv=None):
                   "reference's protocol")
   ap.add_argument("--skip_train_eval", type=int, default=1)
   ap.add_argument("--out", required=True, help="JSON lines, one per round")
+  ap.add_argument("--dump_dir", default="",
+                  help="write each round's fine-tuning inputs to "
+                  "DIR/round_RRR.pt (for fedftg_server_swap.py)")
   args = ap.parse_args(argv)
+  if args.dump_dir:
+    os.makedirs(args.dump_dir, exist_ok=True)
 
   import random  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
@@ -290,6 +321,10 @@ def main(argv=None):
                 *rest):
     _, before = original_eval(data_obj.tst_x, data_obj.tst_y, s_model,
                               data_obj.dataset, 0)
+    if args.dump_dir:
+      _dump(torch, os.path.join(args.dump_dir,
+                                f"round_{state['round'] + 1:03d}.pt"),
+            s_model, g_model, client_params, clnt_cls_num, rest)
     s_model = original_ft(s_model, g_model, t_model, client_params,
                           clnt_cls_num, *rest)
     _, after = original_eval(data_obj.tst_x, data_obj.tst_y, s_model,

@@ -89,6 +89,11 @@ Where we differ from FedFTG's code, and why:
   The student uses ``student_discrepancy`` (default: ``discrepancy``), so
   FedFTG's generator/student pair is ``discrepancy="l1_logits",
   student_discrepancy="kl"``.
+* FedFTG's generator term detaches the teachers' logits
+  (``|S − P.detach()|``): its gradient reaches the generator through the
+  student only. Eq. 13 as written, and we by default, differentiate
+  ``L_cd`` through both (``cd_through_teachers=True``; False is FedFTG's
+  form).
 * With ``fresh_samples=True`` (default) every generator and student step
   draws new ``(z, y)``; FedFTG's code reuses one ``(z, y)`` per iteration for
   its generator and student steps (``fresh_samples=False``).
@@ -428,6 +433,12 @@ class IGAHyperParams:
     cf_weighting: how ``L_cf`` weights the teachers, one of
       :data:`CF_WEIGHTINGS` [``"per_sample"``, Eq. 10; ``"batch_mean"`` is
       FedFTG's code, see :func:`cluster_fidelity_loss`].
+    cd_through_teachers: whether the generator's ``L_cd`` gradient flows
+      through the teachers' logits as well as the student's [True: Eq. 13
+      differentiates all of ``L_cd``]; False stops it at the teachers
+      (FedFTG's code, ``t_logit.detach()``), so the generator seeks samples
+      where the *student* moves away from the fixed teacher outputs. ``L_cf``
+      always reaches the generator through the teachers.
   """
   iterations: int = 10
   generator_steps: int = 1
@@ -449,6 +460,7 @@ class IGAHyperParams:
   student_class_mean: bool = True
   generator_per_teacher: bool = False
   cf_weighting: str = "per_sample"
+  cd_through_teachers: bool = True
 
   def __post_init__(self):
     for name in ("iterations", "generator_steps", "student_steps",
@@ -634,9 +646,9 @@ def _generator_loss(loop: _Loop, gen_params: PyTree, gen_stats: PyTree,
   s_logits, _ = loop.student.apply(student_params, student_batch_stats,
                                    loop.input_fn(x), train=False)
   w = sample_weights(alpha, y)
-  cd = cluster_distillation_loss(t_logits, s_logits, w,
-                                 discrepancy=hp.discrepancy,
-                                 temperature=hp.temperature)
+  cd = cluster_distillation_loss(
+      t_logits if hp.cd_through_teachers else jax.lax.stop_gradient(t_logits),
+      s_logits, w, discrepancy=hp.discrepancy, temperature=hp.temperature)
   cf = cluster_fidelity_loss(t_logits, y, w, hp.cf_weighting)
   div = diversity_loss(z, x, hp.diversity)
   loss = hp.beta_cf * cf + hp.beta_div * div_share * div - cd
