@@ -34,6 +34,18 @@ its key is ``1000 · round + rep``.
 Both are evaluated on the test set as the adapter normalises it (the
 partition file's mean and std), so ``before`` is the same number on both
 sides.
+
+``--lockstep=DIR`` feeds both sides the same random inputs: the noise of
+:func:`lockstep_noise` (the reference's ``torch.randn`` is replaced for the
+call) and the reference's own labels (its ``generate_labels`` after
+``numpy`` is seeded), one ``(z, y)`` per iteration as the reference draws
+them. Each run then saves the fine-tuned student, the test accuracy and the
+generator's terms ``(L_cd, L_cf, L_div)`` at every step, and
+``--side=compare`` tabulates how far the two sides are apart; with
+``--iterations=N`` (ours: also ``--set iterations=N``) the round stops
+after ``N`` iterations. ``--perturb=EPS`` multiplies the generator's
+parameters by ``1 + EPS·N(0, 1)`` first, to see how far differences of
+rounding size carry within one implementation.
 """
 
 from __future__ import annotations
@@ -170,13 +182,15 @@ def lockstep_noise(seed: int, iterations: int, batch_size: int = 50,
   return rng.standard_normal((iterations, batch_size, nz)).astype(np.float32)
 
 
-def _save_student(args, side, rnd, rep, state_dict, terms):
-  """``--lockstep``: the fine-tuned student (PyTorch layout) and the
-  per-step generator terms ``[steps, 3]`` (cd, cf, div)."""
+def _save_student(args, side, rnd, rep, state_dict, terms, accuracy):
+  """``--lockstep``: the fine-tuned student (PyTorch layout), the per-step
+  generator terms ``[steps, 3]`` (cd, cf, div) and the test accuracy
+  ``(before, after)``."""
   tag = f"_p{args.perturb:g}" if args.perturb else ""
   np.savez(os.path.join(args.lockstep,
                         f"{side}{tag}_round{rnd:03d}_rep{rep}.npz"),
            terms=np.asarray(terms, np.float64),
+           accuracy=np.asarray(accuracy, np.float64),
            **{k.replace(".", "__"): v for k, v in state_dict.items()})
 
 
@@ -233,12 +247,13 @@ def _reference_side(args, torch, data_obj, dumps, out):
       except _Stop:  # --iterations: s_model is updated in place
         pass
       torch.randn = randn
+      _, after = lfg.get_acc_loss(data_obj.tst_x, data_obj.tst_y, s_model,
+                                  d["dataset_name"], 0)
       if args.lockstep:
         _save_student(args, "reference", rnd, rep,
                       {k: v.detach().numpy()
-                       for k, v in s_model.state_dict().items()}, terms)
-      _, after = lfg.get_acc_loss(data_obj.tst_x, data_obj.tst_y, s_model,
-                                  d["dataset_name"], 0)
+                       for k, v in s_model.state_dict().items()}, terms,
+                      (before, after))
       md, cls, ap = np.mean(np.asarray(terms), axis=0)
       _write(out, {"side": "reference", "round": rnd, "rep": rep,
                    "before": float(before), "after": float(after),
@@ -322,11 +337,11 @@ def _our_side(args, torch, data_obj, dumps, out):
       _, sp, _, metrics = round_fn(state, student, {}, teacher_params,
                                    teacher_stats,
                                    jnp.asarray(d["class_counts"]), rnd - 1)
+      before, after = accuracy(student), accuracy(sp)
       if args.lockstep:
         _save_student(args, "ours", rnd, rep,
                       flax_lenet_to_state_dict(jax.device_get(sp), side),
-                      trace)
-      before, after = accuracy(student), accuracy(sp)
+                      trace, (before, after))
       m = {key: float(v) for key, v in jax.device_get(metrics).items()}
       _write(out, {"side": "ours", "set": list(args.set), "round": rnd,
                    "rep": rep, "before": before, "after": after,
@@ -399,7 +414,8 @@ def _check(torch, d, lenet, data_obj, task, generator, student, gen_params,
            gen_stats, x_test):
   """Refuses to run unless the converted models reproduce PyTorch's
   outputs (logits on 64 test images; generator images in both BatchNorm
-  modes) to 1e-4."""
+  modes) to 1e-4 of each output's largest entry (in training mode the
+  last BatchNorm standardises 8 images, whose entries reach about 16)."""
   from models import gan_models  # pylint: disable=g-import-not-at-top
   s = lenet()
   s.load_state_dict(d["student"])
@@ -407,7 +423,8 @@ def _check(torch, d, lenet, data_obj, task, generator, student, gen_params,
   with torch.no_grad():
     want = s(torch.from_numpy(data_obj.tst_x[:64])).numpy()
   got = np.asarray(task.apply(student, {}, x_test[:64], train=False)[0])
-  err = float(np.max(np.abs(got - want)))
+  rel = lambda a, b: float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+  err = rel(got, want)
   g = gan_models.CGeneratorA(nz=100, ngf=64, nc=data_obj.channels,
                              img_size=data_obj.width, n_cls=data_obj.n_cls)
   g.load_state_dict(d["generator"])
@@ -422,9 +439,45 @@ def _check(torch, d, lenet, data_obj, task, generator, student, gen_params,
                           z, y, train=train,
                           mutable=["batch_stats"] if train else False)
     got_x = np.asarray(out[0] if train else out)
-    err = max(err, float(np.max(np.abs(got_x - np.moveaxis(want_x, 1, -1)))))
+    err = max(err, rel(got_x, np.moveaxis(want_x, 1, -1)))
   if err > 1e-4:
-    raise SystemExit(f"Converted models differ from PyTorch's by {err:.2e}.")
+    raise SystemExit(f"Converted models differ from PyTorch's by {err:.2e} "
+                     "(relative).")
+
+
+def compare(reference_dir: str, other_dirs) -> str:
+  """A markdown table of ``--lockstep`` runs: one row per round and
+  repetition of each directory in ``other_dirs`` (ours, perhaps with
+  ``--set``, or the reference with ``--perturb``) against the reference's
+  files in ``reference_dir``. Columns:
+  the test accuracy after the round on each side; the largest relative
+  difference of the generator's per-step terms ``(cd, cf, div)`` at the
+  first step, over the first iteration's ``K`` steps and over all steps;
+  and of the fine-tuned students' parameters (per tensor, relative to that
+  tensor's largest entry)."""
+  rows = ["| run | round | K | after: reference | after: run | "
+          "terms Δ, step 1 | terms Δ, iteration 1 | terms Δ, all steps | "
+          "student Δ |", "|" + "---|" * 9]
+  for d in other_dirs:
+    for path in sorted(glob.glob(os.path.join(d, "*_round*_rep*.npz"))):
+      tail = re.search(r"_round\d+_rep\d+\.npz$", path).group(0)
+      ref = os.path.join(reference_dir, "reference" + tail)
+      if not os.path.exists(ref):
+        continue
+      a, b = np.load(path), np.load(ref)
+      n = min(len(a["terms"]), len(b["terms"]))
+      ta, tb = a["terms"][:n], b["terms"][:n]
+      rel = np.max(np.abs(ta - tb) / np.abs(tb), axis=1)
+      k = n // REFERENCE_ITERATIONS
+      student = max(float(np.max(np.abs(a[f] - b[f])) / np.max(np.abs(b[f])))
+                    for f in b.files if f not in ("terms", "accuracy"))
+      rnd = int(re.search(r"round(\d+)", tail).group(1))
+      rows.append(
+          f"| {os.path.basename(d.rstrip('/'))} | {rnd} | {k} | "
+          f"{float(b['accuracy'][1]):.4f} | {float(a['accuracy'][1]):.4f} | "
+          f"{rel[0]:.1e} | {rel[:k].max():.1e} | {rel.max():.1e} | "
+          f"{student:.1e} |")
+  return "\n".join(rows)
 
 
 def _write(out, rec):
@@ -435,14 +488,20 @@ def _write(out, rec):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--side", required=True, choices=("reference", "ours"))
-  ap.add_argument("--ref_dir", required=True,
+  ap.add_argument("--side", required=True,
+                  choices=("reference", "ours", "compare"),
+                  help="compare: print the table of compare(--lockstep, "
+                  "--others) and exit")
+  ap.add_argument("--others", default="",
+                  help="compare: comma-separated --lockstep directories of "
+                  "our side")
+  ap.add_argument("--ref_dir",
                   help="checkout of ZhangLin-PKU/FedFTG (both sides load its "
                   "generator class; the reference side its server)")
-  ap.add_argument("--dumps", required=True,
+  ap.add_argument("--dumps",
                   help="directory of fedftg_adapter.py --dump_dir")
-  ap.add_argument("--partition", required=True)
-  ap.add_argument("--data", required=True)
+  ap.add_argument("--partition")
+  ap.add_argument("--data")
   ap.add_argument("--rounds", default="",
                   help="comma-separated rounds (default: every dump)")
   ap.add_argument("--reps", type=int, default=10)
@@ -460,8 +519,16 @@ def main(argv=None):
                   help="relative noise on the generator's parameters "
                   "(see _load)")
   ap.add_argument("--threads", type=int, default=1)
-  ap.add_argument("--out", required=True)
+  ap.add_argument("--out")
   args = ap.parse_args(argv)
+  if args.side == "compare":
+    print(compare(args.lockstep, args.others.split(",")))
+    return
+  missing = [n for n in ("ref_dir", "dumps", "partition", "data", "out")
+             if not getattr(args, n)]
+  if missing:
+    ap.error("--side=reference/ours needs " +
+             ", ".join("--" + n for n in missing))
   if args.lockstep:
     os.makedirs(args.lockstep, exist_ok=True)
 

@@ -510,3 +510,50 @@ def test_jitted_gradients_equal_the_eager_ones_in_float64():
         assert a.dtype == jnp.float64
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12,
                                    atol=1e-12 * scale)
+
+
+def test_cd_through_teachers_false_stops_only_l_cd_at_the_teachers(problem):
+  """With ``cd_through_teachers=False`` the generator's gradient is that of
+  ``β_cf·L_cf + β_div·L_div − L_cd`` with the teachers' logits held constant
+  inside ``L_cd`` only (FedFTG's ``t_logit.detach()``); the objective's
+  value is unchanged, and with the default the gradient differs."""
+  task, _, state, (sp, ss), (tp, ts), counts = problem
+  gs = state.gen_stats
+
+  def grads(hp):
+    loop_fn = iga.make_iga(task, GEN, hparams=hp, num_teachers_max=K_MAX)
+    loop, programs = loop_fn.round.args[:2]
+    draw = programs.draw(state.key, state.rounds, counts)
+    setup, _ = programs.setup(state.gen_params, tp, ts, counts, 0.0)
+    z, y = draw.z[0, 0], draw.y[0, 0]
+    value, g = jax.value_and_grad(
+        lambda p: iga._generator_loss(loop, p, gs, sp, ss, setup, z, y,
+                                      None)[0])(state.gen_params)
+    return loop, setup, z, y, float(value), g
+
+  hp = dataclasses.replace(HP, discrepancy="l1_logits",
+                           cd_through_teachers=False)
+  loop, setup, z, y, value, got = grads(hp)
+
+  def written_out(p):
+    x, _ = ensemble.apply_generator(GEN, p, gs, z, y, True)
+    t, _ = loop.teachers(setup.teacher_vars, x)  # [K, B, C]
+    s, _ = task.apply(sp, ss, x, train=False)
+    w = iga.sample_weights(setup.alpha, y)  # [K, B]
+    cd = jnp.mean(jnp.sum(w * jnp.mean(jnp.abs(jax.lax.stop_gradient(t) -
+                                               s[None]), -1), 0))
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(t), y[None, :, None],
+                              -1)[..., 0]
+    cf = jnp.mean(jnp.sum(w * ce, 0))
+    return cf + iga.diversity_loss(z, x) - cd
+
+  want_value, want = jax.value_and_grad(written_out)(state.gen_params)
+  np.testing.assert_allclose(value, float(want_value), rtol=1e-5)
+  for a, b in zip(leaves(got), leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4,
+                               atol=1e-6)
+  _, _, _, _, value_default, default = grads(
+      dataclasses.replace(hp, cd_through_teachers=True))
+  np.testing.assert_allclose(value_default, value, rtol=1e-6)
+  assert any(not np.allclose(a, b, rtol=1e-3, atol=1e-6)
+             for a, b in zip(leaves(default), leaves(got)))

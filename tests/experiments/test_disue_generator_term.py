@@ -26,3 +26,8 @@ def test_protocol_and_baselines_keep_their_own_terms():
                  feddf_datafree.get_config("smoke").paper_departures)
   f = fedftg.get_config("smoke").iga
   assert (f.discrepancy, f.student_discrepancy) == ("l1_logits", "kl")
+  # FedFTG's code detaches the teachers' logits in its generator term;
+  # DisUE's Eq. 13 (and data-free FedDF) differentiate through them.
+  assert not f.cd_through_teachers
+  assert disue.protocol("disue", "smoke").iga.cd_through_teachers
+  assert feddf_datafree.get_config("smoke").iga.cd_through_teachers
