@@ -107,6 +107,9 @@ def protocol(method: str, arg: str):
 # above Eq. 9's KL on fmnist_dir0.01 (issue 38; experiments/results/
 # disue_fmnist_dir0.01_generator_term.md): with the KL the generator ascends
 # the very loss the student descends. --config.iga.discrepancy=kl is Eq. 9.
+# Its gradient reaches the generator through the teachers and the student,
+# as Eq. 13 is written (FedFTG's code detaches the teachers:
+# --config.iga.cd_through_teachers=False, not measured for DisUE).
 GENERATOR_TERM = {"discrepancy": "l1_logits", "student_discrepancy": "kl"}
 DEPARTURE_GENERATOR_TERM = (
     "The generator's L_cd is FedFTG's mean absolute logit difference, not "
