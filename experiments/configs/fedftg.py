@@ -21,7 +21,7 @@ weight. Each stays selectable (``--config.iga.discrepancy=kl``,
 ``cf_weighting=per_sample``).
 
 Expected: test accuracy about 0.69 after round 30 (fmnist_dir0.01
---config.rounds=30, seeds 0-2, 0.691 ± 0.050); against FedFTG's released
+--config.rounds=30, seeds 0-2, 0.689 ± 0.052); against FedFTG's released
 code on the same clients: experiments/results/fedftg_reference_fmnist.md.
 ``--config.model.init=torch`` starts from PyTorch's initialisation, as
 that code does.
