@@ -195,8 +195,6 @@ def _save_student(args, side, rnd, rep, state_dict, terms, accuracy):
 
 
 def _reference_side(args, torch, data_obj, dumps, out):
-  fedftg_adapter._install_stubs(torch)  # pylint: disable=protected-access
-  sys.path.insert(0, os.path.abspath(args.ref_dir))
   from methods import local_fn_gan as lfg  # pylint: disable=g-import-not-at-top
   from models import gan_models  # pylint: disable=g-import-not-at-top
   lenet = fedftg_adapter._lenet5(  # pylint: disable=protected-access
