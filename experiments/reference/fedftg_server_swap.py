@@ -62,6 +62,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fedftg_adapter  # pylint: disable=g-import-not-at-top,wrong-import-position
+from torch_export import nchw_rows_to_nhwc, nhwc_rows_to_nchw  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def unflatten(state_dict_like, flat):
@@ -82,6 +83,12 @@ def _conv(w):
   return np.transpose(np.asarray(w, np.float32), (2, 3, 1, 0))  # OIHW->HWIO
 
 
+def _lenet_map(side: int, conv2_bias) -> tuple[int, int, int]:
+  """``(H, W, C)`` of the map LeNet-5's first dense layer reads."""
+  s = ((side - 4) // 2 - 4) // 2
+  return s, s, np.shape(conv2_bias)[0]
+
+
 def lenet_to_flax(sd, side: int = 28):
   """The adapter's PyTorch LeNet-5 state dict as our ``models/lenet.py``
   parameters.
@@ -89,13 +96,9 @@ def lenet_to_flax(sd, side: int = 28):
   The first dense layer reads PyTorch's NCHW flattening; ours flattens
   NHWC, so its input rows are permuted to ``(h, w, c)`` order.
   """
-  s = ((side - 4) // 2 - 4) // 2
-  c = np.asarray(sd["conv2.bias"]).shape[0]
-  h, w, ch = np.meshgrid(np.arange(s), np.arange(s), np.arange(c),
-                         indexing="ij")
-  rows = (ch * s * s + h * s + w).reshape(-1)  # NHWC row -> NCHW column.
-  fc1 = np.asarray(sd["fc1.weight"], np.float32)[:, rows].T
   a = lambda k: np.asarray(sd[k], np.float32)
+  fc1 = nchw_rows_to_nhwc(a("fc1.weight").T,
+                          _lenet_map(side, sd["conv2.bias"]))
   return {
       "conv1": {"kernel": _conv(sd["conv1.weight"]), "bias": a("conv1.bias")},
       "conv2": {"kernel": _conv(sd["conv2.weight"]), "bias": a("conv2.bias")},
@@ -114,15 +117,12 @@ def generator_to_flax(sd, ngf: int = 64, side: int = 28):
   ngf]`` (feature ``h·s·ngf + w·ngf + c``), so the dense columns are
   permuted.
   """
-  s = side // 4
-  h, w, c = np.meshgrid(np.arange(s), np.arange(s), np.arange(ngf),
-                        indexing="ij")
-  cols = (c * s * s + h * s + w).reshape(-1)
+  hwc = (side // 4, side // 4, ngf)
   a = lambda k: np.asarray(sd[k], np.float32)
 
-  def dense(prefix):
-    return {"kernel": a(prefix + ".weight")[cols].T,
-            "bias": a(prefix + ".bias")[cols]}
+  def dense(prefix):  # output features (c, h, w) -> (h, w, c)
+    return {"kernel": nchw_rows_to_nhwc(a(prefix + ".weight"), hwc).T,
+            "bias": nchw_rows_to_nhwc(a(prefix + ".bias"), hwc)}
 
   def bn(prefix):
     return ({"scale": a(prefix + ".weight"), "bias": a(prefix + ".bias")},
@@ -141,6 +141,16 @@ def generator_to_flax(sd, ngf: int = 64, side: int = 28):
            "bn_out": {"mean": a("conv_blocks2.5.running_mean"),
                       "var": a("conv_blocks2.5.running_var")}}
   return params, stats
+
+
+def _torch_generator(data_obj, state_dict):
+  """The reference's ``CGeneratorA`` as its ``train.py`` builds it
+  (``nz=100``, default ``ngf=64``), holding ``state_dict``."""
+  from models import gan_models  # pylint: disable=g-import-not-at-top
+  g = gan_models.CGeneratorA(nz=100, ngf=64, nc=data_obj.channels,
+                             img_size=data_obj.width, n_cls=data_obj.n_cls)
+  g.load_state_dict(state_dict)
+  return g
 
 
 def _load(torch, path, perturb):
@@ -184,19 +194,19 @@ def lockstep_noise(seed: int, iterations: int, batch_size: int = 50,
 
 def _save_student(args, side, rnd, rep, state_dict, terms, accuracy):
   """``--lockstep``: the fine-tuned student (PyTorch layout), the per-step
-  generator terms ``[steps, 3]`` (cd, cf, div) and the test accuracy
-  ``(before, after)``."""
+  generator terms ``[steps, 3]`` (cd, cf, div), the test accuracy
+  ``(before, after)`` and the iterations run."""
   tag = f"_p{args.perturb:g}" if args.perturb else ""
   np.savez(os.path.join(args.lockstep,
                         f"{side}{tag}_round{rnd:03d}_rep{rep}.npz"),
            terms=np.asarray(terms, np.float64),
            accuracy=np.asarray(accuracy, np.float64),
+           iterations=args.iterations or REFERENCE_ITERATIONS,
            **{k.replace(".", "__"): v for k, v in state_dict.items()})
 
 
 def _reference_side(args, torch, data_obj, dumps, out):
   from methods import local_fn_gan as lfg  # pylint: disable=g-import-not-at-top
-  from models import gan_models  # pylint: disable=g-import-not-at-top
   lenet = fedftg_adapter._lenet5(  # pylint: disable=protected-access
       torch, data_obj.channels, data_obj.n_cls, data_obj.width)
   terms = []
@@ -216,7 +226,8 @@ def _reference_side(args, torch, data_obj, dumps, out):
       torch.manual_seed(seed)
       np.random.seed(seed)
       if args.lockstep:
-        zs = iter(lockstep_noise(seed, args.iterations or 10))
+        zs = iter(lockstep_noise(seed,
+                                 args.iterations or REFERENCE_ITERATIONS))
 
         def fixed_randn(*shape, **kw):
           del kw
@@ -228,10 +239,7 @@ def _reference_side(args, torch, data_obj, dumps, out):
         torch.randn = fixed_randn
       s_model = lenet()
       s_model.load_state_dict(d["student"])
-      g_model = gan_models.CGeneratorA(nz=100, ngf=64, nc=data_obj.channels,
-                                       img_size=data_obj.width,
-                                       n_cls=data_obj.n_cls)
-      g_model.load_state_dict(d["generator"])
+      g_model = _torch_generator(data_obj, d["generator"])
       _, before = lfg.get_acc_loss(data_obj.tst_x, data_obj.tst_y, s_model,
                                    d["dataset_name"], 0)
       terms.clear()
@@ -330,8 +338,9 @@ def _our_side(args, torch, data_obj, dumps, out):
       t0 = time.time()
       round_fn, trace = iga.round, []
       if args.lockstep:
-        round_fn, trace = _lockstep_round(iga, seed, d["class_counts"],
-                                          args.iterations or 10)
+        round_fn, trace = _lockstep_round(
+            iga, seed, d["class_counts"],
+            args.iterations or REFERENCE_ITERATIONS)
       _, sp, _, metrics = round_fn(state, student, {}, teacher_params,
                                    teacher_stats,
                                    jnp.asarray(d["class_counts"]), rnd - 1)
@@ -388,13 +397,8 @@ def _lockstep_round(iga, seed, class_counts, iterations):
 
 def flax_lenet_to_state_dict(params, side: int = 28):
   """Inverse of :func:`lenet_to_flax`."""
-  s = ((side - 4) // 2 - 4) // 2
-  c = np.asarray(params["conv2"]["bias"]).shape[0]
-  h, w, ch = np.meshgrid(np.arange(s), np.arange(s), np.arange(c),
-                         indexing="ij")
-  rows = (ch * s * s + h * s + w).reshape(-1)
-  fc1 = np.empty((params["fc1"]["kernel"].shape[1], len(rows)), np.float32)
-  fc1[:, rows] = np.asarray(params["fc1"]["kernel"]).T
+  fc1 = nhwc_rows_to_nchw(np.asarray(params["fc1"]["kernel"], np.float32),
+                          _lenet_map(side, params["conv2"]["bias"])).T
   conv = lambda k: np.transpose(np.asarray(k), (3, 2, 0, 1))
   a = lambda x: np.asarray(x, np.float32)
   return {"conv1.weight": conv(params["conv1"]["kernel"]),
@@ -414,7 +418,6 @@ def _check(torch, d, lenet, data_obj, task, generator, student, gen_params,
   outputs (logits on 64 test images; generator images in both BatchNorm
   modes) to 1e-4 of each output's largest entry (in training mode the
   last BatchNorm standardises 8 images, whose entries reach about 16)."""
-  from models import gan_models  # pylint: disable=g-import-not-at-top
   s = lenet()
   s.load_state_dict(d["student"])
   s.eval()
@@ -423,9 +426,7 @@ def _check(torch, d, lenet, data_obj, task, generator, student, gen_params,
   got = np.asarray(task.apply(student, {}, x_test[:64], train=False)[0])
   rel = lambda a, b: float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
   err = rel(got, want)
-  g = gan_models.CGeneratorA(nz=100, ngf=64, nc=data_obj.channels,
-                             img_size=data_obj.width, n_cls=data_obj.n_cls)
-  g.load_state_dict(d["generator"])
+  g = _torch_generator(data_obj, d["generator"])
   z = np.random.default_rng(0).standard_normal((8, 100)).astype(np.float32)
   y = np.arange(8) % data_obj.n_cls
   onehot = np.eye(data_obj.n_cls, dtype=np.float32)[y]
@@ -466,9 +467,10 @@ def compare(reference_dir: str, other_dirs) -> str:
       n = min(len(a["terms"]), len(b["terms"]))
       ta, tb = a["terms"][:n], b["terms"][:n]
       rel = np.max(np.abs(ta - tb) / np.abs(tb), axis=1)
-      k = n // REFERENCE_ITERATIONS
+      k = n // int(b["iterations"])
       student = max(float(np.max(np.abs(a[f] - b[f])) / np.max(np.abs(b[f])))
-                    for f in b.files if f not in ("terms", "accuracy"))
+                    for f in b.files
+                    if f not in ("terms", "accuracy", "iterations"))
       rnd = int(re.search(r"round(\d+)", tail).group(1))
       rows.append(
           f"| {os.path.basename(d.rstrip('/'))} | {rnd} | {k} | "

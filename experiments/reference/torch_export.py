@@ -42,6 +42,19 @@ import numpy as np
 PyTree = Any
 
 
+def nhwc_rows_to_nchw(a: np.ndarray, hwc: Sequence[int]) -> np.ndarray:
+  """Reorders the rows of ``a [H·W·C, ...]`` from ``(h, w, c)`` order (Flax's
+  flattening of NHWC maps) to ``(c, h, w)`` (PyTorch's of NCHW)."""
+  h, w, c = hwc
+  return a.reshape(h, w, c, -1).transpose(2, 0, 1, 3).reshape(a.shape)
+
+
+def nchw_rows_to_nhwc(a: np.ndarray, hwc: Sequence[int]) -> np.ndarray:
+  """The inverse of :func:`nhwc_rows_to_nchw`."""
+  h, w, c = hwc
+  return a.reshape(c, h, w, -1).transpose(1, 2, 0, 3).reshape(a.shape)
+
+
 def flax_to_torch(params: PyTree, batch_stats: PyTree, *,
                   features: Sequence[int], image_hw: tuple[int, int]
                   ) -> dict[str, np.ndarray]:
@@ -72,9 +85,8 @@ def flax_to_torch(params: PyTree, batch_stats: PyTree, *,
     sd[f"blocks.{i}.1.num_batches_tracked"] = np.zeros((), np.int64)
   h, w = (s // 2 ** len(features) for s in image_hw)
   kernel = params["fc"]["kernel"]           # [h·w·c, K], rows in (h, w, c).
-  c, k = features[-1], kernel.shape[-1]
-  kernel = kernel.reshape(h, w, c, k).transpose(2, 0, 1, 3).reshape(-1, k)
-  sd["fc.weight"] = kernel.T
+  sd["fc.weight"] = nhwc_rows_to_nchw(np.asarray(kernel),
+                                      (h, w, features[-1])).T
   sd["fc.bias"] = params["fc"]["bias"]
   # Writable copies: torch.from_numpy warns on read-only device buffers.
   return {n: np.array(a, np.int64 if a.dtype == np.int64 else np.float32)
