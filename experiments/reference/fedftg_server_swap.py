@@ -27,7 +27,7 @@ checked against the PyTorch models' outputs before anything runs) and calls
 one round of our IGA (:func:`fedjax_dd.distill.iga.make_iga`) built from
 ``experiments/configs/fedftg.py:fmnist_dir0.01``'s settings, with
 ``--set name=value`` overriding any of its ``IGAHyperParams`` (to measure
-one departure at a time). Its round counter is ``round − 1``, so both use
+one departure at a time; ``name=None`` sets None). Its round counter is ``round − 1``, so both use
 the learning rates ``0.1 · 0.998^(round−1)`` and ``0.01 · 0.998^(round−1)``;
 its key is ``1000 · round + rep``.
 
@@ -286,8 +286,7 @@ def _our_side(args, torch, data_obj, dumps, out):
     name, value = item.split("=", 1)
     if name not in fields:
       raise SystemExit(f"--set {name}: not an IGAHyperParams field.")
-    hp[name] = type(hp[name])(value) if not isinstance(hp[name], bool) else (
-        value.lower() in ("1", "true", "yes"))
+    hp[name] = _set_value(hp[name], value)
   hparams = IGAHyperParams(**hp)
   side = data_obj.width
   # The entry point's LeNet-5; its inputs are normalised already.
@@ -484,6 +483,24 @@ def _write(out, rec):
   out.write(json.dumps(rec) + "\n")
   out.flush()
   print(json.dumps(rec), flush=True)
+
+
+def _set_value(current, value: str):
+  """``--set``'s text as the type of the field's current value; a field
+  that is None now takes a number if the text is one, else the text, and
+  ``None`` (or nothing) sets None."""
+  if value in ("", "None"):
+    return None
+  if isinstance(current, bool):
+    return value.lower() in ("1", "true", "yes")
+  if current is not None:
+    return type(current)(value)
+  for kind in (int, float):
+    try:
+      return kind(value)
+    except ValueError:
+      pass
+  return value
 
 
 def main(argv=None):

@@ -38,6 +38,20 @@ def test_imports_without_torch_and_unflatten_checks_the_length():
   np.testing.assert_array_equal(z, swap.lockstep_noise(7, 3))
 
 
+def test_set_parses_as_the_field_and_fills_none_valued_fields():
+  swap = _load()
+  assert swap._set_value(True, "false") is False
+  assert swap._set_value(False, "True") is True
+  assert swap._set_value(10, "3") == 3 and isinstance(swap._set_value(10, "3"), int)
+  assert swap._set_value(0.1, "0.05") == 0.05
+  assert swap._set_value("kl", "l1_logits") == "l1_logits"
+  # A field that is None now (student_discrepancy): the text, or a number.
+  assert swap._set_value(None, "kl") == "kl"
+  assert swap._set_value(None, "4") == 4 and swap._set_value(None, "0.5") == 0.5
+  assert swap._set_value("kl", "None") is None
+  assert swap._set_value(None, "") is None
+
+
 def test_lenet_conversion_reproduces_the_logits_and_inverts():
   torch = pytest.importorskip("torch")
   from fedjax_dd.models import get_model
