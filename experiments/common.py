@@ -158,11 +158,15 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
       proj_dim=int(_lookup(config, "model.proj_dim") or 0))
 
 
-def conv_impl(config: ml_collections.ConfigDict) -> str:
+def conv_impl(config: ml_collections.ConfigDict,
+              model: str | None = None) -> str:
   """``config.model.conv_impl`` resolved for this platform and jax
   (``"lax"`` or ``"patches"``); ``"auto"`` (the policy's form, what
-  ``spec.build(n)`` gets) for configs without the key."""
-  return models.resolve_conv_impl(_lookup(config, "model.conv_impl") or "auto")
+  ``spec.build(n)`` gets) for configs without the key. ``model``: the class
+  name of a model with its own ``"auto"`` form (the generators,
+  :func:`fedjax_dd.policy.conv_form`)."""
+  return models.resolve_conv_impl(_lookup(config, "model.conv_impl") or "auto",
+                                  model=model)
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:

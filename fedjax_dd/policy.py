@@ -7,6 +7,8 @@ version range; nothing else picks a form. A row holds:
 * ``conv``: how convolutions are computed, ``"lax"``
   (``lax.conv_general_dilated``) or ``"patches"`` (patch extraction + one
   matmul, :func:`fedjax_dd.models.layers.patches_conv_general_dilated`);
+  the generators of :data:`LAX_CONV_MODELS` keep ``lax`` on every row
+  (:func:`conv_form`);
 * ``kernel_grad``: with ``lax`` convolutions, ``"lax"`` (autodiff's
   kernel gradient) or ``"matmul"`` (the measured matmul kernel gradients of
   :data:`MATMUL_KERNEL_GRADS`' models; :func:`kernel_grads`);
@@ -266,6 +268,20 @@ MATMUL_KERNEL_GRADS: Mapping[str, tuple[str, str]] = {
     "CNN3": ("gemm", "taps"),
 }
 
+# Models (class names) whose convolutions are ``lax`` on every row, also
+# where a row's ``conv`` is "patches". The patches form was measured on the
+# clients' classifiers, whose convolutions run vmapped over a cohort with
+# 1-64 channels; the data-free generators run unbatched over the clients,
+# with 64-128 channels at 14x14 to 32x32, where XLA:CPU's own convolution
+# is the faster one. Jax 0.12, one core shared with other runs, forms
+# alternated: the engine's DisUE round (bench_disue) spent 24.7-24.9 s in
+# IGA against 51.2-67.8 s with patches (2.1-2.7x); FedFTG's IGA round
+# (CGeneratorA, ngf 64, batch 50, 15 LeNet-5 teachers, 2 iterations)
+# 47.0-50.6 s against 63.6-66.7 s (1.3x); DENSE's / FedHydra's Generator
+# (ngf 32, batch 64), forward and backward 541 ms against 1,185 (28x28x1)
+# and 775-780 against 1,573-1,580 (32x32x3); experiments/perf_notes.md.
+LAX_CONV_MODELS: frozenset[str] = frozenset({"Generator", "CGeneratorA"})
+
 # Models whose training gradient XLA:CPU's classic runtime fails to compile
 # (jax 0.5.3, ResNet-18): their programs keep XLA's default runtime.
 CLASSIC_RUNTIME_UNSAFE: frozenset[str] = frozenset({"resnet18"})
@@ -303,6 +319,21 @@ def lookup(platform: str | None = None,
 def current() -> Policy:
   """The row for JAX's default backend and the running jax."""
   return lookup()
+
+
+def conv_form(model: str | None = None, row: Policy | None = None) -> str:
+  """The convolution form ``conv_impl="auto"`` resolves to for ``model``.
+
+  Args:
+    model: The model's class name, or None for the row's form.
+    row: The policy row; default :func:`current`.
+
+  Returns:
+    ``"lax"`` for the models of :data:`LAX_CONV_MODELS`, else the row's
+    ``conv``.
+  """
+  row = row or current()
+  return "lax" if model in LAX_CONV_MODELS else row.conv
 
 
 def kernel_grads(model: str, num_convs: int,

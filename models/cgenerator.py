@@ -72,7 +72,8 @@ class CGeneratorA(nn.Module):
     conditional: always True: ``__call__`` takes the labels.
     output_space: always ``"normalised"`` (see above).
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy.conv_form`` for
+      ``"CGeneratorA"``, ``lax`` on every platform); same parameters.
     conv_bias: whether ``conv1`` and ``conv2`` (each before a BatchNorm)
       have a bias, as in FedFTG's code (see above).
   """
@@ -122,6 +123,7 @@ class CGeneratorA(nn.Module):
     if y.shape != (z.shape[0],):
       raise ValueError(f"y must have shape [{z.shape[0]}], got {y.shape}.")
 
+    impl = layers.resolve_conv_impl(self.conv_impl, model="CGeneratorA")
     b, h0, w0 = z.shape[0], h // 4, w // 4
     noise = nn.Dense(h0 * w0 * self.ngf, name="noise_fc")(z)
     onehot = jax.nn.one_hot(y, self.num_classes, dtype=z.dtype)
@@ -131,11 +133,11 @@ class CGeneratorA(nn.Module):
     x = layers.batch_norm(train, name="bn0")(x)
     for i, width in enumerate((2 * self.ngf, self.ngf)):
       x = _upsample2(x)
-      x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
+      x = layers.conv(impl, width, (3, 3), padding="SAME",
                       use_bias=self.conv_bias, name=f"conv{i + 1}")(x)
       x = nn.leaky_relu(layers.batch_norm(train, name=f"bn{i + 1}")(x),
                         negative_slope=0.2)
-    x = jnp.tanh(layers.conv(self.conv_impl, ch, (3, 3), padding="SAME",
+    x = jnp.tanh(layers.conv(impl, ch, (3, 3), padding="SAME",
                              name="conv3")(x))
     return nn.BatchNorm(use_running_average=not train,
                         momentum=layers.BN_MOMENTUM,

@@ -48,7 +48,8 @@ class Generator(nn.Module):
     conditional: Whether ``__call__`` takes labels ``y``.
     num_classes: Number of labels of the conditional variant.
     conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+      or ``"auto"`` (the default: ``fedjax_dd.policy.conv_form`` for
+      ``"Generator"``, ``lax`` on every platform); same parameters.
   """
 
   out_shape: tuple = (32, 32, 3)
@@ -110,6 +111,7 @@ class Generator(nn.Module):
           "Labels y were passed to an unconditional Generator; build it with "
           "conditional=True.")
 
+    impl = layers.resolve_conv_impl(self.conv_impl, model="Generator")
     c0 = 2 * self.ngf
     x = nn.Dense(h // 4 * (w // 4) * c0, name="fc")(z)
     x = x.reshape(z.shape[0], h // 4, w // 4, c0)
@@ -119,11 +121,11 @@ class Generator(nn.Module):
         x = nn.leaky_relu(layers.batch_norm(train, name=f"bn{i + 1}")(x),
                           negative_slope=0.2)
       x = _upsample2(x)
-      x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
+      x = layers.conv(impl, width, (3, 3), padding="SAME",
                       use_bias=False, name=f"conv{i + 1}")(x)
     x = nn.leaky_relu(layers.batch_norm(train, name="bn3")(x),
                       negative_slope=0.2)
-    x = layers.conv(self.conv_impl, ch, (3, 3), padding="SAME", name="conv3")(x)
+    x = layers.conv(impl, ch, (3, 3), padding="SAME", name="conv3")(x)
     return nn.sigmoid(x)
 
 

@@ -58,7 +58,8 @@ CONV_IMPLS = ("auto", "lax", "patches")
 
 def resolve_conv_impl(conv_impl: str = "auto",
                       platform: str | None = None,
-                      jax_version: str | None = None) -> str:
+                      jax_version: str | None = None,
+                      model: str | None = None) -> str:
   """The concrete convolution formulation ``"lax"`` or ``"patches"``.
 
   Args:
@@ -67,10 +68,12 @@ def resolve_conv_impl(conv_impl: str = "auto",
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default
       backend. Only read for ``"auto"``.
     jax_version: e.g. ``"0.10.2"``; default the running ``jax.__version__``.
+    model: The class name of the model whose convolutions these are; some
+      models have their own form (:func:`fedjax_dd.policy.conv_form`).
 
   Returns:
     ``"lax"`` or ``"patches"``: for ``"auto"`` the policy's form for the
-    platform and jax version (:func:`fedjax_dd.policy.lookup`).
+    platform, jax version and model (:func:`fedjax_dd.policy.lookup`).
 
   Raises:
     ValueError: If ``conv_impl`` is not one of :data:`CONV_IMPLS`.
@@ -80,7 +83,7 @@ def resolve_conv_impl(conv_impl: str = "auto",
                      f"{CONV_IMPLS}.")
   if conv_impl != "auto":
     return conv_impl
-  return policy.lookup(platform, jax_version).conv
+  return policy.conv_form(model, policy.lookup(platform, jax_version))
 
 
 def patches_conv_general_dilated(

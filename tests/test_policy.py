@@ -90,6 +90,64 @@ def test_kernel_grads_per_model_on_cpu():
   assert policy.kernel_grads("DigitsCNN", 2, row) == ("lax", "lax")
 
 
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
+@pytest.mark.parametrize("version", _VERSIONS)
+def test_generators_keep_lax_convolutions_on_every_row(platform, version):
+  row = policy.lookup(platform, version)
+  for name in ("Generator", "CGeneratorA"):
+    assert name in policy.LAX_CONV_MODELS
+    assert policy.conv_form(name, row) == "lax"
+    assert layers.resolve_conv_impl("auto", platform, version, name) == "lax"
+    # An explicit form is kept.
+    assert layers.resolve_conv_impl("patches", platform, version,
+                                    name) == "patches"
+  # Any other model, or none named, takes the row's form.
+  assert policy.conv_form("LeNet5", row) == policy.conv_form(None, row) == (
+      row.conv) == layers.resolve_conv_impl("auto", platform, version)
+
+
+def test_the_generators_exception_differs_from_newer_cpu_rows():
+  # Where the exception matters: the classifiers' CPU form is patches.
+  assert policy.lookup("cpu", "0.12.0.1").conv == "patches"
+  assert policy.conv_form("CGeneratorA", policy.lookup("cpu", "0.12.0.1")) == (
+      "lax")
+
+
+@pytest.mark.parametrize("make", ["generator", "cgenerator"])
+def test_generators_build_auto_as_lax(make, monkeypatch):
+  from fedjax_dd.models.cgenerator import CGeneratorA
+  seen = []
+  conv = layers.conv
+
+  def recording(impl, *args, **kwargs):
+    seen.append(impl)
+    return conv(impl, *args, **kwargs)
+
+  monkeypatch.setattr(layers, "conv", recording)
+  z, y = jnp.zeros((2, 4)), jnp.array([0, 1])
+  if make == "generator":
+    g, args = models.Generator(out_shape=(8, 8, 1), nz=4, ngf=4), (z,)
+  else:
+    g = CGeneratorA(out_shape=(8, 8, 1), nz=4, ngf=4, num_classes=2)
+    args = (z, y)
+  g.init(jax.random.PRNGKey(0), *args, train=False)
+  assert seen == ["lax"] * 3
+  seen.clear()
+  g.clone(conv_impl="patches").init(jax.random.PRNGKey(0), *args,
+                                     train=False)
+  assert seen == ["patches"] * 3
+
+
+def test_entry_point_resolves_the_generators_form():
+  from fedjax_dd.experiments import common
+  config = _entry_config("lenet5")
+  assert common.conv_impl(config, "CGeneratorA") == "lax"
+  assert common.conv_impl(config, "Generator") == "lax"
+  assert common.conv_impl(config) == policy.current().conv
+  config.model.conv_impl = "patches"
+  assert common.conv_impl(config, "Generator") == "patches"
+
+
 def test_as_dict_is_json_ready():
   import json
   d = policy.as_dict(policy.lookup("cpu", "0.5.3"))
