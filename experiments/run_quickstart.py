@@ -27,7 +27,8 @@ from fedjax_dd.utils import reporting
 
 def member_config(config: ml_collections.ConfigDict,
                   name: str) -> ml_collections.ConfigDict:
-  """The config of member ``name``: its preset with the shared settings."""
+  """The config of member ``name``: its preset with the shared settings
+  (data, partition, seed, ``model.conv_impl``)."""
   m = config.members[name]
   module = importlib.import_module(
       f"fedjax_dd.experiments.configs.{m.config}")
@@ -35,6 +36,9 @@ def member_config(config: ml_collections.ConfigDict,
   c.seed = config.seed
   for key in ("dataset", "num_clients", "partition", "seed"):
     c.data[key] = config.data[key]
+  # How convolutions are computed (same results to float rounding) is the
+  # run's, as --config.model.conv_impl sets it on the quickstart.
+  c.model.conv_impl = config.model.conv_impl
   for path, value in m.overrides:
     base_lib.set_path(c, path, value)
   c.run.progress = config.run.progress

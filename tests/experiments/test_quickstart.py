@@ -24,6 +24,10 @@ def test_members_share_data_partition_and_seed():
   # the others keep the shared start.
   assert [m.client.independent_init for m in configs] == [
       False, False, False, True, False]
+  # The run's convolution form reaches every member.
+  c.model.conv_impl = "patches"
+  assert {run_quickstart.member_config(c, m).model.conv_impl
+          for m in c.order} == {"patches"}
 
 
 def test_table_formats_every_row():
