@@ -27,9 +27,9 @@ checked against the PyTorch models' outputs before anything runs) and calls
 one round of our IGA (:func:`fedjax_dd.distill.iga.make_iga`) built from
 ``experiments/configs/fedftg.py:fmnist_dir0.01``'s settings, with
 ``--set name=value`` overriding any of its ``IGAHyperParams`` (to measure
-one departure at a time; ``name=None`` sets None). Its round counter is ``round − 1``, so both use
-the learning rates ``0.1 · 0.998^(round−1)`` and ``0.01 · 0.998^(round−1)``;
-its key is ``1000 · round + rep``.
+one departure at a time; ``name=None`` sets None). Its round counter is
+``round − 1``, so both use the learning rates ``0.1 · 0.998^(round−1)`` and
+``0.01 · 0.998^(round−1)``; its key is ``1000 · round + rep``.
 
 Both are evaluated on the test set as the adapter normalises it (the
 partition file's mean and std), so ``before`` is the same number on both

@@ -42,7 +42,8 @@ def test_set_parses_as_the_field_and_fills_none_valued_fields():
   swap = _load()
   assert swap._set_value(True, "false") is False
   assert swap._set_value(False, "True") is True
-  assert swap._set_value(10, "3") == 3 and isinstance(swap._set_value(10, "3"), int)
+  three = swap._set_value(10, "3")
+  assert three == 3 and isinstance(three, int)
   assert swap._set_value(0.1, "0.05") == 0.05
   assert swap._set_value("kl", "l1_logits") == "l1_logits"
   # A field that is None now (student_discrepancy): the text, or a number.
