@@ -80,7 +80,8 @@ def _iga(config, task: Classifier, *, feddf: bool = False):
     hparams = feddf_hparams(hparams)
   generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,
                           ngf=i.ngf, num_classes=task.num_classes,
-                          conv_impl=common.conv_impl(config, "CGeneratorA"))
+                          conv_impl=common.conv_impl(config,
+                                                    CGeneratorA.__name__))
   n = config.data.num_clients
   return make_iga(task, generator,
                   num_teachers_max=common.cohort(config, n).size_bound(n),

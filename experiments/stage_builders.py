@@ -77,8 +77,8 @@ def _synthesis(config, task) -> dict[str, Any]:
   return dict(
       generator=models.Generator(out_shape=tuple(task.input_shape),
                                  nz=d.nz, ngf=d.ngf,
-                                 conv_impl=common.conv_impl(config,
-                                                            "Generator")),
+                                 conv_impl=common.conv_impl(
+                                     config, models.Generator.__name__)),
       generator_optimizer=optax.adam(d.generator_lr, b1=d.generator_b1),
       student_optimizer=optax.sgd(d.student_lr,
                                   momentum=d.student_momentum or None),

@@ -123,7 +123,8 @@ class CGeneratorA(nn.Module):
     if y.shape != (z.shape[0],):
       raise ValueError(f"y must have shape [{z.shape[0]}], got {y.shape}.")
 
-    impl = layers.resolve_conv_impl(self.conv_impl, model="CGeneratorA")
+    impl = layers.resolve_conv_impl(self.conv_impl,
+                                     model=CGeneratorA.__name__)
     b, h0, w0 = z.shape[0], h // 4, w // 4
     noise = nn.Dense(h0 * w0 * self.ngf, name="noise_fc")(z)
     onehot = jax.nn.one_hot(y, self.num_classes, dtype=z.dtype)

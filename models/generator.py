@@ -111,7 +111,8 @@ class Generator(nn.Module):
           "Labels y were passed to an unconditional Generator; build it with "
           "conditional=True.")
 
-    impl = layers.resolve_conv_impl(self.conv_impl, model="Generator")
+    impl = layers.resolve_conv_impl(self.conv_impl,
+                                     model=Generator.__name__)
     c0 = 2 * self.ngf
     x = nn.Dense(h // 4 * (w // 4) * c0, name="fc")(z)
     x = x.reshape(z.shape[0], h // 4, w // 4, c0)
