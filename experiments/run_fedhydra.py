@@ -21,6 +21,10 @@ undefined across architectures, so ``os_fedavg_test_accuracy`` is null and
 protocol (checked) whose round-1 client models are reused.
 ``config.client.independent_init`` starts every client from its own
 initialisation instead of the shared global model (one round only).
+``config.run.client_span_steps`` trains the clients in checkpointed spans of
+that many local steps (a long local training, e.g. FedHydra's 200 epochs,
+resumes inside it; ``run.max_wall_seconds`` stops it between spans, with
+``client_steps_done`` of ``client_steps_total`` in the summary).
 
 Outputs: ``metrics.jsonl`` (one row per evaluated epoch), ``summary.json``,
 ``u_r.png``, ``samples.png``, ``accuracy.png``.
@@ -127,8 +131,21 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       teachers_from=config.server.teachers_from or None,
       protocol=_protocol(config),
       setup_fingerprint=common.fingerprint(config, "server_setup"),
+      client_span_steps=config.run.client_span_steps,
       on_clients=one_shot.client_report(groups, client_evaluators,
                                         None if archs else evaluate))
+  if result.client_steps is not None:
+    # The budget stopped the clients' spans: no model yet; the same command
+    # resumes them.
+    done, total = result.client_steps
+    summary = runners.summarize(
+        config, rows=rows, ledger=result.ledger, params=result.params,
+        rounds=result.rounds, wall=wall, num_clients=data.num_clients,
+        final_test_accuracy=None, stopped_by_time_budget=True,
+        round_key="step", curve_name="accuracy_by_epoch",
+        extra={"client_steps_done": done, "client_steps_total": total})
+    work.write_summary(summary)
+    return summary
 
   class_counts = partition_lib.class_counts(ds.y_train, parts,
                                             task.num_classes)  # [m, c]

@@ -25,7 +25,8 @@ package stays cheap)::
                affinity_propagation, cfl, pacfl (cluster_clients: its
                signatures and clusters)
   shapes       FederatedAlgorithm, ServerDistillation, ServerState,
-               ExperimentState, Cohort, Teachers, CommSpec
+               ExperimentState, Cohort, Teachers, CommSpec,
+               SpannedClientStage, ClientProgress
   loops        run_loop, run_rounds, train_rounds, run_server_rounds and
                their options; CheckpointStore, StageCache, Workdir,
                run_summary (a finished run's summary.json fields)
@@ -99,6 +100,8 @@ _API: dict[str, tuple[str, str | None]] = {
     "Cohort": ("fedjax_dd.core.algorithm", "Cohort"),
     "Teachers": ("fedjax_dd.core.algorithm", "Teachers"),
     "CommSpec": ("fedjax_dd.core.algorithm", "CommSpec"),
+    "SpannedClientStage": ("fedjax_dd.core.algorithm", "SpannedClientStage"),
+    "ClientProgress": ("fedjax_dd.core.algorithm", "ClientProgress"),
     # Loops, checkpoints, run directory.
     "run_loop": ("fedjax_dd.core.loop", "run_loop"),
     "LoopOptions": ("fedjax_dd.core.loop", "LoopOptions"),

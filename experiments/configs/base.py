@@ -168,6 +168,11 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # Stop (exit non-zero, last good checkpoint kept) at the first round or
       # server epoch whose loss is NaN or infinite; False writes it and goes on.
       "stop_on_nonfinite": True,
+      # > 0: the one-shot runner's clients train in spans of this many local
+      # steps, each checkpointed (DIR/r1/client_spans), so a run killed or
+      # stopped by max_wall_seconds inside a long local training resumes
+      # there; the models are those of one call. 0: one call.
+      "client_span_steps": 0,
   })
   return c
 

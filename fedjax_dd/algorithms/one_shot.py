@@ -27,7 +27,9 @@ import optax
 
 from fedjax_dd.algorithms import stages
 from fedjax_dd.core import keys
-from fedjax_dd.core.algorithm import Cohort, ServerDistillation, Teachers
+from fedjax_dd.core.algorithm import ClientProgress, Cohort
+from fedjax_dd.core.algorithm import ServerDistillation, SpannedClientStage
+from fedjax_dd.core.algorithm import Teachers
 from fedjax_dd.core.algorithm import no_setup
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import LocalResult, make_local_update
@@ -102,7 +104,7 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
                  num_steps: jax.Array,
                  mappers: Sequence[ClientMapper] | None = None,
                  independent_init: jax.Array | None = None
-                 ) -> Callable[..., Teachers]:
+                 ) -> SpannedClientStage:
   """The one-shot client stage over architecture groups.
 
   Args:
@@ -119,12 +121,16 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
       clients that share no start.
 
   Returns:
+    A :class:`~fedjax_dd.core.algorithm.SpannedClientStage`. Called as
     ``stage(starts, data, key) -> Teachers``: ``starts`` holds per group the
     ``(params, batch_stats)`` every client of the group starts from; ``data``
     is every client's padded data (``x [m, N_max, H, W, Ch]`` uint8,
     ``y [m, N_max]`` integer, ``num_examples [m]``); ``key`` is the round's
-    train key. ``stage`` checks ``data`` (shapes and dtypes; count ranges of
-    host arrays) before training and raises ``ValueError`` naming the field.
+    train key. Its ``begin`` checks ``data`` (shapes and dtypes; count ranges
+    of host arrays) before training and raises ``ValueError`` naming the
+    field. Its ``advance`` runs a span of local steps, so the driver can
+    checkpoint a long local training (``ServerOptions.client_span_steps``);
+    the models equal those of one call.
 
   Raises:
     ValueError: ``num_steps`` not ``[m]`` integer step counts ``>= 0``
@@ -136,32 +142,56 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
   mappers = tuple(mappers) if mappers is not None else (ClientMapper(),) * len(groups)
   num_steps = jnp.asarray(num_steps)
   own = independent_init is not None
+  maxima = tuple(int(jnp.max(num_steps[np.asarray(g.client_ids)]))
+                 for g in groups)
   trains = tuple(
-      local_stage(g.task, optimizer, batch_size=batch_size,
-                  max_steps=int(jnp.max(num_steps[np.asarray(g.client_ids)])),
-                  mapper=mp, per_client_start=own)
-      for g, mp in zip(groups, mappers))
+      stages.client_span_stage(
+          make_local_update(g.task, optimizer, batch_size=batch_size,
+                            max_steps=max(n, 1)), mp)
+      for g, mp, n in zip(groups, mappers, maxima))
 
-  def stage(starts, data: ClientData, key: jax.Array) -> Teachers:
+  def cohort(g, data: ClientData) -> Cohort:
+    ids = jnp.asarray(g.client_ids)
+    # Client ids are kept, so each client's key is that of its id.
+    return Cohort(x=data.x[ids], y=data.y[ids],
+                  num_examples=data.num_examples[ids],
+                  num_steps=num_steps[ids], client_ids=ids)
+
+  def begin(starts, data: ClientData) -> ClientProgress:
     validate.client_stack(data.x, data.y, data.num_examples)
     if data.num_clients != m:
       raise ValueError(f"data must hold the {m} clients of the groups, got "
                        f"{data.num_clients} (x shape "
                        f"{validate.shape_str(data.x.shape)}).")
     out = []
-    for g, train, (params, stats) in zip(groups, trains, starts):
+    for g, (params, stats) in zip(groups, starts):
       ids = jnp.asarray(g.client_ids)
-      # Client ids are kept, so each client's key is that of its id.
-      cohort = Cohort(x=data.x[ids], y=data.y[ids],
-                      num_examples=data.num_examples[ids],
-                      num_steps=num_steps[ids], client_ids=ids)
       if own:
         params, stats = independent_starts(g.task, independent_init, ids)
-      result = train(params, stats, cohort, key)
-      out.append((result.params, result.batch_stats))
-    return Teachers(vars=tuple(out), num_examples=data.num_examples)
+      else:  # One copy per client: each trains its own from here.
+        params, stats = jax.tree_util.tree_map(
+            lambda a: jnp.broadcast_to(a, (ids.shape[0], *a.shape)),
+            (params, stats))
+      out.append((params, stats, jax.vmap(optimizer.init)(params)))
+    return ClientProgress(vars=tuple(out))
 
-  return stage
+  def advance(progress: ClientProgress, data: ClientData, key: jax.Array,
+              first, stop) -> ClientProgress:
+    out = []
+    for g, train, (params, stats, opt) in zip(groups, trains, progress.vars):
+      c = cohort(g, data)
+      no_ctx = jnp.zeros(c.client_ids.shape, jnp.float32)
+      r = train(params, stats, opt, (), c, keys.client_keys(key, c.client_ids),
+                no_ctx, first, stop)
+      out.append((r.params, r.batch_stats, r.opt_state))
+    return ClientProgress(vars=tuple(out))
+
+  def finish(progress: ClientProgress, data: ClientData) -> Teachers:
+    return Teachers(vars=tuple((p, s) for p, s, _ in progress.vars),
+                    num_examples=data.num_examples)
+
+  return SpannedClientStage(begin=begin, advance=advance, finish=finish,
+                            total_steps=max(maxima, default=0))
 
 
 def average(teachers: Teachers) -> tuple[PyTree, PyTree]:

@@ -15,6 +15,7 @@ import optax
 
 from fedjax_dd.core.algorithm import ServerState
 # ``client_stage`` lives in the core (distill/ uses it too); re-exported here.
+from fedjax_dd.core.clients import client_span_stage  # noqa: F401
 from fedjax_dd.core.clients import client_stage  # noqa: F401
 from fedjax_dd.core.local import LocalResult
 

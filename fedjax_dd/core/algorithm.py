@@ -111,6 +111,47 @@ class Teachers:
   num_examples: jax.Array
 
 
+@flax.struct.dataclass
+class ClientProgress:
+  """A client stage trained part of the way (:class:`SpannedClientStage`).
+
+  Attributes:
+    vars: per group ``(params, batch_stats, opt_state)``, each stacked
+      ``[m_g, ...]`` in the order of the group's client ids.
+  """
+  vars: tuple[tuple[PyTree, PyTree, PyTree], ...]
+
+
+class SpannedClientStage(NamedTuple):
+  """A client stage that can run in spans of local steps.
+
+  Called as ``stage(starts, data, key) -> Teachers`` it is an ordinary
+  ``client_stage``, run as one span. The driver
+  (:func:`fedjax_dd.core.server.run_server_rounds`, with
+  ``ServerOptions.client_span_steps``) instead runs ``advance`` span by span
+  and checkpoints the :class:`ClientProgress` between spans, so a run killed
+  during a long local training (FedHydra's 200 epochs) resumes inside it.
+  The models are those of one span (``tests/core/test_server.py``).
+
+  Attributes:
+    begin: ``(starts, data) -> ClientProgress`` at step 0 (validates
+      ``data``).
+    advance: ``(progress, data, key, first, stop) -> ClientProgress``: every
+      client's steps ``[first, min(stop, its own count))``.
+    finish: ``(progress, data) -> Teachers``.
+    total_steps: the largest client's step count (the stage is done there).
+  """
+  begin: Callable[..., ClientProgress]
+  advance: Callable[..., ClientProgress]
+  finish: Callable[..., "Teachers"]
+  total_steps: int
+
+  def __call__(self, starts, data, key) -> "Teachers":
+    progress = self.advance(self.begin(starts, data), data, key, 0,
+                            self.total_steps)
+    return self.finish(progress, data)
+
+
 class ServerDistillation(NamedTuple):
   """A one-shot or server-side-distillation method as pure functions.
 
@@ -122,7 +163,9 @@ class ServerDistillation(NamedTuple):
   Attributes:
     client_stage: ``(starts, cohort, key) -> Teachers``: every client trains
       once from ``starts`` (per group ``(params, batch_stats)``) on its data
-      (the mapped client program; client ``i`` keys from its id).
+      (the mapped client program; client ``i`` keys from its id). A
+      :class:`SpannedClientStage` can also be run and checkpointed in spans
+      of local steps.
     setup: ``(teachers, key) -> dict[str, Array]``: a one-off server
       computation before the epochs (FedHydra's stratification, Alg. 2),
       cached with the round's checkpoints; ``{}`` when there is none. May

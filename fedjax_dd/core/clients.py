@@ -778,3 +778,51 @@ def client_stage(local: LocalUpdate,
                   cohort.num_examples, cohort.num_steps, keys, client_ctx)
 
   return train
+
+
+def client_span_stage(local: LocalUpdate,
+                      mapper: ClientMapper) -> Callable[..., LocalResult]:
+  """Local training of a cohort in spans of steps, from per-client states.
+
+  The resumable form of :func:`client_stage`: every client continues from
+  its own ``(params, batch_stats, opt_state)`` and makes its steps
+  ``[first, min(num_steps, stop))``. Spans run one after another
+  (``[0, s1)``, ``[s1, s2)``, …) compute the same steps as one span
+  ``[0, max)``: step ``t`` draws its batch from ``fold_in(key, t)``, and the
+  clients are ordered by their full ``num_steps`` in every span, so each
+  vmapped chunk holds the same clients as in one call. A long local training
+  (FedHydra's 200 epochs) can so be checkpointed between spans.
+
+  Args:
+    local: the per-client local update.
+    mapper: the client-axis backend.
+
+  Returns:
+    ``train(params, batch_stats, opt_state, shared_ctx, cohort, keys [S],
+    client_ctx, first, stop)``: ``params``, ``batch_stats`` and
+    ``opt_state`` stacked ``[S, ...]``; ``first`` and ``stop`` scalar step
+    indices (traced: every span runs one compiled program). Returns a
+    :class:`~fedjax_dd.core.local.LocalResult` stacked ``[S, ...]`` whose
+    ``loss``, ``accuracy`` and ``steps`` cover the span.
+  """
+
+  def one_client(params, batch_stats, opt_state, shared_ctx, x, y, n,
+                 num_steps, key, client_ctx, first, stop):
+    return local.run(params, batch_stats, opt_state, x, y, n, num_steps, key,
+                     (shared_ctx, client_ctx), first_step=first,
+                     stop_step=stop)
+
+  # Argument 7 is num_steps, the client's whole count: the bucket order
+  # (and so each chunk's members) is that of one call, whatever the span.
+  mapped = mapper.map(one_client,
+                      in_axes=(0, 0, 0, None, 0, 0, 0, 0, 0, 0, None, None),
+                      work_argnum=7)
+
+  def train(params, batch_stats, opt_state, shared_ctx, cohort: Cohort, keys,
+            client_ctx, first, stop):
+    return mapped(params, batch_stats, opt_state, shared_ctx, cohort.x,
+                  cohort.y, cohort.num_examples, cohort.num_steps, keys,
+                  client_ctx, jnp.asarray(first, jnp.int32),
+                  jnp.asarray(stop, jnp.int32))
+
+  return train

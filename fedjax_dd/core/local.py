@@ -142,6 +142,13 @@ def make_local_update(
     ``batch_stats``, ``opt_state``, ``x [N_max, H, W, Ch] uint8``,
     ``y [N_max]``, ``n`` (valid examples), ``num_steps`` (active steps,
     ``<= max_steps``), ``key`` and ``ctx``, and returns a :class:`LocalResult`.
+    Optional ``first_step`` and ``stop_step`` (ints or traced scalars) make
+    it run only the steps ``[first_step, min(num_steps, stop_step))`` from
+    the given state: spans run one after another, each from the last one's
+    ``params``, ``batch_stats`` and ``opt_state``, compute the steps of one
+    call (step ``t`` draws its batch from ``fold_in(key, t)``), so a long
+    local training can be checkpointed between spans. ``loss``, ``accuracy``
+    and ``steps`` then cover the span.
   """
   if max_steps < 1:
     raise ValueError(f"max_steps must be >= 1, got {max_steps}.")
@@ -161,7 +168,8 @@ def make_local_update(
 
   value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def run(params, batch_stats, opt_state, x, y, n, num_steps, key, ctx):
+  def run(params, batch_stats, opt_state, x, y, n, num_steps, key, ctx,
+          first_step=0, stop_step=None):
 
     def step(carry, t):
       params, batch_stats, opt_state, loss_sum, acc_sum = carry
@@ -179,7 +187,7 @@ def make_local_update(
         updates = jax.tree_util.tree_map(
             lambda u: u * jnp.asarray(scale, u.dtype), updates)
       new_params = apply_updates(params, updates)
-      active = t < num_steps
+      active = (t >= first) & (t < limit)
       keep = lambda new, old: jax.tree_util.tree_map(
           lambda a, b: jnp.where(active, a, b), new, old)
       act = active.astype(jnp.float32)
@@ -190,23 +198,28 @@ def make_local_update(
 
     zero = jnp.zeros((), jnp.float32)
     init = (params, batch_stats, opt_state, zero, zero)
+    first = jnp.asarray(first_step, jnp.int32)
+    # Steps [first_step, limit): a span of the client's own count, so that
+    # spans run one after another give the steps of one call (each step's
+    # batch key is folded from its global index t).
+    limit = jnp.minimum(num_steps, max_steps)
+    if stop_step is not None:
+      limit = jnp.minimum(limit, stop_step)
     if skip_padding:
       # The same step body as the scan below (its mask is then always on,
       # except for clients a vmap carries past their own count), so both
       # forms compute the same values.
-      limit = jnp.minimum(num_steps, max_steps)
 
       def body(loop_carry):
         t, carry = loop_carry
         return t + 1, step(carry, t)[0]
 
       _, (params, batch_stats, opt_state, loss_sum, acc_sum) = (
-          jax.lax.while_loop(lambda c: c[0] < limit, body,
-                             (jnp.zeros((), jnp.int32), init)))
+          jax.lax.while_loop(lambda c: c[0] < limit, body, (first, init)))
     else:
       (params, batch_stats, opt_state, loss_sum, acc_sum), _ = jax.lax.scan(
           step, init, jnp.arange(max_steps), unroll=unroll)
-    steps = jnp.minimum(num_steps, max_steps).astype(jnp.float32)
+    steps = jnp.maximum(limit - first, 0).astype(jnp.float32)
     denom = jnp.maximum(steps, 1.0)
     return LocalResult(params, batch_stats, opt_state, loss_sum / denom,
                        acc_sum / denom, steps)

@@ -8,7 +8,9 @@ for the one-shot methods; FedHydra's multi-round variant, Tab. 5, uses more):
 
     round r:  key_r = keys.round_key(run_key, r)
       1. teachers = client_stage(starts, data, train key)    -> r<r>/clients
-         (round 1 may reuse another run's clients: ``teachers_from``)
+         (round 1 may reuse another run's clients: ``teachers_from``; a
+         SpannedClientStage may train in checkpointed spans of local steps,
+         ``client_span_steps``                               -> r<r>/client_spans)
       2. ledger: one model down (r > 1) and one up per client (or each
          client's upload as ``upload_bits`` measures it, e.g. FedD3's data)
       3. setup = setup(teachers, setup key)                  -> r<r>/setup
@@ -28,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from typing import Any, Callable, Sequence
 
@@ -38,7 +41,8 @@ import numpy as np
 from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
-from fedjax_dd.core.algorithm import ServerDistillation, Teachers
+from fedjax_dd.core.algorithm import ServerDistillation, SpannedClientStage
+from fedjax_dd.core.algorithm import Teachers
 from fedjax_dd.core.checkpoint import CheckpointStore, as_restored
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.core.stage_cache import StageCache, fingerprint_differences
@@ -76,6 +80,12 @@ class ServerOptions:
     setup_fingerprint: the settings that determine ``setup`` besides the
       clients (a JSON dict); a cached setup with another fingerprint is
       refused (:class:`~fedjax_dd.core.stage_cache.StaleStageError`).
+    client_span_steps: ``> 0`` with a
+      :class:`~fedjax_dd.core.algorithm.SpannedClientStage`: the clients
+      train in spans of this many local steps, each checkpointed
+      (``r<r>/client_spans``), so a run killed inside a long local training
+      resumes from its last span; ``max_seconds`` is checked after each span.
+      The models equal those of one span. ``0``: one call.
   """
   num_rounds: int = 1
   num_epochs: int = 1
@@ -89,6 +99,12 @@ class ServerOptions:
   protocol: str = ""
   stop_on_nonfinite: bool = True
   setup_fingerprint: dict[str, Any] = dataclasses.field(default_factory=dict)
+  client_span_steps: int = 0
+
+  def __post_init__(self):
+    if self.client_span_steps < 0:
+      raise ValueError("client_span_steps must be >= 0 (0: one call), got "
+                       f"{self.client_span_steps}.")
 
 
 @dataclasses.dataclass
@@ -106,6 +122,9 @@ class ServerResult:
       ``on_clients`` returned.
     rounds: rounds completed.
     out_of_time: the budget stopped the run early.
+    client_steps: ``(done, total)`` local steps of the client stage the
+      budget stopped (resume to finish it); ``None`` when the clients of
+      every round run were trained.
     seconds: wall time per stage (``client``, ``setup``, ``server``) spent
       in this call; stages restored from checkpoints count 0.
   """
@@ -119,6 +138,7 @@ class ServerResult:
   rounds: int
   out_of_time: bool
   seconds: dict[str, float]
+  client_steps: tuple[int, int] | None = None
 
 
 def protocol_differences(theirs: Any, ours: str) -> list[str]:
@@ -151,21 +171,57 @@ def _teachers_template(starts, sizes, num_examples) -> Teachers:
                                                     num_examples.dtype))
 
 
+def _train_in_spans(stage: SpannedClientStage, directory: str, starts, data,
+                    train_key, span: int, deadline: float | None
+                    ) -> tuple[Teachers | None, int]:
+  """Trains ``stage`` span by span, checkpointing its progress after each.
+
+  Returns:
+    ``(teachers, steps_done)``; ``teachers`` is ``None`` when ``deadline``
+    (a ``time.monotonic`` value) passed before the last span (each run
+    makes at least one span).
+  """
+  total = stage.total_steps
+  with CheckpointStore(directory, max_to_keep=1) as store:
+    restored = store.restore(jax.eval_shape(stage.begin, starts, data))
+    if restored is not None:
+      done, progress = restored[0], restored[1]
+    else:
+      done, progress = 0, stage.begin(starts, data)
+    while done < total:
+      stop = min(done + span, total)
+      # One layout for trained and restored progress (as in ``_clients``).
+      progress = as_restored(jax.device_put(
+          stage.advance(progress, data, train_key, done, stop),
+          jax.devices()[0]))
+      store.save(stop, progress, {"total_steps": total}, force=True)
+      done = stop
+      # As the epoch loop: stop after the first span past the budget.
+      if (done < total and deadline is not None
+          and time.monotonic() > deadline):
+        return None, done
+  return stage.finish(progress, data), done
+
+
 def _clients(algorithm, directory, r, starts, sizes, data, train_key,
-             options) -> tuple[Teachers, bool]:
+             options, deadline=None) -> tuple[Teachers | None, bool, int]:
   """Round ``r``'s client models: restored, reused, or trained and saved.
 
   Returns:
-    ``(teachers, trained_here)``.
+    ``(teachers, trained_here, steps_done)``; ``teachers`` is ``None`` when
+    the budget stopped a client stage run in spans (``steps_done`` of
+    ``algorithm.client_stage.total_steps``).
   """
   template = (_teachers_template(starts, sizes, data.num_examples)
               if algorithm.upload_template is None
               else algorithm.upload_template(starts, sizes, data))
+  spans = os.path.join(directory, f"r{r}", "client_spans")
+  done = 0
   with CheckpointStore(os.path.join(directory, f"r{r}", "clients"),
                        max_to_keep=1) as store:
     restored = store.restore(template)
     if restored is not None:
-      return restored[1], False
+      return restored[1], False, 0
     if r == 1 and options.teachers_from:
       with CheckpointStore(os.path.join(options.teachers_from, "r1", "clients"),
                            max_to_keep=1) as other:
@@ -187,12 +243,24 @@ def _clients(algorithm, directory, r, starts, sizes, data, train_key,
       # run's, which would break bit-identical resume. Moved to one device
       # they still carry the mapper's mesh in their avals, which changes the
       # compiled server programs too (as_restored).
-      teachers = as_restored(jax.device_put(
-          algorithm.client_stage(starts, data, train_key), jax.devices()[0]))
+      stage = algorithm.client_stage
+      if (isinstance(stage, SpannedClientStage)
+          and options.client_span_steps > 0):
+        teachers, done = _train_in_spans(stage, spans, starts, data,
+                                         train_key, options.client_span_steps,
+                                         deadline)
+        if teachers is None:
+          return None, True, done
+      else:
+        teachers = stage(starts, data, train_key)
+      teachers = as_restored(jax.device_put(teachers, jax.devices()[0]))
       jax.block_until_ready(teachers)
       trained = True
     store.save(r, teachers, {"protocol": options.protocol}, force=True)
-  return teachers, trained
+    if trained and os.path.isdir(spans):
+      # The finished models are saved; their partial progress is not needed.
+      shutil.rmtree(spans)
+  return teachers, trained, done
 
 
 def _setup(algorithm, directory, r, teachers, key, options
@@ -287,10 +355,21 @@ def run_server_rounds(
         ledger = ledger.record(r, kind="download", bits=b, count=m, tag="model")
 
     t0 = time.monotonic()
-    teachers, trained = _clients(algorithm, directory, r, starts, group_sizes,
-                                 data, train_key, options)
+    deadline = (t_start + options.max_seconds if options.max_seconds
+                else None)
+    teachers, trained, done = _clients(algorithm, directory, r, starts,
+                                       group_sizes, data, train_key, options,
+                                       deadline)
     if trained:
       seconds["client"] += time.monotonic() - t0
+    if teachers is None:  # The budget ran out inside the client stage.
+      return ServerResult(
+          params=params, batch_stats=batch_stats, state=state,
+          setup={k: np.asarray(v) for k, v in
+                 jax.device_get(setup).items()},
+          teachers=teachers, ledger=ledger, per_round=per_round,
+          rounds=r_done, out_of_time=True, seconds=seconds,
+          client_steps=(done, algorithm.client_stage.total_steps))
     if algorithm.upload_bits is None:
       for b, m in zip(bits, group_sizes):
         ledger = ledger.record(r, kind="upload", bits=b, count=m, tag="model")

@@ -33,6 +33,13 @@ __all__ = [
 _SHOWN = 5
 
 
+
+def _dtype(a: Any) -> np.dtype:
+  """``a``'s dtype without reading its values (an array, even traced, has
+  one; ``np.asarray`` of a device array copied it to the host, and of a
+  tracer failed)."""
+  return np.dtype(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype)
+
 def shape_str(shape) -> str:
   """``(2, 5, 1)`` as ``"(2, 5, 1)"``."""
   return str(tuple(int(s) for s in shape))
@@ -101,7 +108,7 @@ def images(name: str, x: Any, *, rank: int, layout: str,
   images (that uint8 conversion would turn near-black) from ``[0, 255]``.
   """
   shape = np.shape(x)
-  dtype = np.dtype(getattr(x, "dtype", np.asarray(x).dtype))
+  dtype = _dtype(x)
   if len(shape) != rank:
     hint = ""
     if len(shape) == rank - 1 and layout.startswith("[C,"):
@@ -151,7 +158,7 @@ def client_stack(x: Any, y: Any, num_examples: Any, *,
   images("x", x, rank=5, layout="[C, N_max, H, W, Ch]", fetch=fetch)
   c, n_max = np.shape(x)[:2]
   y_shape = np.shape(y)
-  y_dtype = np.dtype(getattr(y, "dtype", np.asarray(y).dtype))
+  y_dtype = _dtype(y)
   if len(y_shape) != 2 or not np.issubdtype(y_dtype, np.integer):
     hint = ""
     if len(y_shape) == 3 and y_shape[-1] == 1:
@@ -166,8 +173,7 @@ def client_stack(x: Any, y: Any, num_examples: Any, *,
         f"y must be [C, N_max] = [{c}, {n_max}] (the first two axes of x), "
         f"got shape {shape_str(y_shape)}.")
   n_shape = np.shape(num_examples)
-  n_dtype = np.dtype(getattr(num_examples, "dtype",
-                             np.asarray(num_examples).dtype))
+  n_dtype = _dtype(num_examples)
   if tuple(n_shape) != (c,) or not np.issubdtype(n_dtype, np.integer):
     raise ValueError(f"num_examples must be [C] = [{c}] integer counts, got "
                      f"shape {shape_str(n_shape)} dtype {n_dtype}.")
@@ -213,7 +219,7 @@ def step_counts(name: str, steps: Any, num_clients: int | tuple[int, ...],
   want = ((num_clients,) if isinstance(num_clients, (int, np.integer))
           else tuple(num_clients))
   shape = np.shape(steps)
-  dtype = np.dtype(getattr(steps, "dtype", np.asarray(steps).dtype))
+  dtype = _dtype(steps)
   if tuple(shape) != want or not np.issubdtype(dtype, np.integer):
     raise ValueError(f"{name} must be [C] = {list(want)} integer step "
                      f"counts, got shape {shape_str(shape)} dtype {dtype}.")
@@ -312,7 +318,7 @@ def split(x: Any, y: Any, *, num_classes: int, input_shape: Any) -> None:
   ``N``."""
   images("x", x, rank=4, layout="[N, H, W, Ch]", fetch=True)
   y_shape = np.shape(y)
-  y_dtype = np.dtype(getattr(y, "dtype", np.asarray(y).dtype))
+  y_dtype = _dtype(y)
   if len(y_shape) != 1 or not np.issubdtype(y_dtype, np.integer):
     raise ValueError(f"y must be [N] integer class indices, got shape "
                      f"{shape_str(y_shape)} dtype {y_dtype}.")

@@ -299,3 +299,38 @@ def test_skipped_padding_runs_only_the_clients_steps():
     jax.block_until_ready(out)
     jax.effects_barrier()
     assert len(calls) == expected, (skip, len(calls))
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_spans_of_steps_are_one_call(skip):
+  """Steps [0, 3), [3, 5), [5, 9) from each span's state give the bits of
+  one call of all 7 (momentum and BatchNorm carried in the state), under a
+  vmap with uneven counts; each span's ``steps`` counts its own."""
+  task = tiny_task(bn=True)
+  x, y, n = synthetic_clients()
+  counts = np.asarray([2, 7, 0, 4], np.int32)
+  keys = jax.random.split(jax.random.PRNGKey(5), 4)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  local = make_local_update(task, optax.sgd(0.1, momentum=0.9), batch_size=4,
+                            max_steps=7, skip_padding=skip)
+  opt = local.optimizer.init(params)
+  span = jax.jit(jax.vmap(
+      lambda p, s, o, x, y, n, c, k, first, stop: local.run(
+          p, s, o, x, y, n, c, k, (), first_step=first, stop_step=stop),
+      in_axes=(0, 0, 0, 0, 0, 0, 0, 0, None, None)))
+  stack = lambda t: jax.tree_util.tree_map(
+      lambda a: jnp.broadcast_to(a, (4, *a.shape)), t)
+  state = (stack(params), stack(stats), stack(opt))
+  whole = span(*state, x, y, n, counts, keys, 0, 9)
+  spans = []
+  for first, stop in ((0, 3), (3, 5), (5, 9)):
+    out = span(*state, x, y, n, counts, keys, first, stop)
+    state = (out.params, out.batch_stats, out.opt_state)
+    spans.append(np.asarray(out.steps))
+  for a, b in zip(_leaves(state), _leaves((whole.params, whole.batch_stats,
+                                           whole.opt_state))):
+    np.testing.assert_array_equal(a, b)
+  # Client counts 2, 7, 0, 4 split at 3 and 5.
+  np.testing.assert_array_equal(np.stack(spans), [[2, 3, 0, 3], [0, 2, 0, 1],
+                                                  [0, 2, 0, 0]])
+  np.testing.assert_array_equal(whole.steps, counts)

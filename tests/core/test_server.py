@@ -314,6 +314,87 @@ def test_os_fedavg_is_the_average_and_writes_one_row(tmp_path):
   assert rows[0]["test_accuracy"] == result.per_round[0]["test_accuracy"]
 
 
+def _spanned_stage(own: bool):
+  """The tiny problem's clients with 3 local epochs: 6, 9, 9 and 6 steps."""
+  task, data, groups, _, evaluate = _problem()
+  num_steps = steps_for(data.num_examples, 4, epochs=3)
+  stage = one_shot.client_stage(
+      groups, optax.sgd(0.1, momentum=0.9), batch_size=4, num_steps=num_steps,
+      independent_init=jax.random.PRNGKey(3) if own else None)
+  return task, data, stage, evaluate
+
+
+def _same_models(a, b):
+  for x, y in zip(jax.tree_util.tree_leaves((a.teachers, a.params,
+                                             a.batch_stats)),
+                  jax.tree_util.tree_leaves((b.teachers, b.params,
+                                             b.batch_stats))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_client_stage_in_spans_is_one_call_and_resumes_after_a_kill(
+    tmp_path, own):
+  """Spans of 2 steps (0-2, 2-4, 4-6, 6-8, 8-9) give the clients of one
+  call; a run killed in its third span resumes from step 4 and runs only
+  the three spans left; the spans' checkpoints are gone once the clients
+  are saved."""
+  task, data, stage, evaluate = _spanned_stage(own)
+  assert stage.total_steps == 9
+  full = _run(one_shot.os_fedavg(stage), data, task, evaluate,
+              tmp_path / "full", num_epochs=0)
+  spanned = _run(one_shot.os_fedavg(stage), data, task, evaluate,
+                 tmp_path / "spans", num_epochs=0, client_span_steps=2)
+  _same_models(full[0], spanned[0])
+  assert spanned[1] == full[1]
+  assert not (tmp_path / "spans" / "r1" / "client_spans").exists()
+
+  calls, kill_at = [], [3]
+
+  def advance(progress, data, key, first, stop):
+    calls.append((first, stop))
+    if len(calls) == kill_at[0]:
+      raise Killed
+    return stage.advance(progress, data, key, first, stop)
+
+  killing = one_shot.os_fedavg(stage._replace(advance=advance))
+  with pytest.raises(Killed):
+    _run(killing, data, task, evaluate, tmp_path / "part", num_epochs=0,
+         client_span_steps=2)
+  assert (tmp_path / "part" / "r1" / "client_spans").is_dir()
+  calls.clear()
+  kill_at[0] = 0
+  resumed = _run(killing, data, task, evaluate, tmp_path / "part",
+                 num_epochs=0, client_span_steps=2)
+  assert calls == [(4, 6), (6, 8), (8, 9)]
+  _same_models(full[0], resumed[0])
+  assert resumed[1] == full[1]
+
+
+def test_client_stage_in_spans_stops_on_the_budget_and_resumes(tmp_path):
+  """A budget that has run out stops the stage after its first span: no
+  round is done, the summary can say how far the clients got, and the next
+  call finishes them as one call would have."""
+  task, data, stage, evaluate = _spanned_stage(own=False)
+  full = _run(one_shot.os_fedavg(stage), data, task, evaluate,
+              tmp_path / "full", num_epochs=0)
+  algo = dense(stage, _problem()[2], models.Generator(
+      out_shape=(4, 4, 1), nz=4, ngf=2), task, _identity, _hparams())
+  opts = dict(num_epochs=1, client_span_steps=4)
+  stopped = _run(algo, data, task, evaluate, tmp_path / "part",
+                 max_seconds=1e-9, **opts)
+  assert stopped[0].out_of_time and stopped[0].rounds == 0
+  assert stopped[0].client_steps == (4, 9)
+  assert stopped[0].teachers is None and stopped[1] == []
+  resumed = _run(algo, data, task, evaluate, tmp_path / "part", **opts)
+  assert resumed[0].client_steps is None and resumed[0].rounds == 1
+  for x, y in zip(jax.tree_util.tree_leaves(full[0].teachers),
+                  jax.tree_util.tree_leaves(resumed[0].teachers)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  with pytest.raises(ValueError, match="client_span_steps"):
+    server_lib.ServerOptions(client_span_steps=-1)
+
+
 def _fedd3(task, images_per_class=2):
   return fedd3.one_shot(
       fedd3.random_distiller(num_classes=3, images_per_class=images_per_class),

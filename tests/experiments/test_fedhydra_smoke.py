@@ -232,3 +232,25 @@ def test_independent_init_clients(tmp_path):
   conf.rounds = 2
   with pytest.raises(ValueError, match="rounds = 1"):
     run_fedhydra.run(conf, str(tmp_path / "two"))
+
+
+def test_clients_in_spans_stop_on_the_budget_and_resume(tmp_path):
+  """``run.client_span_steps`` with a spent budget: the run stops after one
+  span and its summary says how far the clients got; the next call
+  finishes them, and the clients equal those of one call."""
+  conf = fedhydra_config.get_config("smoke")
+  conf.method = "os_fedavg"
+  whole = run_fedhydra.run(conf, str(tmp_path / "whole"))
+  conf.run.client_span_steps = 5
+  conf.run.max_wall_seconds = 1e-9
+  stopped = run_fedhydra.run(conf, str(tmp_path / "spans"))
+  assert stopped["stopped_by_time_budget"]
+  assert stopped["final_test_accuracy"] is None
+  assert stopped["client_steps_done"] == 5
+  assert stopped["client_steps_total"] > 5
+  conf.run.max_wall_seconds = 0.0
+  done = run_fedhydra.run(conf, str(tmp_path / "spans"))
+  assert not done["stopped_by_time_budget"]
+  assert done["client_test_accuracy"] == whole["client_test_accuracy"]
+  assert done["os_fedavg_test_accuracy"] == whole["os_fedavg_test_accuracy"]
+  assert not os.path.exists(tmp_path / "spans" / "r1" / "client_spans")
