@@ -340,6 +340,8 @@ def run_server_rounds(
   params, batch_stats = global_model
   state, setup, teachers = None, {}, None
   out_of_time = False
+  client_steps = None
+  deadline = t_start + options.max_seconds if options.max_seconds else None
   e_total = options.num_epochs
   r_done = 0
   for r in range(1, options.num_rounds + 1):
@@ -355,21 +357,15 @@ def run_server_rounds(
         ledger = ledger.record(r, kind="download", bits=b, count=m, tag="model")
 
     t0 = time.monotonic()
-    deadline = (t_start + options.max_seconds if options.max_seconds
-                else None)
     teachers, trained, done = _clients(algorithm, directory, r, starts,
                                        group_sizes, data, train_key, options,
                                        deadline)
     if trained:
       seconds["client"] += time.monotonic() - t0
     if teachers is None:  # The budget ran out inside the client stage.
-      return ServerResult(
-          params=params, batch_stats=batch_stats, state=state,
-          setup={k: np.asarray(v) for k, v in
-                 jax.device_get(setup).items()},
-          teachers=teachers, ledger=ledger, per_round=per_round,
-          rounds=r_done, out_of_time=True, seconds=seconds,
-          client_steps=(done, algorithm.client_stage.total_steps))
+      out_of_time = True
+      client_steps = (done, algorithm.client_stage.total_steps)
+      break
     if algorithm.upload_bits is None:
       for b, m in zip(bits, group_sizes):
         ledger = ledger.record(r, kind="upload", bits=b, count=m, tag="model")
@@ -468,4 +464,5 @@ def run_server_rounds(
   return ServerResult(params=params, batch_stats=batch_stats, state=state,
                       setup={k: np.asarray(v) for k, v in host_setup.items()},
                       teachers=teachers, ledger=ledger, per_round=per_round,
-                      rounds=r_done, out_of_time=out_of_time, seconds=seconds)
+                      rounds=r_done, out_of_time=out_of_time, seconds=seconds,
+                      client_steps=client_steps)

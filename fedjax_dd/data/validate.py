@@ -33,12 +33,12 @@ __all__ = [
 _SHOWN = 5
 
 
-
 def _dtype(a: Any) -> np.dtype:
   """``a``'s dtype without reading its values (an array, even traced, has
   one; ``np.asarray`` of a device array copied it to the host, and of a
   tracer failed)."""
   return np.dtype(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype)
+
 
 def shape_str(shape) -> str:
   """``(2, 5, 1)`` as ``"(2, 5, 1)"``."""
