@@ -39,7 +39,7 @@ from fedjax_dd.core.algorithm import ExperimentState, FederatedAlgorithm
 from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.prepare import Prepared
-from fedjax_dd.core.workdir import Workdir
+from fedjax_dd.core.workdir import Workdir, record_environment
 from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import ClientData
 
@@ -166,6 +166,8 @@ def fit(algorithm: FederatedAlgorithm,
     state = initial_state(algorithm, task, n, seed=seed,
                           initial_model=initial_model, run_key=run_key)
     work = Workdir(workdir, tensorboard=tensorboard)
+    # A resume on other devices or another jax: warned, not refused.
+    record_environment(work.directory)
     options = rounds_lib.RoundsOptions(
         num_rounds=int(rounds), clients_per_round=sampler,
         eval_every=eval_every, checkpoint_every=checkpoint_every,

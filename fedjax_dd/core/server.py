@@ -41,6 +41,7 @@ import numpy as np
 from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
+from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.core.algorithm import ServerDistillation, SpannedClientStage
 from fedjax_dd.core.algorithm import Teachers
 from fedjax_dd.core.checkpoint import CheckpointStore, as_restored
@@ -332,6 +333,8 @@ def run_server_rounds(
         "Several rounds need homogeneous clients: the distilled global model "
         f"cannot seed {len(initial_models)} client architectures.")
   t_start = time.monotonic()
+  # A resume on other devices or another jax: warned, not refused.
+  workdir_lib.record_environment(directory)
   bits = [ledger_lib.model_bits(p) for p, _ in initial_models]
   ledger = ledger_lib.Ledger()
   seconds = {"client": 0.0, "setup": 0.0, "server": 0.0}

@@ -10,6 +10,7 @@ Layout of ``Workdir(directory)``::
     tensorboard/         optional scalars
     .lock                held by the one process running in it (WorkdirLock)
     config.json          the settings that define the run (record_fingerprint)
+    environment.json     the platform, devices and jax it ran on (record_environment)
     data_digests.json    content digests of its npz files, by size and mtime
 
 The loops take the pieces (writer, stores) explicitly; this class only names
@@ -38,6 +39,13 @@ version (size and modification time)."""
 
 CONTENT_SUFFIX = "#content"
 """Suffix of the fingerprint entry holding a data file's content digest."""
+
+ENVIRONMENT_FILE = "environment.json"
+"""Name of the file recording where a run computed (:func:`record_environment`)."""
+
+# Directories whose changed environment this process has already warned of:
+# the entry point and the library loop it calls both record the workdir.
+_warned_environments: set[str] = set()
 
 
 
@@ -76,10 +84,18 @@ class Workdir:
                            save_every=save_every)
 
   def write_summary(self, summary: Mapping[str, Any]) -> str:
-    """Writes ``summary.json`` (once per run; a second call is an error)."""
+    """Writes ``summary.json`` (once per run; a second call is an error).
+
+    The run's ``environment.json`` (:func:`record_environment`), when there
+    is one, goes in as ``environment`` unless the summary sets that key:
+    the figures then say on which platform, devices and jax they came.
+    """
     if self._summary_written:
       raise RuntimeError(f"summary.json of {self.directory} was already written.")
     path = self.path("summary.json")
+    environment = read_environment(self.directory)
+    if environment is not None and "environment" not in summary:
+      summary = dict(summary, environment=environment)
     write_json(path, summary)
     self._summary_written = True
     return path
@@ -343,7 +359,7 @@ def record_fingerprint(directory: str | os.PathLike,
     if not diffs and old == new:
       return "same"
     if not diffs:  # Settings added since, at their defaults: record them.
-      _write_fingerprint(path, new)
+      _write_json_atomic(path, new)
       return "same"
   status = "adopted" if has_run_files(directory) else "new"
   if status == "adopted":
@@ -352,16 +368,114 @@ def record_fingerprint(directory: str | os.PathLike,
         "resuming it as it is and recording the current settings.",
         directory, FINGERPRINT_FILE)
   os.makedirs(directory, exist_ok=True)
-  _write_fingerprint(path, new)
+  _write_json_atomic(path, new)
   return status
 
 
-def _write_fingerprint(path: str, fingerprint: Mapping[str, Any]) -> None:
+def _write_json_atomic(path: str, record: Mapping[str, Any]) -> None:
   # Atomic (several hosts of one run may write it at once).
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(fingerprint, f, indent=1, sort_keys=True)
+    json.dump(record, f, indent=1, sort_keys=True)
   os.replace(tmp, path)
+
+
+def current_environment() -> dict[str, Any]:
+  """Where this process computes: what sets a run's float rounding.
+
+  Returns:
+    ``{"platform", "device_kind", "devices", "processes", "jax",
+    "jaxlib"}``. The device count matters on a CPU too: the engine lays the
+    client axis over one host device per core (``fedjax_dd.configure_cpu``),
+    so another count batches the clients otherwise.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.utils import versions  # pylint: disable=g-import-not-at-top
+  devices = jax.devices()
+  return {"platform": jax.default_backend(),
+          "device_kind": devices[0].device_kind,
+          "devices": len(devices),
+          "processes": jax.process_count(),
+          "jax": versions.installed_version("jax"),
+          "jaxlib": versions.installed_version("jaxlib")}
+
+
+def read_environment(directory: str | os.PathLike) -> dict[str, Any] | None:
+  """``directory/environment.json`` (:func:`record_environment`), or None
+  when there is none or it cannot be read."""
+  try:
+    with open(os.path.join(os.fspath(directory), ENVIRONMENT_FILE),
+              encoding="utf-8") as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return record if isinstance(record, dict) else None
+
+
+def record_environment(directory: str | os.PathLike,
+                       environment: Mapping[str, Any] | None = None
+                       ) -> str | None:
+  """Records where the run computes, and says when a resume moves it.
+
+  A killed run resumed in the same environment continues bit for bit. In
+  another one (another device count, platform or jax) it still resumes,
+  since every form computes the same function, but its float rounding
+  differs from then on, and long or adversarial training can carry a
+  difference of 1e-6 into points of accuracy. (Measured: the quickstart's
+  FedHydra row, identical clients, reads 0.461 on one host device and
+  0.558 on two: ``experiments/results/quickstart_digits.md``.) So the run's
+  first environment is kept in ``environment.json`` under ``"started"``,
+  each other one it continued in is added under ``"resumed"``, and a
+  resume in another environment gets a warning that names the difference.
+
+  Args:
+    directory: the run directory (created if missing).
+    environment: this process's; default :func:`current_environment`.
+
+  Returns:
+    The warning when the directory holds results (see
+    :func:`has_run_files`) made in another environment, else None. It is
+    logged once per process and directory (the entry point and the loop
+    it calls both record). A directory with results and no record (a run
+    made before records existed) is recorded as it is now, without one.
+  """
+  directory = os.fspath(directory)
+  now = _normalised(environment if environment is not None
+                    else current_environment())
+  record = read_environment(directory)
+  if record is None or not has_run_files(directory):
+    os.makedirs(directory, exist_ok=True)
+    _write_json_atomic(os.path.join(directory, ENVIRONMENT_FILE),
+                       {"started": now, "resumed": []})
+    return None
+  started = record.get("started")
+  if now == started:
+    return None
+  resumed = list(record.get("resumed") or [])
+  if now not in resumed:
+    resumed.append(now)
+    _write_json_atomic(os.path.join(directory, ENVIRONMENT_FILE),
+                       dict(record, resumed=resumed))
+  started = started if isinstance(started, dict) else {}
+  diffs = [f"{k} {json.dumps(started.get(k))} -> {json.dumps(now.get(k))}"
+           for k in sorted(set(started) | set(now))
+           if started.get(k) != now.get(k)]
+  hint = ""
+  if (started.get("platform") == now.get("platform") == "cpu"
+      and started.get("devices") != now.get("devices")
+      and isinstance(started.get("devices"), int)):
+    hint = (f" To resume on the run's own count, set "
+            f"FEDJAX_DD_HOST_DEVICES={started['devices']} before the first "
+            "JAX computation.")
+  message = (
+      f"The run in {directory} started in another environment "
+      f"({'; '.join(diffs)}): it resumes, but from here on its float "
+      "rounding differs from an uninterrupted run's, and its figures may "
+      f"differ from that run's (recorded in {ENVIRONMENT_FILE}).{hint}")
+  if os.path.abspath(directory) not in _warned_environments:
+    _warned_environments.add(os.path.abspath(directory))
+    _log.warning("%s", message)
+  return message
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> tuple[str, int] | None:

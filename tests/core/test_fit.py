@@ -119,6 +119,30 @@ def test_fit_resumed_equals_uninterrupted(tmp_path):
       straight.ledger.cumulative()["bytes_total"]) > 0
 
 
+def test_fit_resumed_on_other_devices_warns_and_records_them(tmp_path,
+                                                           caplog):
+  from fedjax_dd.core import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  p, data, steps, algo = _setup()
+  kw = dict(clients_per_round=2, seed=3, workdir=tmp_path / "w")
+  with caplog.at_level("WARNING"):
+    fit_lib.fit(algo, p, data, steps, rounds=1, **kw)
+  assert "another environment" not in caplog.text
+  here = workdir_lib.current_environment()
+  record = workdir_lib.read_environment(tmp_path / "w")
+  assert record == {"started": here, "resumed": []}
+  # As if the first round had run with one more host device.
+  elsewhere = {**here, "devices": here["devices"] + 1}
+  (tmp_path / "w" / workdir_lib.ENVIRONMENT_FILE).write_text(
+      json.dumps({"started": elsewhere, "resumed": []}))
+  with caplog.at_level("WARNING"):
+    resumed = fit_lib.fit(algo, p, data, steps, rounds=2, **kw)
+  assert [r["round"] for r in resumed.rows] == [1, 2]  # resumed, not refused
+  assert (f"devices {elsewhere['devices']} -> {here['devices']}"
+          in caplog.text)
+  assert workdir_lib.read_environment(tmp_path / "w") == {
+      "started": elsewhere, "resumed": [here]}
+
+
 def test_fit_without_workdir_and_bad_arguments():
   p, data, steps, algo = _setup()
   result = fit_lib.fit(algo, p, data, steps, rounds=1, clients_per_round=4)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 
@@ -175,3 +176,71 @@ def test_a_damaged_config_json_is_one_line_naming_it(tmp_path):
   # Deleted as the message offers: the settings are recorded anew.
   config.unlink()
   assert workdir_lib.record_fingerprint(path, {"seed": 0}) == "new"
+
+
+_CPU2 = {"platform": "cpu", "device_kind": "cpu", "devices": 2,
+         "processes": 1, "jax": "0.12.0", "jaxlib": "0.12.0"}
+
+
+def test_environment_is_recorded_and_a_resume_elsewhere_warns(tmp_path,
+                                                              caplog):
+  path = tmp_path / "w"
+  one = {**_CPU2, "devices": 1}
+  assert workdir_lib.record_environment(path, _CPU2) is None
+  assert workdir_lib.read_environment(path) == {"started": _CPU2,
+                                                "resumed": []}
+  # Nothing to resume yet: the new environment replaces the recorded one.
+  assert workdir_lib.record_environment(path, one) is None
+  assert workdir_lib.read_environment(path)["started"] == one
+  assert workdir_lib.record_environment(path, _CPU2) is None
+  _commit(path / "checkpoints", 1)
+  assert workdir_lib.record_environment(path, _CPU2) is None  # same: silent
+  with caplog.at_level("WARNING"):
+    message = workdir_lib.record_environment(path, one)
+    # Again in this process (the entry point, then its loop): same text,
+    # logged once, recorded once.
+    assert workdir_lib.record_environment(path, one) == message
+  assert "\n" not in message
+  # Only what differs is named.
+  assert re.search(r"environment \(([^)]*)\)", message).group(1) == (
+      "devices 2 -> 1")
+  assert "FEDJAX_DD_HOST_DEVICES=2" in message
+  assert caplog.text.count("started in another environment") == 1
+  assert workdir_lib.read_environment(path) == {"started": _CPU2,
+                                                "resumed": [one]}
+  # Another platform: named, with no host-device hint.
+  gpu = {**_CPU2, "platform": "gpu", "device_kind": "NVIDIA H100",
+         "devices": 1}
+  message = workdir_lib.record_environment(path, gpu)
+  assert 'platform "cpu" -> "gpu"' in message
+  assert "FEDJAX_DD_HOST_DEVICES" not in message
+  assert workdir_lib.read_environment(path)["resumed"] == [one, gpu]
+  # The summary says where its figures came from.
+  workdir_lib.Workdir(path).write_summary({"a": 1})
+  summary = json.loads((path / "summary.json").read_text())
+  assert summary["environment"] == {"started": _CPU2, "resumed": [one, gpu]}
+
+
+def test_a_run_without_an_environment_record_is_recorded_silently(tmp_path):
+  old = tmp_path / "old"
+  _commit(old / "checkpoints", 1)
+  assert workdir_lib.record_environment(old, _CPU2) is None
+  assert workdir_lib.read_environment(old) == {"started": _CPU2,
+                                               "resumed": []}
+  # A summary that sets the key itself keeps its own; none without a record.
+  workdir_lib.Workdir(old).write_summary({"environment": "mine"})
+  assert json.loads((old / "summary.json").read_text())["environment"] == "mine"
+  bare = workdir_lib.Workdir(tmp_path / "bare")
+  bare.write_summary({"a": 1})
+  assert "environment" not in json.loads(
+      (tmp_path / "bare" / "summary.json").read_text())
+
+
+def test_current_environment_names_this_process():
+  import jax  # pylint: disable=g-import-not-at-top
+  env = workdir_lib.current_environment()
+  assert env["platform"] == jax.default_backend()
+  assert env["devices"] == len(jax.devices())
+  assert env["jax"] == jax.__version__
+  assert set(env) == {"platform", "device_kind", "devices", "processes",
+                      "jax", "jaxlib"}

@@ -244,6 +244,30 @@ def test_resume_with_other_settings_is_refused_before_the_data_loads(
   assert _rounds(workdir) == [1, 2, 3, 4]
 
 
+def test_resume_on_another_host_device_count_warns_once_and_is_recorded(
+    tmp_path):
+  workdir = tmp_path / "w"
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "FEDJAX_DD_NO_XLA_FLAGS")}
+  run = lambda devices, *o: subprocess.run(
+      _cli(workdir, *o), cwd=REPO_ROOT, capture_output=True, text=True,
+      timeout=600, env=dict(env, FEDJAX_DD_HOST_DEVICES=str(devices)))
+  proc = run(1, "--config.rounds=1")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "another environment" not in proc.stderr
+  proc = run(2, "--config.rounds=2")
+  assert proc.returncode == 0, proc.stderr[-3000:]    # resumed, not refused
+  (line,) = [l for l in proc.stderr.splitlines()
+             if "started in another environment" in l]
+  assert "(devices 1 -> 2)" in line and "FEDJAX_DD_HOST_DEVICES=1" in line
+  assert _rounds(workdir) == [1, 2]
+  summary, _ = _read(workdir)
+  started, (resumed,) = (summary["environment"]["started"],
+                         summary["environment"]["resumed"])
+  assert (started["devices"], resumed["devices"]) == (1, 2)
+  assert started["platform"] == resumed["platform"] == "cpu"
+
+
 def test_ctrl_c_exits_130_naming_the_checkpoint_and_resumes(tmp_path):
   import signal
   import time
