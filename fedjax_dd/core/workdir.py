@@ -470,8 +470,8 @@ def record_environment(directory: str | os.PathLike,
   message = (
       f"The run in {directory} started in another environment "
       f"({'; '.join(diffs)}): it resumes, but from here on its float "
-      "rounding differs from an uninterrupted run's, and its figures may "
-      f"differ from that run's (recorded in {ENVIRONMENT_FILE}).{hint}")
+      "rounding can differ from an uninterrupted run's, and so can its "
+      f"figures (recorded in {ENVIRONMENT_FILE}).{hint}")
   if os.path.abspath(directory) not in _warned_environments:
     _warned_environments.add(os.path.abspath(directory))
     _log.warning("%s", message)
