@@ -420,13 +420,13 @@ def record_environment(directory: str | os.PathLike,
   A killed run resumed in the same environment continues bit for bit. In
   another one (another device count, platform or jax) it still resumes,
   since every form computes the same function, but its float rounding
-  differs from then on, and long or adversarial training can carry a
-  difference of 1e-6 into points of accuracy. (Measured: the quickstart's
-  FedHydra row, identical clients, reads 0.461 on one host device and
-  0.558 on two: ``experiments/results/quickstart_digits.md``.) So the run's
-  first environment is kept in ``environment.json`` under ``"started"``,
-  each other one it continued in is added under ``"resumed"``, and a
-  resume in another environment gets a warning that names the difference.
+  can differ from then on, and long or adversarial training can carry a
+  difference of 1e-6 into points of accuracy (the quickstart's data-free
+  rows on 1-4 host devices: ``experiments/results/quickstart_digits.md``).
+  So the run's first environment is kept in ``environment.json`` under
+  ``"started"``, each other one it continued in is added under
+  ``"resumed"``, and a resume in another environment gets a warning that
+  names the difference.
 
   Args:
     directory: the run directory (created if missing).
