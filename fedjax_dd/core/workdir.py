@@ -48,7 +48,6 @@ ENVIRONMENT_FILE = "environment.json"
 _warned_environments: set[str] = set()
 
 
-
 class Workdir:
   """Where one run's files go.
 
@@ -444,9 +443,10 @@ def record_environment(directory: str | os.PathLike,
                     else current_environment())
   record = read_environment(directory)
   if record is None or not has_run_files(directory):
-    os.makedirs(directory, exist_ok=True)
-    _write_json_atomic(os.path.join(directory, ENVIRONMENT_FILE),
-                       {"started": now, "resumed": []})
+    fresh = {"started": now, "resumed": []}
+    if record != fresh:  # The entry point has often written it already.
+      os.makedirs(directory, exist_ok=True)
+      _write_json_atomic(os.path.join(directory, ENVIRONMENT_FILE), fresh)
     return None
   started = record.get("started")
   if now == started:
