@@ -143,9 +143,11 @@ def _task(model: str, conv_impl: str):
   from fedjax_dd.core.task import Classifier
 
   name, shape = MODELS[model]
-  conv_impl = models.resolve_conv_impl(conv_impl)
-  task = Classifier(module=models.get_model(name).build(
-      10, conv_impl=conv_impl), input_shape=shape,
+  module = models.get_model(name).build(10, conv_impl=conv_impl)
+  # The builder resolves "auto" for the model's class (policy.conv_form).
+  conv_impl = getattr(module, "conv_impl",
+                      models.resolve_conv_impl(conv_impl))
+  task = Classifier(module=module, input_shape=shape,
                     preprocess=lambda x: x.astype(jnp.float32) / 255.0,
                     num_classes=10)
   return task, conv_impl

@@ -160,13 +160,19 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
 
 def conv_impl(config: ml_collections.ConfigDict,
               model: str | None = None) -> str:
-  """``config.model.conv_impl`` resolved for this platform and jax
-  (``"lax"`` or ``"patches"``); ``"auto"`` (the policy's form, what
-  ``spec.build(n)`` gets) for configs without the key. ``model``: the class
-  name of a model with its own ``"auto"`` form (the generators,
-  :func:`fedjax_dd.policy.conv_form`)."""
-  return models.resolve_conv_impl(_lookup(config, "model.conv_impl") or "auto",
-                                  model=model)
+  """``config.model.conv_impl`` (``"auto"`` for configs without the key),
+  validated.
+
+  Args:
+    config: The run's config.
+    model: The class name of the model it is for: ``"auto"`` is then
+      resolved for this platform, jax and model
+      (:func:`fedjax_dd.policy.conv_form`). None (a registry model, whose
+      builder resolves ``"auto"`` for its own class): returned as set.
+  """
+  impl = _lookup(config, "model.conv_impl") or "auto"
+  resolved = models.resolve_conv_impl(impl, model=model)
+  return impl if model is None else resolved
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:

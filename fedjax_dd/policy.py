@@ -7,8 +7,11 @@ version range; nothing else picks a form. A row holds:
 * ``conv``: how convolutions are computed, ``"lax"``
   (``lax.conv_general_dilated``) or ``"patches"`` (patch extraction + one
   matmul, :func:`fedjax_dd.models.layers.patches_conv_general_dilated`);
-  the generators of :data:`LAX_CONV_MODELS` keep ``lax`` on every row
-  (:func:`conv_form`);
+  the generators of :data:`LAX_CONV_MODELS` keep ``lax`` on every row, and
+  the models of :data:`FORWARD_CONV_MODELS` run ``"forward"`` (``lax``'s
+  value, both gradients as forward convolutions,
+  :func:`fedjax_dd.models.layers.forward_conv_general_dilated`) where the
+  row says ``patches`` (:func:`conv_form`);
 * ``kernel_grad``: with ``lax`` convolutions, ``"lax"`` (autodiff's
   kernel gradient) or ``"matmul"`` (the measured matmul kernel gradients of
   :data:`MATMUL_KERNEL_GRADS`' models; :func:`kernel_grads`);
@@ -62,7 +65,7 @@ from fedjax_dd.utils import versions
 
 NOT_MEASURED = "not measured"
 
-CONV_FORMS = ("lax", "patches")
+CONV_FORMS = ("lax", "patches", "forward")
 KERNEL_GRAD_FORMS = ("lax", "matmul")
 
 
@@ -282,6 +285,22 @@ MATMUL_KERNEL_GRADS: Mapping[str, tuple[str, str]] = {
 # and 775-780 against 1,573-1,580 (32x32x3); experiments/perf_notes.md.
 LAX_CONV_MODELS: frozenset[str] = frozenset({"Generator", "CGeneratorA"})
 
+# Models (class names) whose convolutions are ``"forward"`` (lax's value, both
+# gradients as forward convolutions: fedjax_dd.models.layers.
+# forward_conv_general_dilated) where a row's ``conv`` is "patches". On
+# XLA:CPU of jax >= 0.10 autodiff's transposed convolutions run on a slow
+# path inside the local-step loop, which "patches" avoids at the cost of
+# writing the receptive fields; with 5x5 or 3x3 kernels over 32-64 channels
+# the forward convolutions are the cheaper escape. The engine's round, one
+# core, jax 0.12.0.1, 4 clients run one at a time, 10 steps, ms per
+# client-step, patches against forward: CNN2 (batch 128, FedHydra's MNIST
+# clients) 311.6 and 316.3 against 158.5 and 163.5 (1.95x); CNN3 (batch 64)
+# 129.0 and 130.2 against 90.1 and 88.7 (1.45x). Not listed, measured
+# slower with "forward": LeNet-5 (3.9-4.0 against 5.0-5.1, batch 64) and
+# ConvNet-3 (282-320 against 439-440, batch 64); the others were not
+# measured (experiments/perf_notes.md, "Gradients as forward convolutions").
+FORWARD_CONV_MODELS: frozenset[str] = frozenset({"CNN2", "CNN3"})
+
 # Models whose training gradient XLA:CPU's classic runtime fails to compile
 # (jax 0.5.3, ResNet-18): their programs keep XLA's default runtime.
 CLASSIC_RUNTIME_UNSAFE: frozenset[str] = frozenset({"resnet18"})
@@ -329,11 +348,16 @@ def conv_form(model: str | None = None, row: Policy | None = None) -> str:
     row: The policy row; default :func:`current`.
 
   Returns:
-    ``"lax"`` for the models of :data:`LAX_CONV_MODELS`, else the row's
-    ``conv``.
+    ``"lax"`` for the models of :data:`LAX_CONV_MODELS`; ``"forward"`` for
+    those of :data:`FORWARD_CONV_MODELS` where the row's ``conv`` is
+    ``"patches"``; else the row's ``conv``.
   """
   row = row or current()
-  return "lax" if model in LAX_CONV_MODELS else row.conv
+  if model in LAX_CONV_MODELS:
+    return "lax"
+  if model in FORWARD_CONV_MODELS and row.conv == "patches":
+    return "forward"
+  return row.conv
 
 
 def kernel_grads(model: str, num_convs: int,

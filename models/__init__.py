@@ -45,8 +45,9 @@ class ModelSpec:
       ``conv_impl`` (:data:`CONV_IMPLS`) picks how the model's convolutions
       are computed; ``"auto"`` (the default, as the ``fedjax-dd`` entry
       point passes it) is resolved here by :mod:`fedjax_dd.policy` for
-      JAX's default backend and the running jax (:func:`resolve_conv_impl`),
-      so the module holds ``"lax"`` or ``"patches"``; the model's other
+      JAX's default backend, the running jax and the model's class
+      (:func:`resolve_conv_impl`), so the module holds ``"lax"``,
+      ``"patches"`` or ``"forward"``; the model's other
       forms (kernel gradients, fused blocks, norm folding, phase split)
       follow the same policy when it runs. Models without convolutions check
       the name and ignore it. The parameters do not depend on it.
@@ -66,12 +67,15 @@ class ModelSpec:
   head: str = ""
 
 
-def _builder(make: Callable[..., nn.Module], has_convs: bool = True
-             ) -> Callable[..., nn.Module]:
-  """``build(num_classes, conv_impl="auto")`` for ``make(num_classes, **kw)``."""
+def _builder(make: Callable[..., nn.Module], has_convs: bool = True,
+             model: str | None = None) -> Callable[..., nn.Module]:
+  """``build(num_classes, conv_impl="auto")`` for ``make(num_classes, **kw)``;
+  ``model``: the class name whose own ``"auto"`` form applies
+  (:func:`fedjax_dd.policy.conv_form`)."""
 
   def build(num_classes: int, conv_impl: str = "auto") -> nn.Module:
-    conv_impl = resolve_conv_impl(conv_impl)  # validates the name as well
+    # Validates the name as well.
+    conv_impl = resolve_conv_impl(conv_impl, model=model)
     if not has_convs:
       return make(num_classes)
     return make(num_classes, conv_impl=conv_impl)
@@ -80,7 +84,8 @@ def _builder(make: Callable[..., nn.Module], has_convs: bool = True
 
 
 def _cls(cls: type[nn.Module]) -> Callable[..., nn.Module]:
-  return _builder(lambda k, **kw: cls(num_classes=k, **kw))
+  return _builder(lambda k, **kw: cls(num_classes=k, **kw),
+                  model=cls.__name__)
 
 
 _SPECS = (

@@ -47,8 +47,9 @@ class AlexNet(nn.Module):
   Attributes:
     num_classes: Number of output logits.
     hidden: Widths of the hidden dense layers of the classifier.
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy``); same parameters.
   """
 
   num_classes: int = 10
@@ -98,8 +99,9 @@ class AlexCifarNet(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy``); same parameters.
   """
 
   num_classes: int = 10

@@ -71,8 +71,9 @@ class CGeneratorA(nn.Module):
     num_classes: number of labels.
     conditional: always True: ``__call__`` takes the labels.
     output_space: always ``"normalised"`` (see above).
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy.conv_form`` for
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy.conv_form`` for
       ``"CGeneratorA"``, ``lax`` on every platform); same parameters.
     conv_bias: whether ``conv1`` and ``conv2`` (each before a BatchNorm)
       have a bias, as in FedFTG's code (see above).

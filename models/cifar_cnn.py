@@ -46,8 +46,9 @@ class HFLDDCifarCNN(nn.Module):
   Attributes:
     num_classes: Number of output logits.
     features: Output channels of the two convolutions of each block.
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy``); same parameters.
     weight_grads: Each convolution's kernel gradient with ``lax``
       (``layers.conv_function``), in order; None: ``policy.kernel_grads``
       (on CPU one matmul of the patches for the 3-channel input, one matmul

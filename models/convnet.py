@@ -52,8 +52,9 @@ class ConvNet(nn.Module):
     num_classes: Number of output logits.
     width: Channels of every convolution.
     depth: Number of conv blocks (each halves the spatial size).
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy``); same parameters.
     fuse_first_block: Compute the first block (conv, instance norm, ReLU,
       pool) with ``fused_block.conv_instance_norm_relu_avg_pool``, whose
       convolution is a matmul of the input's patches whatever

@@ -32,8 +32,9 @@ class ConvBNNet(nn.Module):
     num_classes: Number of output logits.
     features: Output channels of each conv block.
     kernel_size: Square kernel size of every convolution.
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy``); same parameters.
     weight_grads: Each convolution's kernel gradient with ``lax``
       (``layers.conv_function``); None: ``policy.kernel_grads`` of the
       class's name (CNN3's are matmuls on CPU, CNN2's lax's); empty:
@@ -76,8 +77,10 @@ class ConvBNNet(nn.Module):
           f"{name} has {len(self.features)} convolutions but "
           f"{len(grads)} weight_grads.")
     k = self.kernel_size
+    # "auto" is this class's form (policy.FORWARD_CONV_MODELS).
+    impl = layers.resolve_conv_impl(self.conv_impl, model=name)
     for i, width in enumerate(self.features):
-      x = layers.conv(self.conv_impl, width, (k, k), padding="SAME",
+      x = layers.conv(impl, width, (k, k), padding="SAME",
                       weight_grad=grads[i],
                       use_bias=False, name=f"conv{i + 1}")(x)
       x = nn.relu(layers.batch_norm(train, name=f"bn{i + 1}")(x))

@@ -47,8 +47,9 @@ class Generator(nn.Module):
     ngf: Base number of generator channels.
     conditional: Whether ``__call__`` takes labels ``y``.
     num_classes: Number of labels of the conditional variant.
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy.conv_form`` for
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy.conv_form`` for
       ``"Generator"``, ``lax`` on every platform); same parameters.
   """
 

@@ -15,10 +15,11 @@ them while select-and-scatter gives all of it to the first one. Both are valid
 subgradients; after a ReLU the tied entries are zeros whose ReLU gradient is
 zero anyway.
 
-Convolutions can be computed in two formulations, picked per model by its
+Convolutions can be computed in three formulations, picked per model by its
 ``conv_impl`` field (see :func:`conv`): ``"lax"`` (``lax.conv_general_dilated``,
-flax's default) and ``"patches"`` (:func:`patches_conv_general_dilated`,
-im2col + one matmul). Both compute the same function with the same
+flax's default), ``"patches"`` (:func:`patches_conv_general_dilated`,
+im2col + one matmul) and ``"forward"`` (:func:`forward_conv_general_dilated`,
+``lax``'s value with both gradients as forward convolutions). All compute the same function with the same
 parameters; which one is faster depends on the platform and the jax version.
 With ``lax`` a layer can also choose how its kernel gradient is computed
 (:func:`lax_conv_custom_weight_grad`). Which form runs by default (``"auto"``
@@ -53,18 +54,19 @@ BN_EPSILON = 1e-5
 _NHWC = ("NHWC", "HWIO", "NHWC")
 
 # Names accepted by a model's ``conv_impl`` field and ``model.conv_impl``.
-CONV_IMPLS = ("auto", "lax", "patches")
+CONV_IMPLS = ("auto", "lax", "patches", "forward")
 
 
 def resolve_conv_impl(conv_impl: str = "auto",
                       platform: str | None = None,
                       jax_version: str | None = None,
                       model: str | None = None) -> str:
-  """The concrete convolution formulation ``"lax"`` or ``"patches"``.
+  """The concrete convolution formulation ``"lax"``, ``"patches"`` or
+  ``"forward"``.
 
   Args:
-    conv_impl: ``"auto"``, ``"lax"`` or ``"patches"``; the last two are
-      returned unchanged.
+    conv_impl: One of :data:`CONV_IMPLS`; all but ``"auto"`` are returned
+      unchanged.
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default
       backend. Only read for ``"auto"``.
     jax_version: e.g. ``"0.10.2"``; default the running ``jax.__version__``.
@@ -72,8 +74,9 @@ def resolve_conv_impl(conv_impl: str = "auto",
       models have their own form (:func:`fedjax_dd.policy.conv_form`).
 
   Returns:
-    ``"lax"`` or ``"patches"``: for ``"auto"`` the policy's form for the
-    platform, jax version and model (:func:`fedjax_dd.policy.lookup`).
+    ``"lax"``, ``"patches"`` or ``"forward"``: for ``"auto"`` the policy's
+    form for the platform, jax version and model
+    (:func:`fedjax_dd.policy.conv_form`).
 
   Raises:
     ValueError: If ``conv_impl`` is not one of :data:`CONV_IMPLS`.
@@ -244,7 +247,7 @@ def conv(
   between formulations.
 
   Args:
-    conv_impl: ``"lax"``, ``"patches"`` or ``"auto"`` (resolved now with
+    conv_impl: One of :data:`CONV_IMPLS` (resolved now with
       :func:`resolve_conv_impl` for JAX's default backend).
     features: Output channels.
     kernel_size: ``(kh, kw)``.
@@ -276,25 +279,29 @@ def conv_function(conv_impl: str,
   """The ``conv_general_dilated`` that computes ``conv_impl``.
 
   Args:
-    conv_impl: ``"lax"``, ``"patches"`` or ``"auto"``
-      (:func:`resolve_conv_impl`).
+    conv_impl: One of :data:`CONV_IMPLS` (:func:`resolve_conv_impl`).
     weight_grad: Where ``conv_impl`` resolves to ``"lax"``, how the
       kernel's gradient is computed (:func:`lax_conv_custom_weight_grad`):
       ``"lax"`` (autodiff's convolution), ``"gemm"`` (one matmul of the
       input's patches) or ``"taps"`` (one matmul per kernel tap). The
-      ``patches`` form's gradient is a matmul already. Models take theirs
-      from :func:`fedjax_dd.policy.kernel_grads` (``"lax"`` but on CPU).
+      ``patches`` form's gradient is a matmul already, the ``forward``
+      form's a forward convolution. Models take theirs from
+      :func:`fedjax_dd.policy.kernel_grads` (``"lax"`` but on CPU).
 
   Returns:
-    ``lax.conv_general_dilated``, :func:`patches_conv_general_dilated` or
+    ``lax.conv_general_dilated``, :func:`patches_conv_general_dilated`,
+    :func:`forward_conv_general_dilated` or
     :func:`lax_conv_custom_weight_grad` bound to ``weight_grad``.
 
   Raises:
     ValueError: For an unknown ``conv_impl`` or ``weight_grad``.
   """
   _check_weight_grad(weight_grad)
-  if resolve_conv_impl(conv_impl) == "patches":
+  impl = resolve_conv_impl(conv_impl)
+  if impl == "patches":
     return patches_conv_general_dilated
+  if impl == "forward":
+    return forward_conv_general_dilated
   if weight_grad == "lax":
     return lax.conv_general_dilated
   return functools.partial(lax_conv_custom_weight_grad,
@@ -418,6 +425,113 @@ def _custom_wgrad_conv_bwd(strides, padding, rhs_dilation, precision,
 _custom_wgrad_conv.defvjp(_custom_wgrad_conv_fwd, _custom_wgrad_conv_bwd)
 
 
+def forward_conv_general_dilated(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    window_strides: Sequence[int],
+    padding: str | Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int] | None = None,
+    rhs_dilation: Sequence[int] | None = None,
+    dimension_numbers: Any = None,
+    feature_group_count: int = 1,
+    batch_group_count: int = 1,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> jax.Array:
+  """``lax.conv_general_dilated`` whose gradients are forward convolutions.
+
+  The value is ``lax``'s. For a stride-1 convolution ``y = x * W`` with
+  explicit pads ``(lo, hi)`` per spatial axis and kernel dilation ``d``:
+
+  * the input's gradient is the forward convolution of the output's
+    gradient ``dy [B, Ho, Wo, O]`` with the kernel flipped in space and its
+    channels swapped (``[kh, kw, O, Ch]``), padded ``((k-1)d - lo,
+    (k-1)d - hi)``, dilation ``d``;
+  * the kernel's gradient is the forward convolution of the padded input
+    with batch and channels swapped (``[Ch, Hp, Wp, B]``) and ``dy`` as the
+    kernel (``[Ho, Wo, B, O]``), window stride ``d``, giving ``[Ch, kh, kw,
+    O]``.
+
+  Why: on XLA:CPU of jax >= 0.10 (measured on 0.12) autodiff's transposed
+  convolutions (the input gradient and the kernel gradient) run on a slow
+  path when they sit in a loop, as the engine's local steps do: inside a
+  ``fori_loop`` one ``[128, 14, 14, 32] -> 64`` 5x5 layer took 1,143 ms
+  for its value and input gradient and 10,680 ms for its value and kernel
+  gradient, against 44 and 91 ms at the top level of a program; forward
+  convolutions run at the same speed in and out of loops (18-23 ms).
+  Written as forward convolutions, both gradients keep that speed (19.5
+  and 68 ms in the loop), and no receptive fields are written (the
+  ``patches`` form spends 97 of that layer's 125 ms forward extracting
+  them). Measured in ``experiments/perf_notes.md`` ("Gradients as forward
+  convolutions").
+
+  The same values as ``lax``'s to float rounding (the same sums, possibly
+  in another order). Args and returns are those of
+  ``lax.conv_general_dilated``; other convolutions (strided, input
+  dilation, groups, layouts other than NHWC/HWIO/NHWC, a
+  ``preferred_element_type``) are computed by ``lax.conv_general_dilated``
+  with its own gradients.
+  """
+  strides = tuple(int(v) for v in window_strides)
+  if (strides != (1, 1) or not _is_nhwc(lhs, rhs, dimension_numbers)
+      or feature_group_count != 1 or batch_group_count != 1
+      or tuple(lhs_dilation or (1, 1)) != (1, 1)
+      or preferred_element_type is not None):
+    return lax.conv_general_dilated(
+        lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+        dimension_numbers, feature_group_count, batch_group_count,
+        precision, preferred_element_type)
+  kdil = tuple(int(v) for v in (rhs_dilation or (1, 1)))
+  kh, kw = rhs.shape[:2]
+  if isinstance(padding, str):
+    pads = lax.padtype_to_pads(
+        lhs.shape[1:3], ((kh - 1) * kdil[0] + 1, (kw - 1) * kdil[1] + 1),
+        strides, padding)
+  else:
+    pads = padding
+  pads = tuple((int(lo), int(hi)) for lo, hi in pads)
+  if any(lo < 0 or hi < 0 or lo > (k - 1) * d or hi > (k - 1) * d
+         for (lo, hi), k, d in zip(pads, (kh, kw), kdil)):
+    # Cropping or padding past the kernel's reach: the input gradient would
+    # need negative pads; lax's own gradients handle it.
+    return lax.conv_general_dilated(
+        lhs, rhs, strides, pads, None, kdil, dimension_numbers,
+        precision=precision)
+  return _forward_grads_conv(lhs, rhs, pads, kdil, precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _forward_grads_conv(lhs, rhs, pads, rhs_dilation, precision):
+  return _nhwc_conv(lhs, rhs, (1, 1), pads, rhs_dilation, precision)
+
+
+def _forward_grads_conv_fwd(lhs, rhs, pads, rhs_dilation, precision):
+  return (_nhwc_conv(lhs, rhs, (1, 1), pads, rhs_dilation, precision),
+          (lhs, rhs))
+
+
+def _forward_grads_conv_bwd(pads, rhs_dilation, precision, res, dy):
+  lhs, rhs = res
+  kh, kw = rhs.shape[:2]
+  # Input gradient: dy convolved with the flipped kernel [kh, kw, O, Ch].
+  flipped = jnp.transpose(jnp.flip(rhs, (0, 1)), (0, 1, 3, 2))
+  back = tuple(((k - 1) * d - lo, (k - 1) * d - hi)
+               for (lo, hi), k, d in zip(pads, (kh, kw), rhs_dilation))
+  dlhs = _nhwc_conv(dy, flipped, (1, 1), back, rhs_dilation, precision)
+  # Kernel gradient: channels as the batch, the batch as the channels; tap
+  # (i, j) reads the padded input at offset (i d, j d), so the window
+  # moves by the kernel's dilation.
+  padded = jnp.pad(lhs, ((0, 0), pads[0], pads[1], (0, 0)))
+  drhs = lax.conv_general_dilated(
+      jnp.transpose(padded, (3, 1, 2, 0)), jnp.transpose(dy, (1, 2, 0, 3)),
+      rhs_dilation, "VALID", dimension_numbers=_NHWC, precision=precision)
+  drhs = jnp.transpose(drhs, (1, 2, 0, 3))
+  return dlhs.astype(lhs.dtype), drhs.astype(rhs.dtype)
+
+
+_forward_grads_conv.defvjp(_forward_grads_conv_fwd, _forward_grads_conv_bwd)
+
+
 def _taps_weight_grad(x: jax.Array, dy: jax.Array,
                       kernel_shape: tuple[int, ...],
                       strides: tuple[int, int],
@@ -489,7 +603,7 @@ class Conv(nn.Module):
     features: Output channels ``O``.
     kernel_size: ``(kh, kw)``.
     padding: ``"SAME"``, ``"VALID"`` or explicit pads, as for ``nn.Conv``.
-    conv_impl: ``"lax"``, ``"patches"`` or ``"auto"`` (the policy's).
+    conv_impl: One of :data:`CONV_IMPLS` (``"auto"``: the policy's).
     weight_grad: How the kernel's gradient is computed with ``lax``:
       ``"lax"``, ``"gemm"`` or ``"taps"`` (:func:`conv_function`).
     apply_bias: False declares the bias (so the variables stay
@@ -686,7 +800,7 @@ class ConvReluMaxPool(nn.Module):
   Attributes:
     features: Output channels.
     kernel_size: ``(kh, kw)``.
-    conv_impl: ``"lax"``, ``"patches"`` or ``"auto"`` (:func:`conv`).
+    conv_impl: One of :data:`CONV_IMPLS` (:func:`conv`).
     phase_split: Use the phase-split form where it applies; None: the
       policy's ``phase_split`` (:func:`fedjax_dd.policy.current`: on CPU).
   """

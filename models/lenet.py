@@ -25,8 +25,9 @@ class LeNet5(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy``); same parameters.
     phase_split: Compute the first convolution and its pool phase-split
       (``layers.ConvReluMaxPool``; same parameters, same values to
       rounding), which is faster on CPU (``experiments/perf_notes.md``,
@@ -75,8 +76,9 @@ class DigitsCNN(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy``); same parameters.
   """
 
   num_classes: int = 10

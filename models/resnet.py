@@ -20,8 +20,9 @@ class BasicBlock(nn.Module):
   Attributes:
     features: Output channels.
     stride: Stride of the first convolution (and of the projection).
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy``); same parameters.
   """
 
   features: int
@@ -55,8 +56,9 @@ class ResNet(nn.Module):
     num_classes: Number of output logits.
     stage_sizes: Number of BasicBlocks per stage.
     width: Channels of the stem and the first stage.
-    conv_impl: How the convolutions are computed: ``"lax"``, ``"patches"``
-      or ``"auto"`` (the default: ``fedjax_dd.policy``); same parameters.
+    conv_impl: How the convolutions are computed, one of
+      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
+      ``fedjax_dd.policy``); same parameters.
   """
 
   num_classes: int = 10

@@ -143,9 +143,61 @@ def test_entry_point_resolves_the_generators_form():
   config = _entry_config("lenet5")
   assert common.conv_impl(config, "CGeneratorA") == "lax"
   assert common.conv_impl(config, "Generator") == "lax"
-  assert common.conv_impl(config) == policy.current().conv
+  # A registry model's "auto" is left to its builder, which resolves it for
+  # the model's class.
+  assert common.conv_impl(config) == "auto"
+  assert common.conv_impl(config, "CNN2") == policy.conv_form("CNN2")
   config.model.conv_impl = "patches"
   assert common.conv_impl(config, "Generator") == "patches"
+  assert common.conv_impl(config) == "patches"
+  config.model.conv_impl = "im2col"
+  with pytest.raises(ValueError, match="Unknown conv_impl 'im2col'"):
+    common.conv_impl(config)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "tpu"])
+@pytest.mark.parametrize("version", _VERSIONS)
+def test_forward_models_take_forward_where_the_row_says_patches(platform,
+                                                                version):
+  row = policy.lookup(platform, version)
+  for name in ("CNN2", "CNN3"):
+    assert name in policy.FORWARD_CONV_MODELS
+    expected = "forward" if row.conv == "patches" else row.conv
+    assert policy.conv_form(name, row) == expected
+    assert layers.resolve_conv_impl("auto", platform, version,
+                                    name) == expected
+    # An explicit form is kept.
+    assert layers.resolve_conv_impl("patches", platform, version,
+                                    name) == "patches"
+  # Where it applies: the CPU rows of jax >= 0.10; accelerators keep lax.
+  assert policy.conv_form("CNN2", policy.lookup("cpu", "0.12.0.1")) == (
+      "forward")
+  assert policy.conv_form("CNN2", policy.lookup("cpu", "0.5.3")) == "lax"
+  assert policy.conv_form("CNN2", policy.lookup("gpu", "0.12.0.1")) == "lax"
+  assert policy.conv_form("LeNet5", policy.lookup("cpu", "0.12.0.1")) == (
+      "patches")
+
+
+@pytest.mark.parametrize("name, cls", [("cnn2", "CNN2"), ("cnn3", "CNN3")])
+def test_forward_models_build_and_run_their_own_form(name, cls, monkeypatch):
+  expected = policy.conv_form(cls)
+  spec = models.get_model(name)
+  assert spec.build(10).conv_impl == expected
+  assert spec.build(10, conv_impl="patches").conv_impl == "patches"
+  seen = []
+  conv = layers.conv
+
+  def recording(impl, *args, **kwargs):
+    seen.append(impl)
+    return conv(impl, *args, **kwargs)
+
+  monkeypatch.setattr(layers, "conv", recording)
+  # Built directly with "auto", the class resolves its own form too.
+  module = getattr(models, cls)(num_classes=10)
+  assert module.conv_impl == "auto"
+  module.init(jax.random.PRNGKey(0), jnp.zeros((2, *spec.input_shape)),
+              train=False)
+  assert seen == [expected] * len(module.features)
 
 
 def test_as_dict_is_json_ready():
@@ -178,7 +230,8 @@ def test_build_defaults_equal_the_entry_points_model(name, platform,
   public = spec.build(10)
   assert public == entry
   if hasattr(public, "conv_impl"):
-    assert public.conv_impl == policy.current().conv
+    # The row's form, or the model class's own (policy.conv_form).
+    assert public.conv_impl == policy.conv_form(type(public).__name__)
 
 
 def test_public_mapper_equals_the_entry_points_for_lenet5():

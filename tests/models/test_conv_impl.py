@@ -1,7 +1,8 @@
-"""The two convolution formulations (``conv_impl``) and their resolution.
+"""The convolution formulations (``conv_impl``) and their resolution.
 
-``patches`` must be a drop-in for ``lax.conv_general_dilated`` in every model:
-same parameters, outputs and gradients equal to float rounding.
+``patches`` and ``forward`` must be drop-ins for ``lax.conv_general_dilated``
+in every model: same parameters, outputs and gradients equal to float
+rounding.
 """
 
 import functools
@@ -41,7 +42,7 @@ def test_auto_resolves_per_platform_and_jax_version(platform, version,
   assert layers.resolve_conv_impl("auto", platform, version) == expected
 
 
-@pytest.mark.parametrize("impl", ["lax", "patches"])
+@pytest.mark.parametrize("impl", ["lax", "patches", "forward"])
 def test_explicit_conv_impl_is_kept_on_every_platform(impl):
   for platform in ("cpu", "gpu", "tpu"):
     for version in ("0.5.3", "0.10.2"):
@@ -237,6 +238,134 @@ def test_custom_weight_grad_is_a_lax_choice():
         dimension_numbers=("NHWC", "HWIO", "NHWC"), weight_grad="fast")
 
 
+# --- forward_conv_general_dilated: lax's value, gradients as forward convs -
+
+# Stride-1 cases the form computes itself (asymmetric pads, a dilated kernel,
+# one input channel) and, last, one whose pad exceeds the kernel's reach.
+_FORWARD_CASES = _CASES + [
+    ((2, 7, 7, 4), (5, 5, 4, 3), dict(padding="SAME")),             # CNN2
+    ((1, 10, 8, 1), (3, 2, 1, 5), dict(padding=((2, 0), (1, 1)))),
+    ((1, 11, 11, 2), (3, 3, 2, 3), dict(padding=((0, 4), (3, 1)),
+                                        rhs_dilation=(2, 1))),
+    ((1, 5, 5, 2), (3, 3, 2, 2), dict(padding=((3, 0), (0, 0)))),
+]
+
+
+def _forward_both(kwargs):
+  kwargs = {"window_strides": (1, 1), **kwargs}
+  dn = ("NHWC", "HWIO", "NHWC")
+  ref = lambda x, k: lax.conv_general_dilated(x, k, dimension_numbers=dn,
+                                              **kwargs)
+  ours = lambda x, k: layers.forward_conv_general_dilated(
+      x, k, dimension_numbers=dn, **kwargs)
+  return ref, ours
+
+
+@pytest.mark.parametrize("xs, ks, kwargs", _FORWARD_CASES)
+def test_forward_conv_matches_lax(xs, ks, kwargs):
+  x, k = _rand(xs, 0), _rand(ks, 1)
+  ref, ours = _forward_both(kwargs)
+  np.testing.assert_array_equal(ours(x, k), ref(x, k))  # lax's value
+  ct = _rand(ref(x, k).shape, 2)
+  g_ref = jax.grad(lambda x, k: jnp.vdot(ref(x, k), ct), (0, 1))(x, k)
+  g_ours = jax.grad(lambda x, k: jnp.vdot(ours(x, k), ct), (0, 1))(x, k)
+  for a, b in zip(g_ours, g_ref):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs, ks, kwargs", _FORWARD_CASES)
+def test_forward_conv_matches_lax_in_float64_under_vmap(xs, ks, kwargs):
+  # Two clients with their own inputs and kernels, and a shared kernel.
+  with x64():
+    x = jnp.stack([_rand(xs, 0, jnp.float64), _rand(xs, 3, jnp.float64)])
+    k = jnp.stack([_rand(ks, 1, jnp.float64), _rand(ks, 4, jnp.float64)])
+    ref, ours = _forward_both(kwargs)
+    ct = _rand((2,) + ref(x[0], k[0]).shape, 2, jnp.float64)
+    loss = lambda f: lambda x, k, c: jnp.vdot(f(x, k), c)
+    for axes in ((0, 0, 0), (0, None, 0)):
+      kk = k if axes[1] == 0 else k[0]
+      grads = [jax.vmap(jax.grad(loss(f), (0, 1)), axes)(x, kk, ct)
+               for f in (ours, ref)]
+      for a, b in zip(*grads):
+        assert a.dtype == jnp.float64 and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_forward_conv_gradients_count_where_each_tap_lands():
+  # Ones in, ones back, a 3x3 kernel of ones over a 3x3 image with SAME
+  # pads, batch 2: kernel tap (i, j) reads inside the image at 9 output
+  # pixels at the centre, 6 on the edges and 4 at the corners (times the
+  # batch); an input pixel feeds as many output pixels.
+  counts = np.array([[4., 6., 4.], [6., 9., 6.], [4., 6., 4.]])
+  dn = ("NHWC", "HWIO", "NHWC")
+  f = lambda x, k: jnp.sum(layers.forward_conv_general_dilated(
+      x, k, (1, 1), "SAME", dimension_numbers=dn))
+  dx, dk = jax.grad(f, (0, 1))(jnp.ones((2, 3, 3, 1)), jnp.ones((3, 3, 1, 1)))
+  np.testing.assert_array_equal(dk[:, :, 0, 0], 2 * counts)
+  np.testing.assert_array_equal(dx[0, :, :, 0], counts)
+  np.testing.assert_array_equal(dx[1, :, :, 0], counts)
+
+
+def _conv_dimension_numbers(fn, *args):
+  """The ``dimension_numbers`` of every convolution in ``fn``'s jaxpr."""
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "conv_general_dilated":
+        found.append((eqn.params["dimension_numbers"],
+                      tuple(eqn.params["lhs_dilation"])))
+      for value in eqn.params.values():  # custom_vjp, pjit, loops: nested
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          sub = getattr(sub, "jaxpr", sub)
+          if hasattr(sub, "eqns"):
+            walk(sub)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return found
+
+
+def test_forward_conv_gradients_are_forward_convolutions():
+  # Why the form exists: autodiff's gradients are convolutions with swapped
+  # dimension roles (XLA:CPU of jax >= 0.10 runs them slowly inside loops);
+  # the forward form's value and both gradients are plain NHWC/HWIO/NHWC
+  # convolutions without input dilation. A strided one keeps lax's.
+  x, k = _rand((2, 7, 7, 3), 0), _rand((5, 5, 3, 4), 1)
+  nhwc = lax.conv_dimension_numbers(x.shape, k.shape,
+                                    ("NHWC", "HWIO", "NHWC"))
+  grad = lambda impl, **kw: jax.grad(lambda x, k: jnp.sum(jnp.sin(
+      impl(x, k, dimension_numbers=("NHWC", "HWIO", "NHWC"), **kw))),
+                                     (0, 1))
+  stride1 = dict(window_strides=(1, 1), padding="SAME")
+  ours = _conv_dimension_numbers(
+      grad(layers.forward_conv_general_dilated, **stride1), x, k)
+  assert len(ours) == 3
+  assert all(dn == nhwc and dil == (1, 1) for dn, dil in ours)
+  autodiff = _conv_dimension_numbers(
+      grad(lax.conv_general_dilated, **stride1), x, k)
+  assert len(autodiff) == 3 and sum(dn == nhwc for dn, _ in autodiff) == 1
+  strided = _conv_dimension_numbers(
+      grad(layers.forward_conv_general_dilated, window_strides=(2, 2),
+           padding="SAME"), x, k)
+  assert sum(dn == nhwc for dn, _ in strided) == 1
+
+
+def test_forward_is_a_conv_impl():
+  assert "forward" in layers.CONV_IMPLS
+  assert layers.conv_function("forward") is (
+      layers.forward_conv_general_dilated)
+  # The kernel-gradient choice is lax's alone: validated, then ignored.
+  for weight_grad in layers.WEIGHT_GRADS:
+    assert layers.conv_function("forward", weight_grad) is (
+        layers.forward_conv_general_dilated)
+  with pytest.raises(ValueError, match="weight_grad"):
+    layers.conv_function("forward", "fast")
+  for platform in ("cpu", "gpu", "tpu"):
+    assert layers.resolve_conv_impl("forward", platform, "0.12.0") == (
+        "forward")
+
+
 _CONSTANT_DATA_PROGRAM = """
 import jax, jax.numpy as jnp, numpy as np
 from fedjax_dd.core import clients
@@ -334,11 +463,12 @@ def _assert_grads_close(g, g_ref, rtol):
   jax.tree.map(lambda a, b: _assert_close(a, b, rtol, scale), g, g_ref)
 
 
+@pytest.mark.parametrize("impl", ["patches", "forward"])
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("name", sorted(_MODELS))
-def test_model_outputs_and_gradients_agree(name, train):
+def test_model_outputs_and_gradients_agree(name, train, impl):
   make, shape = _MODELS[name]
-  ref_model, ours_model = make("lax"), make("patches")
+  ref_model, ours_model = make("lax"), make(impl)
   variables = models.init_model(ref_model, KEY(0), shape)
   # Identical parameter names and shapes from either formulation.
   assert (jax.tree.map(jnp.shape, models.init_model(ours_model, KEY(0), shape))
@@ -355,12 +485,13 @@ def test_model_outputs_and_gradients_agree(name, train):
   _assert_grads_close(g, g_ref, rtol)
 
 
+@pytest.mark.parametrize("impl", ["patches", "forward"])
 @pytest.mark.parametrize("name", ["lenet5", "resnet", "hfldd_cifar_cnn",
-                                  "cnn3"])
-def test_model_outputs_and_gradients_agree_in_float64(name):
+                                  "cnn2", "cnn3"])
+def test_model_outputs_and_gradients_agree_in_float64(name, impl):
   make, shape = _MODELS[name]
   with x64():
-    ref_model, ours_model = make("lax"), make("patches")
+    ref_model, ours_model = make("lax"), make(impl)
     variables = models.init_model(ref_model, KEY(0), shape)
     variables = jax.tree.map(lambda v: jnp.asarray(v, jnp.float64), variables)
     x = _rand((3, *shape), 1, jnp.float64)
