@@ -113,9 +113,8 @@ def test_the_generators_exception_differs_from_newer_cpu_rows():
       "lax")
 
 
-@pytest.mark.parametrize("make", ["generator", "cgenerator"])
-def test_generators_build_auto_as_lax(make, monkeypatch):
-  from fedjax_dd.models.cgenerator import CGeneratorA
+def _record_conv_forms(monkeypatch):
+  """The list each ``layers.conv`` call's form is appended to."""
   seen = []
   conv = layers.conv
 
@@ -124,6 +123,13 @@ def test_generators_build_auto_as_lax(make, monkeypatch):
     return conv(impl, *args, **kwargs)
 
   monkeypatch.setattr(layers, "conv", recording)
+  return seen
+
+
+@pytest.mark.parametrize("make", ["generator", "cgenerator"])
+def test_generators_build_auto_as_lax(make, monkeypatch):
+  from fedjax_dd.models.cgenerator import CGeneratorA
+  seen = _record_conv_forms(monkeypatch)
   z, y = jnp.zeros((2, 4)), jnp.array([0, 1])
   if make == "generator":
     g, args = models.Generator(out_shape=(8, 8, 1), nz=4, ngf=4), (z,)
@@ -184,14 +190,7 @@ def test_forward_models_build_and_run_their_own_form(name, cls, monkeypatch):
   spec = models.get_model(name)
   assert spec.build(10).conv_impl == expected
   assert spec.build(10, conv_impl="patches").conv_impl == "patches"
-  seen = []
-  conv = layers.conv
-
-  def recording(impl, *args, **kwargs):
-    seen.append(impl)
-    return conv(impl, *args, **kwargs)
-
-  monkeypatch.setattr(layers, "conv", recording)
+  seen = _record_conv_forms(monkeypatch)
   # Built directly with "auto", the class resolves its own form too.
   module = getattr(models, cls)(num_classes=10)
   assert module.conv_impl == "auto"

@@ -173,6 +173,23 @@ def test_custom_weight_grad_conv_matches_lax(xs, ks, kwargs, weight_grad):
   np.testing.assert_allclose(g_ours[1], g_ref[1], rtol=1e-5, atol=1e-5)
 
 
+def _assert_vmapped_grads_equal(xs, ks, ref, ours):
+  """In float64 (call under ``x64()``), ``ours``'s gradients equal
+  ``ref``'s to 1e-12, vmapped over two clients with their own inputs and
+  kernels, and with one kernel shared by both (only the input mapped)."""
+  x = jnp.stack([_rand(xs, 0, jnp.float64), _rand(xs, 3, jnp.float64)])
+  k = jnp.stack([_rand(ks, 1, jnp.float64), _rand(ks, 4, jnp.float64)])
+  ct = _rand((2,) + ref(x[0], k[0]).shape, 2, jnp.float64)
+  loss = lambda f: lambda x, k, c: jnp.vdot(f(x, k), c)
+  for axes in ((0, 0, 0), (0, None, 0)):
+    kk = k if axes[1] == 0 else k[0]
+    grads = [jax.vmap(jax.grad(loss(f), (0, 1)), axes)(x, kk, ct)
+             for f in (ours, ref)]
+    for a, b in zip(*grads):
+      assert a.dtype == jnp.float64 and a.shape == b.shape
+      np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("weight_grad", ["gemm", "taps"])
 @pytest.mark.parametrize("xs, ks, kwargs", _CASES[:6])
 def test_custom_weight_grad_conv_matches_lax_in_float64_under_vmap(
@@ -180,18 +197,8 @@ def test_custom_weight_grad_conv_matches_lax_in_float64_under_vmap(
   # Two clients with their own inputs and kernels, as the engine maps them;
   # and a kernel shared by both (only the input mapped).
   with x64():
-    x = jnp.stack([_rand(xs, 0, jnp.float64), _rand(xs, 3, jnp.float64)])
-    k = jnp.stack([_rand(ks, 1, jnp.float64), _rand(ks, 4, jnp.float64)])
-    ref, ours = _custom_wgrad_both(kwargs, weight_grad)
-    ct = _rand((2,) + ref(x[0], k[0]).shape, 2, jnp.float64)
-    loss = lambda f: lambda x, k, c: jnp.vdot(f(x, k), c)
-    for axes in ((0, 0, 0), (0, None, 0)):
-      kk = k if axes[1] == 0 else k[0]
-      grads = [jax.vmap(jax.grad(loss(f), (0, 1)), axes)(x, kk, ct)
-               for f in (ours, ref)]
-      for a, b in zip(*grads):
-        assert a.dtype == jnp.float64 and a.shape == b.shape
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    _assert_vmapped_grads_equal(xs, ks,
+                                *_custom_wgrad_both(kwargs, weight_grad))
 
 
 def test_taps_weight_grad_counts_where_each_tap_lands():
@@ -278,18 +285,7 @@ def test_forward_conv_matches_lax(xs, ks, kwargs):
 def test_forward_conv_matches_lax_in_float64_under_vmap(xs, ks, kwargs):
   # Two clients with their own inputs and kernels, and a shared kernel.
   with x64():
-    x = jnp.stack([_rand(xs, 0, jnp.float64), _rand(xs, 3, jnp.float64)])
-    k = jnp.stack([_rand(ks, 1, jnp.float64), _rand(ks, 4, jnp.float64)])
-    ref, ours = _forward_both(kwargs)
-    ct = _rand((2,) + ref(x[0], k[0]).shape, 2, jnp.float64)
-    loss = lambda f: lambda x, k, c: jnp.vdot(f(x, k), c)
-    for axes in ((0, 0, 0), (0, None, 0)):
-      kk = k if axes[1] == 0 else k[0]
-      grads = [jax.vmap(jax.grad(loss(f), (0, 1)), axes)(x, kk, ct)
-               for f in (ours, ref)]
-      for a, b in zip(*grads):
-        assert a.dtype == jnp.float64 and a.shape == b.shape
-        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    _assert_vmapped_grads_equal(xs, ks, *_forward_both(kwargs))
 
 
 def test_forward_conv_gradients_count_where_each_tap_lands():
