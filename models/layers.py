@@ -19,8 +19,9 @@ Convolutions can be computed in three formulations, picked per model by its
 ``conv_impl`` field (see :func:`conv`): ``"lax"`` (``lax.conv_general_dilated``,
 flax's default), ``"patches"`` (:func:`patches_conv_general_dilated`,
 im2col + one matmul) and ``"forward"`` (:func:`forward_conv_general_dilated`,
-``lax``'s value with both gradients as forward convolutions). All compute the same function with the same
-parameters; which one is faster depends on the platform and the jax version.
+``lax``'s value with both gradients as forward convolutions). All compute
+the same function with the same parameters; which one is faster depends on
+the platform and the jax version.
 With ``lax`` a layer can also choose how its kernel gradient is computed
 (:func:`lax_conv_custom_weight_grad`). Which form runs by default (``"auto"``
 and the ``None`` fields here) is decided only by :mod:`fedjax_dd.policy`.
@@ -189,6 +190,21 @@ def _is_nhwc(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any) -> bool:
           == lax.conv_dimension_numbers(lhs.shape, rhs.shape, _NHWC))
 
 
+def _explicit_pads(spatial: Sequence[int], window: tuple[int, int],
+                   strides: tuple[int, int],
+                   padding: str | Sequence[tuple[int, int]],
+                   rhs_dilation: tuple[int, int]
+                   ) -> tuple[tuple[int, int], ...]:
+  """``((lo_h, hi_h), (lo_w, hi_w))`` of ``padding`` (a string ``lax``
+  accepts, resolved for the dilated window, or explicit pads) over an
+  input's ``spatial`` ``(H, W)``."""
+  if isinstance(padding, str):
+    padding = lax.padtype_to_pads(
+        spatial, tuple((k - 1) * d + 1 for k, d in zip(window, rhs_dilation)),
+        strides, padding)
+  return tuple((int(lo), int(hi)) for lo, hi in padding)
+
+
 def _tap_slices(x: jax.Array, window: tuple[int, int],
                 strides: tuple[int, int],
                 padding: str | Sequence[tuple[int, int]],
@@ -200,10 +216,7 @@ def _tap_slices(x: jax.Array, window: tuple[int, int],
   input per tap, pure data movement.
   """
   (kh, kw), (sh, sw), (dh, dw) = window, strides, rhs_dilation
-  pads = lax.padtype_to_pads(x.shape[1:3], ((kh - 1) * dh + 1,
-                                            (kw - 1) * dw + 1),
-                             (sh, sw), padding) if isinstance(
-                                 padding, str) else [tuple(p) for p in padding]
+  pads = _explicit_pads(x.shape[1:3], window, strides, padding, rhs_dilation)
   x = lax.pad(x, jnp.zeros((), x.dtype),
               ((0, 0, 0), (pads[0][0], pads[0][1], 0),
                (pads[1][0], pads[1][1], 0), (0, 0, 0)))
@@ -483,13 +496,7 @@ def forward_conv_general_dilated(
         precision, preferred_element_type)
   kdil = tuple(int(v) for v in (rhs_dilation or (1, 1)))
   kh, kw = rhs.shape[:2]
-  if isinstance(padding, str):
-    pads = lax.padtype_to_pads(
-        lhs.shape[1:3], ((kh - 1) * kdil[0] + 1, (kw - 1) * kdil[1] + 1),
-        strides, padding)
-  else:
-    pads = padding
-  pads = tuple((int(lo), int(hi)) for lo, hi in pads)
+  pads = _explicit_pads(lhs.shape[1:3], (kh, kw), strides, padding, kdil)
   if any(lo < 0 or hi < 0 or lo > (k - 1) * d or hi > (k - 1) * d
          for (lo, hi), k, d in zip(pads, (kh, kw), kdil)):
     # Cropping or padding past the kernel's reach: the input gradient would
