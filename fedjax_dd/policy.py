@@ -31,6 +31,9 @@ version range; nothing else picks a form. A row holds:
   scale (:mod:`fedjax_dd.kernels.blocking`);
 * ``measured``: where the row's choices were measured, or "not measured".
 
+A run records what the table makes it compute (:func:`forms`) in its
+``environment.json``, so a resume under another table is named.
+
 Every form computes the same function with the same parameters (equal to
 float rounding), so the table changes only speed. Explicit arguments
 (``build(n, conv_impl="lax")``, a layer's ``weight_grad``, a mapper's
@@ -386,4 +389,40 @@ def as_dict(row: Policy) -> dict[str, Any]:
   out = dataclasses.asdict(row)
   out["compiler_options"] = dict(row.compiler_options)
   out["per_core_options"] = dict(row.per_core_options)
+  return out
+
+
+# Fields of a row that say where it applies or how it was measured, not
+# what a run computes.
+_NOT_FORMS = frozenset({"platform", "jax_min", "jax_below", "measured"})
+
+
+def forms(row: Policy | None = None) -> dict[str, Any]:
+  """What the table makes a run compute on ``row``, as JSON-ready values.
+
+  The row's choices (less where it applies and how it was measured) and the
+  per-model sets that refine them (:data:`LAX_CONV_MODELS`,
+  :data:`FORWARD_CONV_MODELS`, :data:`MATMUL_KERNEL_GRADS`,
+  :data:`CLASSIC_RUNTIME_UNSAFE`). Every form computes the same function,
+  but not with the same float rounding, so a run records these
+  (:func:`fedjax_dd.core.workdir.current_environment`) and a resume under
+  another table, e.g. after an upgrade that moves a model to another
+  convolution form, is named as another environment.
+
+  Args:
+    row: The policy row; default :func:`current`.
+
+  Returns:
+    A dict of :func:`as_dict`'s keys less ``platform``, ``jax_min``,
+    ``jax_below`` and ``measured``, plus ``lax_conv_models``,
+    ``forward_conv_models`` and ``classic_runtime_unsafe`` (sorted lists)
+    and ``matmul_kernel_grads`` (model -> two forms).
+  """
+  out = {k: v for k, v in as_dict(row or current()).items()
+         if k not in _NOT_FORMS}
+  out["lax_conv_models"] = sorted(LAX_CONV_MODELS)
+  out["forward_conv_models"] = sorted(FORWARD_CONV_MODELS)
+  out["matmul_kernel_grads"] = {k: list(v)
+                                for k, v in MATMUL_KERNEL_GRADS.items()}
+  out["classic_runtime_unsafe"] = sorted(CLASSIC_RUNTIME_UNSAFE)
   return out

@@ -206,6 +206,24 @@ def test_as_dict_is_json_ready():
   assert json.loads(json.dumps(d))["conv"] == "lax"
 
 
+def test_forms_hold_what_a_run_computes_not_where_the_row_applies():
+  import json
+  new, old = policy.lookup("cpu", "0.12.0"), policy.lookup("cpu", "0.5.3")
+  f = policy.forms(new)
+  assert json.loads(json.dumps(f)) == f
+  assert not {"platform", "jax_min", "jax_below", "measured"} & set(f)
+  assert (f["conv"], f["fold_norm"]) == ("patches", False)
+  assert f["forward_conv_models"] == sorted(policy.FORWARD_CONV_MODELS)
+  assert f["matmul_kernel_grads"]["CNN3"] == ["gemm", "taps"]
+  # Rows that apply elsewhere but compute alike have equal forms; the two
+  # CPU ends differ where their rows do.
+  moved = dataclasses.replace(new, jax_min=(0, 20), measured="elsewhere")
+  assert policy.forms(moved) == f
+  differ = {k for k in f if policy.forms(old)[k] != f[k]}
+  assert differ == {"conv", "fold_norm", "compiler_options",
+                    "ntk_grad_memory_factor"}
+
+
 # --- the entry point and the public builders get the same forms -------------
 
 

@@ -10,7 +10,8 @@ Layout of ``Workdir(directory)``::
     tensorboard/         optional scalars
     .lock                held by the one process running in it (WorkdirLock)
     config.json          the settings that define the run (record_fingerprint)
-    environment.json     the platform, devices and jax it ran on (record_environment)
+    environment.json     the platform, devices, jax and layer forms it ran on
+                         (record_environment)
     data_digests.json    content digests of its npz files, by size and mtime
 
 The loops take the pieces (writer, stores) explicitly; this class only names
@@ -384,11 +385,15 @@ def current_environment() -> dict[str, Any]:
 
   Returns:
     ``{"platform", "device_kind", "devices", "processes", "jax",
-    "jaxlib"}``. The device count matters on a CPU too: the engine lays the
-    client axis over one host device per core (``fedjax_dd.configure_cpu``),
-    so another count batches the clients otherwise.
+    "jaxlib", "policy"}``. The device count matters on a CPU too: the engine
+    lays the client axis over one host device per core
+    (``fedjax_dd.configure_cpu``), so another count batches the clients
+    otherwise. ``policy`` is :func:`fedjax_dd.policy.forms`, the layer forms
+    and client-mapper choices of this platform's and jax's row: a code
+    change can move a model to another form with the same platform and jax.
   """
   import jax  # pylint: disable=g-import-not-at-top
+  from fedjax_dd import policy  # pylint: disable=g-import-not-at-top
   from fedjax_dd.utils import versions  # pylint: disable=g-import-not-at-top
   devices = jax.devices()
   return {"platform": jax.default_backend(),
@@ -396,7 +401,27 @@ def current_environment() -> dict[str, Any]:
           "devices": len(devices),
           "processes": jax.process_count(),
           "jax": versions.installed_version("jax"),
-          "jaxlib": versions.installed_version("jaxlib")}
+          "jaxlib": versions.installed_version("jaxlib"),
+          "policy": policy.forms()}
+
+
+def _environment_differences(started: Mapping[str, Any],
+                             now: Mapping[str, Any],
+                             prefix: str = "") -> list[str]:
+  """``"key old -> new"`` for each key both records hold with other values;
+  dicts are compared key by key (``policy.conv "patches" -> "forward"``).
+  A key only one side holds (a record written before that key existed) is
+  not a difference."""
+  out = []
+  for k in sorted(set(started) & set(now)):
+    old, new = started[k], now[k]
+    if old == new:
+      continue
+    if isinstance(old, dict) and isinstance(new, dict):
+      out += _environment_differences(old, new, f"{prefix}{k}.")
+    else:
+      out.append(f"{prefix}{k} {json.dumps(old)} -> {json.dumps(new)}")
+  return out
 
 
 def read_environment(directory: str | os.PathLike) -> dict[str, Any] | None:
@@ -417,15 +442,17 @@ def record_environment(directory: str | os.PathLike,
   """Records where the run computes, and says when a resume moves it.
 
   A killed run resumed in the same environment continues bit for bit. In
-  another one (another device count, platform or jax) it still resumes,
-  since every form computes the same function, but its float rounding
-  can differ from then on, and long or adversarial training can carry a
-  difference of 1e-6 into points of accuracy (the quickstart's data-free
-  rows on 1-4 host devices: ``experiments/results/quickstart_digits.md``).
-  So the run's first environment is kept in ``environment.json`` under
-  ``"started"``, each other one it continued in is added under
-  ``"resumed"``, and a resume in another environment gets a warning that
-  names the difference.
+  another one (another device count, platform or jax, or a policy table
+  that gives its models other forms) it still resumes, since every form
+  computes the same function, but its float rounding can differ from then
+  on, and long or adversarial training can carry a difference of 1e-6 into
+  points of accuracy (the quickstart's data-free rows on 1-4 host devices:
+  ``experiments/results/quickstart_digits.md``). So the run's first
+  environment is kept in ``environment.json`` under ``"started"``, each
+  other one it continued in is added under ``"resumed"``, and a resume in
+  another environment gets a warning that names the difference. A key that
+  only one of the two holds (a record written before the key existed) is
+  not a difference.
 
   Args:
     directory: the run directory (created if missing).
@@ -449,17 +476,15 @@ def record_environment(directory: str | os.PathLike,
       _write_json_atomic(os.path.join(directory, ENVIRONMENT_FILE), fresh)
     return None
   started = record.get("started")
-  if now == started:
+  started = started if isinstance(started, dict) else {}
+  diffs = _environment_differences(started, now)
+  if not diffs:
     return None
   resumed = list(record.get("resumed") or [])
   if now not in resumed:
     resumed.append(now)
     _write_json_atomic(os.path.join(directory, ENVIRONMENT_FILE),
                        dict(record, resumed=resumed))
-  started = started if isinstance(started, dict) else {}
-  diffs = [f"{k} {json.dumps(started.get(k))} -> {json.dumps(now.get(k))}"
-           for k in sorted(set(started) | set(now))
-           if started.get(k) != now.get(k)]
   hint = ""
   if (started.get("platform") == now.get("platform") == "cpu"
       and started.get("devices") != now.get("devices")

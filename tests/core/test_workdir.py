@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from fedjax_dd import policy
 from fedjax_dd.core import workdir as workdir_lib
 
 
@@ -243,4 +244,37 @@ def test_current_environment_names_this_process():
   assert env["devices"] == len(jax.devices())
   assert env["jax"] == jax.__version__
   assert set(env) == {"platform", "device_kind", "devices", "processes",
-                      "jax", "jaxlib"}
+                      "jax", "jaxlib", "policy"}
+  assert env["policy"] == policy.forms()
+  assert env["policy"]["conv"] == policy.current().conv
+
+
+def test_a_resume_under_other_layer_forms_names_them(tmp_path, caplog):
+  # The same platform and jax, but the table of a later version moves CNN2
+  # to another convolution form: the resume names that, key by key.
+  path = tmp_path / "w"
+  row = policy.lookup("cpu", "0.12.0")
+  before = {**_CPU2, "policy": {**policy.forms(row),
+                                "forward_conv_models": ["CNN3"]}}
+  after = {**_CPU2, "policy": policy.forms(row)}
+  assert workdir_lib.record_environment(path, before) is None
+  _commit(path / "checkpoints", 1)
+  with caplog.at_level("WARNING"):
+    message = workdir_lib.record_environment(path, after)
+  assert re.search(r"environment \(([^)]*)\)", message).group(1) == (
+      'policy.forward_conv_models ["CNN3"] -> ["CNN2", "CNN3"]')
+  assert workdir_lib.read_environment(path)["resumed"] == [after]
+  # A record made before the policy was recorded has nothing to compare it
+  # with: silent, nothing added.
+  old = tmp_path / "old"
+  assert workdir_lib.record_environment(old, _CPU2) is None
+  _commit(old / "checkpoints", 1)
+  assert workdir_lib.record_environment(old, after) is None
+  assert workdir_lib.read_environment(old) == {"started": _CPU2,
+                                               "resumed": []}
+  # Another device count as well: both differences, in key order.
+  other = {**after, "devices": 1}
+  message = workdir_lib.record_environment(path, other)
+  assert re.search(r"environment \(([^)]*)\)", message).group(1) == (
+      'devices 2 -> 1; policy.forward_conv_models ["CNN3"] -> '
+      '["CNN2", "CNN3"]')
