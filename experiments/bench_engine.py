@@ -121,6 +121,10 @@ MODELS = {
     "convnet3": ("convnet3", (32, 32, 3)),
     "cnn3": ("cnn3", (32, 32, 3)),  # FedHydra's CNN3 (DisUE's CIFAR presets)
     "cnn2": ("cnn2", (28, 28, 1)),  # FedHydra's CNN2 (MNIST, Fashion-MNIST)
+    "digits_cnn": ("digits_cnn", (8, 8, 1)),  # the embedded default's
+    "alexnet": ("alexnet", (32, 32, 3)),  # HFLDD's CIFAR AlexNet
+    "alexcifarnet": ("alexcifarnet", (32, 32, 3)),  # FedD3's CIFAR net
+    "resnet18": ("resnet18", (32, 32, 3)),
 }
 
 

@@ -299,9 +299,13 @@ LAX_CONV_MODELS: frozenset[str] = frozenset({"Generator", "CGeneratorA"})
 # client-step, patches against forward: CNN2 (batch 128, FedHydra's MNIST
 # clients) 311.6 and 316.3 against 158.5 and 163.5 (1.95x); CNN3 (batch 64)
 # 129.0 and 130.2 against 90.1 and 88.7 (1.45x). Not listed, measured
-# slower with "forward": LeNet-5 (3.9-4.0 against 5.0-5.1, batch 64) and
-# ConvNet-3 (282-320 against 439-440, batch 64); the others were not
-# measured (experiments/perf_notes.md, "Gradients as forward convolutions").
+# slower with "forward": LeNet-5 (3.9-4.0 against 5.0-5.1, batch 64),
+# ConvNet-3 (282-320 against 439-440, batch 64), the digits CNN (0.71
+# against 1.12, batch 16), the HFLDD CIFAR CNN (2,381 against 6,321, batch
+# 64), AlexNet (578 against 816, batch 32) and ResNet-18 (2,384 against
+# 15,061, batch 32); AlexCifarNet gained 1.03-1.13x at its presets' batch
+# 50, short of the 1.3x bar (experiments/perf_notes.md, "Gradients as
+# forward convolutions").
 FORWARD_CONV_MODELS: frozenset[str] = frozenset({"CNN2", "CNN3"})
 
 # Models whose training gradient XLA:CPU's classic runtime fails to compile

@@ -200,3 +200,9 @@ def test_public_round_alternates_and_takes_median_ratios(monkeypatch):
       {"median": 1.1, "min": 1.0, "max": 1.5})
   assert s["public_ms"] == 2.2 and s["entry_ms"] == 2.0
   assert s["conv_impl"] == {"public": "lax", "entry": "lax"}
+
+
+def test_every_benchmarked_model_is_registered_with_its_input_shape():
+  from fedjax_dd import models  # pylint: disable=g-import-not-at-top
+  for name, (registered, shape) in bench_engine.MODELS.items():
+    assert models.get_model(registered).input_shape == shape, name
