@@ -81,6 +81,7 @@ from fedjax_dd.core.algorithm import ServerDistillation, Teachers, no_setup
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import ensemble
+from fedjax_dd.distill import gen_student
 
 PyTree = Any
 
@@ -405,8 +406,7 @@ def coboosting(client_stage: Callable[..., Teachers],
                                   scale)
       step_metrics.append(sm)
     metrics = dict(gen_metrics)
-    metrics.update({n: jnp.mean(jnp.stack([x[n] for x in step_metrics]))
-                    for n in step_metrics[0]})
+    metrics.update(gen_student.mean_metrics(step_metrics))
     metrics["ensemble_weight_min"] = jnp.min(w)
     metrics["ensemble_weight_max"] = jnp.max(w)
     return CoBoostingState(params=p, batch_stats=bs, opt_state=o, weights=w,

@@ -32,6 +32,7 @@ from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import preprocess
 from fedjax_dd.distill import ensemble
+from fedjax_dd.distill import gen_student
 
 PyTree = Any
 
@@ -138,8 +139,7 @@ def feddf(client_stage: Callable[..., Teachers],
       p, s, o, m = step(p, s, o, teachers.vars, public_x, key,
                         jnp.asarray(t, jnp.int32))
       step_metrics.append(m)
-    metrics = {k: jnp.mean(jnp.stack([m[k] for m in step_metrics]))
-               for k in step_metrics[0]}
+    metrics = gen_student.mean_metrics(step_metrics)
     return FedDFState(p, s, o, state.key, state.epoch + 1), metrics
 
   return ServerDistillation(

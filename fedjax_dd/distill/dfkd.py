@@ -503,8 +503,7 @@ def _epoch(loop: _Loop, programs: _Programs, state: DFKDState,
       student_steps=student_steps, student_step=student_step)
   num_steps = len(step_metrics)
   metrics = dict(gen_ms[-1])
-  metrics.update({k: jnp.mean(jnp.stack([m[k] for m in step_metrics]))
-                  for k in step_metrics[0]})
+  metrics.update(gen_student.mean_metrics(step_metrics))
   metrics["student_steps"] = jnp.asarray(num_steps, jnp.float32)
   gen_params, _ = carry.params
   new_state = DFKDState(gen_params=gen_params, gen_stats=carry.stats,

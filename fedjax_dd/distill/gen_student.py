@@ -158,6 +158,29 @@ def alternate(carry: GenCarry, student: PyTree, *, iterations: int,
   return carry, student, gen_ms, stu_ms
 
 
+def mean_metrics(step_metrics: Sequence[Metrics]) -> dict[str, jax.Array]:
+  """Each metric's mean over the steps of an epoch.
+
+  A running sum of the steps' scalars and one division, not
+  ``jnp.mean(jnp.stack(...))``: eagerly, stacking compiles a program for
+  each new number of steps, and the number changes from epoch to epoch
+  where the student's steps follow a filling pool (DENSE's and FedHydra's
+  epochs). The sum and the division compile once.
+
+  Args:
+    step_metrics: one dict of scalar arrays per step, all with the same keys
+      (at least one step).
+
+  Returns:
+    ``{name: mean}``.
+  """
+  n = len(step_metrics)
+  total = dict(step_metrics[0])
+  for m in step_metrics[1:]:
+    total = {k: v + m[k] for k, v in total.items()}
+  return {k: v / n for k, v in total.items()}
+
+
 def jit_programs(programs: type, loop: Loop, **fns: Callable[..., Any]):
   """The loop's programs, each ``fn(loop, ...)`` jitted once with ``loop`` bound.
 

@@ -65,3 +65,20 @@ def test_alternate_runs_each_iterations_generator_steps_before_its_students():
   assert (carry, student) == (4, 130)
   assert [m["g"] for m in gen_ms] == [0, 0, 1, -1, 2, -2, 3, -3]
   assert [m["s"] for m in stu_ms] == [100, 110, 120]
+
+
+def test_mean_metrics_is_the_mean_and_compiles_once_for_any_step_count(
+    caplog):
+  import logging  # pylint: disable=g-import-not-at-top
+  steps = [{"loss": jnp.float32(v), "acc": jnp.float32(v / 4)}
+           for v in (1.0, 2.0, 6.0)]
+  m = gen_student.mean_metrics(steps)
+  assert float(m["loss"]) == 3.0 and float(m["acc"]) == 0.75
+  assert float(gen_student.mean_metrics(steps[:1])["loss"]) == 1.0
+  gen_student.mean_metrics(steps[:2])  # the sum and the division compiled
+  caplog.set_level(logging.WARNING)
+  with jax.log_compiles(True):
+    four = gen_student.mean_metrics(steps + steps[:1])
+    six = gen_student.mean_metrics(steps + steps)
+  assert (float(four["loss"]), float(six["loss"])) == (2.5, 3.0)
+  assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
