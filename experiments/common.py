@@ -480,7 +480,11 @@ _POSITIVE = (
     ("kip.lr", 0.0, False), ("dfkd.generator_lr", 0.0, False),
     ("dfkd.student_lr", 0.0, False), ("dfkd.student_momentum", 0.0, True),
     ("dfkd.feddf_lr", 0.0, False), ("dfkd.distill_epochs", 1, True),
+    ("eval.batch_size", 1, True), ("eval.finetune_steps", 0, True),
 )
+
+# eval.split: where each client's test data comes from (base.py).
+PERSONAL_SPLITS = ("test", "client")
 
 
 def _lookup(config: ml_collections.ConfigDict, path: str):
@@ -553,6 +557,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"os_fedavg is one-shot: one aggregation, so config.rounds must be "
         f"1, got {config.rounds}; for several rounds use "
         "experiments/configs/fedavg.py.")
+  check_personal(config)
   if _lookup(config, "kip.kernel_impl") == "neural_tangents":
     import importlib.util  # pylint: disable=g-import-not-at-top
     if importlib.util.find_spec("neural_tangents") is None:
@@ -563,6 +568,72 @@ def validate(config: ml_collections.ConfigDict) -> None:
           "--config.kip.kernel_impl=native, the same kernels in pure JAX).")
   # The library's own ranges and names, before the data loads.
   checks.check_values(config)
+
+
+def check_personal(config: ml_collections.ConfigDict) -> None:
+  """``eval.*``: a split of :data:`PERSONAL_SPLITS`, a test fraction in
+  ``(0, 1)`` and a runner that evaluates it (the rounds of runner
+  ``federated``); the counts are checked with :data:`_POSITIVE`.
+
+  Raises:
+    ValueError: naming the ``--config.eval.<key>`` to change.
+  """
+  e = _lookup(config, "eval")
+  if e is None:
+    return
+  if e.split not in PERSONAL_SPLITS:
+    raise ValueError(f"config.eval.split must be one of {PERSONAL_SPLITS}, "
+                     f"got {e.split!r}; set --config.eval.split.")
+  if not 0.0 < float(e.test_fraction) < 1.0:
+    raise ValueError(f"config.eval.test_fraction must lie in (0, 1), got "
+                     f"{e.test_fraction!r}; set --config.eval.test_fraction.")
+  if e.personal and config.runner != "federated":
+    raise ValueError(
+        f"config.eval.personal=True: runner {config.runner!r} does not run "
+        "personalized evaluation (only the rounds of runner 'federated': the "
+        "FedAvg family, IFCA, CFL, CFL-GP, PACFL, FedFTG and DisUE); drop "
+        "--config.eval.personal.")
+
+
+def personal_split(config: ml_collections.ConfigDict, prepared: Prepared,
+                   parts: list[np.ndarray]
+                   ) -> tuple[list[np.ndarray], ClientData | None]:
+  """``(training parts, per-client test data)`` of ``config.eval``: the
+  partition unchanged and the test split dealt out in each client's label
+  proportions (``eval.split="test"``), or each client's own examples split
+  per class (``"client"``); both from ``data.seed``'s personal-test stream.
+  ``(parts, None)`` without ``eval.personal``."""
+  e = config.eval
+  if not e.personal:
+    return parts, None
+  ds = prepared.dataset
+  rng = keys.numpy_stream(config.data.seed, keys.Stream.PERSONAL_TEST)
+  if e.split == "client":
+    parts, test_parts = partition_lib.stratified_split(
+        ds.y_train, parts, float(e.test_fraction), rng)
+    x, y = ds.x_train, ds.y_train
+  else:
+    counts = partition_lib.class_counts(ds.y_train, parts,
+                                        prepared.task.num_classes)
+    test_parts = partition_lib.personal_test_split(ds.y_test, counts, rng)
+    x, y = ds.x_test, ds.y_test
+  return parts, jax.device_put(stack_clients(x, y, test_parts,
+                                             allow_empty=True))
+
+
+def personal_evaluation(config: ml_collections.ConfigDict, algorithm,
+                        task, data: ClientData, test: ClientData | None):
+  """The rounds' personalized evaluation of ``config.eval``
+  (:func:`fedjax_dd.core.personal.personal_evaluation`), or None."""
+  if test is None:
+    return None
+  from fedjax_dd.core import personal  # pylint: disable=g-import-not-at-top
+  e = config.eval
+  return personal.personal_evaluation(
+      algorithm, task, data, test, mapper=mapper(config),
+      batch_size=int(e.batch_size), finetune_steps=int(e.finetune_steps),
+      finetune_optimizer=make_optimizer(config),
+      finetune_batch_size=int(config.client.batch_size))
 
 
 def partition_options(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -394,7 +394,8 @@ def main(argv):
     lock.__exit__(None, None, None)
   logging.info("summary: %s", {k: v for k, v in summary.items() if k != "config"})
   print({k: summary[k] for k in ("method", "dataset", "final_test_accuracy",
-                                 "best_test_accuracy", "wall_seconds")
+                                 "best_test_accuracy",
+                                 "final_personal_accuracy", "wall_seconds")
          if k in summary})
 
 

@@ -251,7 +251,8 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
                  extra_summary: dict[str, Any] | None = None,
                  initial_model: tuple[Any, Any] | None = None,
                  run_key: jax.Array | None = None,
-                 finalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                 finalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 personal: Callable[..., dict[str, Any]] | None = None
                  ) -> dict[str, Any]:
   """Drives ``algorithm`` through the shared rounds loop and writes the summary.
 
@@ -263,6 +264,8 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
   the summary adds :func:`fedjax_dd.core.ledger.gce_summary` of the final
   ledger. ``finalize(summary) -> summary`` adds what depends on the finished
   run (e.g. HFLDD's Eq. 3 traffic) before the one write of ``summary.json``.
+  ``personal``: the rounds' personalized evaluation
+  (:func:`fedjax_dd.experiments.common.personal_evaluation`).
   """
   start = time.time() if start_time is None else start_time
   wall = loop_lib.WallClock(start=start)
@@ -279,7 +282,7 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       initial_model=initial_model, ledger=ledger, run_key=run_key,
       stop_on_nonfinite=config.run.stop_on_nonfinite,
       initial_model_as_seed=config.server.initial_model_as_seed,
-      tensorboard=config.run.tensorboard, wall=wall)
+      tensorboard=config.run.tensorboard, wall=wall, personal=personal)
   state, ledger = result.state, result.ledger
 
   summary = summarize(
@@ -357,7 +360,8 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   """Runs any FedAvg-family method (or centralized) described by ``config``."""
   start = time.time()
   prepared = common.load_and_prepare(config)
-  parts = _client_partition(config, prepared)
+  parts, personal_test = common.personal_split(
+      config, prepared, _client_partition(config, prepared))
   data = common.client_data(prepared.dataset, parts)
   num_steps = common.local_steps(config, data.num_examples)
   max_steps = int(jnp.max(num_steps))
@@ -367,7 +371,10 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   else:
     algorithm = BUILDERS[config.method](config, prepared.task, max_steps)
   return train_rounds(config, workdir, prepared=prepared, algorithm=algorithm,
-                      data=data, num_steps=num_steps, start_time=start)
+                      data=data, num_steps=num_steps, start_time=start,
+                      personal=common.personal_evaluation(
+                          config, algorithm, prepared.task, data,
+                          personal_test))
 
 
 def _lazy(module: str) -> Callable[[ml_collections.ConfigDict, str], dict[str, Any]]:

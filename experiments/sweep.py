@@ -40,7 +40,9 @@ over each DIR's seeds) against that key, a line per method::
   fedjax-dd-sweep --out=/tmp/eps --against=data.partition.alpha \
       /tmp/eps_0.01 /tmp/eps_0.02 /tmp/eps_0.03
 
-With one sweep
+``--metric=personal`` plots (and compares ``--against``) the personalized
+accuracy of runs with ``--config.eval.personal=True`` instead of the global
+test split's; the tables show both whenever the runs have both. With one sweep
 workdir and ``--out`` equal to it and ``--name=sweep`` it re-renders that
 sweep's own report (e.g. after more seeds were added).
 """
@@ -287,15 +289,18 @@ def _group_dirs(path: str) -> list[str]:
 
 
 def compare(specs: Sequence[str], out_dir: str, *, name: str = "compare",
-            title: str | None = None, against: str | None = None
-            ) -> dict[str, Any]:
+            title: str | None = None, against: str | None = None,
+            metric: str = "test") -> dict[str, Any]:
   """Report over ``[LABEL=]DIR`` specs (see the module docstring); with
-  ``against`` a config key, also final accuracy against that key."""
+  ``against`` a config key, also final accuracy against that key;
+  ``metric``: the accuracy plotted (``sweep_lib.METRICS``)."""
   groups = _groups(specs)
-  report = sweep_lib.write_report(groups, out_dir, name=name, title=title)
+  report = sweep_lib.write_report(groups, out_dir, name=name, title=title,
+                                  metric=metric)
   if against:
     report["against"] = sweep_lib.against(groups, against, out_dir,
-                                          name=f"{name}_against", title=title)
+                                          name=f"{name}_against", title=title,
+                                          metric=metric)
   return report
 
 
@@ -332,13 +337,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                       help="also plot final accuracy against this dotted "
                            "config key, one point per DIR (e.g. "
                            "data.partition.alpha)")
+  parser.add_argument("--metric", default="test",
+                      choices=sorted(sweep_lib.METRICS),
+                      help="the accuracy of the curves and of --against: "
+                           "the global test split's (test) or each client's "
+                           "deployed model on its own test data (personal; "
+                           "runs with --config.eval.personal=True)")
   args = parser.parse_args(argv)
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     parser.error(f"--out {args.out} is a file; give a directory for the "
                  "report.")
   try:
     report = compare(args.runs, args.out, name=args.name, title=args.title,
-                     against=args.against)
+                     against=args.against, metric=args.metric)
   except (ValueError, KeyError, OSError) as e:
     # A missing, empty or damaged input (a summary.json that is not JSON,
     # a metrics.jsonl cut mid-line): one line, not a traceback.

@@ -32,14 +32,16 @@ package stays cheap)::
                run_summary (a finished run's summary.json fields)
   notebook     prepare (dataset + model -> task), local_steps, fit (R rounds
                with a workdir: checkpoints, metrics, resume), plot_history,
-               plot_partition
+               plot_partition; personal_evaluation (each client scored with
+               the model it deploys, on its own test data)
   clients      ClientMapper, client_stage, make_local_update, Classifier
   distillation distill_kip (batched KIP), KipOptions, gmm_coreset_clients,
                collect_label_knowledge, make_dfkd, DFKDHyperParams,
                TeacherGroup, upload_privacy
   data         load_dataset, load_unlabeled, resplit, iid, dirichlet,
                pathological, disjoint_classes, quantity_skew, class_counts,
-               stack_clients, ClientData
+               personal_test_split, stratified_split, stack_clients,
+               ClientData
   ledger       Ledger, gce, num_params, model_bits
   keys         keys (the module of named key derivations)
 
@@ -122,6 +124,10 @@ _API: dict[str, tuple[str, str | None]] = {
     "make_local_update": ("fedjax_dd.core.local", "make_local_update"),
     "Classifier": ("fedjax_dd.core.task", "Classifier"),
     "make_evaluator": ("fedjax_dd.core.evaluate", "make_evaluator"),
+    "make_personal_evaluator": ("fedjax_dd.core.personal",
+                                "make_personal_evaluator"),
+    "personal_evaluation": ("fedjax_dd.core.personal",
+                            "personal_evaluation"),
     # A notebook's path: a task from a dataset, R rounds with a workdir.
     "prepare": ("fedjax_dd.core.prepare", "prepare"),
     "Prepared": ("fedjax_dd.core.prepare", "Prepared"),
@@ -149,6 +155,9 @@ _API: dict[str, tuple[str, str | None]] = {
     "disjoint_classes": ("fedjax_dd.data.partition", "disjoint_classes"),
     "quantity_skew": ("fedjax_dd.data.partition", "quantity_skew"),
     "class_counts": ("fedjax_dd.data.partition", "class_counts"),
+    "personal_test_split": ("fedjax_dd.data.partition",
+                            "personal_test_split"),
+    "stratified_split": ("fedjax_dd.data.partition", "stratified_split"),
     "stack_clients": ("fedjax_dd.data.stacked", "stack_clients"),
     "ClientData": ("fedjax_dd.data.stacked", "ClientData"),
     # The ledger.

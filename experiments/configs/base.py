@@ -17,6 +17,8 @@ override fails instead of adding a key nobody reads:
 * ``engine``: how client programs run (backend, chunks, hosts);
 * ``server``: server-side settings shared by several runners;
 * ``run``: evaluation, checkpoints, progress, logging and the time budget;
+* ``eval``: personalized evaluation (each client's deployed model on test
+  data drawn like its own);
 * method groups, added by the configs that use them: ``kip`` (:func:`kip`),
   ``dfkd`` (:func:`dfkd`), ``fedd3`` (:func:`fedd3`), ``hfldd``
   (:func:`hfldd`).
@@ -173,6 +175,27 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # stopped by max_wall_seconds inside a long local training resumes
       # there; the models are those of one call. 0: one call.
       "client_span_steps": 0,
+  })
+  # Personalized evaluation (fedjax_dd.core.personal; runner "federated"):
+  # on the evaluated rounds every client is also scored with the model it
+  # would deploy (its cluster's for IFCA, CFL, CFL-GP and PACFL; the global
+  # model, DisUE's universal expert, otherwise) on test data drawn like its
+  # own; metrics.jsonl adds personal_accuracy (example-weighted over
+  # clients) and its spread (_sd, _min, _max over clients).
+  c.eval = ml_collections.ConfigDict({
+      "personal": False,
+      # "test": the test split dealt out to the clients in their training
+      # label proportions (partition.personal_test_split; the training data
+      # unchanged); "client": test_fraction of each client's own examples,
+      # per class (partition.stratified_split; the client trains on the
+      # rest). Both drawn from data.seed.
+      "split": "test",
+      "test_fraction": 0.2,
+      # > 0: each client first makes this many local steps (client.batch_size,
+      # client.optimizer and lr) on its training data from its model, the
+      # "fine-tuned" score of FL-bench and pfl-research.
+      "finetune_steps": 0,
+      "batch_size": 500,  # test examples per evaluated batch of a client
   })
   return c
 
@@ -621,6 +644,11 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "engine": _RUN_ONLY,
     "paper_departures": _RUN_ONLY,
     "model.conv_impl": _RUN_ONLY,
+    # Personalized evaluation is part of a run (its rows depend on it, and
+    # with eval.split=client the clients' training data); HFLDD's cached
+    # stages do not read it; its batch only paces the evaluation.
+    "eval": ("-hfldd_stages",),
+    "eval.batch_size": _RUN_ONLY,
     "data.data_dir": ("-run",),
     "seed": _UPLOAD,
     "data.dataset": _UPLOAD,

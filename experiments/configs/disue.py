@@ -14,6 +14,7 @@ Commands (CPU, 2 cores):
   fedjax-dd --config=experiments/configs/disue.py:fmnist_dir0.01 --workdir=/tmp/du
     Fashion-MNIST, Dir(0.01), LeNet-5, as many rounds as fit in 30 minutes
     (``run.max_wall_seconds = 1800``).
+  ...disue.py:fmnist_dir0.1   the same with Dir(0.1).
   ...disue.py:cifar10_dir0.01 / cifar10_dir0.1   CIFAR-10, CNN3, same budget.
   ...disue.py:smoke   digits, 10 clients, 4 per round, 2 rounds, a tiny IGA.
   ...disue.py:svhn_gpu / cifar10_gpu / cifar100_gpu   the paper's scale
@@ -25,7 +26,11 @@ Ablations (Tab. 3): ``--config.iga.use_gls=False``, ``use_gwf=False``,
 FedFTG's L1 on logits); ``--config.disue.similarity=raw`` the literal Eq. 3;
 ``--config.disue.similarity_protocol=pcsc`` the secure similarity;
 ``--config.iga.generator_per_teacher=True`` FedFTG's generator schedule;
-``--config.iga.evaluate_before=True`` also evaluates ω_G just before IGA.
+``--config.iga.evaluate_before=True`` also evaluates ω_G just before IGA;
+``--config.eval.personal=True`` also scores every client with the model it
+deploys (ω_G here; its cluster's model for IFCA, CFL, CFL-GP and PACFL) on
+test data drawn like its own (``personal_accuracy``), and
+``--config.eval.finetune_steps=K`` after ``K`` local steps from it.
 The baselines on the same protocol: ``fedavg.py``, ``fedftg.py``,
 ``feddf_datafree.py``, ``ifca.py``, ``cfl.py``, ``cfl_gp.py`` and
 ``pacfl.py`` with the same presets.
@@ -41,6 +46,7 @@ from fedjax_dd.experiments.configs import base as base_lib
 
 CPU_PRESETS = {
     "fmnist_dir0.01": (base_lib.FASHION_MNIST, "lenet5", 0.01),
+    "fmnist_dir0.1": (base_lib.FASHION_MNIST, "lenet5", 0.1),
     "cifar10_dir0.01": (base_lib.CIFAR10, "cnn3", 0.01),
     "cifar10_dir0.1": (base_lib.CIFAR10, "cnn3", 0.1),
 }

@@ -10,8 +10,9 @@ The baseline of three protocols; presets by protocol (CPU, 2 cores):
     protocol (Tab. 2 multi-shot baselines, App. C: 500 clients, C_k = 2,
     10 local epochs, SGD momentum 0.9, batch 50, lr 0.01), shared by
     fedprox.py, scaffold.py and fednova.py.
-  ...fedavg.py:fmnist_dir0.01 / cifar10_dir0.01 / cifar10_dir0.1 / svhn_gpu /
-    cifar10_gpu / cifar100_gpu   DisUE's protocol (disue.py).
+  ...fedavg.py:fmnist_dir0.01 / fmnist_dir0.1 / cifar10_dir0.01 /
+    cifar10_dir0.1 / svhn_gpu / cifar10_gpu / cifar100_gpu   DisUE's
+    protocol (disue.py).
   ...fedavg.py:smoke  digits, 8 clients, 2 rounds.
 
 FedD3- and HFLDD-protocol presets set ``server.gce_gammas``, so

@@ -283,4 +283,5 @@ def cfl(task: Classifier,
     metrics["clustering_converged"] = 1
     return server, clients, metrics
 
-  return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec())
+  return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec(),
+                            deploy=cluster_models.deploy_assigned)

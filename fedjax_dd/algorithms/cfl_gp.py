@@ -270,4 +270,5 @@ def cfl_gp(task: Classifier,
         k == 1 or (stop_round > 0 and t >= stop_round))
     return server, clients, metrics
 
-  return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec())
+  return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec(),
+                            deploy=cluster_models.deploy_assigned)

@@ -8,7 +8,10 @@ What differs is how a client's cluster is found (IFCA: the lowest loss;
 CFL: recursive bi-partitioning; CFL-GP: spectral partitions of accumulated
 updates; PACFL: principal angles of the data).
 
-The evaluated global model (``ServerState.params``) is the model picked by
+Each client deploys its cluster's model (:func:`deploy_assigned`; IFCA:
+the model of lowest loss on its data), which personalized evaluation
+scores (:mod:`fedjax_dd.core.personal`). The evaluated global model
+(``ServerState.params``) is the model picked by
 the most training examples this round or the example-weighted average of the
 cluster models (:func:`global_model`), unless IGA is plugged in
 (:class:`IGAPlugin`, DisUE Tab. 2): then the round's trained cluster models
@@ -103,6 +106,19 @@ def global_model(models: PyTree, stats: PyTree, sizes: jax.Array,
     return tree_map(lambda m: m[j], models), tree_map(lambda s: s[j], stats)
   w = jnp.where(sizes.sum() > 0, sizes, jnp.ones_like(sizes))
   return stages.weighted_mean(models, w), stages.weighted_mean(stats, w)
+
+
+def deploy_assigned(server: ServerState, data: Any
+                    ) -> tuple[PyTree, PyTree, jax.Array]:
+  """What each client deploys in a method that assigns clusters (CFL,
+  CFL-GP, PACFL): its cluster's model, ``extra["models"][extra["clusters"]
+  [i]]`` (a :data:`fedjax_dd.core.algorithm.Deploy`; ``data`` must hold the
+  run's clients in their order). The papers score each client with it."""
+  clusters = server.extra["clusters"]
+  if clusters.shape[0] != data.num_clients:
+    raise ValueError(f"deploy: the server assigned {clusters.shape[0]} "
+                     f"clients, the data holds {data.num_clients}.")
+  return server.extra["models"], server.extra["batch_stats"], clusters
 
 
 def compact_labels(picks: jax.Array, num_clusters: int) -> jax.Array:

@@ -19,6 +19,12 @@ starts the round from the same ``ω_G``, so raw parameters have cosines near
 1; Sec. 4.1 speaks of "gradient updates", so the default compares updates
 ``Δ_u = ω_u − ω_G`` (``similarity="delta"``); ``"raw"`` is the literal
 reading.
+
+What a client deploys is the universal expert ``ω_G``, the model the server
+sends every client as its start (the algorithm's default ``deploy``): the
+groups are re-formed from each round's cohort, so no cluster model outlives
+its round. Personalized evaluation scores it on each client's own test data
+(:mod:`fedjax_dd.core.personal`), optionally after local fine-tuning.
 """
 
 from __future__ import annotations

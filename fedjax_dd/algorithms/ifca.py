@@ -23,7 +23,10 @@ ties: lowest index), or, with ``global_model="average"``, the
 example-weighted average of the cluster models by those counts (meaningful
 only while the models stay close, e.g. from a shared start). All ``K``
 models are in ``ServerState.extra["models"]`` (``[K, ...]``, with
-``extra["batch_stats"]``) for per-cluster evaluation. With ``iga`` the
+``extra["batch_stats"]``); each client deploys the one of lowest loss on
+its own training data (the algorithm's ``deploy``), which personalized
+evaluation scores on the client's test data, as the paper does
+(:mod:`fedjax_dd.core.personal`). With ``iga`` the
 global model is instead distilled from the round's cluster models
 (:class:`fedjax_dd.algorithms.cluster_models.IGAPlugin`, DisUE Tab. 2).
 
@@ -138,6 +141,16 @@ def ifca(task: Classifier,
     return result, pick, losses
 
   train = mapper.map(one_client, in_axes=(None, None, 0, 0, 0, 0, 0, 0))
+  choose = mapper.map(
+      lambda models, stats, x, y, n: jnp.argmin(
+          selection_losses(task, models, stats, x, y, n)).astype(jnp.int32),
+      in_axes=(None, None, 0, 0, 0))
+
+  def deploy(server, data):
+    # A client deploys the model it would train: lowest loss on its data.
+    models, stats = server.extra["models"], server.extra["batch_stats"]
+    return models, stats, choose(models, stats, data.x, data.y,
+                                 data.num_examples)
   plugin = (None if iga is None
             else cluster_models.IGAPlugin(task, iga, generator_key))
 
@@ -194,4 +207,5 @@ def ifca(task: Classifier,
     return server, clients, metrics
 
   return FederatedAlgorithm(init=init, apply=apply,
-                            comm=CommSpec(download=k_models, upload=1))
+                            comm=CommSpec(download=k_models, upload=1),
+                            deploy=deploy)

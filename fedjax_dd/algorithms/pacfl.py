@@ -25,8 +25,9 @@ evaluated global model is the cluster model of most examples this round (or
 their average; ``global_model``), or, with ``iga``, the model DisUE's IGA
 distils from the round's cluster models (DisUE Tab. 2; :class:`fedjax_dd.
 algorithms.cluster_models.IGAPlugin`). The paper evaluates every client on
-its own test data with its cluster's model; a single global test split has
-no clients.
+its own test data with its cluster's model: each client deploys it
+(:func:`fedjax_dd.algorithms.cluster_models.deploy_assigned`), which
+personalized evaluation scores (:mod:`fedjax_dd.core.personal`).
 
 Defaults from the authors' code (``scripts/pacfl.sh``): ``p = 3`` vectors,
 ``"average"`` linkage, ``β`` between 3.5° and 4.9° for label-skew CIFAR-10
@@ -202,4 +203,5 @@ def pacfl(task: Classifier,
         clusters.upload_bits if int(t) == 0 else 0)
     return server, clients, metrics
 
-  return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec())
+  return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec(),
+                            deploy=cluster_models.deploy_assigned)

@@ -84,11 +84,39 @@ class CommSpec(NamedTuple):
   upload: int = 1
 
 
+# (server, data) -> (params [K, ...], batch_stats [K, ...], picks [C]): the
+# K models a method keeps and the one each of the C clients of ``data``
+# (a ClientData of their training examples) would deploy.
+Deploy = Callable[[ServerState, Any], tuple[PyTree, PyTree, jax.Array]]
+
+
 class FederatedAlgorithm(NamedTuple):
-  """A federated algorithm: ``init`` and ``apply`` plus its message sizes."""
+  """A federated algorithm: ``init`` and ``apply`` plus its message sizes.
+
+  ``deploy`` (a :data:`Deploy`) says which model each client would use:
+  ``None`` is the global model ``server.params`` for every client (FedAvg
+  and its family; DisUE and FedFTG, whose universal expert is the model the
+  server sends every client); the clustered methods give their cluster
+  models and each client's cluster (:func:`deployed`). Personalized
+  evaluation (:mod:`fedjax_dd.core.personal`) scores each client with it.
+  """
   init: Callable[..., tuple[ServerState, PyTree]]
   apply: Callable[..., tuple[ServerState, PyTree, dict[str, jax.Array]]]
   comm: CommSpec = CommSpec()
+  deploy: Deploy | None = None
+
+
+def deployed(algorithm: FederatedAlgorithm, server: ServerState, data: Any
+             ) -> tuple[PyTree, PyTree, jax.Array]:
+  """``(params [K, ...], batch_stats [K, ...], picks [C])``: the models
+  ``algorithm`` keeps and the one each client of ``data`` would deploy
+  (``algorithm.deploy``; without one, ``K = 1``: the global model for all).
+  """
+  if algorithm.deploy is not None:
+    return algorithm.deploy(server, data)
+  one = lambda tree: jax.tree_util.tree_map(lambda a: a[None], tree)
+  picks = jax.numpy.zeros((data.num_clients,), jax.numpy.int32)
+  return one(server.params), one(server.batch_stats), picks
 
 
 # ----------------------------------------------------------------------------

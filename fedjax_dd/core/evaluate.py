@@ -30,12 +30,15 @@ def _batched(x: np.ndarray, y: np.ndarray, batch_size: int):
           jnp.asarray(mask.reshape(m, batch_size)))
 
 
-def _evaluate_one(task: Classifier, params, batch_stats, xs, ys, masks,
+def evaluate_sums(task: Classifier, params, batch_stats, xs, ys, masks,
                   per_class: bool = False):
-  """Accuracy and loss of one model over pre-batched data ``[M, B, ...]``.
+  """Summed figures of one model over pre-batched data ``[M, B, ...]``.
 
-  With ``per_class`` also ``class_correct`` and ``class_count`` ``[C]``: the
-  correctly classified and all test examples of each true class.
+  Returns:
+    ``{"loss", "accuracy", "total"}``: the ``masks``-weighted sums of the
+    batch losses and accuracies and the weight; with ``per_class`` also
+    ``class_correct`` and ``class_count`` ``[C]``: the correctly classified
+    and all test examples of each true class.
   """
   c = task.num_classes
 
@@ -61,6 +64,14 @@ def _evaluate_one(task: Classifier, params, batch_stats, xs, ys, masks,
   if per_class:
     init["class_correct"] = init["class_count"] = jnp.zeros((c,), jnp.float32)
   sums, _ = jax.lax.scan(body, init, (xs, ys, masks))
+  return sums
+
+
+def _evaluate_one(task: Classifier, params, batch_stats, xs, ys, masks,
+                  per_class: bool = False):
+  """Accuracy and loss of one model over pre-batched data ``[M, B, ...]``
+  (and the per-class counts of :func:`evaluate_sums`)."""
+  sums = evaluate_sums(task, params, batch_stats, xs, ys, masks, per_class)
   out = {"accuracy": sums["accuracy"] / sums["total"],
          "loss": sums["loss"] / sums["total"]}
   if per_class:

@@ -24,7 +24,7 @@ import contextlib
 import os
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -99,7 +99,9 @@ def fit(algorithm: FederatedAlgorithm,
         stop_on_nonfinite: bool = True,
         initial_model_as_seed: bool = True,
         tensorboard: bool = False,
-        wall: loop_lib.WallClock | None = None) -> rounds_lib.TrainResult:
+        wall: loop_lib.WallClock | None = None,
+        personal: Callable[[ExperimentState], dict[str, Any]] | None = None
+        ) -> rounds_lib.TrainResult:
   """Runs (or resumes) ``algorithm`` for ``rounds`` rounds.
 
   Args:
@@ -131,6 +133,10 @@ def fit(algorithm: FederatedAlgorithm,
     tensorboard: also write the metrics as TensorBoard scalars.
     wall: the run's wall clock (default: started now); each checkpoint
       records its total.
+    personal: personalized evaluation on the same rounds
+      (:func:`fedjax_dd.core.personal.personal_evaluation`): each client
+      scored with the model it deploys on its own test data; the rows add
+      ``personal_accuracy`` and its spread over clients.
 
   Returns:
     :class:`fedjax_dd.core.rounds.TrainResult`: the final state, the ledger
@@ -181,4 +187,4 @@ def fit(algorithm: FederatedAlgorithm,
         algorithm, state, data, num_steps, options, writer=work.writer,
         store=work.store(max_to_keep=keep_checkpoints,
                          save_every=checkpoint_every),
-        evaluate=evaluate, ledger=ledger, wall=wall)
+        evaluate=evaluate, ledger=ledger, wall=wall, personal=personal)

@@ -13,9 +13,10 @@ JAX streams, all derived by ``fold_in`` / ``split`` from the model root::
                       └─ run (split 1) ─ round_key(run, r) ─┬─ sample (split 0)
                                                             ├─ train  (split 1)
                                                             │    └─ client_key(train, id)
-                                                            └─ server_key(round_key)
-                                                                 ├─ epoch stream (1)
-                                                                 └─ server stage (0)
+                                                            ├─ server_key(round_key)
+                                                            │    ├─ epoch stream (1)
+                                                            │    └─ server stage (0)
+                                                            └─ finetune_key(round_key)
     stage_key(model_root, Stage.X) ........ a one-off stage (pre-training, KIP)
 
 NumPy streams are ``np.random.Generator`` objects from
@@ -64,6 +65,7 @@ class Stream(enum.IntEnum):
   RANDOM_MEMBERS = 4   # HFLDD's random-member control (seed)
   RESPLIT = 5          # the 80/20 re-split          (data_seed)
   PUBLIC_DATA = 6      # FedDF's public set          (data_seed)
+  PERSONAL_TEST = 7    # per-client test sets        (data_seed)
 
 
 # Server-stage randomness of round r is folded off the round key at this
@@ -106,6 +108,13 @@ def client_keys(train_key: jax.Array, client_ids: jax.Array) -> jax.Array:
 def server_key(round_key_: jax.Array) -> jax.Array:
   """The server stage's key of one round, apart from every client's."""
   return jax.random.fold_in(round_key_, _SERVER_INDEX)
+
+
+def finetune_key(round_key_: jax.Array) -> jax.Array:
+  """The key of the fine-tuning steps of personalized evaluation after a
+  round (:mod:`fedjax_dd.core.personal`), apart from the round's clients
+  and server."""
+  return jax.random.fold_in(round_key_, _SERVER_INDEX + 1)
 
 
 def server_seed_key(server_seed: int, r: int) -> jax.Array:

@@ -42,6 +42,11 @@ from fedjax_dd.core.metrics import MetricsFileError, MetricsWriter
 Carry = TypeVar("Carry")
 Row = dict[str, Any]
 
+# Evaluated figures named with one of these prefixes are not of the test
+# split and go into the row under their own names (personalized
+# evaluation's, fedjax_dd.core.personal).
+ROW_PREFIXES = ("personal_",)
+
 
 @dataclasses.dataclass(frozen=True)
 class LoopOptions:
@@ -246,7 +251,8 @@ def run_loop(
     start: the last completed step.
     index: the index keys of step ``t``'s row (e.g. ``{"round": t}``).
     evaluate: ``carry -> {"accuracy", "loss", ...}`` on the test split; each
-      further key ``k`` is written as ``test_<k>``.
+      further key ``k`` is written as ``test_<k>``, or as ``k`` when it
+      starts with one of :data:`ROW_PREFIXES`.
     writer: appends one JSON row per step.
     save: ``(t, carry, force) -> Any`` checkpoints step ``t``; ``force`` is
       True at the last step. It returns False when it skipped the step
@@ -281,9 +287,11 @@ def run_loop(
       ev = evaluate(carry)
       row["test_accuracy"] = ev["accuracy"]
       row["test_loss"] = ev["loss"]
-      # Further models' figures (e.g. "accuracy_before_iga") keep their names.
-      row.update({f"test_{k}": v for k, v in ev.items()
-                  if k not in ("accuracy", "loss")})
+      # Further models' figures (e.g. "accuracy_before_iga") keep their
+      # names after "test_"; figures that are not of the test split
+      # (personalized evaluation's) are written as they are named.
+      row.update({k if k.startswith(ROW_PREFIXES) else f"test_{k}": v
+                  for k, v in ev.items() if k not in ("accuracy", "loss")})
       bar.set_postfix(acc=f"{ev['accuracy']:.4f}")
     bad = _non_finite(row)
     if bad and options.stop_on_nonfinite:

@@ -176,6 +176,7 @@ def run_rounds(
     store: CheckpointStore | None = None,
     on_round: Callable[[ExperimentState, dict[str, Any]], None] | None = None,
     wall: loop_lib.WallClock | None = None,
+    personal: Callable[[ExperimentState], dict[str, Any]] | None = None,
 ) -> tuple[ExperimentState, ledger_lib.Ledger, list[dict[str, Any]]]:
   """Runs rounds ``state.round + 1 .. options.num_rounds`` (or fewer, see
   ``options.max_seconds``) through :func:`fedjax_dd.core.loop.run_loop`.
@@ -195,6 +196,8 @@ def run_rounds(
     store: checkpoint store; the whole state plus the ledger is saved.
     on_round: optional callback after each round.
     wall: the run's wall clock; each checkpoint records its total.
+    personal: ``state -> {"personal_accuracy", ...}`` on the evaluated
+      rounds too (:func:`fedjax_dd.core.personal.personal_evaluation`).
 
   Returns:
     ``(state, ledger, rows)``: final state, ledger and the rows written.
@@ -275,13 +278,29 @@ def run_rounds(
                            clock=options.clock, desc="rounds",
                            stop_on_nonfinite=options.stop_on_nonfinite),
       start=int(state.round), index=lambda r: {"round": r},
-      evaluate=None if evaluate is None else (
-          lambda carry: evaluate_server(evaluate, carry[0].server)),
+      evaluate=_evaluation(evaluate, personal),
       writer=writer, save=save,
       on_step=None if on_round is None else (
           lambda carry, row: on_round(carry[0], row)))
   state, ledger = result.carry
   return state, ledger, result.rows
+
+
+def _evaluation(evaluate, personal):
+  """The loop's ``carry -> figures``: the test split's, then each client's."""
+  if evaluate is None:
+    if personal is not None:
+      raise ValueError("run_rounds: personal= is evaluated beside the test "
+                       "split; give evaluate= too.")
+    return None
+
+  def run(carry):
+    out = evaluate_server(evaluate, carry[0].server)
+    if personal is not None:
+      out.update(personal(carry[0]))
+    return out
+
+  return run
 
 
 def resume(store: CheckpointStore | None, template: ExperimentState,
@@ -338,6 +357,7 @@ def train(
     evaluate: Callable[[PyTree, PyTree], dict[str, float]] | None = None,
     ledger: ledger_lib.Ledger | None = None,
     wall: loop_lib.WallClock | None = None,
+    personal: Callable[[ExperimentState], dict[str, Any]] | None = None,
 ) -> TrainResult:
   """Resumes from ``store`` if it holds a checkpoint, then :func:`run_rounds`.
 
@@ -370,7 +390,8 @@ def train(
       writer.truncate_after(0)
     state, ledger, _ = run_rounds(algorithm, state, data, num_steps, options,
                                   evaluate=evaluate, ledger=ledger,
-                                  writer=writer, store=store, wall=wall)
+                                  writer=writer, store=store, wall=wall,
+                                  personal=personal)
   finally:
     store.close()
   return TrainResult(state=state, ledger=ledger, rows=writer.rows(),

@@ -61,6 +61,19 @@ def class_accuracy_fields(rows: Sequence[Row]) -> dict[str, Any]:
           if rows else {})
 
 
+def personal_fields(rows: Sequence[Row]) -> dict[str, Any]:
+  """With personalized evaluation (rows with ``personal_accuracy``): its
+  last value with the spread over clients, and the best over the run."""
+  rows = [r for r in rows if "personal_accuracy" in r]
+  if not rows:
+    return {}
+  last = rows[-1]
+  return {"final_personal_accuracy": last["personal_accuracy"],
+          "best_personal_accuracy": max(r["personal_accuracy"] for r in rows),
+          "final_personal_accuracy_sd": last.get("personal_accuracy_sd"),
+          "final_personal_accuracy_min": last.get("personal_accuracy_min")}
+
+
 def run_summary(*, method: str, dataset: str, model: str,
                 rows: Sequence[Row], ledger: ledger_lib.Ledger, params,
                 rounds: int, planned_rounds: int, num_clients: int,
@@ -115,6 +128,7 @@ def run_summary(*, method: str, dataset: str, model: str,
       "final_test_accuracy": final_test_accuracy,
       "best_test_accuracy": max(accs) if accs else final_test_accuracy,
       **class_accuracy_fields(rows),
+      **personal_fields(rows),
       "rounds": rounds,
       "stopped_by_time_budget": bool(stopped_by_time_budget),
       "num_clients": int(num_clients),

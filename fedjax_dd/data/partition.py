@@ -498,3 +498,103 @@ def class_counts(labels, partition: list[np.ndarray], num_classes: int
     counts[k] = np.bincount(labels[np.asarray(idx, np.int64)],
                             minlength=num_classes)
   return counts
+
+
+def personal_test_split(test_labels, train_counts, rng: np.random.Generator
+                        ) -> list[np.ndarray]:
+  """Each client's test set, drawn like its training data.
+
+  The test examples of class ``k`` are dealt out to the clients in
+  proportion to their training examples of class ``k`` (largest remainder,
+  so every such test example goes to exactly one client; which ones, is
+  drawn by ``rng``). A client so gets the test examples of its own classes,
+  ``T_k n_ik / N_k`` of class ``k``; its test label proportions equal its
+  training ones when the test/train ratio ``T_k / N_k`` is the same for
+  every class (MNIST, Fashion-MNIST, CIFAR-10: within 2 %). This is the
+  protocol of pFL benchmarks that split the test set "like the clients"
+  (FL-bench, PFLlib) and of the clustered methods' papers (IFCA, PACFL),
+  which test every client on data of its own distribution. Test examples of
+  a class no client trains on are left out.
+
+  Args:
+    test_labels: test labels ``[T]``.
+    train_counts: ``[M, K]`` training examples per client and class
+      (:func:`class_counts`).
+    rng: source of randomness (the run's partition seed).
+
+  Returns:
+    ``M`` sorted int64 index arrays into the test split, disjoint; a client
+    may get none (it then has no test figure).
+
+  Raises:
+    ValueError: labels not ``[T]`` integers in ``[0, K)``, or counts not
+      ``[M, K]`` non-negative.
+  """
+  _check_rng(rng)
+  labels = np.asarray(test_labels)
+  counts = np.asarray(train_counts)
+  if counts.ndim != 2 or counts.shape[0] < 1 or (counts < 0).any():
+    raise ValueError(f"train_counts must be [M, K] non-negative counts, got "
+                     f"shape {counts.shape}.")
+  num_classes = counts.shape[1]
+  if (labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer)
+      or (labels.size and (labels.min() < 0
+                           or labels.max() >= num_classes))):
+    raise ValueError(f"test_labels must be [T] integers in [0, {num_classes})"
+                     f", got shape {labels.shape} dtype {labels.dtype}.")
+  parts: list[list[np.ndarray]] = [[] for _ in range(counts.shape[0])]
+  for k in range(num_classes):
+    holders = counts[:, k]
+    if holders.sum() == 0:
+      continue
+    idx = rng.permutation(np.flatnonzero(labels == k))
+    sizes = _largest_remainder(idx.size, holders.astype(np.float64))
+    for client, piece in enumerate(np.split(idx, np.cumsum(sizes)[:-1])):
+      if piece.size:
+        parts[client].append(piece)
+  return [np.sort(np.concatenate(p)).astype(np.int64) if p
+          else np.zeros(0, np.int64) for p in parts]
+
+
+def stratified_split(labels, partition: list[np.ndarray],
+                     test_fraction: float, rng: np.random.Generator
+                     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """Splits every client's own examples into train and test, per class.
+
+  Of client ``i``'s ``n_ik`` examples of class ``k``, ``round(f n_ik)``
+  (halves up, at most ``n_ik - 1`` so that a class keeps a training
+  example) drawn by ``rng`` become its test examples: FL-bench's and
+  PFLlib's per-client split.
+
+  Args:
+    labels: the labels ``[N]`` the partition indexes.
+    partition: one index array per client.
+    test_fraction: ``f`` in ``(0, 1)``.
+    rng: source of randomness.
+
+  Returns:
+    ``(train, test)``: per client, sorted int64 index arrays; ``train[i]``
+    and ``test[i]`` partition ``partition[i]``.
+
+  Raises:
+    ValueError: ``test_fraction`` outside ``(0, 1)``.
+  """
+  _check_rng(rng)
+  if not 0.0 < float(test_fraction) < 1.0:
+    raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}.")
+  labels = np.asarray(labels)
+  train, test = [], []
+  for idx in partition:
+    idx = np.asarray(idx, np.int64)
+    keep, held = [], []
+    for k in np.unique(labels[idx]):
+      members = rng.permutation(idx[labels[idx] == k])
+      t = min(int(np.floor(test_fraction * members.size + 0.5)),
+              members.size - 1)
+      held.append(members[:t])
+      keep.append(members[t:])
+    train.append(np.sort(np.concatenate(keep)) if keep
+                 else np.zeros(0, np.int64))
+    test.append(np.sort(np.concatenate(held)) if held
+                else np.zeros(0, np.int64))
+  return train, test

@@ -70,7 +70,8 @@ class ClientData:
 def stack_clients(x: np.ndarray, y: np.ndarray,
                   partition: Sequence[np.ndarray], *,
                   pad_to: int | None = None,
-                  allow_shared: bool = False) -> ClientData:
+                  allow_shared: bool = False,
+                  allow_empty: bool = False) -> ClientData:
   """Gathers each client's examples into zero-padded host arrays.
 
   Args:
@@ -83,6 +84,8 @@ def stack_clients(x: np.ndarray, y: np.ndarray,
       stable across partitions.
     allow_shared: accept an example in several clients (a resampling, not a
       partition); by default that is refused.
+    allow_empty: accept a client without examples (a per-client test set,
+      which is only evaluated; training needs at least one example).
 
   Returns:
     ``ClientData`` with NumPy fields ``x [C, N_max, H, W, Ch]``,
@@ -110,10 +113,10 @@ def stack_clients(x: np.ndarray, y: np.ndarray,
       raise ValueError(
           f"client {k}: indices must be a 1-D integer array, got shape "
           f"{idx.shape} dtype {idx.dtype}.")
-    if idx.size == 0:
+    if idx.size == 0 and not allow_empty:
       raise ValueError(
           f"client {k} has no examples; sample_batch needs at least one.")
-    if idx.min() < 0 or idx.max() >= x.shape[0]:
+    if idx.size and (idx.min() < 0 or idx.max() >= x.shape[0]):
       raise ValueError(
           f"client {k}: indices must lie in [0, {x.shape[0]}), got range "
           f"[{idx.min()}, {idx.max()}].")
@@ -121,7 +124,7 @@ def stack_clients(x: np.ndarray, y: np.ndarray,
   if not allow_shared:
     validate.disjoint_indices(parts)
   sizes = np.array([p.size for p in parts], np.int32)
-  n_max = int(sizes.max())
+  n_max = max(int(sizes.max()), 1)
   if pad_to is not None:
     if pad_to < n_max:
       raise ValueError(

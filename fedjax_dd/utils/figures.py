@@ -143,7 +143,8 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
                          path: str | os.PathLike, *,
                          endpoints: Mapping[str, tuple[float, float, float]]
                          | None = None,
-                         title: str | None = None, dpi: int = 120) -> str:
+                         title: str | None = None, dpi: int = 120,
+                         ylabel: str = "test accuracy") -> str:
   """Test accuracy over rounds and over traffic, mean ± sd over seeds.
 
   Two panels: accuracy against the round (or distillation epoch) and against
@@ -161,6 +162,7 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
       one-shot runs: final accuracy at the total traffic).
     title: optional figure title.
     dpi: resolution.
+    ylabel: the figure's name of the accuracy (e.g. personalized).
 
   Returns:
     The path written.
@@ -207,7 +209,7 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
       max(positive) / min(positive) >= 100):
     ax_b.set_xscale("log")
   for ax in (ax_r, ax_b):
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
   handles, _ = ax_r.get_legend_handles_labels()
   if handles:
@@ -228,7 +230,8 @@ def _save(fig, path: str | os.PathLike, dpi: int) -> str:
 
 def plot_against(series: Mapping[str, Sequence[Mapping[str, Any]]],
                  path: str | os.PathLike, *, xlabel: str,
-                 title: str | None = None, dpi: int = 120) -> str:
+                 title: str | None = None, dpi: int = 120,
+                 ylabel: str = "final test accuracy") -> str:
   """Final test accuracy against one setting, a line per method.
 
   Args:
@@ -238,6 +241,7 @@ def plot_against(series: Mapping[str, Sequence[Mapping[str, Any]]],
     xlabel: the setting's name.
     title: optional figure title.
     dpi: resolution.
+    ylabel: the accuracy's name.
 
   Returns:
     The path written.
@@ -253,7 +257,7 @@ def plot_against(series: Mapping[str, Sequence[Mapping[str, Any]]],
     ax.errorbar(x, mean, yerr=sd, marker="o", capsize=4, color=colour,
                 linestyle=style, label=method)
   ax.set_xlabel(xlabel)
-  ax.set_ylabel("final test accuracy")
+  ax.set_ylabel(ylabel)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   if title:

@@ -51,6 +51,16 @@ run's ``wall_seconds`` is its last process's, ``wall_seconds_total`` the
 sum over every process. Summaries without the total (older runs) fall back
 to the key itself."""
 
+PERSONAL_STATS = ("final_personal_accuracy", "best_personal_accuracy",
+                  "final_personal_accuracy_sd", "final_personal_accuracy_min")
+"""Personalized evaluation's summary keys (:mod:`fedjax_dd.core.
+personal`), averaged when any run reports them."""
+
+METRICS = {"test": "test_accuracy", "personal": "personal_accuracy"}
+"""The accuracies a report can plot and compare ``against`` a setting: the
+global test split's, or the example-weighted mean over clients of each
+client's deployed model on its own test data."""
+
 NESTED_STATS = {"gce": None,
                 "privacy": ("identical_to_raw_fraction",
                             "nearest_raw_l2_median"),
@@ -86,7 +96,9 @@ def stats_for(summaries: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
         found.update(s[entry] if keys is None else
                      [k for k in keys if k in s[entry]])
     extra += [f"{entry}/{k}" for k in sorted(found)]
-  return STATS + tuple(extra)
+  personal = tuple(k for k in PERSONAL_STATS
+                   if any(s.get(k) is not None for s in summaries))
+  return STATS + personal + tuple(extra)
 
 X_LABELS = {"round": "round", "step": "distillation epoch"}
 
@@ -221,7 +233,7 @@ def _fmt(key: str, v: float | None) -> str:
     return "-"
   if key.startswith("bytes"):
     return reporting.format_bytes(v)
-  if key.endswith("accuracy") or "/" in key:
+  if "accuracy" in key or "/" in key:
     return f"{v:.4f}"
   return f"{v:.1f}"
 
@@ -241,6 +253,10 @@ _HEADERS = {"privacy/identical_to_raw_fraction": "identical to raw",
             "before_iga/mean_iga_gain": "IGA gain (mean over rounds)",
             "final_test_accuracy": "final acc",
             "best_test_accuracy": "best acc", "bytes_total": "traffic",
+            "final_personal_accuracy": "final personal acc",
+            "best_personal_accuracy": "best personal acc",
+            "final_personal_accuracy_sd": "personal acc sd over clients",
+            "final_personal_accuracy_min": "personal acc min over clients",
             "wall_seconds": "wall s"}
 
 
@@ -361,7 +377,8 @@ def learning_curve(runs: Sequence[Sequence[Row]], *, x_key: str | None = None,
 
 def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
                  out_dir: str | os.PathLike, *, name: str = "sweep",
-                 title: str | None = None) -> dict[str, Any]:
+                 title: str | None = None,
+                 metric: str = "test") -> dict[str, Any]:
   """Table and learning curves of one or several groups of runs.
 
   Args:
@@ -372,12 +389,15 @@ def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
       go.
     name: the file stem.
     title: the figure title.
+    metric: the curves' accuracy, a key of :data:`METRICS` (the table
+      shows both when the runs have both).
 
   Returns:
     The JSON written: ``{"tables": [...], "curves": {label: ...},
     "files": {...}}``.
   """
   from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
+  y_key = _metric_key(metric)
   out_dir = os.fspath(out_dir)
   os.makedirs(out_dir, exist_ok=True)
   tables, curves, plotted, endpoints = [], {}, {}, {}
@@ -388,7 +408,7 @@ def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
     table = seed_table(label, [r.summary for r in runs],
                        commands=[r.command for r in runs],
                        workdirs=[r.workdir for r in runs])
-    curve = learning_curve([r.rows for r in runs])
+    curve = learning_curve([r.rows for r in runs], y_key=y_key)
     tables.append(table)
     curves[label] = curve.to_json()
     shown = f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
@@ -397,18 +417,25 @@ def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
                       "x_label": X_LABELS.get(curve.x_key, curve.x_key)}
     if curve.bytes_mean is None:
       traffic = table["stats"]["bytes_total"]["mean"]
-      final = table["stats"]["final_test_accuracy"]
+      final = table["stats"].get(f"final_{y_key}", _NONE)
       if traffic is not None and final["mean"] is not None:
         endpoints[shown] = (traffic, final["mean"], final["sd"] or 0.0)
   paths = {"markdown": os.path.join(out_dir, f"{name}.md"),
            "json": os.path.join(out_dir, f"{name}.json"),
            "curves": os.path.join(out_dir, f"{name}_curves.png")}
   figures.plot_learning_curves(plotted, paths["curves"], endpoints=endpoints,
-                               title=title)
+                               title=title, ylabel=y_key.replace("_", " "))
   metrics_lib.write_text(paths["markdown"], format_tables(tables))
   report = {"tables": tables, "curves": curves, "files": paths}
   metrics_lib.write_json(paths["json"], report)
   return report
+
+
+def _metric_key(metric: str) -> str:
+  if metric not in METRICS:
+    raise ValueError(f"metric must be one of {sorted(METRICS)}, got "
+                     f"{metric!r}.")
+  return METRICS[metric]
 
 
 def config_value(summary: Mapping[str, Any], key: str) -> Any:
@@ -428,8 +455,8 @@ def config_value(summary: Mapping[str, Any], key: str) -> Any:
 
 def against(groups: Mapping[str, Sequence[str | os.PathLike]], key: str,
             out_dir: str | os.PathLike, *, name: str = "against",
-            title: str | None = None) -> dict[str, Any]:
-  """Final test accuracy against one config value (e.g. DisUE Fig. 2a–b).
+            title: str | None = None, metric: str = "test") -> dict[str, Any]:
+  """Final accuracy against one config value (e.g. DisUE Fig. 2a–b).
 
   Each group is one setting: its runs (seeds) must agree on ``key``. Groups
   are gathered into one series per method, ordered by the value.
@@ -440,6 +467,7 @@ def against(groups: Mapping[str, Sequence[str | os.PathLike]], key: str,
     out_dir: where ``<name>.md``, ``<name>.json`` and ``<name>.png`` go.
     name: the file stem.
     title: the figure title.
+    metric: the final accuracy compared, a key of :data:`METRICS`.
 
   Returns:
     The JSON written: ``{"key", "series": {method: [{"x", "mean", "sd", "n",
@@ -450,6 +478,7 @@ def against(groups: Mapping[str, Sequence[str | os.PathLike]], key: str,
       whose value is not a number.
   """
   from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
+  final = f"final_{_metric_key(metric)}"
   series: dict[str, list[dict[str, Any]]] = {}
   for label, dirs in groups.items():
     if not dirs:
@@ -465,7 +494,7 @@ def against(groups: Mapping[str, Sequence[str | os.PathLike]], key: str,
     if x is None:
       raise ValueError(f"Group {label!r}: {key} = {values.pop()} is not a "
                        "finite number.")
-    stat = mean_sd([s.get("final_test_accuracy") for s in summaries])
+    stat = mean_sd([s.get(final) for s in summaries])
     method = str(summaries[0].get("method", label))
     series.setdefault(method, []).append(
         {"x": x, "mean": stat["mean"], "sd": stat["sd"], "n": stat["n"],
@@ -481,12 +510,13 @@ def against(groups: Mapping[str, Sequence[str | os.PathLike]], key: str,
   paths = {"markdown": os.path.join(out_dir, f"{name}.md"),
            "json": os.path.join(out_dir, f"{name}.json"),
            "figure": os.path.join(out_dir, f"{name}.png")}
-  figures.plot_against(series, paths["figure"], xlabel=key, title=title)
-  lines = [f"| method | {key} | final acc | seeds | group |", "|---|---|---|---|---|"]
+  figures.plot_against(series, paths["figure"], xlabel=key, title=title,
+                       ylabel=final.replace("_", " "))
+  lines = [f"| method | {key} | {_HEADERS[final]} | seeds | group |",
+           "|---|---|---|---|---|"]
   for method, points in series.items():
     for p in points:
-      acc = _fmt_stat("final_test_accuracy",
-                      {"mean": p["mean"], "sd": p["sd"], "n": p["n"]})
+      acc = _fmt_stat(final, {"mean": p["mean"], "sd": p["sd"], "n": p["n"]})
       lines.append(f"| {method} | {p['x']:g} | {acc} | {p['n']} | "
                    f"{', '.join(p['labels'])} |")
   metrics_lib.write_text(paths["markdown"], "\n".join(lines) + "\n")

@@ -44,7 +44,7 @@ class _Writer(MetricsWriter):
 
 
 def check(tmp_path, build, initial_state, data, num_steps, options, kills, *,
-          evaluate=None):
+          evaluate=None, personal=None):
   """Asserts that a run killed at every ``(point, n)`` of ``kills`` in turn
   and then resumed equals an uninterrupted run, row for row.
 
@@ -53,6 +53,9 @@ def check(tmp_path, build, initial_state, data, num_steps, options, kills, *,
       compiled programs); the algorithm may call ``tick(point)`` at its own
       points, which kills the run when the current plan says so.
     initial_state: ``algorithm -> ExperimentState``.
+    personal: ``algorithm -> (state -> figures)``: personalized evaluation
+      beside ``evaluate`` (:func:`fedjax_dd.core.personal.
+      personal_evaluation`).
     options: :class:`fedjax_dd.core.rounds.RoundsOptions` (checkpointing
       every ``options.checkpoint_every`` rounds).
   """
@@ -79,7 +82,8 @@ def check(tmp_path, build, initial_state, data, num_steps, options, kills, *,
         writer=_Writer(directory / "metrics.jsonl", plan),
         store=CheckpointStore(str(directory / "ck"),
                               save_every=options.checkpoint_every),
-        evaluate=evaluate)
+        evaluate=evaluate,
+        personal=None if personal is None else personal(alg))
 
   full = train(tmp_path / "full")
   assert [r["round"] for r in full.rows] == list(

@@ -425,3 +425,51 @@ def test_class_counts_hand_example():
   np.testing.assert_array_equal(counts, [[1, 1, 0], [0, 1, 3]])
   with pytest.raises(ValueError, match=r"\[0, 2\)"):
     P.class_counts(labels, [np.array([0])], 2)
+
+
+def test_personal_test_split_follows_training_label_counts_by_hand():
+  # Training counts: client 0 holds classes 0 and 1 (3 : 1), client 1 only
+  # class 1 (1), client 2 only class 2. Test: 8 of class 0, 4 of class 1,
+  # 3 of class 2, 2 of class 3 (which no client trains on).
+  counts = np.array([[3, 1, 0, 0], [0, 1, 0, 0], [0, 0, 5, 0]])
+  test = np.array([0] * 8 + [1] * 4 + [2] * 3 + [3] * 2)
+  parts = P.personal_test_split(test, counts, _rng())
+  # Class 0 all to client 0; class 1 halved (1 : 1); class 2 to client 2;
+  # class 3 left out.
+  assert [np.bincount(test[p], minlength=4).tolist() for p in parts] == [
+      [8, 2, 0, 0], [0, 2, 0, 0], [0, 0, 3, 0]]
+  used = np.concatenate(parts)
+  assert np.unique(used).size == used.size == 15
+  assert all(np.all(np.diff(p) > 0) for p in parts)
+  again = P.personal_test_split(test, counts, _rng())
+  assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+  other = P.personal_test_split(test, counts, _rng(1))
+  assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+
+
+def test_personal_test_split_gives_a_client_of_no_shared_class_nothing():
+  counts = np.array([[2, 0], [0, 0]])
+  parts = P.personal_test_split(np.array([0, 0, 1]), counts, _rng())
+  assert parts[0].tolist() == [0, 1] and parts[1].size == 0
+  with pytest.raises(ValueError, match="test_labels"):
+    P.personal_test_split(np.array([0, 2]), counts, _rng())
+  with pytest.raises(ValueError, match="train_counts"):
+    P.personal_test_split(np.array([0]), np.array([1, 2]), _rng())
+  with pytest.raises(TypeError, match="Generator"):
+    P.personal_test_split(np.array([0]), counts, 0)
+
+
+def test_stratified_split_by_hand():
+  # Client 0: 4 of class 0 and 2 of class 1; client 1: 1 of class 2.
+  labels = np.array([0, 0, 0, 0, 1, 1, 2])
+  parts = [np.arange(6), np.array([6])]
+  train, test = P.stratified_split(labels, parts, 0.25, _rng())
+  # round(0.25 * 4) = 1 and round(0.25 * 2) = 1 (halves up) go to test;
+  # a class of one example keeps it for training.
+  assert np.bincount(labels[test[0]], minlength=3).tolist() == [1, 1, 0]
+  assert np.bincount(labels[train[0]], minlength=3).tolist() == [3, 1, 0]
+  assert train[1].tolist() == [6] and test[1].size == 0
+  for tr, te, p in zip(train, test, parts):
+    assert sorted(np.concatenate([tr, te]).tolist()) == p.tolist()
+  with pytest.raises(ValueError, match="test_fraction"):
+    P.stratified_split(labels, parts, 1.0, _rng())

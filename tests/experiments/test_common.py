@@ -276,3 +276,68 @@ def test_validate_refuses_os_fedavg_with_more_than_one_round():
   config.rounds = 5
   with pytest.raises(ValueError, match="os_fedavg is one-shot.*rounds must be 1, got 5"):
     common.validate(config)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("eval.split", "train", "config.eval.split must be one of"),
+    ("eval.test_fraction", 1.0, "config.eval.test_fraction must lie in"),
+    ("eval.finetune_steps", -1, "config.eval.finetune_steps must be"),
+    ("eval.batch_size", 0, "config.eval.batch_size must be"),
+])
+def test_validate_refuses_unusable_personal_evaluation(path, value, message):
+  from fedjax_dd.experiments.configs import base as base_lib
+  from fedjax_dd.experiments.configs import fedavg as fedavg_config
+  config = fedavg_config.get_config("smoke")
+  config.eval.personal = True
+  common.validate(config)
+  base_lib.set_path(config, path, value)
+  with pytest.raises(ValueError, match=message):
+    common.validate(config)
+
+
+def test_personal_evaluation_only_where_rounds_run_it():
+  from fedjax_dd.experiments.configs import fedhydra as fedhydra_config
+  config = fedhydra_config.get_config("smoke")
+  common.validate(config)
+  config.eval.personal = True
+  with pytest.raises(ValueError, match="runner 'fedhydra' does not run "
+                     "personalized evaluation"):
+    common.validate(config)
+
+
+def test_personal_settings_are_part_of_the_run_fingerprint():
+  from fedjax_dd.experiments.configs import fedavg as fedavg_config
+  config = fedavg_config.get_config("smoke")
+  fp = common.fingerprint(config)
+  assert fp["eval.personal"] is False and "eval.batch_size" not in fp
+  config.eval.personal, config.eval.finetune_steps = True, 5
+  assert common.fingerprint(config)["eval.finetune_steps"] == 5
+  assert "eval.personal" not in common.fingerprint(config, "hfldd_stages")
+
+
+@pytest.mark.parametrize("split", ["test", "client"])
+def test_personal_split_is_deterministic_from_the_partition_seed(split):
+  from fedjax_dd.experiments.configs import fedavg as fedavg_config
+  config = fedavg_config.get_config("smoke")
+  config.eval.personal, config.eval.split = True, split
+  prepared = common.load_and_prepare(config)
+  parts = common.partition(config, prepared.dataset.y_train)
+  train, test = common.personal_split(config, prepared, parts)
+  again_train, again = common.personal_split(config, prepared, parts)
+  np.testing.assert_array_equal(np.asarray(test.y), np.asarray(again.y))
+  assert test.num_clients == len(parts) == len(train)
+  y = np.asarray(prepared.dataset.y_train)
+  if split == "client":
+    # About a fifth of each client's examples, every class kept in training.
+    for p, t, n in zip(parts, train, np.asarray(test.num_examples)):
+      assert t.size + n == p.size and abs(n - 0.2 * p.size) <= 10
+      assert set(y[t]) == set(y[p])
+  else:
+    assert all(np.array_equal(a, b) for a, b in zip(parts, train))
+    assert int(np.sum(test.num_examples)) > 0.9 * len(
+        prepared.dataset.y_test)
+  config.data.seed = 1
+  _, other = common.personal_split(config, prepared, parts)
+  assert not np.array_equal(np.asarray(other.y), np.asarray(test.y))
+  config.eval.personal = False
+  assert common.personal_split(config, prepared, parts) == (parts, None)

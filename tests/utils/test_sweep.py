@@ -267,3 +267,35 @@ def test_before_iga_stats_are_averaged_and_named():
   md = sweep.format_tables([t])
   assert "final acc before IGA" in md and "IGA gain (mean over rounds)" in md
   assert "-0.0300 ± 0.0141" in md
+
+
+def test_personal_accuracy_in_tables_curves_and_against(tmp_path):
+  rows = [{"round": 1, "test_accuracy": 0.1, "personal_accuracy": 0.5},
+          {"round": 2, "test_accuracy": 0.2, "personal_accuracy": 0.7}]
+  groups = {}
+  for seed, personal in ((0, 0.7), (1, 0.9)):
+    s = _with_config(_summary(0.2, 0.2, 1000, 1.0, seed),
+                     data={"seed": seed, "partition": {"alpha": 0.1}})
+    s.update(final_personal_accuracy=personal, best_personal_accuracy=personal,
+             final_personal_accuracy_sd=0.1, final_personal_accuracy_min=0.3)
+    d = str(tmp_path / "runs" / f"seed_{seed}")
+    _write_run(d, s, [dict(r, personal_accuracy=r["personal_accuracy"] + seed
+                           / 10) for r in rows])
+    groups.setdefault("fedavg", []).append(d)
+  report = sweep.write_report(groups, tmp_path / "p", metric="personal")
+  table = report["tables"][0]
+  assert table["stats"]["final_personal_accuracy"]["mean"] == pytest.approx(0.8)
+  assert table["stats"]["final_test_accuracy"]["mean"] == pytest.approx(0.2)
+  # Seeds' personal curves: 0.5 / 0.6 at round 1, 0.7 / 0.8 at round 2.
+  assert report["curves"]["fedavg"]["mean"] == pytest.approx([0.55, 0.75])
+  with open(report["files"]["markdown"]) as f:
+    assert "final personal acc" in f.read()
+  test_curve = sweep.write_report(groups, tmp_path / "t")["curves"]["fedavg"]
+  assert test_curve["mean"] == pytest.approx([0.1, 0.2])
+  versus = sweep.against(groups, "data.partition.alpha", tmp_path / "a",
+                         metric="personal")
+  assert versus["series"]["fedavg"][0]["mean"] == pytest.approx(0.8)
+  with pytest.raises(ValueError, match="metric must be one of"):
+    sweep.write_report(groups, tmp_path / "x", metric="train")
+  # Runs without personalized evaluation keep their columns.
+  assert "final_personal_accuracy" not in sweep.stats_for(SUMMARIES)
