@@ -41,6 +41,7 @@ from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.distill.iga import IGAHyperParams, make_iga
 from fedjax_dd.experiments import common
 from fedjax_dd.models.cgenerator import CGeneratorA
+from fedjax_dd.utils import versions
 
 Builder = Callable[[ml_collections.ConfigDict, Classifier, int], FederatedAlgorithm]
 
@@ -322,7 +323,7 @@ def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,
       rounds=rounds, planned_rounds=int(config.rounds), wall=wall,
       paper_departures=config.paper_departures,
       gce_gammas=tuple(config.server.gce_gammas), extra=extra,
-      config=config.to_dict(), **fields)
+      config=config.to_dict(), code=versions.source_commit(), **fields)
 
 
 def run_server(config: ml_collections.ConfigDict, workdir: str, algorithm,

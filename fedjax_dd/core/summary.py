@@ -85,7 +85,8 @@ def run_summary(*, method: str, dataset: str, model: str,
                 final_test_accuracy: Any = _FROM_ROWS,
                 stopped_by_time_budget: bool | None = None,
                 extra: Mapping[str, Any] | None = None,
-                config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                config: Mapping[str, Any] | None = None,
+                code: Mapping[str, Any] | None = None) -> dict[str, Any]:
   """The summary fields every run reports, then ``extra`` and ``config``.
 
   Args:
@@ -108,6 +109,9 @@ def run_summary(*, method: str, dataset: str, model: str,
     stopped_by_time_budget: default ``rounds < planned_rounds``.
     extra: the method's own fields, added before ``config``.
     config: the run's settings, added last.
+    code: the code that computed the figures
+      (:func:`fedjax_dd.utils.versions.source_commit`); ``None``: not
+      recorded.
   """
   accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
   if final_test_accuracy is _FROM_ROWS:
@@ -150,6 +154,8 @@ def run_summary(*, method: str, dataset: str, model: str,
       "paper_departures": list(paper_departures),
       **(extra or {}),
   }
+  if code is not None:
+    summary["code"] = dict(code)
   if config is not None:
     summary["config"] = dict(config)
   return summary

@@ -196,7 +196,7 @@ def seed_table(name: str, summaries: Sequence[Mapping[str, Any]], *,
     ``stats[key]`` is :func:`mean_sd` of that key over the runs; ``runs``
     holds per run its ``seed`` and ``data_seed`` (the summary's
     ``config["seed"]`` and ``config["data"]["seed"]``), ``rounds``, the
-    ``stats`` values, ``command`` and ``workdir``.
+    ``stats`` values, its :func:`provenance`, ``command`` and ``workdir``.
   """
   n = len(summaries)
   stats = stats_for(summaries) if stats is None else tuple(stats)
@@ -212,6 +212,7 @@ def seed_table(name: str, summaries: Sequence[Mapping[str, Any]], *,
            "data_seed": (config.get("data") or {}).get("seed"),
            "rounds": s.get("rounds")}
     run.update({k: _number(get_stat(s, k)) for k in stats})
+    run.update(provenance(s))
     run.update(command=cmd, workdir=wd)
     runs.append(run)
   methods = sorted({str(s.get("method")) for s in summaries})
@@ -226,6 +227,32 @@ def seed_table(name: str, summaries: Sequence[Mapping[str, Any]], *,
                 for k in stats},
       "runs": runs,
   }
+
+
+def provenance(summary: Mapping[str, Any]) -> dict[str, str | None]:
+  """Where a run's figures were computed, from its ``summary.json``:
+  ``code`` (the commit's first 7 digits, ``+modified`` when tracked files
+  differed from it), ``jax`` and ``machine`` (platform, device kind and
+  count; ``+resumed elsewhere`` when it continued in another environment).
+  ``None`` for what the summary does not record (older runs)."""
+  code = summary.get("code") if isinstance(summary.get("code"), Mapping) else {}
+  commit = code.get("commit")
+  if commit:
+    commit = str(commit)[:7] + ("+modified" if code.get("modified") else "")
+  env = summary.get("environment")
+  env = env if isinstance(env, Mapping) else {}
+  started = env.get("started") if isinstance(env.get("started"), Mapping) else {}
+  machine = None
+  if started.get("platform"):
+    machine = (f"{started['platform']} {started.get('device_kind', '')} "
+               f"×{started.get('devices', '?')}").replace("  ", " ")
+    if env.get("resumed"):
+      machine += " +resumed elsewhere"
+  return {"code": commit or None, "jax": started.get("jax"),
+          "machine": machine}
+
+
+PROVENANCE = ("code", "jax", "machine")
 
 
 def _fmt(key: str, v: float | None) -> str:
@@ -261,7 +288,8 @@ _HEADERS = {"privacy/identical_to_raw_fraction": "identical to raw",
 
 
 def format_tables(tables: Sequence[Mapping[str, Any]]) -> str:
-  """Markdown: mean ± sd per group, then every run with its command."""
+  """Markdown: mean ± sd per group, then every run with the code, jax and
+  machine that computed it (:func:`provenance`) and its command."""
   # Columns: every stat any group reports (groups may differ, e.g. FedD3's
   # GCE beside a data-free method's runs).
   stats = list(dict.fromkeys(k for t in tables for k in t["stats"])) or list(
@@ -276,14 +304,16 @@ def format_tables(tables: Sequence[Mapping[str, Any]]) -> str:
                  + " |")
   lines += ["", "Mean ± sample sd (ddof = 1) over the seeds; per run:", "",
             "| method | seed | data_seed | rounds | " + " | ".join(head)
-            + " | command |",
-            "|---|---|---|---|" + "---|" * len(stats) + "---|"]
+            + " | " + " | ".join(PROVENANCE) + " | command |",
+            "|---|---|---|---|" + "---|" * (len(stats) + len(PROVENANCE))
+            + "---|"]
   for t in tables:
     for r in t["runs"]:
       cmd = f"`{r['command']}`" if r.get("command") else "-"
       lines.append(f"| {t['name']} | {r['seed']} | {r['data_seed']} | "
                    f"{'-' if r['rounds'] is None else r['rounds']} | "
-                   + " | ".join(_fmt(k, r.get(k)) for k in stats)
+                   + " | ".join(_fmt(k, r.get(k)) for k in stats) + " | "
+                   + " | ".join(r.get(k) or "-" for k in PROVENANCE)
                    + f" | {cmd} |")
   return "\n".join(lines) + "\n"
 

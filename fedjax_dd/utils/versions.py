@@ -6,6 +6,8 @@ environment variables (the compilation cache) must be set first.
 """
 
 import importlib.metadata
+import os
+import subprocess
 import sys
 
 
@@ -38,3 +40,22 @@ def installed_version(package: str = "jax") -> str:
   if module is not None and hasattr(module, "__version__"):
     return module.__version__
   return importlib.metadata.version(package)
+
+
+def source_commit(path: str | None = None) -> dict[str, object] | None:
+  """The code a run computes with: ``{"commit": HEAD's hash, "modified":
+  whether tracked files differ from it}`` of the git checkout holding
+  ``path`` (default: this package), or ``None`` outside one (an installed
+  wheel) or without git. Results record it beside each figure."""
+  root = path or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+  def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", root, *args], capture_output=True,
+                          text=True, timeout=30, check=True).stdout.strip()
+
+  try:
+    commit = git("rev-parse", "HEAD")
+    modified = bool(git("status", "--porcelain", "--untracked-files=no"))
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return {"commit": commit, "modified": modified}

@@ -61,8 +61,9 @@ def test_seed_table_and_markdown():
   md = sweep.format_tables([t])
   assert "| fedavg | digits | 3 | 0.7000 ± 0.2000 | 0.8000 ± 0.2000 | " \
          "1.00 KB ± 0 B | 12.0 ± 2.0 |" in md
-  assert "| fedavg | 1 | 1 | 2 | 0.7000 | 0.8000 | 1.00 KB | 14.0 | " \
-         "`fedjax-dd --config.seed=1` |" in md
+  # Summaries without code or environment records: "-".
+  assert "| fedavg | 1 | 1 | 2 | 0.7000 | 0.8000 | 1.00 KB | 14.0 | - | - " \
+         "| - | `fedjax-dd --config.seed=1` |" in md
   with pytest.raises(ValueError, match="differ in length"):
     sweep.seed_table("x", SUMMARIES, commands=cmds[:2])
 
@@ -299,3 +300,28 @@ def test_personal_accuracy_in_tables_curves_and_against(tmp_path):
     sweep.write_report(groups, tmp_path / "x", metric="train")
   # Runs without personalized evaluation keep their columns.
   assert "final_personal_accuracy" not in sweep.stats_for(SUMMARIES)
+
+
+def test_every_run_row_names_its_code_jax_and_machine():
+  s = dict(SUMMARIES[0], code={"commit": "0123456789abcdef", "modified": True},
+           environment={"started": {"platform": "cpu", "device_kind": "cpu",
+                                    "devices": 2, "jax": "0.5.3"},
+                        "resumed": []})
+  assert sweep.provenance(s) == {"code": "0123456+modified", "jax": "0.5.3",
+                                 "machine": "cpu cpu ×2"}
+  resumed = dict(s, code={"commit": "fedcba9876543210", "modified": False},
+                 environment={**s["environment"], "resumed": [{"devices": 1}]})
+  assert sweep.provenance(resumed)["code"] == "fedcba9"
+  assert sweep.provenance(resumed)["machine"] == "cpu cpu ×2 +resumed elsewhere"
+  assert sweep.provenance(SUMMARIES[0]) == {"code": None, "jax": None,
+                                            "machine": None}
+  md = sweep.format_tables([sweep.seed_table("fedavg", [s, resumed])])
+  assert "| 0123456+modified | 0.5.3 | cpu cpu ×2 | - |" in md
+
+
+def test_source_commit_reads_the_checkout_or_says_none(tmp_path):
+  from fedjax_dd.utils import versions  # pylint: disable=g-import-not-at-top
+  here = versions.source_commit(REPO_ROOT)
+  if here is not None:  # a git checkout (not an unpacked sdist)
+    assert len(here["commit"]) == 40 and isinstance(here["modified"], bool)
+  assert versions.source_commit(str(tmp_path)) is None
