@@ -78,3 +78,21 @@ def test_bad_settings_are_refused_before_the_data_loads(method, path, value,
   base_lib.set_path(c, path, value)
   with pytest.raises(ValueError, match=message):
     common.validate(c)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, split", [("pacfl", "test"),
+                                           ("ifca", "client")])
+def test_smoke_with_personal_evaluation_writes_its_figures(tmp_path, method,
+                                                           split):
+  c = _smoke(method)
+  c.eval.personal, c.eval.split, c.eval.finetune_steps = True, split, 2
+  s = runners.RUNNERS["federated"](c, str(tmp_path / method))
+  with open(tmp_path / method / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  assert [r["round"] for r in rows if "personal_accuracy" in r] == [1, 2]
+  last = rows[-1]
+  assert 0.0 <= last["personal_accuracy_min"] <= last["personal_accuracy"] <= (
+      last["personal_accuracy_max"]) <= 1.0
+  assert s["final_personal_accuracy"] == last["personal_accuracy"]
+  assert np.isfinite(s["final_test_accuracy"])
