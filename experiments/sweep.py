@@ -59,12 +59,20 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from fedjax_dd.core import metrics as metrics_lib
+from fedjax_dd.core import workdir as workdir_lib
+from fedjax_dd.experiments.configs import base as base_config
 from fedjax_dd.utils import sweep as sweep_lib
 
 # Flags a seed's command sets itself.
 _SWEEP_FLAGS = ("--workdir", "--seeds", "--config.seed", "--config.data.seed")
 # Config keys (group, key) that do not change a run's result.
 _COSMETIC_KEYS = (("run", "progress"),)
+
+# Settings a group's runs may differ in: the seeds, and the resume-safe
+# ones (experiments/configs/base.py FINGERPRINT_RULES) but the round count,
+# which changes the result.
+IGNORED = sweep_lib.SEED_KEYS + tuple(
+    p for p in base_config.fingerprint_paths("run") if p != "rounds")
 
 Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
 
@@ -195,7 +203,7 @@ def _comparable(config_dict: dict[str, Any]) -> str:
 def is_finished(workdir: str, config: ml_collections.ConfigDict) -> bool:
   """Whether ``workdir`` holds a complete run of exactly ``config``."""
   path = os.path.join(workdir, "summary.json")
-  if not os.path.isfile(path):
+  if not os.path.isfile(path) or workdir_lib.summary_is_stale(workdir):
     return False
   with open(path) as f:
     summary = json.load(f)
@@ -251,7 +259,8 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
   label = config.method
   return sweep_lib.write_report(
       {label: dirs}, workdir, name="sweep",
-      title=f"{label} on {config.data.dataset}, seeds {list(seeds)}")
+      title=f"{label} on {config.data.dataset}, seeds {list(seeds)}",
+      ignore=IGNORED)
 
 
 def _check_summary(workdir: str, seed: int) -> None:
@@ -292,7 +301,8 @@ def compare(specs: Sequence[str], out_dir: str, *, name: str = "compare",
   """Report over ``[LABEL=]DIR`` specs (see the module docstring); with
   ``against`` a config key, also final accuracy against that key."""
   groups = _groups(specs)
-  report = sweep_lib.write_report(groups, out_dir, name=name, title=title)
+  report = sweep_lib.write_report(groups, out_dir, name=name, title=title,
+                                  ignore=IGNORED)
   if against:
     report["against"] = sweep_lib.against(groups, against, out_dir,
                                           name=f"{name}_against", title=title)

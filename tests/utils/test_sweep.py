@@ -107,10 +107,11 @@ def test_learning_curve_over_distillation_epochs_has_no_traffic():
 
 def _write_run(d, summary, rows, command=None):
   os.makedirs(d, exist_ok=True)
-  with open(os.path.join(d, "summary.json"), "w") as f:
-    json.dump(summary, f)
+  # In a run's order: the rows, then the summary at its end.
   with open(os.path.join(d, "metrics.jsonl"), "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
+  with open(os.path.join(d, "summary.json"), "w") as f:
+    json.dump(summary, f)
   if command:
     with open(os.path.join(d, "command.txt"), "w") as f:
       f.write(command + "\n")
