@@ -268,3 +268,48 @@ def test_before_iga_stats_are_averaged_and_named():
   md = sweep.format_tables([t])
   assert "final acc before IGA" in md and "IGA gain (mean over rounds)" in md
   assert "-0.0300 ± 0.0141" in md
+
+
+def test_runs_of_other_settings_are_not_averaged(tmp_path):
+  def config(seed, lr, rounds, progress=True):
+    return {"seed": seed, "data": {"seed": seed}, "rounds": rounds,
+            "client": {"lr": lr}, "run": {"progress": progress}}
+
+  a = dict(_summary(0.38, 0.38, 1000, 1.0, 0), config=config(0, 0.05, 2))
+  b = dict(_summary(0.40, 0.40, 1000, 1.0, 1), config=config(1, 0.1, 4))
+  _write_run(tmp_path / "sw" / "seed_0", a, RUN_A)
+  _write_run(tmp_path / "sw" / "seed_1", b, RUN_B)
+  dirs = [str(tmp_path / "sw" / f"seed_{s}") for s in (0, 1)]
+  with pytest.raises(ValueError, match=r"Group 'fedavg': its runs differ in "
+                     r"client.lr besides the seed \(0.05 in .*seed_0, 0.1 in "
+                     r".*seed_1\)"):
+    sweep.write_report({"fedavg": dirs}, tmp_path / "out")
+  # Settings the caller ignores (here run.*) may differ; the round count
+  # may not.
+  b["config"] = config(1, 0.05, 4, progress=False)
+  _write_run(tmp_path / "sw" / "seed_1", b, RUN_B)
+  with pytest.raises(ValueError, match="differ in rounds"):
+    sweep.write_report({"fedavg": dirs}, tmp_path / "out",
+                       ignore=sweep.SEED_KEYS + ("run",))
+  b["config"] = config(1, 0.05, 2, progress=False)
+  _write_run(tmp_path / "sw" / "seed_1", b, RUN_B)
+  report = sweep.write_report({"fedavg": dirs}, tmp_path / "out",
+                              ignore=sweep.SEED_KEYS + ("run",))
+  assert report["tables"][0]["num_seeds"] == 2
+
+
+def test_a_stale_or_running_summary_is_not_reported(tmp_path):
+  from fedjax_dd.core import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  d = tmp_path / "seed_0"
+  _write_run(d, SUMMARIES[0], RUN_A)
+  # A 2-round summary left while the run went on to more rounds.
+  later = os.path.getmtime(d / "summary.json") + 5
+  os.utime(d / "metrics.jsonl", (later, later))
+  with pytest.raises(ValueError, match="summary.json is older than its "
+                                       "metrics.jsonl"):
+    sweep.write_report({"fedavg": [str(d)]}, tmp_path / "out")
+  os.utime(d / "metrics.jsonl", (later - 10, later - 10))
+  with workdir_lib.WorkdirLock(d):
+    with pytest.raises(ValueError, match="is still running"):
+      sweep.write_report({"fedavg": [str(d)]}, tmp_path / "out")
+  assert sweep.write_report({"fedavg": [str(d)]}, tmp_path / "out")
