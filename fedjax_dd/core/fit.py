@@ -134,8 +134,9 @@ def _whole_number(name: str, value: Any, low: int) -> int:
 
 
 def _check_max_steps(record: dict[str, Any], num_steps: jax.Array) -> None:
-  """Refuses step counts above the local update's static ``max_steps``
-  (the local loop would clip them: 6 steps run where 43 were asked)."""
+  """Refuses step counts above the local update's static ``max_steps``, as
+  :func:`run_definition` read it from the algorithm (the local loop would
+  clip them: 6 steps run where 43 were asked)."""
   bounds = [v for k, v in record.items()
             if k.endswith(".max_steps") and isinstance(v, int)
             and not isinstance(v, bool)]
@@ -254,14 +255,13 @@ def fit(algorithm: FederatedAlgorithm,
     if data.y.ndim == 2 and lead == 1:
       validate.client_stack(data.x, data.y, data.num_examples,
                             num_classes=task.num_classes, fetch=True)
-    described = definition_lib.flatten(
-        definition_lib.describe(algorithm), "algorithm")
-    _check_max_steps(described, num_steps)
     if definition is None:
       definition = run_definition(algorithm, prepared, data, num_steps,
                                   sampler, seed=seed,
                                   initial_model=initial_model,
                                   run_key=run_key)
+      # (The entry point's runners build max_steps from the step counts.)
+      _check_max_steps(definition, num_steps)
     state = initial_state(algorithm, task, n, seed=seed,
                           initial_model=initial_model, run_key=run_key)
     work = workdir_lib.Workdir(workdir, tensorboard=tensorboard)
