@@ -58,6 +58,7 @@ from typing import Any, Callable, Sequence
 
 import ml_collections
 
+from fedjax_dd.core import keys
 from fedjax_dd.core import metrics as metrics_lib
 from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.experiments.configs import base as base_config
@@ -82,7 +83,7 @@ def parse_seeds(values: Sequence[str] | str) -> list[int]:
 
   Raises:
     ValueError: one line naming ``--seeds``: no seed, an entry that is not
-      an int >= 0, or a seed given twice.
+      an int in ``[0, 2**32)``, or a seed given twice.
   """
   if isinstance(values, str):
     values = values.split(",")
@@ -94,9 +95,10 @@ def parse_seeds(values: Sequence[str] | str) -> list[int]:
   for v in entries:
     if not v:
       continue
-    if not v.isdigit():
-      raise ValueError(f"--seeds entries must be ints >= 0 (each sets seed "
-                       f"and data.seed), got {v!r} in {','.join(entries)}.")
+    if not v.isdigit() or int(v) >= keys.SEED_LIMIT:
+      raise ValueError(f"--seeds entries must be ints in [0, 2**32) (each "
+                       f"sets seed and data.seed), got {v!r} in "
+                       f"{','.join(entries)}.")
     seeds.append(int(v))
   repeated = sorted({s for s in seeds if seeds.count(s) > 1})
   if repeated:
