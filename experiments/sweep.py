@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import glob
 import json
 import os
 import shlex
@@ -289,10 +290,21 @@ def _group_dirs(path: str) -> list[str]:
     raise ValueError(f"{path!r} is a file; give a sweep workdir (seed_* "
                      "runs) or a run workdir.")
   found = [d for _, d in sweep_lib.find_seed_dirs(path)]
+  # Seeds without a summary (running, killed, or resumed and not finished
+  # again): left out, and said so, so that the mean's seeds are known.
+  unfinished = sorted(d for d in glob.glob(os.path.join(path, "seed_*"))
+                      if os.path.isdir(d) and d not in found)
   if found:
+    for d in unfinished:
+      print(f"{d} has no summary.json (not finished): left out of the "
+            "report.", file=sys.stderr)
     return found
   if os.path.isfile(os.path.join(path, "summary.json")):
     return [path]
+  if unfinished:
+    raise ValueError(f"{path!r}: none of its runs has finished (no "
+                     f"summary.json in {', '.join(unfinished)}); let them "
+                     "finish, or re-run the sweep's command.")
   raise ValueError(f"{path!r} holds neither seed_*/summary.json nor "
                    "summary.json.")
 
