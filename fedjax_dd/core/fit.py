@@ -40,11 +40,11 @@ from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import rounds as rounds_lib
+from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.core.algorithm import ExperimentState, FederatedAlgorithm
 from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.prepare import Prepared
-from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import ClientData
 
@@ -90,8 +90,8 @@ def run_definition(algorithm: FederatedAlgorithm, prepared: Prepared,
                    run_key: jax.Array | None = None) -> dict[str, Any]:
   """What defines a :func:`fit` run, as ``{name: JSON value}``.
 
-  The algorithm and the task as :func:`fedjax_dd.core.definition_lib.describe`
-  gives them (the hyperparameters their closures hold: learning rates,
+  The algorithm and the task as
+  :func:`fedjax_dd.core.definition.describe` gives them (the hyperparameters their closures hold: learning rates,
   ``mu``, batch size, ...), digests of the clients' data (images, labels and
   counts, which fix the partition), of the step counts and of the test
   split, the cohort draw, the seed and any initial model or rounds' key.
@@ -115,11 +115,9 @@ def run_definition(algorithm: FederatedAlgorithm, prepared: Prepared,
           jax.random.key_data(run_key) if jnp.issubdtype(
               run_key.dtype, jax.dtypes.prng_key) else run_key),
   }
-  record.update(definition_lib.flatten(definition_lib.describe(sampler), "cohort"))
-  record.update(definition_lib.flatten(definition_lib.describe(prepared.task),
-                                   "task"))
-  record.update(definition_lib.flatten(definition_lib.describe(algorithm),
-                                   "algorithm"))
+  for name, obj in (("cohort", sampler), ("task", prepared.task),
+                    ("algorithm", algorithm)):
+    record.update(definition_lib.flatten(definition_lib.describe(obj), name))
   return record
 
 

@@ -41,6 +41,9 @@ FINGERPRINT_FILE = "config.json"
 CONTENT_SUFFIX = "#content"
 """Suffix of the fingerprint entry holding a data file's content digest."""
 
+LOCK_FILE = ".lock"
+"""The file :class:`WorkdirLock` holds."""
+
 ENVIRONMENT_FILE = "environment.json"
 """Name of the file recording where a run computed (:func:`record_environment`)."""
 
@@ -115,7 +118,10 @@ class WorkdirLock:
   checkpoints and write every metrics row twice, so the second one must fail
   at once. The lock is ``fcntl.flock`` on ``directory/.lock``: the kernel
   drops it when its process dies, so a lock left by a killed run is never
-  stale. The file records the holder's host and pid for the message.
+  stale. The file records the holder's host and pid for the message. In
+  one process the thread that holds it may take it again (the entry point,
+  then :func:`fedjax_dd.fit` inside it); another thread may not (two
+  ``fit`` calls at once).
 
   Example::
 
@@ -194,10 +200,6 @@ class WorkdirLock:
     if self._file is not None:
       self._file.close()  # closing releases the flock
       self._file = None
-
-
-LOCK_FILE = ".lock"
-"""The file :class:`WorkdirLock` holds."""
 
 
 def lock_holder(directory: str | os.PathLike) -> str | None:
