@@ -13,9 +13,9 @@ Layout of ``Workdir(directory)``::
     environment.json     the platform, devices, jax and layer forms it ran on
                          (record_environment)
 
-A run's own files are written by the run: one that is a symbolic link (to a
-file outside the directory, say) is refused, not followed
-(:func:`fedjax_dd.core.metrics.check_not_linked`).
+A run's own files are written by the run: ``metrics.jsonl`` or ``.lock``
+as a symbolic link (to a file outside the directory, say) is refused, not
+followed (:func:`fedjax_dd.core.metrics.check_not_linked`, :class:`WorkdirLock`).
 
 The loops take the pieces (writer, stores) explicitly; this class only names
 where they live, so a notebook can pass its own.
@@ -30,8 +30,7 @@ import tempfile
 from typing import Any, Mapping
 
 from fedjax_dd.core.checkpoint import COMMIT_MARKER, CheckpointStore
-from fedjax_dd.core.metrics import (MetricsWriter, check_not_linked,
-                                    to_jsonable, write_json)
+from fedjax_dd.core.metrics import MetricsWriter, to_jsonable, write_json
 
 _log = logging.getLogger(__name__)
 
@@ -163,7 +162,11 @@ class WorkdirLock:
       self._key = key
       return self
     path = os.path.join(self.directory, LOCK_FILE)
-    check_not_linked(path)
+    if os.path.islink(path):  # opening it would truncate what it names
+      raise PermissionError(
+          f"The workdir lock {path} is a symbolic link (to "
+          f"{os.readlink(path)}); it is only a lock, holding no results: "
+          "delete it and re-run.")
     try:
       f = open(path, "a+", encoding="utf-8", errors="replace")  # pylint: disable=consider-using-with
     except OSError as e:  # e.g. .lock replaced by a directory
