@@ -256,8 +256,9 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
                *seed_args(argv, workdir, seed)]
         _run_seed(cmd, seed)
     _check_summary(d, seed)
-    with open(os.path.join(d, "command.txt"), "w") as f:
-      f.write(seed_command(argv, workdir, seed) + "\n")
+    # Written anew and renamed: a link there is replaced, not followed.
+    metrics_lib.write_text(os.path.join(d, "command.txt"),
+                           seed_command(argv, workdir, seed) + "\n")
     dirs.append(d)
   label = config.method
   return sweep_lib.write_report(
