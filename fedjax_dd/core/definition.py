@@ -12,12 +12,12 @@ key.
 
 Left out: how the client axis is laid out (the ``ClientMapper``, its
 backend, chunks and devices: :data:`HOW_MODULES` keep only the functions
-they map, without their numbers and caches), dicts keyed by anything but
-strings (program caches filled as the run goes), objects of other classes (recorded by their class only), and the
-layer-form fields of models (:data:`FORM_FIELDS`), which
-:func:`fedjax_dd.core.workdir.record_environment` records and warns of
-instead. Each of these changes the rounding of a result, not what it
-computes.
+they map, without their numbers and caches) and the layer-form fields of
+models (:data:`FORM_FIELDS`), which change the rounding of a result, not
+what it computes (:func:`fedjax_dd.core.workdir.record_environment` records
+and warns of them instead); dicts keyed by anything but strings, and empty
+ones (program caches, filled as the run goes); objects of other classes,
+recorded by their class only.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ _MAX_DEPTH = 40
 def array_digest(a: Any) -> str:
   """``"sha256:<16 hex> <dtype>[shape]"`` of an array's values."""
   import jax  # pylint: disable=g-import-not-at-top
+  if jax.dtypes.issubdtype(getattr(a, "dtype", None), jax.dtypes.prng_key):
+    a = jax.random.key_data(a)  # a typed key: its bits
   a = np.ascontiguousarray(np.asarray(jax.device_get(a)))
   h = hashlib.sha256(f"{a.dtype.str}|{a.shape}|".encode())
   h.update(a.tobytes())
@@ -103,8 +105,9 @@ def _describe(obj: Any, seen: tuple[int, ...], depth: int) -> Any:
   if isinstance(obj, (list, tuple)):
     return [walk(v) for v in obj]
   if isinstance(obj, dict):
-    if not all(isinstance(k, str) for k in obj):
-      # Keyed by shapes or arguments: a cache a call fills, not a setting.
+    if not obj or not all(isinstance(k, str) for k in obj):
+      # Keyed by shapes or arguments (or empty, as a cache starts): a cache
+      # a call fills, not a setting.
       return "<cache>"
     return {k: walk(obj[k]) for k in sorted(obj)}
   if type(obj).__module__ in HOW_MODULES:

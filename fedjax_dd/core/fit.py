@@ -111,9 +111,7 @@ def run_definition(algorithm: FederatedAlgorithm, prepared: Prepared,
       "initial_model": (None if initial_model is None else
                         definition_lib.describe(jax.tree_util.tree_leaves(
                             initial_model))),
-      "run_key": None if run_key is None else digest(
-          jax.random.key_data(run_key) if jnp.issubdtype(
-              run_key.dtype, jax.dtypes.prng_key) else run_key),
+      "run_key": None if run_key is None else digest(run_key),
   }
   for name, obj in (("cohort", sampler), ("task", prepared.task),
                     ("algorithm", algorithm)):
