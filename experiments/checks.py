@@ -86,13 +86,15 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
   from fedjax_dd.algorithms import disue
   from fedjax_dd.cluster import principal_angles
   from fedjax_dd.core import clients
+  from fedjax_dd.core import keys
   from fedjax_dd.data import partition
   from fedjax_dd.data import preprocess
   from fedjax_dd.distill import ensemble
   # pylint: enable=g-import-not-at-top
   return (
-      ("seed", "int", (0, None)),
-      ("data.seed", "int", (0, None)),
+      # A JAX key holds 32 bits of its seed (core.keys.check_seed).
+      ("seed", "int", (0, keys.SEED_LIMIT - 1)),
+      ("data.seed", "int", (0, keys.SEED_LIMIT - 1)),
       ("data.resplit", "num", (0.0, 1.0, False, True)),
       ("data.resize_method", "choice", preprocess._RESIZE_METHODS),  # pylint: disable=protected-access
       ("data.aux_size", "int", (0, None)),
@@ -115,7 +117,7 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       ("client.mu", "num", (0.0, None, False, False)),
       ("engine.backend", "choice", ("auto", *clients.BACKENDS)),
       ("engine.chunk_size", "int", (0, None)),
-      ("server.seed", "int", (-1, None)),
+      ("server.seed", "int", (-1, keys.SEED_LIMIT - 1)),
       ("disue.similarity", "choice", disue.SIMILARITIES),
       ("disue.similarity_protocol", "choice", disue.PROTOCOLS),
       ("disue.damping", "num", (0.5, 1.0, False, True)),
@@ -253,6 +255,14 @@ def _check_sampling(config: ml_collections.ConfigDict) -> None:
         f"config.client.clients_per_round must be at most "
         f"config.data.num_clients = {num_clients} (0: client_fraction of "
         f"them), got {per_round}; set --config.client.clients_per_round.")
+  activity = _lookup(config, "client.activity")
+  if activity and num_clients:
+    from fedjax_dd.core import cohorts  # pylint: disable=g-import-not-at-top
+    try:
+      cohorts.BernoulliCohort(float(activity)).validate(int(num_clients))
+    except ValueError as e:
+      raise ValueError(f"config.client.activity: {e} Set "
+                       "--config.client.activity.") from None
   clusters = _lookup(config, "ifca.num_clusters")
   if clusters and num_clients and clusters > num_clients:
     raise ValueError(

@@ -137,8 +137,16 @@ def resize(config: ml_collections.ConfigDict, x: np.ndarray,
   differs)."""
   if x.shape[1:] == tuple(shape):
     return x
-  return preprocess.resize_images(x, tuple(shape),
-                                  method=config.data.resize_method)
+  try:
+    out = preprocess.resize_images(x, tuple(shape),
+                                   method=config.data.resize_method)
+  except ValueError as e:
+    raise InputError(f"{e} (resizing for model {config.model.name!r})"
+                     ) from None
+  logging.warning("images resized from %s to %s (%s).",
+                  "x".join(map(str, x.shape[1:])), "x".join(map(str, shape)),
+                  config.data.resize_method)
+  return out
 
 
 def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
@@ -150,12 +158,18 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
   The channel statistics of the (resized) train split, the std floored at
   :data:`MIN_STD`, normalise the task's inputs.
   """
-  return prepare_lib.prepare(
-      load_dataset(config), config.model.name,
-      input_shape=tuple(config.data.input_shape or ()) or None,
-      resize_method=config.data.resize_method, conv_impl=conv_impl(config),
-      init=_lookup(config, "model.init") or "",
-      proj_dim=int(_lookup(config, "model.proj_dim") or 0))
+  ds = load_dataset(config)
+  try:
+    return prepare_lib.prepare(
+        ds, config.model.name,
+        input_shape=tuple(config.data.input_shape or ()) or None,
+        resize_method=config.data.resize_method, conv_impl=conv_impl(config),
+        init=_lookup(config, "model.init") or "",
+        proj_dim=int(_lookup(config, "model.proj_dim") or 0))
+  except ValueError as e:
+    # Found once the data is loaded (channels, layout): one line.
+    raise InputError(f"{config.data.dataset}: {e} (data.dataset into "
+                     f"model.name={config.model.name!r})") from None
 
 
 def conv_impl(config: ml_collections.ConfigDict,
@@ -240,15 +254,37 @@ def partition(config: ml_collections.ConfigDict, labels: np.ndarray) -> list[np.
   ``config.data.seed``; then :func:`check_upload_privacy`.
 
   Raises:
-    InputError: from :func:`check_upload_privacy`.
+    InputError: the data cannot be split so (the partitioner's refusal,
+      e.g. fewer examples than clients, or a client left without data),
+      or from :func:`check_upload_privacy` and :func:`check_coverage`.
   """
   p = config.data.partition
   if p.name not in PARTITIONERS:
     raise ValueError(f"Unknown partition {p.name!r}; expected one of {sorted(PARTITIONERS)}.")
   kwargs = {k: v for k, v in p.items() if k != "name"}
   rng = keys.numpy_stream(config.data.seed)
-  parts = PARTITIONERS[p.name](labels, config.data.num_clients, rng=rng,
-                               **kwargs)
+  try:
+    parts = PARTITIONERS[p.name](labels, config.data.num_clients, rng=rng,
+                                 **kwargs)
+  except ValueError as e:
+    # What the data cannot give (fewer examples than clients, one class for
+    # a class-per-client split), known only once it is loaded.
+    raise InputError(
+        f"data.partition {p.name!r} over data.num_clients="
+        f"{config.data.num_clients} of {config.data.dataset} "
+        f"({np.size(labels)} training examples, "
+        f"{np.unique(labels).size} classes): {str(e).rstrip('.')}; change "
+        "--config.data.num_clients or the --config.data.partition.* "
+        "options.") from None
+  empty = [k for k, idx in enumerate(parts) if np.size(idx) == 0]
+  if empty:
+    raise InputError(
+        f"data.partition {p.name!r} over data.num_clients="
+        f"{config.data.num_clients} of {config.data.dataset} "
+        f"({np.size(labels)} training examples) leaves {len(empty)} "
+        f"client{'s' * (len(empty) != 1)} without data (e.g. client "
+        f"{empty[0]}); lower --config.data.num_clients or choose another "
+        "--config.data.partition.")
   # The privacy refusal first: it names the client classes themselves.
   check_upload_privacy(config, labels, parts)
   check_coverage(config, labels, parts)

@@ -40,6 +40,7 @@ from fedjax_dd.algorithms import hfldd
 from fedjax_dd.algorithms import hfldd_stages
 from fedjax_dd.core import keys
 from fedjax_dd.core.stage_cache import StageCache
+from fedjax_dd.distill import privacy as privacy_lib
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs.hfldd import MEMBER_DATA
@@ -55,7 +56,8 @@ def _sender(config, prepared, root) -> hfldd_stages.Sender:
           std=prepared.std, num_classes=num_classes,
           support_size=h.support_size, options=common.kip_options(config),
           mapper=common.mapper(config, workload="kip"),
-          log_progress=config.run.progress),
+          log_progress=config.run.progress,
+          allow_raw_upload=h.allow_raw_upload),
       "random": lambda: hfldd_stages.random_sender(
           num_classes=num_classes, sample_size=h.support_size,
           rng=keys.numpy_stream(config.seed, keys.Stream.RANDOM_MEMBERS)),
@@ -106,10 +108,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   start = time.time()
   prepared, data, root, params, batch_stats = common.initialised_clients(
       config)
-  stages = hfldd_stages.stages_or_load(
-      StageCache.for_workdir(workdir), common.fingerprint(config,
-                                                          "hfldd_stages"),
-      lambda: _stages(config, prepared, data, params, batch_stats, root))
+  try:
+    stages = hfldd_stages.stages_or_load(
+        StageCache.for_workdir(workdir), common.fingerprint(config,
+                                                            "hfldd_stages"),
+        lambda: _stages(config, prepared, data, params, batch_stats, root))
+  except privacy_lib.RawUploadError as e:
+    raise common.InputError("hfldd: " + str(e).replace(
+        "set allow_raw_upload=True",
+        "set --config.hfldd.allow_raw_upload=True")) from None
   data = None  # the heads train on stages.hybrid only
   num_classes = prepared.dataset.num_classes
   ledger0 = hfldd_stages.setup_ledger(

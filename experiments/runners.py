@@ -283,7 +283,9 @@ def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
       initial_model=initial_model, ledger=ledger, run_key=run_key,
       stop_on_nonfinite=config.run.stop_on_nonfinite,
       initial_model_as_seed=config.server.initial_model_as_seed,
-      tensorboard=config.run.tensorboard, wall=wall, personal=personal)
+      tensorboard=config.run.tensorboard, wall=wall, personal=personal,
+      # What the entry point recorded in config.json: fit checks the same.
+      definition=common.fingerprint(config))
   state, ledger = result.state, result.ledger
 
   summary = summarize(

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import glob
 import json
 import os
 import shlex
@@ -60,13 +61,22 @@ from typing import Any, Callable, Sequence
 
 import ml_collections
 
+from fedjax_dd.core import keys
 from fedjax_dd.core import metrics as metrics_lib
+from fedjax_dd.core import workdir as workdir_lib
+from fedjax_dd.experiments.configs import base as base_config
 from fedjax_dd.utils import sweep as sweep_lib
 
 # Flags a seed's command sets itself.
 _SWEEP_FLAGS = ("--workdir", "--seeds", "--config.seed", "--config.data.seed")
 # Config keys (group, key) that do not change a run's result.
 _COSMETIC_KEYS = (("run", "progress"),)
+
+# Settings a group's runs may differ in: the seeds, and the resume-safe
+# ones (experiments/configs/base.py FINGERPRINT_RULES) but the round count,
+# which changes the result.
+IGNORED = sweep_lib.SEED_KEYS + tuple(
+    p for p in base_config.fingerprint_paths("run") if p != "rounds")
 
 Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
 
@@ -76,7 +86,7 @@ def parse_seeds(values: Sequence[str] | str) -> list[int]:
 
   Raises:
     ValueError: one line naming ``--seeds``: no seed, an entry that is not
-      an int >= 0, or a seed given twice.
+      an int in ``[0, 2**32)``, or a seed given twice.
   """
   if isinstance(values, str):
     values = values.split(",")
@@ -88,9 +98,10 @@ def parse_seeds(values: Sequence[str] | str) -> list[int]:
   for v in entries:
     if not v:
       continue
-    if not v.isdigit():
-      raise ValueError(f"--seeds entries must be ints >= 0 (each sets seed "
-                       f"and data.seed), got {v!r} in {','.join(entries)}.")
+    if not v.isdigit() or int(v) >= keys.SEED_LIMIT:
+      raise ValueError(f"--seeds entries must be ints in [0, 2**32) (each "
+                       f"sets seed and data.seed), got {v!r} in "
+                       f"{','.join(entries)}.")
     seeds.append(int(v))
   repeated = sorted({s for s in seeds if seeds.count(s) > 1})
   if repeated:
@@ -197,7 +208,7 @@ def _comparable(config_dict: dict[str, Any]) -> str:
 def is_finished(workdir: str, config: ml_collections.ConfigDict) -> bool:
   """Whether ``workdir`` holds a complete run of exactly ``config``."""
   path = os.path.join(workdir, "summary.json")
-  if not os.path.isfile(path):
+  if not os.path.isfile(path) or workdir_lib.summary_is_stale(workdir):
     return False
   with open(path) as f:
     summary = json.load(f)
@@ -247,13 +258,15 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
                *seed_args(argv, workdir, seed)]
         _run_seed(cmd, seed)
     _check_summary(d, seed)
-    with open(os.path.join(d, "command.txt"), "w") as f:
-      f.write(seed_command(argv, workdir, seed) + "\n")
+    # Written anew and renamed: a link there is replaced, not followed.
+    metrics_lib.write_text(os.path.join(d, "command.txt"),
+                           seed_command(argv, workdir, seed) + "\n")
     dirs.append(d)
   label = config.method
   return sweep_lib.write_report(
       {label: dirs}, workdir, name="sweep",
-      title=f"{label} on {config.data.dataset}, seeds {list(seeds)}")
+      title=f"{label} on {config.data.dataset}, seeds {list(seeds)}",
+      ignore=IGNORED)
 
 
 def _check_summary(workdir: str, seed: int) -> None:
@@ -280,10 +293,21 @@ def _group_dirs(path: str) -> list[str]:
     raise ValueError(f"{path!r} is a file; give a sweep workdir (seed_* "
                      "runs) or a run workdir.")
   found = [d for _, d in sweep_lib.find_seed_dirs(path)]
+  # Seeds without a summary (running, killed, or resumed and not finished
+  # again): left out, and said so, so that the mean's seeds are known.
+  unfinished = sorted(d for d in glob.glob(os.path.join(path, "seed_*"))
+                      if os.path.isdir(d) and d not in found)
   if found:
+    for d in unfinished:
+      print(f"{d} has no summary.json (not finished): left out of the "
+            "report.", file=sys.stderr)
     return found
   if os.path.isfile(os.path.join(path, "summary.json")):
     return [path]
+  if unfinished:
+    raise ValueError(f"{path!r}: none of its runs has finished (no "
+                     f"summary.json in {', '.join(unfinished)}); let them "
+                     "finish, or re-run the sweep's command.")
   raise ValueError(f"{path!r} holds neither seed_*/summary.json nor "
                    "summary.json.")
 
@@ -296,7 +320,7 @@ def compare(specs: Sequence[str], out_dir: str, *, name: str = "compare",
   ``metric``: the accuracy plotted (``sweep_lib.METRICS``)."""
   groups = _groups(specs)
   report = sweep_lib.write_report(groups, out_dir, name=name, title=title,
-                                  metric=metric)
+                                  metric=metric, ignore=IGNORED)
   if against:
     report["against"] = sweep_lib.against(groups, against, out_dir,
                                           name=f"{name}_against", title=title,

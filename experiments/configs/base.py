@@ -317,7 +317,8 @@ def fedd3(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 # Keys of the ``hfldd`` group used only by stage 5 (the members' uploads,
 # which FedSeq does not have) and only by FedSeq's grouping.
-MEMBER_STAGE_KEYS = ("member_data", "support_size", "sent_label_bits")
+MEMBER_STAGE_KEYS = ("member_data", "support_size", "sent_label_bits",
+                     "allow_raw_upload")
 FEDSEQ_KEYS = ("num_groups", "group_by_similarity", "fedseq_traffic")
 
 
@@ -335,6 +336,9 @@ def hfldd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       # random raw samples, the control) or "raw" (all raw data, w/o DD).
       "member_data": "kip",
       "support_size": 400,  # |D~_i|: images per member (kip and random)
+      # Send KIP images byte-identical to a raw image of their member (a
+      # short KIP budget); False refuses them, as fedd3.allow_raw_upload.
+      "allow_raw_upload": False,
       # Bits per label entry of the uploads; -1: what is sent (32 for learned
       # KIP labels, 0 for fixed ones, which Eq. 18 leaves out).
       "sent_label_bits": -1,

@@ -38,6 +38,7 @@ too, so :func:`setup_ledger` charges them when given
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Callable
 
 import flax
@@ -54,6 +55,8 @@ from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
 from fedjax_dd.distill.kip import labels_to_targets
 from fedjax_dd.distill import privacy
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
   # Host-side (scikit-learn); only its Topology type is used here.
@@ -104,7 +107,8 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
                     num_classes: int, support_size: int = 400,
                     options: kip.KipOptions = HFLDD_KIP,
                     mapper: ClientMapper = ClientMapper(workload="kip"),
-                    progress: Callable[[int, int], None] | None = None
+                    progress: Callable[[int, int], None] | None = None,
+                    allow_raw_upload: bool = False
                     ) -> tuple[SentData, kip.KipResult]:
   """Every non-head member distills ``|D~_i|`` images with the batched KIP.
 
@@ -127,10 +131,20 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
       support; :func:`fedjax_dd.distill.kip.distill_clients`).
     mapper: client-axis backend.
     progress: optional KIP progress callback.
+    allow_raw_upload: send quantised images byte-identical to a raw image
+      of their member (a short KIP budget moves some by less than a grey
+      level; a member with at most ``support_size`` examples starts from
+      all of them), with a warning. False (the default, as FedD3's): such
+      an upload is refused
+      (:func:`fedjax_dd.distill.privacy.check_no_raw_upload`).
 
   Returns:
     ``(sent, kip_result)``; ``sent.y`` holds target distributions (see
     :func:`labels_to_targets`).
+
+  Raises:
+    fedjax_dd.distill.privacy.RawUploadError: an upload is a raw image and
+      ``allow_raw_upload`` is False.
   """
   members, x, y, n = _member_rows(data, topology)
   if members.size == 0:
@@ -144,6 +158,23 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
   sent = SentData(x=np.asarray(kip.quantize(res.x)),
                   y=labels_to_targets(res.y, centered=options.centered_labels),
                   mask=np.asarray(res.mask, bool), senders=members)
+  # What is sent, not what was planned: the guard FedD3's uploads pass.
+  mask = sent.mask
+  owner = np.broadcast_to(members[:, None], mask.shape)[mask]
+  host = jax.device_get(data)
+  if not allow_raw_upload:
+    privacy.check_no_raw_upload(
+        sent.x[mask], owner, np.asarray(host.x),
+        np.asarray(host.num_examples), what="HFLDD KIP",
+        more_iterations="a higher kip.max_iterations")
+  else:
+    raw = privacy.identical_to_raw(sent.x[mask], owner, np.asarray(host.x),
+                                   np.asarray(host.num_examples))
+    if raw.any():
+      _log.warning(
+          "HFLDD: %d of %d KIP images sent are byte-identical to a raw image "
+          "of their member (allow_raw_upload=True).", int(raw.sum()),
+          raw.size)
   return sent, res
 
 

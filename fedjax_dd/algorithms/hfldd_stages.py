@@ -119,9 +119,11 @@ def kip_sender(key: jax.Array, *, kernel_fn: kip.KernelFn, mean, std,
                num_classes: int, support_size: int,
                options: kip.KipOptions = hfldd.HFLDD_KIP,
                mapper: ClientMapper = ClientMapper(workload="kip"),
-               log_progress: bool = False) -> Sender:
+               log_progress: bool = False,
+               allow_raw_upload: bool = False) -> Sender:
   """Members distil ``support_size`` images each with the batched KIP
-  (:func:`fedjax_dd.algorithms.hfldd.distill_members`).
+  (:func:`fedjax_dd.algorithms.hfldd.distill_members`; an upload
+  byte-identical to a raw image is refused unless ``allow_raw_upload``).
 
   ``info`` reports the members, support size, iterations, final target
   accuracy and :func:`fedjax_dd.distill.kip.loss_summary`.
@@ -135,7 +137,7 @@ def kip_sender(key: jax.Array, *, kernel_fn: kip.KernelFn, mean, std,
     sent, res = hfldd.distill_members(
         key, data, topology, kernel_fn=kernel_fn, mean=mean, std=std,
         num_classes=num_classes, support_size=support_size, options=options,
-        mapper=mapper, progress=progress)
+        mapper=mapper, progress=progress, allow_raw_upload=allow_raw_upload)
     return sent, {
         "kip_members": int(sent.senders.size),
         "kip_support_size": int(sent.x.shape[1]),

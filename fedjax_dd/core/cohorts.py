@@ -34,6 +34,15 @@ from fedjax_dd.core import keys
 # changes the draw's distribution by less than that.
 DEFAULT_TAIL = 1e-6
 
+MIN_DRAW_PROBABILITY = 0.01
+"""A Bernoulli draw must give a usable cohort (someone, within the bound)
+with at least this probability: below it a round redraws more than 100
+times on average (``activity=1e-9`` over 10 clients: 1e8 times)."""
+
+MAX_ATTEMPTS = 100_000
+"""Redraws after which a Bernoulli draw stops with an error; above
+:data:`MIN_DRAW_PROBABILITY` that happens with probability below 1e-400."""
+
 
 @dataclasses.dataclass(frozen=True)
 class FixedCohort:
@@ -138,17 +147,29 @@ class BernoulliCohort:
     if num_clients < 1:
       raise ValueError(f"A cohort needs at least one client, got "
                        f"{num_clients}.")
+    nobody = (1.0 - p) ** num_clients
+    if 1.0 - nobody < MIN_DRAW_PROBABILITY:
+      # The smallest p whose draw has someone with that probability.
+      least = -math.expm1(math.log1p(-MIN_DRAW_PROBABILITY) / num_clients)
+      raise ValueError(
+          f"The cohort's activity probability {p:g} over {num_clients} "
+          f"clients expects {p * num_clients:.3g} clients a round: a round "
+          f"would redraw about {1 / max(1.0 - nobody, 1e-300):.3g} times "
+          f"before anyone joins. Use at least {least:.4g}.")
 
   def draw(self, key: jax.Array, num_clients: int) -> np.ndarray:
     """``[K]`` sorted int32 client ids, ``1 <= K <= size_bound(N)``."""
     bound = self.size_bound(num_clients)
-    attempt = 0
-    while True:
+    for attempt in range(MAX_ATTEMPTS):
       rng = keys.numpy_from_key(jax.random.fold_in(key, attempt))
       ids = np.flatnonzero(rng.random(num_clients) < self.probability)
       if 1 <= ids.size <= bound:
         return ids.astype(np.int32)
-      attempt += 1
+    raise RuntimeError(
+        f"No cohort of 1 to {bound} clients in {MAX_ATTEMPTS} Bernoulli "
+        f"draws with probability {self.probability:g} over {num_clients} "
+        "clients; raise the activity probability (validate refuses one "
+        "this small).")
 
 
 CohortSampler = FixedCohort | BernoulliCohort

@@ -3,7 +3,11 @@
 The same loop the ``fedjax-dd`` entry point runs (:func:`fedjax_dd.core.rounds.train`):
 with a ``workdir`` every round is checkpointed with Orbax and logged to
 ``metrics.jsonl``, and calling :func:`fit` again on the same directory
-resumes where the last call stopped, bit-identically::
+resumes where the last call stopped, bit-identically. As with the entry
+point, the directory records what defines the run (``config.json``:
+:func:`run_definition`) and refuses a call that would continue it with
+another algorithm, data, cohort or seed, and one call at a time holds it
+(:class:`fedjax_dd.core.workdir.WorkdirLock`)::
 
   import optax, fedjax_dd
   prepared = fedjax_dd.prepare("digits", "digits_cnn")
@@ -31,15 +35,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dd.core import cohorts
+from fedjax_dd.core import definition as definition_lib
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import rounds as rounds_lib
+from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.core.algorithm import ExperimentState, FederatedAlgorithm
 from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.prepare import Prepared
-from fedjax_dd.core.workdir import Workdir, record_environment
 from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import ClientData
 
@@ -78,6 +83,68 @@ def initial_state(algorithm: FederatedAlgorithm, task, num_clients: int, *,
       round=jnp.asarray(0, jnp.int32))
 
 
+def run_definition(algorithm: FederatedAlgorithm, prepared: Prepared,
+                   data: ClientData, num_steps: jax.Array,
+                   sampler: cohorts.CohortSampler, *, seed: int,
+                   initial_model: tuple[PyTree, PyTree] | None = None,
+                   run_key: jax.Array | None = None) -> dict[str, Any]:
+  """What defines a :func:`fit` run, as ``{name: JSON value}``.
+
+  The algorithm and the task as
+  :func:`fedjax_dd.core.definition.describe` gives them (the hyperparameters their closures hold: learning rates,
+  ``mu``, batch size, ...), digests of the clients' data (images, labels and
+  counts, which fix the partition), of the step counts and of the test
+  split, the cohort draw, the seed and any initial model or rounds' key.
+  Settings a resume may change (``rounds``, ``eval_every``, checkpointing,
+  the time budget, ``progress``, ``class_accuracy``) and the layer forms
+  (recorded by :func:`fedjax_dd.core.workdir.record_environment`) are not in
+  it.
+  """
+  digest = definition_lib.array_digest
+  record: dict[str, Any] = {
+      "seed": int(seed),
+      "data.x": digest(data.x), "data.y": digest(data.y),
+      "data.num_examples": digest(data.num_examples),
+      "num_steps": digest(num_steps),
+      "test.x": digest(prepared.dataset.x_test),
+      "test.y": digest(prepared.dataset.y_test),
+      "initial_model": (None if initial_model is None else
+                        definition_lib.describe(jax.tree_util.tree_leaves(
+                            initial_model))),
+      "run_key": None if run_key is None else digest(run_key),
+  }
+  for name, obj in (("cohort", sampler), ("task", prepared.task),
+                    ("algorithm", algorithm)):
+    record.update(definition_lib.flatten(definition_lib.describe(obj), name))
+  return record
+
+
+def _whole_number(name: str, value: Any, low: int) -> int:
+  """``value`` as an int, refusing fractions (``rounds=2.7`` would run 2)."""
+  if (isinstance(value, (bool, np.bool_))
+      or not isinstance(value, (int, float, np.integer, np.floating))
+      or not np.isfinite(value) or int(value) != value or value < low):
+    raise ValueError(f"fit: {name} must be a whole number >= {low}, got "
+                     f"{value!r}.")
+  return int(value)
+
+
+def _check_max_steps(record: dict[str, Any], num_steps: jax.Array) -> None:
+  """Refuses step counts above the local update's static ``max_steps``, as
+  :func:`run_definition` read it from the algorithm (the local loop would
+  clip them: 6 steps run where 43 were asked)."""
+  bounds = [v for k, v in record.items()
+            if k.endswith(".max_steps") and isinstance(v, int)
+            and not isinstance(v, bool)]
+  most = int(np.max(np.asarray(jax.device_get(num_steps)), initial=0))
+  if bounds and most > min(bounds):
+    raise ValueError(
+        f"fit: num_steps asks up to {most} local steps, but the algorithm's "
+        f"local update was built with max_steps={min(bounds)}, its static "
+        f"bound; the steps past it would not run. Build the algorithm with "
+        f"max_steps=int(num_steps.max()) (= {most}).")
+
+
 def fit(algorithm: FederatedAlgorithm,
         prepared: Prepared,
         data: ClientData,
@@ -100,8 +167,8 @@ def fit(algorithm: FederatedAlgorithm,
         initial_model_as_seed: bool = True,
         tensorboard: bool = False,
         wall: loop_lib.WallClock | None = None,
-        personal: Callable[[ExperimentState], dict[str, Any]] | None = None
-        ) -> rounds_lib.TrainResult:
+        personal: Callable[[ExperimentState], dict[str, Any]] | None = None,
+        definition: dict[str, Any] | None = None) -> rounds_lib.TrainResult:
   """Runs (or resumes) ``algorithm`` for ``rounds`` rounds.
 
   Args:
@@ -115,8 +182,9 @@ def fit(algorithm: FederatedAlgorithm,
     clients_per_round: sampled clients per round, in ``[1, N]``, or a
       cohort sampler (:class:`fedjax_dd.core.cohorts.BernoulliCohort`).
     workdir: where checkpoints and ``metrics.jsonl`` go; a second call with
-      the same directory resumes from its last checkpoint. None: a
-      temporary directory, removed on return.
+      the same directory resumes from its last checkpoint, if it defines
+      the same run (:func:`run_definition`). None: a temporary directory,
+      removed on return.
     seed: the model seed: initial model and the rounds' key
       (:func:`fedjax_dd.core.keys.init_and_run`), as the entry point's
       ``--config.seed``.
@@ -137,17 +205,31 @@ def fit(algorithm: FederatedAlgorithm,
       (:func:`fedjax_dd.core.personal.personal_evaluation`): each client
       scored with the model it deploys on its own test data; the rows add
       ``personal_accuracy`` and its spread over clients.
+    definition: what defines the run, ``{name: JSON value}``, recorded in
+      the workdir's ``config.json`` and compared on a resume
+      (:func:`fedjax_dd.core.workdir.record_fingerprint`); default
+      :func:`run_definition`. The entry point passes its config's
+      fingerprint, which it recorded already.
 
   Returns:
     :class:`fedjax_dd.core.rounds.TrainResult`: the final state, the ledger
     and every metrics row (earlier processes' rows included on a resume).
 
   Raises:
-    ValueError: ``rounds`` < 1, ``clients_per_round`` outside ``[1, N]``,
-      or a Bernoulli probability outside ``(0, 1]``.
+    ValueError: ``rounds``, ``eval_every`` or ``checkpoint_every`` not a
+      whole number >= 1, ``clients_per_round`` outside ``[1, N]``, a
+      Bernoulli probability outside ``(0, 1]`` (or too small to draw anyone),
+      ``num_steps`` above the algorithm's ``max_steps``, or a ``seed``
+      outside ``[0, 2**32)``.
+    fedjax_dd.core.workdir.FingerprintMismatchError: ``workdir`` holds a
+      run with another definition (naming what differs).
+    fedjax_dd.core.workdir.WorkdirBusyError: another call or process is
+      running in ``workdir``.
   """
-  if int(rounds) < 1:
-    raise ValueError(f"fit: rounds must be at least 1, got {rounds}.")
+  rounds = _whole_number("rounds", rounds, 1)
+  eval_every = _whole_number("eval_every", eval_every, 1)
+  checkpoint_every = _whole_number("checkpoint_every", checkpoint_every, 1)
+  keys_lib.check_seed(seed)
   n = data.num_clients
   sampler = cohorts.as_sampler(clients_per_round)
   try:
@@ -157,6 +239,11 @@ def fit(algorithm: FederatedAlgorithm,
   with contextlib.ExitStack() as stack:
     if workdir is None:
       workdir = stack.enter_context(tempfile.TemporaryDirectory())
+    # One writer per workdir, as the entry point: two calls on one
+    # directory would write every row twice. (The processes of a multi-host
+    # run share one directory; the entry point does not lock them either.)
+    if jax.process_count() == 1:
+      stack.enter_context(workdir_lib.WorkdirLock(workdir, flag="workdir="))
     wall = wall or loop_lib.WallClock(start=time.time())
     task = prepared.task
     # The clients' labels against the task's classes and their images
@@ -169,13 +256,24 @@ def fit(algorithm: FederatedAlgorithm,
     if data.y.ndim == 2 and lead == 1:
       validate.client_stack(data.x, data.y, data.num_examples,
                             num_classes=task.num_classes, fetch=True)
+    if definition is None:
+      definition = run_definition(algorithm, prepared, data, num_steps,
+                                  sampler, seed=seed,
+                                  initial_model=initial_model,
+                                  run_key=run_key)
+      # (The entry point's runners build max_steps from the step counts.)
+      _check_max_steps(definition, num_steps)
     state = initial_state(algorithm, task, n, seed=seed,
                           initial_model=initial_model, run_key=run_key)
-    work = Workdir(workdir, tensorboard=tensorboard)
-    # A resume on other devices or another jax: warned, not refused.
-    record_environment(work.directory)
+    work = workdir_lib.Workdir(workdir, tensorboard=tensorboard)
+    # Another run in this directory: refused, naming what differs.
+    workdir_lib.record_fingerprint(work.directory, definition,
+                                   flag="workdir=")
+    # A resume on other devices, jax or layer forms: warned, not refused.
+    workdir_lib.record_environment(
+        work.directory, forms=definition_lib.forms_of(task.module))
     options = rounds_lib.RoundsOptions(
-        num_rounds=int(rounds), clients_per_round=sampler,
+        num_rounds=rounds, clients_per_round=sampler,
         eval_every=eval_every, checkpoint_every=checkpoint_every,
         progress=progress, max_seconds=max_seconds,
         stop_on_nonfinite=stop_on_nonfinite,

@@ -73,9 +73,29 @@ class Stream(enum.IntEnum):
 _SERVER_INDEX = 2**20
 
 
+SEED_LIMIT = 2**32
+"""Seeds lie in ``[0, SEED_LIMIT)``: a JAX key holds 32 bits of its seed, so
+``2**32`` would give seed 0's key (and its results) under another name."""
+
+
+def check_seed(seed: int, name: str = "seed") -> int:
+  """``seed`` as an int, refusing one that a key cannot hold.
+
+  Raises:
+    ValueError: ``seed`` is not a whole number in ``[0, 2**32)``.
+  """
+  if (isinstance(seed, (bool, np.bool_))
+      or not isinstance(seed, (int, np.integer))
+      or not 0 <= int(seed) < SEED_LIMIT):
+    raise ValueError(
+        f"{name} must be an int in [0, 2**32) (a key holds 32 bits: "
+        f"2**32 would repeat seed 0), got {seed!r}.")
+  return int(seed)
+
+
 def model_root(seed: int) -> jax.Array:
-  """The JAX root key of the model seed."""
-  return jax.random.PRNGKey(seed)
+  """The JAX root key of the model seed (:func:`check_seed`)."""
+  return jax.random.PRNGKey(check_seed(seed))
 
 
 def init_and_run(root: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -120,7 +140,8 @@ def finetune_key(round_key_: jax.Array) -> jax.Array:
 def server_seed_key(server_seed: int, r: int) -> jax.Array:
   """A server key from its own seed (repeat a server stage over fixed
   clients to measure its spread)."""
-  return jax.random.fold_in(jax.random.PRNGKey(server_seed), r)
+  return jax.random.fold_in(
+      jax.random.PRNGKey(check_seed(server_seed, "server_seed")), r)
 
 
 def server_parts(server_key_: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -39,6 +39,7 @@ and three opt-in ones:
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, NamedTuple
 
 import flax
@@ -50,6 +51,10 @@ from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import sample_batch
 
 PyTree = Any
+
+_log = logging.getLogger(__name__)
+# (batch_size, N_max) pairs whose capped batch was already logged.
+_capped_logged: set[tuple[int, int]] = set()
 
 # The augmentation key of a step is folded off its batch key at this index;
 # the batch key itself is unchanged, so runs without augmentation keep their
@@ -117,9 +122,15 @@ def make_local_update(
   Args:
     task: the classifier.
     optimizer: the local optax optimizer.
-    batch_size: examples per step ``B``.
+    batch_size: examples per step ``B``. A batch never holds more draws
+      than the largest client has examples (``N_max``, the padded length):
+      with ``B > N_max`` each step draws ``N_max`` (one log line), since
+      every draw past the data repeats an example at the cost of a larger
+      program (8x the time for ``B = 8 N_max``). Below ``N_max`` nothing
+      changes.
     max_steps: the largest step count a client may be given (the cohort's
-      largest); ``num_steps`` is clipped to it.
+      largest); ``num_steps`` is clipped to it (:func:`fedjax_dd.fit`
+      refuses larger counts).
     regularizer: optional ``(params, ctx) -> scalar`` added to the loss.
     grad_correction: optional ``(grads, ctx) -> grads``.
     augment: optional ``(key, xb [B, H, W, Ch] uint8) -> xb`` applied to each
@@ -171,10 +182,12 @@ def make_local_update(
   def run(params, batch_stats, opt_state, x, y, n, num_steps, key, ctx,
           first_step=0, stop_step=None):
 
+    batch = effective_batch_size(batch_size, x.shape[0])
+
     def step(carry, t):
       params, batch_stats, opt_state, loss_sum, acc_sum = carry
       batch_key = jax.random.fold_in(key, t)
-      xb, yb = sample_batch(batch_key, x, y, n, batch_size)
+      xb, yb = sample_batch(batch_key, x, y, n, batch)
       if augment is not None:
         xb = augment(jax.random.fold_in(batch_key, _AUGMENT_STREAM), xb)
       (loss, (new_stats, acc)), grads = value_and_grad(
@@ -225,6 +238,20 @@ def make_local_update(
                        acc_sum / denom, steps)
 
   return LocalUpdate(run=run, optimizer=optimizer, batch_size=batch_size)
+
+
+def effective_batch_size(batch_size: int, max_examples: int) -> int:
+  """``min(B, N_max)``: the batch a local step draws from clients padded to
+  ``N_max`` examples; logs one line (once per pair) when it caps ``B``."""
+  if batch_size <= max_examples or max_examples < 1:
+    return batch_size
+  if (batch_size, max_examples) not in _capped_logged:
+    _capped_logged.add((batch_size, max_examples))
+    _log.warning(
+        "batch_size %d is larger than the largest client's %d examples; "
+        "local steps draw batches of %d.", batch_size, max_examples,
+        max_examples)
+  return max_examples
 
 
 def steps_for(num_examples: jax.Array, batch_size: int, *,

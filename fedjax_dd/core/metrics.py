@@ -30,16 +30,25 @@ class MetricsWriter:
   """Appends rows to ``DIR/metrics.jsonl``; truncates on resume.
 
   Args:
-    path: the JSONL file.
+    path: the JSONL file; a symbolic link is refused (a run would write
+      through it to whatever it names).
     tensorboard_dir: if set, numeric fields are also written as TensorBoard
       scalars (step = the row's ``round``) with ``tensorboardX`` (the
       ``tensorboard`` extra), imported only then.
+    invalidates: files that describe the rows as they were (a finished
+      run's ``summary.json``): removed before the first new row is written.
+
+  Raises:
+    MetricsFileError: ``path`` is a symbolic link.
   """
 
   def __init__(self, path: str | os.PathLike,
-               tensorboard_dir: str | os.PathLike | None = None):
+               tensorboard_dir: str | os.PathLike | None = None, *,
+               invalidates: tuple[str | os.PathLike, ...] = ()):
     self.path = os.fspath(path)
+    check_not_linked(self.path)
     os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+    self._invalidates = tuple(os.fspath(p) for p in invalidates)
     self._tb = None
     if tensorboard_dir is not None:
       try:
@@ -85,11 +94,16 @@ class MetricsWriter:
     kept = [] if round_index <= 0 else [
         r for r in self._read(torn_tail_ok=True)
         if r.get(key, 0) <= round_index]
-    with open(self.path, "w") as f:
-      for r in kept:
-        f.write(json.dumps(r, sort_keys=True) + "\n")
+    check_not_linked(self.path)
+    write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n"
+                                  for r in kept))
 
   def write(self, row: Mapping[str, Any]) -> None:
+    for stale in self._invalidates:
+      if os.path.lexists(stale):
+        os.remove(stale)
+    self._invalidates = ()
+    check_not_linked(self.path)
     with open(self.path, "a") as f:
       f.write(json.dumps(to_jsonable(row), sort_keys=True) + "\n")
     if self._tb is not None:
@@ -98,6 +112,17 @@ class MetricsWriter:
         if isinstance(v, (int, float)) and k != "round":
           self._tb.add_scalar(k, v, global_step=step)
       self._tb.flush()
+
+
+def check_not_linked(path: str) -> None:
+  """Raises :class:`MetricsFileError` when the run file ``path`` is a
+  symbolic link."""
+  if os.path.islink(path):
+    raise MetricsFileError(
+        f"{path} is a symbolic link (to {os.readlink(path)}); a run writes "
+        "its own files and does not follow links out of its workdir. Remove "
+        "the link (copy the file in its place if it holds this run's rows) "
+        "and re-run.")
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

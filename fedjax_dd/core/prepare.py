@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import numpy as np
 
@@ -21,6 +22,8 @@ from fedjax_dd import models
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import preprocess
 from fedjax_dd.data import sources
+
+_log = logging.getLogger(__name__)
 
 # Floor of the channel std: a constant channel would divide by zero.
 MIN_STD = 1e-3
@@ -93,12 +96,17 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
         if isinstance(dataset, str) else dataset)
   target = tuple(input_shape or spec.input_shape)
   if ds.x_train.shape[1:] != target:
+    source = ds.x_train.shape[1:]
     ds = dataclasses.replace(
         ds,
         x_train=preprocess.resize_images(ds.x_train, target,
                                          method=resize_method),
         x_test=preprocess.resize_images(ds.x_test, target,
                                         method=resize_method))
+    _log.warning(
+        "%s: images resized from %s to %s (%s) for model %s.", ds.name,
+        "x".join(map(str, source)), "x".join(map(str, target)),
+        resize_method, model)
   mean, std = preprocess.channel_stats(ds.x_train)
   mean = np.asarray(mean, np.float32)
   std = np.maximum(np.asarray(std, np.float32), np.float32(MIN_STD))

@@ -12,7 +12,10 @@ Layout of ``Workdir(directory)``::
     config.json          the settings that define the run (record_fingerprint)
     environment.json     the platform, devices, jax and layer forms it ran on
                          (record_environment)
-    data_digests.json    content digests of its npz files, by size and mtime
+
+A run's own files are written by the run: ``metrics.jsonl`` or ``.lock``
+as a symbolic link (to a file outside the directory, say) is refused, not
+followed (:func:`fedjax_dd.core.metrics.check_not_linked`, :class:`WorkdirLock`).
 
 The loops take the pieces (writer, stores) explicitly; this class only names
 where they live, so a notebook can pass its own.
@@ -34,12 +37,11 @@ _log = logging.getLogger(__name__)
 FINGERPRINT_FILE = "config.json"
 """Name of the file holding a run's fingerprint (:func:`record_fingerprint`)."""
 
-DIGEST_CACHE = "data_digests.json"
-"""Content digests of the run's ``npz:`` files, computed once per file
-version (size and modification time)."""
-
 CONTENT_SUFFIX = "#content"
 """Suffix of the fingerprint entry holding a data file's content digest."""
+
+LOCK_FILE = ".lock"
+"""The file :class:`WorkdirLock` holds."""
 
 ENVIRONMENT_FILE = "environment.json"
 """Name of the file recording where a run computed (:func:`record_environment`)."""
@@ -72,9 +74,12 @@ class Workdir:
   def writer(self) -> MetricsWriter:
     """The run's metrics writer (``metrics.jsonl``)."""
     if self._writer is None:
+      # A run that writes a new row no longer ends where an earlier
+      # summary.json says (a finished run extended): that summary goes.
       self._writer = MetricsWriter(
           self.path("metrics.jsonl"),
-          tensorboard_dir=self.path("tensorboard") if self._tensorboard else None)
+          tensorboard_dir=self.path("tensorboard") if self._tensorboard else None,
+          invalidates=(self.path("summary.json"),))
     return self._writer
 
   def store(self, name: str = "checkpoints", *, max_to_keep: int | None = 2,
@@ -112,7 +117,10 @@ class WorkdirLock:
   checkpoints and write every metrics row twice, so the second one must fail
   at once. The lock is ``fcntl.flock`` on ``directory/.lock``: the kernel
   drops it when its process dies, so a lock left by a killed run is never
-  stale. The file records the holder's host and pid for the message.
+  stale. The file records the holder's host and pid for the message. In
+  one process the thread that holds it may take it again (the entry point,
+  then :func:`fedjax_dd.fit` inside it); another thread may not (two
+  ``fit`` calls at once).
 
   Example::
 
@@ -125,15 +133,40 @@ class WorkdirLock:
       be written; the message says which path and what to change.
   """
 
-  def __init__(self, directory: str | os.PathLike):
+  # realpath -> (thread id, depth) of the locks this process holds: the
+  # thread holding one may take it again (the entry point, then fit), any
+  # other thread may not.
+  _held: dict[str, tuple[int, int]] = {}
+
+  def __init__(self, directory: str | os.PathLike, *,
+               flag: str = "--workdir"):
     self.directory = os.fspath(directory)
+    self._flag = flag
     self._file = None
+    self._key: str | None = None
 
   def __enter__(self) -> "WorkdirLock":
     import fcntl  # pylint: disable=g-import-not-at-top
     import socket  # pylint: disable=g-import-not-at-top
-    check_writable(self.directory)
-    path = os.path.join(self.directory, ".lock")
+    import threading  # pylint: disable=g-import-not-at-top
+    check_writable(self.directory, flag=self._flag)
+    key = os.path.realpath(self.directory)
+    held = WorkdirLock._held.get(key)
+    if held is not None:
+      if held[0] != threading.get_ident():
+        raise WorkdirBusyError(
+            f"The workdir {self.directory} is in use by another thread of "
+            f"this process (pid {os.getpid()}); two runs cannot share a "
+            f"workdir. Wait for it, or choose another {self._flag}.")
+      WorkdirLock._held[key] = (held[0], held[1] + 1)
+      self._key = key
+      return self
+    path = os.path.join(self.directory, LOCK_FILE)
+    if os.path.islink(path):  # opening it would truncate what it names
+      raise PermissionError(
+          f"The workdir lock {path} is a symbolic link (to "
+          f"{os.readlink(path)}); it is only a lock, holding no results: "
+          "delete it and re-run.")
     try:
       f = open(path, "a+", encoding="utf-8", errors="replace")  # pylint: disable=consider-using-with
     except OSError as e:  # e.g. .lock replaced by a directory
@@ -148,22 +181,77 @@ class WorkdirLock:
       f.close()
       raise WorkdirBusyError(
           f"The workdir {self.directory} is in use by {holder}; two runs "
-          "cannot share a workdir. Wait for it, stop it, or choose another "
-          "--workdir.") from None
+          f"cannot share a workdir. Wait for it, stop it, or choose another "
+          f"{self._flag}.") from None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()} on host {socket.gethostname()}")
     f.flush()
     self._file = f
+    self._key = key
+    WorkdirLock._held[key] = (threading.get_ident(), 1)
     return self
 
   def __exit__(self, *exc_info) -> None:
+    if self._key is not None:
+      thread, depth = WorkdirLock._held.get(self._key, (0, 1))
+      if depth > 1:
+        WorkdirLock._held[self._key] = (thread, depth - 1)
+      else:
+        WorkdirLock._held.pop(self._key, None)
+      self._key = None
     if self._file is not None:
       self._file.close()  # closing releases the flock
       self._file = None
 
 
-def check_writable(directory: str | os.PathLike) -> None:
+def lock_holder(directory: str | os.PathLike) -> str | None:
+  """Who holds ``directory``'s :class:`WorkdirLock` (``"pid P on host H"``),
+  or None when nobody does (a finished or killed run). Takes and drops the
+  lock to find out, so it is only for readers such as a report over runs."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.fspath(directory), LOCK_FILE)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      try:
+        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+      except OSError:
+        return f.read().strip() or "another process"
+      fcntl.flock(f, fcntl.LOCK_UN)
+  except OSError:
+    return None
+  return None
+
+
+def summary_is_stale(directory: str | os.PathLike) -> str | None:
+  """Why ``directory/summary.json`` does not describe the run's rows, or
+  None when it does (or there is no summary).
+
+  A summary is written once, at a run's end; a resume that writes a row
+  removes it (:class:`Workdir`). One still older than ``metrics.jsonl`` (a
+  run resumed by an older version), or one in a directory whose lock is
+  held (the run is going on), describes an earlier state of the run.
+  """
+  directory = os.fspath(directory)
+  summary = os.path.join(directory, "summary.json")
+  if not os.path.isfile(summary):
+    return None
+  holder = lock_holder(directory)
+  if holder is not None:
+    return (f"{directory} is still running (its lock is held by {holder}); "
+            "its summary.json is not its result yet")
+  metrics = os.path.join(directory, "metrics.jsonl")
+  if (os.path.isfile(metrics)
+      and os.path.getmtime(metrics) > os.path.getmtime(summary)):
+    return (f"{directory}/summary.json is older than its metrics.jsonl: the "
+            "run was resumed after that summary and has not finished since")
+  return None
+
+
+def check_writable(directory: str | os.PathLike, *,
+                   flag: str = "--workdir") -> None:
   """Creates ``directory`` if needed and checks it can be written.
 
   Raises:
@@ -173,32 +261,32 @@ def check_writable(directory: str | os.PathLike) -> None:
   directory = os.fspath(directory)
   if os.path.exists(directory) and not os.path.isdir(directory):
     raise NotADirectoryError(
-        f"--workdir {directory} is a file, not a directory; choose another "
+        f"{flag} {directory} is a file, not a directory; choose another "
         "path.")
   try:
     os.makedirs(directory, exist_ok=True)
   except (FileExistsError, NotADirectoryError):
     raise NotADirectoryError(
-        f"--workdir {directory}: a parent of it is a file; choose another "
+        f"{flag} {directory}: a parent of it is a file; choose another "
         "path.") from None
   except PermissionError:
     raise PermissionError(
-        f"--workdir {directory} cannot be created (permission denied); "
+        f"{flag} {directory} cannot be created (permission denied); "
         "choose a writable path.") from None
   except OSError as e:  # e.g. a read-only file system (EROFS), ENOSPC
     raise PermissionError(
-        f"--workdir {directory} cannot be created ({e.strerror}); choose a "
+        f"{flag} {directory} cannot be created ({e.strerror}); choose a "
         "writable path.") from None
   if not os.access(directory, os.W_OK | os.X_OK):
     raise PermissionError(
-        f"--workdir {directory} is not writable; choose a writable path.")
+        f"{flag} {directory} is not writable; choose a writable path.")
   # os.access says yes to root and knows nothing of a read-only mount: write.
   try:
     with tempfile.TemporaryFile(dir=directory):
       pass
   except OSError as e:
     raise PermissionError(
-        f"--workdir {directory} is not writable ({e.strerror}); choose a "
+        f"{flag} {directory} is not writable ({e.strerror}); choose a "
         "writable path.") from None
 
 
@@ -225,46 +313,16 @@ def has_run_files(directory: str | os.PathLike) -> bool:
           or latest_checkpoint(directory) is not None)
 
 
-def _cached_digest(directory: str, path: str) -> str:
-  """``npz_digest(path)``, cached in ``directory/data_digests.json`` under
-  the file's size and modification time (a file rewritten in place gets a
-  new time, so it is hashed again)."""
-  from fedjax_dd.data import sources  # pylint: disable=g-import-not-at-top
-  st = os.stat(path)
-  version = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-  cache_path = os.path.join(directory, DIGEST_CACHE)
-  try:
-    with open(cache_path, encoding="utf-8") as f:
-      cache = json.load(f)
-    if not isinstance(cache, dict):
-      cache = {}
-  except (OSError, ValueError):
-    cache = {}
-  entry = cache.get(path)
-  if (isinstance(entry, dict) and entry.get("size") == version["size"]
-      and entry.get("mtime_ns") == version["mtime_ns"]):
-    return entry["sha256"]
-  digest = sources.npz_digest(path)
-  cache[path] = dict(version, sha256=digest)
-  try:
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{cache_path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(cache, f, indent=1, sort_keys=True)
-    os.replace(tmp, cache_path)
-  except OSError:
-    pass  # Read-only: hashed again next time.
-  return digest
-
-
-def content_digests(directory: str | os.PathLike,
-                    fingerprint: Mapping[str, Any]) -> dict[str, str]:
+def content_digests(fingerprint: Mapping[str, Any]) -> dict[str, str]:
   """``{name + CONTENT_SUFFIX: "sha256:<hex>"}`` for each setting whose value
   names an existing ``npz:`` file (the dataset, the public data).
 
   A path says where the data is, not what it holds: the digest of its arrays
-  makes a file replaced under the same path another experiment. Files that
-  are missing or no npz archive get no entry (their loader reports them).
+  makes a file replaced under the same path another experiment. It is
+  computed at every start (size and modification time can be kept while
+  the content changes; hashing is cheap next to training). Files that are
+  missing, no npz archive or damaged get no entry (their loader reports
+  them in one line).
   """
   from fedjax_dd.data import sources  # pylint: disable=g-import-not-at-top
   out = {}
@@ -273,8 +331,7 @@ def content_digests(directory: str | os.PathLike,
     if path is None or not os.path.isfile(path):
       continue
     try:
-      out[f"{name}{CONTENT_SUFFIX}"] = "sha256:" + _cached_digest(
-          os.fspath(directory), path)
+      out[f"{name}{CONTENT_SUFFIX}"] = "sha256:" + sources.npz_digest(path)
     except (OSError, ValueError):
       continue
   return out
@@ -290,9 +347,14 @@ def _difference(name: str, old: Any, new: Any, recorded: Mapping[str, Any]
   return f"{name} was {json.dumps(old)}, now {json.dumps(new)}"
 
 
+NAMED_DIFFERENCES = 6
+"""How many differing settings a refused resume names (then a count)."""
+
+
 def record_fingerprint(directory: str | os.PathLike,
                        fingerprint: Mapping[str, Any], *,
-                       defaults: Mapping[str, Any] | None = None) -> str:
+                       defaults: Mapping[str, Any] | None = None,
+                       flag: str = "--workdir") -> str:
   """Writes or checks ``directory/config.json``, the settings of the run.
 
   A run resumed with other defining settings (another dataset, partition,
@@ -312,6 +374,8 @@ def record_fingerprint(directory: str | os.PathLike,
       fingerprint lacks (added to the code after the run was recorded)
       matches when its new value is its default: the run was made under
       that default.
+    flag: how the caller names the directory in a refusal (``"--workdir"``
+      on the command line, ``"workdir="`` for :func:`fedjax_dd.fit`).
 
   Returns:
     ``"new"`` (nothing to resume, see :func:`has_run_files`: written, over
@@ -322,12 +386,13 @@ def record_fingerprint(directory: str | os.PathLike,
   Raises:
     FingerprintMismatchError: the directory holds results and the recorded
       fingerprint differs; one line naming each differing key with its
-      recorded and new value. Also when ``config.json`` cannot be read.
+      recorded and new value (the first :data:`NAMED_DIFFERENCES`, then
+      how many more). Also when ``config.json`` cannot be read.
   """
   directory = os.fspath(directory)
   path = os.path.join(directory, FINGERPRINT_FILE)
   new = _normalised(fingerprint)
-  new.update(content_digests(directory, new))
+  new.update(content_digests(new))
   if os.path.isfile(path):
     try:
       with open(path, encoding="utf-8") as f:
@@ -339,7 +404,7 @@ def record_fingerprint(directory: str | os.PathLike,
           f"{path} is damaged ({type(e).__name__}: "
           f"{str(e).splitlines()[0] if str(e) else 'unreadable'}); it records "
           "the settings of this run. Restore it, delete it to resume with "
-          "the current settings recorded anew, or use a new --workdir."
+          f"the current settings recorded anew, or use a new {flag}."
       ) from None
     missing = "(unset)"
     known = _normalised(defaults or {})
@@ -348,14 +413,19 @@ def record_fingerprint(directory: str | os.PathLike,
              for k in sorted(set(old) | set(new))
              if old.get(k, missing) != new.get(k, missing)
              and not (k not in old and k in known and known[k] == new[k])
-             and not (k not in old and k.endswith(CONTENT_SUFFIX))]
+             and not (k not in old and k.endswith(CONTENT_SUFFIX))
+             # A damaged file has no digest now: its loader says so.
+             and not (k not in new and k.endswith(CONTENT_SUFFIX))]
     # A run that stopped before any result (e.g. its dataset failed to
     # load) leaves nothing to mix: the new settings replace the old.
     if diffs and has_run_files(directory):
+      named = diffs[:NAMED_DIFFERENCES]
+      if len(diffs) > len(named):
+        named.append(f"and {len(diffs) - len(named)} more")
       raise FingerprintMismatchError(
           f"The workdir {directory} holds a run made with other settings: "
-          f"{'; '.join(diffs)}. Resuming would mix two experiments: use a "
-          "new --workdir, or revert these settings to resume.")
+          f"{'; '.join(named)}. Resuming would mix two experiments: use a "
+          f"new {flag}, or revert these settings to resume.")
     if not diffs and old == new:
       return "same"
     if not diffs:  # Settings added since, at their defaults: record them.
@@ -437,7 +507,8 @@ def read_environment(directory: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def record_environment(directory: str | os.PathLike,
-                       environment: Mapping[str, Any] | None = None
+                       environment: Mapping[str, Any] | None = None, *,
+                       forms: Mapping[str, Any] | None = None
                        ) -> str | None:
   """Records where the run computes, and says when a resume moves it.
 
@@ -457,6 +528,11 @@ def record_environment(directory: str | os.PathLike,
   Args:
     directory: the run directory (created if missing).
     environment: this process's; default :func:`current_environment`.
+    forms: the layer forms the run asked for, beside the policy table's
+      (e.g. ``{"model.conv_impl": "patches"}``): recorded as ``forms`` and
+      compared like the rest, so a resume under another one is named.
+      Recorded forms this call does not give keep their values (a library
+      loop called by the entry point gives none).
 
   Returns:
     The warning when the directory holds results (see
@@ -469,6 +545,15 @@ def record_environment(directory: str | os.PathLike,
   now = _normalised(environment if environment is not None
                     else current_environment())
   record = read_environment(directory)
+  # Forms this caller does not know keep their recorded values: the entry
+  # point records the config's, fit the model's, a server loop none.
+  started = record.get("started") if record is not None else None
+  recorded_forms = (started.get("forms") if isinstance(started, dict)
+                    else None)
+  merged = {**(recorded_forms if isinstance(recorded_forms, dict) else {}),
+            **_normalised(forms or {})}
+  if merged:
+    now["forms"] = merged
   if record is None or not has_run_files(directory):
     fresh = {"started": now, "resumed": []}
     if record != fresh:  # The entry point has often written it already.

@@ -158,9 +158,17 @@ def resize_images(x, out_shape: tuple[int, int, int] = (32, 32, 3),
         f"out_shape must be (H, W, C) of positive ints, got {out_shape}.")
   in_c, out_c = x.shape[-1], out_shape[2]
   if in_c != out_c and in_c != 1:
+    layout = ""
+    if x.shape[1] in (1, 3, out_c) and in_c not in (1, 3):
+      layout = (" They look channels-first (NCHW, channels on axis 1): "
+                "transpose them with x.transpose(0, 2, 3, 1).")
+    elif in_c == 3 and out_c == 1:
+      layout = (" The model takes grayscale images: convert them (e.g. "
+                "the channel mean) or give the model 3 input channels.")
     raise ValueError(
-        f"Cannot map {in_c} channels to {out_c}; only equal counts or 1 -> C "
-        "are supported.")
+        f"Cannot map {in_c} channels to {out_c}: images must be NHWC "
+        f"[N, H, W, Ch], got shape {tuple(x.shape)}, and only equal channel "
+        f"counts or 1 -> C are supported.{layout}")
   if method == "pad" and (out_shape[0] < x.shape[1] or
                           out_shape[1] < x.shape[2]):
     raise ValueError(

@@ -488,6 +488,21 @@ def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
   full = os.path.abspath(os.path.expanduser(path))  # Relative to the CWD.
   if not os.path.isfile(full):
     raise ValueError(f"{spec!r}: file not found: {full}")
+  return full, dict(_npz_arrays(full, spec))
+
+
+def _npz_arrays(full: str, spec: str | None = None):
+  """``(key, array)`` of each member of the npz archive ``full``, in key
+  order, after each member's declared size was checked against its bytes.
+
+  A damaged archive otherwise surfaces as zipfile's ``BadZipFile``, zlib's
+  ``error`` or, for a header declaring an impossible shape, a
+  ``MemoryError`` from the allocation ("Unable to allocate 59.6 GiB").
+
+  Raises:
+    ValueError: one line naming the file, what is wrong and the fix.
+  """
+  spec = spec or f"{_NPZ_PREFIX}{full}"
   # np.load guesses the format from the contents and reports any other file
   # as "pickled data"; an npz archive is a zip file.
   if not zipfile.is_zipfile(full):
@@ -495,8 +510,38 @@ def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
         f"{spec!r}: {full} is not an npz archive (a zip of .npy arrays, as "
         "written by np.savez); convert it with np.savez(PATH, x_train=..., "
         "y_train=..., x_test=..., y_test=...).")
-  with np.load(full, allow_pickle=False) as f:
-    return full, {k: f[k] for k in f.files}
+  damaged = (f"{spec!r}: {full} is a damaged npz archive ({{}}); it was cut "
+             "or corrupted: write it again with np.savez(PATH, x_train=..., "
+             "y_train=..., x_test=..., y_test=...).")
+  import zlib  # pylint: disable=g-import-not-at-top
+  try:
+    with zipfile.ZipFile(full) as z:
+      for info in z.infolist():
+        if not info.filename.endswith(".npy"):
+          continue
+        with z.open(info) as member:
+          version = np.lib.format.read_magic(member)
+          if version not in ((1, 0), (2, 0)):
+            continue  # np.load reads (and checks) the others itself
+          read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                  else np.lib.format.read_array_header_2_0)
+          shape, _, dtype = read(member)
+        declared = float(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+        if declared > info.file_size:
+          raise ValueError(damaged.format(
+              f"{info.filename} declares shape {tuple(shape)} of {dtype}, "
+              f"{declared / 2**30:.1f} GiB, in a member of "
+              f"{info.file_size} bytes"))
+      with np.load(full, allow_pickle=False) as f:
+        for k in sorted(f.files):
+          yield k, f[k]
+  except ValueError as e:
+    if str(e).startswith(repr(spec)):
+      raise
+    raise ValueError(damaged.format(f"{type(e).__name__}: {e}")) from None
+  except (zipfile.BadZipFile, zlib.error, EOFError, OSError,
+          MemoryError) as e:
+    raise ValueError(damaged.format(f"{type(e).__name__}: {e}")) from None
 
 
 def check_name(spec: str) -> None:
@@ -535,16 +580,18 @@ def npz_digest(path: str) -> str:
   """SHA-256 of an npz archive's arrays: each key, dtype, shape and bytes,
   in key order.
 
+  Raises:
+    ValueError: the file is no npz archive or a damaged one.
+
   The arrays, not the file bytes: the same arrays saved again (another
   compression) give the same digest; other images or labels under the
   same path do not.
   """
   h = hashlib.sha256()
-  with np.load(path, allow_pickle=False) as f:
-    for k in sorted(f.files):
-      a = np.ascontiguousarray(f[k])
-      h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
-      h.update(a.tobytes())
+  for k, a in _npz_arrays(os.path.abspath(path)):
+    a = np.ascontiguousarray(a)
+    h.update(f"{k}|{a.dtype.str}|{a.shape}|".encode())
+    h.update(a.tobytes())
   return h.hexdigest()
 
 

@@ -146,7 +146,9 @@ def identical_to_raw(uploaded_x: Any, owner: Any, client_x: Any,
 
 
 def check_no_raw_upload(uploaded_x: Any, owner: Any, client_x: Any,
-                        num_examples: Any, *, what: str = "KIP") -> None:
+                        num_examples: Any, *, what: str = "KIP",
+                        more_iterations: str = "a higher kip.min_iterations, "
+                        "or kip.stop_accuracy=None") -> None:
   """FedD3 App. G's guard on what is actually sent: no raw image leaves.
 
   The guard before compute (:func:`fedjax_dd.distill.kip.check_privacy`)
@@ -154,6 +156,14 @@ def check_no_raw_upload(uploaded_x: Any, owner: Any, client_x: Any,
   image the distiller barely moved (KIP stopped after a few iterations by
   App. C's rule moves a pixel by well under one grey level) is quantised
   back to its raw bytes.
+
+  FedD3 and HFLDD (:func:`fedjax_dd.algorithms.hfldd.distill_members`)
+  both run it unless ``allow_raw_upload``: one guard, one default.
+
+  Args:
+    uploaded_x, owner, client_x, num_examples: as :func:`upload_privacy`.
+    what: the uploads' name in the message.
+    more_iterations: the settings that give the distiller more iterations.
 
   Raises:
     RawUploadError: naming how many uploads are raw, from which clients,
@@ -189,6 +199,6 @@ def check_no_raw_upload(uploaded_x: Any, owner: Any, client_x: Any,
         f"{int(identical.sum())} of {identical.size} {what} images to upload "
         f"are byte-identical to a raw image of their sender ({clients.size} "
         f"clients, e.g. {clients[:5].tolist()}): the distiller stopped before "
-        "it moved them (FedD3 App. G). Run more iterations (a higher "
-        "kip.min_iterations, or kip.stop_accuracy=None), or set "
-        "allow_raw_upload=True to accept raw uploads.")
+        f"it moved them (FedD3 App. G). Run more iterations "
+        f"({more_iterations}), or set allow_raw_upload=True to accept raw "
+        "uploads.")

@@ -36,6 +36,7 @@ import numpy as np
 
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import metrics as metrics_lib
+from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.utils import reporting
 
 Row = Mapping[str, Any]
@@ -140,8 +141,18 @@ def load_summary(workdir: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_run(workdir: str | os.PathLike) -> Run:
-  """Reads ``summary.json``, ``metrics.jsonl`` and (if any) ``command.txt``."""
+  """Reads ``summary.json``, ``metrics.jsonl`` and (if any) ``command.txt``.
+
+  Raises:
+    ValueError: the summary does not describe the run's rows: the run is
+      still going on, or was resumed after it and has not finished again
+      (:func:`fedjax_dd.core.workdir.summary_is_stale`).
+  """
   workdir = os.fspath(workdir)
+  stale = workdir_lib.summary_is_stale(workdir)
+  if stale is not None:
+    raise ValueError(f"{stale}; let it finish (or re-run its command) "
+                     "before reporting it, or leave it out.")
   summary = load_summary(workdir)
   metrics = os.path.join(workdir, "metrics.jsonl")
   rows = ledger_lib.load_metrics(metrics) if os.path.exists(metrics) else []
@@ -253,6 +264,53 @@ def provenance(summary: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 PROVENANCE = ("code", "jax", "machine")
+SEED_KEYS = ("seed", "data.seed")
+"""Config keys a group's runs may differ in: what a seed sweep varies."""
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+  if not isinstance(tree, Mapping):
+    return {prefix[:-1]: tree}
+  out: dict[str, Any] = {}
+  for k, v in tree.items():
+    out.update(_flat(v, f"{prefix}{k}."))
+  return out
+
+
+def check_one_setting(label: str, summaries: Sequence[Mapping[str, Any]],
+                      workdirs: Sequence[str], *,
+                      ignore: Sequence[str] = SEED_KEYS) -> None:
+  """Refuses a group whose runs were made with other settings.
+
+  A mean ± sd over seeds describes one setting; two learning rates or
+  round counts in one group would be reported as one setting's spread.
+
+  Args:
+    label: the group's label.
+    summaries: its runs' ``summary.json`` dicts (their ``config``).
+    workdirs: where each run lives, for the message.
+    ignore: dotted config keys (or their groups) the runs may differ in:
+      the seeds, and settings that do not change a result.
+
+  Raises:
+    ValueError: naming the first differing key and two runs' values.
+  """
+  skip = lambda k: any(k == p or k.startswith(p + ".") for p in ignore)
+  configs = [{k: v for k, v in _flat(s.get("config") or {}).items()
+              if not skip(k)} for s in summaries]
+  if len(configs) < 2 or not all(configs):
+    return
+  first = configs[0]
+  for config, where in zip(configs[1:], workdirs[1:]):
+    for k in sorted(set(first) | set(config)):
+      a, b = first.get(k, "(unset)"), config.get(k, "(unset)")
+      if a != b:
+        raise ValueError(
+            f"Group {label!r}: its runs differ in {k} besides the seed "
+            f"({json.dumps(a)} in {workdirs[0]}, {json.dumps(b)} in "
+            f"{where}): a mean over them would report two settings as one. "
+            "Give each setting its own [LABEL=]DIR, or re-run the odd run "
+            "with the group's settings.")
 
 
 def _fmt(key: str, v: float | None) -> str:
@@ -408,7 +466,8 @@ def learning_curve(runs: Sequence[Sequence[Row]], *, x_key: str | None = None,
 def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
                  out_dir: str | os.PathLike, *, name: str = "sweep",
                  title: str | None = None,
-                 metric: str = "test") -> dict[str, Any]:
+                 metric: str = "test",
+                 ignore: Sequence[str] = SEED_KEYS) -> dict[str, Any]:
   """Table and learning curves of one or several groups of runs.
 
   Args:
@@ -421,10 +480,16 @@ def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
     title: the figure title.
     metric: the curves' accuracy, a key of :data:`METRICS` (the table
       shows both when the runs have both).
+    ignore: config keys a group's runs may differ in
+      (:func:`check_one_setting`).
 
   Returns:
     The JSON written: ``{"tables": [...], "curves": {label: ...},
     "files": {...}}``.
+
+  Raises:
+    ValueError: a group without runs, one whose runs differ in a setting
+      besides ``ignore``, or a run whose summary is stale (:func:`load_run`).
   """
   from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
   y_key = _metric_key(metric)
@@ -435,6 +500,8 @@ def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
     if not dirs:
       raise ValueError(f"Group {label!r} has no runs.")
     runs = [load_run(d) for d in dirs]
+    check_one_setting(label, [r.summary for r in runs],
+                      [r.workdir for r in runs], ignore=ignore)
     table = seed_table(label, [r.summary for r in runs],
                        commands=[r.command for r in runs],
                        workdirs=[r.workdir for r in runs])

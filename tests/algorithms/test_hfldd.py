@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from fedjax_dd.algorithms import hfldd
+from fedjax_dd.distill import privacy
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.cluster.sampling import Topology
 from fedjax_dd.core import ledger as ledger_lib
@@ -122,7 +123,8 @@ def test_distill_members_with_batched_kip_caps_small_clients():
       num_classes=3, support_size=6,
       options=kip.KipOptions(max_iterations=3, segment_iterations=3,
                              stop_accuracy=2.0),
-      mapper=ClientMapper(backend="vmap"))
+      mapper=ClientMapper(backend="vmap"),
+      allow_raw_upload=True)  # 3 iterations leave some images raw
   # Members 0, 2, 3 hold 5, 12, 7 examples: client 0 sends only 5.
   np.testing.assert_array_equal(sent.counts, [5, 6, 6])
   assert sent.x.dtype == np.uint8 and sent.x.shape == (3, 6, 4, 4, 1)
@@ -145,7 +147,7 @@ def _one_class_data():
   return ClientData(x=x, y=y, num_examples=np.array([8, 8, 6], np.int32))
 
 
-def _distill_one_class(iterations):
+def _distill_one_class(iterations, **kwargs):
   # HFLDD's default options (a fixed budget), this many iterations.
   return hfldd.distill_members(
       jax.random.PRNGKey(1), _one_class_data(), ONE_HEAD,
@@ -153,13 +155,28 @@ def _distill_one_class(iterations):
       std=np.array([0.29], np.float32), num_classes=3, support_size=4,
       options=dataclasses.replace(hfldd.HFLDD_KIP, max_iterations=iterations,
                                   segment_iterations=10),
-      mapper=ClientMapper(backend="vmap"))
+      mapper=ClientMapper(backend="vmap"), **kwargs)
+
+
+def test_raw_uploads_are_refused_unless_allowed(caplog):
+  # No KIP iteration: each member's support is 4 of its raw images. The
+  # guard FedD3 runs refuses them by default, naming the count ...
+  with pytest.raises(privacy.RawUploadError,
+                     match=r"8 of 8 HFLDD KIP images to upload are "
+                           r"byte-identical .* kip.max_iterations"):
+    _distill_one_class(0)
+  # ... and allow_raw_upload sends them with one warning line.
+  with caplog.at_level("WARNING"):
+    sent, _ = _distill_one_class(0, allow_raw_upload=True)
+  assert int(sent.mask.sum()) == 8
+  assert "8 of 8 KIP images sent are byte-identical" in caplog.text
 
 
 def test_single_class_members_upload_images_unlike_any_raw_image():
   data = _one_class_data()
-  # No iteration: the support is 4 raw images per member, sent as they are.
-  sent0, _ = _distill_one_class(0)
+  # No iteration: the support is 4 raw images per member, sent as they are
+  # (when allowed).
+  sent0, _ = _distill_one_class(0, allow_raw_upload=True)
   p0 = hfldd.sent_privacy(data, sent0)
   assert p0["uploaded_images"] == 8                 # members 1, 2 x 4
   assert p0["identical_to_raw_fraction"] == 1.0
@@ -238,7 +255,8 @@ def test_learned_labels_reach_the_heads_and_are_charged_32_bits():
       num_classes=3, support_size=6,
       options=dataclasses.replace(hfldd.HFLDD_KIP, max_iterations=5,
                                   segment_iterations=5, learn_labels=True),
-      mapper=ClientMapper(backend="vmap"))
+      mapper=ClientMapper(backend="vmap"),
+      allow_raw_upload=True)  # 5 iterations leave some images raw
   mask = np.asarray(sent.mask)
   learned = np.asarray(res.y)[mask]
   one_hot = np.eye(3)[learned.argmax(-1)]

@@ -76,3 +76,20 @@ def test_as_sampler():
   for bad in (2.5, True, "3", None):
     with pytest.raises(TypeError, match="whole number or a cohort sampler"):
       cohorts.as_sampler(bad)
+
+
+def test_an_activity_that_cannot_draw_anyone_is_refused_and_draws_bounded(
+    monkeypatch):
+  # 1e-9 over 10 clients: P(someone) = 1 - (1 - 1e-9)**10 ~ 1e-8, i.e.
+  # about 1e8 redraws a round. The least activity whose draw has someone
+  # with probability 0.01 is 1 - 0.99**(1/10) = 0.001005.
+  with pytest.raises(ValueError, match=r"expects 1e-08 clients a round: a "
+                     r"round would redraw about 1e\+08 times before anyone "
+                     r"joins. Use at least 0.001005"):
+    cohorts.BernoulliCohort(1e-9).validate(10)
+  cohorts.BernoulliCohort(0.0011).validate(10)  # P(someone) = 0.0109
+  # The draw itself stops (an unvalidated sampler) instead of spinning.
+  monkeypatch.setattr(cohorts, "MAX_ATTEMPTS", 5)
+  with pytest.raises(RuntimeError, match="No cohort of 1 to 1 clients in 5 "
+                                         "Bernoulli draws"):
+    cohorts.BernoulliCohort(1e-9).draw(jax.random.PRNGKey(0), 10)

@@ -127,7 +127,8 @@ def test_fit_resumed_on_other_devices_warns_and_records_them(tmp_path,
   with caplog.at_level("WARNING"):
     fit_lib.fit(algo, p, data, steps, rounds=1, **kw)
   assert "another environment" not in caplog.text
-  here = workdir_lib.current_environment()
+  here = dict(workdir_lib.current_environment(),
+              forms={"task.conv_impl": p.task.module.conv_impl})
   record = workdir_lib.read_environment(tmp_path / "w")
   assert record == {"started": here, "resumed": []}
   # As if the first round had run with one more host device.
@@ -149,7 +150,7 @@ def test_fit_without_workdir_and_bad_arguments():
   assert 0.0 <= result.rows[-1]["test_accuracy"] <= 1.0
   with pytest.raises(ValueError, match=r"clients_per_round must be in \[1, 4\]"):
     fit_lib.fit(algo, p, data, steps, rounds=1, clients_per_round=5)
-  with pytest.raises(ValueError, match="rounds must be at least 1"):
+  with pytest.raises(ValueError, match="rounds must be a whole number >= 1"):
     fit_lib.fit(algo, p, data, steps, rounds=0, clients_per_round=2)
 
 
@@ -168,3 +169,130 @@ def test_plots(tmp_path):
                                           np.array([1, 3, 4, 5])])
   heights = [[bar.get_height() for bar in c] for c in fig.axes[0].containers]
   assert heights == [[1, 1], [1, 0], [0, 3]]  # class j's count per client
+
+
+def _rounds(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line)["round"] for line in f]
+
+
+def test_fit_refuses_to_resume_another_run_naming_the_difference(tmp_path):
+  from fedjax_dd.core import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  p, data, steps, algo = _setup()
+  kw = dict(clients_per_round=2, workdir=tmp_path / "w")
+  fit_lib.fit(algo, p, data, steps, rounds=1, seed=0, **kw)
+  ds = p.dataset
+  other_parts = fedjax_dd.iid(ds.y_train, 4, np.random.default_rng(1))
+  other_data = stack_clients(ds.x_train, ds.y_train, other_parts)
+  five = stack_clients(ds.x_train, ds.y_train,
+                       fedjax_dd.iid(ds.y_train, 5, np.random.default_rng(0)))
+  five_steps = fit_lib.local_steps(five, batch_size=3, epochs=1.0)
+  prox = fedjax_dd.fedprox(p.task, optax.sgd(0.5), mu=0.1, batch_size=3,
+                           max_steps=int(steps.max()))
+  mixes = {
+      # another seed
+      "seed was 0, now 1": lambda: fit_lib.fit(
+          algo, p, data, steps, rounds=2, seed=1, **kw),
+      # another partition of the same examples
+      "data.x was": lambda: fit_lib.fit(
+          algo, p, other_data, steps, rounds=2, seed=0, **kw),
+      # FedProx at lr 0.5 into a FedAvg run
+      "tx.update.step_size was -0.1, now -0.5": lambda: fit_lib.fit(
+          prox, p, data, steps, rounds=2, seed=0, **kw),
+      # another client count
+      "data.num_examples was": lambda: fit_lib.fit(
+          fedjax_dd.fedavg(p.task, optax.sgd(0.1), batch_size=3,
+                           max_steps=int(five_steps.max())),
+          p, five, five_steps, rounds=2, seed=0, **kw),
+  }
+  for named, call in mixes.items():
+    with pytest.raises(workdir_lib.FingerprintMismatchError) as info:
+      call()
+    message = str(info.value)
+    assert named in message and "\n" not in message, message
+    assert "use a new workdir=" in message
+    assert _rounds(tmp_path / "w") == [1]  # nothing mixed in
+  # FedProx's own term is named too.
+  with pytest.raises(workdir_lib.FingerprintMismatchError,
+                     match="regularizer"):
+    mixes["tx.update.step_size was -0.1, now -0.5"]()
+  # The same run resumes; one more round is appended.
+  resumed = fit_lib.fit(algo, p, data, steps, rounds=2, seed=0, **kw)
+  assert [r["round"] for r in resumed.rows] == [1, 2]
+  assert _rounds(tmp_path / "w") == [1, 2]
+
+
+def test_a_second_fit_on_a_held_workdir_is_refused(tmp_path):
+  import threading  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  p, data, steps, algo = _setup()
+  held, release = threading.Event(), threading.Event()
+
+  def hold():  # another thread's fit, between two rounds
+    with workdir_lib.WorkdirLock(tmp_path / "w"):
+      held.set()
+      release.wait(60)
+
+  other = threading.Thread(target=hold)
+  other.start()
+  held.wait(60)
+  try:
+    with pytest.raises(workdir_lib.WorkdirBusyError,
+                       match="in use by another thread"):
+      fit_lib.fit(algo, p, data, steps, rounds=3, clients_per_round=2,
+                  workdir=tmp_path / "w")
+  finally:
+    release.set()
+    other.join()
+  assert not os.path.exists(tmp_path / "w" / "metrics.jsonl")
+  # Two threads running fit at once: one runs, the other is refused.
+  outcomes = []
+
+  def run(seed):
+    try:
+      outcomes.append(len(fit_lib.fit(algo, p, data, steps, rounds=3,
+                                      clients_per_round=2, seed=seed,
+                                      workdir=tmp_path / "v").rows))
+    except (workdir_lib.WorkdirBusyError,
+            workdir_lib.FingerprintMismatchError) as e:
+      outcomes.append(type(e).__name__)
+
+  threads = [threading.Thread(target=run, args=(s,)) for s in (0, 1)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert 3 in outcomes and len(outcomes) == 2
+  assert _rounds(tmp_path / "v") == [1, 2, 3]
+  # The thread holding a lock may take it again (the entry point, then fit).
+  with workdir_lib.WorkdirLock(tmp_path / "u"):
+    fit_lib.fit(algo, p, data, steps, rounds=1, clients_per_round=2,
+                workdir=tmp_path / "u")
+
+
+def test_fit_refuses_fractions_large_seeds_and_clipped_steps():
+  p, data, steps, algo = _setup()
+  kw = dict(clients_per_round=2)
+  with pytest.raises(ValueError, match=r"rounds must be a whole number >= 1, "
+                                       r"got 2.7"):
+    fit_lib.fit(algo, p, data, steps, rounds=2.7, **kw)
+  with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*32\)"):
+    fit_lib.fit(algo, p, data, steps, rounds=1, seed=2**32, **kw)
+  # max_steps 3 (ceil(6 / 3) = 2 steps, plus one) against 10x the steps.
+  short = fedjax_dd.fedavg(p.task, optax.sgd(0.1), batch_size=3, max_steps=3)
+  with pytest.raises(ValueError, match="asks up to 30 local steps, but the "
+                                       "algorithm's local update was built "
+                                       "with max_steps=3"):
+    fit_lib.fit(short, p, data, steps * 15, rounds=1, **kw)
+
+
+def test_prepare_logs_a_resize(caplog):
+  tiny = _tiny_dataset()
+  one = Dataset(x_train=tiny.x_train[:, :1, :1], y_train=tiny.y_train,
+                x_test=tiny.x_test[:, :1, :1], y_test=tiny.y_test,
+                num_classes=2, name="one_pixel")
+  with caplog.at_level("WARNING"):
+    p = prepare_lib.prepare(one, "digits_cnn")
+  assert p.dataset.x_train.shape[1:] == (8, 8, 1)
+  assert ("one_pixel: images resized from 1x1x1 to 8x8x1 (bilinear) for "
+          "model digits_cnn.") in caplog.text

@@ -334,3 +334,31 @@ def test_spans_of_steps_are_one_call(skip):
   np.testing.assert_array_equal(np.stack(spans), [[2, 3, 0, 3], [0, 2, 0, 1],
                                                   [0, 2, 0, 0]])
   np.testing.assert_array_equal(whole.steps, counts)
+
+
+def test_a_batch_larger_than_the_largest_client_draws_its_count(caplog):
+  # Two clients padded to N_max = 5: batch 40 draws 5 examples a step, the
+  # same program and bits as batch 5, with one log line.
+  task = tiny_task()
+  x, y, n = synthetic_clients(num_clients=1, sizes=(5,), n_max=5)
+  key = jax.random.PRNGKey(3)
+  params, stats = task.init(jax.random.PRNGKey(0))
+
+  def run(batch_size):
+    local = make_local_update(task, optax.sgd(0.1), batch_size=batch_size,
+                              max_steps=3)
+    return jax.jit(local.run)(params, stats, local.optimizer.init(params),
+                              x[0], y[0], n[0], 3, key, ())
+
+  with caplog.at_level("WARNING"):
+    big = run(40)
+  assert ("batch_size 40 is larger than the largest client's 5 examples; "
+          "local steps draw batches of 5.") in caplog.text
+  exact = run(5)
+  for a, b in zip(jax.tree_util.tree_leaves(big.params),
+                  jax.tree_util.tree_leaves(exact.params)):
+    np.testing.assert_array_equal(a, b)
+  assert float(big.loss) == float(exact.loss)
+  # Below N_max nothing changes: batch 4 is not 5.
+  four = run(4)
+  assert float(four.loss) != float(exact.loss)

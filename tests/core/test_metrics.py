@@ -4,8 +4,10 @@ import math
 import os
 
 import numpy as np
+import pytest
 
-from fedjax_dd.core.metrics import MetricsWriter, to_jsonable, write_json
+from fedjax_dd.core.metrics import (MetricsFileError, MetricsWriter, to_jsonable,
+                                    write_json)
 
 
 def test_to_jsonable_and_truncate(tmp_path):
@@ -45,3 +47,39 @@ def test_a_cut_last_line_is_dropped_on_truncate_and_named_otherwise(tmp_path):
   path.write_text("garbage\n{oops\n")
   w.truncate_after(0)
   assert w.rows() == []
+
+
+def test_a_symlinked_metrics_file_is_refused_not_followed(tmp_path):
+  outside = tmp_path / "outside.txt"
+  outside.write_text("not the run's\n")
+  run = tmp_path / "run"
+  run.mkdir()
+  os.symlink(outside, run / "metrics.jsonl")
+  with pytest.raises(MetricsFileError, match=r"metrics.jsonl is a symbolic "
+                                             r"link \(to .*outside.txt\)"):
+    MetricsWriter(run / "metrics.jsonl")
+  assert outside.read_text() == "not the run's\n"
+  # A link made after the writer opened: refused at the next write.
+  os.remove(run / "metrics.jsonl")
+  w = MetricsWriter(run / "metrics.jsonl")
+  w.write({"round": 1})
+  os.remove(run / "metrics.jsonl")
+  os.symlink(outside, run / "metrics.jsonl")
+  with pytest.raises(MetricsFileError, match="symbolic link"):
+    w.write({"round": 2})
+  with pytest.raises(MetricsFileError, match="symbolic link"):
+    w.truncate_after(1)
+  assert outside.read_text() == "not the run's\n"
+
+
+def test_the_first_new_row_removes_what_described_the_old_rows(tmp_path):
+  stale = tmp_path / "summary.json"
+  stale.write_text("{}")
+  w = MetricsWriter(tmp_path / "metrics.jsonl", invalidates=(stale,))
+  w.truncate_after(0)
+  assert stale.exists()  # a resume that writes nothing keeps it
+  w.write({"round": 1})
+  assert not stale.exists()
+  stale.write_text("{}")  # the run's own new summary, at its end
+  w.write({"round": 2})
+  assert stale.exists()

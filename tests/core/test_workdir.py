@@ -19,12 +19,29 @@ def test_summary_is_written_once(tmp_path):
 
 
 def test_second_writer_fails_at_once_and_lock_dies_with_its_holder(tmp_path):
+  import threading  # pylint: disable=g-import-not-at-top
   path = tmp_path / "w"
-  with workdir_lib.WorkdirLock(path):
-    with pytest.raises(workdir_lib.WorkdirBusyError,
-                       match=f"in use by pid {os.getpid()}"):
+  errors = []
+
+  def second_writer():
+    try:
       with workdir_lib.WorkdirLock(path):
         pass
+    except workdir_lib.WorkdirBusyError as e:
+      errors.append(str(e))
+
+  with workdir_lib.WorkdirLock(path):
+    # The holding thread may take it again (the entry point, then fit) ...
+    with workdir_lib.WorkdirLock(path):
+      pass
+    # ... another thread may not (another process: the flock, tested
+    # through the entry point).
+    thread = threading.Thread(target=second_writer)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1 and "in use by another thread" in errors[0]
+    assert workdir_lib.lock_holder(path) == (
+        f"pid {os.getpid()} on host {__import__('socket').gethostname()}")
   # Released on exit (the kernel also releases it when a process dies).
   with workdir_lib.WorkdirLock(path):
     pass
@@ -135,17 +152,19 @@ def test_an_npz_replaced_under_the_same_path_is_another_dataset(tmp_path):
     recorded = json.load(f)
   key = "data.dataset" + workdir_lib.CONTENT_SUFFIX
   assert recorded[key].startswith("sha256:")
-  # Computed once per file version: the cache answers the second time.
-  with open(path / workdir_lib.DIGEST_CACHE) as f:
-    assert json.load(f)[str(data)]["sha256"] == recorded[key][7:]
   _commit(path / "checkpoints", 2)
   assert workdir_lib.record_fingerprint(path, fp) == "same"
   # The same arrays written again (compressed) are the same data.
   np.savez_compressed(data, x_train=x, y_train=y, x_test=x, y_test=y)
   assert workdir_lib.record_fingerprint(path, fp) == "same"
-  # Shuffled labels under the same path: refused, in one line naming it.
+  # Shuffled labels under the same path, with the same size and time:
+  # refused, in one line naming it (the content is hashed at every start).
+  np.savez(data, x_train=x, y_train=y, x_test=x, y_test=y)
+  assert workdir_lib.record_fingerprint(path, fp) == "same"
+  st = os.stat(data)
   np.savez(data, x_train=x, y_train=y[::-1], x_test=x, y_test=y)
-  os.utime(data, ns=(1, 1))  # even with an older time than the cache's
+  assert os.stat(data).st_size == st.st_size
+  os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
   with pytest.raises(workdir_lib.FingerprintMismatchError) as info:
     workdir_lib.record_fingerprint(path, fp)
   message = str(info.value)
@@ -278,3 +297,60 @@ def test_a_resume_under_other_layer_forms_names_them(tmp_path, caplog):
   assert re.search(r"environment \(([^)]*)\)", message).group(1) == (
       'devices 2 -> 1; policy.forward_conv_models ["CNN3"] -> '
       '["CNN2", "CNN3"]')
+
+
+def test_a_symlinked_lock_is_refused(tmp_path):
+  outside = tmp_path / "outside.txt"
+  outside.write_text("keep me")
+  (tmp_path / "w").mkdir()
+  os.symlink(outside, tmp_path / "w" / workdir_lib.LOCK_FILE)
+  with pytest.raises(PermissionError, match=r"\.lock is a symbolic link "
+                     r"\(to .*outside.txt\); it is only a lock"):
+    with workdir_lib.WorkdirLock(tmp_path / "w"):
+      pass
+  assert outside.read_text() == "keep me"
+
+
+def test_a_summary_is_stale_while_running_or_older_than_its_rows(tmp_path):
+  work = workdir_lib.Workdir(tmp_path / "w")
+  work.writer.write({"round": 1})
+  work.write_summary({"rounds": 1})
+  assert workdir_lib.summary_is_stale(tmp_path / "w") is None
+  # Resumed: the first new row removes the finished run's summary.
+  again = workdir_lib.Workdir(tmp_path / "w")
+  again.writer.write({"round": 2})
+  assert not (tmp_path / "w" / "summary.json").exists()
+  # A summary older than the rows (left by an older version) is stale ...
+  (tmp_path / "w" / "summary.json").write_text("{}")
+  later = os.path.getmtime(tmp_path / "w" / "summary.json") + 5
+  os.utime(tmp_path / "w" / "metrics.jsonl", (later, later))
+  assert "older than its metrics.jsonl" in workdir_lib.summary_is_stale(
+      tmp_path / "w")
+  # ... and so is any summary while the lock is held.
+  os.utime(tmp_path / "w" / "metrics.jsonl", (later - 10, later - 10))
+  assert workdir_lib.summary_is_stale(tmp_path / "w") is None
+  with workdir_lib.WorkdirLock(tmp_path / "w"):
+    assert workdir_lib.lock_holder(tmp_path / "w") == (
+        f"pid {os.getpid()} on host {__import__('socket').gethostname()}")
+    assert "still running" in workdir_lib.summary_is_stale(tmp_path / "w")
+  assert workdir_lib.lock_holder(tmp_path / "w") is None
+
+
+def test_a_resume_under_another_model_form_is_named_and_recorded(tmp_path,
+                                                                 caplog):
+  here = workdir_lib.current_environment()
+  path = tmp_path / "w"
+  workdir_lib.record_environment(path, here,
+                                 forms={"model.conv_impl": "patches"})
+  # A library loop of the same run records no forms: the entry point's stay.
+  workdir_lib.record_environment(path, here)
+  _commit(path / "checkpoints", 1)
+  assert workdir_lib.read_environment(path)["started"]["forms"] == {
+      "model.conv_impl": "patches"}
+  with caplog.at_level("WARNING"):
+    message = workdir_lib.record_environment(
+        path, here, forms={"model.conv_impl": "forward"})
+  assert 'forms.model.conv_impl "patches" -> "forward"' in message
+  assert message in caplog.text
+  assert workdir_lib.read_environment(path)["resumed"][0]["forms"] == {
+      "model.conv_impl": "forward"}

@@ -694,3 +694,41 @@ def test_declared_num_classes_of_a_named_dataset_must_match():
   with pytest.raises(ValueError, match=r"^num_classes must be an int >= 1, "
                      r"got 0\.$"):
     sources.load_dataset("digits", num_classes=0)
+
+
+def test_damaged_npz_archives_are_one_line(tmp_path):
+  import io  # pylint: disable=g-import-not-at-top
+  import struct  # pylint: disable=g-import-not-at-top
+  import zipfile  # pylint: disable=g-import-not-at-top
+  x = np.arange(6 * 4 * 4, dtype=np.uint8).reshape(6, 4, 4, 1)
+  y = np.arange(6, dtype=np.int32) % 2
+  good = tmp_path / "good.npz"
+  np.savez_compressed(good, x_train=x, y_train=y, x_test=x, y_test=y)
+  raw = good.read_bytes()
+  cut = tmp_path / "cut.npz"          # the end kept, the middle cut out
+  cut.write_bytes(raw[:len(raw) // 3] + raw[-120:])
+  corrupt = tmp_path / "corrupt.npz"  # zeros inside the first member
+  damaged = bytearray(raw)
+  damaged[100:140] = bytes(40)
+  corrupt.write_bytes(bytes(damaged))
+  # A header claiming 1e5 x 8e4 float64 = 59.6 GiB in 8 + 2 + 119 + 64 bytes.
+  huge = tmp_path / "huge.npz"
+  buf = io.BytesIO()
+  with zipfile.ZipFile(buf, "w") as z:
+    header = ("{'descr': '<f8', 'fortran_order': False, "
+              "'shape': (100000, 80000), }")
+    header += " " * (118 - len(header)) + "\n"
+    z.writestr("x_train.npy", b"\x93NUMPY\x01\x00"
+               + struct.pack("<H", len(header)) + header.encode() + bytes(64))
+  huge.write_bytes(buf.getvalue())
+  for path, why in ((cut, "BadZipFile"), (corrupt, "(BadZipFile|error)"),
+                    (huge, r"x_train.npy declares shape \(100000, 80000\) of "
+                           r"float64, 59.6 GiB, in a member of 193 bytes")):
+    for call in (lambda: sources.load_dataset(f"npz:{path}"),
+                 lambda: sources.npz_digest(str(path))):
+      with pytest.raises(ValueError, match=f"is a damaged npz archive "
+                                           f"\\({why}") as info:
+        call()
+      assert "\n" not in str(info.value)
+      assert "write it again with np.savez" in str(info.value)
+  assert sources.npz_digest(str(good))  # an intact one still reads

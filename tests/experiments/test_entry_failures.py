@@ -38,8 +38,10 @@ def test_a_missing_config_file_is_one_line():
 
 
 @pytest.mark.parametrize("seeds,message", [
-    ("0,a", r"--seeds entries must be ints >= 0 .*got 'a' in 0,a\."),
+    ("0,a", r"--seeds entries must be ints in \[0, 2\*\*32\) .*got 'a' in "
+            r"0,a\."),
     ("1,-1", r"got '-1'"),
+    ("0,4294967296", r"got '4294967296'"),  # would repeat seed 0's keys
     ("0,1,0", r"--seeds repeats 0: each seed runs once"),
     (",", r"--seeds names no seed"),
     ("", r"--seeds names no seed"),

@@ -130,3 +130,83 @@ def test_cli_unloadable_datasets_end_in_one_line(tmp_path):
       cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
   line = _fatal(proc)
   assert "Could not load 'svhn_cropped'" in line and "npz:PATH" in line
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("seed", 2**32, r"config.seed must be an int >= 0 and <= 4294967295, got "
+                    r"4294967296"),
+    ("data.seed", 2**32 + 3, r"config.data.seed must be an int >= 0 and <= "
+                             r"4294967295"),
+    ("client.activity", 1e-9, r"config.client.activity: The cohort's "
+                              r"activity probability 1e-09 over 8 clients"),
+])
+def test_validate_refuses_aliased_seeds_and_hopeless_activities(path, value,
+                                                                message):
+  from fedjax_dd.experiments.configs import fedavg  # pylint: disable=g-import-not-at-top
+  c = fedavg.get_config("smoke")  # 8 clients
+  node = c
+  *groups, key = path.split(".")
+  for g in groups:
+    node = node[g]
+  node[key] = value
+  with pytest.raises(ValueError, match=message):
+    common.validate(c)
+
+
+def _images_npz(tmp_path, name, x, y):
+  path = tmp_path / f"{name}.npz"
+  np.savez(path, x_train=x, y_train=y, x_test=x[:4], y_test=y[:4])
+  return f"npz:{path}"
+
+
+def test_data_the_model_or_partition_cannot_take_is_an_input_error(
+    tmp_path, monkeypatch):
+  from fedjax_dd.experiments.configs import fedavg  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  y = np.arange(40, dtype=np.int32) % 4
+  c = fedavg.get_config("smoke")  # digits_cnn: 8x8x1 input, 8 clients
+  # Channels first: [N, 1, 8, 8] read as 8 channels.
+  c.data.dataset = _images_npz(
+      tmp_path, "nchw", rng.integers(0, 256, (40, 1, 8, 8), np.uint8), y)
+  with pytest.raises(common.InputError, match=r"Cannot map 8 channels to 1: "
+                     r"images must be NHWC .* channels-first \(NCHW"):
+    common.load_and_prepare(c)
+  c.data.dataset = _images_npz(
+      tmp_path, "rgb", rng.integers(0, 256, (40, 8, 8, 3), np.uint8), y)
+  with pytest.raises(common.InputError, match="Cannot map 3 channels to 1.*"
+                                              "grayscale"):
+    common.load_and_prepare(c)
+  # One class for a split of 2 classes per client; more clients than
+  # examples; a client left without data.
+  labels = np.zeros(40, np.int32)
+  with pytest.raises(common.InputError, match=r"data.partition 'pathological' "
+                     r"over data.num_clients=8 of .* \(40 training examples, "
+                     r"1 classes\): num_classes_per_client"):
+    common.partition(c, labels)
+  c.data.num_clients = 50
+  with pytest.raises(common.InputError, match="num_clients=50 exceeds the 40 "
+                                              "samples"):
+    common.partition(c, y)
+  c.data.num_clients = 2
+  monkeypatch.setitem(common.PARTITIONERS, "pathological",
+                      lambda labels, n, rng, **kw: [np.arange(40),
+                                                    np.arange(0)])
+  with pytest.raises(common.InputError, match=r"leaves 1 client without data "
+                                              r"\(e.g. client 1\)"):
+    common.partition(c, y)
+
+
+def test_cli_damaged_npz_and_channels_first_end_in_one_line(tmp_path):
+  rng = np.random.default_rng(0)
+  y = np.arange(40, dtype=np.int32) % 4
+  nchw = _images_npz(tmp_path, "nchw",
+                     rng.integers(0, 256, (40, 1, 8, 8), np.uint8), y)
+  line = _fatal(_main(tmp_path, "fedavg.py:smoke",
+                      f"--config.data.dataset={nchw}"))
+  assert "channels-first (NCHW" in line
+  cut = tmp_path / "cut.npz"
+  raw = (tmp_path / "nchw.npz").read_bytes()
+  cut.write_bytes(raw[:len(raw) // 2] + raw[-100:])
+  line = _fatal(_main(tmp_path, "fedavg.py:smoke",
+                      f"--config.data.dataset=npz:{cut}"))
+  assert "is a damaged npz archive (BadZipFile" in line

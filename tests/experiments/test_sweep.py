@@ -207,3 +207,18 @@ def test_cli_sweep_over_two_seeds_of_fedavg_smoke(tmp_path):
   proc = subprocess.run(cmd + ["--config.seed=3"], cwd=REPO_ROOT,
                         capture_output=True, text=True, timeout=900)
   assert proc.returncode != 0 and "--seeds sets config.seed" in proc.stderr
+
+
+def test_unfinished_seeds_are_named_not_averaged_silently(tmp_path, capsys):
+  a = str(tmp_path / "a")
+  sweep.run_seeds(_toy_config(), a, [0, 1], argv=["p"],
+                  runner=_fake_runner([]))
+  # Seed 1 resumed for more rounds and killed: its summary was removed.
+  os.remove(os.path.join(sweep_lib.seed_dir(a, 1), "summary.json"))
+  report = sweep.compare([a], str(tmp_path / "out"))
+  assert [t["num_seeds"] for t in report["tables"]] == [1]
+  assert (f"{sweep_lib.seed_dir(a, 1)} has no summary.json (not finished): "
+          "left out of the report.") in capsys.readouterr().err
+  os.remove(os.path.join(sweep_lib.seed_dir(a, 0), "summary.json"))
+  with pytest.raises(ValueError, match="none of its runs has finished"):
+    sweep.compare([a], str(tmp_path / "out"))

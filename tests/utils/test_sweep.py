@@ -108,10 +108,11 @@ def test_learning_curve_over_distillation_epochs_has_no_traffic():
 
 def _write_run(d, summary, rows, command=None):
   os.makedirs(d, exist_ok=True)
-  with open(os.path.join(d, "summary.json"), "w") as f:
-    json.dump(summary, f)
+  # In a run's order: the rows, then the summary at its end.
   with open(os.path.join(d, "metrics.jsonl"), "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
+  with open(os.path.join(d, "summary.json"), "w") as f:
+    json.dump(summary, f)
   if command:
     with open(os.path.join(d, "command.txt"), "w") as f:
       f.write(command + "\n")
@@ -325,3 +326,46 @@ def test_source_commit_reads_the_checkout_or_says_none(tmp_path):
   if here is not None:  # a git checkout (not an unpacked sdist)
     assert len(here["commit"]) == 40 and isinstance(here["modified"], bool)
   assert versions.source_commit(str(tmp_path)) is None
+def test_runs_of_other_settings_are_not_averaged(tmp_path):
+  def config(seed, lr, rounds, progress=True):
+    return {"seed": seed, "data": {"seed": seed}, "rounds": rounds,
+            "client": {"lr": lr}, "run": {"progress": progress}}
+
+  a = dict(_summary(0.38, 0.38, 1000, 1.0, 0), config=config(0, 0.05, 2))
+  b = dict(_summary(0.40, 0.40, 1000, 1.0, 1), config=config(1, 0.1, 4))
+  _write_run(tmp_path / "sw" / "seed_0", a, RUN_A)
+  _write_run(tmp_path / "sw" / "seed_1", b, RUN_B)
+  dirs = [str(tmp_path / "sw" / f"seed_{s}") for s in (0, 1)]
+  with pytest.raises(ValueError, match=r"Group 'fedavg': its runs differ in "
+                     r"client.lr besides the seed \(0.05 in .*seed_0, 0.1 in "
+                     r".*seed_1\)"):
+    sweep.write_report({"fedavg": dirs}, tmp_path / "out")
+  # Settings the caller ignores (here run.*) may differ; the round count
+  # may not.
+  b["config"] = config(1, 0.05, 4, progress=False)
+  _write_run(tmp_path / "sw" / "seed_1", b, RUN_B)
+  with pytest.raises(ValueError, match="differ in rounds"):
+    sweep.write_report({"fedavg": dirs}, tmp_path / "out",
+                       ignore=sweep.SEED_KEYS + ("run",))
+  b["config"] = config(1, 0.05, 2, progress=False)
+  _write_run(tmp_path / "sw" / "seed_1", b, RUN_B)
+  report = sweep.write_report({"fedavg": dirs}, tmp_path / "out",
+                              ignore=sweep.SEED_KEYS + ("run",))
+  assert report["tables"][0]["num_seeds"] == 2
+
+
+def test_a_stale_or_running_summary_is_not_reported(tmp_path):
+  from fedjax_dd.core import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  d = tmp_path / "seed_0"
+  _write_run(d, SUMMARIES[0], RUN_A)
+  # A 2-round summary left while the run went on to more rounds.
+  later = os.path.getmtime(d / "summary.json") + 5
+  os.utime(d / "metrics.jsonl", (later, later))
+  with pytest.raises(ValueError, match="summary.json is older than its "
+                                       "metrics.jsonl"):
+    sweep.write_report({"fedavg": [str(d)]}, tmp_path / "out")
+  os.utime(d / "metrics.jsonl", (later - 10, later - 10))
+  with workdir_lib.WorkdirLock(d):
+    with pytest.raises(ValueError, match="is still running"):
+      sweep.write_report({"fedavg": [str(d)]}, tmp_path / "out")
+  assert sweep.write_report({"fedavg": [str(d)]}, tmp_path / "out")
