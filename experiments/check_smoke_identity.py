@@ -16,7 +16,8 @@ instead. Without ``--presets`` every config with a ``smoke`` preset runs
 (``ALL_PRESETS``, about half an hour on two cores).
 
 Fields that differ between two runs of the same code are left out
-(``VARYING``): wall-clock seconds and the environment record. Every other
+(:func:`varies`): wall-clock seconds and the environment record; the run's
+own directory in a path (HFLDD's figure) reads ``<workdir>``. Every other
 value, floats included, must be equal as written (JSON floats are written
 with ``repr`` and read back exactly). Exit status 1 names each preset and
 the first field that differs.
@@ -42,8 +43,18 @@ ALL_PRESETS = (
     "feddf", "feddf_datafree", "coboosting", "ot_fusion", "disue", "fedftg",
     "dynafed")
 
-# Keys whose values differ between two runs of the same code, at any depth.
-VARYING = frozenset({"wall_seconds", "wall_seconds_total", "environment"})
+# Keys whose values differ between two runs of the same code, at any depth:
+# the environment record and every wall-clock count of seconds (a key ending
+# in _seconds or _seconds_total; stage_seconds holds only such counts), but
+# not the config's time budget.
+VARYING = frozenset({"environment", "stage_seconds"})
+_SECONDS = ("_seconds", "_seconds_total")
+_SETTINGS = frozenset({"max_wall_seconds"})
+
+
+def varies(key: str) -> bool:
+  """Whether ``key``'s value differs between two runs of the same code."""
+  return key in VARYING or (key.endswith(_SECONDS) and key not in _SETTINGS)
 
 FILES = ("metrics.jsonl", "summary.json")
 
@@ -109,20 +120,24 @@ def run(names: Iterable[str], out: str, *, pythonpath: str = "",
   return status
 
 
-def strip(value: Any) -> Any:
-  """``value`` without the ``VARYING`` keys, at any depth."""
+def strip(value: Any, workdir: str = "") -> Any:
+  """``value`` without the keys that :func:`varies`, at any depth, and with the
+  run's ``workdir`` in a string (a figure's path) written ``<workdir>``."""
   if isinstance(value, dict):
-    return {k: strip(v) for k, v in value.items() if k not in VARYING}
+    return {k: strip(v, workdir) for k, v in value.items() if not varies(k)}
   if isinstance(value, list):
-    return [strip(v) for v in value]
+    return [strip(v, workdir) for v in value]
+  if workdir and isinstance(value, str):
+    return value.replace(workdir, "<workdir>")
   return value
 
 
 def _records(path: str) -> list[Any]:
+  workdir = os.path.dirname(os.path.abspath(path))
   with open(path, encoding="utf-8") as f:
     if path.endswith(".jsonl"):
-      return [strip(json.loads(line)) for line in f if line.strip()]
-    return [strip(json.load(f))]
+      return [strip(json.loads(line), workdir) for line in f if line.strip()]
+    return [strip(json.load(f), workdir)]
 
 
 def first_difference(a: Any, b: Any, where: str = "") -> str | None:

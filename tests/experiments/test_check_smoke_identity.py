@@ -24,9 +24,13 @@ def _write(root, name, rows, summary):
 
 
 def test_varying_fields_are_left_out_at_any_depth():
-  record = {"a": 1, "wall_seconds": 3.2,
+  record = {"a": 1, "wall_seconds": 3.2, "max_wall_seconds": 60.0,
+            "stage_seconds": {"setup": 1.0}, "distill_seconds": 2.0,
             "inner": [{"environment": {"jax": "x"}, "b": 0.5}]}
-  assert check.strip(record) == {"a": 1, "inner": [{"b": 0.5}]}
+  assert check.strip(record) == {"a": 1, "max_wall_seconds": 60.0,
+                                 "inner": [{"b": 0.5}]}
+  assert check.strip({"figure": "/runs/x/topology.png"}, "/runs/x") == {
+      "figure": "<workdir>/topology.png"}
 
 
 def test_first_difference_names_the_path():
