@@ -305,6 +305,32 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
     _int("hfldd.support_size", h.support_size, 1)
 
 
+def check_one_shot(config: ml_collections.ConfigDict, methods: list[str],
+                   archs: tuple[str, ...]) -> None:
+  """The one-shot runner's refusals: a method it has, one round with
+  independent or heterogeneous clients (``archs``, the client architectures
+  besides ``model.name``), no parameter average across architectures."""
+  if config.method not in methods:
+    raise ValueError(f"Unknown method {config.method!r} for the fedhydra "
+                     f"runner; expected one of {methods}.")
+  if archs and config.method == "os_fedavg":
+    raise ValueError(
+        "One-shot FedAvg averages parameters, which is undefined across the "
+        f"client architectures model.client_models="
+        f"{config.model.client_models!r}; use "
+        "fedhydra, dense or feddf, or homogeneous clients.")
+  if config.client.independent_init and config.rounds > 1:
+    raise ValueError(
+        "config.client.independent_init needs rounds = 1: from round 2 the "
+        f"clients start from the distilled model (got rounds = "
+        f"{config.rounds}); set --config.rounds=1.")
+  if archs and config.rounds > 1:
+    raise ValueError(
+        "Heterogeneous clients (model.client_models) need rounds=1: the "
+        f"distilled {config.model.name!r} cannot seed clients of other "
+        "architectures.")
+
+
 def check_values(config: ml_collections.ConfigDict) -> None:
   """Refuses, before the dataset loads, settings the library would refuse
   later: numeric ranges and names (:func:`_ranges`), public and auxiliary

@@ -82,6 +82,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fedjax_dd.core import hparams as hparams_lib
@@ -217,6 +218,13 @@ class DFKDHyperParams:
         cls, section, other_keys=cls.OTHER_KEYS,
         batch_size=section["synthetic_batch_size"],
         pool_size=section["pool_size"] or section["distill_epochs"])
+
+
+def pool_samples(state: DFKDState) -> tuple[np.ndarray, np.ndarray]:
+  """The last epoch's synthetic batch ``([B, H, W, Ch] in [0, 1], [B])``."""
+  pool_x, pool_y = jax.device_get((state.pool_x, state.pool_y))
+  last = (int(state.epoch) - 1) % pool_x.shape[0]
+  return pool_x[last], pool_y[last]
 
 
 class DataFreeKD(NamedTuple):
