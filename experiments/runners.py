@@ -214,6 +214,36 @@ DATA_BUILDERS: dict[str, Callable[..., FederatedAlgorithm]] = {
 }
 
 
+# Methods a config cannot register again under their names.
+_BUILT_IN = frozenset(BUILDERS) | frozenset(DATA_BUILDERS)
+
+
+def register(method: str, build: Builder) -> Builder:
+  """Registers a FedAvg-family method for the ``federated`` runner.
+
+  A method defined outside this package registers itself in its config file
+  (loaded by the entry point before the run starts), so a new method on the
+  command line is its algorithm module and its config file::
+
+    # experiments/configs/toy.py, beside toy_algo.py
+    runners.register("toy", lambda config, task, max_steps: toy_algo.toy(
+        task, common.make_optimizer(config), max_steps=max_steps, ...))
+
+  Args:
+    method: the config's ``method``; a built-in one cannot be replaced.
+    build: ``(config, task, max_steps) -> FederatedAlgorithm``.
+
+  Returns:
+    ``build``. Registering the same name again (a config loaded twice)
+    replaces the earlier builder.
+  """
+  if method in _BUILT_IN:
+    raise ValueError(f"method {method!r} is built in; register another "
+                     "name.")
+  BUILDERS[method] = build
+  return build
+
+
 def _client_partition(config, prepared):
   if config.method == "centralized":
     return [np.arange(prepared.dataset.x_train.shape[0])]
