@@ -71,9 +71,13 @@ def base_tree(commit: str, out: str) -> str:
   pkg = os.path.join(out, f"_base_{commit}", "pkg")
   if os.path.isdir(os.path.join(pkg, "fedjax_dd")):
     return pkg
-  archive = subprocess.run(
-      ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "archive",
-       "--format=tar", commit], capture_output=True, check=True).stdout
+  git = ["git", "-C", os.path.dirname(os.path.abspath(__file__))]
+  # From the top: in a subdirectory git archive would take only its tree.
+  top = subprocess.run([*git, "rev-parse", "--show-toplevel"],
+                       capture_output=True, text=True, check=True).stdout
+  archive = subprocess.run(["git", "-C", top.strip(), "archive",
+                            "--format=tar", commit],
+                           capture_output=True, check=True).stdout
   src = os.path.join(out, f"_base_{commit}", "src")
   with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
     tar.extractall(src, filter="data")
