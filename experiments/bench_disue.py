@@ -204,8 +204,8 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
   import numpy as np
 
   from fedjax_dd import models
-  from fedjax_dd.algorithms.clustered import class_counts, clustered_programs
-  from fedjax_dd.algorithms.fedavg import round_factor
+  from fedjax_dd.algorithms.clustered import clustered_programs
+  from fedjax_dd.algorithms.stages import class_counts, round_factor
   from fedjax_dd.cluster import affinity
   from fedjax_dd.cluster import similarity as similarity_lib
   from fedjax_dd.core import keys as keys_lib

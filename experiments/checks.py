@@ -16,7 +16,6 @@ ranges are the library's, repeated in :data:`_RANGES`.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from typing import Any
@@ -279,11 +278,12 @@ def _check_sampling(config: ml_collections.ConfigDict) -> None:
 _FIELD = re.compile(r"^(?:\w+\.)?(\w+) (must .*)$", re.S)
 
 
-def _options(group: str, cls, values: dict[str, Any]) -> None:
-  """Builds the library's options ``cls`` from ``values`` (its checks run in
-  ``__post_init__``); a refusal names ``config.<group>.<field>``."""
+def _options(group: str, cls, section: ml_collections.ConfigDict) -> None:
+  """Builds the library's options ``cls`` from the config group ``section``
+  (``cls.from_config``; its checks run in ``__post_init__``); a refusal
+  names ``config.<group>.<field>``."""
   try:
-    cls(**values)
+    cls.from_config(section)
   except (ValueError, TypeError) as e:
     text = str(e)
     m = _FIELD.match(text)
@@ -302,23 +302,43 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
   # pylint: enable=g-import-not-at-top
   i = _lookup(config, "iga")
   if i is not None and i.enabled:
-    values = {f.name: i[f.name] for f in dataclasses.fields(
-        iga_lib.IGAHyperParams) if f.name in i}
-    if "student_discrepancy" in values:
-      values["student_discrepancy"] = values["student_discrepancy"] or None
-    _options("iga", iga_lib.IGAHyperParams, values)
+    _options("iga", iga_lib.IGAHyperParams, i)
   k = _lookup(config, "kip")
   if k is not None:
-    _options("kip", kip_lib.KipOptions, {
-        f.name: k[f.name] for f in dataclasses.fields(kip_lib.KipOptions)
-        if f.name in k})
+    _options("kip", kip_lib.KipOptions, k)
   d = _lookup(config, "dynafed")
   if d is not None:
     from fedjax_dd.algorithms import dynafed  # pylint: disable=g-import-not-at-top
-    _options("dynafed", dynafed.DynaFedHyperParams, dict(d))
+    _options("dynafed", dynafed.DynaFedHyperParams, d)
   h = _lookup(config, "hfldd")
   if h is not None and h.get("member_data") in ("kip", "random"):
     _int("hfldd.support_size", h.support_size, 1)
+
+
+def check_one_shot(config: ml_collections.ConfigDict, methods: list[str],
+                   archs: tuple[str, ...]) -> None:
+  """The one-shot runner's refusals: a method it has, one round with
+  independent or heterogeneous clients (``archs``, the client architectures
+  besides ``model.name``), no parameter average across architectures."""
+  if config.method not in methods:
+    raise ValueError(f"Unknown method {config.method!r} for the fedhydra "
+                     f"runner; expected one of {methods}.")
+  if archs and config.method == "os_fedavg":
+    raise ValueError(
+        "One-shot FedAvg averages parameters, which is undefined across the "
+        f"client architectures model.client_models="
+        f"{config.model.client_models!r}; use "
+        "fedhydra, dense or feddf, or homogeneous clients.")
+  if config.client.independent_init and config.rounds > 1:
+    raise ValueError(
+        "config.client.independent_init needs rounds = 1: from round 2 the "
+        f"clients start from the distilled model (got rounds = "
+        f"{config.rounds}); set --config.rounds=1.")
+  if archs and config.rounds > 1:
+    raise ValueError(
+        "Heterogeneous clients (model.client_models) need rounds=1: the "
+        f"distilled {config.model.name!r} cannot seed clients of other "
+        "architectures.")
 
 
 def check_values(config: ml_collections.ConfigDict) -> None:

@@ -6,7 +6,6 @@ into the explicit arguments the library takes.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import os
@@ -497,9 +496,7 @@ def kip_kernel(config: ml_collections.ConfigDict, *,
 def kip_options(config: ml_collections.ConfigDict) -> kip_lib.KipOptions:
   """:class:`fedjax_dd.distill.kip.KipOptions` from the ``kip`` group (one key
   per field)."""
-  return kip_lib.KipOptions(**{
-      f.name: config.kip[f.name]
-      for f in dataclasses.fields(kip_lib.KipOptions)})
+  return kip_lib.KipOptions.from_config(config.kip)
 
 
 

@@ -15,13 +15,13 @@ distillation). Either is used only if its fingerprint
 (:func:`distill_fingerprint`) matches; else it is refused, naming the
 differing fields.
 
-The one-shot method is :func:`fedjax_dd.algorithms.fedd3.one_shot` on
+The one-shot method is :func:`fedjax_dd.algorithms.fedd3.fedd3` on
 :func:`fedjax_dd.core.server.run_server_rounds` (one round of ``rounds``
 server epochs); the hybrid is FedAvg on the rounds loop. The ledger records
 each client's upload as its own message, so ``summary.json["gce"]`` is
 FedD3's Table 2 GCE and ``gce_cohort`` the cohort-total variant; the summary
 adds the upload's ``privacy``, KIP's ``kip_loss`` and ``kip_iterations``
-(:func:`fedjax_dd.algorithms.fedd3_stages.summary_fields`).
+(:func:`fedjax_dd.algorithms.fedd3_stages.upload_fields`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from fedjax_dd.distill import privacy as privacy_lib
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import stage_builders
+from fedjax_dd.utils.image_grid import save_image_grid
 
 STAGE = fedd3_stages.STAGE
 
@@ -97,10 +98,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   distilled, distill_seconds, cached = _distill_or_load(config, workdir,
                                                         prepared, data)
   ds = prepared.dataset
-  extra = fedd3_stages.summary_fields(
-      distilled, data, directory=workdir, distiller=config.fedd3.distiller,
+  save_image_grid(common.workdir_path(workdir, "distilled_grid.png"),
+                  distilled.x, distilled.y, distilled.owner,
+                  title=f"{config.fedd3.distiller} distilled data")
+  extra = fedd3_stages.upload_fields(
+      distilled, data, distiller=config.fedd3.distiller,
       distill_seconds=distill_seconds, cached=cached,
       distilled_from=config.fedd3.distilled_from,
+      distilled_grid="distilled_grid.png",
       quantisation=fedd3_stages.quantisation_cost(
           distilled, kernel_fn=common.kip_kernel(config, batched=True),
           mean=prepared.mean, std=prepared.std, x_test=ds.x_test[:2000],
@@ -113,7 +118,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   # one-shot and the hybrid variant of a seed share one upload and
   # fedd3.distilled_from can reuse another run's).
   task = prepared.task
-  algorithm = fedd3.one_shot(
+  algorithm = fedd3.fedd3(
       lambda key, data: distilled, task, common.make_optimizer(config),
       num_classes=task.num_classes,
       images_per_class=config.fedd3.images_per_class,

@@ -27,7 +27,8 @@ resumes inside it; ``run.max_wall_seconds`` stops it between spans, with
 ``client_steps_done`` of ``client_steps_total`` in the summary).
 
 Outputs: ``metrics.jsonl`` (one row per evaluated epoch), ``summary.json``,
-``u_r.png``, ``samples.png``, ``accuracy.png``.
+``u_r.png``, ``samples.png``, ``accuracy.png``
+(:func:`fedjax_dd.utils.figures.plot_one_shot`).
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ from fedjax_dd.core import keys
 from fedjax_dd.core.evaluate import make_client_evaluator, make_evaluator
 from fedjax_dd.data import partition as partition_lib
 from fedjax_dd.distill import ensemble
+from fedjax_dd.experiments import checks
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import stage_builders
+from fedjax_dd.utils import figures
 
 # Test images on which FedHydra's summary measures SA's target naming.
 PROBE = 2000
@@ -66,26 +69,8 @@ def _protocol(config) -> str:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs ``config.method`` in {fedhydra, dense, feddf, os_fedavg}."""
-  if config.method not in BUILDERS:
-    raise ValueError(f"Unknown method {config.method!r} for the fedhydra "
-                     f"runner; expected one of {sorted(BUILDERS)}.")
   archs = common.client_models(config)
-  if archs and config.method == "os_fedavg":
-    raise ValueError(
-        "One-shot FedAvg averages parameters, which is undefined across the "
-        f"client architectures model.client_models="
-        f"{config.model.client_models!r}; use "
-        "fedhydra, dense or feddf, or homogeneous clients.")
-  if config.client.independent_init and config.rounds > 1:
-    raise ValueError(
-        "config.client.independent_init needs rounds = 1: from round 2 the "
-        f"clients start from the distilled model (got rounds = "
-        f"{config.rounds}); set --config.rounds=1.")
-  if archs and config.rounds > 1:
-    raise ValueError(
-        "Heterogeneous clients (model.client_models) need rounds=1: the "
-        f"distilled {config.model.name!r} cannot seed clients of other "
-        "architectures.")
+  checks.check_one_shot(config, sorted(BUILDERS), archs)
   start = time.time()
   prepared = common.load_and_prepare(config)
   task, ds = prepared.task, prepared.dataset
@@ -138,29 +123,26 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     # The budget stopped the clients' spans: no model yet; the same command
     # resumes them.
     done, total = result.client_steps
-    summary = runners.summarize(
-        config, rows=rows, ledger=result.ledger, params=result.params,
-        rounds=result.rounds, wall=wall, num_clients=data.num_clients,
-        final_test_accuracy=None, stopped_by_time_budget=True,
-        round_key="step", curve_name="accuracy_by_epoch",
-        extra={"client_steps_done": done, "client_steps_total": total})
-    work.write_summary(summary)
-    return summary
-
-  class_counts = partition_lib.class_counts(ds.y_train, parts,
-                                            task.num_classes)  # [m, c]
+    final, stopped = None, True
+    extra = {"client_steps_done": done, "client_steps_total": total}
+  else:
+    class_counts = partition_lib.class_counts(ds.y_train, parts,
+                                              task.num_classes)  # [m, c]
+    report = (algorithm.report(result.state, result.setup)
+              if algorithm.report is not None else {})
+    final = result.per_round[-1]["test_accuracy"]
+    stopped = result.out_of_time
+    extra = {**one_shot.run_fields(
+        result, names=names, groups=groups, num_examples=data.num_examples,
+        class_counts=class_counts, report=report, probe=(
+            np.asarray(ds.x_test[:PROBE], np.float32) / 255.0,
+            ds.y_test[:PROBE])), "figures": figures.plot_one_shot(
+                report, rows, class_counts=class_counts,
+                num_classes=task.num_classes, directory=work.directory)}
   summary = runners.summarize(
       config, rows=rows, ledger=result.ledger, params=result.params,
       rounds=result.rounds, wall=wall, num_clients=data.num_clients,
-      final_test_accuracy=result.per_round[-1]["test_accuracy"],
-      stopped_by_time_budget=result.out_of_time, round_key="step",
-      curve_name="accuracy_by_epoch", extra=one_shot.summary_fields(
-          result, names=names, groups=groups, num_examples=data.num_examples,
-          class_counts=class_counts, rows=rows, num_classes=task.num_classes,
-          report=(algorithm.report(result.state, result.setup)
-                  if algorithm.report is not None else {}),
-          directory=work.directory, probe=(
-              np.asarray(ds.x_test[:PROBE], np.float32) / 255.0,
-              ds.y_test[:PROBE])))
+      final_test_accuracy=final, stopped_by_time_budget=stopped,
+      round_key="step", curve_name="accuracy_by_epoch", extra=extra)
   work.write_summary(summary)
   return summary

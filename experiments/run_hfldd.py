@@ -44,6 +44,7 @@ from fedjax_dd.distill import privacy as privacy_lib
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs.hfldd import MEMBER_DATA
+from fedjax_dd.utils import figures
 
 
 def _sender(config, prepared, root) -> hfldd_stages.Sender:
@@ -122,9 +123,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   ledger0 = hfldd_stages.setup_ledger(
       stages, aux_size=config.data.aux_size, num_classes=num_classes,
       bits_per_sent_label=sent_label_bits(config))
-  figure = hfldd_stages.topology_figure(
-      stages, workdir,
-      title=f"{config.method}: {stages.topology.num_heads} heads")
+  t = stages.topology
+  figure = figures.plot_topology(
+      t.homogeneous, t.heterogeneous, t.heads,
+      common.workdir_path(workdir, "topology.png"),
+      title=f"{config.method}: {t.num_heads} heads")
   t0 = time.time()
   head_steps = common.local_steps(config, stages.hybrid.num_examples)
   algorithm = hfldd.head_training(prepared.task, common.make_optimizer(config),
@@ -134,7 +137,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   def finalize(summary: dict[str, Any]) -> dict[str, Any]:
     config_dict = summary.pop("config")
-    summary.update(hfldd_stages.summary_fields(
+    summary.update(hfldd_stages.stage_fields(
         stages, aux_size=config.data.aux_size, num_classes=num_classes,
         member_data=config.hfldd.member_data,
         num_params=summary["param_count"], rounds=summary["rounds"],

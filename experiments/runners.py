@@ -64,19 +64,7 @@ def _iga(config, task: Classifier, *, feddf: bool = False):
   i = config.iga
   if not i.enabled:
     return None
-  hparams = IGAHyperParams(
-      iterations=i.iterations, generator_steps=i.generator_steps,
-      student_steps=i.student_steps, batch_size=i.batch_size,
-      generator_lr=i.generator_lr, student_lr=i.student_lr,
-      lr_decay=i.lr_decay, student_weight_decay=i.student_weight_decay,
-      beta_cf=i.beta_cf, beta_div=i.beta_div, discrepancy=i.discrepancy,
-      student_discrepancy=i.student_discrepancy or None,
-      diversity=i.diversity, temperature=i.temperature, use_gls=i.use_gls,
-      use_gwf=i.use_gwf, fresh_samples=i.fresh_samples,
-      student_class_mean=i.student_class_mean,
-      generator_per_teacher=i.generator_per_teacher,
-      cf_weighting=i.cf_weighting,
-      cd_through_teachers=i.cd_through_teachers)
+  hparams = IGAHyperParams.from_config(i)
   if feddf:
     hparams = feddf_hparams(hparams)
   generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,
@@ -177,7 +165,7 @@ def _dynafed(config, task, max_steps):
   if "lr_decay" in kwargs:
     raise ValueError("DynaFed's clients train at a constant rate: "
                      "config.client.lr_decay must stay 1.0.")
-  hparams = DynaFedHyperParams(**config.dynafed.to_dict())
+  hparams = DynaFedHyperParams.from_config(config.dynafed)
   return dynafed(task, common.make_optimizer(config), hparams=hparams,
                  **kwargs)
 
@@ -225,6 +213,36 @@ BUILDERS: dict[str, Builder] = {
 DATA_BUILDERS: dict[str, Callable[..., FederatedAlgorithm]] = {
     "pacfl": _pacfl,
 }
+
+
+# Methods a config cannot register again under their names.
+_BUILT_IN = frozenset(BUILDERS) | frozenset(DATA_BUILDERS)
+
+
+def register(method: str, build: Builder) -> Builder:
+  """Registers a FedAvg-family method for the ``federated`` runner.
+
+  A method defined outside this package registers itself in its config file
+  (loaded by the entry point before the run starts), so a new method on the
+  command line is its algorithm module and its config file::
+
+    # experiments/configs/toy.py, beside toy_algo.py
+    runners.register("toy", lambda config, task, max_steps: toy_algo.toy(
+        task, common.make_optimizer(config), max_steps=max_steps, ...))
+
+  Args:
+    method: the config's ``method``; a built-in one cannot be replaced.
+    build: ``(config, task, max_steps) -> FederatedAlgorithm``.
+
+  Returns:
+    ``build``. Registering the same name again (a config loaded twice)
+    replaces the earlier builder.
+  """
+  if method in _BUILT_IN:
+    raise ValueError(f"method {method!r} is built in; register another "
+                     "name.")
+  BUILDERS[method] = build
+  return build
 
 
 def _client_partition(config, prepared):

@@ -59,18 +59,6 @@ def distiller(config: ml_collections.ConfigDict, prepared: common.Prepared,
   return builders[f.distiller]()
 
 
-def _hparams(config) -> dfkd.DFKDHyperParams:
-  """:class:`fedjax_dd.distill.dfkd.DFKDHyperParams` from the ``dfkd`` group."""
-  d = config.dfkd
-  return dfkd.DFKDHyperParams(
-      batch_size=d.synthetic_batch_size,
-      pool_size=d.pool_size or d.distill_epochs,
-      **{k: d[k] for k in (
-          "generator_steps", "student_steps", "lambda_bn", "lambda_adv",
-          "beta", "temperature", "adv_temperature", "reset_generator",
-          "learn_noise", "keep_best", "adv_mask", "augment_shift", "augment_flip")})
-
-
 def _synthesis(config, task) -> dict[str, Any]:
   """The generator and optimisers shared by FedHydra and DENSE."""
   d = config.dfkd
@@ -95,7 +83,8 @@ AGGREGATIONS: dict[str, ensemble.CombineFn] = {
 def _fedhydra(config, stage, groups, task, input_fn):
   syn = _synthesis(config, task)
   return fedhydra(stage, groups, syn.pop("generator"), task, input_fn,
-                  _hparams(config), stratify_steps=config.dfkd.stratify_steps,
+                  dfkd.DFKDHyperParams.from_config(config.dfkd),
+                  stratify_steps=config.dfkd.stratify_steps,
                   stratify_batch_size=config.dfkd.stratify_batch_size,
                   combine=AGGREGATIONS[config.dfkd.aggregation],
                   sa_average_scale=config.dfkd.sa_average_scale, **syn)
@@ -104,7 +93,7 @@ def _fedhydra(config, stage, groups, task, input_fn):
 def _dense(config, stage, groups, task, input_fn):
   syn = _synthesis(config, task)
   return dense(stage, groups, syn.pop("generator"), task, input_fn,
-               _hparams(config), **syn)
+               dfkd.DFKDHyperParams.from_config(config.dfkd), **syn)
 
 
 def _feddf(config, stage, groups, task, input_fn):
@@ -140,15 +129,7 @@ def _coboosting(config, stage, groups, task, input_fn):
       optax.clip_by_global_norm(cb.student_clip),
       optax.add_decayed_weights(cb.student_weight_decay),
       optax.sgd(d.student_lr, momentum=d.student_momentum or None))
-  hparams = coboosting_lib.CoBoostingHyperParams(
-      batch_size=d.synthetic_batch_size, generator_steps=d.generator_steps,
-      student_steps=d.student_steps,
-      pool_size=d.pool_size or d.distill_epochs,
-      num_epochs=d.distill_epochs if cb.cosine else 0,
-      **{k: cb[k] for k in (
-          "hardness", "lambda_hard", "lambda_adv", "lambda_bn",
-          "adv_temperature", "temperature", "perturb_temperature", "epsilon",
-          "weight_lr", "weight_decay", "weight_passes", "generator_clip")})
+  hparams = coboosting_lib.CoBoostingHyperParams.from_config(cb, d)
   return coboosting_lib.coboosting(stage, groups, syn.pop("generator"), task,
                                    input_fn, hparams, **syn)
 

@@ -40,7 +40,8 @@ float rounding), so the table changes only speed. Explicit arguments
 ``chunk_size``) override it.
 
 The CPU rows are measured on a 2-core CPU with the engine's LeNet-5 and
-ConvNet-3 rounds (``experiments/perf_notes.md``). The GPU and TPU rows hold
+ConvNet-3 rounds; each choice's figures are in ``experiments/perf_notes.md``
+("The policy table's measurements"), the comments here give its reason. The GPU and TPU rows hold
 XLA's plain forms (``lax`` convolutions and kernel gradients, no phase
 split, no fused block, no folding, no compiler options, one vmap per
 device), whose convolutions are the platforms' tuned kernels; the CPU forms
@@ -64,7 +65,7 @@ from typing import Any, Mapping
 
 import jax
 
-from fedjax_dd.utils import versions
+from fedjax_dd import versions
 
 NOT_MEASURED = "not measured"
 
@@ -137,45 +138,26 @@ class Policy:
             and (self.jax_below is None or version < self.jax_below))
 
 
-# XLA:CPU's classic runtime for the engine's hot programs. On jax 0.5.x the
-# thunk runtime ran per-client training several times slower (LeNet-5,
-# batch 64, vmap over 100 clients: 29.5 -> ~4 ms per client-step). Set per
-# program, not process-wide: the classic runtime's oneDNN rewrites fail to
-# compile some other programs (the data-free KD epoch, ResNet-18's training
-# gradient). jax 0.10 removed the option; a rejected option is dropped.
+# The classic runtime: per-client training several times faster on jax 0.5.x;
+# per program, since its oneDNN rewrites fail to compile some other programs.
 CLASSIC_RUNTIME_OPTION = "xla_cpu_use_thunk_runtime"
 _CLASSIC_RUNTIME = ((CLASSIC_RUNTIME_OPTION, False),)
-# Each device's program single-threaded when the clients are split over
-# several host devices. For correctness on jax 0.5.3: without it the
-# devices' concurrent programs, each using XLA's intra-op threads,
-# deadlocked (the FedHydra smoke test hung). Speed neutral (LeNet-5, C=100:
-# 4.76 ms with it, 4.62 without; jax 0.12.0.1: 4.40 and 4.38); kept on
-# newer jax, where it costs nothing.
+# Single-threaded programs per host device: without it they deadlocked on
+# jax 0.5.3; speed neutral.
 _SINGLE_THREAD = (("xla_cpu_multi_thread_eigen", False),)
 
 _CPU = dict(
     platform="cpu",
     kernel_grad="matmul",
-    # One or three input channels run far below XLA:CPU's convolution peak;
-    # the phase-split form (4x the channels) ran LeNet-5's round 1.15-1.3x
-    # faster on jax 0.5.3 and 2x on 0.12.
+    # Few input channels run far below XLA:CPU's convolution peak.
     phase_split=True,
-    # Measured faster on jax 0.5.3 (1.25x) and 0.12 (1.27x).
-    fuse_first_block=True,
-    # Several host devices: each core runs its own stream of small programs,
-    # which beat one vmap over the cohort and XLA's intra-op threading.
+    fuse_first_block=True,  # measured faster on jax 0.5.3 and 0.12
+    # A stream of small programs per core beats one vmap over the cohort.
     backend="chunked",
     backend_devices="sharded",
-    # KIP's few small kernel matmuls and Cholesky solve: one vmap with XLA's
-    # intra-op threads beat per-core chunks of 2 (Img/Cls 10, C = 100: 2.24
-    # against 3.23 ms per client-iteration; experiments/bench_kip.py).
-    kip_backend="vmap",
-    # Classic runtime: chunks of 1-3 clients ran at 5.3-6.0 ms per
-    # client-step on one device against 9.2 for a full vmap (LeNet-5,
-    # C = 100). Thunk runtime: a vmapped client step is slower than an
-    # unbatched one (LeNet-5, one thread, jax 0.12: 4.9 ms per client-step
-    # unbatched, 7.9 as a vmap of one, 6.4 per client as a vmap of two;
-    # bench_engine --forms), so chunks of one, run with no vmap.
+    kip_backend="vmap",  # KIP's small matmuls gain from intra-op threads
+    # Small chunks beat a full vmap (classic runtime); on the thunk runtime
+    # a vmapped client step is slower than an unbatched one.
     chunk_size=2,
     thunk_chunk_size=1,
     compiler_options=_CLASSIC_RUNTIME,
@@ -202,46 +184,30 @@ _PLAIN = dict(
     measured=NOT_MEASURED,
 )
 
-# XLA:GPU indexes some kernels' arrays with 32-bit integers. On an H100
-# (jax 0.11.2) a vmap of ConvNet-3's round over 1,000 clients, whose first
-# activation holds 1000 x 64 x 32 x 32 x 128 = 8.4e9 elements, died with
-# CUDA_ERROR_ILLEGAL_ADDRESS; chunks of 128 clients ran at 1.54 ms per
-# client-step, level with one vmap of 100 clients (1.51 ms); the cap gives
-# chunks of 128 there (2^31 / 8.4e6 = 256 clients, the power of two below).
-# LeNet-5's largest per-client array (its 640 images, 5.0e5 elements) is 17
-# times smaller: its vmap of 1,000 clients ran (0.079 ms per client-step,
-# against 0.125 at 100 clients) and stays one vmap.
+# XLA:GPU indexes some kernels' arrays with 32-bit integers: a larger vmap
+# crashed on an H100.
 _INT32_ELEMENTS = 2**31 - 1
 _GPU_MEASURED = ("H100, jax 0.11.2: the plain forms (engine round, KIP, "
                  "IGA; the CPU forms not compared)")
 
-# The conv-kernel memory model was fitted on jax 0.5.3's XLA; newer XLA
-# (jax >= 0.6) keeps more residuals in the backward pass: the native
-# kernel's gradient peaked at 2.1-2.3x the jax-0.5.3 figure (jax 0.12.0.1,
-# CPU), scaled with margin. Accelerator rows keep the CPU figures: an
-# over-estimate only blocks the kernel into smaller pieces.
+# The conv-kernel memory model was fitted on jax 0.5.3; newer XLA keeps more
+# residuals in the backward pass.
 _OLD_XLA_MEMORY = 1.0
 _NEW_XLA_MEMORY = 2.6
 
 TABLE: tuple[Policy, ...] = (
-    # jax 0.5.x: the classic runtime. lax convolutions (patches ran 4.2x
-    # slower on LeNet-5, 1.24x on ConvNet-3); instance norm folded (ConvNet-3
-    # 1.1-1.2x faster per client-step).
+    # jax 0.5.x: the classic runtime; lax convolutions and folded instance
+    # norm measured faster.
     Policy(**_CPU, jax_min=(0,), jax_below=(0, 6), conv="lax",
            fold_norm=True, ntk_grad_memory_factor=_OLD_XLA_MEMORY,
            measured="2-core CPU, jax 0.5.3"),
-    # jax 0.6 to 0.9: the thunk runtime; convolutions not measured, so lax
-    # (the former behaviour). Folding made jax 0.12's round 1.19x slower.
+    # jax 0.6 to 0.9: the thunk runtime; convolutions not measured, so lax.
     Policy(**_CPU, jax_min=(0, 6), jax_below=(0, 10), conv="lax",
            fold_norm=False, ntk_grad_memory_factor=_NEW_XLA_MEMORY,
            measured="2-core CPU, jax 0.10.2 and 0.12 (conv form: not "
                     "measured between 0.6 and 0.10)"),
-    # jax 0.10 on: patches (LeNet-5 0.86x the time of lax on jax 0.10.2,
-    # 1/5.4 on 0.12; ConvNet-3 0.023x, where lax.conv is 31x slower than on
-    # 0.5.3).
-    # jax 0.10 removed the classic runtime's option (XLA refuses it), so the
-    # row does not ask for it: no probe, no warning, the thunk runtime's
-    # chunks of one.
+    # jax 0.10 on: patches measured faster; XLA refuses the classic
+    # runtime's option, so the row does not ask for it.
     Policy(**{**_CPU, "compiler_options": ()}, jax_min=(0, 10),
            jax_below=None, conv="patches",
            fold_norm=False, ntk_grad_memory_factor=_NEW_XLA_MEMORY,
@@ -261,13 +227,8 @@ TABLE: tuple[Policy, ...] = (
 
 # Per model (class name): the kernel gradients of its ``lax`` convolutions
 # where a row's ``kernel_grad`` is "matmul", as (first convolution, the
-# others): "gemm" (one matmul of the input's patches; few input channels)
-# and "taps" (one matmul per kernel tap; many channels), see
-# fedjax_dd.models.layers.lax_conv_custom_weight_grad. Measured on jax 0.5.3
-# with the engine's round: ConvNet-3 and the HFLDD CIFAR CNN 1.3-1.4x
-# faster, CNN3 75.2-76.9 ms per client-step against 81.9-83.5. Models not
-# listed keep lax's: CNN2's 5x5 taps over 32 channels ran slower (55.6-57.8
-# against 49.2-51.7); the others were not measured.
+# others), "gemm" or "taps" (models.layers.lax_conv_custom_weight_grad):
+# measured faster for these models; the others keep lax's.
 MATMUL_KERNEL_GRADS: Mapping[str, tuple[str, str]] = {
     "ConvNet": ("gemm", "taps"),
     "HFLDDCifarCNN": ("gemm", "taps"),
@@ -275,41 +236,17 @@ MATMUL_KERNEL_GRADS: Mapping[str, tuple[str, str]] = {
 }
 
 # Models (class names) whose convolutions are ``lax`` on every row, also
-# where a row's ``conv`` is "patches". The patches form was measured on the
-# clients' classifiers, whose convolutions run vmapped over a cohort with
-# 1-64 channels; the data-free generators run unbatched over the clients,
-# with 64-128 channels at 14x14 to 32x32, where XLA:CPU's own convolution
-# is the faster one. Jax 0.12, one core shared with other runs, forms
-# alternated: the engine's DisUE round (bench_disue) spent 24.7-24.9 s in
-# IGA against 51.2-67.8 s with patches (2.1-2.7x); FedFTG's IGA round
-# (CGeneratorA, ngf 64, batch 50, 15 LeNet-5 teachers, 2 iterations)
-# 47.0-50.6 s against 63.6-66.7 s (1.3x); DENSE's / FedHydra's Generator
-# (ngf 32, batch 64), forward and backward 541 ms against 1,185 (28x28x1)
-# and 775-780 against 1,573-1,580 (32x32x3); experiments/perf_notes.md.
+# where a row's ``conv`` is "patches": the generators' wide unbatched
+# convolutions run faster on XLA:CPU's own.
 LAX_CONV_MODELS: frozenset[str] = frozenset({"Generator", "CGeneratorA"})
 
-# Models (class names) whose convolutions are ``"forward"`` (lax's value, both
-# gradients as forward convolutions: fedjax_dd.models.layers.
-# forward_conv_general_dilated) where a row's ``conv`` is "patches". On
-# XLA:CPU of jax >= 0.10 autodiff's transposed convolutions run on a slow
-# path inside the local-step loop, which "patches" avoids at the cost of
-# writing the receptive fields; with 5x5 or 3x3 kernels over 32-64 channels
-# the forward convolutions are the cheaper escape. The engine's round, one
-# core, jax 0.12.0.1, 4 clients run one at a time, 10 steps, ms per
-# client-step, patches against forward: CNN2 (batch 128, FedHydra's MNIST
-# clients) 311.6 and 316.3 against 158.5 and 163.5 (1.95x); CNN3 (batch 64)
-# 129.0 and 130.2 against 90.1 and 88.7 (1.45x). Not listed, measured
-# slower with "forward": LeNet-5 (3.9-4.0 against 5.0-5.1, batch 64),
-# ConvNet-3 (282-320 against 439-440, batch 64), the digits CNN (0.71
-# against 1.12, batch 16), the HFLDD CIFAR CNN (2,381 against 6,321, batch
-# 64), AlexNet (578 against 816, batch 32) and ResNet-18 (2,384 against
-# 15,061, batch 32); AlexCifarNet gained 1.03-1.13x at its presets' batch
-# 50, short of the 1.3x bar (experiments/perf_notes.md, "Gradients as
-# forward convolutions").
+# Models (class names) whose convolutions are ``"forward"`` (lax's value,
+# both gradients as forward convolutions) where a row's ``conv`` is
+# "patches": measured faster for these; slower for the other classifiers.
 FORWARD_CONV_MODELS: frozenset[str] = frozenset({"CNN2", "CNN3"})
 
 # Models whose training gradient XLA:CPU's classic runtime fails to compile
-# (jax 0.5.3, ResNet-18): their programs keep XLA's default runtime.
+# (jax 0.5.3): their programs keep XLA's default runtime.
 CLASSIC_RUNTIME_UNSAFE: frozenset[str] = frozenset({"resnet18"})
 
 

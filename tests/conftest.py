@@ -26,7 +26,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
 _CACHE_MIN_JAX = (0, 12)
 
 
-from fedjax_dd.utils import versions  # noqa: E402  (imports no jax)
+from fedjax_dd import versions  # noqa: E402  (imports no jax)
 
 if versions.version_tuple()[:2] < _CACHE_MIN_JAX:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = ""

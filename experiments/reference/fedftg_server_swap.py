@@ -279,15 +279,14 @@ def _our_side(args, torch, data_obj, dumps, out):
   from fedjax_dd.models.cgenerator import CGeneratorA  # pylint: disable=g-import-not-at-top
 
   i = fedftg.get_config("fmnist_dir0.01").iga
+  hparams = IGAHyperParams.from_config(i)
   fields = {f.name for f in dataclasses.fields(IGAHyperParams)}
-  hp = {k: i[k] for k in fields}
-  hp["student_discrepancy"] = hp["student_discrepancy"] or None
   for item in args.set:
     name, value = item.split("=", 1)
     if name not in fields:
       raise SystemExit(f"--set {name}: not an IGAHyperParams field.")
-    hp[name] = _set_value(hp[name], value)
-  hparams = IGAHyperParams(**hp)
+    hparams = dataclasses.replace(
+        hparams, **{name: _set_value(getattr(hparams, name), value)})
   side = data_obj.width
   # The entry point's LeNet-5; its inputs are normalised already.
   task = Classifier(module=models.get_model("lenet5").build(data_obj.n_cls),

@@ -38,8 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import stages
-from fedjax_dd.algorithms.fedavg import round_factor
-from fedjax_dd.algorithms.clustered import class_counts
+from fedjax_dd.algorithms.stages import class_counts, round_factor
 from fedjax_dd.core import aggregate as aggregate_lib
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import Cohort, ServerState

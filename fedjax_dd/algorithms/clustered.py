@@ -46,11 +46,9 @@ import numpy as np
 import optax
 
 from fedjax_dd.algorithms import stages
-from fedjax_dd.algorithms.fedavg import round_factor
 from fedjax_dd.core import aggregate
 from fedjax_dd.core import keys as keys_lib
-from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
-                                      ServerState)
+from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import make_local_update
 from fedjax_dd.core.rounds import EVAL_MODELS, TRAFFIC_PREFIX
@@ -94,13 +92,6 @@ def one_group(client_params: PyTree, global_params: PyTree,
   del client_params, global_params, rng
   s = int(np.shape(num_examples)[0])
   return Groups(labels=np.zeros(s, np.int32), num_groups=1)
-
-
-def class_counts(cohort: Cohort, num_classes: int) -> jax.Array:
-  """``[S, C]`` int32 examples per class of each client (padding excluded)."""
-  valid = jnp.arange(cohort.y.shape[1])[None, :] < cohort.num_examples[:, None]
-  one_hot = jax.nn.one_hot(cohort.y, num_classes, dtype=jnp.int32)
-  return jnp.sum(one_hot * valid[..., None].astype(jnp.int32), axis=1)
 
 
 class ClusteredPrograms(NamedTuple):
@@ -235,14 +226,14 @@ def clustered_distillation(
   def apply(server, clients, cohort, key):
     t = server.extra["round"]
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    factor = jnp.full(cohort.client_ids.shape, round_factor(lr_decay, t))
+    factor = jnp.full(cohort.client_ids.shape, stages.round_factor(lr_decay, t))
     result = train(server.params, server.batch_stats, server.params, cohort,
                    keys, factor)
     weights = cohort.num_examples
     rng = keys_lib.numpy_from_key(keys_lib.server_key(key))
     groups = grouping(result.params, server.params, weights, rng)
     labels = jnp.asarray(groups.labels, jnp.int32)
-    counts = class_counts(cohort, num_classes)
+    counts = stages.class_counts(cohort, num_classes)
     gp, gs, gw, group_counts = group_models(result.params, result.batch_stats,
                                             labels, weights, counts)
     params, batch_stats = fedavg_of_groups(gp, gs, gw)

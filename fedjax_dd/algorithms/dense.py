@@ -15,8 +15,6 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
-import jax
-import numpy as np
 import optax
 
 from fedjax_dd.core.algorithm import ServerDistillation, Teachers, no_setup
@@ -24,13 +22,6 @@ from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import dfkd
 from fedjax_dd.distill import ensemble
-
-
-def pool_samples(state: dfkd.DFKDState) -> tuple[np.ndarray, np.ndarray]:
-  """The last epoch's synthetic batch ``([B, H, W, Ch] in [0, 1], [B])``."""
-  pool_x, pool_y = jax.device_get((state.pool_x, state.pool_y))
-  last = (int(state.epoch) - 1) % pool_x.shape[0]
-  return pool_x[last], pool_y[last]
 
 
 def dense(client_stage: Callable[..., Teachers],
@@ -75,7 +66,7 @@ def dense(client_stage: Callable[..., Teachers],
 
   def report(state: dfkd.DFKDState, setup) -> dict[str, Any]:
     del setup
-    return {"samples": pool_samples(state)}
+    return {"samples": dfkd.pool_samples(state)}
 
   return ServerDistillation(
       client_stage=client_stage, setup=no_setup, init=init, epoch=epoch,

@@ -33,13 +33,6 @@ def example_weighted(delta: PyTree, cohort: Cohort, result: LocalResult) -> PyTr
   return stages.weighted_mean(delta, cohort.num_examples)
 
 
-def round_factor(lr_decay: float, finished_rounds: jax.Array) -> jax.Array:
-  """``lr_decay ** finished_rounds`` as a float32 scalar: the client
-  learning-rate factor of the next round."""
-  return jnp.power(jnp.float32(lr_decay),
-                   jnp.asarray(finished_rounds).astype(jnp.float32))
-
-
 def fedavg(task: Classifier,
            client_optimizer: optax.GradientTransformation,
            *,
@@ -111,7 +104,7 @@ def fedavg(task: Classifier,
     keys = keys_lib.client_keys(key, cohort.client_ids)
     if decay:
       ctx = jnp.full(cohort.client_ids.shape,
-                     round_factor(lr_decay, server.extra["round"]))
+                     stages.round_factor(lr_decay, server.extra["round"]))
     else:
       ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
     result = train(server.params, server.batch_stats, server.params, cohort,

@@ -19,7 +19,7 @@ Stages, each a function over explicit arrays:
   control);
 * :func:`client_upload_bits` / :func:`upload_bits`, the single upload the
   ledger counts, per client and in total;
-* :func:`one_shot`, the method as a
+* :func:`fedd3`, the method as a
   :class:`~fedjax_dd.core.algorithm.ServerDistillation`: the client stage
   distils and pads every client's message to :class:`Uploads`
   ``[C, K·ipc, ...]`` with counts, and the server trains on the union, one
@@ -211,12 +211,12 @@ class ServerTrainState:
   y: jax.Array
 
 
-def one_shot(distiller: Distiller, task: Classifier,
-             optimizer: optax.GradientTransformation, *,
-             num_classes: int, images_per_class: int, batch_size: int,
-             local_epochs: float = 1.0, local_steps: int | None = None,
-             learned_labels: bool = False, centered_labels: bool = False,
-             mapper: ClientMapper = ClientMapper()) -> ServerDistillation:
+def fedd3(distiller: Distiller, task: Classifier,
+          optimizer: optax.GradientTransformation, *,
+          num_classes: int, images_per_class: int, batch_size: int,
+          local_epochs: float = 1.0, local_steps: int | None = None,
+          learned_labels: bool = False, centered_labels: bool = False,
+          mapper: ClientMapper = ClientMapper()) -> ServerDistillation:
   """FedD3 (Song et al., Alg. 1) as a server-side method.
 
   Per round (FedD3 runs one): every client distils with ``distiller`` and

@@ -4,7 +4,8 @@ Reference: Song et al., "Federated Learning via Decentralized Dataset
 Distillation in Resource-Constrained Edge Environments", IJCNN 2023.
 :mod:`fedjax_dd.algorithms.fedd3` holds the distillers and the method; this
 module holds what a run adds around them, so a notebook gets the entry
-point's figures:
+point's figures (the grid of the upload is drawn by the caller,
+:func:`fedjax_dd.utils.image_grid.save_image_grid`):
 
 * :func:`distill_or_load`: the distilled set, kept in a run's
   :class:`~fedjax_dd.core.stage_cache.StageCache` (stage :data:`STAGE`), so
@@ -14,14 +15,13 @@ point's figures:
 * :func:`quantisation_cost`: kernel ridge regression (KIP's own predictor,
   FedD3 Eq. 4) on the test split from the union support before and after
   the uint8 quantisation of the upload;
-* :func:`summary_fields`: the upload, its privacy
+* :func:`upload_fields`: the upload, its privacy
   (:func:`fedjax_dd.distill.privacy.upload_privacy`, App. G) and the KIP
-  figures, and ``distilled_grid.png``.
+  figures.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable, Mapping
 
@@ -176,30 +176,24 @@ def quantisation_cost(distilled: DistilledSet, *,
   return out
 
 
-def summary_fields(distilled: DistilledSet, data: ClientData, *,
-                   directory: str | os.PathLike, distiller: str,
-                   distill_seconds: float, cached: bool,
-                   distilled_from: str = "",
-                   quantisation: Mapping[str, float] | None = None
-                   ) -> dict[str, Any]:
-  """FedD3's own summary fields; writes ``directory/distilled_grid.png``.
+def upload_fields(distilled: DistilledSet, data: ClientData, *,
+                  distiller: str, distill_seconds: float, cached: bool,
+                  distilled_from: str = "", distilled_grid: str = "",
+                  quantisation: Mapping[str, float] | None = None
+                  ) -> dict[str, Any]:
+  """FedD3's own summary fields.
 
   Args:
     distilled: the uploaded set.
     data: the clients' raw data ``[C, N_max, ...]`` (privacy reference).
-    directory: where the grid goes.
-    distiller: its name (``"kip"``, ``"gmm"``, ``"random"``), reported and
-      in the grid's title.
+    distiller: its name (``"kip"``, ``"gmm"``, ``"random"``).
     distill_seconds: what the distillation took.
     cached: whether the set came from a cache.
     distilled_from: the workdir whose cached set was used ("" : this run's).
+    distilled_grid: the file name of the upload's image grid, drawn by the
+      caller ("": none).
     quantisation: :func:`quantisation_cost`'s figures, placed last.
   """
-  from fedjax_dd.utils.image_grid import save_image_grid  # pylint: disable=g-import-not-at-top
-  os.makedirs(directory, exist_ok=True)
-  grid = save_image_grid(os.path.join(directory, "distilled_grid.png"),
-                         distilled.x, distilled.y, distilled.owner,
-                         title=f"{distiller} distilled data")
   host = jax.device_get(data)
   return {
       "distiller": distiller,
@@ -209,7 +203,7 @@ def summary_fields(distilled: DistilledSet, data: ClientData, *,
       "distilled_from": distilled_from,
       "pixels_per_sample": int(np.prod(distilled.x.shape[1:])),
       "learned_labels": distilled.learned_labels,
-      "distilled_grid": os.path.basename(grid),
+      "distilled_grid": distilled_grid,
       "privacy": privacy_lib.upload_privacy(
           distilled.x, distilled.owner, np.asarray(host.x),
           np.asarray(host.num_examples)),

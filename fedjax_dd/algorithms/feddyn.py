@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import stages
-from fedjax_dd.algorithms.fedavg import round_factor
+from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
 from fedjax_dd.core.clients import ClientMapper

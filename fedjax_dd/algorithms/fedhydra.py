@@ -35,7 +35,6 @@ import jax
 import optax
 
 from fedjax_dd.algorithms import stratify as stratify_lib
-from fedjax_dd.algorithms.dense import pool_samples
 from fedjax_dd.core.algorithm import ServerDistillation, Teachers
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
@@ -120,7 +119,7 @@ def fedhydra(client_stage: Callable[..., Teachers],
   def report(state: FedHydraState, setup) -> dict[str, Any]:
     s = stratify_lib.stratification_from_curves(setup["curves"])
     return {"U": s.u, "U_r": s.u_r, "U_c": s.u_c,
-            "samples": pool_samples(state.kd)}
+            "samples": dfkd.pool_samples(state.kd)}
 
   return ServerDistillation(
       client_stage=client_stage, setup=setup, init=init, epoch=epoch,

@@ -20,7 +20,7 @@ notebook gets the entry point's stages:
 :func:`stages_or_load` keeps them in a run's
 :class:`~fedjax_dd.core.stage_cache.StageCache` (stage :data:`STAGE`), so a
 resumed run does not compute them again. :func:`setup_ledger` records their
-Eq. 18 traffic before the rounds and :func:`summary_fields` reports them
+Eq. 18 traffic before the rounds and :func:`stage_fields` reports them
 (with Eq. 18 in bytes) after.
 
 Host-side: KMeans is scikit-learn, so this module is kept apart from
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from typing import Any, Callable
 
@@ -265,22 +264,12 @@ def setup_ledger(stages: Stages, *, aux_size: int, num_classes: int,
       bits_per_sent_label=bits_per_sent_label)
 
 
-def topology_figure(stages: Stages, directory: str | os.PathLike, *,
-                    title: str) -> str:
-  """Writes ``directory/topology.png`` (clusters and heads); its path."""
-  from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
-  os.makedirs(directory, exist_ok=True)
-  t = stages.topology
-  return figures.plot_topology(t.homogeneous, t.heterogeneous, t.heads,
-                               os.path.join(directory, "topology.png"),
-                               title=title)
-
-
-def summary_fields(stages: Stages, *, aux_size: int, num_classes: int,
-                   member_data: str, num_params: int, rounds: int,
-                   bytes_by_tag: dict[str, Any], training_seconds: float,
-                   topology_figure_path: str) -> dict[str, Any]:
-  """HFLDD's own fields of a finished run's summary.
+def stage_fields(stages: Stages, *, aux_size: int, num_classes: int,
+                 member_data: str, num_params: int, rounds: int,
+                 bytes_by_tag: dict[str, Any], training_seconds: float,
+                 topology_figure_path: str) -> dict[str, Any]:
+  """HFLDD's own fields of a finished run's summary (``topology_figure_path``:
+  the caller's :func:`fedjax_dd.utils.figures.plot_topology`).
 
   ``stage_seconds`` adds ``training`` (the rounds' seconds) to the stages'.
 

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import cluster_models, stages
-from fedjax_dd.algorithms.fedavg import round_factor
+from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)

@@ -17,7 +17,6 @@ averaging); FedHydra (Bai et al.) Alg. 1 line 2-5 (local training).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -303,48 +302,25 @@ def client_report(groups: Sequence[ensemble.TeacherGroup],
   return report
 
 
-def server_report(report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
-                  *, class_counts: np.ndarray, num_classes: int,
-                  directory: str) -> dict[str, Any]:
-  """A finished one-shot run's figures and its server's diagnostics.
-
-  Writes, into ``directory``, ``u_r.png`` (FedHydra's stratification
-  ``U_r``, Alg. 2, beside the clients' true class shares), ``samples.png``
-  (the server's synthetic samples by class) and ``accuracy.png`` (test
-  accuracy against server epoch), each when there is something to draw.
+def server_diagnostics(report: Mapping[str, Any], class_counts: np.ndarray
+                       ) -> dict[str, Any]:
+  """A finished one-shot run's server diagnostics, as JSON data (its
+  figures: :func:`fedjax_dd.utils.figures.plot_one_shot`).
 
   Args:
     report: ``algorithm.report(state, setup)`` (``{}`` for a server without
-      one): ``U``, ``U_r``, ``U_c``, ``samples``, ``ensemble_weights``,
+      one): ``U``, ``U_r``, ``U_c``, ``ensemble_weights``,
       ``transport_off_permutation``, ``transport_off_identity`` as it has
       them.
-    rows: the metrics rows (``step``, ``test_accuracy``).
     class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
-    num_classes: ``c``.
-    directory: where the figures go.
 
   Returns:
-    ``{"figures": [file names], "U": ..., "U_r": ..., "U_c": ...,
-    "U_r_vs_class_share": ...}`` (the ``U`` fields as the report has them;
+    ``{"U": ..., "U_r": ..., "U_c": ..., "U_r_vs_class_share": ...}`` (the
+    ``U`` fields as the report has them;
     :func:`fedjax_dd.algorithms.stratify.agreement_with_class_shares`).
   """
   from fedjax_dd.algorithms import stratify  # pylint: disable=g-import-not-at-top
-  from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
-  os.makedirs(directory, exist_ok=True)
-  path = lambda name: os.path.join(directory, name)
-  written = []
-  if "U_r" in report:
-    written.append(figures.plot_u_r(
-        report["U_r"], path("u_r.png"),
-        class_shares=stratify.class_shares(class_counts)))
-  if "samples" in report:
-    written.append(figures.plot_class_samples(
-        *report["samples"], num_classes, path("samples.png")))
-  points = [[r["step"], r["test_accuracy"]] for r in rows
-            if "test_accuracy" in r]
-  if points:
-    written.append(figures.plot_accuracy(points, path("accuracy.png")))
-  out: dict[str, Any] = {"figures": [os.path.basename(w) for w in written]}
+  out: dict[str, Any] = {}
   # FedHydra's U; Co-Boosting's final ensemble weights; OT fusion's
   # distance of each layer's transports from permutations and from the
   # identity.
@@ -358,14 +334,11 @@ def server_report(report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
   return out
 
 
-def summary_fields(result, *, names: Sequence[str],
-                   groups: Sequence[ensemble.TeacherGroup], num_examples,
-                   class_counts: np.ndarray, report: Mapping[str, Any],
-                   rows: Sequence[Mapping[str, Any]], num_classes: int,
-                   directory: str, probe: tuple[Any, Any] | None = None
-                   ) -> dict[str, Any]:
-  """A one-shot run's own summary fields, and its figures
-  (:func:`server_report`).
+def run_fields(result, *, names: Sequence[str],
+               groups: Sequence[ensemble.TeacherGroup], num_examples,
+               class_counts: np.ndarray, report: Mapping[str, Any],
+               probe: tuple[Any, Any] | None = None) -> dict[str, Any]:
+  """A one-shot run's own summary fields (with :func:`server_diagnostics`).
 
   Args:
     result: :class:`fedjax_dd.core.server.ServerResult` of the run.
@@ -374,9 +347,6 @@ def summary_fields(result, *, names: Sequence[str],
     num_examples: ``[m]`` examples per client.
     class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
     report: ``algorithm.report(state, setup)`` (``{}`` without one).
-    rows: the metrics rows.
-    num_classes: ``c``.
-    directory: where the figures go.
     probe: real labelled images ``(x01 [P, H, W, Ch] in [0, 1], labels [P])``;
       with a report that has ``U_r`` and ``U_c`` (FedHydra), the summary gets
       ``sa_target_naming``
@@ -387,7 +357,7 @@ def summary_fields(result, *, names: Sequence[str],
     Each client's architecture and test accuracy, one-shot FedAvg's
     accuracy, the per-round records, the clients' sizes and class counts,
     the ledger, the seconds of the client, setup and server stages, and
-    :func:`server_report`'s fields.
+    :func:`server_diagnostics`'s fields.
   """
   arch_of = {k: n for n, g in zip(names, groups) for k in g.client_ids}
   last = result.per_round[-1]
@@ -407,7 +377,6 @@ def summary_fields(result, *, names: Sequence[str],
       "stage_seconds": {"local_training_seconds": result.seconds["client"],
                         "setup_seconds": result.seconds["setup"],
                         "distillation_seconds": result.seconds["server"]},
-      **server_report(report, rows, class_counts=class_counts,
-                      num_classes=num_classes, directory=directory),
+      **server_diagnostics(report, class_counts),
       **extra,
   }

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dd.core.algorithm import ServerState
+from fedjax_dd.core.aggregate import weighted_mean  # noqa: F401  (re-exported)
+from fedjax_dd.core.algorithm import Cohort, ServerState
 # ``client_stage`` lives in the core (distill/ uses it too); re-exported here.
 from fedjax_dd.core.clients import client_span_stage  # noqa: F401
 from fedjax_dd.core.clients import client_stage  # noqa: F401
@@ -24,15 +25,18 @@ PyTree = Any
 tree_map = jax.tree_util.tree_map
 
 
-def weighted_mean(tree: PyTree, weights: jax.Array) -> PyTree:
-  """``Σ_i w_i · tree[i] / Σ_i w_i`` over the leading axis ``[S, ...]``."""
-  w = weights.astype(jnp.float32)
-  w = w / jnp.maximum(w.sum(), 1e-12)
+def round_factor(lr_decay: float, finished_rounds: jax.Array) -> jax.Array:
+  """``lr_decay ** finished_rounds`` as a float32 scalar: the client
+  learning-rate factor of the next round."""
+  return jnp.power(jnp.float32(lr_decay),
+                   jnp.asarray(finished_rounds).astype(jnp.float32))
 
-  def avg(x):
-    return jnp.tensordot(w, x.astype(jnp.float32), axes=1).astype(x.dtype)
 
-  return tree_map(avg, tree)
+def class_counts(cohort: Cohort, num_classes: int) -> jax.Array:
+  """``[S, C]`` int32 examples per class of each client (padding excluded)."""
+  valid = jnp.arange(cohort.y.shape[1])[None, :] < cohort.num_examples[:, None]
+  one_hot = jax.nn.one_hot(cohort.y, num_classes, dtype=jnp.int32)
+  return jnp.sum(one_hot * valid[..., None].astype(jnp.int32), axis=1)
 
 
 def deltas(client_params: PyTree, server_params: PyTree) -> PyTree:

@@ -34,7 +34,6 @@ def _masked(leaf: jax.Array, weights: jax.Array) -> jax.Array:
   return jnp.where(w > 0, x * w, 0.0)
 
 
-@jax.jit
 def weighted_mean(tree: Any, weights: jax.Array) -> Any:
   """``Σ_i w_i x_i / Σ_i w_i`` over the leading client axis (FedAvg).
 
@@ -46,11 +45,16 @@ def weighted_mean(tree: Any, weights: jax.Array) -> Any:
     The pytree without the client axis, each leaf ``[...]`` in its input
     dtype. All-zero weights give zeros.
   """
-  # The one-segment case of segment_weighted_mean (same masking of weight-0
-  # rows and the same empty-segment rule).
-  ids = jnp.zeros(jnp.shape(weights), jnp.int32)
-  means, _ = segment_weighted_mean(tree, ids, weights, num_segments=1)
-  return jax.tree_util.tree_map(lambda leaf: leaf[0], means)
+  w = weights.astype(jnp.float32)
+  w = w / jnp.maximum(w.sum(), 1e-12)
+
+  def avg(x):
+    # Weight-0 rows (padding) are zeroed first: 0 · NaN is NaN.
+    x32 = jnp.where(w.reshape((-1,) + (1,) * (x.ndim - 1)) > 0,
+                    x.astype(jnp.float32), 0.0)
+    return jnp.tensordot(w, x32, axes=1).astype(x.dtype)
+
+  return jax.tree_util.tree_map(avg, tree)
 
 
 @functools.partial(jax.jit, static_argnames=("num_segments",))

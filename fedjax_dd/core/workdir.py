@@ -464,7 +464,7 @@ def current_environment() -> dict[str, Any]:
   """
   import jax  # pylint: disable=g-import-not-at-top
   from fedjax_dd import policy  # pylint: disable=g-import-not-at-top
-  from fedjax_dd.utils import versions  # pylint: disable=g-import-not-at-top
+  from fedjax_dd import versions  # pylint: disable=g-import-not-at-top
   devices = jax.devices()
   return {"platform": jax.default_backend(),
           "device_kind": devices[0].device_kind,

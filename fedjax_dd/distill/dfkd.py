@@ -76,14 +76,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from fedjax_dd.core import hparams as hparams_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import ensemble, gen_student
@@ -197,6 +199,32 @@ class DFKDHyperParams:
     if self.adv_mask not in ensemble.ADV_MASKS:
       raise ValueError(f"adv_mask must be one of {ensemble.ADV_MASKS}, got "
                        f"{self.adv_mask!r}.")
+
+  # Keys of the ``dfkd`` config group that are not fields: the generator and
+  # the optimisers, the epoch count, FedHydra's stratification and
+  # aggregation, FedDF's student.
+  OTHER_KEYS = (
+      "nz", "ngf", "synthetic_batch_size", "distill_epochs", "generator_lr",
+      "generator_b1", "stratify_steps", "stratify_batch_size", "aggregation",
+      "sa_average_scale", "student_lr", "student_momentum", "feddf_lr",
+      "feddf_steps")
+
+  @classmethod
+  def from_config(cls, section: Mapping[str, Any]) -> "DFKDHyperParams":
+    """From the ``dfkd`` config group: ``batch_size`` is
+    ``synthetic_batch_size``, a ``pool_size`` of 0 keeps every epoch's batch
+    (``distill_epochs``); :attr:`OTHER_KEYS` are read by the caller."""
+    return hparams_lib.from_section(
+        cls, section, other_keys=cls.OTHER_KEYS,
+        batch_size=section["synthetic_batch_size"],
+        pool_size=section["pool_size"] or section["distill_epochs"])
+
+
+def pool_samples(state: DFKDState) -> tuple[np.ndarray, np.ndarray]:
+  """The last epoch's synthetic batch ``([B, H, W, Ch] in [0, 1], [B])``."""
+  pool_x, pool_y = jax.device_get((state.pool_x, state.pool_y))
+  last = (int(state.epoch) - 1) % pool_x.shape[0]
+  return pool_x[last], pool_y[last]
 
 
 class DataFreeKD(NamedTuple):

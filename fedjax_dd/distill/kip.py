@@ -89,7 +89,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import flax
 import jax
@@ -97,6 +97,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_dd.core import hparams as hparams_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.data.partition import class_counts
 from fedjax_dd.data import validate
@@ -169,6 +170,17 @@ class KipOptions:
     if self.segment_iterations < 1:
       raise ValueError(
           f"segment_iterations must be >= 1, got {self.segment_iterations}.")
+
+  # Keys of the ``kip`` config group that are not fields: the kernel, built
+  # by the caller.
+  OTHER_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch",
+                "kernel_impl")
+
+  @classmethod
+  def from_config(cls, section: Mapping[str, Any]) -> KipOptions:
+    """From the ``kip`` config group, one key per field; :attr:`OTHER_KEYS`
+    are the kernel's."""
+    return hparams_lib.from_section(cls, section, other_keys=cls.OTHER_KEYS)
 
   def program(self) -> KipOptions:
     """The settings that shape the compiled programs: the host loop's

@@ -343,6 +343,45 @@ def plot_accuracy(points: Sequence[Sequence[float]], path: str | os.PathLike,
   return os.fspath(path)
 
 
+def plot_one_shot(report: Mapping[str, Any],
+                  rows: Sequence[Mapping[str, Any]], *,
+                  class_counts: np.ndarray, num_classes: int,
+                  directory: str | os.PathLike) -> list[str]:
+  """A finished one-shot run's figures, each when there is something to draw.
+
+  ``u_r.png`` (FedHydra's stratification ``U_r``, Alg. 2, beside the
+  clients' true class shares), ``samples.png`` (the server's synthetic
+  samples by class) and ``accuracy.png`` (test accuracy against server
+  epoch).
+
+  Args:
+    report: the server's ``algorithm.report(state, setup)`` (``{}`` without
+      one), read for ``U_r`` and ``samples``.
+    rows: the metrics rows (``step``, ``test_accuracy``).
+    class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
+    num_classes: ``c``.
+    directory: where the figures go.
+
+  Returns:
+    The file names written.
+  """
+  from fedjax_dd.algorithms import stratify  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  path = lambda name: os.path.join(directory, name)
+  written = []
+  if "U_r" in report:
+    written.append(plot_u_r(report["U_r"], path("u_r.png"),
+                            class_shares=stratify.class_shares(class_counts)))
+  if "samples" in report:
+    written.append(plot_class_samples(*report["samples"], num_classes,
+                                      path("samples.png")))
+  points = [[r["step"], r["test_accuracy"]] for r in rows
+            if "test_accuracy" in r]
+  if points:
+    written.append(plot_accuracy(points, path("accuracy.png")))
+  return [os.path.basename(w) for w in written]
+
+
 def plot_comparison(rows: Sequence[Mapping[str, Any]],
                     path: str | os.PathLike, *, title: str | None = None,
                     dpi: int = 120) -> str:

@@ -1,25 +1,16 @@
-r"""Tables of server-distillation runs over seeds: gains, and ours against a
-reference implementation.
+r"""Tables of IGA / FedFTG gains over seeds.
 
-Three Markdown reports, each a reader of runs' rows plus the table
-arithmetic (mean ± sample sd, ``ddof=1``, over the seeds; 0 with one seed):
-
-* :func:`gains_report` — DisUE's IGA (Eq. 9's generator, Sec. 4.4) and
-  FedFTG's fine-tuning (Zhang et al., CVPR 2022, Alg. 1) measured as the
-  *gain* of a round: test accuracy of the global model just after the
-  server's distillation minus just before it (``test_accuracy -
-  test_accuracy_before_iga`` of ``metrics.jsonl``, written with
-  ``iga.evaluate_before=True``). Runs without the "before" column (FedAvg)
-  show their accuracy only. A per-run summary and a per-window table.
-* :func:`fedftg_report` — FedFTG's reference (the adapter's JSON lines,
-  ``test_accuracy_before_ft`` / ``test_accuracy`` per round) against ours:
-  per-seed gains and finals, the per-round curves and the two bars (our mean
-  gain within the reference's seed range or within 0.01 of its mean; the
-  after-fine-tuning curves within the sum of the two seed sds every round).
-* :func:`dense_report` — DENSE's reference (per-epoch JSON lines with an
-  ``epoch`` key) against ours (``metrics.jsonl`` rows with ``step > 0``):
-  per-seed final and best accuracy, per-epoch curves and the bar (final
-  means apart by at most the larger seed sd).
+:func:`gains_report` — DisUE's IGA (Eq. 9's generator, Sec. 4.4) and
+FedFTG's fine-tuning (Zhang et al., CVPR 2022, Alg. 1) measured as the
+*gain* of a round: test accuracy of the global model just after the
+server's distillation minus just before it (``test_accuracy -
+test_accuracy_before_iga`` of ``metrics.jsonl``, written with
+``iga.evaluate_before=True``). Runs without the "before" column (FedAvg)
+show their accuracy only. A per-run summary and a per-window table, as mean
+± sample sd (``ddof=1``, 0 with one seed, :func:`fmt_mean_sd`) over the
+seeds. The readers of the reference implementations' runs, and their
+tables against ours, are beside those runs' adapters
+(``experiments/reference/compare_fedftg.py``, ``compare_dense.py``).
 
 Host-side only; every function takes explicit paths or arrays.
 """
@@ -36,16 +27,15 @@ import numpy as np
 
 Rows = dict[int, dict[str, Any]]  # {round: metrics row}
 Group = dict[int, Rows]  # {seed: rows}
-# (before, after) test accuracy per round, each [R].
-BeforeAfter = tuple[np.ndarray, np.ndarray]
 
 
-def _jsonl(path: str) -> list[dict[str, Any]]:
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  """The JSON objects of a JSON-lines file (blank lines skipped)."""
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def _sd(values: Sequence[float]) -> float:
+def sample_sd(values: Sequence[float]) -> float:
   """Sample sd (``ddof=1``) of ``values``; 0 for a single value."""
   a = np.asarray(values, float)
   return float(a.std(ddof=1)) if a.size > 1 else 0.0
@@ -55,7 +45,8 @@ def fmt_mean_sd(values: Sequence[float], digits: int = 3,
                 sign: bool = False) -> str:
   """``"mean ± sd"`` of ``values`` (sample sd; 0 for a single value)."""
   a = np.asarray(values, float)
-  return f"{a.mean():{'+' if sign else ''}.{digits}f} ± {_sd(a):.{digits}f}"
+  return (f"{a.mean():{'+' if sign else ''}.{digits}f} ± "
+          f"{sample_sd(a):.{digits}f}")
 
 
 # --------------------------------------------------------------------------
@@ -65,7 +56,7 @@ def fmt_mean_sd(values: Sequence[float], digits: int = 3,
 def read_run(workdir: str) -> Rows:
   """``{round: row}`` of the evaluated rounds of one run's metrics.jsonl."""
   rows = {}
-  for r in _jsonl(os.path.join(workdir, "metrics.jsonl")):
+  for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")):
     if "test_accuracy" in r:
       rows[int(r["round"])] = r
   return rows
@@ -191,147 +182,3 @@ def gains_report(runs: Mapping[str, str], rounds: int = 0, window: int = 5,
     raise ValueError(f"--rounds={rounds}: some run has only {have} "
                      "consecutive evaluated rounds.")
   return gain_tables(groups, rounds or have, window, tuple(extra))
-
-
-# --------------------------------------------------------------------------
-# FedFTG: the reference's per-round JSON lines against ours.
-
-
-def read_fedftg_reference(path: str, rounds: int | None = None
-                          ) -> BeforeAfter:
-  """(before, after) fine-tuning accuracy per round of a reference run, the
-  first ``rounds`` (all when ``None`` or 0)."""
-  rows = _jsonl(path)
-  rows = rows[:rounds] if rounds else rows
-  return (np.array([r["test_accuracy_before_ft"] for r in rows]),
-          np.array([r["test_accuracy"] for r in rows]))
-
-
-def read_fedftg_ours(workdir: str, rounds: int | None = None) -> BeforeAfter:
-  """(before, after) accuracy per round of our run (the rows that carry
-  ``test_accuracy_before_iga``), the first ``rounds``."""
-  rows = [r for r in _jsonl(os.path.join(workdir, "metrics.jsonl"))
-          if "test_accuracy_before_iga" in r]
-  rows = rows[:rounds] if rounds else rows
-  return (np.array([r["test_accuracy_before_iga"] for r in rows]),
-          np.array([r["test_accuracy"] for r in rows]))
-
-
-def fedftg_table(ref: Sequence[BeforeAfter], ours: Sequence[BeforeAfter],
-                 names: Sequence[str] = ("reference", "ours")) -> str:
-  """Markdown: per seed (paired by position) the mean gain per round over
-  the rounds both ran and the final accuracy; the per-round curves as mean ±
-  sd over the seeds; the gain and curve bars (module doc)."""
-  out = []
-  n = min(len(ref), len(ours))
-  out.append(f"| seed | {names[0]} gain/round | {names[1]} gain/round | "
-             f"{names[0]} final | {names[1]} final | rounds |")
-  out.append("|---|---|---|---|---|---|")
-  gains = {0: [], 1: []}
-  finals = {0: [], 1: []}
-  for s in range(n):
-    r, o = ref[s], ours[s]
-    k = min(len(r[0]), len(o[0]))
-    cells = []
-    for side, (b, a) in enumerate((r, o)):
-      g = float(np.mean(a[:k] - b[:k]))
-      gains[side].append(g)
-      finals[side].append(float(a[k - 1]))
-      cells.append(g)
-    out.append(f"| {s} | {cells[0]:+.3f} | {cells[1]:+.3f} | "
-               f"{finals[0][-1]:.3f} | {finals[1][-1]:.3f} | {k} |")
-  out.append(f"| mean ± sd | {fmt_mean_sd(gains[0])} | "
-             f"{fmt_mean_sd(gains[1])} | {fmt_mean_sd(finals[0])} | "
-             f"{fmt_mean_sd(finals[1])} | |")
-  out.append("")
-  k = min(min(len(x[0]) for x in ref[:n]), min(len(x[0]) for x in ours[:n]))
-  out.append(f"| round | {names[0]} before | {names[0]} after | "
-             f"{names[1]} before | {names[1]} after |")
-  out.append("|---|---|---|---|---|")
-  overlap = []
-  for t in range(k):
-    rb = [x[0][t] for x in ref[:n]]
-    ra = [x[1][t] for x in ref[:n]]
-    ob = [x[0][t] for x in ours[:n]]
-    oa = [x[1][t] for x in ours[:n]]
-    out.append(f"| {t + 1} | {fmt_mean_sd(rb)} | {fmt_mean_sd(ra)} | "
-               f"{fmt_mean_sd(ob)} | {fmt_mean_sd(oa)} |")
-    overlap.append(abs(np.mean(ra) - np.mean(oa)) <= _sd(ra) + _sd(oa))
-  g_ref, g_ours = np.array(gains[0]), np.array(gains[1])
-  within = (g_ref.min() <= g_ours.mean() <= g_ref.max()
-            or abs(g_ours.mean() - g_ref.mean()) <= 0.01)
-  out.append("")
-  out.append(f"Bar, gain: ours {g_ours.mean():+.3f} against the reference's "
-             f"{g_ref.mean():+.3f} (seed range {g_ref.min():+.3f} … "
-             f"{g_ref.max():+.3f}): {'met' if within else 'not met'}.")
-  out.append(f"Bar, curves: after-fine-tuning means within the sum of the two "
-             f"seed sds in {sum(overlap)} of {len(overlap)} rounds: "
-             f"{'met' if all(overlap) else 'not met'}.")
-  return "\n".join(out)
-
-
-def fedftg_report(ref_paths: Sequence[str], our_workdirs: Sequence[str],
-                  rounds: int = 0,
-                  names: Sequence[str] = ("reference", "ours")) -> str:
-  """:func:`fedftg_table` of reference JSON lines and our workdirs (seed
-  ``s`` of each side paired by position), cut to the first ``rounds``
-  (0: all)."""
-  r = rounds or None
-  return fedftg_table([read_fedftg_reference(p, r) for p in ref_paths],
-                      [read_fedftg_ours(p, r) for p in our_workdirs],
-                      tuple(names))
-
-
-# --------------------------------------------------------------------------
-# DENSE: the reference's per-epoch JSON lines against ours.
-
-
-def read_dense_reference(path: str) -> np.ndarray:
-  """Per-epoch test accuracy [E] of a reference run (rows with ``epoch``)."""
-  return np.array([r["test_accuracy"] for r in _jsonl(path) if "epoch" in r])
-
-
-def read_dense_ours(workdir: str) -> np.ndarray:
-  """Per-epoch test accuracy [E] of our run (evaluated rows of step > 0)."""
-  return np.array([r["test_accuracy"]
-                   for r in _jsonl(os.path.join(workdir, "metrics.jsonl"))
-                   if "test_accuracy" in r and r.get("step", 0) > 0])
-
-
-def dense_table(ref: Sequence[np.ndarray], ours: Sequence[np.ndarray],
-                names: Sequence[str] = ("reference", "ours")) -> str:
-  """Markdown: per seed the final and best accuracy of each side over the
-  epochs every run has, their mean ± sd, the per-epoch curves and the bar."""
-  n = min(len(ref), len(ours))
-  k = min(min(len(x) for x in ref[:n]), min(len(x) for x in ours[:n]))
-  out = [f"| seed | {names[0]} final | {names[1]} final | {names[0]} best | "
-         f"{names[1]} best |", "|---|---|---|---|---|"]
-  fin, best = ([], []), ([], [])
-  for s in range(n):
-    for side, run in enumerate((ref[s], ours[s])):
-      fin[side].append(float(run[k - 1]))
-      best[side].append(float(run[:k].max()))
-    out.append(f"| {s} | {fin[0][-1]:.4f} | {fin[1][-1]:.4f} | "
-               f"{best[0][-1]:.4f} | {best[1][-1]:.4f} |")
-  out.append(f"| mean ± sd | {fmt_mean_sd(fin[0], 4)} | "
-             f"{fmt_mean_sd(fin[1], 4)} | {fmt_mean_sd(best[0], 4)} | "
-             f"{fmt_mean_sd(best[1], 4)} |")
-  out += ["", f"| epoch | {names[0]} | {names[1]} |", "|---|---|---|"]
-  for t in range(k):
-    out.append(f"| {t + 1} | {fmt_mean_sd([x[t] for x in ref[:n]], 4)} | "
-               f"{fmt_mean_sd([x[t] for x in ours[:n]], 4)} |")
-  sd = max(_sd(fin[0]), _sd(fin[1]))
-  gap = abs(np.mean(fin[0]) - np.mean(fin[1]))
-  out += ["", f"Bar: final means {np.mean(fin[0]):.4f} ({names[0]}) and "
-          f"{np.mean(fin[1]):.4f} ({names[1]}) after {k} epochs, apart by "
-          f"{gap:.4f} against the larger seed sd {sd:.4f}: "
-          f"{'met' if gap <= sd else 'not met'}."]
-  return "\n".join(out)
-
-
-def dense_report(ref_paths: Sequence[str], our_workdirs: Sequence[str],
-                 names: Sequence[str] = ("reference", "ours")) -> str:
-  """:func:`dense_table` of reference JSON lines and our workdirs."""
-  return dense_table([read_dense_reference(p) for p in ref_paths],
-                     [read_dense_ours(p) for p in our_workdirs],
-                     tuple(names))

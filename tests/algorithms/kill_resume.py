@@ -43,6 +43,15 @@ class _Writer(MetricsWriter):
       self._plan.tick("row")
 
 
+def assert_same_run(full, resumed) -> None:
+  """Every row, state leaf and ledger entry of ``resumed`` equals ``full``'s."""
+  assert resumed.rows == full.rows
+  for a, b in zip(jax.tree_util.tree_leaves(full.state),
+                  jax.tree_util.tree_leaves(resumed.state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert resumed.ledger.to_dict() == full.ledger.to_dict()
+
+
 def check(tmp_path, build, initial_state, data, num_steps, options, kills, *,
           evaluate=None, personal=None):
   """Asserts that a run killed at every ``(point, n)`` of ``kills`` in turn
@@ -92,10 +101,5 @@ def check(tmp_path, build, initial_state, data, num_steps, options, kills, *,
   for point, n in kills:
     with pytest.raises(Killed):
       train(part, Plan(point, n))
-  resumed = train(part)
-  assert resumed.rows == full.rows
-  for a, b in zip(jax.tree_util.tree_leaves(full.state),
-                  jax.tree_util.tree_leaves(resumed.state)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert resumed.ledger.to_dict() == full.ledger.to_dict()
+  assert_same_run(full, train(part))
   return full

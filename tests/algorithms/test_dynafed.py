@@ -162,6 +162,7 @@ def test_no_recompilation_across_the_phases(caplog, built):
 from tests.algorithms.kill_resume import Killed as _Killed  # pylint: disable=g-import-not-at-top
 from tests.algorithms.kill_resume import Plan as _Plan  # pylint: disable=g-import-not-at-top
 from tests.algorithms.kill_resume import _Writer  # pylint: disable=g-import-not-at-top
+from tests.algorithms.kill_resume import assert_same_run  # pylint: disable=g-import-not-at-top
 
 
 def test_killed_at_every_phase_resumes_bit_identically(tmp_path, built):
@@ -193,9 +194,4 @@ def test_killed_at_every_phase_resumes_bit_identically(tmp_path, built):
                    ("row", 1)]:   # round 3 written, not saved
     with pytest.raises(_Killed):
       train(part, _Plan(point, n))
-  resumed = train(part)
-  assert resumed.rows == full.rows
-  for a, b in zip(jax.tree_util.tree_leaves(full.state),
-                  jax.tree_util.tree_leaves(resumed.state)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert resumed.ledger.to_dict() == full.ledger.to_dict()
+  assert_same_run(full, train(part))

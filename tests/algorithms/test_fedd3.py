@@ -64,14 +64,14 @@ def test_one_shot_refuses_empty_sizes():
     kwargs = dict(num_classes=3, images_per_class=1, batch_size=4)
     kwargs[bad] = 0
     with pytest.raises(ValueError, match=f"{bad} must be >= 1"):
-      fedd3.one_shot(None, tiny_task(), optax.sgd(0.1), **kwargs)
+      fedd3.fedd3(None, tiny_task(), optax.sgd(0.1), **kwargs)
 
 
 def _server_set(d, num_clients, size):
   """What FedD3's server trains on: its setup over the padded uploads."""
   import optax
   from tests.conftest import tiny_task
-  algo = fedd3.one_shot(None, tiny_task(), optax.sgd(0.1),
+  algo = fedd3.fedd3(None, tiny_task(), optax.sgd(0.1),
                         num_classes=d.y_soft.shape[-1], images_per_class=1,
                         batch_size=2)
   uploads = fedd3.pad_uploads(d, num_clients, size)
@@ -287,7 +287,7 @@ def test_kip_learned_labels_reach_server_training_as_soft_targets():
 
   def train(distilled):
     # FedD3's server, three steps on the union as received.
-    algo = fedd3.one_shot(lambda key, data: distilled, task, optax.sgd(0.5),
+    algo = fedd3.fedd3(lambda key, data: distilled, task, optax.sgd(0.5),
                           num_classes=3, images_per_class=1, batch_size=4,
                           local_steps=3,
                           learned_labels=distilled.learned_labels,

@@ -91,15 +91,17 @@ def test_a_diverged_kip_set_is_refused_and_not_cached(tmp_path):
   assert cache.load(fedd3_stages.STAGE, {"k": 1}) is None
 
 
-def test_summary_fields_writes_the_grid_and_measures_privacy(tmp_path):
+def test_upload_fields_measure_privacy_and_draw_nothing(tmp_path,
+                                                        monkeypatch):
+  monkeypatch.chdir(tmp_path)
   raw = ClientData(x=np.array([[[[[0]]]], [[[[9]]]]], np.uint8),
                    y=np.zeros((2, 1), np.int32),
                    num_examples=np.array([1, 1], np.int32))
-  out = fedd3_stages.summary_fields(
-      _set(), raw, directory=str(tmp_path), distiller="kip",
-      distill_seconds=2.0, cached=False, quantisation={"q": 1.0})
-  assert (tmp_path / "distilled_grid.png").stat().st_size > 0
-  assert out["distilled_grid"] == "distilled_grid.png"
+  out = fedd3_stages.upload_fields(
+      _set(), raw, distiller="kip", distill_seconds=2.0, cached=False,
+      distilled_grid="g.png", quantisation={"q": 1.0})
+  assert not list(tmp_path.iterdir())  # the caller draws the grid
+  assert out["distilled_grid"] == "g.png"
   assert out["distilled_images_total"] == 2 and out["pixels_per_sample"] == 1
   # Image 0 (0) is client 0's raw image; image 1 (255) is not client 1's (9).
   assert out["privacy"]["identical_to_raw_count"] == 1

@@ -50,9 +50,9 @@ def test_setup_ledger_is_eq18_first_two_terms_by_hand():
   assert with_labels.tag_totals()["distilled_labels"]["bytes_total"] == 72
 
 
-def test_summary_fields_report_eq18_in_bytes_by_hand():
+def test_stage_fields_report_eq18_in_bytes_by_hand():
   s = _stages()
-  out = hfldd_stages.summary_fields(
+  out = hfldd_stages.stage_fields(
       s, aux_size=10, num_classes=3, member_data="kip", num_params=100,
       rounds=2, bytes_by_tag={}, training_seconds=4.0,
       topology_figure_path="t.png")

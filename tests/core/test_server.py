@@ -396,7 +396,7 @@ def test_client_stage_in_spans_stops_on_the_budget_and_resumes(tmp_path):
 
 
 def _fedd3(task, images_per_class=2):
-  return fedd3.one_shot(
+  return fedd3.fedd3(
       fedd3.random_distiller(num_classes=3, images_per_class=images_per_class),
       task, optax.sgd(0.1, momentum=0.9), num_classes=3,
       images_per_class=images_per_class, batch_size=4)

@@ -15,7 +15,7 @@ from jax import lax
 
 from fedjax_dd import models
 from fedjax_dd.models import layers
-from fedjax_dd.utils import versions
+from fedjax_dd import versions
 from tests.conftest import x64
 
 KEY = functools.partial(jax.random.key, impl="rbg")

@@ -1,0 +1,66 @@
+"""A new method on the command line: its algorithm module and its config
+file, which registers the method (runners.register); nothing else changes."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fedjax_dd.experiments import runners
+from tests.conftest import REPO_ROOT
+
+# FedAvg whose server takes half of the averaged update.
+ALGORITHM = '''
+import optax
+from fedjax_dd.algorithms.fedavg import fedavg
+
+
+def half_step(task, optimizer, *, batch_size, max_steps, mapper):
+  return fedavg(task, optimizer, batch_size=batch_size, max_steps=max_steps,
+                mapper=mapper, server_optimizer=optax.sgd(0.5))
+'''
+
+CONFIG = '''
+import half_step_algo
+from fedjax_dd.experiments import common, runners
+from fedjax_dd.experiments.configs import fedavg
+
+runners.register("half_step", lambda config, task, max_steps: (
+    half_step_algo.half_step(task, common.make_optimizer(config),
+                             batch_size=config.client.batch_size,
+                             max_steps=max_steps,
+                             mapper=common.mapper(config))))
+
+
+def get_config(arg="smoke"):
+  config = fedavg.get_config(arg)
+  config.method = "half_step"
+  return config
+'''
+
+
+def test_a_toy_method_runs_from_the_command_line(tmp_path):
+  (tmp_path / "half_step_algo.py").write_text(textwrap.dedent(ALGORITHM))
+  (tmp_path / "half_step.py").write_text(textwrap.dedent(CONFIG))
+  workdir = tmp_path / "run"
+  env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+  proc = subprocess.run(
+      [sys.executable, "-m", "fedjax_dd.experiments.main",
+       f"--config={tmp_path / 'half_step.py'}:smoke", f"--workdir={workdir}",
+       "--config.run.progress=False"],
+      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  summary = json.loads((workdir / "summary.json").read_text())
+  rows = [json.loads(line) for line in
+          (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert summary["method"] == "half_step"
+  assert [r["round"] for r in rows] == [1, 2]
+  assert 0.0 <= summary["final_test_accuracy"] <= 1.0
+
+
+def test_a_built_in_method_cannot_be_replaced():
+  with pytest.raises(ValueError, match="'fedavg' is built in"):
+    runners.register("fedavg", lambda config, task, max_steps: None)
