@@ -41,7 +41,7 @@ from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.distill.iga import IGAHyperParams, make_iga
 from fedjax_dd.experiments import common
 from fedjax_dd.models.cgenerator import CGeneratorA
-from fedjax_dd.utils import versions
+from fedjax_dd import versions
 
 Builder = Callable[[ml_collections.ConfigDict, Classifier, int], FederatedAlgorithm]
 

@@ -110,7 +110,7 @@ def run_summary(*, method: str, dataset: str, model: str,
     extra: the method's own fields, added before ``config``.
     config: the run's settings, added last.
     code: the code that computed the figures
-      (:func:`fedjax_dd.utils.versions.source_commit`); ``None``: not
+      (:func:`fedjax_dd.versions.source_commit`); ``None``: not
       recorded.
   """
   accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]

@@ -321,7 +321,7 @@ def test_every_run_row_names_its_code_jax_and_machine():
 
 
 def test_source_commit_reads_the_checkout_or_says_none(tmp_path):
-  from fedjax_dd.utils import versions  # pylint: disable=g-import-not-at-top
+  from fedjax_dd import versions  # pylint: disable=g-import-not-at-top
   here = versions.source_commit(REPO_ROOT)
   if here is not None:  # a git checkout (not an unpacked sdist)
     assert len(here["commit"]) == 40 and isinstance(here["modified"], bool)
