@@ -367,7 +367,10 @@ def main(argv):
       raise app.UsageError(str(e)) from None
     # Another device count or jax is allowed on a resume, but not
     # bit-identical: one warning, before the data loads.
-    workdir_lib.record_environment(_WORKDIR.value)
+    workdir_lib.record_environment(
+        _WORKDIR.value,
+        workdir_lib.current_environment(
+            compute_dtype=common.compute_dtype(config)))
     summary = runners.RUNNERS[config.runner](config, _WORKDIR.value)
   except (loop_lib.NonFiniteError, loop_lib.MetricsFileError,
           loop_lib.ResumeRefusedError, common.InputError) as e:

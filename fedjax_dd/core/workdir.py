@@ -380,12 +380,17 @@ def _write_json_atomic(path: str, record: Mapping[str, Any]) -> None:
   os.replace(tmp, path)
 
 
-def current_environment() -> dict[str, Any]:
+def current_environment(compute_dtype: str | None = None
+                        ) -> dict[str, Any]:
   """Where this process computes: what sets a run's float rounding.
+
+  Args:
+    compute_dtype: The run's models' compute dtype (``"float32"`` or
+      ``"bfloat16"``), recorded as ``compute_dtype`` where given.
 
   Returns:
     ``{"platform", "device_kind", "devices", "processes", "jax",
-    "jaxlib", "policy"}``. The device count matters on a CPU too: the engine
+    "jaxlib", "policy"}`` and ``compute_dtype`` where given. The device count matters on a CPU too: the engine
     lays the client axis over one host device per core
     (``fedjax_dd.configure_cpu``), so another count batches the clients
     otherwise. ``policy`` is :func:`fedjax_dd.policy.forms`, the layer forms
@@ -396,13 +401,16 @@ def current_environment() -> dict[str, Any]:
   from fedjax_dd import policy  # pylint: disable=g-import-not-at-top
   from fedjax_dd.utils import versions  # pylint: disable=g-import-not-at-top
   devices = jax.devices()
-  return {"platform": jax.default_backend(),
-          "device_kind": devices[0].device_kind,
-          "devices": len(devices),
-          "processes": jax.process_count(),
-          "jax": versions.installed_version("jax"),
-          "jaxlib": versions.installed_version("jaxlib"),
-          "policy": policy.forms()}
+  out = {"platform": jax.default_backend(),
+         "device_kind": devices[0].device_kind,
+         "devices": len(devices),
+         "processes": jax.process_count(),
+         "jax": versions.installed_version("jax"),
+         "jaxlib": versions.installed_version("jaxlib"),
+         "policy": policy.forms()}
+  if compute_dtype is not None:
+    out["compute_dtype"] = compute_dtype
+  return out
 
 
 def _environment_differences(started: Mapping[str, Any],
@@ -457,6 +465,8 @@ def record_environment(directory: str | os.PathLike,
   Args:
     directory: the run directory (created if missing).
     environment: this process's; default :func:`current_environment`.
+      One without ``compute_dtype`` (a library loop's, which does not know
+      the config) keeps the recorded one.
 
   Returns:
     The warning when the directory holds results (see
@@ -469,6 +479,11 @@ def record_environment(directory: str | os.PathLike,
   now = _normalised(environment if environment is not None
                     else current_environment())
   record = read_environment(directory)
+  started = (record or {}).get("started")
+  if (isinstance(started, dict) and "compute_dtype" in started
+      and "compute_dtype" not in now):
+    # Known to the entry point, not to the library loop it calls: kept.
+    now["compute_dtype"] = started["compute_dtype"]
   if record is None or not has_run_files(directory):
     fresh = {"started": now, "resumed": []}
     if record != fresh:  # The entry point has often written it already.
