@@ -163,6 +163,7 @@ def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
         ds, config.model.name,
         input_shape=tuple(config.data.input_shape or ()) or None,
         resize_method=config.data.resize_method, conv_impl=conv_impl(config),
+        compute_dtype=compute_dtype(config),
         init=_lookup(config, "model.init") or "",
         proj_dim=int(_lookup(config, "model.proj_dim") or 0))
   except ValueError as e:
@@ -186,6 +187,16 @@ def conv_impl(config: ml_collections.ConfigDict,
   impl = _lookup(config, "model.conv_impl") or "auto"
   resolved = models.resolve_conv_impl(impl, model=model)
   return impl if model is None else resolved
+
+
+def compute_dtype(config: ml_collections.ConfigDict) -> str:
+  """``config.model.compute_dtype`` (``"auto"`` for configs without the
+  key) resolved for this platform and jax
+  (:func:`fedjax_dd.policy.resolve_compute_dtype`): ``"float32"`` or
+  ``"bfloat16"``, the dtype of every model's and generator's convolutions
+  and matmuls."""
+  return policy.resolve_compute_dtype(
+      _lookup(config, "model.compute_dtype") or "auto")
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -535,7 +546,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   Checks the counts and rates of :data:`_POSITIVE` (finite, above their
   bound), momenta below 1, ``fedd3.images_per_class >= 1`` and
   ``data.num_classes >= 0`` (ints), that local training has work to do, the
-  names of ``client.augment``, ``model.conv_impl`` and the partition, and
+  names of ``client.augment``, ``model.conv_impl``,
+  ``model.compute_dtype`` and the partition, and
   that ``kip.kernel_impl=neural_tangents`` has its optional extra installed.
 
   Raises:
@@ -583,6 +595,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.model.conv_impl must be one of "
                      f"{list(models.CONV_IMPLS)}, got {impl!r}; set "
                      "--config.model.conv_impl.")
+  dtype = _lookup(config, "model.compute_dtype")
+  if dtype is not None and dtype not in ("auto",) + policy.COMPUTE_DTYPES:
+    raise ValueError(f"config.model.compute_dtype must be one of "
+                     f"{['auto', *policy.COMPUTE_DTYPES]}, got {dtype!r}; "
+                     "set --config.model.compute_dtype.")
   if _lookup(config, "data.partition") is not None:
     check_partition(config.data.partition)
   if _lookup(config, "method") == "os_fedavg" and int(config.rounds) != 1:

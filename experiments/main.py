@@ -365,10 +365,13 @@ def main(argv):
                                      defaults=_preset_fingerprint())
     except workdir_lib.FingerprintMismatchError as e:
       raise app.UsageError(str(e)) from None
-    # Another device count, jax or layer form (model.conv_impl) is allowed
-    # on a resume, but not bit-identical: one warning, before the data loads.
+    # Another device count, jax, layer form (model.conv_impl) or compute
+    # dtype is allowed on a resume, but not bit-identical: one warning,
+    # before the data loads.
     workdir_lib.record_environment(
-        _WORKDIR.value, forms={"model.conv_impl": common.conv_impl(config)})
+        _WORKDIR.value,
+        forms={"model.conv_impl": common.conv_impl(config),
+               "model.compute_dtype": common.compute_dtype(config)})
     summary = runners.RUNNERS[config.runner](config, _WORKDIR.value)
   except (loop_lib.NonFiniteError, loop_lib.MetricsFileError,
           loop_lib.ResumeRefusedError, common.InputError) as e:

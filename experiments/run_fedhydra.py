@@ -80,7 +80,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   input_fn = ensemble.unit_normalizer(prepared.mean, prepared.std)
   tasks = {name: task if name == config.model.name else dataclasses.replace(
       task, module=models.get_model(name).build(
-          task.num_classes, conv_impl=common.conv_impl(config)))
+          task.num_classes, conv_impl=common.conv_impl(config),
+          compute_dtype=common.compute_dtype(config)))
            for name in archs}
   names, groups = one_shot.architecture_groups(task, archs, tasks,
                                                data.num_clients, input_fn)

@@ -39,6 +39,7 @@ def member_config(config: ml_collections.ConfigDict,
   # How convolutions are computed (same results to float rounding) is the
   # run's, as --config.model.conv_impl sets it on the quickstart.
   c.model.conv_impl = config.model.conv_impl
+  c.model.compute_dtype = config.model.compute_dtype
   for path, value in m.overrides:
     base_lib.set_path(c, path, value)
   c.run.progress = config.run.progress

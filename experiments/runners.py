@@ -70,7 +70,8 @@ def _iga(config, task: Classifier, *, feddf: bool = False):
   generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,
                           ngf=i.ngf, num_classes=task.num_classes,
                           conv_impl=common.conv_impl(config,
-                                                    CGeneratorA.__name__))
+                                                    CGeneratorA.__name__),
+                          dtype=jnp.dtype(common.compute_dtype(config)))
   n = config.data.num_clients
   return make_iga(task, generator,
                   num_teachers_max=common.cohort(config, n).size_bound(n),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -66,7 +67,9 @@ def _synthesis(config, task) -> dict[str, Any]:
       generator=models.Generator(out_shape=tuple(task.input_shape),
                                  nz=d.nz, ngf=d.ngf,
                                  conv_impl=common.conv_impl(
-                                     config, models.Generator.__name__)),
+                                     config, models.Generator.__name__),
+                                 dtype=jnp.dtype(
+                                     common.compute_dtype(config))),
       generator_optimizer=optax.adam(d.generator_lr, b1=d.generator_b1),
       student_optimizer=optax.sgd(d.student_lr,
                                   momentum=d.student_momentum or None),

@@ -29,6 +29,9 @@ version range; nothing else picks a form. A row holds:
   clients may hold before the mapper splits the cohort into chunks;
 * ``ntk_grad_memory_factor``: the conv-kernel memory model's gradient
   scale (:mod:`fedjax_dd.kernels.blocking`);
+* ``compute_dtype``: the dtype convolutions and matmuls run in
+  (:func:`resolve_compute_dtype`); parameters, optimizer state, normalisation
+  statistics and losses stay float32;
 * ``measured``: where the row's choices were measured, or "not measured".
 
 A run records what the table makes it compute (:func:`forms`) in its
@@ -71,6 +74,7 @@ NOT_MEASURED = "not measured"
 
 CONV_FORMS = ("lax", "patches", "forward")
 KERNEL_GRAD_FORMS = ("lax", "matmul")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +114,9 @@ class Policy:
     ntk_grad_memory_factor: Scale of the conv-kernel memory model's
       gradient coefficients (:func:`fedjax_dd.kernels.blocking.
       estimate_kernel_bytes`).
+    compute_dtype: :data:`COMPUTE_DTYPES` entry for ``compute_dtype="auto"``:
+      the dtype of the models' convolutions and matmuls (Flax's ``dtype``;
+      the parameters stay float32).
     measured: Where these choices were measured, or :data:`NOT_MEASURED`.
   """
 
@@ -130,6 +137,7 @@ class Policy:
   per_core_options: tuple[tuple[str, Any], ...]
   ntk_grad_memory_factor: float
   max_vmap_elements: int | None
+  compute_dtype: str
   measured: str
 
   def covers(self, platform: str, version: tuple[int, ...]) -> bool:
@@ -164,6 +172,8 @@ _CPU = dict(
     per_core_options=_SINGLE_THREAD,
     # The one-device default is chunked: no vmap over the whole cohort.
     max_vmap_elements=None,
+    # XLA:CPU has no fast bfloat16 matmul or convolution.
+    compute_dtype="float32",
 )
 
 # Rows for XLA's plain forms: nothing measured, nothing worked around.
@@ -181,6 +191,8 @@ _PLAIN = dict(
     compiler_options=(),
     per_core_options=(),
     max_vmap_elements=None,
+    # Tensor cores and the MXU run bfloat16 at several times float32's rate.
+    compute_dtype="bfloat16",
     measured=NOT_MEASURED,
 )
 
@@ -188,7 +200,8 @@ _PLAIN = dict(
 # crashed on an H100.
 _INT32_ELEMENTS = 2**31 - 1
 _GPU_MEASURED = ("H100, jax 0.11.2: the plain forms (engine round, KIP, "
-                 "IGA; the CPU forms not compared)")
+                 "IGA; the CPU forms not compared; bfloat16 compute not "
+                 "measured)")
 
 # The conv-kernel memory model was fitted on jax 0.5.3; newer XLA keeps more
 # residuals in the backward pass.
@@ -323,6 +336,32 @@ def kernel_grads(model: str, num_convs: int,
   if row.kernel_grad != "matmul" or forms is None:
     return ("lax",) * num_convs
   return tuple(forms[0] if i == 0 else forms[1] for i in range(num_convs))
+
+
+def resolve_compute_dtype(compute_dtype: str = "auto",
+                          platform: str | None = None,
+                          jax_version: str | None = None) -> str:
+  """The dtype a model's convolutions and matmuls run in.
+
+  Args:
+    compute_dtype: ``"auto"`` or one of :data:`COMPUTE_DTYPES`; all but
+      ``"auto"`` are returned unchanged.
+    platform: For ``"auto"``: the row's platform (:func:`lookup`).
+    jax_version: For ``"auto"``: the row's jax version.
+
+  Returns:
+    ``"float32"`` or ``"bfloat16"``.
+
+  Raises:
+    ValueError: If ``compute_dtype`` is not ``"auto"`` or one of
+      :data:`COMPUTE_DTYPES`.
+  """
+  if compute_dtype != "auto" and compute_dtype not in COMPUTE_DTYPES:
+    raise ValueError(f"Unknown compute_dtype {compute_dtype!r}; expected "
+                     f"one of {('auto',) + COMPUTE_DTYPES}.")
+  if compute_dtype != "auto":
+    return compute_dtype
+  return lookup(platform, jax_version).compute_dtype
 
 
 def as_dict(row: Policy) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_dd import policy
 from fedjax_dd.models.alexnet import AlexCifarNet, AlexNet
 from fedjax_dd.models.cifar_cnn import HFLDDCifarCNN
 from fedjax_dd.models.convnet import ConvNet
@@ -41,7 +42,8 @@ class ModelSpec:
 
   Attributes:
     name: Registry key.
-    build: ``build(num_classes, conv_impl="auto") -> nn.Module``.
+    build: ``build(num_classes, conv_impl="auto", compute_dtype="auto")
+      -> nn.Module``.
       ``conv_impl`` (:data:`CONV_IMPLS`) picks how the model's convolutions
       are computed; ``"auto"`` (the default, as the ``fedjax-dd`` entry
       point passes it) is resolved here by :mod:`fedjax_dd.policy` for
@@ -51,6 +53,12 @@ class ModelSpec:
       forms (kernel gradients, fused blocks, norm folding, phase split)
       follow the same policy when it runs. Models without convolutions check
       the name and ignore it. The parameters do not depend on it.
+      ``compute_dtype`` (``"auto"``, ``"float32"`` or ``"bfloat16"``) is the
+      dtype of the convolutions and matmuls, the module's ``dtype`` field;
+      ``"auto"`` is the policy's for JAX's default backend and the running
+      jax (:func:`fedjax_dd.policy.resolve_compute_dtype`: float32 on CPU,
+      bfloat16 on GPU and TPU). Parameters, BatchNorm statistics and the
+      losses (:class:`fedjax_dd.core.task.Classifier`) stay float32.
     input_shape: Canonical single-example input ``(H, W, Ch)``.
     has_batch_stats: Whether the model keeps a ``batch_stats`` collection
       (and so needs ``mutable=['batch_stats']`` when ``train=True``).
@@ -69,16 +77,18 @@ class ModelSpec:
 
 def _builder(make: Callable[..., nn.Module], has_convs: bool = True,
              model: str | None = None) -> Callable[..., nn.Module]:
-  """``build(num_classes, conv_impl="auto")`` for ``make(num_classes, **kw)``;
-  ``model``: the class name whose own ``"auto"`` form applies
-  (:func:`fedjax_dd.policy.conv_form`)."""
+  """``build(num_classes, conv_impl="auto", compute_dtype="auto")`` for
+  ``make(num_classes, **kw)``; ``model``: the class name whose own
+  ``"auto"`` form applies (:func:`fedjax_dd.policy.conv_form`)."""
 
-  def build(num_classes: int, conv_impl: str = "auto") -> nn.Module:
-    # Validates the name as well.
+  def build(num_classes: int, conv_impl: str = "auto",
+            compute_dtype: str = "auto") -> nn.Module:
+    # Validates the names as well.
     conv_impl = resolve_conv_impl(conv_impl, model=model)
+    dtype = jnp.dtype(policy.resolve_compute_dtype(compute_dtype))
     if not has_convs:
-      return make(num_classes)
-    return make(num_classes, conv_impl=conv_impl)
+      return make(num_classes, dtype=dtype)
+    return make(num_classes, conv_impl=conv_impl, dtype=dtype)
 
   return build
 
@@ -121,7 +131,8 @@ _SPECS = (
               "FedHydra CNN3: 3x[conv3x3,BN,ReLU,pool] 32-64-128 + dense; "
               "113,962 params @10.",
               head="fc"),
-    ModelSpec("fc", _builder(lambda k: FC(num_classes=k), has_convs=False),
+    ModelSpec("fc", _builder(lambda k, **kw: FC(num_classes=k, **kw),
+                               has_convs=False),
               (28, 28, 1), False,
               "FC1: one hidden ReLU layer of 1024 on the flattened input "
               "(any input shape); 814,090 params @10 on 28x28x1.",

@@ -16,7 +16,7 @@ Two models live here:
   dense 384 -> dense 192 -> dense classes.
 """
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -50,11 +50,15 @@ class AlexNet(nn.Module):
     conv_impl: How the convolutions are computed, one of
       ``layers.CONV_IMPLS``; ``"auto"`` (the default:
       ``fedjax_dd.policy``); same parameters.
+    dtype: The compute dtype of the convolutions and matmuls (Flax's
+      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
+      normalisation statistics and the logits' loss stay float32.
   """
 
   num_classes: int = 10
   hidden: Sequence[int] = (384, 192)
   conv_impl: str = "auto"
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -74,14 +78,14 @@ class AlexNet(nn.Module):
     for i, (width, pool) in enumerate(
         [(64, True), (192, True), (384, False), (256, False), (256, True)]):
       x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
-                      name=f"conv{i + 1}")(x)
+                      dtype=self.dtype, name=f"conv{i + 1}")(x)
       x = nn.relu(x)
       if pool:
         x = layers.max_pool(x)
     x = layers.flatten(x)
     for i, width in enumerate(self.hidden):
-      x = nn.relu(nn.Dense(width, name=f"fc{i + 1}")(x))
-    return nn.Dense(self.num_classes, name="head")(x)
+      x = nn.relu(nn.Dense(width, dtype=self.dtype, name=f"fc{i + 1}")(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="head")(x)
 
 
 class AlexCifarNet(nn.Module):
@@ -102,10 +106,14 @@ class AlexCifarNet(nn.Module):
     conv_impl: How the convolutions are computed, one of
       ``layers.CONV_IMPLS``; ``"auto"`` (the default:
       ``fedjax_dd.policy``); same parameters.
+    dtype: The compute dtype of the convolutions and matmuls (Flax's
+      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
+      normalisation statistics and the logits' loss stay float32.
   """
 
   num_classes: int = 10
   conv_impl: str = "auto"
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -130,12 +138,12 @@ class AlexCifarNet(nn.Module):
                                         k=1.0)
 
     x = nn.relu(layers.conv(self.conv_impl, 64, (5, 5), padding="SAME",
-                            name="conv1")(x))
+                            dtype=self.dtype, name="conv1")(x))
     x = lrn(pool(x))
     x = nn.relu(layers.conv(self.conv_impl, 64, (5, 5), padding="SAME",
-                            name="conv2")(x))
+                            dtype=self.dtype, name="conv2")(x))
     x = pool(lrn(x))
     x = layers.flatten(x)
-    x = nn.relu(nn.Dense(384, name="fc1")(x))
-    x = nn.relu(nn.Dense(192, name="fc2")(x))
-    return nn.Dense(self.num_classes, name="fc3")(x)
+    x = nn.relu(nn.Dense(384, dtype=self.dtype, name="fc1")(x))
+    x = nn.relu(nn.Dense(192, dtype=self.dtype, name="fc2")(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc3")(x)

@@ -7,7 +7,7 @@ conditioned on the label ``y``. This is our Flax version of the architecture in
 FedFTG's released code (``models/gan_models.py``, class ``CGeneratorA``).
 """
 
-from typing import Optional
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax
@@ -77,6 +77,9 @@ class CGeneratorA(nn.Module):
       ``"CGeneratorA"``, ``lax`` on every platform); same parameters.
     conv_bias: whether ``conv1`` and ``conv2`` (each before a BatchNorm)
       have a bias, as in FedFTG's code (see above).
+    dtype: The compute dtype of the convolutions and dense layers (Flax's
+      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters and
+      BatchNorm statistics stay float32, and so do the images it returns.
   """
 
   out_shape: tuple = (32, 32, 3)
@@ -87,6 +90,7 @@ class CGeneratorA(nn.Module):
   output_space: str = "normalised"
   conv_impl: str = "auto"
   conv_bias: bool = True
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, z: jnp.ndarray, y: Optional[jnp.ndarray] = None,
@@ -127,24 +131,25 @@ class CGeneratorA(nn.Module):
     impl = layers.resolve_conv_impl(self.conv_impl,
                                      model=CGeneratorA.__name__)
     b, h0, w0 = z.shape[0], h // 4, w // 4
-    noise = nn.Dense(h0 * w0 * self.ngf, name="noise_fc")(z)
+    noise = nn.Dense(h0 * w0 * self.ngf, dtype=self.dtype, name="noise_fc")(z)
     onehot = jax.nn.one_hot(y, self.num_classes, dtype=z.dtype)
-    label = nn.Dense(h0 * w0 * self.ngf, name="label_fc")(onehot)
+    label = nn.Dense(h0 * w0 * self.ngf, dtype=self.dtype, name="label_fc")(onehot)
     x = jnp.concatenate([noise.reshape(b, h0, w0, self.ngf),
                          label.reshape(b, h0, w0, self.ngf)], axis=-1)
     x = layers.batch_norm(train, name="bn0")(x)
     for i, width in enumerate((2 * self.ngf, self.ngf)):
       x = _upsample2(x)
       x = layers.conv(impl, width, (3, 3), padding="SAME",
-                      use_bias=self.conv_bias, name=f"conv{i + 1}")(x)
+                      use_bias=self.conv_bias, dtype=self.dtype,
+                      name=f"conv{i + 1}")(x)
       x = nn.leaky_relu(layers.batch_norm(train, name=f"bn{i + 1}")(x),
                         negative_slope=0.2)
     x = jnp.tanh(layers.conv(impl, ch, (3, 3), padding="SAME",
-                             name="conv3")(x))
+                             dtype=self.dtype, name="conv3")(x))
     return nn.BatchNorm(use_running_average=not train,
                         momentum=layers.BN_MOMENTUM,
                         epsilon=layers.BN_EPSILON, use_scale=False,
-                        use_bias=False, name="bn_out")(x)
+                        use_bias=False, name="bn_out")(x.astype(jnp.float32))
 
 
 def _upsample2(x: jnp.ndarray) -> jnp.ndarray:

@@ -28,7 +28,7 @@ classes, per block ``conv + BN + conv + BN``::
   total 151,680 + 3 * 295,680 + 5,130                    = 1,043,850
 """
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -54,12 +54,16 @@ class HFLDDCifarCNN(nn.Module):
       (on CPU one matmul of the patches for the 3-channel input, one matmul
       per tap for the rest: the engine's round ran 1.3-1.4x faster than
       with lax's; experiments/perf_notes.md, "Kernel gradient per tap").
+    dtype: The compute dtype of the convolutions and matmuls (Flax's
+      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
+      normalisation statistics and the logits' loss stay float32.
   """
 
   num_classes: int = 10
   features: Sequence[int] = (128, 128, 128, 128)
   conv_impl: str = "auto"
   weight_grads: Sequence[str] | None = None
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -91,9 +95,9 @@ class HFLDDCifarCNN(nn.Module):
       for j in (1, 2):
         x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
                         weight_grad=grads[2 * i + j - 1],
-                        name=f"conv{i + 1}_{j}")(x)
+                        dtype=self.dtype, name=f"conv{i + 1}_{j}")(x)
         x = nn.relu(x)
         x = layers.batch_norm(train, name=f"bn{i + 1}_{j}")(x)
       x = layers.max_pool(x)
     x = layers.flatten(x)
-    return nn.Dense(self.num_classes, name="fc")(x)
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(x)

@@ -5,7 +5,7 @@ style): ``depth`` blocks of ``[conv width 3x3 SAME -> instance norm -> ReLU ->
 avg-pool 2]`` followed by one dense layer.
 """
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -64,6 +64,9 @@ class ConvNet(nn.Module):
       (``layers.conv_function``); None: ``policy.kernel_grads`` (on CPU
       one matmul of the patches for the first layer's few input channels,
       one matmul per kernel tap for the others).
+    dtype: The compute dtype of the convolutions and matmuls (Flax's
+      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
+      normalisation statistics and the logits' loss stay float32.
   """
 
   num_classes: int = 10
@@ -72,6 +75,7 @@ class ConvNet(nn.Module):
   conv_impl: str = "auto"
   fuse_first_block: bool | None = None
   weight_grads: Sequence[str] | None = None
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -113,8 +117,8 @@ class ConvNet(nn.Module):
             self.width, (3, 3), name="conv1")(x.shape[-1])
         scale, bias = fused_block.InstanceNormVariables(name="norm1")(
             self.width)
-        x, kernel, scale, bias = nn.dtypes.promote_dtype(x, kernel, scale,
-                                                         bias)
+        x, kernel, scale, bias = nn.dtypes.promote_dtype(
+            x, kernel, scale, bias, dtype=self.dtype)
         x = fused_block.conv_instance_norm_relu_avg_pool(
             x, kernel, scale, bias, epsilon=1e-5)
         continue
@@ -124,9 +128,10 @@ class ConvNet(nn.Module):
       x = layers.Conv(self.width, (3, 3), padding="SAME",
                       conv_impl=self.conv_impl,
                       weight_grad=grads[i],
-                      apply_bias=False, name=f"conv{i + 1}")(x)
+                      apply_bias=False, dtype=self.dtype,
+                      name=f"conv{i + 1}")(x)
       x = layers.InstanceNorm(epsilon=1e-5, name=f"norm{i + 1}")(x)
       x = nn.relu(x)
       x = layers.avg_pool(x)
     x = layers.flatten(x)
-    return nn.Dense(self.num_classes, name="fc")(x)
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(x)

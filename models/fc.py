@@ -1,5 +1,7 @@
 """Fully connected ReLU network, the finite-width counterpart of KIP's FC."""
 
+from typing import Any
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -17,11 +19,14 @@ class FC(nn.Module):
     num_classes: Number of output logits.
     width: Units per hidden layer.
     depth: Number of hidden layers (0 gives a linear model).
+    dtype: The compute dtype of the matmuls (Flax's ``dtype``, e.g.
+      ``jnp.bfloat16``); None: float32. The parameters stay float32.
   """
 
   num_classes: int = 10
   width: int = 1024
   depth: int = 1
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -46,5 +51,5 @@ class FC(nn.Module):
           f"Invalid FC depth/width: {self.depth}, {self.width}.")
     x = layers.flatten(x)
     for i in range(self.depth):
-      x = nn.relu(nn.Dense(self.width, name=f"fc{i + 1}")(x))
-    return nn.Dense(self.num_classes, name="head")(x)
+      x = nn.relu(nn.Dense(self.width, dtype=self.dtype, name=f"fc{i + 1}")(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="head")(x)

@@ -16,7 +16,7 @@ bias is dropped because BN's learned bias subsumes it. A single dense layer
 maps the flattened features to the logits.
 """
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -39,6 +39,9 @@ class ConvBNNet(nn.Module):
       (``layers.conv_function``); None: ``policy.kernel_grads`` of the
       class's name (CNN3's are matmuls on CPU, CNN2's lax's); empty:
       ``"lax"`` for all. The same gradient to float rounding, another speed.
+    dtype: The compute dtype of the convolutions and matmuls (Flax's
+      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
+      normalisation statistics and the logits' loss stay float32.
   """
 
   num_classes: int = 10
@@ -46,6 +49,7 @@ class ConvBNNet(nn.Module):
   kernel_size: int = 5
   weight_grads: Sequence[str] | None = None
   conv_impl: str = "auto"
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -82,11 +86,12 @@ class ConvBNNet(nn.Module):
     for i, width in enumerate(self.features):
       x = layers.conv(impl, width, (k, k), padding="SAME",
                       weight_grad=grads[i],
-                      use_bias=False, name=f"conv{i + 1}")(x)
+                      use_bias=False, dtype=self.dtype,
+                      name=f"conv{i + 1}")(x)
       x = nn.relu(layers.batch_norm(train, name=f"bn{i + 1}")(x))
       x = layers.max_pool(x)
     x = layers.flatten(x)
-    return nn.Dense(self.num_classes, name="fc")(x)
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(x)
 
 
 class CNN2(ConvBNNet):

@@ -6,7 +6,7 @@ teachers' BatchNorm running statistics, then distils the teachers into the
 global model on the generated images.
 """
 
-from typing import Optional
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -51,6 +51,9 @@ class Generator(nn.Module):
       ``layers.CONV_IMPLS``; ``"auto"`` (the default:
       ``fedjax_dd.policy.conv_form`` for
       ``"Generator"``, ``lax`` on every platform); same parameters.
+    dtype: The compute dtype of the convolutions and dense layers (Flax's
+      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters and
+      BatchNorm statistics stay float32, and so do the images it returns.
   """
 
   out_shape: tuple = (32, 32, 3)
@@ -59,6 +62,7 @@ class Generator(nn.Module):
   conditional: bool = False
   num_classes: int = 10
   conv_impl: str = "auto"
+  dtype: Any = None
 
   @nn.compact
   def __call__(
@@ -115,7 +119,7 @@ class Generator(nn.Module):
     impl = layers.resolve_conv_impl(self.conv_impl,
                                      model=Generator.__name__)
     c0 = 2 * self.ngf
-    x = nn.Dense(h // 4 * (w // 4) * c0, name="fc")(z)
+    x = nn.Dense(h // 4 * (w // 4) * c0, dtype=self.dtype, name="fc")(z)
     x = x.reshape(z.shape[0], h // 4, w // 4, c0)
     x = layers.batch_norm(train, name="bn1")(x)
     for i, width in enumerate([c0, self.ngf]):
@@ -124,11 +128,13 @@ class Generator(nn.Module):
                           negative_slope=0.2)
       x = _upsample2(x)
       x = layers.conv(impl, width, (3, 3), padding="SAME",
-                      use_bias=False, name=f"conv{i + 1}")(x)
+                      use_bias=False, dtype=self.dtype,
+                      name=f"conv{i + 1}")(x)
     x = nn.leaky_relu(layers.batch_norm(train, name="bn3")(x),
                       negative_slope=0.2)
-    x = layers.conv(impl, ch, (3, 3), padding="SAME", name="conv3")(x)
-    return nn.sigmoid(x)
+    x = layers.conv(impl, ch, (3, 3), padding="SAME", dtype=self.dtype,
+                    name="conv3")(x)
+    return nn.sigmoid(x.astype(jnp.float32))
 
 
 def _upsample2(x: jnp.ndarray) -> jnp.ndarray:

@@ -177,8 +177,20 @@ def patches_conv_general_dilated(
         precision=lax.Precision.HIGHEST)
     # Its features are ordered channel-major, [Ch, kh, kw].
     kernel = jnp.transpose(rhs, (2, 0, 1, 3)).reshape(ch * kh * kw, out)
+  if preferred_element_type is None and _low_precision(patches, kernel):
+    # Low-precision inputs (a bfloat16 compute dtype): sum in float32,
+    # return the inputs' dtype, as XLA's own convolution does.
+    return jnp.dot(patches, kernel, precision=precision,
+                   preferred_element_type=jnp.float32).astype(
+                       jnp.result_type(patches, kernel))
   return jnp.dot(patches, kernel, precision=precision,
                  preferred_element_type=preferred_element_type)
+
+
+def _low_precision(*arrays: jax.Array) -> bool:
+  """Whether the arrays' common dtype is a float narrower than float32."""
+  dtype = jnp.result_type(*arrays)
+  return jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4
 
 
 def _is_nhwc(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any) -> bool:
@@ -621,6 +633,8 @@ class Conv(nn.Module):
       bias's gradient is zero, and adding it and reducing its gradient is
       wasted work (the engine's ConvNet-3 round on CPU ran 1.08x faster
       without it on jax 0.5.3, level to 1.03x on 0.12).
+    dtype: The compute dtype (Flax's ``dtype``); None: the inputs' and
+      parameters' common dtype. The parameters are float32.
   """
 
   features: int
@@ -629,13 +643,15 @@ class Conv(nn.Module):
   conv_impl: str = "auto"
   weight_grad: str = "lax"
   apply_bias: bool = True
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
     kernel, bias = conv_params(self, self.kernel_size, x.shape[-1],
                                self.features)
-    # As nn.Conv: compute in the inputs' common dtype.
-    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias)
+    # As nn.Conv: compute in ``dtype``, or the inputs' common dtype.
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias,
+                                              dtype=self.dtype)
     conv_fn = conv_function(self.conv_impl, self.weight_grad)
     y = conv_fn(x, kernel, (1, 1), self.padding, dimension_numbers=_NHWC)
     return add_bias(y, bias) if self.apply_bias else y
@@ -810,17 +826,22 @@ class ConvReluMaxPool(nn.Module):
     conv_impl: One of :data:`CONV_IMPLS` (:func:`conv`).
     phase_split: Use the phase-split form where it applies; None: the
       policy's ``phase_split`` (:func:`fedjax_dd.policy.current`: on CPU).
+    dtype: The compute dtype (Flax's ``dtype``); None: the inputs' and
+      parameters' common dtype. The parameters are float32.
   """
 
   features: int
   kernel_size: tuple[int, int]
   conv_impl: str = "auto"
   phase_split: bool | None = None
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
     kernel, bias = conv_params(self, self.kernel_size, x.shape[-1],
                                self.features)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias,
+                                              dtype=self.dtype)
     conv_fn = conv_function(self.conv_impl)
     phase_split = (policy.current().phase_split if self.phase_split is None
                    else self.phase_split)

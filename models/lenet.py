@@ -1,5 +1,7 @@
 """LeNet-5 for 28x28 inputs and a small LeNet-style net for 8x8 digits."""
 
+from typing import Any
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -32,11 +34,15 @@ class LeNet5(nn.Module):
       (``layers.ConvReluMaxPool``; same parameters, same values to
       rounding), which is faster on CPU (``experiments/perf_notes.md``,
       "Phase-split first layer"); None: the policy's (``fedjax_dd.policy``).
+    dtype: The compute dtype of the convolutions and matmuls (Flax's
+      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
+      normalisation statistics and the logits' loss stay float32.
   """
 
   num_classes: int = 10
   conv_impl: str = "auto"
   phase_split: bool | None = None
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -52,14 +58,15 @@ class LeNet5(nn.Module):
     del train
     layers.check_images(x, "LeNet5")
     x = layers.ConvReluMaxPool(6, (5, 5), conv_impl=self.conv_impl,
-                               phase_split=self.phase_split, name="conv1")(x)
+                               phase_split=self.phase_split, dtype=self.dtype,
+                               name="conv1")(x)
     x = nn.relu(layers.conv(self.conv_impl, 16, (5, 5), padding="VALID",
-                            name="conv2")(x))
+                            dtype=self.dtype, name="conv2")(x))
     x = layers.max_pool(x)
     x = layers.flatten(x)
-    x = nn.relu(nn.Dense(120, name="fc1")(x))
-    x = nn.relu(nn.Dense(84, name="fc2")(x))
-    return nn.Dense(self.num_classes, name="fc3")(x)
+    x = nn.relu(nn.Dense(120, dtype=self.dtype, name="fc1")(x))
+    x = nn.relu(nn.Dense(84, dtype=self.dtype, name="fc2")(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc3")(x)
 
 
 class DigitsCNN(nn.Module):
@@ -79,10 +86,14 @@ class DigitsCNN(nn.Module):
     conv_impl: How the convolutions are computed, one of
       ``layers.CONV_IMPLS``; ``"auto"`` (the default:
       ``fedjax_dd.policy``); same parameters.
+    dtype: The compute dtype of the convolutions and matmuls (Flax's
+      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
+      normalisation statistics and the logits' loss stay float32.
   """
 
   num_classes: int = 10
   conv_impl: str = "auto"
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -98,11 +109,11 @@ class DigitsCNN(nn.Module):
     del train
     layers.check_images(x, "DigitsCNN")
     x = nn.relu(layers.conv(self.conv_impl, 32, (3, 3), padding="SAME",
-                            name="conv1")(x))
+                            dtype=self.dtype, name="conv1")(x))
     x = layers.max_pool(x)
     x = nn.relu(layers.conv(self.conv_impl, 64, (3, 3), padding="SAME",
-                            name="conv2")(x))
+                            dtype=self.dtype, name="conv2")(x))
     x = layers.max_pool(x)
     x = layers.flatten(x)
-    x = nn.relu(nn.Dense(128, name="fc1")(x))
-    return nn.Dense(self.num_classes, name="fc2")(x)
+    x = nn.relu(nn.Dense(128, dtype=self.dtype, name="fc1")(x))
+    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc2")(x)

@@ -41,12 +41,15 @@ class ProjectionNet(nn.Module):
       base), skipped.
     num_classes: number of output logits.
     proj_dim: the projection's width (MOON: 256).
+    dtype: the head's compute dtype (Flax's ``dtype``), as the base's;
+      None: float32.
   """
 
   base: nn.Module
   head: str
   num_classes: int = 10
   proj_dim: int = 256
+  dtype: Any = None
 
   def represent(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
     """The base's representation ``h [B, d]``."""
@@ -60,9 +63,9 @@ class ProjectionNet(nn.Module):
               ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``(z [B, proj_dim], logits [B, num_classes])`` for images ``x``."""
     h = self.represent(x, train=train)
-    z = nn.relu(nn.Dense(h.shape[-1], name="proj1")(h))
-    z = nn.Dense(self.proj_dim, name="proj2")(z)
-    return z, nn.Dense(self.num_classes, name="out")(z)
+    z = nn.relu(nn.Dense(h.shape[-1], dtype=self.dtype, name="proj1")(h))
+    z = nn.Dense(self.proj_dim, dtype=self.dtype, name="proj2")(z)
+    return z, nn.Dense(self.num_classes, dtype=self.dtype, name="out")(z)
 
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
     """Logits ``[B, num_classes]`` (the package's classifier interface)."""
@@ -85,8 +88,9 @@ def _skip(head: str):
 
 
 def projection_builder(base_build: Any, head: str, proj_dim: int = 256):
-  """``build(num_classes, conv_impl="auto", proj_dim=proj_dim)`` of a
-  :class:`ProjectionNet` over ``base_build``'s model.
+  """``build(num_classes, conv_impl="auto", proj_dim=proj_dim,
+  compute_dtype="auto")`` of a :class:`ProjectionNet` over ``base_build``'s
+  model, its head in the base's compute dtype.
 
   ``proj_dim`` is the head's output width (MOON's ``--out_dim``, 256 in the
   paper's runs); a build call may override it.
@@ -97,11 +101,13 @@ def projection_builder(base_build: Any, head: str, proj_dim: int = 256):
   """
 
   def build(num_classes: int, conv_impl: str = "auto",
-            proj_dim: int = proj_dim) -> nn.Module:
+            proj_dim: int = proj_dim,
+            compute_dtype: str = "auto") -> nn.Module:
     if int(proj_dim) < 1:
       raise ValueError(f"proj_dim must be at least 1, got {proj_dim}.")
-    return ProjectionNet(base=base_build(num_classes, conv_impl=conv_impl),
-                         head=head, num_classes=num_classes,
-                         proj_dim=int(proj_dim))
+    base = base_build(num_classes, conv_impl=conv_impl,
+                      compute_dtype=compute_dtype)
+    return ProjectionNet(base=base, head=head, num_classes=num_classes,
+                         proj_dim=int(proj_dim), dtype=base.dtype)
 
   return build

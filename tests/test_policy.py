@@ -49,6 +49,8 @@ def test_cpu_rows_keep_the_measured_forms(version, conv, fold, memory):
   assert dict(row.per_core_options) == {"xla_cpu_multi_thread_eigen": False}
   assert row.measured != policy.NOT_MEASURED
   assert row.max_vmap_elements is None  # auto is chunked on one CPU device
+  assert row.compute_dtype == "float32"  # no fast bfloat16 on XLA:CPU
+  assert policy.resolve_compute_dtype("auto", "cpu", version) == "float32"
   # The layer helpers read the same row.
   assert layers.resolve_conv_impl("auto", "cpu", version) == conv
   assert layers.instance_norm_folds("cpu", version) is fold
@@ -74,6 +76,10 @@ def test_accelerator_rows_are_plain_xla(platform, version):
   assert layers.resolve_conv_impl("auto", platform, version) == "lax"
   assert not layers.instance_norm_folds(platform, version)
   assert policy.kernel_grads("ConvNet", 3, row) == ("lax",) * 3
+  # Tensor cores and the MXU: bfloat16 convolutions and matmuls.
+  assert row.compute_dtype == "bfloat16"
+  assert policy.resolve_compute_dtype("auto", platform, version) == (
+      "bfloat16")
   # The memory model keeps the version's figure (an over-estimate is safe).
   assert row.ntk_grad_memory_factor == policy.lookup(
       "cpu", version).ntk_grad_memory_factor
@@ -199,6 +205,18 @@ def test_forward_models_build_and_run_their_own_form(name, cls, monkeypatch):
   assert seen == [expected] * len(module.features)
 
 
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_an_explicit_compute_dtype_overrides_the_row(platform):
+  for dtype in policy.COMPUTE_DTYPES:
+    assert policy.resolve_compute_dtype(dtype, platform) == dtype
+  assert models.get_model("lenet5").build(
+      10, compute_dtype="bfloat16").dtype == jnp.bfloat16
+  with pytest.raises(ValueError, match="compute_dtype 'float16'"):
+    policy.resolve_compute_dtype("float16")
+  with pytest.raises(ValueError, match="compute_dtype 'half'"):
+    models.get_model("fc").build(10, compute_dtype="half")
+
+
 def test_as_dict_is_json_ready():
   import json
   d = policy.as_dict(policy.lookup("cpu", "0.5.3"))
@@ -243,9 +261,12 @@ def test_build_defaults_equal_the_entry_points_model(name, platform,
   if platform:
     monkeypatch.setattr(jax, "default_backend", lambda: platform)
   spec = models.get_model(name)
-  entry = spec.build(10, conv_impl=common.conv_impl(_entry_config(name)))
+  config = _entry_config(name)
+  entry = spec.build(10, conv_impl=common.conv_impl(config),
+                     compute_dtype=common.compute_dtype(config))
   public = spec.build(10)
   assert public == entry
+  assert public.dtype == jnp.dtype(policy.current().compute_dtype)
   if hasattr(public, "conv_impl"):
     # The row's form, or the model class's own (policy.conv_form).
     assert public.conv_impl == policy.conv_form(type(public).__name__)
@@ -278,7 +299,9 @@ def test_models_take_plain_forms_on_an_accelerator(platform, monkeypatch):
     # The fused first block and the matmul kernel gradients: custom VJPs.
     assert _has_custom_vjp(forward(cpu_model), v)
   monkeypatch.setattr(jax, "default_backend", lambda: platform)
-  model = models.get_model("convnet3").build(5)
+  # bfloat16 by default there; float32 computes the CPU's function.
+  assert models.get_model("convnet3").build(5).dtype == jnp.bfloat16
+  model = models.get_model("convnet3").build(5, compute_dtype="float32")
   assert model.conv_impl == "lax"
   model = model.clone(width=8, depth=2)
   # Flax's layers' forms: no custom gradient anywhere, the same function.
@@ -287,7 +310,7 @@ def test_models_take_plain_forms_on_an_accelerator(platform, monkeypatch):
                              rtol=1e-5, atol=1e-5)
   assert not fused_block.fuses_first_block()
   # LeNet-5: lax convolutions, no phase split.
-  lenet = models.get_model("lenet5").build(10)
+  lenet = models.get_model("lenet5").build(10, compute_dtype="float32")
   xl = jax.random.normal(jax.random.PRNGKey(2), (2, 28, 28, 1))
   vl = lenet.init(jax.random.PRNGKey(3), xl, train=False)
   plain = models.LeNet5(10, conv_impl="lax", phase_split=False)

@@ -86,6 +86,11 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # fedjax_dd.models.layers.resolve_conv_impl). Same parameters, results
       # equal to float rounding.
       "conv_impl": "auto",
+      # The dtype of every model's convolutions and matmuls: "float32",
+      # "bfloat16" or "auto" (the policy's: float32 on CPU, bfloat16 on GPU
+      # and TPU; fedjax_dd.policy.resolve_compute_dtype). Parameters,
+      # optimizer state, BatchNorm statistics and losses stay float32.
+      "compute_dtype": "auto",
       # Parameter initialisation: "" the layers' own (Flax's: LeCun-normal
       # kernels, zero biases), "torch" PyTorch's defaults (uniform
       # +-1/sqrt(fan_in) kernels and biases), as a PyTorch reference starts
@@ -653,6 +658,9 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     # stages do not read it; its batch only paces the evaluation.
     "eval": ("-hfldd_stages",),
     "eval.batch_size": _RUN_ONLY,
+    # Another compute dtype on a resume is named (environment.json), not
+    # refused, as another layer form is; HFLDD's cached stages are redone.
+    "model.compute_dtype": ("-run",),
     "data.data_dir": ("-run",),
     "seed": _UPLOAD,
     "data.dataset": _UPLOAD,

@@ -19,6 +19,10 @@ Commands (CPU, 2 cores):
   ...disue.py:smoke   digits, 10 clients, 4 per round, 2 rounds, a tiny IGA.
   ...disue.py:svhn_gpu / cifar10_gpu / cifar100_gpu   the paper's scale
     (500 rounds, ResNet-18, TFDS datasets); not measured.
+  ...disue.py:cifar10_dir0.01_paper   the paper's CIFAR-10 Dir(0.01) run on
+    one GPU from the shared npz (ResNet-18, 500 rounds, a checkpoint every
+    5 rounds, so a run that a GPU window cuts short resumes in the next);
+    fedavg.py and fedftg.py take the same preset. Not yet run.
 
 Ablations (Tab. 3): ``--config.iga.use_gls=False``, ``use_gwf=False``,
 ``enabled=False``, ``beta_cf=0``, ``beta_div=0``;
@@ -55,7 +59,11 @@ GPU_PRESETS = {
     "cifar10_gpu": ("cifar10", 10),
     "cifar100_gpu": ("cifar100", 100),
 }
-PRESETS = (*CPU_PRESETS, *GPU_PRESETS, "smoke")
+# The paper's protocol on one GPU, from the shared npz copies.
+PAPER_PRESETS = {
+    "cifar10_dir0.01_paper": (base_lib.CIFAR10, 0.01),
+}
+PRESETS = (*CPU_PRESETS, *GPU_PRESETS, *PAPER_PRESETS, "smoke")
 
 DEPARTURES_CPU = (
     "CPU presets: LeNet-5 (Fashion-MNIST) or FedHydra's CNN3 (CIFAR-10) "
@@ -97,6 +105,14 @@ def protocol(method: str, arg: str):
     c.run.eval_every = 5
     c.run.checkpoint_every = 5
     c.paper_departures = DEPARTURES_CPU
+    return c
+  if arg in PAPER_PRESETS:
+    dataset, alpha = PAPER_PRESETS[arg]
+    base_lib.disue_protocol(c, dataset=dataset, model="resnet18",
+                            alpha=alpha)
+    c.rounds = 500
+    c.run.eval_every = 5
+    c.run.checkpoint_every = 5
     return c
   dataset, num_classes = GPU_PRESETS[arg]
   base_lib.disue_protocol(c, dataset=dataset, model="resnet18", alpha=0.01)

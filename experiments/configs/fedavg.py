@@ -101,7 +101,7 @@ def federated_preset(method: str, arg: str):
 
 
 # Preset names of DisUE's protocol (disue.py's presets).
-DISUE_SUFFIXES = ("_dir0.01", "_dir0.1", "_gpu")
+DISUE_SUFFIXES = ("_dir0.01", "_dir0.1", "_gpu", "_paper")
 
 
 def disue_preset(method: str, arg: str):

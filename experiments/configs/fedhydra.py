@@ -6,12 +6,15 @@ lr 1e-3, T_G = 30 steps per epoch; student SGD lr 0.01 (with momentum 0.9, as
 DENSE's released code; ``--config.dfkd.student_momentum=0`` is plain SGD);
 λ1 = λ2 = β = 1. ``<preset>`` is the CPU scale (E = 10 local epochs, T_g = 40
 HASA epochs, synthetic batch 64, ngf = 32); ``<preset>_gpu`` the paper's
-(E = 200, T_g = 200, ngf = 64, batch 256).
+(E = 200, T_g = 200, ngf = 64, batch 256); ``<preset>_paper`` the same with
+clients from their own initialisations (``client.independent_init``), Tab. 1
+at E = 200 on one GPU (``mnist_a0.01_paper``, ``mnist_a0.1_paper``; not yet
+run).
 
 Commands:
 
   fedjax-dd --config=experiments/configs/fedhydra.py:mnist_a0.5 --workdir=/tmp/fh5
-  ...fedhydra.py:<dataset>_<partition>[_hetero][_gpu]   dataset in mnist,
+  ...fedhydra.py:<dataset>_<partition>[_hetero][_gpu|_paper]   dataset in mnist,
     fmnist, cifar10; partition in a0.5, a0.3, a0.1, a0.01 (Dirichlet α),
     2cc (2 disjoint classes per client); e.g. mnist_a0.1, mnist_2cc,
     fmnist_a0.5, cifar10_a0.1, mnist_a0.5_hetero.
@@ -97,15 +100,18 @@ def preset(method: str, arg: str) -> ml_collections.ConfigDict:
     c.data.public_size = 64
     c.run.progress = False
     return c
-  gpu = arg.endswith("_gpu")
-  name = arg.removesuffix("_gpu")
+  # "_paper": the "_gpu" scale with clients from their own initialisations
+  # (Tab. 1 at E = 200 on one GPU).
+  own_init = arg.endswith("_paper")
+  gpu = own_init or arg.endswith("_gpu")
+  name = arg.removesuffix("_paper").removesuffix("_gpu")
   hetero = name.endswith("_hetero")
   name = name.removesuffix("_hetero")
   ds_name, _, part = name.partition("_")
   if ds_name not in _DATASETS or part not in _PARTITIONS:
     raise ValueError(
         f"Unknown preset {arg!r}; expected smoke, smoke_hetero or "
-        f"<dataset>_<partition>[_hetero][_gpu] with dataset in "
+        f"<dataset>_<partition>[_hetero][_gpu|_paper] with dataset in "
         f"{sorted(_DATASETS)} and partition in {sorted(_PARTITIONS)}.")
   dataset, model = _DATASETS[ds_name]
   c = base_lib.base(method=method, dataset=dataset,
@@ -141,6 +147,8 @@ def preset(method: str, arg: str) -> ml_collections.ConfigDict:
     c.dfkd.stratify_batch_size = 64
     c.run.eval_every = 10
     c.run.checkpoint_every = 10
+  if own_init:
+    c.client.independent_init = True
   return c
 
 

@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 FORM_FIELDS = ("conv_impl", "phase_split", "fuse_first_block", "weight_grads",
-               "fold")
-"""Model fields that pick how a layer computes, not what: another value
-changes rounding only (the policy table's forms,
+               "fold", "dtype")
+"""Model fields that pick how a layer computes, not what: its form and
+its compute dtype. Another value changes rounding (bfloat16: precision),
+so a resume under it is named, not refused (the policy table's forms,
 :func:`fedjax_dd.policy.forms`)."""
 
 HOW_MODULES = ("fedjax_dd.core.clients",)
@@ -165,5 +166,11 @@ def forms_of(module: Any) -> dict[str, Any]:
   """The :data:`FORM_FIELDS` a model instance sets, ``{"task.<field>":
   value}``: what :func:`fedjax_dd.core.workdir.record_environment` records
   as the run's forms."""
-  return {f"task.{f}": _describe(getattr(module, f), (), 0)
-          for f in FORM_FIELDS if hasattr(module, f)}
+  out = {}
+  for f in FORM_FIELDS:
+    if hasattr(module, f):
+      value = getattr(module, f)
+      if f == "dtype" and value is not None:
+        value = np.dtype(value).name  # "float32", "bfloat16"
+      out[f"task.{f}"] = _describe(value, (), 0)
+  return out

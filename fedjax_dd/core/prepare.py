@@ -47,6 +47,7 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
             input_shape: tuple[int, int, int] | None = None,
             resize_method: str = "bilinear",
             conv_impl: str = "auto",
+            compute_dtype: str = "auto",
             data_dir: str | None = None,
             init: str = "",
             proj_dim: int = 0) -> Prepared:
@@ -62,6 +63,9 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
     resize_method: ``jax.image.resize`` method for a resize.
     conv_impl: the convolution form (:data:`fedjax_dd.models.CONV_IMPLS`);
       ``"auto"`` is the policy's measured form for this platform and jax.
+    compute_dtype: the dtype of the model's convolutions and matmuls,
+      ``"auto"`` (the policy's: float32 on CPU, bfloat16 on GPU and TPU),
+      ``"float32"`` or ``"bfloat16"``; parameters and losses stay float32.
     data_dir: TFDS data directory, when ``dataset`` is a TFDS name.
     init: the parameter initialisation
       (:data:`fedjax_dd.models.param_init.INIT_SCHEMES`): ``""`` the layers'
@@ -110,7 +114,8 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
   mean, std = preprocess.channel_stats(ds.x_train)
   mean = np.asarray(mean, np.float32)
   std = np.maximum(np.asarray(std, np.float32), np.float32(MIN_STD))
-  module = spec.build(ds.num_classes, conv_impl=conv_impl, **build_options)
+  module = spec.build(ds.num_classes, conv_impl=conv_impl,
+                      compute_dtype=compute_dtype, **build_options)
   task = Classifier(module=module, input_shape=target,
                     preprocess=functools.partial(preprocess.normalize,
                                                  mean=mean, std=std),

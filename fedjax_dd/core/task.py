@@ -56,6 +56,10 @@ class Classifier:
     ``method``: another method of the module to call instead (e.g.
     ``ProjectionNet.project``, MOON's projection and logits); its output is
     returned in place of the logits.
+
+    The outputs are float32 whatever the module's compute dtype (a
+    ``bfloat16`` model's logits are cast), so every softmax, cross-entropy
+    and KL divergence built on them, and their gradients, run in float32.
     """
     variables = {"params": params}
     kwargs = {} if method is None else {"method": method}
@@ -64,8 +68,9 @@ class Classifier:
       if train:
         out, updates = self.module.apply(
             variables, x, train=True, mutable=["batch_stats"], **kwargs)
-        return out, updates["batch_stats"]
-    return self.module.apply(variables, x, train=train, **kwargs), batch_stats
+        return _as_float32(out), updates["batch_stats"]
+    return (_as_float32(self.module.apply(variables, x, train=train,
+                                          **kwargs)), batch_stats)
 
   def loss(self, params: PyTree, batch_stats: PyTree, x_uint8: jax.Array,
            y: jax.Array, *, train: bool = True,
@@ -105,3 +110,12 @@ class Classifier:
     total = jnp.maximum(weights.sum(), 1.0)
     return (ce * weights).sum() / total, (new_stats,
                                           (correct * weights).sum() / total)
+
+
+def _as_float32(tree: PyTree) -> PyTree:
+  """``tree`` with its floating leaves narrower than float32 (a bfloat16
+  model's outputs) cast to float32; other leaves as they are."""
+  return jax.tree_util.tree_map(
+      lambda v: v.astype(jnp.float32)
+      if jnp.issubdtype(v.dtype, jnp.floating) and v.dtype.itemsize < 4
+      else v, tree)

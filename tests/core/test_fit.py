@@ -128,7 +128,8 @@ def test_fit_resumed_on_other_devices_warns_and_records_them(tmp_path,
     fit_lib.fit(algo, p, data, steps, rounds=1, **kw)
   assert "another environment" not in caplog.text
   here = dict(workdir_lib.current_environment(),
-              forms={"task.conv_impl": p.task.module.conv_impl})
+              forms={"task.conv_impl": p.task.module.conv_impl,
+             "task.dtype": "float32"})
   record = workdir_lib.read_environment(tmp_path / "w")
   assert record == {"started": here, "resumed": []}
   # As if the first round had run with one more host device.

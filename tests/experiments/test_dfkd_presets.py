@@ -16,7 +16,19 @@ from fedjax_dd.experiments.configs import fedhydra as fedhydra_config
 
 PRESETS = ["smoke", "smoke_hetero", "mnist_a0.5", "mnist_a0.1", "mnist_2cc",
            "fmnist_a0.5", "cifar10_a0.1", "mnist_a0.5_gpu",
-           "mnist_a0.5_hetero", "cifar10_a0.1_hetero_gpu"]
+           "mnist_a0.5_hetero", "cifar10_a0.1_hetero_gpu",
+           "mnist_a0.01_paper", "mnist_a0.1_paper"]
+
+
+@pytest.mark.parametrize("arg", ["mnist_a0.01_paper", "mnist_a0.1_paper"])
+def test_paper_presets_are_the_gpu_scale_from_own_inits(arg):
+  c = fedhydra_config.get_config(arg)
+  gpu = fedhydra_config.get_config(arg.replace("_paper", "_gpu"))
+  assert c.client.independent_init and not gpu.client.independent_init
+  assert (c.client.local_epochs, c.dfkd.distill_epochs) == (200.0, 200)
+  c.client.independent_init = False
+  assert c.to_dict() == gpu.to_dict()
+  common.validate(c)
 
 
 @pytest.mark.parametrize("arg", PRESETS)

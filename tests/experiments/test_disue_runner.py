@@ -31,7 +31,7 @@ def test_every_preset_follows_the_protocol_and_validates(method, arg):
   assert (c.client.local_epochs, c.client.batch_size, c.client.lr,
           c.client.lr_decay, c.client.weight_decay, c.client.grad_clip,
           c.client.augment) == (5.0, 50, 0.1, 0.998, 1e-3, 10.0, "flip_crop")
-  assert c.model.name == ("resnet18" if arg.endswith("_gpu") else
+  assert c.model.name == ("resnet18" if arg.endswith(("_gpu", "_paper")) else
                           "lenet5" if arg.startswith("fmnist") else "cnn3")
   assert c.iga.nz == (256 if arg == "cifar100_gpu" else 100)
   assert c.rounds == 500
