@@ -63,7 +63,8 @@ class ServerOptions:
     eval_every: evaluate every this many epochs and at the last.
     checkpoint_every: save the server state every this many epochs (and at
       the last).
-    progress: show a tqdm bar (on a TTY).
+    progress: report the client stage and each epoch on stderr
+      (:func:`fedjax_dd.core.loop.progress_bar`).
     max_seconds: wall-clock budget of the call (0: none); the epoch loop
       stops after the first epoch past it, checkpointed, and the run can be
       resumed with a new budget.
@@ -359,10 +360,15 @@ def run_server_rounds(
       for b, m in zip(bits, group_sizes):
         ledger = ledger.record(r, kind="download", bits=b, count=m, tag="model")
 
+    label = f"round {r} " if options.num_rounds > 1 else ""
+    bar = loop_lib.progress_bar(1, f"{label}clients", show=options.progress)
+    loop_lib.report(bar, 0)  # the clients' training is one long program
     t0 = time.monotonic()
     teachers, trained, done = _clients(algorithm, directory, r, starts,
                                        group_sizes, data, train_key, options,
                                        deadline)
+    loop_lib.report(bar)
+    bar.close()
     if trained:
       seconds["client"] += time.monotonic() - t0
     if teachers is None:  # The budget ran out inside the client stage.
@@ -441,7 +447,7 @@ def run_server_rounds(
                                  eval_every=options.eval_every,
                                  progress=options.progress,
                                  max_seconds=budget,
-                                 desc=f"round {r} epochs",
+                                 desc=f"{label}epoch",
                                  stop_on_nonfinite=options.stop_on_nonfinite),
             start=start,
             index=lambda e, r=r, offset=offset: {"step": offset + e,
