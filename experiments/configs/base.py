@@ -620,6 +620,7 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "run": _RUN_ONLY,
     "engine": _RUN_ONLY,
     "paper_departures": _RUN_ONLY,
+    "expected": _RUN_ONLY,  # the quickstart's expected ranges
     "model.conv_impl": _RUN_ONLY,
     "data.data_dir": ("-run",),
     "seed": _UPLOAD,

@@ -43,6 +43,27 @@ def test_table_formats_every_row():
       "| b | 0.2500 | 10 B | 0 s |  |"]
 
 
+def test_table_has_the_expected_ranges_and_marks_a_row_outside():
+  rows = [{"method": "a", "final_test_accuracy": 0.5, "bytes_total": 2048,
+           "wall_seconds": 3.4, "note": "why", "expected": (0.45, 0.55)},
+          {"method": "b", "final_test_accuracy": 0.25, "bytes_total": 10,
+           "wall_seconds": 0.0, "expected": (0.3, 0.4)},
+          {"method": "c", "final_test_accuracy": 0.9, "bytes_total": 10,
+           "wall_seconds": 0.0, "expected": None}]
+  assert run_quickstart.table(rows).splitlines() == [
+      "| method | final accuracy | expected | bytes sent | wall | note |",
+      "|---|---|---|---|---|---|",
+      "| a | 0.5000 | 0.45-0.55 | 2.05 KB | 3 s | why |",
+      "| b | 0.2500 | 0.30-0.40 (**below**) | 10 B | 0 s |  |",
+      "| c | 0.9000 |  | 10 B | 0 s |  |"]
+  lines = run_quickstart.footer(rows, 61.4, "results.md").splitlines()
+  assert lines[0] == "Whole run: 61 s."
+  (outside,) = lines[1:]
+  assert outside.startswith("b: 0.2500 is below its expected range "
+                            "0.30-0.40 (")
+  assert "results.md" in outside
+
+
 def test_every_row_has_a_note():
   c = quickstart.get_config()
   for name in c.order:
