@@ -72,7 +72,7 @@ class LoopOptions:
 
 
 # One step's progress line off a TTY, in tqdm's format fields: e.g.
-# "round 3/5 [00:04<00:03, acc=0.6120]" (elapsed < estimated time left).
+# "rounds 3/5 [00:04<00:03, acc=0.6120]" (elapsed < estimated time left).
 PROGRESS_LINE = "{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 
 

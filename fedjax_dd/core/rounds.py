@@ -273,7 +273,7 @@ def run_rounds(
                            eval_every=options.eval_every,
                            progress=options.progress,
                            max_seconds=options.max_seconds,
-                           clock=options.clock, desc="round",
+                           clock=options.clock, desc="rounds",
                            stop_on_nonfinite=options.stop_on_nonfinite),
       start=int(state.round), index=lambda r: {"round": r},
       evaluate=None if evaluate is None else (

@@ -447,7 +447,7 @@ def run_server_rounds(
                                  eval_every=options.eval_every,
                                  progress=options.progress,
                                  max_seconds=budget,
-                                 desc=f"{label}epoch",
+                                 desc=f"{label}epochs",
                                  stop_on_nonfinite=options.stop_on_nonfinite),
             start=start,
             index=lambda e, r=r, offset=offset: {"step": offset + e,
