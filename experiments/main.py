@@ -1,5 +1,8 @@
 r"""The one entry point: ``fedjax-dd --config=CONFIG[:ARG] --workdir=DIR``.
 
+``fedjax-dd --help`` lists its flags, every config file with its presets,
+and examples (:func:`usage`); ``--helpfull`` every absl flag.
+
 Examples::
 
   fedjax-dd --config=experiments/configs/centralized.py:digits --workdir=/tmp/c
