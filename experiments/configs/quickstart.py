@@ -15,9 +15,9 @@ sent, wall time, note) and the whole run's time, and writes
 each row shows, or why a system cannot show it in this budget.
 
 Expected: each row's final accuracy within its range (``EXPECTED`` below,
-measured over three seeds on jax 0.5.3 and 0.12); the whole run took 147 s
-of CPU time on 2 cores. Every row, and the wall times measured on a shared
-machine: experiments/results/quickstart_digits.md.
+measured over three seeds on jax 0.5.3 and 0.12); the whole run took
+138-147 s of CPU time on 2 cores (172 s of wall time at a load of 4.5).
+Every row and timing: experiments/results/quickstart_digits.md.
 """
 
 import ml_collections
