@@ -1,5 +1,8 @@
 r"""The one entry point: ``fedjax-dd --config=CONFIG[:ARG] --workdir=DIR``.
 
+``fedjax-dd --help`` lists its flags, every config file with its presets,
+and examples (:func:`usage`); ``--helpfull`` every absl flag.
+
 Examples::
 
   fedjax-dd --config=experiments/configs/centralized.py:digits --workdir=/tmp/c
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib.util
 import logging as py_logging
 import os
 import re
@@ -54,9 +58,35 @@ from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import sweep
 
+
+
+class ConfigFileParser(flags.ArgumentParser):
+  """ml_collections' config-file parsing, the file loaded by ``exec_module``.
+
+  ml_collections loads it with ``SourceFileLoader.load_module``, deprecated
+  since Python 3.10 (a DeprecationWarning at every parse) and removed in
+  3.15. ``FILE[:ARG]`` gives ``get_config(ARG)`` as there; a missing file is
+  named by :func:`_config_file_error` before absl parses.
+  """
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def flag_type(self) -> str:
+    return "config object"
+
+  def parse(self, path):
+    file, colon, arg = path.partition(":")
+    spec = importlib.util.spec_from_file_location(f"{self.name}_config", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(*([arg] if colon else []))
+
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a config file, optionally with ':ARG'.",
     lock_config=False)
+flags.FLAGS["config"].parser = ConfigFileParser("config")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 _SEEDS = flags.DEFINE_list(
     "seeds", None,
@@ -161,13 +191,57 @@ def _config_file_error(argv: Sequence[str]) -> str | None:
   return None
 
 
+# The short help's flags; ``--helpfull`` keeps absl's list of every flag.
+HELP_FLAGS = ("-h", "--help", "-help", "-?", "--helpshort", "-helpshort")
+
+_EXAMPLES = """\
+Examples:
+  fedjax-dd --config=experiments/configs/quickstart.py --workdir=workdir/quickstart
+  fedjax-dd --config=experiments/configs/fedavg.py:smoke --workdir=workdir/fedavg \\
+      --config.rounds=3 --seeds=0,1,2
+"""
+
+
+def usage() -> str:
+  """``fedjax-dd --help``: this command's flags, every config file with its
+  presets and a one-line description, and examples."""
+  from fedjax_dd.experiments import configs  # pylint: disable=g-import-not-at-top
+  lines = [
+      "fedjax-dd: run one experiment config and write its metrics, figures "
+      "and summary.json to a work directory (re-running resumes it).",
+      "",
+      "Usage: fedjax-dd --config=experiments/configs/FILE.py[:PRESET] "
+      "--workdir=DIR [--config.KEY=VALUE ...] [--seeds=S,S,...]",
+      "",
+      "Flags:"]
+  for flag in (_CONFIG, _WORKDIR, _SEEDS):
+    lines.append(f"  --{flag.name}: {flags.FLAGS[flag.name].help}")
+  lines += [
+      "  --config.GROUP.KEY=VALUE: override one setting, e.g. "
+      "--config.rounds=5, --config.client.lr=0.1 (every key: "
+      "experiments/configs/base.py); --config.run.progress=False hides "
+      "the progress lines.",
+      "  --helpfull: every flag, absl's and the libraries' included.",
+      "",
+      "Configs (experiments/configs/; FILE.py:PRESET picks a preset):"]
+  for file, description, presets in configs.catalog():
+    lines += [f"  {file}: {description}", f"      presets: {presets}"]
+  return "\n".join(lines) + "\n\n" + _EXAMPLES
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
   """absl's flag parsing; an unknown ``--config.<key>`` is a usage error.
+
+  ``-h`` / ``--help`` print :func:`usage` and exit 0 (absl's short help
+  names none of this command's flags and exits 1).
 
   ml_collections raises an AttributeError (with a traceback) for an override
   of a key the config lacks; this exits with one line naming the nearest
   valid key instead, as absl does for a flags error.
   """
+  if any(arg in HELP_FLAGS for arg in argv[1:]):
+    sys.stdout.write(usage())
+    sys.exit(0)
   refusal = _config_file_error(argv)
   if refusal is not None:
     sys.stderr.write(f"FATAL Flags parsing error: {refusal}\n")
@@ -372,6 +446,9 @@ def main(argv):
         _WORKDIR.value,
         forms={"model.conv_impl": common.conv_impl(config),
                "model.compute_dtype": common.compute_dtype(config)})
+    if config.run.progress:  # what runs, before the data loads and compiles
+      print(f"{config.method} on {config.data.dataset} -> {_WORKDIR.value}",
+            file=sys.stderr, flush=True)
     summary = runners.RUNNERS[config.runner](config, _WORKDIR.value)
   except (loop_lib.NonFiniteError, loop_lib.MetricsFileError,
           loop_lib.ResumeRefusedError, common.InputError) as e:

@@ -6,14 +6,18 @@ runner in ``WORKDIR/<method>`` (a re-run resumes each), and writes the
 comparison: the printed table, ``comparison.png``
 (:func:`fedjax_dd.utils.reporting.write_comparison`) and ``summary.json``.
 Each row carries its member's ``note`` (what the row shows, or why the system
-cannot show it in the quickstart's budget); a one-shot member's baseline row
-(the one-shot FedAvg of its own clients) carries ``baseline_note``.
+cannot show it in the quickstart's budget) and its range
+``config.expected[method]``; a one-shot member's baseline row (the one-shot
+FedAvg of its own clients) carries ``baseline_note`` and
+``config.expected[method + "_baseline"]``. With ``run.progress`` each
+member's start is one line on stderr, then its own progress lines.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 import time
 from typing import Any
 
@@ -52,16 +56,37 @@ def table(rows: list[dict[str, Any]]) -> str:
   return reporting.comparison_table(rows)
 
 
+def footer(rows: list[dict[str, Any]], seconds: float,
+           source: str) -> str:
+  """The lines under the table: the whole run's time, and for each row
+  outside its expected range, what that means."""
+  lines = [f"Whole run: {seconds:.0f} s."]
+  for r in rows:
+    side = reporting.outside_expected(r)
+    if side is not None:
+      low, high = r["expected"]
+      lines.append(
+          f"{r['method']}: {r['final_test_accuracy']:.4f} is {side} its "
+          f"expected range {low:.2f}-{high:.2f} (measured over seeds and "
+          f"jax versions: {source}); compare the other rows, and the "
+          "machine and versions recorded there.")
+  return "\n".join(lines)
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   start = time.time()
   rows = []
-  for name in config.order:  # one run per method, not a training loop
+  for i, name in enumerate(config.order):  # one run per method, no loop body
     member = member_config(config, name)
+    m = config.members[name]
+    if config.run.progress:
+      print(f"[{i + 1}/{len(config.order)}] {name}: {m.get('note', '')}",
+            file=sys.stderr, flush=True)
     summary = runners.RUNNERS[member.runner](member,
                                              os.path.join(workdir, name))
-    m = config.members[name]
     rows.append({"method": name,
                  "final_test_accuracy": summary["final_test_accuracy"],
+                 "expected": config.expected.get(name),
                  "bytes_total": summary["bytes_total"],
                  "wall_seconds": summary["wall_seconds"],
                  "workdir": name, "note": m.get("note", "")})
@@ -69,13 +94,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       # The one-shot methods' clients, averaged: the server's baseline.
       rows.append({"method": f"{name}: one-shot FedAvg of its clients",
                    "final_test_accuracy": summary["os_fedavg_test_accuracy"],
+                   "expected": config.expected.get(f"{name}_baseline"),
                    "bytes_total": summary["bytes_total"],
                    "wall_seconds": 0.0, "workdir": name,
                    "note": m.get("baseline_note", "")})
   work = Workdir(workdir)
+  seconds = time.time() - start
   print(reporting.write_comparison(rows, work.directory))
+  print(footer(rows, seconds, config.expected.source))
   summary = {"method": "quickstart", "dataset": config.data.dataset,
-             "methods": rows, "wall_seconds": time.time() - start,
+             "methods": rows, "wall_seconds": seconds,
              "figures": ["comparison.png"], "config": config.to_dict()}
   work.write_summary(summary)
   return summary

@@ -652,6 +652,7 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "run": _RUN_ONLY,
     "engine": _RUN_ONLY,
     "paper_departures": _RUN_ONLY,
+    "expected": _RUN_ONLY,  # the quickstart's expected ranges
     "model.conv_impl": _RUN_ONLY,
     # Personalized evaluation is part of a run (its rows depend on it, and
     # with eval.split=client the clients' training data); HFLDD's cached

@@ -33,17 +33,17 @@ from fedjax_dd.experiments.configs import fedavg as fedavg_config
 CPU_TRAJECTORY_ROUNDS = 5
 CPU_EXPERT_ROUNDS = 2
 CPU_ITERATIONS = 200
+# The HFLDD presets, each also _gpu, and smoke.
+_HFLDD = ("mnist_c1", "mnist_c2", "mnist_c10", "cifar10_c1", "cifar10_c2")
+PRESETS = ("smoke", *_HFLDD, *(f"{p}_gpu" for p in _HFLDD))
 
 
 def get_config(arg: str = "mnist_c1"):
   gpu = arg.endswith("_gpu")
   name = arg[:-len("_gpu")] if gpu else arg
-  if name == "mnist_iid" or name in fedavg_config.FEDD3_PRESETS:
-    raise ValueError(f"Unknown preset {arg!r}; DynaFed has the HFLDD "
-                     "presets mnist_c1, mnist_c2, mnist_c10, cifar10_c1, "
-                     "cifar10_c2 (each also _gpu) and smoke.")
-  if gpu and name == "smoke":
-    raise ValueError("smoke has no _gpu form.")
+  if arg not in PRESETS:
+    raise ValueError(f"Unknown preset {arg!r}; expected one of {PRESETS} "
+                     "(DynaFed runs the HFLDD presets).")
   c = fedavg_config.federated_preset("dynafed", name)
   base_lib.dynafed(c)
   d = c.dynafed

@@ -53,7 +53,8 @@ def get_config(arg: str = "mnist_noniid"):
     c.data.partition = base_lib.dirichlet(0.5)
     c.server.gce_gammas = fedavg_config.MNIST_GCE_GAMMAS
   else:
-    raise ValueError(f"Unknown preset {arg!r}.")
+    raise ValueError(f"Unknown preset {arg!r}; expected one of "
+                     "['cifar10_noniid', 'mnist_a0.5', 'mnist_noniid', 'smoke'].")
   c.rounds = 1
   c.client.lr = 0.01
   return c

@@ -46,17 +46,11 @@ CACHE_FORMAT = 2
 
 
 def progress_bar(total: int, desc: str = "KIP"
-                 ) -> Callable[[int, bool], None]:
-  """A tqdm bar (on a TTY) as KIP's ``progress(done, converged)`` callback."""
-  import tqdm  # pylint: disable=g-import-not-at-top
-  bar = tqdm.tqdm(total=total, desc=desc, disable=None)
-
-  def progress(done, converged):
-    bar.n = done
-    bar.set_postfix(converged=converged)
-    bar.refresh()
-
-  return progress
+                 ) -> Callable[[int, int], None]:
+  """KIP's ``progress(done, converged)`` callback: a tqdm bar on a TTY, a
+  line per report elsewhere (:func:`fedjax_dd.core.loop.progress_counter`)."""
+  counter = loop_lib.progress_counter(total, f"{desc} iteration")
+  return lambda done, converged: counter(done, converged=converged)
 
 
 def distill_or_load(distill: Callable[[], DistilledSet], *,

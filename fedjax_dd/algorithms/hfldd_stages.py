@@ -30,7 +30,6 @@ Host-side: KMeans is scikit-learn, so this module is kept apart from
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from typing import Any, Callable
 
@@ -41,6 +40,7 @@ import optax
 from fedjax_dd.algorithms import hfldd
 from fedjax_dd.cluster import sampling
 from fedjax_dd.core import ledger as ledger_lib
+from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import steps_for
 from fedjax_dd.core.stage_cache import StageCache
@@ -48,8 +48,6 @@ from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
 from fedjax_dd.distill import soft_labels
-
-_log = logging.getLogger(__name__)
 
 STAGE = "hfldd"
 """The name of stages 1-3 in a run's stage cache."""
@@ -129,8 +127,9 @@ def kip_sender(key: jax.Array, *, kernel_fn: kip.KernelFn, mean, std,
   """
   progress = None
   if log_progress:
-    progress = lambda done, _: _log.info("KIP: %d / %d iterations", done,
-                                         options.max_iterations)
+    counter = loop_lib.progress_counter(options.max_iterations,
+                                        "KIP (members) iteration")
+    progress = lambda done, converged: counter(done, converged=converged)
 
   def send(data, topology):
     sent, res = hfldd.distill_members(

@@ -11,7 +11,9 @@ A stage supplies only ``step(carry, t) -> (carry, row)``; the loop adds
 * a checkpoint through ``save(t, carry, force)`` (the stage decides what one
   unit of its state is; the store writes every ``checkpoint_every`` steps and
   always at the last);
-* a tqdm bar (on a TTY only);
+* progress (``LoopOptions.progress``): a tqdm bar on a TTY, and elsewhere
+  (a pipe, a log file, a notebook) the same tqdm status as one line per step:
+  the step of the total, elapsed and estimated time, the last test accuracy;
 * a wall-clock budget: the loop stops after the first step that ends past
   it and treats that step as the last (evaluated, checkpointed), so a resumed
   run continues from it;
@@ -29,6 +31,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
+import io
 import sys
 import time
 from typing import Any, Callable, Mapping, TypeVar
@@ -55,11 +58,12 @@ class LoopOptions:
   Attributes:
     num_steps: the last step of the stage (a resumed loop continues to it).
     eval_every: evaluate every this many steps and at the last; 0 disables.
-    progress: show a tqdm bar (only on a TTY).
+    progress: report each step on stderr: a tqdm bar on a TTY, else one
+      line per step (:data:`PROGRESS_LINE`).
     max_seconds: wall-clock budget of this call; ``0`` means none. At least
       one step always runs.
     clock: the clock the budget is read from (injectable for tests).
-    desc: the bar's label.
+    desc: what runs, the progress lines' label (e.g. ``"round"``).
     stop_on_nonfinite: raise :class:`NonFiniteError` when a step's row holds
       a NaN or infinite number; False writes it and goes on.
   """
@@ -70,6 +74,46 @@ class LoopOptions:
   clock: Callable[[], float] = time.monotonic
   desc: str = "steps"
   stop_on_nonfinite: bool = True
+
+
+# One step's progress line off a TTY, in tqdm's format fields: e.g.
+# "rounds 3/5 [00:04<00:03, acc=0.6120]" (elapsed < estimated time left).
+PROGRESS_LINE = "{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+
+
+def progress_bar(total: int, desc: str, *, initial: int = 0,
+                 show: bool = True) -> tqdm.tqdm:
+  """A tqdm bar over ``total`` steps for :func:`report`: drawn on a TTY;
+  elsewhere kept off screen, :func:`report` printing its status as lines."""
+  live = sys.stderr.isatty()
+  return tqdm.tqdm(total=total, initial=initial, desc=desc,
+                   disable=not show, leave=True, dynamic_ncols=True,
+                   file=sys.stderr if live else io.StringIO(),
+                   bar_format=None if live else PROGRESS_LINE)
+
+
+def report(bar: tqdm.tqdm, steps: int = 1) -> None:
+  """Advances ``bar`` by ``steps``; off a TTY, prints its status as a line
+  (a redrawn bar would fill a log with carriage returns)."""
+  bar.update(steps)
+  if not bar.disable and not sys.stderr.isatty():
+    print(bar, file=sys.stderr, flush=True)
+
+
+def progress_counter(total: int, desc: str
+                     ) -> Callable[..., None]:
+  """``callback(done, **status)`` for a stage that reports how far it got
+  (KIP's iterations): :func:`progress_bar`'s bar moved to ``done``, with
+  ``status`` (e.g. ``converged=3``) beside it."""
+  bar = progress_bar(total, desc)
+
+  def callback(done: int, **status) -> None:
+    bar.set_postfix(status, refresh=False)
+    report(bar, done - bar.n)
+    if done >= total:
+      bar.close()
+
+  return callback
 
 
 class NonFiniteError(FloatingPointError):
@@ -267,15 +311,14 @@ def run_loop(
       ``options.stop_on_nonfinite``).
   """
   n = options.num_steps
-  show = options.progress and sys.stderr.isatty()
   rows: list[Row] = []
   t_start = options.clock()
   out_of_time = False
   last_step = start
   last_saved = None
-  bar = tqdm.tqdm(range(start + 1, n + 1), disable=not show, initial=start,
-                  total=n, desc=options.desc)
-  for t in bar:
+  bar = progress_bar(n, options.desc, initial=start, show=options.progress)
+  report(bar, 0)  # before the first step, which compiles
+  for t in range(start + 1, n + 1):
     carry, step_row = step(carry, t)
     row = dict(index(t))
     row.update(_to_host(step_row))
@@ -292,7 +335,7 @@ def run_loop(
       # (personalized evaluation's) are written as they are named.
       row.update({k if k.startswith(ROW_PREFIXES) else f"test_{k}": v
                   for k, v in ev.items() if k not in ("accuracy", "loss")})
-      bar.set_postfix(acc=f"{ev['accuracy']:.4f}")
+      bar.set_postfix(acc=f"{ev['accuracy']:.4f}", refresh=False)
     bad = _non_finite(row)
     if bad and options.stop_on_nonfinite:
       bar.close()
@@ -314,6 +357,7 @@ def run_loop(
       last_saved = t
     if on_step is not None:
       on_step(carry, row)
+    report(bar)
     last_step = t
     if out_of_time:
       break

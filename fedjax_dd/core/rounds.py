@@ -43,7 +43,8 @@ class RoundsOptions:
     eval_every: evaluate the global model every this many rounds (and at the
       last round); ``0`` disables evaluation.
     checkpoint_every: save every this many rounds (and at the last round).
-    progress: show a tqdm bar (only on a TTY).
+    progress: report each round on stderr
+      (:func:`fedjax_dd.core.loop.progress_bar`).
     bits_per_param: ledger size of one model parameter.
     initial_model_as_seed: if True the round-1 model download is not counted
       (clients regenerate the initial model from a shared seed), giving HFLDD

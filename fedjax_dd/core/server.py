@@ -63,7 +63,8 @@ class ServerOptions:
     eval_every: evaluate every this many epochs and at the last.
     checkpoint_every: save the server state every this many epochs (and at
       the last).
-    progress: show a tqdm bar (on a TTY).
+    progress: report the client stage, the setup and each epoch on stderr
+      (:func:`fedjax_dd.core.loop.progress_bar`).
     max_seconds: wall-clock budget of the call (0: none); the epoch loop
       stops after the first epoch past it, checkpointed, and the run can be
       resumed with a new budget.
@@ -287,6 +288,14 @@ def _setup(algorithm, directory, r, teachers, key, options
   return setup, True
 
 
+def _stage_bar(desc: str, show: bool):
+  """The progress of a stage that runs as one long program (the clients'
+  training, the setup): a line when it starts and one when it ends."""
+  bar = loop_lib.progress_bar(1, desc, show=show)
+  loop_lib.report(bar, 0)
+  return bar
+
+
 def run_server_rounds(
     algorithm: ServerDistillation,
     data: ClientData,
@@ -359,10 +368,14 @@ def run_server_rounds(
       for b, m in zip(bits, group_sizes):
         ledger = ledger.record(r, kind="download", bits=b, count=m, tag="model")
 
+    label = f"round {r} " if options.num_rounds > 1 else ""
+    bar = _stage_bar(f"{label}clients", options.progress)
     t0 = time.monotonic()
     teachers, trained, done = _clients(algorithm, directory, r, starts,
                                        group_sizes, data, train_key, options,
                                        deadline)
+    loop_lib.report(bar)
+    bar.close()
     if trained:
       seconds["client"] += time.monotonic() - t0
     if teachers is None:  # The budget ran out inside the client stage.
@@ -380,9 +393,12 @@ def run_server_rounds(
     if on_clients is not None:
       record.update(on_clients(r, teachers))
 
+    bar = _stage_bar(f"{label}server setup", options.progress)
     t0 = time.monotonic()
     setup, computed = _setup(algorithm, directory, r, teachers, setup_key,
                              options)
+    loop_lib.report(bar)
+    bar.close()
     if computed:
       seconds["setup"] += time.monotonic() - t0
 
@@ -441,7 +457,7 @@ def run_server_rounds(
                                  eval_every=options.eval_every,
                                  progress=options.progress,
                                  max_seconds=budget,
-                                 desc=f"round {r} epochs",
+                                 desc=f"{label}epochs",
                                  stop_on_nonfinite=options.stop_on_nonfinite),
             start=start,
             index=lambda e, r=r, offset=offset: {"step": offset + e,

@@ -9,6 +9,9 @@ function takes plain NumPy/JSON data and a path.
 
 from __future__ import annotations
 
+import collections
+import functools
+import io
 import math
 import os
 from typing import Any, Mapping, Sequence
@@ -17,9 +20,37 @@ import numpy as np
 
 
 def new_figure(**kwargs):
-  """A ``matplotlib.figure.Figure`` outside pyplot (imported on first use)."""
+  """A ``matplotlib.figure.Figure`` outside pyplot (imported on first use)
+  that a notebook shows when a cell returns it (:func:`_figure_class`)."""
+  return _figure_class()(**kwargs)
+
+
+@functools.cache
+def _figure_class():
+  """``Figure`` with IPython's ``_repr_png_``.
+
+  A notebook displays a pyplot figure through the inline backend, which
+  registers its PNG formatter only once pyplot is imported; a figure made
+  outside pyplot, as here, would show only its text repr (``<Figure size
+  550x380 with 1 Axes>``) in Jupyter and in a headless run (nbclient).
+  """
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  return Figure(**kwargs)
+
+  class NotebookFigure(Figure):
+
+    def _repr_png_(self) -> bytes:
+      buffer = io.BytesIO()
+      self.savefig(buffer, format="png", bbox_inches="tight")
+      return buffer.getvalue()
+
+  return NotebookFigure
+
+
+def integer_ticks(axis) -> None:
+  """Ticks at whole numbers only on ``axis`` (rounds and epochs have no
+  halves)."""
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  axis.set_major_locator(ticker.MaxNLocator(integer=True))
 
 
 def colormap(name: str):
@@ -159,7 +190,8 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
     path: output PNG path.
     endpoints: ``{label: (bytes, mean, sd)}`` drawn as a point with an error
       bar in the traffic panel, for curves without per-point traffic (e.g.
-      one-shot runs: final accuracy at the total traffic).
+      one-shot runs: final accuracy at the total traffic); endpoints at the
+      same traffic are drawn side by side.
     title: optional figure title.
     dpi: resolution.
     ylabel: the figure's name of the accuracy (e.g. personalized).
@@ -168,6 +200,14 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
     The path written.
   """
   endpoints = dict(endpoints or {})
+  # Endpoints at one traffic (one-shot methods over the same client
+  # uploads) side by side, 4 % apart, not drawn over one another.
+  sharing = collections.defaultdict(list)
+  for label, (b, _, _) in endpoints.items():
+    sharing[b].append(label)
+  dodge = lambda label: 1.0 + 0.04 * (
+      sharing[endpoints[label][0]].index(label)
+      - (len(sharing[endpoints[label][0]]) - 1) / 2)
   fig = new_figure(figsize=(11, 4))
   ax_r, ax_b = fig.subplots(1, 2)
   cmap = colormap("tab10")
@@ -193,10 +233,9 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
     if label in endpoints:
       b, m, s = endpoints[label]
       traffic.append(b)
-      ax_b.errorbar([b], [m], yerr=[s], fmt="o", color=colour, capsize=4,
-                    label=f"{label} (final)")
-  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
-  ax_r.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+      ax_b.errorbar([b * dodge(label)], [m], yerr=[s], fmt="o",
+                    color=colour, capsize=4, label=f"{label} (final)")
+  integer_ticks(ax_r.xaxis)
   ax_r.set_xlabel(" / ".join(x_labels) or "round")
   ax_b.set_xlabel("bytes sent (cumulative)")
   if not traffic:
@@ -337,6 +376,7 @@ def plot_accuracy(points: Sequence[Sequence[float]], path: str | os.PathLike,
   fig = new_figure(figsize=(5, 3.5))
   ax = fig.subplots()
   ax.plot(*zip(*points), marker=".")
+  integer_ticks(ax.xaxis)
   ax.set_xlabel(xlabel)
   ax.set_ylabel("test accuracy")
   fig.savefig(path, dpi=dpi, bbox_inches="tight")
@@ -470,6 +510,7 @@ def plot_history(histories: Mapping[str, Sequence[Mapping[str, Any]]]
   if not drawn:
     raise ValueError(f"plot_history: no row has {key!r}.")
   ax.set_xlabel("round")
+  integer_ticks(ax.xaxis)
   ax.set_ylabel(key.replace("_", " "))
   ax.grid(alpha=0.3)
   if len(histories) > 1:

@@ -97,14 +97,47 @@ def format_table(table: Sequence[Mapping[str, Any]]) -> str:
 
 def comparison_table(rows: Rows) -> str:
   """Markdown of a comparison of methods: method, final accuracy, bytes
-  sent, wall seconds and each row's ``note``."""
-  out = ["| method | final accuracy | bytes sent | wall | note |",
-         "|---|---|---|---|---|"]
+  sent, wall seconds and each row's ``note``.
+
+  Rows with ``expected`` (``(low, high)``: the range measured over seeds
+  and versions) add an ``expected`` column; an accuracy outside its range
+  is marked there (:func:`outside_expected`).
+  """
+  ranged = any(r.get("expected") for r in rows)
+  head = ["method", "final accuracy"] + (["expected"] if ranged else []) + [
+      "bytes sent", "wall", "note"]
+  out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in rows:
-    out.append(f"| {r['method']} | {r['final_test_accuracy']:.4f} | "
-               f"{format_bytes(r['bytes_total'])} | "
-               f"{r['wall_seconds']:.0f} s | {r.get('note', '')} |")
+    cells = [str(r["method"]), f"{r['final_test_accuracy']:.4f}"]
+    if ranged:
+      cells.append(_expected_cell(r))
+    cells += [format_bytes(r["bytes_total"]), f"{r['wall_seconds']:.0f} s",
+              r.get("note", "")]
+    out.append("| " + " | ".join(cells) + " |")
   return "\n".join(out)
+
+
+def outside_expected(row: Mapping[str, Any]) -> str | None:
+  """``"below"`` or ``"above"`` when the row's final accuracy lies outside
+  its ``expected`` ``(low, high)``; None inside it or without a range."""
+  if not row.get("expected"):
+    return None
+  low, high = row["expected"]
+  acc = row["final_test_accuracy"]
+  if acc < low:
+    return "below"
+  if acc > high:
+    return "above"
+  return None
+
+
+def _expected_cell(row: Mapping[str, Any]) -> str:
+  if not row.get("expected"):
+    return ""
+  low, high = row["expected"]
+  side = outside_expected(row)
+  cell = f"{low:.2f}-{high:.2f}"
+  return cell if side is None else f"{cell} (**{side}**)"
 
 
 def write_comparison(rows: Rows, directory: str) -> str:

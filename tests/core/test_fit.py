@@ -165,6 +165,13 @@ def test_plots(tmp_path):
   np.testing.assert_array_equal(line.get_xdata(), [1, 3])  # round 2 skipped
   with pytest.raises(ValueError, match="no row has 'loss'"):
     fedjax_dd.plot_history(rows, key="loss")
+  # Rounds are whole: no tick between two rounds (matplotlib put ticks at
+  # 1.0, 1.5, ... 3.0 here).
+  fig.canvas.draw()
+  ticks = fig.axes[0].get_xticks()
+  assert len(ticks) > 1 and np.all(ticks == np.round(ticks))
+  # A notebook shows the returned figure as a PNG (pyplot never imported).
+  assert fig._repr_png_().startswith(b"\x89PNG")
   labels = np.array([0, 0, 1, 2, 2, 2])
   fig = fedjax_dd.plot_partition(labels, [np.array([0, 2]),
                                           np.array([1, 3, 4, 5])])

@@ -149,3 +149,38 @@ def test_a_distillation_whose_loss_rose_past_its_start_is_stopped():
   with pytest.raises(loop_lib.DivergedError, match="1 of 2 runs is not finite"):
     loop_lib.check_not_diverged([0.3, 0.2], [np.nan, 0.1], what="KIP",
                                 advice="")
+
+
+def test_progress_is_one_line_per_step_off_a_tty(capsys):
+  # pytest's captured stderr is not a TTY, like a pipe or a log file.
+  loop_lib.run_loop(
+      _step, jnp.asarray(0, jnp.int32),
+      loop_lib.LoopOptions(num_steps=3, eval_every=2, desc="round"),
+      start=1, evaluate=_evaluate)
+  lines = capsys.readouterr().err.splitlines()
+  # Before the first step (which compiles), then after each step run:
+  # the step of the total, elapsed < time left, the last test accuracy.
+  assert [l.split(" [")[0] for l in lines] == [
+      "round 1/3", "round 2/3", "round 3/3"]
+  assert all(l.endswith("]") and "<" in l for l in lines)
+  # From carry 0 after step 1: 2 * 0 + 2 = 2 (step 2), 2 * 2 + 3 = 7.
+  assert "acc" not in lines[0]
+  assert lines[1].endswith(", acc=0.0200]")
+  assert lines[2].endswith(", acc=0.0700]")
+  assert "\r" not in capsys.readouterr().err
+
+
+def test_no_progress_prints_nothing(capsys):
+  loop_lib.run_loop(_step, jnp.asarray(0, jnp.int32),
+                    loop_lib.LoopOptions(num_steps=3, progress=False))
+  assert capsys.readouterr().err == ""
+
+
+def test_progress_counter_reports_how_far(capsys):
+  counter = loop_lib.progress_counter(100, "KIP iteration")
+  counter(40, converged=1)
+  counter(100, converged=3)
+  lines = capsys.readouterr().err.splitlines()
+  assert [l.split(" [")[0] for l in lines] == ["KIP iteration 40/100",
+                                                "KIP iteration 100/100"]
+  assert lines[-1].endswith(", converged=3]")

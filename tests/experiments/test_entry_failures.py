@@ -125,3 +125,43 @@ def test_sweep_tool_inputs(tmp_path, capsys):
                           "summary.json.")
   assert "is not valid JSON" in _sweep_error(capsys, str(run),
                                              f"--out={tmp_path}/o")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_the_flags_every_config_and_its_presets(flag, capsys):
+  import os  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit) as e:
+    main_lib.parse_flags(["fedjax-dd", flag])
+  assert e.value.code == 0
+  out = capsys.readouterr().out
+  # This command's own flags first, before any config.
+  flags_at = [out.index(f"  --{f}: ") for f in ("config", "workdir", "seeds")]
+  assert max(flags_at) < out.index("Configs")
+  files = sorted(f for f in os.listdir(_CONFIGS)
+                 if f.endswith(".py") and f not in ("__init__.py", "base.py"))
+  listed = [l.split(":")[0].strip() for l in out.splitlines()
+            if l.startswith("  ") and l.strip().endswith((".", ")"))
+            and l.split(":")[0].strip().endswith(".py")]
+  assert listed == files
+  assert out.count("      presets: ") == len(files)
+  # The presets are the ones each file accepts.
+  assert ("presets: cifar10_c1, cifar10_c2, cifar10_fedd3, mnist_c1, "
+          "mnist_c10, mnist_c2, mnist_fedd3, mnist_iid, mnist_iid_fedd3, "
+          "smoke") in out
+  assert "quickstart.py: Quickstart:" in out and "presets: none" in out
+  assert ("fedjax-dd --config=experiments/configs/quickstart.py "
+          "--workdir=workdir/quickstart") in out
+
+
+def test_every_preset_the_help_lists_loads():
+  import importlib  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import configs  # pylint: disable=g-import-not-at-top
+  for file, description, presets in configs.catalog():
+    assert description, file
+    module = importlib.import_module(
+        f"fedjax_dd.experiments.configs.{file[:-3]}")
+    if presets == "none":
+      module.get_config()
+    elif "<" not in presets:  # a list of names, not a pattern
+      for preset in presets.split(", "):
+        assert module.get_config(preset) is not None, (file, preset)

@@ -274,14 +274,21 @@ def test_ctrl_c_exits_130_naming_the_checkpoint_and_resumes(tmp_path):
   workdir = tmp_path / "w"
   # Far more rounds than run before the signal lands, so the run cannot end
   # on its own first (12 rounds sometimes did).
-  # The child starts with SIGINT at its default, as under a terminal: a
-  # suite launched in the background (`cmd &` in a script) inherits SIGINT
-  # ignored, and Python then installs no KeyboardInterrupt handler, so the
-  # signal would be dropped and the run would end on its own.
+  # The child handles SIGINT as under a terminal: a suite launched in the
+  # background (`cmd &` in a script) inherits SIGINT ignored, and Python then
+  # installs no KeyboardInterrupt handler, so the signal would be dropped and
+  # the run would end on its own. The child installs it itself (a
+  # preexec_fn would fork this process, whose JAX threads make a fork
+  # unsafe: Python warns of it).
+  command = _cli(workdir, "--config.rounds=500")
+  assert command[1:3] == ["-m", "fedjax_dd.experiments.main"]
+  command[1:3] = ["-c", "import runpy, signal; signal.signal(signal.SIGINT, "
+                  "signal.default_int_handler); runpy.run_module("
+                  "'fedjax_dd.experiments.main', run_name='__main__', "
+                  "alter_sys=True)"]
   proc = subprocess.Popen(
-      _cli(workdir, "--config.rounds=500"), cwd=REPO_ROOT,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+      command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
   metrics = workdir / "metrics.jsonl"
   deadline = time.time() + 600
   # Two rows: round 1's checkpoint is committed (saved after its row).

@@ -43,6 +43,66 @@ def test_table_formats_every_row():
       "| b | 0.2500 | 10 B | 0 s |  |"]
 
 
+def test_table_has_the_expected_ranges_and_marks_a_row_outside():
+  rows = [{"method": "a", "final_test_accuracy": 0.5, "bytes_total": 2048,
+           "wall_seconds": 3.4, "note": "why", "expected": (0.45, 0.55)},
+          {"method": "b", "final_test_accuracy": 0.25, "bytes_total": 10,
+           "wall_seconds": 0.0, "expected": (0.3, 0.4)},
+          {"method": "c", "final_test_accuracy": 0.9, "bytes_total": 10,
+           "wall_seconds": 0.0, "expected": None}]
+  assert run_quickstart.table(rows).splitlines() == [
+      "| method | final accuracy | expected | bytes sent | wall | note |",
+      "|---|---|---|---|---|---|",
+      "| a | 0.5000 | 0.45-0.55 | 2.05 KB | 3 s | why |",
+      "| b | 0.2500 | 0.30-0.40 (**below**) | 10 B | 0 s |  |",
+      "| c | 0.9000 |  | 10 B | 0 s |  |"]
+  lines = run_quickstart.footer(rows, 61.4, "results.md").splitlines()
+  assert lines[0] == "Whole run: 61 s."
+  (outside,) = lines[1:]
+  assert outside.startswith("b: 0.2500 is below its expected range "
+                            "0.30-0.40 (")
+  assert "results.md" in outside
+
+
+def _measured_rows(path):
+  """The rows of the results file's "Expected ranges" table, as dicts."""
+  with open(path) as f:
+    text = f.read()
+  section = text.split("## Expected ranges", 1)[1].split("\n## ", 1)[0]
+  lines = [l for l in section.splitlines() if l.startswith("|")]
+  head = [h.strip() for h in lines[0].strip("|").split("|")]
+  return [dict(zip(head, (v.strip() for v in l.strip("|").split("|"))))
+          for l in lines[2:]]
+
+
+def test_every_row_has_the_expected_range_measured_in_the_results_file():
+  import math  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  c = quickstart.get_config()
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  assert c.expected.source == "experiments/results/quickstart_digits.md"
+  measured = _measured_rows(os.path.join(root, c.expected.source))
+  # Three seeds or more on each jax end.
+  for end in ("0.5.3", "0.12"):
+    assert len({r["seed"] for r in measured
+                if r["jax"].startswith(end)}) >= 3, end
+  columns = {n: n for n in c.order}
+  columns["fedhydra: one-shot FedAvg of its clients"] = "fedhydra_baseline"
+  for column, name in columns.items():
+    values = [float(r[column]) for r in measured if r[column] != "-"]
+    # The range is the measured one, widened to whole hundredths.
+    wanted = (math.floor(min(values) * 100) / 100,
+              math.ceil(max(values) * 100) / 100)
+    assert tuple(c.expected[name]) == pytest.approx(wanted), column
+  # Getting started quotes the same ranges.
+  with open(os.path.join(root, "docs", "getting_started.md")) as f:
+    docs = f.read()
+  for column, name in columns.items():
+    low, high = c.expected[name]
+    assert f"| {column} | {low:.2f}-{high:.2f} |" in docs, column
+
+
 def test_every_row_has_a_note():
   c = quickstart.get_config()
   for name in c.order:

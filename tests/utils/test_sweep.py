@@ -167,6 +167,24 @@ def test_plot_learning_curves_writes_a_png(tmp_path):
   assert os.path.getsize(path) > 0
 
 
+def test_endpoints_at_one_traffic_are_drawn_apart(tmp_path, monkeypatch):
+  made = []
+  new_figure = figures.new_figure
+  monkeypatch.setattr(figures, "new_figure",
+                      lambda **kw: made.append(new_figure(**kw)) or made[-1])
+  curve = {"x": [2, 4], "mean": [0.3, 0.5], "sd": [0.1, 0.1], "bytes": None}
+  # FedHydra and DENSE over the same clients send the same bytes.
+  figures.plot_learning_curves(
+      {"fedhydra": curve, "dense": curve, "feddf": curve}, tmp_path / "c.png",
+      endpoints={"fedhydra": (1e6, 0.5, 0.1), "dense": (1e6, 0.4, 0.1),
+                 "feddf": (2e6, 0.4, 0.1)})
+  traffic_panel = made[0].axes[1]
+  xs = [line.get_xdata()[0] for line in traffic_panel.get_lines()
+        if line.get_marker() == "o"]
+  # 4 % either side of the shared 1e6; the one at 2e6 stays there.
+  assert xs == pytest.approx([0.98e6, 1.02e6, 2e6])
+
+
 def test_line_style_tells_more_curves_than_colours_apart():
   class ThreeColours:
     N = 3
