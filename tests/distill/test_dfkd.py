@@ -239,6 +239,7 @@ def test_student_pass_over_filled_pool_and_stored_logits():
   assert int(m2["student_steps"]) == 5
 
 
+@pytest.mark.slow
 def test_adv_temperature_sets_the_temperature_of_l_ad_alone():
   # One generator step from the same generator and student: L_AD depends on
   # the temperature it is computed at and on nothing else that differs.

@@ -461,6 +461,7 @@ def test_per_teacher_round_one_teacher_equals_summed_and_no_recompile(
 # The jitted steps' gradients.
 
 
+@pytest.mark.slow
 def test_jitted_gradients_equal_the_eager_ones_in_float64():
   """The generator's gradient and the student's step, jitted as the round
   runs them, equal the eager ones. XLA:CPU once computed max-pool's gradient

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from fedjax_dd.experiments import bench_disue
 
 # A tiny IGA and one local epoch without augmentation.
@@ -11,6 +13,7 @@ TINY = ["--model", "digits_cnn", "--examples_per_client", "20", "--set",
         "client.augment="]
 
 
+@pytest.mark.slow
 def test_tiny_benchmark_times_every_stage_without_recompiling(tmp_path):
   out = tmp_path / "bench.json"
   report = bench_disue.main([
@@ -34,6 +37,7 @@ def test_tiny_benchmark_times_every_stage_without_recompiling(tmp_path):
   assert 1 <= r["num_groups_by_round"][0] <= 2
 
 
+@pytest.mark.slow
 def test_per_teacher_schedule_counts_one_generator_step_per_group(tmp_path):
   report = bench_disue.main([
       "--out", str(tmp_path / "b.json"), "--clients", "4", "--cohort", "2",
@@ -45,6 +49,7 @@ def test_per_teacher_schedule_counts_one_generator_step_per_group(tmp_path):
   assert r["recompiles_timed_rounds"] == r["recompiles_k_sweep"] == 0
 
 
+@pytest.mark.slow
 def test_bernoulli_activity_times_the_rounds_loops_draw(tmp_path):
   from fedjax_dd.core import cohorts, keys as keys_lib
   report = bench_disue.main([

@@ -20,6 +20,7 @@ def test_forms_report_every_form():
                                           "xla_cpu_use_thunk_runtime"}
 
 
+@pytest.mark.slow
 def test_padding_report_on_the_smoke_preset():
   """Uneven Dirichlet clients: the bucketed stage computes at most the
   masked one's steps, at least the real ones, and the same bits."""
@@ -62,6 +63,7 @@ def test_lean_torch_loop_runs_when_torch_is_installed():
     assert r["lean"] is lean and r["ms_per_client_step"] > 0
 
 
+@pytest.mark.slow
 def test_scale_row_on_a_small_population():
   row = bench_engine.measure_scale(200, participation=0.01, examples=6,
                                    rounds=1, batch=3)
@@ -86,6 +88,7 @@ def test_profile_parts_add_up_to_the_update():
   assert math.isclose(sum(r["share_of_update"].values()), 1.0, rel_tol=1e-9)
 
 
+@pytest.mark.slow
 def test_padding_report_on_hfldd_heads():
   """An HFLDD preset's workload is its heads' round: one row per head, the
   heads' uneven data sizes, and the same bits bucketed or not."""
@@ -100,6 +103,7 @@ def test_padding_report_on_hfldd_heads():
   assert row["bit_identical"]
 
 
+@pytest.mark.slow
 def test_padding_epochs_scale_times_fewer_steps_and_keeps_full_counts():
   full = bench_engine.measure_padding("fedhydra.py:smoke", pairs=1)
   half = bench_engine.measure_padding("fedhydra.py:smoke", pairs=1,
@@ -165,6 +169,7 @@ def test_layouts_report_both_layouts_with_and_without_donation():
              for v in r["ms_per_client_step"].values())
 
 
+@pytest.mark.slow
 def test_public_and_entry_rounds_run_with_the_same_forms():
   rows = {b: bench_engine.measure_round(b, num_clients=2, steps=1, batch=4,
                                         reps=1)

@@ -73,6 +73,7 @@ def test_baseline_smoke_runs(tmp_path, method):
   assert s["method"] == method and np.isfinite(s["final_test_accuracy"])
 
 
+@pytest.mark.slow
 def test_bernoulli_activity_reaches_the_cohort_iga_and_ledger(tmp_path):
   # --config.client.activity: each client joins a round with probability
   # 0.5 (FedFTG's act_prob); IGA distils from exactly the round's cohort.

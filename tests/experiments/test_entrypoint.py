@@ -24,6 +24,7 @@ def _read(workdir):
   return summary, rows
 
 
+@pytest.mark.slow
 def test_console_script_centralized_smoke(tmp_path):
   workdir = str(tmp_path / "c")
   proc = subprocess.run(
@@ -43,8 +44,10 @@ def test_console_script_centralized_smoke(tmp_path):
 
 @pytest.mark.parametrize("override, nearest", [
     ("--config.clinet.lr=0.1", "client"),          # a misspelled group
-    ("--config.client.lrr=0.1", "client.lr"),      # a misspelled key in one
-    ("--config.data_seed=1", "data.seed"),         # a flat name of old
+    pytest.param("--config.client.lrr=0.1", "client.lr",  # a key in one
+                 marks=pytest.mark.slow),
+    pytest.param("--config.data_seed=1", "data.seed",     # a flat old name
+                 marks=pytest.mark.slow),
 ])
 def test_unknown_override_is_a_one_line_usage_error(tmp_path, override,
                                                     nearest):
@@ -77,9 +80,10 @@ def test_diverging_run_exits_non_zero_with_one_line(tmp_path):
   assert not os.path.exists(workdir / "summary.json")
 
 
-@pytest.mark.parametrize("override", ["--config.run.eval_every=0",
-                                      "--config.rounds=0",
-                                      "--config.client.lr=nan"])
+@pytest.mark.parametrize("override", [
+    "--config.run.eval_every=0",
+    pytest.param("--config.rounds=0", marks=pytest.mark.slow),
+    pytest.param("--config.client.lr=nan", marks=pytest.mark.slow)])
 def test_unusable_settings_are_refused_before_compute(tmp_path, override):
   workdir = tmp_path / "bad"
   proc = subprocess.run(
@@ -205,6 +209,7 @@ def test_multihost_outside_a_cluster_is_one_usage_line_before_any_file(
   assert not workdir.exists()                  # refused before anything ran
 
 
+@pytest.mark.slow
 def test_resume_with_other_settings_is_refused_before_the_data_loads(
     tmp_path):
   workdir = tmp_path / "w"
@@ -244,6 +249,7 @@ def test_resume_with_other_settings_is_refused_before_the_data_loads(
   assert _rounds(workdir) == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_resume_on_another_host_device_count_warns_once_and_is_recorded(
     tmp_path):
   workdir = tmp_path / "w"

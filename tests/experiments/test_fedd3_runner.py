@@ -161,6 +161,7 @@ def test_random_control_sends_raw_images_at_the_same_budget(smoke_run, tmp_path)
   assert s["kip_loss"] is None and s["kip_iterations"] is None
 
 
+@pytest.mark.slow
 def test_hybrid_with_learned_labels_trains_on_soft_targets(tmp_path):
   config = _smoke(method="fedd3_hybrid", kip__learn_labels=True,
                   kip__max_iterations=3, kip__stop_accuracy=None)

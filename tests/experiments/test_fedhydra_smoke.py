@@ -16,6 +16,7 @@ from fedjax_dd.experiments.configs import dense as dense_config
 from fedjax_dd.experiments.configs import fedhydra as fedhydra_config
 
 
+@pytest.mark.slow
 def test_fedhydra_smoke_then_resume(tmp_path):
   config = fedhydra_config.get_config("smoke")
   workdir = str(tmp_path / "fh")
@@ -58,6 +59,7 @@ def test_fedhydra_smoke_then_resume(tmp_path):
   assert again["sa_target_naming"] == naming
 
 
+@pytest.mark.slow
 def test_fedhydra_multi_round_then_resume(tmp_path, monkeypatch):
   """Paper Tab. 5: clients restart from the distilled model each round."""
   config = fedhydra_config.get_config("smoke")
@@ -157,6 +159,7 @@ def _check_hetero(config, summary, workdir):
   assert os.path.isdir(os.path.join(workdir, "r1", "clients"))
 
 
+@pytest.mark.slow
 def test_dense_hetero_smoke(tmp_path):
   config = dense_config.get_config("smoke_hetero")
   workdir = str(tmp_path / "de")
@@ -207,6 +210,7 @@ def test_fedhydra_hetero_smoke_then_resume(tmp_path):
   assert again["stage_seconds"]["setup_seconds"] == 0
 
 
+@pytest.mark.slow
 def test_independent_init_clients(tmp_path):
   shared_conf = fedhydra_config.get_config("smoke")
   shared_conf.method = "os_fedavg"

@@ -150,6 +150,7 @@ def test_compare_labels_and_single_runs(tmp_path):
     sweep.main([a, f"--out={out}", "--against=seed"])
 
 
+@pytest.mark.slow
 def test_cli_sweep_over_two_seeds_of_fedavg_smoke(tmp_path):
   workdir = str(tmp_path / "sw")
   cmd = [sys.executable, "-m", "fedjax_dd.experiments.main",

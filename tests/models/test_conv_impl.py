@@ -481,6 +481,7 @@ def test_model_outputs_and_gradients_agree(name, train, impl):
   _assert_grads_close(g, g_ref, rtol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["patches", "forward"])
 @pytest.mark.parametrize("name", ["lenet5", "resnet", "hfldd_cifar_cnn",
                                   "cnn2", "cnn3"])
@@ -498,6 +499,7 @@ def test_model_outputs_and_gradients_agree_in_float64(name, impl):
     _assert_grads_close(g, g_ref, 1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["cnn2", "cnn3", "hfldd_cifar_cnn",
                                   "lenet5", "alexcifarnet"])
 def test_jitted_training_gradient_equals_the_eager_one_in_float64(name):

@@ -60,6 +60,7 @@ _CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("x_shape, kernel_size, out", _CASES)
 def test_values_and_gradients_equal_the_layers_in_float64(x_shape,
                                                           kernel_size, out):
@@ -136,6 +137,7 @@ def test_fuses_first_block_on_cpu_only():
   assert not fused_block.fuses_first_block("tpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(3, 16, 16, 3), (2, 14, 14, 1)])
 def test_convnet_fused_and_unfused_are_the_same_model(shape):
   # Same variables (names, shapes, initial values); the same outputs and

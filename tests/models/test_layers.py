@@ -188,6 +188,7 @@ def test_phase_split_conv_max_pool_hand_example():
                                                           [26., 30.]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conv_impl", ["lax", "patches"])
 @pytest.mark.parametrize("shape,kernel", [((3, 28, 28, 1), (5, 5, 1, 6)),
                                           ((2, 32, 32, 3), (5, 5, 3, 6)),

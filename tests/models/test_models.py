@@ -16,7 +16,9 @@ NUM_CLASSES = 7  # Not 10, so a hard-coded head size would show.
 # kernel per parameter shape, which dominates these tests on a CPU; the
 # models do not care which key implementation they get.
 KEY = functools.partial(jax.random.key, impl="rbg")
-_SLOW = ("resnet18",)  # 11M parameters; a small ResNet covers the code path.
+# resnet18: 11M parameters, a small ResNet covers the code path;
+# hfldd_cifar_cnn: its conv + BatchNorm path is the other BN models'.
+_SLOW = ("resnet18", "hfldd_cifar_cnn")
 
 
 def _names(only_bn=False):
@@ -165,6 +167,7 @@ def _assert_grads_close(g, g_ref):
       a, b, rtol=0, atol=1e-5 * scale), g, g_ref)
 
 
+@pytest.mark.slow
 def test_convnet_is_flax_convnet_with_its_conv_biases_cancelled():
   # ConvNet does not add its conv biases: instance norm subtracts each
   # channel's spatial mean, so with non-zero biases it still computes flax's
