@@ -1,6 +1,6 @@
 """Quickstart glue: each member method's own runner, then one comparison.
 
-``run(config, workdir)`` builds every member's config (its preset, the
+``run(config, workdir, run_member=)`` builds every member's config (its preset, the
 shared ``data`` settings and ``seed``, its overrides), runs it through its
 runner in ``WORKDIR/<method>`` (a re-run resumes each), and writes the
 comparison: the printed table, ``comparison.png``
@@ -15,12 +15,11 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections
 
 from fedjax_dd.core.workdir import Workdir
-from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs import base as base_lib
 from fedjax_dd.utils import reporting
 
@@ -51,13 +50,17 @@ def table(rows: list[dict[str, Any]]) -> str:
   return reporting.comparison_table(rows)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def run(config: ml_collections.ConfigDict, workdir: str, *,
+        run_member: Callable[[ml_collections.ConfigDict, str],
+                             dict[str, Any]]) -> dict[str, Any]:
+  """Runs every member with ``run_member(config, workdir) -> summary`` (the
+  runner table's :func:`fedjax_dd.experiments.registry.run`), then the
+  comparison."""
   start = time.time()
   rows = []
   for name in config.order:  # one run per method, not a training loop
     member = member_config(config, name)
-    summary = runners.RUNNERS[member.runner](member,
-                                             os.path.join(workdir, name))
+    summary = run_member(member, os.path.join(workdir, name))
     m = config.members[name]
     rows.append({"method": name,
                  "final_test_accuracy": summary["final_test_accuracy"],
