@@ -11,7 +11,8 @@ field by field::
 ``--base=COMMIT`` runs the presets on that commit's tree (``git archive`` of
 this checkout, laid out as the installed package under
 ``OUT/_base_COMMIT``; runs already there are reused) and the current tree
-into ``OUT/<preset>``. ``--reference=DIR`` compares with runs made earlier
+into ``OUT/<preset>``. A preset ``NAME:ARG`` runs config ``NAME`` with the
+argument ``ARG`` instead of ``smoke`` (``ifca:smoke+iga``). ``--reference=DIR`` compares with runs made earlier
 instead. Without ``--presets`` every config with a ``smoke`` preset runs
 (``ALL_PRESETS``, about half an hour on two cores).
 
@@ -112,8 +113,9 @@ def run(names: Iterable[str], out: str, *, pythonpath: str = "",
       continue
     # A run into a used workdir would resume it; each check starts afresh.
     shutil.rmtree(workdir, ignore_errors=True)
+    config, _, arg = name.partition(":")
     cmd = [sys.executable, "-m", "fedjax_dd.experiments.main",
-           f"--config={os.path.join(configs, name)}.py:smoke",
+           f"--config={os.path.join(configs, config)}.py:{arg or 'smoke'}",
            f"--workdir={workdir}", "--config.run.progress=False"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
                           env=env, cwd=cwd)
@@ -192,7 +194,8 @@ def main(argv=None) -> int:
   parser.add_argument("--reference", default="",
                       help="earlier --out to compare with")
   parser.add_argument("--presets", default=",".join(ALL_PRESETS),
-                      help="comma-separated config names")
+                      help="comma-separated config names; NAME:ARG runs "
+                      "preset ARG of config NAME (e.g. ifca:smoke+iga)")
   parser.add_argument("--compare-only", action="store_true",
                       help="compare existing runs, do not run")
   args = parser.parse_args(argv)

@@ -55,7 +55,7 @@ from fedjax_dd.core import checkpoint as checkpoint_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.experiments import common
-from fedjax_dd.experiments import runners
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments import sweep
 
 
@@ -370,10 +370,10 @@ def main(argv):
                          "writes to, e.g. --workdir=workdir/run1.")
   config = _CONFIG.value
   if "runner" not in config:
-    raise ValueError("The config must set `runner` (see experiments/runners.py).")
-  if config.runner not in runners.RUNNERS:
+    raise ValueError("The config must set `runner` (see experiments/registry.py).")
+  if config.runner not in registry.RUNNERS:
     raise ValueError(f"Unknown runner {config.runner!r}; expected one of "
-                     f"{sorted(runners.RUNNERS)}.")
+                     f"{sorted(registry.RUNNERS)}.")
   try:
     common.validate(config)
   except ValueError as e:
@@ -449,7 +449,7 @@ def main(argv):
     if config.run.progress:  # what runs, before the data loads and compiles
       print(f"{config.method} on {config.data.dataset} -> {_WORKDIR.value}",
             file=sys.stderr, flush=True)
-    summary = runners.RUNNERS[config.runner](config, _WORKDIR.value)
+    summary = registry.RUNNERS[config.runner](config, _WORKDIR.value)
   except (loop_lib.NonFiniteError, loop_lib.MetricsFileError,
           loop_lib.ResumeRefusedError, common.InputError) as e:
     # One line, not a traceback: the message says which step (or which

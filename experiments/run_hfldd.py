@@ -120,8 +120,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         "set --config.hfldd.allow_raw_upload=True")) from None
   data = None  # the heads train on stages.hybrid only
   num_classes = prepared.dataset.num_classes
-  ledger0 = hfldd_stages.setup_ledger(
-      stages, aux_size=config.data.aux_size, num_classes=num_classes,
+  ledger0 = hfldd.setup_ledger(
+      stages.topology, stages.counts, aux_size=config.data.aux_size,
+      num_classes=num_classes, pixels_per_sample=stages.pixels_per_sample,
       bits_per_sent_label=sent_label_bits(config))
   t = stages.topology
   figure = figures.plot_topology(

@@ -1,6 +1,6 @@
 """Quickstart glue: each member method's own runner, then one comparison.
 
-``run(config, workdir)`` builds every member's config (its preset, the
+``run(config, workdir, run_member=)`` builds every member's config (its preset, the
 shared ``data`` settings and ``seed``, its overrides), runs it through its
 runner in ``WORKDIR/<method>`` (a re-run resumes each), and writes the
 comparison: the printed table, ``comparison.png``
@@ -19,12 +19,11 @@ import importlib
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections
 
 from fedjax_dd.core.workdir import Workdir
-from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs import base as base_lib
 from fedjax_dd.utils import reporting
 
@@ -73,7 +72,12 @@ def footer(rows: list[dict[str, Any]], seconds: float,
   return "\n".join(lines)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def run(config: ml_collections.ConfigDict, workdir: str, *,
+        run_member: Callable[[ml_collections.ConfigDict, str],
+                             dict[str, Any]]) -> dict[str, Any]:
+  """Runs every member with ``run_member(config, workdir) -> summary`` (the
+  runner table's :func:`fedjax_dd.experiments.registry.run`), then the
+  comparison."""
   start = time.time()
   rows = []
   for i, name in enumerate(config.order):  # one run per method, no loop body
@@ -82,8 +86,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     if config.run.progress:
       print(f"[{i + 1}/{len(config.order)}] {name}: {m.get('note', '')}",
             file=sys.stderr, flush=True)
-    summary = runners.RUNNERS[member.runner](member,
-                                             os.path.join(workdir, name))
+    summary = run_member(member, os.path.join(workdir, name))
     rows.append({"method": name,
                  "final_test_accuracy": summary["final_test_accuracy"],
                  "expected": config.expected.get(name),

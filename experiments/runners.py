@@ -1,13 +1,15 @@
 """Runners: build an algorithm from a config and drive the shared rounds loop.
 
-``RUNNERS`` maps a config's ``runner`` field to a function
-``(config, workdir) -> summary``. Each algorithm is built by a small function
-from config fields to the library factory's explicit arguments.
+``BUILDERS`` maps a FedAvg-family config's ``method`` to a small function
+from config fields to the library factory's explicit arguments
+(:func:`register` adds one); :func:`run_federated` runs any of them. The
+``run_*`` modules of the other runners use the glue here
+(:func:`train_rounds`, :func:`run_server`, :func:`summarize`); the table of
+runners is :mod:`fedjax_dd.experiments.registry`, above them all.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any, Callable
 
@@ -397,27 +399,3 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
                       personal=common.personal_evaluation(
                           config, algorithm, prepared.task, data,
                           personal_test))
-
-
-def _lazy(module: str) -> Callable[[ml_collections.ConfigDict, str], dict[str, Any]]:
-  """A runner defined as ``run(config, workdir)`` in another experiments module.
-
-  Imported on first use so that one method's dependencies never slow down or
-  break another's start-up.
-  """
-
-  def run(config, workdir):
-    return importlib.import_module(f"fedjax_dd.experiments.{module}").run(
-        config, workdir)
-
-  return run
-
-
-RUNNERS: dict[str, Callable[[ml_collections.ConfigDict, str], dict[str, Any]]] = {
-    "federated": run_federated,
-    "fedd3": _lazy("run_fedd3"),
-    "hfldd": _lazy("run_hfldd"),
-    "fedseq": _lazy("run_fedseq"),
-    "fedhydra": _lazy("run_fedhydra"),
-    "quickstart": _lazy("run_quickstart"),
-}

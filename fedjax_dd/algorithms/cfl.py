@@ -34,7 +34,7 @@ The cluster tree is in the server state, checkpointed with it:
 slots) and ``extra["split_round"]`` ``[K_max]``. The evaluated model is the
 cluster model of most examples in the round, their average, or, with
 ``iga``, the model DisUE's IGA distils from the round's cluster models
-(DisUE Tab. 2; :class:`fedjax_dd.algorithms.cluster_models.IGAPlugin`).
+(DisUE Tab. 2; :func:`fedjax_dd.algorithms.cluster_models.iga_round`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import numpy as np
 import optax
 
 from fedjax_dd.algorithms import cluster_models
+from fedjax_dd.algorithms import clustered
 from fedjax_dd.cluster.similarity import flatten_params
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
@@ -204,8 +205,7 @@ def cfl(task: Classifier,
   train = cluster_models.make_trainer(
       task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
       mapper=mapper, augment=augment, lr_decay=lr_decay)
-  plugin = (None if iga is None
-            else cluster_models.IGAPlugin(task, iga, generator_key))
+  clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):
     p = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
@@ -220,8 +220,9 @@ def cfl(task: Classifier,
              "weights": jnp.zeros((num_clients,), jnp.float32),
              "sizes": jnp.zeros((k_max,), jnp.float32),
              "round": jnp.zeros((), jnp.int32)}
-    if plugin is not None:
-      extra.update(plugin.init(params, batch_stats, num_clients))
+    if iga is not None:
+      extra.update(clustered.init_iga(iga, generator_key, params,
+                                      batch_stats, num_clients))
     return ServerState(params, batch_stats, (), extra=extra), {}
 
   @jax.jit
@@ -274,9 +275,10 @@ def cfl(task: Classifier,
         picks = extra["clusters"][cohort.client_ids]
     server, metrics = aggregate(server.replace(extra=extra), result, picks,
                                 cohort)
-    if plugin is not None:
-      server, iga_metrics = plugin.round(server, result, picks, k_max,
-                                         cohort)
+    if iga is not None:
+      server, iga_metrics = cluster_models.iga_round(
+          iga, server, result, picks, k_max, cohort,
+          num_classes=task.num_classes)
       metrics.update(iga_metrics)
     metrics["num_clusters"] = num_clusters + len(splits)
     metrics["cfl_splits"] = len(splits)

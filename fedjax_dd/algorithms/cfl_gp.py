@@ -49,8 +49,8 @@ its clients'. The state (``extra``) holds the ``K`` models, ``clusters``
 subset and the round, so a checkpoint resumes bit-identically. The
 evaluated model is the cluster model of most examples this round, their
 average, or, with ``iga``, the model DisUE's IGA distils from the round's
-cluster models (DisUE Tab. 2; :class:`fedjax_dd.algorithms.cluster_models.
-IGAPlugin`).
+cluster models (DisUE Tab. 2; :func:`fedjax_dd.algorithms.cluster_models.
+iga_round`).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ import numpy as np
 import optax
 
 from fedjax_dd.algorithms import cluster_models
+from fedjax_dd.algorithms import clustered
 from fedjax_dd.cluster.similarity import flatten_params
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
@@ -193,8 +194,7 @@ def cfl_gp(task: Classifier,
   train = cluster_models.make_trainer(
       task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
       mapper=mapper, augment=augment, lr_decay=lr_decay)
-  plugin = (None if iga is None
-            else cluster_models.IGAPlugin(task, iga, generator_key))
+  clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):
     p = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
@@ -208,8 +208,9 @@ def cfl_gp(task: Classifier,
              "feature_index": index.astype(jnp.int32),
              "sizes": jnp.zeros((k,), jnp.float32),
              "round": jnp.zeros((), jnp.int32)}
-    if plugin is not None:
-      extra.update(plugin.init(params, batch_stats, num_clients))
+    if iga is not None:
+      extra.update(clustered.init_iga(iga, generator_key, params,
+                                      batch_stats, num_clients))
     return ServerState(params, batch_stats, (), extra=extra), {}
 
   @jax.jit
@@ -259,9 +260,10 @@ def cfl_gp(task: Classifier,
         picks = extra["clusters"][cohort.client_ids]
     server, metrics = aggregate(server.replace(extra=extra), result, picks,
                                 cohort)
-    if plugin is not None:
-      server, iga_metrics = plugin.round(server, result, picks, k,
-                                         cohort)
+    if iga is not None:
+      server, iga_metrics = cluster_models.iga_round(
+          iga, server, result, picks, k, cohort,
+          num_classes=task.num_classes)
       metrics.update(iga_metrics)
     metrics["num_clusters"] = k
     metrics["cfl_gp_partitioned"] = partitioned

@@ -14,7 +14,7 @@ scores (:mod:`fedjax_dd.core.personal`). The evaluated global model
 (``ServerState.params``) is the model picked by
 the most training examples this round or the example-weighted average of the
 cluster models (:func:`global_model`), unless IGA is plugged in
-(:class:`IGAPlugin`, DisUE Tab. 2): then the round's trained cluster models
+(:func:`iga_round`, DisUE Tab. 2): then the round's trained cluster models
 teach the global model through DisUE's inter-group aggregation
 (:mod:`fedjax_dd.distill.iga`). As in DisUE's round (:mod:`fedjax_dd.
 algorithms.clustered`), the student starts from the example-weighted mean of
@@ -37,14 +37,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dd.algorithms import clustered
 from fedjax_dd.algorithms import stages
-from fedjax_dd.algorithms.stages import class_counts, round_factor
-from fedjax_dd.core import aggregate as aggregate_lib
+from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import Cohort, ServerState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import make_local_update
-from fedjax_dd.core.rounds import TRAFFIC_PREFIX
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill.iga import IGA
 
@@ -204,75 +203,28 @@ def make_aggregate(num_models: int, mode: str) -> Callable[..., Any]:
   return step
 
 
-class IGAPlugin:
-  """IGA on the round's cluster models (module doc; DisUE Tab. 2).
+def iga_round(iga: IGA, server: ServerState, result, picks: jax.Array,
+              num_clusters: int, cohort: Cohort, *, num_classes: int
+              ) -> tuple[ServerState, dict[str, Any]]:
+  """IGA on the round's cluster models (module doc; DisUE Tab. 2):
+  :func:`fedjax_dd.algorithms.clustered.iga_round` with the clusters the
+  cohort trained as the groups, after :func:`make_aggregate`.
 
-  Its state lives in the server's ``extra``: ``"iga"`` (the generator,
-  :class:`~fedjax_dd.distill.iga.IGAState`, whose ``rounds`` is the ``t``
-  of the learning-rate decays) and ``"reported"`` (``[N]`` clients that sent
-  their class counts).
+  Args:
+    iga: the IGA; its state is ``server.extra["iga"]`` (and
+      ``"reported"``), from :func:`fedjax_dd.algorithms.clustered.init_iga`.
+    server: the aggregated server state.
+    result: the cohort's local results (stacked ``[S, ...]``).
+    picks: ``[S]`` cluster of each cohort client.
+    num_clusters: ``K`` (static).
+    cohort: the round's cohort.
+    num_classes: ``C``.
+
+  Returns:
+    ``(server, metrics)``: the server with the distilled global model, and
+    the ``iga_*`` metrics with the class counts' traffic.
   """
-
-  def __init__(self, task: Classifier, iga: IGA, generator_key: jax.Array,
-               *, bits_per_count: int = 32):
-    if generator_key is None:
-      raise ValueError("IGA needs generator_key to initialise its generator.")
-    self._iga = iga
-    self._key = generator_key
-    self._num_classes = task.num_classes
-    self._bits = bits_per_count
-
-    @jax.jit
-    def _teachers(params, batch_stats, labels, weights, counts):
-      s = weights.shape[0]
-      gp, gw = aggregate_lib.segment_weighted_mean(params, labels, weights, s)
-      gs, _ = aggregate_lib.segment_weighted_mean(batch_stats, labels,
-                                                  weights, s)
-      group_counts = jax.ops.segment_sum(counts, labels, num_segments=s)
-      return (gp, gs, group_counts, stages.weighted_mean(gp, gw),
-              stages.weighted_mean(gs, gw))
-
-    self._teachers = _teachers
-
-  def init(self, params: PyTree, batch_stats: PyTree,
-           num_clients: int) -> dict[str, Any]:
-    return {"iga": self._iga.init(self._key, params, batch_stats),
-            "reported": jnp.zeros((num_clients,), bool)}
-
-  def round(self, server: ServerState, result, picks: jax.Array,
-            num_clusters: int, cohort: Cohort
-            ) -> tuple[ServerState, dict[str, Any]]:
-    """One IGA round after the cluster aggregation.
-
-    Args:
-      server: the aggregated server state (its ``extra`` holds the
-        plug-in's state).
-      result: the cohort's local results (``params``, ``batch_stats`` stacked
-        ``[S, ...]``).
-      picks: ``[S]`` cluster of each cohort client.
-      num_clusters: ``K`` (static).
-      cohort: the round's cohort.
-
-    Returns:
-      ``(server, metrics)``: the server with the distilled global model and
-      the plug-in's new state, and the ``iga_*`` metrics with the class
-      counts' traffic.
-    """
-    extra = server.extra
-    labels = compact_labels(picks, num_clusters)
-    counts = class_counts(cohort, self._num_classes)
-    gp, gs, group_counts, params, batch_stats = self._teachers(
-        result.params, result.batch_stats, labels, cohort.num_examples,
-        counts)
-    state = extra["iga"]
-    state, params, batch_stats, m = self._iga.round(
-        state, params, batch_stats, gp, gs, group_counts, state.rounds)
-    reported = extra["reported"]
-    new_reports = jnp.sum(~reported[cohort.client_ids])
-    extra = {**extra, "iga": state,
-             "reported": reported.at[cohort.client_ids].set(True)}
-    metrics = {f"iga_{k}": v for k, v in m.items()}
-    metrics[f"{TRAFFIC_PREFIX}upload/class_counts"] = (
-        new_reports * self._num_classes * self._bits)
-    return server.replace(params=params, batch_stats=batch_stats,
-                          extra=extra), metrics
+  labels = compact_labels(picks, num_clusters)
+  server, metrics, _ = clustered.iga_round(
+      iga, server, result, labels, cohort, num_classes=num_classes)
+  return server, metrics

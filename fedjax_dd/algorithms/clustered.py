@@ -48,9 +48,10 @@ import optax
 from fedjax_dd.algorithms import stages
 from fedjax_dd.core import aggregate
 from fedjax_dd.core import keys as keys_lib
-from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
+from fedjax_dd.core.algorithm import Cohort, CommSpec, FederatedAlgorithm
+from fedjax_dd.core.algorithm import ServerState
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.local import LocalResult, make_local_update
 from fedjax_dd.core.rounds import EVAL_MODELS, TRAFFIC_PREFIX
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill.iga import IGA
@@ -94,6 +95,107 @@ def one_group(client_params: PyTree, global_params: PyTree,
   return Groups(labels=np.zeros(s, np.int32), num_groups=1)
 
 
+@jax.jit
+def group_models(params: PyTree, batch_stats: PyTree, labels: jax.Array,
+                 weights: jax.Array, counts: jax.Array):
+  """Eq. 2: each group's sample-weighted FedAvg and class counts.
+
+  Args:
+    params, batch_stats: the cohort's models ``[S, ...]``.
+    labels: ``[S]`` int32 group of each client, in ``0..K-1``.
+    weights: ``[S]`` examples of each client.
+    counts: ``[S, C]`` class counts of each client.
+
+  Returns:
+    ``(group_params [S, ...], group_stats [S, ...], group_weights [S],
+    group_counts [S, C])``; rows ``k >= K`` are empty, so one program
+    serves every ``K`` (the segments are the cohort's positions).
+  """
+  s = weights.shape[0]
+  gp, gw = aggregate.segment_weighted_mean(params, labels, weights, s)
+  gs, _ = aggregate.segment_weighted_mean(batch_stats, labels, weights, s)
+  group_counts = jax.ops.segment_sum(counts, labels, num_segments=s)
+  return gp, gs, gw, group_counts
+
+
+@jax.jit
+def fedavg_of_groups(gp: PyTree, gs: PyTree, gw: jax.Array):
+  """The G-phase: the FedAvg of the group models weighted by their samples
+  (the FedAvg of the cohort)."""
+  return stages.weighted_mean(gp, gw), stages.weighted_mean(gs, gw)
+
+
+def check_iga(iga: IGA | None, generator_key: jax.Array | None) -> None:
+  """Raises ValueError for ``iga`` without ``generator_key`` (at build time,
+  before any compute)."""
+  if iga is not None and generator_key is None:
+    raise ValueError("IGA needs generator_key to initialise its generator.")
+
+
+def init_iga(iga: IGA | None, generator_key: jax.Array | None,
+             params: PyTree, batch_stats: PyTree,
+             num_clients: int) -> dict[str, Any]:
+  """The server-``extra`` entries :func:`iga_round` reads: ``"reported"``
+  (``[N]`` clients that sent their class counts) and, with ``iga``,
+  ``"iga"`` (the generator, whose ``rounds`` is the ``t`` of IGA's
+  learning-rate decays; :func:`check_iga` first).
+  """
+  extra = {"reported": jnp.zeros((num_clients,), bool)}
+  if iga is not None:
+    extra["iga"] = iga.init(generator_key, params, batch_stats)
+  return extra
+
+
+def iga_round(iga: IGA | None, server: ServerState, result: LocalResult,
+              labels: jax.Array, cohort: Cohort, *, num_classes: int,
+              bits_per_count: int = 32
+              ) -> tuple[ServerState, dict[str, Any], tuple[PyTree, PyTree]]:
+  """Steps 3–5 of the module doc on the round's grouped cohort.
+
+  The group models (Eq. 2) of the cohort's returned models teach their
+  FedAvg through IGA (Eqs. 5–13), weighted by the class counts their
+  clients reported. DisUE's and FedFTG's round calls it with its grouping;
+  IFCA, CFL, CFL-GP and PACFL with IGA plugged in (DisUE Tab. 2) with
+  their cluster assignments (:mod:`fedjax_dd.algorithms.cluster_models`).
+
+  Args:
+    iga: the IGA (``num_teachers_max`` = the cohort size), or ``None``:
+      the global model is the FedAvg of the groups.
+    server: the server state; its ``extra`` holds :func:`init_iga`'s
+      entries.
+    result: the cohort's local results (``params``, ``batch_stats``
+      stacked ``[S, ...]``).
+    labels: ``[S]`` int32 group of each cohort client, in ``0..K-1``.
+    cohort: the round's cohort.
+    num_classes: ``C``.
+    bits_per_count: bits of one reported class count in the ledger.
+
+  Returns:
+    ``(server, metrics, fedavg)``: the server with the new global model
+    and ``extra`` entries; the ``iga_*`` metrics and the class counts'
+    traffic (clients report once, the first time they are sampled); and
+    the G-phase model ``(params, batch_stats)`` before IGA.
+  """
+  counts = stages.class_counts(cohort, num_classes)
+  gp, gs, gw, group_counts = group_models(result.params, result.batch_stats,
+                                          labels, cohort.num_examples, counts)
+  fedavg = params, batch_stats = fedavg_of_groups(gp, gs, gw)
+  extra = dict(server.extra)
+  metrics = {}
+  if iga is not None:
+    state = extra["iga"]
+    extra["iga"], params, batch_stats, iga_metrics = iga.round(
+        state, params, batch_stats, gp, gs, group_counts, state.rounds)
+    metrics.update({f"iga_{k}": v for k, v in iga_metrics.items()})
+  reported = extra["reported"]
+  new_reports = jnp.sum(~reported[cohort.client_ids])
+  extra["reported"] = reported.at[cohort.client_ids].set(True)
+  metrics[f"{TRAFFIC_PREFIX}upload/class_counts"] = (
+      new_reports * num_classes * bits_per_count)
+  return (server.replace(params=params, batch_stats=batch_stats, extra=extra),
+          metrics, fedavg)
+
+
 class ClusteredPrograms(NamedTuple):
   """The device programs of one clustered round (see module doc).
 
@@ -101,12 +203,8 @@ class ClusteredPrograms(NamedTuple):
     train: the L-phase, :func:`fedjax_dd.algorithms.stages.client_stage`:
       ``(params, batch_stats, params, cohort, keys [S], lr_factor [S]) ->``
       the stacked client results.
-    group_models: Eq. 2, ``(params [S, ...], batch_stats [S, ...], labels
-      [S], weights [S], class_counts [S, C]) -> (group_params [S, ...],
-      group_stats [S, ...], group_weights [S], group_counts [S, C])``; rows
-      ``k >= K`` are empty, so one program serves every ``K``.
-    fedavg_of_groups: the G-phase, ``(group_params, group_stats,
-      group_weights) -> (params, batch_stats)``.
+    group_models: Eq. 2, :func:`group_models`.
+    fedavg_of_groups: the G-phase, :func:`fedavg_of_groups`.
   """
   train: Callable[..., Any]
   group_models: Callable[..., Any]
@@ -133,22 +231,8 @@ def clustered_programs(
                             max_steps=max_steps, augment=augment,
                             lr_scale=(lambda ctx: ctx[1])
                             if lr_decay != 1.0 else None)
-  train = stages.client_stage(local, mapper)
-
-  @jax.jit
-  def group_models(params, batch_stats, labels, weights, counts):
-    # Segments are the cohort's positions: a static S whatever K is.
-    s = weights.shape[0]
-    gp, gw = aggregate.segment_weighted_mean(params, labels, weights, s)
-    gs, _ = aggregate.segment_weighted_mean(batch_stats, labels, weights, s)
-    group_counts = jax.ops.segment_sum(counts, labels, num_segments=s)
-    return gp, gs, gw, group_counts
-
-  @jax.jit
-  def fedavg_of_groups(gp, gs, gw):
-    return stages.weighted_mean(gp, gw), stages.weighted_mean(gs, gw)
-
-  return ClusteredPrograms(train=train, group_models=group_models,
+  return ClusteredPrograms(train=stages.client_stage(local, mapper),
+                           group_models=group_models,
                            fedavg_of_groups=fedavg_of_groups)
 
 
@@ -199,8 +283,7 @@ def clustered_distillation(
     ValueError: ``iga`` without ``generator_key``, or
       ``evaluate_before_iga`` without ``iga``.
   """
-  if iga is not None and generator_key is None:
-    raise ValueError("IGA needs generator_key to initialise its generator.")
+  check_iga(iga, generator_key)
   if evaluate_before_iga and iga is None:
     raise ValueError("evaluate_before_iga needs an IGA: without it the "
                      "global model is the model before IGA.")
@@ -208,17 +291,15 @@ def clustered_distillation(
   def before_iga(params, batch_stats):
     return {"before_iga": {"params": params, "batch_stats": batch_stats}}
 
-  train, group_models, fedavg_of_groups = clustered_programs(
+  train = clustered_programs(
       task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
-      mapper=mapper, augment=augment, lr_decay=lr_decay)
+      mapper=mapper, augment=augment, lr_decay=lr_decay).train
   num_classes = task.num_classes
 
   def init(params, batch_stats, num_clients):
     extra = {"round": jnp.zeros((), jnp.int32),
              "groups": jnp.full((num_clients,), -1, jnp.int32),
-             "reported": jnp.zeros((num_clients,), bool)}
-    if iga is not None:
-      extra["iga"] = iga.init(generator_key, params, batch_stats)
+             **init_iga(iga, generator_key, params, batch_stats, num_clients)}
     if evaluate_before_iga:
       extra[EVAL_MODELS] = before_iga(params, batch_stats)
     return ServerState(params, batch_stats, {}, extra), {}
@@ -233,29 +314,20 @@ def clustered_distillation(
     rng = keys_lib.numpy_from_key(keys_lib.server_key(key))
     groups = grouping(result.params, server.params, weights, rng)
     labels = jnp.asarray(groups.labels, jnp.int32)
-    counts = stages.class_counts(cohort, num_classes)
-    gp, gs, gw, group_counts = group_models(result.params, result.batch_stats,
-                                            labels, weights, counts)
-    params, batch_stats = fedavg_of_groups(gp, gs, gw)
-    extra = dict(server.extra)
     metrics = stages.cohort_metrics(result, weights)
+    server, iga_metrics, fedavg = iga_round(
+        iga, server, result, labels, cohort, num_classes=num_classes,
+        bits_per_count=bits_per_count)
+    metrics.update(iga_metrics)
+    extra = dict(server.extra)
     if evaluate_before_iga:
-      extra[EVAL_MODELS] = before_iga(params, batch_stats)
-    if iga is not None:
-      extra["iga"], params, batch_stats, iga_metrics = iga.round(
-          server.extra["iga"], params, batch_stats, gp, gs, group_counts, t)
-      metrics.update({f"iga_{k}": v for k, v in iga_metrics.items()})
-    new_reports = jnp.sum(~server.extra["reported"][cohort.client_ids])
-    extra["reported"] = server.extra["reported"].at[cohort.client_ids].set(True)
-    extra["groups"] = server.extra["groups"].at[cohort.client_ids].set(labels)
+      extra[EVAL_MODELS] = before_iga(*fedavg)
+    extra["groups"] = extra["groups"].at[cohort.client_ids].set(labels)
     extra["round"] = t + 1
     metrics["num_clusters"] = groups.num_groups
     metrics["clustering_converged"] = int(groups.converged)
-    metrics[f"{TRAFFIC_PREFIX}upload/class_counts"] = (
-        new_reports * num_classes * bits_per_count)
     for (kind, tag), bits in groups.traffic.items():
       metrics[f"{TRAFFIC_PREFIX}{kind}/{tag}"] = int(bits)
-    server = ServerState(params, batch_stats, server.opt_state, extra)
-    return server, clients, metrics
+    return server.replace(extra=extra), clients, metrics
 
   return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec())

@@ -19,9 +19,11 @@ notebook gets the entry point's stages:
 :func:`run_stages` returns them as :class:`Stages`, each stage timed;
 :func:`stages_or_load` keeps them in a run's
 :class:`~fedjax_dd.core.stage_cache.StageCache` (stage :data:`STAGE`), so a
-resumed run does not compute them again. :func:`setup_ledger` records their
-Eq. 18 traffic before the rounds and :func:`stage_fields` reports them
-(with Eq. 18 in bytes) after.
+resumed run does not compute them again.
+:func:`fedjax_dd.algorithms.hfldd.setup_ledger` records their Eq. 18
+traffic before the rounds (from ``topology``, ``counts`` and
+``pixels_per_sample``) and :func:`stage_fields` reports them (with Eq. 18 in
+bytes) after.
 
 Host-side: KMeans is scikit-learn, so this module is kept apart from
 :mod:`fedjax_dd.algorithms.hfldd`.
@@ -251,16 +253,6 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
   return Stages(topology=topology, counts=a["counts"], hybrid=hybrid,
                 times=stage.info["times"], info=stage.info["info"],
                 cached=not computed)
-
-
-def setup_ledger(stages: Stages, *, aux_size: int, num_classes: int,
-                 bits_per_sent_label: int = 0) -> ledger_lib.Ledger:
-  """The one-shot traffic of stages 1-3 (Eq. 18's first two terms),
-  recorded at round 0 (:func:`fedjax_dd.algorithms.hfldd.setup_ledger`)."""
-  return hfldd.setup_ledger(
-      stages.topology, stages.counts, aux_size=aux_size,
-      num_classes=num_classes, pixels_per_sample=stages.pixels_per_sample,
-      bits_per_sent_label=bits_per_sent_label)
 
 
 def stage_fields(stages: Stages, *, aux_size: int, num_classes: int,

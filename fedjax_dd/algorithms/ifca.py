@@ -28,7 +28,7 @@ its own training data (the algorithm's ``deploy``), which personalized
 evaluation scores on the client's test data, as the paper does
 (:mod:`fedjax_dd.core.personal`). With ``iga`` the
 global model is instead distilled from the round's cluster models
-(:class:`fedjax_dd.algorithms.cluster_models.IGAPlugin`, DisUE Tab. 2).
+(:func:`fedjax_dd.algorithms.cluster_models.iga_round`, DisUE Tab. 2).
 
 Reference: Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for
 Clustered Federated Learning", NeurIPS 2020.
@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dd.algorithms import cluster_models, stages
+from fedjax_dd.algorithms import cluster_models, clustered, stages
 from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
@@ -151,8 +151,7 @@ def ifca(task: Classifier,
     models, stats = server.extra["models"], server.extra["batch_stats"]
     return models, stats, choose(models, stats, data.x, data.y,
                                  data.num_examples)
-  plugin = (None if iga is None
-            else cluster_models.IGAPlugin(task, iga, generator_key))
+  clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):
     starts = [(params, batch_stats)] + [
@@ -163,8 +162,9 @@ def ifca(task: Classifier,
              "sizes": jnp.zeros((k_models,), jnp.float32)}
     if decay:
       extra["round"] = jnp.zeros((), jnp.int32)
-    if plugin is not None:
-      extra.update(plugin.init(params, batch_stats, num_clients))
+    if iga is not None:
+      extra.update(clustered.init_iga(iga, generator_key, params,
+                                      batch_stats, num_clients))
     # Round 0's global model is model 0, the given start.
     return ServerState(params, batch_stats, (), extra=extra), {}
 
@@ -200,9 +200,10 @@ def ifca(task: Classifier,
         server.extra["models"], server.extra["batch_stats"], cohort.x,
         cohort.y, cohort.num_examples, cohort.num_steps, keys, scale)
     server, metrics = aggregate(server, result, picks, losses, cohort)
-    if plugin is not None:
-      server, iga_metrics = plugin.round(server, result, picks, k_models,
-                                         cohort)
+    if iga is not None:
+      server, iga_metrics = cluster_models.iga_round(
+          iga, server, result, picks, k_models, cohort,
+          num_classes=task.num_classes)
       metrics = {**metrics, **iga_metrics}
     return server, clients, metrics
 

@@ -23,8 +23,8 @@ valid column of each client's ``U``, recorded once, in round 1, under
 signatures were sent, so a checkpoint resumes the run bit-identically. The
 evaluated global model is the cluster model of most examples this round (or
 their average; ``global_model``), or, with ``iga``, the model DisUE's IGA
-distils from the round's cluster models (DisUE Tab. 2; :class:`fedjax_dd.
-algorithms.cluster_models.IGAPlugin`). The paper evaluates every client on
+distils from the round's cluster models (DisUE Tab. 2; :func:`fedjax_dd.
+algorithms.cluster_models.iga_round`). The paper evaluates every client on
 its own test data with its cluster's model: each client deploys it
 (:func:`fedjax_dd.algorithms.cluster_models.deploy_assigned`), which
 personalized evaluation scores (:mod:`fedjax_dd.core.personal`).
@@ -50,6 +50,7 @@ import numpy as np
 import optax
 
 from fedjax_dd.algorithms import cluster_models
+from fedjax_dd.algorithms import clustered
 from fedjax_dd.cluster import principal_angles
 from fedjax_dd.core.algorithm import (CommSpec, FederatedAlgorithm,
                                       ServerState)
@@ -172,8 +173,7 @@ def pacfl(task: Classifier,
   train = cluster_models.make_trainer(
       task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
       mapper=mapper, augment=augment, lr_decay=lr_decay)
-  plugin = (None if iga is None
-            else cluster_models.IGAPlugin(task, iga, generator_key))
+  clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):
     if num_clients != labels.shape[0]:
@@ -184,17 +184,19 @@ def pacfl(task: Classifier,
              "clusters": jnp.asarray(labels),
              "sizes": jnp.zeros((k_models,), jnp.float32),
              "round": jnp.zeros((), jnp.int32)}
-    if plugin is not None:
-      extra.update(plugin.init(params, batch_stats, num_clients))
+    if iga is not None:
+      extra.update(clustered.init_iga(iga, generator_key, params,
+                                      batch_stats, num_clients))
     return ServerState(params, batch_stats, (), extra=extra), {}
 
   def apply(server, clients, cohort, key):
     t = server.extra["round"]
     result, picks = train(server, cohort, key)
     server, metrics = aggregate(server, result, picks, cohort)
-    if plugin is not None:
-      server, iga_metrics = plugin.round(server, result, picks, k_models,
-                                         cohort)
+    if iga is not None:
+      server, iga_metrics = cluster_models.iga_round(
+          iga, server, result, picks, k_models, cohort,
+          num_classes=task.num_classes)
       metrics.update(iga_metrics)
     metrics["num_clusters"] = k_models
     metrics["clustering_converged"] = 1

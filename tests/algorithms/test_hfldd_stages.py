@@ -36,7 +36,9 @@ def test_sent_label_bits_counts_what_is_sent():
 def test_setup_ledger_is_eq18_first_two_terms_by_hand():
   s = _stages()
   assert (s.pixels_per_sample, s.distilled_samples) == (16, 6)
-  ledger = hfldd_stages.setup_ledger(s, aux_size=10, num_classes=3)
+  ledger = hfldd.setup_ledger(s.topology, s.counts, aux_size=10,
+                              num_classes=3,
+                              pixels_per_sample=s.pixels_per_sample)
   totals = ledger.cumulative()
   # N |D_g| N_c B1 = 5 * 10 * 3 * 32 = 4,800 bits = 600 bytes up;
   # sum |D~_i| B2 = 6 * 16 * 8 = 768 bits = 96 bytes between peers (which
@@ -44,8 +46,10 @@ def test_setup_ledger_is_eq18_first_two_terms_by_hand():
   assert ledger.tag_totals()["soft_labels"]["bytes_total"] == 600
   assert totals["bytes_peer"] == 96
   assert totals["bytes_total"] == 696
-  with_labels = hfldd_stages.setup_ledger(s, aux_size=10, num_classes=3,
-                                          bits_per_sent_label=32)
+  with_labels = hfldd.setup_ledger(s.topology, s.counts, aux_size=10,
+                                   num_classes=3,
+                                   pixels_per_sample=s.pixels_per_sample,
+                                   bits_per_sent_label=32)
   # + 6 samples * 3 entries * 32 bits = 576 bits = 72 bytes.
   assert with_labels.tag_totals()["distilled_labels"]["bytes_total"] == 72
 

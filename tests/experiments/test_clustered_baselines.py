@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_dd.experiments import common
-from fedjax_dd.experiments import runners
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import cfl, cfl_gp, disue, ifca, pacfl
 
 CONFIGS = {"ifca": ifca, "cfl": cfl, "cfl_gp": cfl_gp, "pacfl": pacfl}
@@ -43,7 +43,7 @@ def _smoke(method, arg="smoke"):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(CONFIGS))
 def test_smoke_with_iga_runs_and_reports_clusters(tmp_path, method):
-  s = runners.RUNNERS["federated"](_smoke(method, "smoke+iga"),
+  s = registry.RUNNERS["federated"](_smoke(method, "smoke+iga"),
                                    str(tmp_path / method))
   assert s["method"] == method and np.isfinite(s["final_test_accuracy"])
   with open(tmp_path / method / "metrics.jsonl") as f:
@@ -87,7 +87,7 @@ def test_smoke_with_personal_evaluation_writes_its_figures(tmp_path, method,
                                                            split):
   c = _smoke(method)
   c.eval.personal, c.eval.split, c.eval.finetune_steps = True, split, 2
-  s = runners.RUNNERS["federated"](c, str(tmp_path / method))
+  s = registry.RUNNERS["federated"](c, str(tmp_path / method))
   with open(tmp_path / method / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
   assert [r["round"] for r in rows if "personal_accuracy" in r] == [1, 2]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedjax_dd.experiments import run_quickstart
-from fedjax_dd.experiments import runners
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import quickstart
 
 
@@ -115,7 +115,7 @@ def test_two_member_quickstart_writes_table_figure_and_summary(tmp_path,
                                                                capsys):
   c = quickstart.get_config()
   c.order = ("fedavg", "fedd3")
-  s = runners.RUNNERS["quickstart"](c, str(tmp_path))
+  s = registry.RUNNERS["quickstart"](c, str(tmp_path))
   out = capsys.readouterr().out
   assert "| fedavg |" in out and "| fedd3 |" in out
   assert (tmp_path / "comparison.png").stat().st_size > 0
@@ -133,7 +133,7 @@ def test_two_member_quickstart_writes_table_figure_and_summary(tmp_path,
 
 @pytest.mark.slow
 def test_full_quickstart_runs_every_system(tmp_path):
-  s = runners.RUNNERS["quickstart"](quickstart.get_config(), str(tmp_path))
+  s = registry.RUNNERS["quickstart"](quickstart.get_config(), str(tmp_path))
   names = [r["method"] for r in s["methods"]]
   for m in ("fedavg", "fedd3", "hfldd", "fedhydra", "disue"):
     assert m in names

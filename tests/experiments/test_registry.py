@@ -64,3 +64,52 @@ def test_a_toy_method_runs_from_the_command_line(tmp_path):
 def test_a_built_in_method_cannot_be_replaced():
   with pytest.raises(ValueError, match="'fedavg' is built in"):
     runners.register("fedavg", lambda config, task, max_steps: None)
+
+
+def _experiments_imports() -> dict[str, set[str]]:
+  """Each ``experiments/*.py`` module -> the experiments modules it imports,
+  at any depth, the runner table's imports on first use included."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  directory = os.path.join(REPO_ROOT, "experiments")
+  names = {f[:-3] for f in os.listdir(directory) if f.endswith(".py")}
+  graph = {}
+  for name in names:
+    with open(os.path.join(directory, f"{name}.py"), encoding="utf-8") as f:
+      source = f.read()
+    edges = set()
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, ast.ImportFrom) and node.module:
+        if node.module == "fedjax_dd.experiments":
+          edges |= {a.name for a in node.names}
+        elif node.module.startswith("fedjax_dd.experiments."):
+          edges.add(node.module.split(".")[2])
+      elif isinstance(node, ast.Import):
+        edges |= {a.name.split(".")[2] for a in node.names
+                  if a.name.startswith("fedjax_dd.experiments.")}
+    # importlib.import_module("fedjax_dd.experiments.X") and _lazy("X").
+    edges |= set(re.findall(
+        r'import_module\(\s*"fedjax_dd\.experiments\.(\w+)"', source))
+    edges |= set(re.findall(r'_lazy\("(\w+)"\)', source))
+    graph[name] = (edges & names) - {name}
+  return graph
+
+
+def test_the_experiments_modules_import_without_a_cycle():
+  graph = _experiments_imports()
+  done, path = set(), []
+
+  def visit(name):
+    if name in path:
+      raise AssertionError(f"import cycle: {' -> '.join(path + [name])}")
+    if name in done:
+      return
+    path.append(name)
+    for other in sorted(graph[name]):
+      visit(other)
+    path.pop()
+    done.add(name)
+
+  for name in sorted(graph):
+    visit(name)
+  assert "run_fedd3" in graph["registry"]  # The table's lazy imports count.

@@ -165,14 +165,14 @@ def test_optimizer_state_stays_float32():
 def _digits_smoke(tmp_path, dtype, rounds):
   """The digits smoke preset of FedAvg (8 clients) with ``dtype``, run by
   the entry point's runner; its rows."""
-  from fedjax_dd.experiments import runners  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
   from fedjax_dd.experiments.configs import fedavg  # pylint: disable=g-import-not-at-top
   config = fedavg.get_config("smoke")
   config.rounds = rounds
   config.model.compute_dtype = dtype
   config.run.progress = False
   workdir = tmp_path / dtype
-  runners.RUNNERS[config.runner](config, str(workdir))
+  registry.RUNNERS[config.runner](config, str(workdir))
   with open(workdir / "metrics.jsonl", encoding="utf-8") as f:
     return [json.loads(line) for line in f]
 
