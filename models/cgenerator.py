@@ -149,7 +149,9 @@ class CGeneratorA(nn.Module):
     return nn.BatchNorm(use_running_average=not train,
                         momentum=layers.BN_MOMENTUM,
                         epsilon=layers.BN_EPSILON, use_scale=False,
-                        use_bias=False, name="bn_out")(x.astype(jnp.float32))
+                        use_bias=False, name="bn_out")(
+                            # At least float32: float64 stays float64.
+                            x.astype(jnp.promote_types(x.dtype, jnp.float32)))
 
 
 def _upsample2(x: jnp.ndarray) -> jnp.ndarray:

@@ -134,7 +134,9 @@ class Generator(nn.Module):
                       negative_slope=0.2)
     x = layers.conv(impl, ch, (3, 3), padding="SAME", dtype=self.dtype,
                     name="conv3")(x)
-    return nn.sigmoid(x.astype(jnp.float32))
+    # At least float32 (a bfloat16 compute dtype's images widened; float64
+    # kept, as the float64 gradient checks need).
+    return nn.sigmoid(x.astype(jnp.promote_types(x.dtype, jnp.float32)))
 
 
 def _upsample2(x: jnp.ndarray) -> jnp.ndarray:

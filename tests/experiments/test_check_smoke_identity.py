@@ -31,6 +31,10 @@ def test_varying_fields_are_left_out_at_any_depth():
                                  "inner": [{"b": 0.5}]}
   assert check.strip({"figure": "/runs/x/topology.png"}, "/runs/x") == {
       "figure": "<workdir>/topology.png"}
+  # What the run was given, not what it computed.
+  assert check.strip({"final": 0.5, "code": {"commit": "abc"},
+                      "config": {"eval": {"personal": False}}}) == {
+                          "final": 0.5}
 
 
 def test_first_difference_names_the_path():
