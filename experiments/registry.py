@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import ml_collections
 
+from fedjax_dd.core import workdir as workdir_lib
+from fedjax_dd.experiments import common
 from fedjax_dd.experiments import runners
 
 Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
@@ -41,9 +43,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   return RUNNERS[config.runner](config, workdir)
 
 
+def run_recorded(config: ml_collections.ConfigDict, workdir: str
+                 ) -> dict[str, Any]:
+  """:func:`run` after recording what defines the run in ``workdir``, as the
+  entry point does for its own: a member of a comparison resumed with other
+  settings is refused, and one whose runner writes files before its rounds
+  (HFLDD's stage cache) is not taken for a run made before settings were
+  recorded."""
+  workdir_lib.record_fingerprint(workdir, common.fingerprint(config))
+  return run(config, workdir)
+
+
 def _quickstart(config, workdir):
   module = importlib.import_module("fedjax_dd.experiments.run_quickstart")
-  return module.run(config, workdir, run_member=run)
+  return module.run(config, workdir, run_member=run_recorded)
 
 
 RUNNERS: dict[str, Runner] = {

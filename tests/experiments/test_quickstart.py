@@ -1,10 +1,13 @@
 """The quickstart: member configs, the table, and a run of two members."""
 
 import json
+import os
 
 import numpy as np
 import pytest
 
+from fedjax_dd.core import workdir as workdir_lib
+from fedjax_dd.experiments import common
 from fedjax_dd.experiments import run_quickstart
 from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import quickstart
@@ -127,8 +130,38 @@ def test_two_member_quickstart_writes_table_figure_and_summary(tmp_path,
   for r in s["methods"]:
     assert 0.0 <= r["final_test_accuracy"] <= 1.0
     assert r["bytes_total"] > 0 and np.isfinite(r["wall_seconds"])
-  # The members ran in their own workdirs (and resume from them).
+  # The members ran in their own workdirs (and resume from them), each with
+  # its settings recorded as the entry point records a run's.
   assert (tmp_path / "fedd3" / "summary.json").exists()
+  for name in c.order:
+    with open(tmp_path / name / "config.json") as f:
+      assert json.load(f) == json.loads(json.dumps(common.fingerprint(
+          run_quickstart.member_config(c, name))))
+
+
+def test_members_settings_are_recorded_before_their_runner_writes(
+    tmp_path, monkeypatch, caplog):
+  # HFLDD writes its stage cache before its rounds: with nothing recorded,
+  # fit took the member's workdir for a run made before settings were.
+  seen = []
+
+  def runner(config, workdir):
+    seen.append(os.path.exists(os.path.join(workdir, "config.json")))
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+      f.write('{"round": 1}\n')
+    return {"final_test_accuracy": 0.5, "bytes_total": 1, "wall_seconds": 0.0}
+
+  monkeypatch.setitem(registry.RUNNERS, "federated", runner)
+  c = quickstart.get_config()
+  c.order = ("fedavg",)
+  with caplog.at_level("WARNING"):
+    registry.RUNNERS["quickstart"](c, str(tmp_path))
+  assert seen == [True]
+  assert "no config.json" not in caplog.text
+  # Another setting for the member on the same workdir: refused.
+  c.members.fedavg.overrides = (("rounds", 5), ("client.lr", 0.5))
+  with pytest.raises(workdir_lib.FingerprintMismatchError, match="client.lr"):
+    registry.RUNNERS["quickstart"](c, str(tmp_path))
 
 
 @pytest.mark.slow
