@@ -384,9 +384,9 @@ def train(
         raise loop_lib.ResumeRefusedError(
             f"{store.directory} holds a run that finished {done} rounds; "
             f"{options.num_rounds} were asked for, and its results describe "
-            f"{done}. Ask for {done} rounds or more (--config.rounds) to "
-            f"report or continue it, or use a new --workdir for "
-            f"{options.num_rounds}.")
+            f"{done}. Ask for {done} rounds or more (fit's rounds=, "
+            f"--config.rounds) to report or continue it, or use a new "
+            f"workdir (--workdir) for {options.num_rounds}.")
     else:
       writer.truncate_after(0)
     state, ledger, _ = run_rounds(algorithm, state, data, num_steps, options,

@@ -394,4 +394,6 @@ def test_a_finished_run_asked_for_fewer_rounds_is_refused(tmp_path):
   message = str(info.value)
   assert "\n" not in message
   assert "finished 3 rounds; 2 were asked for" in message
+  # Says what to change from Python as well as from the command line.
+  assert "fit's rounds=" in message and "--config.rounds" in message
   assert int(train(3).state.round) == 3  # the same request still resumes
