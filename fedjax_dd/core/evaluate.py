@@ -15,19 +15,28 @@ from fedjax_dd.data import validate
 PyTree = Any
 
 
-def _batched(x: np.ndarray, y: np.ndarray, batch_size: int):
-  """Pads ``x [N, ...]`` to ``[M, batch_size, ...]`` with a ``[M, batch_size]`` mask."""
-  n = x.shape[0]
+def batched(x, y, batch_size: int, num_examples=None):
+  """Pads ``x [*L, N, ...]`` and ``y [*L, N]`` to ``M`` batches of
+  ``batch_size``: ``x [*L, M, B, ...]``, ``y [*L, M, B]`` and a mask
+  ``[*L, M, B]`` that is 1 on the first ``num_examples [*L]`` examples of
+  each leading index (default all ``N``) and 0 on the rest and the padding.
+  ``*L`` is empty for one split, ``[C]`` for padded clients."""
+  x, y = np.asarray(x), np.asarray(y)
+  lead, n = y.shape[:-1], y.shape[-1]
   if n == 0:
     raise ValueError("Cannot evaluate on an empty split.")
+  k = len(lead)
   m = -(-n // batch_size)
   pad = m * batch_size - n
-  xp = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
-  yp = np.concatenate([y, np.zeros((pad,), y.dtype)])
-  mask = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
-  return (jnp.asarray(xp.reshape(m, batch_size, *x.shape[1:])),
-          jnp.asarray(yp.reshape(m, batch_size)),
-          jnp.asarray(mask.reshape(m, batch_size)))
+  xp = np.concatenate(
+      [x, np.zeros((*lead, pad, *x.shape[k + 1:]), x.dtype)], axis=k)
+  yp = np.concatenate([y, np.zeros((*lead, pad), y.dtype)], axis=k)
+  counts = np.full(lead, n) if num_examples is None else np.asarray(
+      num_examples)
+  mask = (np.arange(m * batch_size) < counts[..., None]).astype(np.float32)
+  return (jnp.asarray(xp.reshape(*lead, m, batch_size, *x.shape[k + 1:])),
+          jnp.asarray(yp.reshape(*lead, m, batch_size)),
+          jnp.asarray(mask.reshape(*lead, m, batch_size)))
 
 
 def evaluate_sums(task: Classifier, params, batch_stats, xs, ys, masks,
@@ -111,7 +120,7 @@ def make_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
   """
   validate.split(x, y, num_classes=task.num_classes,
                  input_shape=task.input_shape)
-  xs, ys, masks = _batched(np.asarray(x), np.asarray(y), batch_size)
+  xs, ys, masks = batched(x, y, batch_size)
   fn = engine_jit(lambda p, s: _evaluate_one(task, p, s, xs, ys, masks,
                                              per_class))
 
@@ -140,7 +149,7 @@ def make_client_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
   """
   validate.split(x, y, num_classes=task.num_classes,
                  input_shape=task.input_shape)
-  xs, ys, masks = _batched(np.asarray(x), np.asarray(y), batch_size)
+  xs, ys, masks = batched(x, y, batch_size)
   mapped = mapper.map(
       lambda p, s, xs, ys, ms: _evaluate_one(task, p, s, xs, ys, ms),
       in_axes=(0, 0, None, None, None))

@@ -42,7 +42,7 @@ from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (ExperimentState, FederatedAlgorithm,
                                       deployed)
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.evaluate import evaluate_sums
+from fedjax_dd.core.evaluate import batched, evaluate_sums
 from fedjax_dd.core.local import make_local_update
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import validate
@@ -88,23 +88,6 @@ class PersonalScores:
             f"{PREFIX}accuracy_sd": float(np.std(acc)),
             f"{PREFIX}accuracy_min": float(np.min(acc)),
             f"{PREFIX}accuracy_max": float(np.max(acc))}
-
-
-def _batched(data: ClientData, batch_size: int):
-  """``x [C, M, B, ...]``, ``y [C, M, B]``, ``mask [C, M, B]``: every
-  client's padded examples in ``M`` batches of ``B = min(batch_size,
-  N_max)``; the mask is 0 on padding."""
-  x, y = np.asarray(data.x), np.asarray(data.y)
-  n = np.asarray(data.num_examples)
-  c, n_max = y.shape
-  b = max(1, min(int(batch_size), n_max))
-  m = -(-n_max // b)
-  pad = m * b - n_max
-  x = np.concatenate([x, np.zeros((c, pad, *x.shape[2:]), x.dtype)], axis=1)
-  y = np.concatenate([y, np.zeros((c, pad), y.dtype)], axis=1)
-  mask = (np.arange(m * b)[None, :] < n[:, None]).astype(np.float32)
-  return (jnp.asarray(x.reshape(c, m, b, *x.shape[2:])),
-          jnp.asarray(y.reshape(c, m, b)), jnp.asarray(mask.reshape(c, m, b)))
 
 
 def make_personal_evaluator(
@@ -155,8 +138,11 @@ def make_personal_evaluator(
   if steps and train.num_clients != test.num_clients:
     raise ValueError(f"personal evaluation: train holds {train.num_clients} "
                      f"clients, test {test.num_clients}.")
-  xs, ys, masks = _batched(test, batch_size)
   counts = np.asarray(jax.device_get(test.num_examples))
+  # Batches of B = min(batch_size, T_max) (at least 1); the mask is 0 on
+  # padding and past each client's count.
+  xs, ys, masks = batched(
+      test.x, test.y, max(1, min(int(batch_size), test.y.shape[1])), counts)
   local = (make_local_update(task, finetune_optimizer,
                              batch_size=finetune_batch_size, max_steps=steps)
            if steps else None)
