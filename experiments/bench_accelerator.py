@@ -13,9 +13,20 @@ CPU), in this order (``--sections`` picks and orders them):
   ``--clients``, with the default client backend; ms per client-step and
   the device's peak memory (``device.memory_stats()``, where the platform
   reports it). ``--conv_impls lax,patches`` times each convolution form
-  (default: the policy's, ``auto``).
+  (default: the policy's, ``auto``); ``--precisions float32,tf32,bfloat16``
+  each compute precision (``bench_engine.PRECISIONS``; default ``auto``,
+  the policy's compute dtype at jax's default precision). Each row also
+  gives the achieved TFLOP/s (XLA's FLOP count of one client's update over
+  the measured time) and, on a card of :data:`PEAK_TFLOPS`, the fraction of
+  its dense peak at that precision. ``--models papers`` names every model
+  the papers use (:data:`PAPER_MODELS`). Where the clients share one set
+  of weights (evaluating the global model on every client's data) ``vmap``
+  already folds the client axis into the batch, so training, where each
+  client has its own weights, has only the grouped (``lax``) and batched
+  matmul (``patches``) forms to compare.
 * ``vs_torch``: the PyTorch reference loops of ``bench_engine --vs_torch``
-  (``measure_torch``, plain and lean; on CUDA when torch sees a GPU)
+  (``measure_torch``: plain and lean in float32, and lean under bfloat16
+  autocast, ``torch_bf16``; on CUDA when torch sees a GPU)
   alternating with the engine, ``--torch_pairs`` times, at
   ``--torch_clients``; the figure is PyTorch ms / engine ms (> 1: the engine
   is faster). Without torch the rows say so.
@@ -44,6 +55,13 @@ a measurement gets at most the time left, and once too little is left the
 remaining rows are written as skipped with a note. The JSON is rewritten
 after every row, so a killed run keeps what it measured.
 
+``--plan`` runs nothing: it walks the same rows with each measurement's
+time taken from an earlier report of the same rows (``--plan_from``,
+e.g. ``experiments/results/bench_accelerator_h100_run1.json``) or, for rows
+no report has, its time cap, and writes ``{"meta": ..., "plan": [...]}``:
+every measurement in order with its estimate, the running total and
+whether it fits ``--budget_s``.
+
 The report is ``{"meta": {...}, "rows": [...]}``; every row has ``section``,
 ``name``, ``status`` (``ok``, ``skipped``, ``error``), ``note``,
 ``platform``, ``device``, ``jax_version``, ``unit`` and ``min``/``median``/
@@ -59,6 +77,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -74,11 +93,31 @@ from fedjax_dd.policy import CONV_FORMS
 
 SECTIONS = ("engine", "vs_torch", "kip", "iga", "smoke", "engine_backends")
 ENGINE_MODELS = ("lenet5", "convnet3")
+# The client models of the four papers and their baselines (``--models
+# papers``): FedD3's and DisUE's LeNet-5, FedD3's ConvNet-3, FedHydra's
+# CNN2 and CNN3 (DisUE's CIFAR presets), HFLDD's CIFAR CNN and AlexNet, and
+# DisUE's ResNet-18.
+PAPER_MODELS = ("lenet5", "convnet3", "cnn2", "cnn3", "hfldd_cifar_cnn",
+                "alexnet", "resnet18")
+# Dense (no sparsity) peak TFLOP/s per card and precision, from NVIDIA's
+# datasheets (SXM forms); matched by substring of ``device_kind``, first
+# match wins. float32 is the CUDA-core rate; tf32 and bfloat16 the tensor
+# cores'.
+PEAK_TFLOPS = (
+    ("h200", {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.4}),
+    ("h100 pcie", {"float32": 51.2, "tf32": 378.0, "bfloat16": 756.0}),
+    ("h100", {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4}),
+    ("a100", {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0}),
+)
 # The real-data smoke runs: (config, preset, rounds, npz file it reads).
 SMOKE_RUNS = (("fedavg.py", "mnist_iid", 5, "mnist.npz"),
               ("disue.py", "fmnist_dir0.01", 3, "fashion_mnist.npz"))
 # A measurement is not started with less than this many seconds left.
 MIN_START_S = 10.0
+# A row name's form and precision parts (``/conv=patches/prec=tf32``).
+_PLAIN = re.compile(r"/(conv|prec)=[^/]+")
+# The note of a row that --plan walks without measuring.
+PLANNED = "planned (--plan), not measured"
 
 
 # --------------------------------------------------------------------------
@@ -138,20 +177,21 @@ def work_info() -> dict:
 
 def work_engine(model: str, num_clients: int, backend: str,
                 chunk_size: int, steps: int, batch: int, reps: int,
-                conv_impl: str = "auto") -> dict:
+                conv_impl: str = "auto", precision: str = "auto",
+                flops: bool = False) -> dict:
   from fedjax_dd.experiments import bench_engine
 
   with _recorded_reps(bench_engine) as rec:
     r = bench_engine.measure_jax(model, num_clients, backend, steps=steps,
                                  batch=batch, reps=reps,
                                  chunk_size=chunk_size, conv_impl=conv_impl,
-                                 flops=False)
+                                 flops=flops, precision=precision)
   return {**_device_info(), "detail": r, "first_s": rec["first"],
           "rep_s": rec["reps"], "memory": _peak_memory()}
 
 
 def work_torch(model: str, num_clients: int, steps: int, batch: int,
-               reps: int, lean: bool) -> dict:
+               reps: int, lean: bool, autocast: bool = False) -> dict:
   import torch
 
   from fedjax_dd.experiments import bench_engine
@@ -160,7 +200,7 @@ def work_torch(model: str, num_clients: int, steps: int, batch: int,
   with _recorded_reps(bench_engine) as rec:
     r = bench_engine.measure_torch(model, num_clients, steps=steps,
                                    batch=batch, reps=reps, lean=lean,
-                                   device=device)
+                                   device=device, autocast=autocast)
   if r is None:
     raise ValueError(f"measure_torch has no PyTorch {model}")
   name = (torch.cuda.get_device_name() if device == "cuda" else "cpu")
@@ -200,10 +240,46 @@ WORKERS = {"info": work_info, "engine": work_engine, "torch": work_torch,
 # The driver.
 
 
+def peak_tflops(device: str | None, compute_dtype: str,
+                precision: str) -> tuple[float | None, str | None]:
+  """The card's dense peak for a row: ``(TFLOP/s, basis)``, or ``(None,
+  None)`` for a device :data:`PEAK_TFLOPS` does not list (a CPU).
+
+  The basis is ``bfloat16`` for a bfloat16 model, ``float32`` for
+  ``precision="float32"`` (full precision) and ``tf32`` otherwise: jax's
+  default precision lets XLA:GPU run float32 convolutions and matmuls on
+  TF32 tensor cores.
+  """
+  kind = (device or "").lower()
+  for key, peaks in PEAK_TFLOPS:
+    if key in kind:
+      basis = ("bfloat16" if compute_dtype == "bfloat16" else
+               "float32" if precision == "float32" else "tf32")
+      return peaks[basis], basis
+  return None, None
+
+
 def _stats(values) -> dict:
   values = [float(v) for v in values]
   return {"min": min(values), "median": float(statistics.median(values)),
           "max": max(values), "reps": len(values)}
+
+
+def _row_seconds(reports: list[dict]) -> dict[str, float]:
+  """``{"section/name": seconds}`` of the measured rows of earlier reports:
+  each row's share of the wall time, its ``elapsed_s`` less the previous
+  row's (a measurement's rows after its first take no time of their own);
+  the last report wins."""
+  out = {}
+  for report in reports:
+    previous = 0.0
+    for row in report.get("rows", []):
+      if row.get("status") == "ok" and row.get("elapsed_s") is not None:
+        out[f"{row['section']}/{row['name']}"] = max(
+            0.0, row["elapsed_s"] - previous)
+      if row.get("elapsed_s") is not None:
+        previous = row["elapsed_s"]
+  return out
 
 
 class Bench:
@@ -211,12 +287,18 @@ class Bench:
   row."""
 
   def __init__(self, out: str, *, budget_s: float, in_process: bool,
-               meta: dict):
+               meta: dict, plan_from: list[dict] | None = None):
+    """``plan_from``: not None plans instead of measuring (``--plan``): the
+    rows of earlier reports whose times estimate the measurements."""
     self.out = out
     self.budget_s = budget_s
     self.in_process = in_process
     self.start = time.monotonic()
     self.rows: list[dict] = []
+    self.plan: list[dict] | None = None
+    if plan_from is not None:
+      self.plan = []
+      self.known = _row_seconds(plan_from)
     self.meta = {**meta, "budget_s": budget_s, "finished": False,
                  "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                               time.gmtime())}
@@ -224,6 +306,8 @@ class Bench:
     self.child: subprocess.Popen | None = None
 
   def elapsed(self) -> float:
+    if self.plan is not None:  # the estimated time of what is planned
+      return sum(p["estimate_s"] for p in self.plan)
     return time.monotonic() - self.start
 
   def remaining(self) -> float:
@@ -231,14 +315,62 @@ class Bench:
 
   def write(self) -> None:
     self.meta["elapsed_s"] = self.elapsed()
+    body = ({"meta": self.meta, "rows": self.rows} if self.plan is None else
+            {"meta": self.meta, "plan": self.plan})
     tmp = self.out + ".tmp"
     with open(tmp, "w") as f:
-      json.dump({"meta": self.meta, "rows": self.rows}, f, indent=2)
+      json.dump(body, f, indent=2)
     os.replace(tmp, self.out)
+
+  def _known(self, name: str) -> float | None:
+    """An earlier report's seconds for row ``name``, or for the rows a
+    measurement of that name gave (``iga``'s stages, ``NAME/...``)."""
+    if name in self.known:
+      return self.known[name]
+    parts = [v for k, v in self.known.items() if k.startswith(name + "/")]
+    return sum(parts) if parts else None
+
+  def _planned(self, kind: str, cap_s: float) -> None:
+    """Plans one measurement. Measurements before the next row form one
+    entry (``vs_torch``'s pairs give their rows together); the rows it
+    names settle its estimate (:meth:`add`)."""
+    if self.plan and not self.plan[-1]["names"]:
+      entry = self.plan[-1]
+      entry["kinds"].append(kind)
+      entry["cap_s"] += cap_s
+      entry["estimate_s"] = entry["cap_s"]
+      return
+    self.plan.append({"kinds": [kind], "cap_s": cap_s, "names": [],
+                      "estimate_s": cap_s, "source": "cap"})
 
   def add(self, section: str, name: str, *, unit: str,
           values=None, status: str = "ok", note: str | None = None,
           info: dict | None = None, **extra) -> dict:
+    if self.plan is not None:
+      if self.plan and PLANNED in (note or ""):
+        entry = self.plan[-1]
+        entry["names"].append(f"{section}/{name}")
+        known = [self._known(n) for n in entry["names"]]
+        # A row the reports lack, timed there in another form or precision:
+        # the same model and cohort (one compile and a few reps either way).
+        plain = [self._known(_PLAIN.sub("", n)) for n in entry["names"]]
+        for found, source in ((known, "report"),
+                              (plain, "report, other form")):
+          if all(k is not None for k in found):
+            entry["estimate_s"] = min(entry["cap_s"], sum(found))
+            entry["source"] = source
+            break
+        else:
+          # Rows one measurement gives together (vs_torch's loops), some
+          # new: the known ones' mean time each.
+          found = [k for k in known if k is not None]
+          if found:
+            entry["estimate_s"] = min(
+                entry["cap_s"], sum(found) * len(known) / len(found))
+            entry["source"] = "report, scaled"
+        entry["cumulative_s"] = round(self.elapsed(), 1)
+        entry["fits"] = entry["cumulative_s"] <= self.budget_s
+      return {"median": None}
     if status == "ok" and not values:
       status, note = "error", note or "no values measured"
     device = info or self.info
@@ -262,6 +394,9 @@ class Bench:
     "skipped"|"error", "note": ...}``; ``exempt``: even when the budget is
     spent (with at most ``cap_s``)."""
     left = cap_s if exempt else self.remaining()
+    if self.plan is not None and kind != "info":
+      self._planned(kind, cap_s)
+      return {"status": "skipped", "note": PLANNED}
     if left < MIN_START_S:
       return {"status": "skipped",
               "note": f"time budget: {max(left, 0):.0f} s of "
@@ -291,6 +426,9 @@ class Bench:
 
   def run(self, cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     """``subprocess.run`` whose child :meth:`interrupt` can end."""
+    if self.plan is not None:
+      self._planned("smoke", timeout)
+      return subprocess.CompletedProcess(cmd, 1, "", PLANNED)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as proc:
       self.child = proc
@@ -330,21 +468,33 @@ def _backend_spec(spec: str) -> tuple[str, int]:
 
 
 def _engine_row(bench: Bench, args, model: str, c: int, spec: str,
-                conv_impl: str = "auto") -> None:
+                conv_impl: str = "auto", precision: str = "auto") -> None:
   backend, chunk = _backend_spec(spec)
   name = f"{model}/C={c}/{spec}" + (
-      "" if conv_impl == "auto" else f"/conv={conv_impl}")
+      "" if conv_impl == "auto" else f"/conv={conv_impl}") + (
+          "" if precision == "auto" else f"/prec={precision}")
   out = bench.call("engine", args.cap_engine_s, model=model, num_clients=c,
                    backend=backend, chunk_size=chunk or args.chunk_size,
                    steps=args.steps, batch=args.batch, reps=args.reps,
-                   conv_impl=conv_impl)
+                   conv_impl=conv_impl, precision=precision,
+                   flops=args.flops)
   extra = dict(model=model, num_clients=c, backend=spec, steps=args.steps,
-               batch=args.batch, conv_impl_asked=conv_impl)
+               batch=args.batch, conv_impl_asked=conv_impl,
+               precision=precision)
   if _failed(bench, out, "engine", name, "ms per client-step", **extra):
     return
   r = out["result"]
   d = r["detail"]
   per = 1e3 / (c * args.steps)
+  flops = d.get("flops_per_client_step")
+  ms = statistics.median(s * per for s in r["rep_s"])
+  tflops = flops / (ms * 1e-3) / 1e12 if flops else None
+  peak, basis = peak_tflops(r.get("device"), d.get("compute_dtype"),
+                            precision)
+  extra.update(compute_dtype=d.get("compute_dtype"),
+               flops_per_client_step=flops, tflops_achieved=tflops,
+               peak_tflops=peak, peak_basis=basis,
+               peak_fraction=tflops / peak if tflops and peak else None)
   extra.update(resolved_backend=d["resolved_backend"],
                chunk_size=d["chunk_size"], conv_impl=d["conv_impl"],
                devices=d["devices"], memory=r["memory"],
@@ -372,18 +522,20 @@ def run_engine(bench: Bench, args, specs_for) -> None:
     for c in _ints(args.clients):
       for spec in specs_for(model, c):
         for conv_impl in args.conv_impls.split(","):
-          _engine_row(bench, args, model, c, spec, conv_impl)
+          for precision in args.precisions.split(","):
+            _engine_row(bench, args, model, c, spec, conv_impl, precision)
 
 
 def run_vs_torch(bench: Bench, args) -> None:
   """The engine (default backend) and both PyTorch loops, alternating as
   ``bench_engine.measure_vs_torch`` does, each in a fresh subprocess."""
   unit = "ratio (PyTorch ms / engine ms)"
-  kinds = ("engine", "torch", "torch_lean")
+  kinds = ("engine", "torch", "torch_lean", "torch_bf16")
   for model in args.models.split(","):
     for c in _ints(args.torch_clients):
       name = f"{model}/C={c}"
-      if importlib.util.find_spec("torch") is None:
+      # (A plan is for a machine with torch.)
+      if bench.plan is None and importlib.util.find_spec("torch") is None:
         for ref in kinds[1:]:
           bench.add("vs_torch", f"{name}/{ref}", unit=unit, status="skipped",
                     note="torch is not installed (pip install -e '.[bench]')",
@@ -401,12 +553,15 @@ def run_vs_torch(bench: Bench, args) -> None:
                              chunk_size=args.chunk_size, **common)
           else:
             out = bench.call("torch", args.cap_torch_s,
-                             lean=kind == "torch_lean", **common)
+                             lean=kind != "torch",
+                             autocast=kind == "torch_bf16", **common)
           if "result" not in out:
             errors.append(f"pair {pair} {kind}: {out['note']}")
             continue
           r = out["result"]
           ms[kind] = r["detail"]["ms_per_client_step"]
+          if kind == "engine":
+            ms["engine_compute_dtype"] = r["detail"].get("compute_dtype")
           torch_device = r.get("torch_device", torch_device)
         pairs.append(ms)
       for ref in kinds[1:]:
@@ -584,15 +739,31 @@ def main(argv=None) -> dict:
   p.add_argument("--sections", default=",".join(SECTIONS),
                  help="comma-separated, in the order to run: "
                       + ",".join(SECTIONS))
+  p.add_argument("--plan", action="store_true",
+                 help="measure nothing: write each measurement's estimated "
+                      "time and whether it fits --budget_s")
+  p.add_argument("--plan_from", default="",
+                 help="comma-separated earlier reports whose rows estimate "
+                      "--plan's times (rows they lack: their time cap)")
   p.add_argument("--in_process", action="store_true",
                  help="run the measurements in this process (no per-row "
                       "time limit or memory figure of its own; debugging)")
   g = p.add_argument_group("engine")
-  g.add_argument("--models", default=",".join(ENGINE_MODELS))
+  g.add_argument("--models", default=",".join(ENGINE_MODELS),
+                 help="comma-separated bench_engine models; 'papers': "
+                      + ",".join(PAPER_MODELS))
   g.add_argument("--clients", default="100,1000")
   g.add_argument("--steps", type=int, default=10)
   g.add_argument("--batch", type=int, default=64)
   g.add_argument("--reps", type=int, default=3)
+  g.add_argument("--precisions", default="auto",
+                 help="comma-separated compute precisions of the engine rows "
+                      "(auto, float32, tf32, bfloat16): auto is the policy's "
+                      "compute dtype at jax's default precision")
+  g.add_argument("--flops", action=argparse.BooleanOptionalAction,
+                 default=True,
+                 help="count each engine row's FLOPs (one more compiled "
+                      "program per row) for its TFLOP/s and peak fraction")
   g.add_argument("--conv_impls", default="auto",
                  help="comma-separated convolution forms of the engine rows "
                       "(auto, lax, patches): auto is the policy's; naming "
@@ -662,16 +833,43 @@ def main(argv=None) -> dict:
   bad = [f for f in args.conv_impls.split(",") if f not in forms]
   if bad:
     p.error(f"unknown --conv_impls {bad}; expected some of {forms}")
+  from fedjax_dd.experiments.bench_engine import MODELS, PRECISIONS
+  bad = [f for f in args.precisions.split(",") if f not in PRECISIONS]
+  if bad:
+    p.error(f"unknown --precisions {bad}; expected some of {PRECISIONS}")
+  if args.models == "papers":
+    args.models = ",".join(PAPER_MODELS)
+  bad = [m for m in args.models.split(",") if m not in MODELS]
+  if bad:
+    p.error(f"unknown --models {bad}; expected 'papers' or some of "
+            f"{tuple(MODELS)}")
+  plan_from = None
+  if args.plan:
+    plan_from = []
+    for path in filter(None, args.plan_from.split(",")):
+      try:
+        with open(path) as f:
+          plan_from.append(json.load(f))
+      except (OSError, ValueError) as e:
+        p.error(f"--plan_from {path}: {e}")
+  elif args.plan_from:
+    p.error("--plan_from is read by --plan only")
 
   bench = Bench(args.out, budget_s=args.budget_s, in_process=args.in_process,
                 meta={"command": "python -m fedjax_dd.experiments."
                                  "bench_accelerator " + " ".join(argv),
                       "args": {k: v for k, v in vars(args).items()
-                               if k != "_worker"}})
+                               if k != "_worker"}},
+                plan_from=plan_from)
   if not args.in_process:
     for signum in (signal.SIGTERM, signal.SIGINT):
       signal.signal(signum, bench.interrupt)
-  info = bench.call("info", 120.0, exempt=True)
+  if plan_from:
+    # A plan is for the machine of the reports it reads, not this one.
+    keys = ("platform", "device", "device_count", "jax_version")
+    info = {"result": {k: plan_from[-1]["meta"].get(k) for k in keys}}
+  else:
+    info = bench.call("info", 120.0, exempt=True)
   if "result" not in info:
     bench.meta["info_error"] = info["note"]
   else:
@@ -708,6 +906,16 @@ def main(argv=None) -> dict:
       run_smoke(bench, args)
   bench.meta["finished"] = True
   bench.write()
+  if bench.plan is not None:
+    for entry in bench.plan:
+      print(f"{entry['cumulative_s']:8.0f} s  {entry['estimate_s']:6.0f} s "
+            f"({entry['source']})  {'fits' if entry['fits'] else 'over'}  "
+            f"{', '.join(entry['names'])}")
+    fits = sum(e["fits"] for e in bench.plan)
+    print(json.dumps({"out": args.out, "planned": len(bench.plan),
+                      "fit": fits, "budget_s": args.budget_s,
+                      "estimate_s": round(bench.elapsed(), 1)}))
+    return {"meta": bench.meta, "plan": bench.plan}
   counts = {}
   for r in bench.rows:
     counts[r["status"]] = counts.get(r["status"], 0) + 1

@@ -104,6 +104,7 @@ interpreter the median of patches / lax.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -138,16 +139,47 @@ def _min_time(fn, reps: int) -> float:
   return best
 
 
-def _task(model: str, conv_impl: str):
+# Compute precisions a measurement may ask for: a model compute dtype
+# (``policy.COMPUTE_DTYPES``, or ``auto``, the policy's), or ``tf32``: a
+# float32 model whose convolutions and matmuls run at TensorFloat-32
+# (``jax.default_matmul_precision("tensorfloat32")``). ``float32`` runs at
+# full float32 precision (``"float32"``, which on XLA:GPU turns TF32 off);
+# ``auto`` keeps jax's default precision, which is TF32 on recent NVIDIA
+# GPUs for float32 models.
+PRECISIONS = ("auto", "float32", "tf32", "bfloat16")
+
+
+def precision_context(precision: str):
+  """The ``jax.default_matmul_precision`` scope of ``precision``
+  (:data:`PRECISIONS`): TF32 for ``tf32``, full float32 for ``float32``,
+  jax's default otherwise."""
+  import contextlib
+
+  import jax
+
+  if precision not in PRECISIONS:
+    raise ValueError(f"Unknown precision {precision!r}; expected one of "
+                     f"{PRECISIONS}.")
+  if precision == "tf32":
+    return jax.default_matmul_precision("tensorfloat32")
+  if precision == "float32":
+    return jax.default_matmul_precision("float32")
+  return contextlib.nullcontext()
+
+
+def _task(model: str, conv_impl: str, precision: str = "auto"):
   """The benchmarked model as a 10-class task on uint8 images scaled to
-  ``[0, 1]``; returns ``(task, conv_impl resolved)``."""
+  ``[0, 1]``; returns ``(task, conv_impl resolved)``. ``precision``
+  (:data:`PRECISIONS`) sets the model's compute dtype (``tf32``: float32)."""
   import jax.numpy as jnp
 
   from fedjax_dd import models
   from fedjax_dd.core.task import Classifier
 
   name, shape = MODELS[model]
-  module = models.get_model(name).build(10, conv_impl=conv_impl)
+  dtype = ("float32" if precision in ("tf32", "float32") else precision)
+  module = models.get_model(name).build(10, conv_impl=conv_impl,
+                                        compute_dtype=dtype)
   # The builder resolves "auto" for the model's class (policy.conv_form).
   conv_impl = getattr(module, "conv_impl",
                       models.resolve_conv_impl(conv_impl))
@@ -158,7 +190,7 @@ def _task(model: str, conv_impl: str):
 
 
 def _local_problem(model: str, conv_impl: str, num_clients: int, *,
-                   steps: int, batch: int):
+                   steps: int, batch: int, precision: str = "auto"):
   """The benchmarked model's local update and random uint8 client data.
 
   Returns:
@@ -172,7 +204,7 @@ def _local_problem(model: str, conv_impl: str, num_clients: int, *,
 
   from fedjax_dd.core.local import make_local_update
 
-  task, conv_impl = _task(model, conv_impl)
+  task, conv_impl = _task(model, conv_impl, precision)
   shape = task.input_shape
   local = make_local_update(task, optax.sgd(0.01), batch_size=batch,
                             max_steps=steps)
@@ -185,17 +217,27 @@ def _local_problem(model: str, conv_impl: str, num_clients: int, *,
 
 def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
                 batch: int, reps: int, chunk_size: int,
-                conv_impl: str = "auto", flops: bool = True) -> dict:
+                conv_impl: str = "auto", flops: bool = True,
+                precision: str = "auto") -> dict:
   """One measurement in this process (called in a fresh subprocess).
 
   ``conv_impl`` is the models' convolution formulation (``auto`` resolved
   here); ``flops=False`` skips compiling the extra single-client program for
-  XLA's FLOP count.
+  XLA's FLOP count; ``precision`` is one of :data:`PRECISIONS`.
   """
+  with precision_context(precision):
+    return _measure_jax(model, num_clients, backend, steps=steps, batch=batch,
+                        reps=reps, chunk_size=chunk_size, conv_impl=conv_impl,
+                        flops=flops, precision=precision)
+
+
+def _measure_jax(model, num_clients, backend, *, steps, batch, reps,
+                 chunk_size, conv_impl, flops, precision):
 
   import flax
   import jax
   import jax.numpy as jnp
+  import numpy as np
 
   from fedjax_dd.algorithms import stages
   from fedjax_dd.core import keys as keys_lib
@@ -203,7 +245,8 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
   from fedjax_dd.core.clients import ClientMapper
 
   task, local, conv_impl, x, y, n_max = _local_problem(
-      model, conv_impl, num_clients, steps=steps, batch=batch)
+      model, conv_impl, num_clients, steps=steps, batch=batch,
+      precision=precision)
   mapper = ClientMapper(backend=backend, chunk_size=chunk_size or None)
   train = stages.client_stage(local, mapper)
   cohort = Cohort(
@@ -248,6 +291,10 @@ def measure_jax(model: str, num_clients: int, backend: str, *, steps: int,
       "flax_version": flax.__version__,
       "python": sys.version.split()[0],
       "steps": steps, "batch": batch, "ms_per_client_step": ms,
+      "precision": precision,
+      "compute_dtype": np.dtype(getattr(task.module, "dtype", None)
+                                or "float32").name,
+      "flops_per_client_step": flops / steps if flops else None,
       "gflops_achieved": flops / steps / (ms * 1e-3) / 1e9 if flops else None,
       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -646,7 +693,7 @@ def measure_matmul(reps: int) -> float:
 
 def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
                   reps: int, lean: bool = False,
-                  device: str = "cpu") -> dict | None:
+                  device: str = "cpu", autocast: bool = False) -> dict | None:
   """PyTorch's sequential client loop (LeNet-5 or ConvNet-3), or None
   without torch (or for another model).
 
@@ -660,6 +707,11 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
   SGD, and the mean of the client models at the end (FedAvg's server step).
   The PyTorch models mirror ``models.LeNet5`` and ``models.ConvNet`` (width
   128, depth 3, instance norm with a learned scale and bias, average pool).
+
+  ``autocast=True`` runs the lean loop's forward pass and loss under
+  ``torch.autocast(dtype=torch.bfloat16)`` (PyTorch's mixed precision: the
+  convolutions and matmuls in bfloat16, the weights and the SGD step in
+  float32), the counterpart of the engine's ``compute_dtype="bfloat16"``.
   """
   try:
     import torch
@@ -708,6 +760,14 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
         opt.step()
 
   data_f = data.float() / 255.0  # lean: converted once, outside the timing
+  if autocast and not lean:
+    raise ValueError("autocast=True times the lean loop; pass lean=True")
+  device_type = torch.device(device).type
+
+  def mixed():
+    if autocast:
+      return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
   def run_lean():
     total = None
@@ -719,7 +779,9 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
       for _ in range(steps):
         idx = torch.randint(0, n_max, (batch,), generator=g).to(device)
         opt.zero_grad()
-        loss_fn(net(xc[idx]), yc[idx]).backward()
+        with mixed():
+          loss = loss_fn(net(xc[idx]), yc[idx])
+        loss.backward()
         opt.step()
       with torch.no_grad():
         sd = net.state_dict()
@@ -731,6 +793,7 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
           else lambda: None)
   seconds = _min_time(lambda: ((run_lean if lean else run)(), sync()), reps)
   return {"model": model, "num_clients": num_clients, "lean": lean,
+          "autocast": "bfloat16" if autocast else None,
           "ms_per_client_step": 1e3 * seconds / (num_clients * steps),
           "param_count": sum(p.numel() for p in global_model.parameters()),
           "torch_version": torch.__version__,

@@ -63,7 +63,7 @@ def test_quick_report_schema(tmp_path):
     assert by[("kip", f"fc_ntk/C=4/ipc=1/{mode}")]["status"] == "ok"
   assert ("kip", "fc_ntk/C=4/ipc=1/loop_over_batched") in by
   assert ("compile", "kip/fc_ntk/C=4/ipc=1/batched") in by
-  for ref in ("torch", "torch_lean"):
+  for ref in ("torch", "torch_lean", "torch_bf16"):
     row = by[("vs_torch", f"lenet5/C=4/{ref}")]
     if importlib.util.find_spec("torch") is None:
       assert row["status"] == "skipped" and "torch" in row["note"]
@@ -102,7 +102,8 @@ def test_torch_rows_say_when_torch_is_missing(tmp_path, monkeypatch):
                                    "--quick", "--in_process", "--sections",
                                    "vs_torch", "--models", "lenet5,convnet3"])
   _check_schema(report)
-  assert len(report["rows"]) == 4
+  # Three PyTorch loops (float32 plain and lean, bfloat16 autocast) a model.
+  assert len(report["rows"]) == 6
   for row in report["rows"]:
     assert row["status"] == "skipped" and "not installed" in row["note"]
 
@@ -175,3 +176,113 @@ def test_an_unknown_convolution_form_is_refused_before_anything_runs(
     bench_accelerator.main(["--out", str(tmp_path / "d.json"), "--quick",
                             "--conv_impls", "lax,winograd"])
   assert not (tmp_path / "d.json").exists()
+
+
+def test_engine_rows_per_precision_count_flops(tmp_path):
+  """--precisions times each compute precision by name; every row carries
+  XLA's FLOP count and the TFLOP/s it implies (no peak on a CPU)."""
+  report = bench_accelerator.main([
+      "--out", str(tmp_path / "p.json"), "--quick", "--in_process",
+      "--sections", "engine", "--precisions", "float32,bfloat16"])
+  _check_schema(report)
+  rows = [r for r in report["rows"] if r["section"] == "engine"]
+  assert [(r["name"], r["compute_dtype"]) for r in rows] == [
+      ("lenet5/C=4/auto/prec=float32", "float32"),
+      ("lenet5/C=4/auto/prec=bfloat16", "bfloat16")]
+  for r in rows:
+    assert r["flops_per_client_step"] > 0
+    # TFLOP/s is the FLOP count over the median time, both in the row.
+    assert r["tflops_achieved"] == pytest.approx(
+        r["flops_per_client_step"] / (r["median"] * 1e-3) / 1e12)
+    assert r["peak_tflops"] is None and r["peak_fraction"] is None
+
+
+def test_peak_tflops_per_card_and_precision():
+  peak = bench_accelerator.peak_tflops
+  assert peak("NVIDIA H100 80GB HBM3", "bfloat16", "auto") == (989.4,
+                                                                 "bfloat16")
+  # A float32 model at jax's default precision runs on TF32 tensor cores.
+  assert peak("NVIDIA H200", "float32", "auto") == (494.7, "tf32")
+  assert peak("NVIDIA H200", "float32", "float32") == (67.0, "float32")
+  assert peak("NVIDIA H100 PCIe", "float32", "tf32") == (378.0, "tf32")
+  assert peak("cpu", "float32", "auto") == (None, None)
+
+
+def test_plan_estimates_from_an_earlier_report(tmp_path):
+  """--plan measures nothing: each measurement's estimate is its rows'
+  share of an earlier report's wall time (hand-made here: 30 s and 50 s),
+  or its time cap where the report lacks it; the running total is checked
+  against the budget."""
+  earlier = tmp_path / "earlier.json"
+  rows = [
+      {"section": "engine", "name": "lenet5/C=4/auto", "status": "ok",
+       "elapsed_s": 30.0},
+      {"section": "compile", "name": "engine/lenet5/C=4/auto",
+       "status": "ok", "elapsed_s": 30.0},
+      {"section": "engine", "name": "lenet5/C=8/auto", "status": "ok",
+       "elapsed_s": 80.0}]
+  earlier.write_text(json.dumps({
+      "meta": {"platform": "gpu", "device": "NVIDIA H200",
+               "device_count": 1, "jax_version": "0.12.0"}, "rows": rows}))
+  out = tmp_path / "plan.json"
+  report = bench_accelerator.main([
+      "--out", str(out), "--quick", "--plan", "--plan_from", str(earlier),
+      "--sections", "engine", "--clients", "4,8,16", "--cap_engine_s", "60",
+      "--budget_s", "100"])
+  with open(out) as f:
+    assert json.load(f) == json.loads(json.dumps(report))
+  plan = report["plan"]
+  assert [p["names"] for p in plan] == [
+      ["engine/lenet5/C=4/auto"], ["engine/lenet5/C=8/auto"],
+      ["engine/lenet5/C=16/auto"]]
+  assert [p["estimate_s"] for p in plan] == [30.0, 50.0, 60.0]
+  assert [p["source"] for p in plan] == ["report", "report", "cap"]
+  assert [p["cumulative_s"] for p in plan] == [30.0, 80.0, 140.0]
+  assert [p["fits"] for p in plan] == [True, True, False]
+  # The plan is for the reports' machine.
+  assert report["meta"]["device"] == "NVIDIA H200"
+
+
+def test_unknown_precision_or_model_is_refused_before_anything_runs(
+    tmp_path):
+  for flags in (["--precisions", "float32,fp8"], ["--models", "vgg99"],
+                ["--plan_from", str(tmp_path / "x.json")]):
+    with pytest.raises(SystemExit):
+      bench_accelerator.main(["--out", str(tmp_path / "e.json"), "--quick",
+                              *flags])
+  assert not (tmp_path / "e.json").exists()
+
+
+def test_torch_bf16_autocast_loop():
+  """The PyTorch lean loop under bfloat16 autocast (skipped without
+  torch)."""
+  pytest.importorskip("torch")
+  from fedjax_dd.experiments import bench_engine
+
+  r = bench_engine.measure_torch("lenet5", 2, steps=2, batch=4, reps=1,
+                                 lean=True, autocast=True)
+  assert r["autocast"] == "bfloat16" and r["ms_per_client_step"] > 0
+  with pytest.raises(ValueError, match="lean"):
+    bench_engine.measure_torch("lenet5", 2, steps=2, batch=4, reps=1,
+                               autocast=True)
+
+
+def test_plan_times_another_form_like_the_measured_one(tmp_path):
+  """A row the report lacks in this form or precision is estimated from
+  the same model and cohort's row."""
+  earlier = tmp_path / "earlier.json"
+  earlier.write_text(json.dumps({
+      "meta": {"platform": "gpu", "device": "NVIDIA H100 80GB HBM3",
+               "device_count": 1, "jax_version": "0.11.2"},
+      "rows": [{"section": "engine", "name": "lenet5/C=4/auto",
+                "status": "ok", "elapsed_s": 20.0}]}))
+  report = bench_accelerator.main([
+      "--out", str(tmp_path / "plan.json"), "--quick", "--plan",
+      "--plan_from", str(earlier), "--sections", "engine",
+      "--conv_impls", "lax,patches", "--precisions", "bfloat16"])
+  assert [(p["names"], p["estimate_s"], p["source"])
+          for p in report["plan"]] == [
+              (["engine/lenet5/C=4/auto/conv=lax/prec=bfloat16"], 20.0,
+               "report, other form"),
+              (["engine/lenet5/C=4/auto/conv=patches/prec=bfloat16"], 20.0,
+               "report, other form")]
