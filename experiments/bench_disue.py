@@ -235,8 +235,7 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
 
   # The disue runner's arguments (runners._disue).
   programs = clustered_programs(
-      task, common.make_optimizer(config),
-      **runners._clustered_kwargs(config, max_steps))
+      common.local_training(config, task, max_steps))
   iga = runners._iga(config, task)
   lr_decay = float(config.client.lr_decay)
   # The rounds loop's draw: a fixed cohort, or Bernoulli with

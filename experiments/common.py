@@ -249,6 +249,20 @@ def augmentation(config: ml_collections.ConfigDict) -> Callable | None:
   return AUGMENTATIONS[name]()
 
 
+def local_training(config: ml_collections.ConfigDict, task,
+                   max_steps: int) -> local_lib.LocalTraining:
+  """The clients' local training of ``config.client``, the one value every
+  algorithm factory takes: :func:`make_optimizer`, ``client.batch_size``,
+  :func:`augmentation`, ``client.lr_decay`` and the client :func:`mapper`,
+  with ``task`` and the cohort's step bound ``max_steps`` (the largest of
+  :func:`local_steps`)."""
+  return local_lib.LocalTraining(
+      task=task, optimizer=make_optimizer(config),
+      batch_size=int(config.client.batch_size), max_steps=int(max_steps),
+      mapper=mapper(config), augment=augmentation(config),
+      lr_decay=float(config.client.lr_decay))
+
+
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": partition_lib.iid,
     "pathological": partition_lib.pathological,

@@ -233,6 +233,30 @@ def test_validate_refuses_new_client_keys(path, value, message):
     common.validate(config)
 
 
+def test_local_training_is_the_client_group_in_one_value():
+  import jax.numpy as jnp
+  from fedjax_dd.core.clients import ClientMapper
+  from tests.conftest import tiny_task
+  task = tiny_task()
+  config = _client_config(batch_size=7, lr=0.1, grad_clip=10.0,
+                          lr_decay=0.998, augment="flip_crop")
+  config.engine.backend = "loop"
+  training = common.local_training(config, task, 5)
+  assert (training.task, training.batch_size, training.max_steps,
+          training.lr_decay) == (task, 7, 5, 0.998)
+  assert training.augment is not None
+  assert isinstance(training.mapper, ClientMapper)
+  assert training.mapper.backend == "loop"
+  # The optimizer is the config's chain: clip to norm 10, then SGD.
+  params = {"w": jnp.array([1.0, -2.0])}
+  grads = {"w": jnp.array([30.0, 40.0])}
+  updates, _ = training.optimizer.update(
+      grads, training.optimizer.init(params), params)
+  np.testing.assert_allclose(updates["w"], [-0.6, -0.8], rtol=1e-6)
+  plain = common.local_training(_client_config(), task, 5)
+  assert plain.augment is None and plain.lr_decay == 1.0
+
+
 def test_dirichlet_client_is_registered_and_checked():
   from fedjax_dd.experiments.configs import base as base_lib
   from fedjax_dd.experiments.configs import fedavg as fedavg_config
