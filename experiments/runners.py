@@ -141,9 +141,8 @@ def _pacfl(config, training, data):
 
 
 def _dynafed(config, training):
-  if training.decays:
-    raise ValueError("DynaFed's clients train at a constant rate: "
-                     "config.client.lr_decay must stay 1.0.")
+  # Its clients train at a constant rate: make_local_update refuses a
+  # decaying LocalTraining, naming client.lr_decay.
   return dynafed(training,
                  hparams=DynaFedHyperParams.from_config(config.dynafed))
 

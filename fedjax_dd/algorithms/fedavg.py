@@ -43,8 +43,9 @@ def fedavg(training: LocalTraining,
       ``training.lr_decay != 1`` the server state counts the finished
       rounds in ``extra["round"]`` (checkpointed, so a resumed run
       continues the schedule) and round ``t`` (1-based) trains at the
-      client learning rate times ``gamma**(t - 1)``, a traced factor
-      (nothing recompiles).
+      client learning rate times ``lr_decay**(t - 1)`` (FedFTG's
+      ``lr * lr_decay_per_round**i``), a traced factor (nothing
+      recompiles).
     server_optimizer: applied to the aggregated delta; ``sgd(1.0)`` is FedAvg.
     regularizer: ``(params, (server_params, client_ctx)) -> scalar`` added to
       every local loss.

@@ -223,7 +223,8 @@ def make_local_update(
   """
   if training.decays and lr_scale is None:
     raise ValueError(f"lr_decay={training.lr_decay}: this algorithm's clients "
-                     "train at a constant rate; set lr_decay to 1.0.")
+                     "train at a constant rate; set lr_decay to 1.0 "
+                     "(--config.client.lr_decay=1.0).")
   task, optimizer = training.task, training.optimizer
   batch_size, max_steps = training.batch_size, training.max_steps
   augment, unroll = training.augment, training.unroll

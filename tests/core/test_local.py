@@ -463,5 +463,5 @@ def test_a_decaying_local_training_needs_the_algorithms_round_factor():
                            max_steps=1, lr_decay=0.9)
   with pytest.raises(ValueError, match=r"^lr_decay=0.9: this algorithm's "
                      r"clients train at a constant rate; set lr_decay to "
-                     r"1.0.$"):
+                     r"1.0 \(--config.client.lr_decay=1.0\).$"):
     make_local_update(training)
