@@ -122,8 +122,8 @@ class LocalTraining:
 
   Attributes:
     task: the classifier every client trains.
-    optimizer: the local optax optimizer, fresh per client (the config's
-      clip -> weight decay -> optimizer chain).
+    optimizer: the local optax optimizer, fresh per client (the entry
+      point's: clip -> weight decay -> SGD / Adam(W), ``client.*``).
     batch_size: examples per step ``B``. A batch never holds more draws
       than the largest client has examples (``N_max``, the padded length):
       with ``B > N_max`` each step draws ``N_max`` (one log line), since
@@ -134,8 +134,8 @@ class LocalTraining:
       largest); ``num_steps`` is clipped to it (:func:`fedjax_dd.fit`
       refuses larger counts).
     mapper: how the cohort's clients are laid out on the devices
-      (:class:`~fedjax_dd.core.clients.ClientMapper`); it changes no
-      result.
+      (:class:`~fedjax_dd.core.clients.ClientMapper`): the layout, not
+      what each client computes.
     augment: optional ``(key, xb [B, H, W, Ch] uint8) -> xb`` applied to
       each sampled batch before the loss (:func:`flip_and_crop`). Its key is
       folded off the batch key, so the batches (and every result without
