@@ -1,9 +1,10 @@
 """Runners: build an algorithm from a config and drive the shared rounds loop.
 
 ``BUILDERS`` maps a FedAvg-family config's ``method`` to a small function
-from the config and the run's one :class:`~fedjax_dd.core.local.
-LocalTraining` (:func:`fedjax_dd.experiments.common.local_training`) to the
-library factory's explicit arguments (:func:`register` adds one);
+``(config, training) -> FederatedAlgorithm`` that calls the library factory
+with ``training``, the run's one :class:`~fedjax_dd.core.local.
+LocalTraining` (:func:`fedjax_dd.experiments.common.local_training`), and
+the method's own settings from the config (:func:`register` adds one);
 :func:`run_federated` runs any of them. The
 ``run_*`` modules of the other runners use the glue here
 (:func:`train_rounds`, :func:`run_server`, :func:`summarize`); the table of
