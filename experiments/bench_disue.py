@@ -234,11 +234,10 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
   d = config.disue
 
   # The disue runner's arguments (runners._disue).
-  programs = clustered_programs(
-      task, common.make_optimizer(config),
-      **runners._clustered_kwargs(config, max_steps))
+  training = common.local_training(config, task, max_steps)
+  programs = clustered_programs(training)
   iga = runners._iga(config, task)
-  lr_decay = float(config.client.lr_decay)
+  lr_decay = training.lr_decay
   # The rounds loop's draw: a fixed cohort, or Bernoulli with
   # client.activity (then each round has its own size, and a new size
   # compiles the client programs again, as it does in the rounds loop).

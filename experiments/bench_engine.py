@@ -202,12 +202,12 @@ def _local_problem(model: str, conv_impl: str, num_clients: int, *,
   import numpy as np
   import optax
 
-  from fedjax_dd.core.local import make_local_update
+  from fedjax_dd.core.local import LocalTraining, make_local_update
 
   task, conv_impl = _task(model, conv_impl, precision)
   shape = task.input_shape
-  local = make_local_update(task, optax.sgd(0.01), batch_size=batch,
-                            max_steps=steps)
+  local = make_local_update(LocalTraining(task, optax.sgd(0.01),
+                                          batch_size=batch, max_steps=steps))
   rng = np.random.default_rng(0)
   n_max = 10 * batch
   x = jnp.asarray(rng.integers(0, 255, (num_clients, n_max, *shape), np.uint8))
@@ -570,6 +570,7 @@ def measure_round(build: str, *, num_clients: int, steps: int, batch: int,
   from fedjax_dd import policy
   from fedjax_dd.algorithms.fedavg import fedavg
   from fedjax_dd.core.algorithm import Cohort
+  from fedjax_dd.core.local import LocalTraining
   from fedjax_dd.core.task import Classifier
 
   if build not in ROUND_BUILDS:
@@ -579,8 +580,8 @@ def measure_round(build: str, *, num_clients: int, steps: int, batch: int,
   if build == "public":
     task = Classifier(module=spec.build(10), input_shape=spec.input_shape,
                       preprocess=preprocess, num_classes=10)
-    algorithm = fedavg(task, optax.sgd(0.01), batch_size=batch,
-                       max_steps=steps)
+    algorithm = fedavg(LocalTraining(task, optax.sgd(0.01), batch_size=batch,
+                                     max_steps=steps))
   else:
     from fedjax_dd.experiments import common
     from fedjax_dd.experiments import runners
@@ -593,7 +594,8 @@ def measure_round(build: str, *, num_clients: int, steps: int, batch: int,
     module = spec.build(10, conv_impl=common.conv_impl(config))
     task = Classifier(module=module, input_shape=spec.input_shape,
                       preprocess=preprocess, num_classes=10)
-    algorithm = runners.BUILDERS["fedavg"](config, task, steps)
+    algorithm = runners.BUILDERS["fedavg"](
+        config, common.local_training(config, task, steps))
   rng = np.random.default_rng(0)
   n_max = 10 * batch
   cohort = Cohort(
@@ -1001,7 +1003,7 @@ def measure_padding(preset: str, *, pairs: int,
 
   from fedjax_dd.core import clients as clients_lib
   from fedjax_dd.core.algorithm import Cohort
-  from fedjax_dd.core.local import make_local_update
+  from fedjax_dd.core.local import LocalTraining, make_local_update
   from fedjax_dd.experiments import common
 
   module, _, arg = preset.partition(":")
@@ -1030,9 +1032,10 @@ def measure_padding(preset: str, *, pairs: int,
   ctx = np.zeros((data.num_clients,), np.float32)
   stages = {}
   for name, on in (("before", False), ("after", True)):
-    local = make_local_update(prepared.task, common.make_optimizer(config),
-                              batch_size=config.client.batch_size,
-                              max_steps=max_steps, skip_padding=on)
+    local = make_local_update(LocalTraining(
+        prepared.task, common.make_optimizer(config),
+        batch_size=config.client.batch_size, max_steps=max_steps,
+        skip_padding=on))
     stages[name] = clients_lib.client_stage(
         local, dataclasses.replace(mapper, bucket=on))
 
@@ -1098,7 +1101,7 @@ def measure_scale(num_clients: int, *, participation: float, examples: int,
   from fedjax_dd.algorithms.fedavg import fedavg
   from fedjax_dd.core import rounds as rounds_lib
   from fedjax_dd.core.algorithm import ExperimentState
-  from fedjax_dd.core.local import steps_for
+  from fedjax_dd.core.local import LocalTraining, steps_for
   from fedjax_dd.data.stacked import ClientData
 
   rng = np.random.default_rng(0)
@@ -1108,8 +1111,8 @@ def measure_scale(num_clients: int, *, participation: float, examples: int,
       num_examples=np.full((num_clients,), examples, np.int32))
   task, _ = _task("lenet5", "lax")
   num_steps = steps_for(data.num_examples, batch, epochs=1)
-  alg = fedavg(task, optax.sgd(0.01), batch_size=batch,
-               max_steps=int(np.max(num_steps)))
+  alg = fedavg(LocalTraining(task, optax.sgd(0.01), batch_size=batch,
+                             max_steps=int(np.max(num_steps))))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, client_states = alg.init(params, stats, num_clients)
   state = ExperimentState(server, client_states, jax.random.PRNGKey(1),

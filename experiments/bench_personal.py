@@ -44,8 +44,8 @@ def main(argv=None):
       config, prepared, common.partition(config, prepared.dataset.y_train))
   data = common.client_data(prepared.dataset, parts)
   steps = common.local_steps(config, data.num_examples)
-  algorithm = runners.BUILDERS[config.method](config, prepared.task,
-                                              int(steps.max()))
+  algorithm = runners.BUILDERS[config.method](
+      config, common.local_training(config, prepared.task, int(steps.max())))
   state = fit_lib.initial_state(algorithm, prepared.task, data.num_clients,
                                 seed=0)
 

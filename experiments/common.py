@@ -249,6 +249,20 @@ def augmentation(config: ml_collections.ConfigDict) -> Callable | None:
   return AUGMENTATIONS[name]()
 
 
+def local_training(config: ml_collections.ConfigDict, task,
+                   max_steps: int) -> local_lib.LocalTraining:
+  """The clients' local training of ``config.client``, the one value every
+  algorithm factory takes: :func:`make_optimizer`, ``client.batch_size``,
+  :func:`augmentation`, ``client.lr_decay`` and the client :func:`mapper`,
+  with ``task`` and the cohort's step bound ``max_steps`` (the largest of
+  :func:`local_steps`)."""
+  return local_lib.LocalTraining(
+      task=task, optimizer=make_optimizer(config),
+      batch_size=int(config.client.batch_size), max_steps=int(max_steps),
+      mapper=mapper(config), augment=augmentation(config),
+      lr_decay=float(config.client.lr_decay))
+
+
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": partition_lib.iid,
     "pathological": partition_lib.pathological,
@@ -527,6 +541,13 @@ _POSITIVE = (
     ("eval.batch_size", 1, True), ("eval.finetune_steps", 0, True),
 )
 
+# Runners and FedAvg-family methods whose clients train at a constant rate:
+# their factories build the local update without a round factor, which
+# make_local_update refuses for a decaying LocalTraining (after the data
+# loaded); validate refuses client.lr_decay != 1 for them first.
+CONSTANT_RATE_RUNNERS = ("fedseq", "fedhydra")
+CONSTANT_RATE_METHODS = ("centralized", "dynafed")
+
 # eval.split: where each client's test data comes from (base.py).
 PERSONAL_SPLITS = ("test", "client")
 
@@ -545,7 +566,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
   Checks the counts and rates of :data:`_POSITIVE` (finite, above their
   bound), momenta below 1, ``fedd3.images_per_class >= 1`` and
-  ``data.num_classes >= 0`` (ints), that local training has work to do, the
+  ``data.num_classes >= 0`` (ints), that local training has work to do
+  and decays its rate only where the method can (not
+  :data:`CONSTANT_RATE_RUNNERS` nor :data:`CONSTANT_RATE_METHODS`), the
   names of ``client.augment``, ``model.conv_impl``,
   ``model.compute_dtype`` and the partition, and
   that ``kip.kernel_impl=neural_tangents`` has its optional extra installed.
@@ -607,6 +630,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"os_fedavg is one-shot: one aggregation, so config.rounds must be "
         f"1, got {config.rounds}; for several rounds use "
         "experiments/configs/fedavg.py.")
+  lr_decay = _lookup(config, "client.lr_decay")
+  if lr_decay is not None and float(lr_decay) != 1.0 and (
+      _lookup(config, "runner") in CONSTANT_RATE_RUNNERS
+      or _lookup(config, "method") in CONSTANT_RATE_METHODS):
+    raise ValueError(
+        f"{config.method}'s clients train at a constant rate: "
+        f"config.client.lr_decay must be 1.0, got {lr_decay!r}; set "
+        "--config.client.lr_decay=1.0.")
   check_personal(config)
   if _lookup(config, "kip.kernel_impl") == "neural_tangents":
     import importlib.util  # pylint: disable=g-import-not-at-top

@@ -51,7 +51,7 @@ def main(argv=None) -> None:
   from fedjax_dd.algorithms.fedavg import fedavg  # pylint: disable=g-import-not-at-top
   from fedjax_dd.core import rounds  # pylint: disable=g-import-not-at-top
   from fedjax_dd.core.algorithm import ExperimentState  # pylint: disable=g-import-not-at-top
-  from fedjax_dd.core.local import steps_for  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core.local import LocalTraining, steps_for  # pylint: disable=g-import-not-at-top
   from fedjax_dd.core.task import Classifier  # pylint: disable=g-import-not-at-top
   from fedjax_dd.data.stacked import ClientData  # pylint: disable=g-import-not-at-top
 
@@ -68,9 +68,9 @@ def main(argv=None) -> None:
                     preprocess=lambda v: v.astype(jnp.float32) / 255.0,
                     num_classes=10)
   num_steps = steps_for(sizes, 4, epochs=1)
-  alg = fedavg(task, optax.sgd(0.1), batch_size=4,
-               max_steps=int(np.max(num_steps)),
-               mapper=clients.ClientMapper(backend="sharded"))
+  alg = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                             max_steps=int(np.max(num_steps)),
+                             mapper=clients.ClientMapper(backend="sharded")))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, client_states = alg.init(params, stats, 6)
   state = ExperimentState(server, client_states, jax.random.PRNGKey(1),

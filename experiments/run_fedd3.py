@@ -79,10 +79,8 @@ def _hybrid(config, workdir, prepared, data, distilled, extra, start):
   """App. F: FedAvg rounds on local plus received distilled data."""
   hybrid = jax.device_put(fedd3.hybrid_client_data(data, distilled))
   num_steps = common.local_steps(config, hybrid.num_examples)
-  algorithm = fedavg(prepared.task, common.make_optimizer(config),
-                     batch_size=config.client.batch_size,
-                     max_steps=int(jnp.max(num_steps)),
-                     mapper=common.mapper(config))
+  algorithm = fedavg(common.local_training(config, prepared.task,
+                                           int(jnp.max(num_steps))))
   return runners.train_rounds(
       config, workdir, prepared=prepared, algorithm=algorithm,
       data=hybrid, num_steps=num_steps,

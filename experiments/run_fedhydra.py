@@ -88,10 +88,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   names = tuple(n or config.model.name for n in names)
   mappers = [common.mapper(config, (name,)) for name in names]
   init_key, run_key = keys.init_and_run(keys.model_root(config.seed))
+  # Each group trains its own model up to its clients' largest count.
+  training = common.local_training(config, task,
+                                   max(int(num_steps.max()), 1))
   stage = one_shot.client_stage(
-      groups, common.make_optimizer(config),
-      batch_size=config.client.batch_size, num_steps=num_steps,
-      mappers=mappers,
+      groups, training, num_steps=num_steps, mappers=mappers,
       independent_init=init_key if config.client.independent_init else None)
   build, has_epochs = BUILDERS[config.method]
   algorithm = build(config, stage, groups, task, input_fn)

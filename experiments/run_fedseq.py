@@ -52,11 +52,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   traffic = config.hfldd.fedseq_traffic
   t0 = time.time()
-  algorithm = fedseq.fedseq(task, common.make_optimizer(config),
-                            batch_size=config.client.batch_size,
-                            max_steps=max_steps,
-                            group_size=group_size, mapper=common.mapper(config),
-                            traffic=traffic)
+  algorithm = fedseq.fedseq(common.local_training(config, task, max_steps),
+                            group_size=group_size, traffic=traffic)
 
   def finalize(summary: dict[str, Any]) -> dict[str, Any]:
     """FedSeq's grouping and Eq. 19 figures of the finished run."""

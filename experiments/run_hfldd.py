@@ -131,10 +131,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       title=f"{config.method}: {t.num_heads} heads")
   t0 = time.time()
   head_steps = common.local_steps(config, stages.hybrid.num_examples)
-  algorithm = hfldd.head_training(prepared.task, common.make_optimizer(config),
-                                  batch_size=config.client.batch_size,
-                                  max_steps=int(jnp.max(head_steps)),
-                                  mapper=common.mapper(config))
+  algorithm = hfldd.head_training(common.local_training(
+      config, prepared.task, int(jnp.max(head_steps))))
 
   def finalize(summary: dict[str, Any]) -> dict[str, Any]:
     config_dict = summary.pop("config")

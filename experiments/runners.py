@@ -1,8 +1,11 @@
 """Runners: build an algorithm from a config and drive the shared rounds loop.
 
 ``BUILDERS`` maps a FedAvg-family config's ``method`` to a small function
-from config fields to the library factory's explicit arguments
-(:func:`register` adds one); :func:`run_federated` runs any of them. The
+``(config, training) -> FederatedAlgorithm`` that calls the library factory
+with ``training``, the run's one :class:`~fedjax_dd.core.local.
+LocalTraining` (:func:`fedjax_dd.experiments.common.local_training`), and
+the method's own settings from the config (:func:`register` adds one);
+:func:`run_federated` runs any of them. The
 ``run_*`` modules of the other runners use the glue here
 (:func:`train_rounds`, :func:`run_server`, :func:`summarize`); the table of
 runners is :mod:`fedjax_dd.experiments.registry`, above them all.
@@ -38,6 +41,7 @@ from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import server as server_lib
 from fedjax_dd.core import summary as summary_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.distill.iga import IGAHyperParams, make_iga
@@ -45,19 +49,8 @@ from fedjax_dd.experiments import common
 from fedjax_dd.models.cgenerator import CGeneratorA
 from fedjax_dd import versions
 
-Builder = Callable[[ml_collections.ConfigDict, Classifier, int], FederatedAlgorithm]
-
-
-def _fedavg_kwargs(config, max_steps):
-  kwargs = dict(batch_size=config.client.batch_size, max_steps=max_steps,
-                mapper=common.mapper(config))
-  # Opt-in local-training options, passed only when set.
-  if float(config.client.lr_decay) != 1.0:
-    kwargs["lr_decay"] = float(config.client.lr_decay)
-  augment = common.augmentation(config)
-  if augment is not None:
-    kwargs["augment"] = augment
-  return kwargs
+Builder = Callable[[ml_collections.ConfigDict, LocalTraining],
+                   FederatedAlgorithm]
 
 
 def _iga(config, task: Classifier, *, feddf: bool = False):
@@ -85,43 +78,31 @@ def _generator_key(config):
   return keys.stage_key(keys.model_root(config.seed), keys.Stage.GENERATOR)
 
 
-def _clustered_kwargs(config, max_steps):
-  return dict(batch_size=config.client.batch_size, max_steps=max_steps,
-              mapper=common.mapper(config),
-              augment=common.augmentation(config),
-              lr_decay=float(config.client.lr_decay))
-
-
-def _disue(config, task, max_steps):
+def _disue(config, training):
   d = config.disue
-  return disue(task, common.make_optimizer(config), iga=_iga(config, task),
+  return disue(training, iga=_iga(config, training.task),
                generator_key=_generator_key(config),
                evaluate_before_iga=bool(config.iga.evaluate_before),
                grouping=affinity_grouping(
                    similarity=d.similarity, protocol=d.similarity_protocol,
-                   damping=d.damping, preference=d.preference),
-               **_clustered_kwargs(config, max_steps))
+                   damping=d.damping, preference=d.preference))
 
 
-def _fedftg(config, task, max_steps, *, feddf=False):
+def _fedftg(config, training, *, feddf=False):
   if not config.iga.enabled:
     raise ValueError(f"{config.method} is FedAvg plus IGA: iga.enabled must "
                      "stay True (use method=fedavg for FedAvg).")
-  return fedftg(task, common.make_optimizer(config),
-                iga=_iga(config, task, feddf=feddf),
+  return fedftg(training, iga=_iga(config, training.task, feddf=feddf),
                 generator_key=_generator_key(config),
-                evaluate_before_iga=bool(config.iga.evaluate_before),
-                **_clustered_kwargs(config, max_steps))
+                evaluate_before_iga=bool(config.iga.evaluate_before))
 
 
-def _ifca(config, task, max_steps):
-  return ifca(task, common.make_optimizer(config),
-              num_clusters=config.ifca.num_clusters,
+def _ifca(config, training):
+  return ifca(training, num_clusters=config.ifca.num_clusters,
               init_key=keys.stage_key(keys.model_root(config.seed),
                                       keys.Stage.CLUSTER_MODELS),
               global_model=config.ifca.global_model,
-              **_plugin_iga(config, task),
-              **_clustered_kwargs(config, max_steps))
+              **_plugin_iga(config, training.task))
 
 
 def _plugin_iga(config, task):
@@ -129,84 +110,67 @@ def _plugin_iga(config, task):
   return dict(iga=_iga(config, task), generator_key=_generator_key(config))
 
 
-def _cfl(config, task, max_steps):
+def _cfl(config, training):
   f = config.cfl
-  return cfl(task, common.make_optimizer(config), eps1=f.eps1, eps2=f.eps2,
-             warmup=f.warmup, max_clusters=f.max_clusters,
-             global_model=f.global_model, **_plugin_iga(config, task),
-             **_clustered_kwargs(config, max_steps))
+  return cfl(training, eps1=f.eps1, eps2=f.eps2, warmup=f.warmup,
+             max_clusters=f.max_clusters, global_model=f.global_model,
+             **_plugin_iga(config, training.task))
 
 
-def _cfl_gp(config, task, max_steps):
+def _cfl_gp(config, training):
   f = config.cfl_gp
-  return cfl_gp(task, common.make_optimizer(config),
-                num_clusters=f.num_clusters, compression=f.compression,
-                period=f.period, stop_round=f.stop_round,
-                cluster_seed=f.cluster_seed, global_model=f.global_model,
+  return cfl_gp(training, num_clusters=f.num_clusters,
+                compression=f.compression, period=f.period,
+                stop_round=f.stop_round, cluster_seed=f.cluster_seed,
+                global_model=f.global_model,
                 subset_key=keys.stage_key(
                     keys.model_root(config.seed),
                     keys.Stage.GRADIENT_SUBSET),
-                **_plugin_iga(config, task),
-                **_clustered_kwargs(config, max_steps))
+                **_plugin_iga(config, training.task))
 
 
-def _pacfl(config, task, max_steps, data):
+def _pacfl(config, training, data):
   f = config.pacfl
   clusters = cluster_clients(
-      data, num_classes=task.num_classes, rank=f.rank,
+      data, num_classes=training.task.num_classes, rank=f.rank,
       threshold=f.threshold if f.threshold > 0 else None,
       num_clusters=f.num_clusters if f.threshold <= 0 else None,
       linkage=f.linkage, proximity=f.proximity, per_class=f.per_class,
       mapper=common.mapper(config))
-  return pacfl(task, common.make_optimizer(config), clusters=clusters,
-               global_model=f.global_model, **_plugin_iga(config, task),
-               **_clustered_kwargs(config, max_steps))
+  return pacfl(training, clusters=clusters, global_model=f.global_model,
+               **_plugin_iga(config, training.task))
 
 
-def _dynafed(config, task, max_steps):
-  kwargs = _fedavg_kwargs(config, max_steps)
-  if "lr_decay" in kwargs:
-    raise ValueError("DynaFed's clients train at a constant rate: "
-                     "config.client.lr_decay must stay 1.0.")
-  hparams = DynaFedHyperParams.from_config(config.dynafed)
-  return dynafed(task, common.make_optimizer(config), hparams=hparams,
-                 **kwargs)
+def _dynafed(config, training):
+  # Its clients train at a constant rate: make_local_update refuses a
+  # decaying LocalTraining, naming client.lr_decay.
+  return dynafed(training,
+                 hparams=DynaFedHyperParams.from_config(config.dynafed))
 
 
 BUILDERS: dict[str, Builder] = {
     "disue": _disue,
     "fedftg": _fedftg,
-    "feddf_datafree": lambda c, task, m: _fedftg(c, task, m, feddf=True),
+    "feddf_datafree": lambda c, training: _fedftg(c, training, feddf=True),
     "ifca": _ifca,
     "cfl": _cfl,
     "cfl_gp": _cfl_gp,
-    "centralized": lambda c, task, m: centralized(
-        task, common.make_optimizer(c), batch_size=c.client.batch_size,
-        max_steps=m, mapper=common.mapper(c)),
-    "fedavg": lambda c, task, m: fedavg(task, common.make_optimizer(c),
-                                        **_fedavg_kwargs(c, m)),
+    "centralized": lambda c, training: centralized(training),
+    "fedavg": lambda c, training: fedavg(training),
     # One-shot FedAvg in the rounds loop: one FedAvg round (validate refuses
     # rounds != 1) whose round-1 model travels as a seed, so the upload is
     # its only traffic. The server-side shape of the same method is
     # fedjax_dd.algorithms.one_shot.os_fedavg (FedHydra's runner).
-    "os_fedavg": lambda c, task, m: fedavg(
-        task, common.make_optimizer(c), comm=CommSpec(download=1, upload=1),
-        **_fedavg_kwargs(c, m)),
-    "fedprox": lambda c, task, m: fedprox(task, common.make_optimizer(c),
-                                          mu=c.client.mu,
-                                          **_fedavg_kwargs(c, m)),
-    "fednova": lambda c, task, m: fednova(
-        task, common.make_optimizer(c), momentum=c.client.momentum,
-        **_fedavg_kwargs(c, m)),
-    "scaffold": lambda c, task, m: scaffold(
-        task, learning_rate=c.client.lr, server_learning_rate=c.server.lr,
-        optimizer=common.make_optimizer(c), **_fedavg_kwargs(c, m)),
-    "moon": lambda c, task, m: moon(
-        task, common.make_optimizer(c), mu=c.moon.mu,
-        temperature=c.moon.temperature, **_fedavg_kwargs(c, m)),
-    "feddyn": lambda c, task, m: feddyn(
-        task, common.make_optimizer(c), alpha=c.feddyn.alpha,
-        **_fedavg_kwargs(c, m)),
+    "os_fedavg": lambda c, training: fedavg(
+        training, comm=CommSpec(download=1, upload=1)),
+    "fedprox": lambda c, training: fedprox(training, mu=c.client.mu),
+    "fednova": lambda c, training: fednova(training,
+                                           momentum=c.client.momentum),
+    "scaffold": lambda c, training: scaffold(
+        training, learning_rate=c.client.lr, server_learning_rate=c.server.lr),
+    "moon": lambda c, training: moon(training, mu=c.moon.mu,
+                                     temperature=c.moon.temperature),
+    "feddyn": lambda c, training: feddyn(training, alpha=c.feddyn.alpha),
     "dynafed": _dynafed,
 }
 
@@ -230,12 +194,14 @@ def register(method: str, build: Builder) -> Builder:
   command line is its algorithm module and its config file::
 
     # experiments/configs/toy.py, beside toy_algo.py
-    runners.register("toy", lambda config, task, max_steps: toy_algo.toy(
-        task, common.make_optimizer(config), max_steps=max_steps, ...))
+    runners.register("toy", lambda config, training: toy_algo.toy(
+        training, ...))
 
   Args:
     method: the config's ``method``; a built-in one cannot be replaced.
-    build: ``(config, task, max_steps) -> FederatedAlgorithm``.
+    build: ``(config, training) -> FederatedAlgorithm``, ``training`` the
+      run's :class:`~fedjax_dd.core.local.LocalTraining`
+      (:func:`fedjax_dd.experiments.common.local_training` of the config).
 
   Returns:
     ``build``. Registering the same name again (a config loaded twice)
@@ -388,12 +354,12 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
       config, prepared, _client_partition(config, prepared))
   data = common.client_data(prepared.dataset, parts)
   num_steps = common.local_steps(config, data.num_examples)
-  max_steps = int(jnp.max(num_steps))
+  training = common.local_training(config, prepared.task,
+                                   int(jnp.max(num_steps)))
   if config.method in DATA_BUILDERS:
-    algorithm = DATA_BUILDERS[config.method](config, prepared.task, max_steps,
-                                             data)
+    algorithm = DATA_BUILDERS[config.method](config, training, data)
   else:
-    algorithm = BUILDERS[config.method](config, prepared.task, max_steps)
+    algorithm = BUILDERS[config.method](config, training)
   return train_rounds(config, workdir, prepared=prepared, algorithm=algorithm,
                       data=data, num_steps=num_steps, start_time=start,
                       personal=common.personal_evaluation(

@@ -34,7 +34,9 @@ package stays cheap)::
                with a workdir: checkpoints, metrics, resume), plot_history,
                plot_partition; personal_evaluation (each client scored with
                the model it deploys, on its own test data)
-  clients      ClientMapper, client_stage, make_local_update, Classifier
+  clients      ClientMapper, client_stage, LocalTraining (what every
+               algorithm factory takes: task, optimizer, batch size, step
+               bound, ...), make_local_update, Classifier
   distillation distill_kip (batched KIP), KipOptions, gmm_coreset_clients,
                collect_label_knowledge, make_dfkd, DFKDHyperParams,
                TeacherGroup, upload_privacy
@@ -122,6 +124,7 @@ _API: dict[str, tuple[str, str | None]] = {
     "ClientMapper": ("fedjax_dd.core.clients", "ClientMapper"),
     "client_stage": ("fedjax_dd.core.clients", "client_stage"),
     "make_local_update": ("fedjax_dd.core.local", "make_local_update"),
+    "LocalTraining": ("fedjax_dd.core.local", "LocalTraining"),
     "Classifier": ("fedjax_dd.core.task", "Classifier"),
     "make_evaluator": ("fedjax_dd.core.evaluate", "make_evaluator"),
     "make_personal_evaluator": ("fedjax_dd.core.personal",

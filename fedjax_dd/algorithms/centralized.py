@@ -17,33 +17,27 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import optax
 
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalTraining, make_local_update
 
 
-def centralized(task: Classifier, optimizer: optax.GradientTransformation, *,
-                batch_size: int, max_steps: int,
-                mapper: ClientMapper = ClientMapper()) -> FederatedAlgorithm:
+def centralized(training: LocalTraining) -> FederatedAlgorithm:
   """Builds centralized training on a cohort of exactly one client.
 
   Args:
-    task: the classifier.
-    optimizer: its optimizer; the state persists across rounds (epochs).
-    batch_size: batch size.
-    max_steps: steps per round (one epoch: ``ceil(N / B)``).
-    mapper: the engine's compile settings; the one client is always
-      vmapped (its ``backend`` is ignored).
+    training: the one client's training: ``training.optimizer``'s state
+      persists across rounds (epochs); ``max_steps`` is the steps of a
+      round (one epoch: ``ceil(N / B)``); of ``training.mapper`` only the
+      compile settings count (the one client is always vmapped). The rate
+      is constant (``lr_decay`` 1).
 
   Returns:
     A :class:`FederatedAlgorithm`; ``apply`` expects a one-client cohort.
   """
-  local = make_local_update(task, optimizer, batch_size=batch_size,
-                            max_steps=max_steps)
-  run = dataclasses.replace(mapper, backend="vmap").map(local.run)
+  optimizer = training.optimizer
+  local = make_local_update(training)
+  run = dataclasses.replace(training.mapper, backend="vmap").map(local.run)
   stack = lambda tree: jax.tree_util.tree_map(lambda a: a[None], tree)
   unstack = lambda tree: jax.tree_util.tree_map(lambda a: a[0], tree)
 

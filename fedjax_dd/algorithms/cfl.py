@@ -39,20 +39,18 @@ cluster model of most examples in the round, their average, or, with
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_dd.algorithms import cluster_models
 from fedjax_dd.algorithms import clustered
 from fedjax_dd.cluster.similarity import flatten_params
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
@@ -158,36 +156,26 @@ def split_clusters(stats: ClusterStats, clusters: np.ndarray,
   return clusters, splits
 
 
-def cfl(task: Classifier,
-        client_optimizer: optax.GradientTransformation,
+def cfl(training: LocalTraining,
         *,
-        batch_size: int,
-        max_steps: int,
         eps1: float = 0.4,
         eps2: float = 1.6,
         warmup: int = 20,
         max_clusters: int = 8,
-        mapper: ClientMapper = ClientMapper(),
         global_model: str = "largest",
-        augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-        lr_decay: float = 1.0,
         iga: IGA | None = None,
         generator_key: jax.Array | None = None) -> FederatedAlgorithm:
   """Builds CFL (module doc).
 
   Args:
-    task: the classifier of every cluster.
-    client_optimizer: local optimizer, re-initialised every round.
-    batch_size: local batch size.
-    max_steps: static local scan length.
+    training: the clients' local training (``training.task`` is the
+      classifier of every cluster; optimizer re-initialised every round;
+      round ``t`` trains at ``lr·γ^(t-1)``, ``γ = training.lr_decay``).
     eps1: ``ε_1``, the mean update norm below which a cluster is stationary.
     eps2: ``ε_2``, the largest update norm above which it splits.
     warmup: rounds before the first split may happen.
     max_clusters: ``K_max >= 1``, the most clusters (static).
-    mapper: the client-axis backend.
     global_model: ``"largest"`` or ``"average"``.
-    augment: optional per-batch augmentation of the local update.
-    lr_decay: ``γ``: round ``t`` trains at ``lr·γ^(t-1)``; ``1.0``: off.
     iga: DisUE's IGA (``num_teachers_max`` = the cohort size) distilling
       the round's cluster models into the global model; ``None``: off.
     generator_key: the IGA generator's initialisation key.
@@ -202,9 +190,8 @@ def cfl(task: Classifier,
     raise ValueError(f"max_clusters must be an int >= 1, got {max_clusters}.")
   k_max = max_clusters
   aggregate = cluster_models.make_aggregate(k_max, global_model)
-  train = cluster_models.make_trainer(
-      task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
-      mapper=mapper, augment=augment, lr_decay=lr_decay)
+  task = training.task
+  train = cluster_models.make_trainer(training)
   clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):

@@ -55,20 +55,18 @@ iga_round`).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_dd.algorithms import cluster_models
 from fedjax_dd.algorithms import clustered
 from fedjax_dd.cluster.similarity import flatten_params
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
@@ -137,41 +135,31 @@ def inherit(old: np.ndarray, new: np.ndarray, num_clusters: int
   return sources
 
 
-def cfl_gp(task: Classifier,
-           client_optimizer: optax.GradientTransformation,
+def cfl_gp(training: LocalTraining,
            *,
            num_clusters: int,
-           batch_size: int,
-           max_steps: int,
            subset_key: jax.Array,
            compression: int = 100,
            period: int = 2,
            stop_round: int = 10,
            cluster_seed: int = 0,
-           mapper: ClientMapper = ClientMapper(),
            global_model: str = "largest",
-           augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-           lr_decay: float = 1.0,
            iga: IGA | None = None,
            generator_key: jax.Array | None = None) -> FederatedAlgorithm:
   """Builds CFL-GP (module doc; defaults from the authors' code).
 
   Args:
-    task: the classifier of every cluster.
-    client_optimizer: local optimizer, re-initialised every round.
+    training: the clients' local training (``training.task`` is the
+      classifier of every cluster; optimizer re-initialised every round;
+      round ``t`` trains at ``lr·γ^(t-1)``, ``γ = training.lr_decay``).
     num_clusters: ``K >= 1`` (static).
-    batch_size: local batch size.
-    max_steps: static local scan length.
     subset_key: the key of the fixed coordinate subset of the profile.
     compression: ``P / D``: the profile keeps ``max(P // compression, 1)``
       coordinates of each update.
     period: rounds between partitions.
     stop_round: the last round that may partition; ``0``: no last round.
     cluster_seed: K-Means' ``random_state``.
-    mapper: the client-axis backend.
     global_model: ``"largest"`` or ``"average"``.
-    augment: optional per-batch augmentation of the local update.
-    lr_decay: ``γ``: round ``t`` trains at ``lr·γ^(t-1)``; ``1.0``: off.
     iga: DisUE's IGA (``num_teachers_max`` = the cohort size) distilling
       the round's cluster models into the global model; ``None``: off.
     generator_key: the IGA generator's initialisation key.
@@ -191,9 +179,8 @@ def cfl_gp(task: Classifier,
     raise ValueError(f"stop_round must be an int >= 0, got {stop_round}.")
   k = num_clusters
   aggregate = cluster_models.make_aggregate(k, global_model)
-  train = cluster_models.make_trainer(
-      task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
-      mapper=mapper, augment=augment, lr_decay=lr_decay)
+  task = training.task
+  train = cluster_models.make_trainer(training)
   clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):

@@ -30,21 +30,17 @@ Clustered Federated Learning" (DisUE), Sec. 4.2 and Tab. 2.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjax_dd.algorithms import clustered
 from fedjax_dd.algorithms import stages
 from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import Cohort, ServerState
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalTraining, make_local_update
 from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
@@ -126,29 +122,19 @@ def compact_labels(picks: jax.Array, num_clusters: int) -> jax.Array:
   return (jnp.cumsum(present) - 1)[picks]
 
 
-def make_trainer(task: Classifier,
-                 client_optimizer: optax.GradientTransformation,
-                 *,
-                 batch_size: int,
-                 max_steps: int,
-                 mapper: ClientMapper,
-                 augment: Callable[[jax.Array, jax.Array], jax.Array] | None,
-                 lr_decay: float) -> Callable[..., Any]:
+def make_trainer(training: LocalTraining) -> Callable[..., Any]:
   """Local training of each sampled client from its cluster's model.
 
   Returns:
     ``train(server, cohort, key) -> (result, picks)``: every client of the
     cohort trains ``server.extra["models"][picks[i]]`` (its cluster, from
-    ``server.extra["clusters"]``) at ``lr·γ^(t-1)`` in round ``t``;
-    ``result`` is the stacked local result ``[C, ...]``.
+    ``server.extra["clusters"]``) at ``lr·γ^(t-1)`` in round ``t``
+    (``γ = training.lr_decay``); ``result`` is the stacked local result
+    ``[C, ...]``.
   """
-  if not (lr_decay > 0 and math.isfinite(lr_decay)):
-    raise ValueError(f"lr_decay must be a positive finite number, got "
-                     f"{lr_decay}.")
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, augment=augment,
-                            lr_scale=(lambda ctx: ctx)
-                            if lr_decay != 1.0 else None)
+  lr_decay = training.lr_decay
+  local = make_local_update(training, lr_scale=(lambda ctx: ctx)
+                            if training.decays else None)
 
   def one_client(models, stats, pick, x, y, n, num_steps, key, scale):
     params = tree_map(lambda m: m[pick], models)
@@ -156,8 +142,8 @@ def make_trainer(task: Classifier,
     return local.run(params, batch_stats, local.optimizer.init(params), x, y,
                      n, num_steps, key, scale)
 
-  mapped = mapper.map(one_client, in_axes=(None, None, 0, 0, 0, 0, 0, 0, 0),
-                      work_argnum=6)
+  mapped = training.mapper.map(
+      one_client, in_axes=(None, None, 0, 0, 0, 0, 0, 0, 0), work_argnum=6)
 
   def train(server: ServerState, cohort: Cohort, key: jax.Array):
     keys = keys_lib.client_keys(key, cohort.client_ids)

@@ -43,17 +43,14 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_dd.algorithms import stages
 from fedjax_dd.core import aggregate
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import Cohort, CommSpec, FederatedAlgorithm
 from fedjax_dd.core.algorithm import ServerState
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import LocalResult, make_local_update
+from fedjax_dd.core.local import LocalResult, LocalTraining, make_local_update
 from fedjax_dd.core.rounds import EVAL_MODELS, TRAFFIC_PREFIX
-from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
@@ -211,64 +208,43 @@ class ClusteredPrograms(NamedTuple):
   fedavg_of_groups: Callable[..., Any]
 
 
-def clustered_programs(
-    task: Classifier,
-    client_optimizer: optax.GradientTransformation,
-    *,
-    batch_size: int,
-    max_steps: int,
-    mapper: ClientMapper = ClientMapper(),
-    augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-    lr_decay: float = 1.0,
-) -> ClusteredPrograms:
+def clustered_programs(training: LocalTraining) -> ClusteredPrograms:
   """The jitted stages :func:`clustered_distillation` runs every round.
 
-  Arguments as in :func:`clustered_distillation` (the benchmarks time the
-  stages one by one through this builder).
+  ``training`` as in :func:`clustered_distillation` (the benchmarks time
+  the stages one by one through this builder).
   """
   # Each client's context is its round's learning-rate factor.
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, augment=augment,
-                            lr_scale=(lambda ctx: ctx[1])
-                            if lr_decay != 1.0 else None)
-  return ClusteredPrograms(train=stages.client_stage(local, mapper),
+  local = make_local_update(training, lr_scale=(lambda ctx: ctx[1])
+                            if training.decays else None)
+  return ClusteredPrograms(train=stages.client_stage(local, training.mapper),
                            group_models=group_models,
                            fedavg_of_groups=fedavg_of_groups)
 
 
 def clustered_distillation(
-    task: Classifier,
-    client_optimizer: optax.GradientTransformation,
+    training: LocalTraining,
     *,
-    batch_size: int,
-    max_steps: int,
     grouping: Grouping,
     iga: IGA | None,
     generator_key: jax.Array | None = None,
-    mapper: ClientMapper = ClientMapper(),
-    augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-    lr_decay: float = 1.0,
     bits_per_count: int = 32,
     evaluate_before_iga: bool = False,
 ) -> FederatedAlgorithm:
   """Builds the clustered-FL round with optional IGA (see module doc).
 
   Args:
-    task: the classifier every client trains and the server distils into.
-    client_optimizer: the local optimiser, re-initialised every round.
-    batch_size: local batch size.
-    max_steps: static local scan length (the cohort's largest step count).
+    training: the L-phase: the clients' local training from ``ω_G``
+      (``training.task`` is also the model the server distils into; the
+      optimizer is re-initialised every round). ``training.lr_decay``
+      ``γ``: round ``t`` (1-based) trains the clients at ``lr·γ^(t-1)``
+      (DisUE Sec. 5.1: ``0.998``); ``1.0`` is off.
     grouping: how the cohort is split into groups (host side).
     iga: the inter-group distillation (:func:`fedjax_dd.distill.iga.
       make_iga` with ``num_teachers_max`` = the cohort size), or ``None``
       for FedAvg of the groups.
     generator_key: key of the generator's initialisation (required with
       ``iga``).
-    mapper: the client-axis backend.
-    augment: ``(key, x [B, H, W, Ch] uint8) -> x`` applied to every local
-      batch (e.g. :func:`fedjax_dd.core.local.flip_and_crop`), or ``None``.
-    lr_decay: ``γ``: round ``t`` (1-based) trains the clients at
-      ``lr·γ^(t-1)`` (DisUE Sec. 5.1: ``0.998``); ``1.0`` is off.
     bits_per_count: bits of one reported class count in the ledger.
     evaluate_before_iga: keep the round's ``ω_G`` before IGA in the state
       for the rounds loop to evaluate (``test_accuracy_before_iga``; one
@@ -291,10 +267,9 @@ def clustered_distillation(
   def before_iga(params, batch_stats):
     return {"before_iga": {"params": params, "batch_stats": batch_stats}}
 
-  train = clustered_programs(
-      task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
-      mapper=mapper, augment=augment, lr_decay=lr_decay).train
-  num_classes = task.num_classes
+  train = clustered_programs(training).train
+  num_classes = training.task.num_classes
+  lr_decay = training.lr_decay
 
   def init(params, batch_stats, num_clients):
     extra = {"round": jnp.zeros((), jnp.int32),

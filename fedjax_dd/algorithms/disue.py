@@ -29,13 +29,12 @@ its round. Personalized evaluation scores it on each client's own test data
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import math
 
 import jax
 import numpy as np
-import optax
 
 from fedjax_dd.algorithms.clustered import Groups, Grouping
 from fedjax_dd.algorithms.clustered import clustered_distillation
@@ -43,8 +42,7 @@ from fedjax_dd.cluster import affinity
 from fedjax_dd.cluster import pcsc
 from fedjax_dd.cluster import similarity as similarity_lib
 from fedjax_dd.core.algorithm import FederatedAlgorithm
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
@@ -107,18 +105,13 @@ def affinity_grouping(*, similarity: str = "delta", protocol: str = "plain",
   return grouping
 
 
-def disue(task: Classifier, client_optimizer: optax.GradientTransformation,
-          *, batch_size: int, max_steps: int, iga: IGA | None,
+def disue(training: LocalTraining, *, iga: IGA | None,
           generator_key: jax.Array | None, grouping: Grouping | None = None,
-          mapper: ClientMapper = ClientMapper(),
-          augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-          lr_decay: float = 1.0,
           evaluate_before_iga: bool = False) -> FederatedAlgorithm:
   """Builds DisUE (Algorithm 1).
 
   Args:
-    task, client_optimizer, batch_size, max_steps, mapper, augment, lr_decay,
-      evaluate_before_iga: the L-phase and the reporting (see
+    training, evaluate_before_iga: the L-phase and the reporting (see
       :func:`~fedjax_dd.algorithms.clustered.clustered_distillation`).
     iga: the IGA (``num_teachers_max`` = the cohort size); ``None`` is the
       "−IGA" ablation (FedAvg of the cluster models).
@@ -129,7 +122,5 @@ def disue(task: Classifier, client_optimizer: optax.GradientTransformation,
     A :class:`~fedjax_dd.core.algorithm.FederatedAlgorithm`.
   """
   return clustered_distillation(
-      task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
-      grouping=grouping or affinity_grouping(), iga=iga,
-      generator_key=generator_key, mapper=mapper, augment=augment,
-      lr_decay=lr_decay, evaluate_before_iga=evaluate_before_iga)
+      training, grouping=grouping or affinity_grouping(), iga=iga,
+      generator_key=generator_key, evaluate_before_iga=evaluate_before_iga)

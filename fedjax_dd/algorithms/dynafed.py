@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -69,8 +69,7 @@ from fedjax_dd.core import hparams as hparams_lib
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import LocalResult, make_local_update
+from fedjax_dd.core.local import LocalResult, LocalTraining, make_local_update
 from fedjax_dd.core.task import Classifier
 
 tree_map = jax.tree_util.tree_map
@@ -178,25 +177,16 @@ def matching_loss(task: Classifier, student_steps: int, images: jax.Array,
   return num / den
 
 
-def dynafed(task: Classifier,
-            client_optimizer: optax.GradientTransformation,
+def dynafed(training: LocalTraining,
             *,
-            batch_size: int,
-            max_steps: int,
-            hparams: DynaFedHyperParams = DynaFedHyperParams(),
-            mapper: ClientMapper = ClientMapper(),
-            augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+            hparams: DynaFedHyperParams = DynaFedHyperParams()
             ) -> FederatedAlgorithm:
   """Builds DynaFed: FedAvg plus the server's synthesis and fine-tuning.
 
   Args:
-    task: the classifier trained by every client.
-    client_optimizer: local optimizer, re-initialised every round.
-    batch_size: local batch size.
-    max_steps: static local scan length.
+    training: the clients' local training (optimizer re-initialised every
+      round; a constant rate, ``lr_decay`` 1).
     hparams: the server's settings (:class:`DynaFedHyperParams`).
-    mapper: how the cohort is batched.
-    augment: optional per-batch augmentation of the local update.
 
   Returns:
     A :class:`FederatedAlgorithm` whose server ``extra`` holds ``round``
@@ -208,10 +198,10 @@ def dynafed(task: Classifier,
     ``finetune_loss`` (0 up to round ``L``) and ``syn_lr``.
   """
   h = hparams
+  task = training.task
   L, M = h.trajectory_rounds, h.expert_rounds
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, augment=augment)
-  train = stages.client_stage(local, mapper)
+  local = make_local_update(training)
+  train = stages.client_stage(local, training.mapper)
   server_opt = optax.sgd(1.0)
 
   num_syn = task.num_classes * h.images_per_class
@@ -220,8 +210,9 @@ def dynafed(task: Classifier,
   float_task = dataclasses.replace(task, preprocess=lambda x: x)
   ft_batch = min(h.finetune_batch_size, num_syn)
   ft_steps = h.finetune_epochs * -(-num_syn // ft_batch)
-  finetune = make_local_update(float_task, optax.adam(h.finetune_lr),
-                               batch_size=ft_batch, max_steps=ft_steps)
+  finetune = make_local_update(LocalTraining(
+      float_task, optax.adam(h.finetune_lr), batch_size=ft_batch,
+      max_steps=ft_steps))
   image_opt = optax.adam(h.image_lr)
   lr_opt = optax.adam(h.lr_lr)
   match_grad = jax.value_and_grad(

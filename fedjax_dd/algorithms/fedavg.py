@@ -6,8 +6,6 @@ from Decentralized Data", AISTATS 2017.
 
 from __future__ import annotations
 
-import math
-
 from typing import Any, Callable
 
 import jax
@@ -18,9 +16,7 @@ from fedjax_dd.algorithms import stages
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import LocalResult, make_local_update
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalResult, LocalTraining, make_local_update
 
 PyTree = Any
 # (stacked deltas [S, ...], cohort, local result) -> aggregated delta.
@@ -33,56 +29,39 @@ def example_weighted(delta: PyTree, cohort: Cohort, result: LocalResult) -> PyTr
   return stages.weighted_mean(delta, cohort.num_examples)
 
 
-def fedavg(task: Classifier,
-           client_optimizer: optax.GradientTransformation,
+def fedavg(training: LocalTraining,
            *,
-           batch_size: int,
-           max_steps: int,
-           mapper: ClientMapper = ClientMapper(),
            server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
            regularizer: Callable[[PyTree, PyTree], jax.Array] | None = None,
            aggregator: Aggregator = example_weighted,
-           comm: CommSpec = CommSpec(),
-           augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-           lr_decay: float = 1.0) -> FederatedAlgorithm:
+           comm: CommSpec = CommSpec()) -> FederatedAlgorithm:
   """Builds FedAvg (and, through the hooks, FedProx / FedNova / FedOpt).
 
   Args:
-    task: the classifier trained by every client.
-    client_optimizer: local optimizer, re-initialised every round.
-    batch_size: local batch size ``B``.
-    max_steps: static local scan length; clients mask steps past their own
-      count (see :func:`fedjax_dd.core.local.steps_for`).
-    mapper: how the cohort is batched (vmap / chunked / sharded / loop).
+    training: the clients' local training (task, optimizer re-initialised
+      every round, batch size, step bound, mapper, augmentation). With
+      ``training.lr_decay != 1`` the server state counts the finished
+      rounds in ``extra["round"]`` (checkpointed, so a resumed run
+      continues the schedule) and round ``t`` (1-based) trains at the
+      client learning rate times ``lr_decay**(t - 1)`` (FedFTG's
+      ``lr * lr_decay_per_round**i``), a traced factor (nothing
+      recompiles).
     server_optimizer: applied to the aggregated delta; ``sgd(1.0)`` is FedAvg.
     regularizer: ``(params, (server_params, client_ctx)) -> scalar`` added to
       every local loss.
     aggregator: how client deltas ``[S, ...]`` become one delta.
     comm: model-sized tensors per client per round, for the ledger.
-    augment: optional per-batch augmentation of the local update
-      (:func:`fedjax_dd.core.local.flip_and_crop`).
-    lr_decay: ``gamma``: round ``t`` (1-based) trains with the client
-      learning rate times ``gamma**(t - 1)`` (FedFTG's
-      ``lr * lr_decay_per_round**i``). ``1.0`` (default): off, and the state
-      and results are exactly those without it; otherwise the server state
-      counts the finished rounds in ``extra["round"]`` (checkpointed, so a
-      resumed run continues the schedule) and the factor is a traced input
-      (nothing recompiles).
 
   Returns:
     A :class:`FederatedAlgorithm`.
   """
-  if not (lr_decay > 0 and math.isfinite(lr_decay)):
-    raise ValueError(f"lr_decay must be a positive finite number, got "
-                     f"{lr_decay}.")
-  decay = lr_decay != 1.0
+  lr_decay = training.lr_decay
+  decay = training.decays
   # With decay each client's context is its round's lr factor (FedProx's
   # regulariser reads only the shared context, the server model).
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, regularizer=regularizer,
-                            augment=augment,
+  local = make_local_update(training, regularizer=regularizer,
                             lr_scale=(lambda ctx: ctx[1]) if decay else None)
-  train = stages.client_stage(local, mapper)
+  train = stages.client_stage(local, training.mapper)
 
   @jax.jit
   def aggregate(server: ServerState, result: LocalResult, cohort: Cohort):

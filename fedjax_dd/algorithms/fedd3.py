@@ -46,6 +46,7 @@ from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.algorithm import Cohort, ServerDistillation, ServerState
 from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import gmm as gmm_lib
@@ -300,8 +301,9 @@ def fedd3(distiller: Distiller, task: Classifier,
     # One centralized program per union size (one per run).
     steps = (int(local_steps) if local_steps is not None
              else math.ceil(math.ceil(m / batch_size) * local_epochs))
-    return centralized(task, optimizer, batch_size=batch_size,
-                       max_steps=max(steps, 1), mapper=mapper), steps
+    return centralized(LocalTraining(
+        task, optimizer, batch_size=batch_size, max_steps=max(steps, 1),
+        mapper=mapper)), steps
 
   def epoch(state: ServerTrainState, uploads: Uploads):
     m = int(state.index.shape[0])

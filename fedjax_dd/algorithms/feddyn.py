@@ -44,7 +44,6 @@ Learning Based on Dynamic Regularization", ICLR 2021.
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -54,9 +53,7 @@ from fedjax_dd.algorithms import stages
 from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalTraining, make_local_update
 
 tree_map = jax.tree_util.tree_map
 
@@ -74,28 +71,17 @@ def dynamic_regularizer(alpha: float):
   return reg
 
 
-def feddyn(task: Classifier,
-           client_optimizer: optax.GradientTransformation,
+def feddyn(training: LocalTraining,
            *,
-           batch_size: int,
-           max_steps: int,
-           alpha: float = 0.01,
-           mapper: ClientMapper = ClientMapper(),
-           augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-           lr_decay: float = 1.0) -> FederatedAlgorithm:
+           alpha: float = 0.01) -> FederatedAlgorithm:
   """Builds FedDyn.
 
   Args:
-    task: the classifier.
-    client_optimizer: local optimizer, re-initialised every round.
-    batch_size: local batch size.
-    max_steps: static local step bound (see :func:`fedavg`).
+    training: the clients' local training (optimizer re-initialised every
+      round; with ``lr_decay != 1`` round ``t`` trains at
+      ``lr * lr_decay**(t - 1)``, as :func:`fedavg`, and the finished rounds
+      are counted in ``extra["round"]``).
     alpha: ``α`` > 0.
-    mapper: how the cohort is batched.
-    augment: optional per-batch augmentation of the local update.
-    lr_decay: client learning rate ``lr * lr_decay**(t - 1)`` in round ``t``
-      (as :func:`fedavg`; the finished rounds are counted in
-      ``extra["round"]`` when it is not 1).
 
   Returns:
     A :class:`FederatedAlgorithm` whose client state is ``{"grad": [N, ...]}``
@@ -104,16 +90,11 @@ def feddyn(task: Classifier,
   if not (alpha > 0 and math.isfinite(alpha)):
     raise ValueError(f"FedDyn alpha must be a positive finite number, got "
                      f"{alpha}.")
-  if not (lr_decay > 0 and math.isfinite(lr_decay)):
-    raise ValueError(f"lr_decay must be a positive finite number, got "
-                     f"{lr_decay}.")
-  decay = lr_decay != 1.0
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps,
-                            regularizer=dynamic_regularizer(alpha),
-                            augment=augment,
+  lr_decay = training.lr_decay
+  decay = training.decays
+  local = make_local_update(training, regularizer=dynamic_regularizer(alpha),
                             lr_scale=(lambda ctx: ctx[1][1]) if decay else None)
-  train = stages.client_stage(local, mapper)
+  train = stages.client_stage(local, training.mapper)
   server_opt = optax.sgd(1.0)
 
   def init(params, batch_stats, num_clients):

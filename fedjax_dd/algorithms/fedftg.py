@@ -25,15 +25,12 @@ singletons`): the FedAvg of the cohort is fine-tuned by IGA
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import jax
-import optax
 
 from fedjax_dd.algorithms.clustered import clustered_distillation, singletons
 from fedjax_dd.core.algorithm import FederatedAlgorithm
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.distill.iga import IGA, IGAHyperParams
 
 
@@ -47,11 +44,7 @@ def feddf_hparams(hparams: IGAHyperParams = IGAHyperParams()
   return dataclasses.replace(hparams, use_gls=False, use_gwf=False)
 
 
-def fedftg(task: Classifier, client_optimizer: optax.GradientTransformation,
-           *, batch_size: int, max_steps: int, iga: IGA,
-           generator_key: jax.Array, mapper: ClientMapper = ClientMapper(),
-           augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-           lr_decay: float = 1.0,
+def fedftg(training: LocalTraining, *, iga: IGA, generator_key: jax.Array,
            evaluate_before_iga: bool = False) -> FederatedAlgorithm:
   """Builds FedFTG (or data-free FedDF, with :func:`feddf_hparams` in
   ``iga``): FedAvg, then IGA with the cohort's clients as teachers.
@@ -61,7 +54,5 @@ def fedftg(task: Classifier, client_optimizer: optax.GradientTransformation,
   cohort size.
   """
   return clustered_distillation(
-      task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
-      grouping=singletons, iga=iga, generator_key=generator_key,
-      mapper=mapper, augment=augment, lr_decay=lr_decay,
+      training, grouping=singletons, iga=iga, generator_key=generator_key,
       evaluate_before_iga=evaluate_before_iga)

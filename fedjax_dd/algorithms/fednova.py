@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.core.algorithm import FederatedAlgorithm
+from fedjax_dd.core.local import LocalTraining
 
 
 def normaliser(steps: jax.Array, momentum: float = 0.0) -> jax.Array:
@@ -47,11 +47,10 @@ def nova_aggregator(momentum: float = 0.0):
   return aggregate
 
 
-def fednova(task, client_optimizer: optax.GradientTransformation, *,
+def fednova(training: LocalTraining, *,
             momentum: float = 0.0, **kwargs) -> FederatedAlgorithm:
   """FedNova; ``momentum`` must match the local optimizer's momentum."""
   if not 0.0 <= momentum < 1.0:
     raise ValueError(f"momentum must be in [0, 1), got {momentum}.")
-  return fedavg(task, client_optimizer, aggregator=nova_aggregator(momentum),
-                **kwargs)
+  return fedavg(training, aggregator=nova_aggregator(momentum), **kwargs)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.core.algorithm import FederatedAlgorithm
+from fedjax_dd.core.local import LocalTraining
 
 
 def proximal_term(mu: float):
@@ -26,9 +26,9 @@ def proximal_term(mu: float):
   return reg
 
 
-def fedprox(task, client_optimizer: optax.GradientTransformation, *, mu: float,
+def fedprox(training: LocalTraining, *, mu: float,
             **kwargs) -> FederatedAlgorithm:
   """FedAvg with the proximal regulariser; ``kwargs`` go to :func:`fedavg`."""
   if mu < 0:
     raise ValueError(f"FedProx mu must be >= 0, got {mu}.")
-  return fedavg(task, client_optimizer, regularizer=proximal_term(mu), **kwargs)
+  return fedavg(training, regularizer=proximal_term(mu), **kwargs)

@@ -49,9 +49,7 @@ from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import LocalResult, make_local_update
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalResult, LocalTraining, make_local_update
 from fedjax_dd.data.stacked import ClientData
 
 PyTree = Any
@@ -103,21 +101,16 @@ def handoffs_per_round(group_size: int, traffic: str = "eq19") -> int:
   return group_size if traffic == "eq19" else group_size - 1
 
 
-def fedseq(task: Classifier,
-           client_optimizer: optax.GradientTransformation, *,
-           batch_size: int, max_steps: int, group_size: int,
-           mapper: ClientMapper = ClientMapper(),
+def fedseq(training: LocalTraining, *, group_size: int,
            server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
            traffic: str = "eq19") -> FederatedAlgorithm:
   """Builds FedSeq over superclients of ``group_size`` members.
 
   Args:
-    task: the classifier.
-    client_optimizer: each member's local optimizer, fresh at every hand-off.
-    batch_size: local batch size.
-    max_steps: static local scan length per member.
+    training: each member's local training (the optimizer fresh at every
+      hand-off, ``max_steps`` per member; ``mapper``: the backend of the
+      superclient axis). The rate is constant (``lr_decay`` 1).
     group_size: ``J``, members per superclient (the member axis length).
-    mapper: backend of the superclient axis.
     server_optimizer: applied to the aggregated delta (``sgd(1.0)``: FedAvg).
     traffic: ``"eq19"`` (HFLDD Eq. 19, ``J`` transfers per superclient and
       round) or ``"physical"`` (``J - 1``); see the module docstring. Only
@@ -131,8 +124,7 @@ def fedseq(task: Classifier,
   if group_size < 1:
     raise ValueError(f"group_size must be >= 1, got {group_size}.")
   transfers = handoffs_per_round(group_size, traffic)
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps)
+  local = make_local_update(training)
 
   def ring(params, batch_stats, start, x, y, n, num_steps, key):
     """One superclient: members train in turn, starting at ``start``."""
@@ -154,7 +146,7 @@ def fedseq(task: Classifier,
     return LocalResult(params=params, batch_stats=batch_stats, opt_state=(),
                        loss=loss / denom, accuracy=acc / denom, steps=steps)
 
-  mapped = mapper.map(ring, in_axes=(None, None, None, 0, 0, 0, 0, 0))
+  mapped = training.mapper.map(ring, in_axes=(None, None, None, 0, 0, 0, 0, 0))
 
   @jax.jit
   def aggregate(server: ServerState, result: LocalResult, cohort: Cohort):

@@ -50,7 +50,7 @@ from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.algorithm import FederatedAlgorithm
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
 from fedjax_dd.distill.kip import labels_to_targets
@@ -291,10 +291,7 @@ def build_hybrid_data(data: ClientData, topology: Topology, sent: SentData, *,
 # ----------------------------------------------------------------------------
 
 
-def head_training(task: Classifier,
-                  client_optimizer: optax.GradientTransformation, *,
-                  batch_size: int, max_steps: int,
-                  mapper: ClientMapper = ClientMapper(),
+def head_training(training: LocalTraining, *,
                   server_optimizer: optax.GradientTransformation = optax.sgd(1.0)
                   ) -> FederatedAlgorithm:
   """FedAvg between the server and the heads on their hybrid datasets.
@@ -304,19 +301,16 @@ def head_training(task: Classifier,
   by the engine's local update.
 
   Args:
-    task: the classifier (its loss takes the heads' ``[B, K]`` targets).
-    client_optimizer: the heads' local optimizer (HFLDD: SGD, lr 0.01).
-    batch_size: local batch size (32).
-    max_steps: static local scan length (the largest head's ``E2`` epochs).
-    mapper: client-axis backend over the heads.
+    training: the heads' local training (``training.task``'s loss takes
+      the heads' ``[B, K]`` targets; HFLDD: SGD, lr 0.01, batch 32;
+      ``max_steps`` the largest head's ``E2`` epochs; ``mapper`` over the
+      heads).
     server_optimizer: ``sgd(1.0)`` is plain averaging.
 
   Returns:
     A :class:`FederatedAlgorithm` for :func:`fedjax_dd.core.rounds.run_rounds`.
   """
-  return fedavg(task, client_optimizer,
-                batch_size=batch_size, max_steps=max_steps, mapper=mapper,
-                server_optimizer=server_optimizer)
+  return fedavg(training, server_optimizer=server_optimizer)
 
 
 # ----------------------------------------------------------------------------

@@ -36,20 +36,17 @@ Clustered Federated Learning", NeurIPS 2020.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjax_dd.algorithms import cluster_models, clustered, stages
 from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.local import LocalTraining, make_local_update
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill.iga import IGA
 
@@ -80,33 +77,22 @@ def selection_losses(task: Classifier, models: PyTree, batch_stats: PyTree,
   return jax.vmap(one)(models, batch_stats)
 
 
-def ifca(task: Classifier,
-         client_optimizer: optax.GradientTransformation,
+def ifca(training: LocalTraining,
          *,
          num_clusters: int,
          init_key: jax.Array,
-         batch_size: int,
-         max_steps: int,
-         mapper: ClientMapper = ClientMapper(),
          global_model: str = "largest",
-         augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-         lr_decay: float = 1.0,
          iga: IGA | None = None,
          generator_key: jax.Array | None = None) -> FederatedAlgorithm:
   """Builds IFCA with ``K = num_clusters`` models.
 
   Args:
-    task: the classifier of every cluster.
-    client_optimizer: local optimizer, re-initialised every round.
+    training: the clients' local training (``training.task`` is the
+      classifier of every cluster; optimizer re-initialised every round;
+      ``lr_decay`` as :func:`fedjax_dd.algorithms.fedavg.fedavg`).
     num_clusters: ``K >= 1`` (static).
     init_key: key of the initialisations of models ``1 .. K-1``.
-    batch_size: local batch size.
-    max_steps: static local scan length.
-    mapper: how the cohort is batched.
     global_model: ``"largest"`` or ``"average"`` (module docstring).
-    augment: optional per-batch augmentation of the local update.
-    lr_decay: ``gamma``: round ``t`` trains at ``lr * gamma**(t - 1)``
-      (:func:`fedjax_dd.algorithms.fedavg.fedavg`); ``1.0``: off.
     iga: DisUE's IGA (``num_teachers_max`` = the cohort size) distilling
       the round's cluster models into the global model; ``None``: off.
     generator_key: the IGA generator's initialisation key.
@@ -122,13 +108,11 @@ def ifca(task: Classifier,
   if not isinstance(num_clusters, int) or num_clusters < 1:
     raise ValueError(f"num_clusters must be an int >= 1, got {num_clusters}.")
   cluster_models.check_global_model(global_model)
-  if not (lr_decay > 0 and math.isfinite(lr_decay)):
-    raise ValueError(f"lr_decay must be a positive finite number, got "
-                     f"{lr_decay}.")
+  task, mapper = training.task, training.mapper
+  lr_decay = training.lr_decay
   k_models = num_clusters
-  decay = lr_decay != 1.0
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, augment=augment,
+  decay = training.decays
+  local = make_local_update(training,
                             lr_scale=(lambda ctx: ctx) if decay else None)
 
   def one_client(models, stats, x, y, n, num_steps, key, scale):

@@ -49,7 +49,7 @@ Reference: Li, He, Song, "Model-Contrastive Federated Learning", CVPR 2021.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,9 +59,7 @@ from fedjax_dd.algorithms import stages
 from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalTraining, make_local_update
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
@@ -93,31 +91,21 @@ def client_state_bytes(algorithm: FederatedAlgorithm, params: PyTree,
              for x in jax.tree_util.tree_leaves(clients))
 
 
-def moon(task: Classifier,
-         client_optimizer: optax.GradientTransformation,
+def moon(training: LocalTraining,
          *,
-         batch_size: int,
-         max_steps: int,
          mu: float = 1.0,
-         temperature: float = 0.5,
-         mapper: ClientMapper = ClientMapper(),
-         augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-         lr_decay: float = 1.0) -> FederatedAlgorithm:
+         temperature: float = 0.5) -> FederatedAlgorithm:
   """Builds MOON over a projection model.
 
   Args:
-    task: a classifier whose module has ``project(x, train) -> (z, logits)``
-      (a ``<name>_proj`` model, :class:`fedjax_dd.models.ProjectionNet`).
-    client_optimizer: local optimizer, re-initialised every round.
-    batch_size: local batch size.
-    max_steps: static local step bound (see :func:`fedavg`).
+    training: the clients' local training; ``training.task`` is a
+      classifier whose module has ``project(x, train) -> (z, logits)`` (a
+      ``<name>_proj`` model, :class:`fedjax_dd.models.ProjectionNet`). With
+      ``lr_decay != 1`` round ``t`` trains at ``lr * lr_decay**(t - 1)``
+      (as :func:`fedavg`; the finished rounds are counted in
+      ``extra["round"]``).
     mu: weight ``μ`` of ``ℓ_con`` (Eq. 3), >= 0.
     temperature: ``τ`` (Eq. 2), > 0.
-    mapper: how the cohort is batched.
-    augment: optional per-batch augmentation of the local update.
-    lr_decay: client learning rate ``lr * lr_decay**(t - 1)`` in round ``t``
-      (as :func:`fedavg`; the finished rounds are counted in
-      ``extra["round"]`` when it is not 1).
 
   Returns:
     A :class:`FederatedAlgorithm` whose client state is ``{"prev":
@@ -127,15 +115,13 @@ def moon(task: Classifier,
     raise ValueError(f"MOON mu must be >= 0, got {mu}.")
   if not temperature > 0:
     raise ValueError(f"MOON temperature must be > 0, got {temperature}.")
-  if not (lr_decay > 0 and math.isfinite(lr_decay)):
-    raise ValueError(f"lr_decay must be a positive finite number, got "
-                     f"{lr_decay}.")
+  task, lr_decay = training.task, training.lr_decay
   project = getattr(type(task.module), "project", None)
   if project is None:
     raise ValueError(
         f"MOON needs a model with a projection head (a '<name>_proj' model); "
         f"{type(task.module).__name__} has no project method.")
-  decay = lr_decay != 1.0
+  decay = training.decays
 
   def local_loss(params, batch_stats, xb, yb, ctx):
     # ctx = ((global params, stats), ((previous params, stats), lr factor)).
@@ -153,11 +139,9 @@ def moon(task: Classifier,
     acc = (jnp.argmax(logits, -1) == yb).astype(jnp.float32).mean()
     return ce.mean() + mu * con.mean(), (new_stats, acc)
 
-  local = make_local_update(task, client_optimizer, batch_size=batch_size,
-                            max_steps=max_steps, loss=local_loss,
-                            augment=augment,
+  local = make_local_update(training, loss=local_loss,
                             lr_scale=(lambda ctx: ctx[1][1]) if decay else None)
-  train = stages.client_stage(local, mapper)
+  train = stages.client_stage(local, training.mapper)
   server_opt = optax.sgd(1.0)
 
   def init(params, batch_stats, num_clients):

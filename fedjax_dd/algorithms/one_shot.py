@@ -17,12 +17,12 @@ averaging); FedHydra (Bai et al.) Alg. 1 line 2-5 (local training).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_dd.algorithms import stages
 from fedjax_dd.core import keys
@@ -31,7 +31,7 @@ from fedjax_dd.core.algorithm import ServerDistillation, SpannedClientStage
 from fedjax_dd.core.algorithm import Teachers
 from fedjax_dd.core.algorithm import no_setup
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import LocalResult, make_local_update
+from fedjax_dd.core.local import LocalResult, LocalTraining, make_local_update
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import ClientData
@@ -40,22 +40,16 @@ from fedjax_dd.distill import ensemble
 PyTree = Any
 
 
-def local_stage(task: Classifier,
-                optimizer: optax.GradientTransformation,
+def local_stage(training: LocalTraining,
                 *,
-                batch_size: int,
-                max_steps: int,
-                mapper: ClientMapper = ClientMapper(),
                 per_client_start: bool = False
                 ) -> Callable[[PyTree, PyTree, Cohort, jax.Array], LocalResult]:
   """One-shot local training of every client of one architecture.
 
   Args:
-    task: the client model.
-    optimizer: local optimizer [SGD lr 0.01], fresh per client.
-    batch_size: [128].
-    max_steps: static scan length (``max(cohort.num_steps)``).
-    mapper: how the clients are batched.
+    training: the clients' local training (``training.task`` the client
+      model; optimizer [SGD lr 0.01] fresh per client; batch size [128];
+      ``max_steps`` = ``max(cohort.num_steps)``; a constant rate).
     per_client_start: ``train`` takes one start per client, stacked
       ``[S, ...]`` (:func:`independent_starts`).
 
@@ -64,9 +58,8 @@ def local_stage(task: Classifier,
     Client ``i`` uses ``keys.client_keys(key, ids)[i]``, so with the rounds
     loop's train key the result equals one-shot FedAvg's client models.
   """
-  local = make_local_update(task, optimizer, batch_size=batch_size,
-                            max_steps=max_steps)
-  train_all = stages.client_stage(local, mapper,
+  local = make_local_update(training)
+  train_all = stages.client_stage(local, training.mapper,
                                   per_client_start=per_client_start)
 
   def train(params, batch_stats, cohort: Cohort, key: jax.Array) -> LocalResult:
@@ -97,9 +90,8 @@ def independent_starts(task: Classifier, init_key: jax.Array,
 
 
 def client_stage(groups: Sequence[ensemble.TeacherGroup],
-                 optimizer: optax.GradientTransformation,
+                 training: LocalTraining,
                  *,
-                 batch_size: int,
                  num_steps: jax.Array,
                  mappers: Sequence[ClientMapper] | None = None,
                  independent_init: jax.Array | None = None
@@ -108,10 +100,12 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
 
   Args:
     groups: one group per architecture (``group.task`` is the client model).
-    optimizer: local optimizer, fresh per client.
-    batch_size: local batch size.
+    training: the clients' local training (optimizer fresh per client,
+      batch size, augmentation; a constant rate). Each group trains its
+      own ``group.task`` up to the largest of its clients' ``num_steps``:
+      those replace ``training.task`` and ``training.max_steps``.
     num_steps: ``[m]`` local steps per client (client order).
-    mappers: one client mapper per group (default: the engine's default).
+    mappers: one client mapper per group (default: ``training.mapper``).
     independent_init: an init key: every client starts from its own
       initialisation (:func:`independent_starts`) and ``starts`` is ignored.
       ``None`` (default): all clients of a group start from its ``starts``
@@ -138,15 +132,16 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
   groups = tuple(groups)
   m = sum(len(g.client_ids) for g in groups)
   validate.step_counts("num_steps", num_steps, m)
-  mappers = tuple(mappers) if mappers is not None else (ClientMapper(),) * len(groups)
+  mappers = (tuple(mappers) if mappers is not None
+             else (training.mapper,) * len(groups))
+  optimizer = training.optimizer
   num_steps = jnp.asarray(num_steps)
   own = independent_init is not None
   maxima = tuple(int(jnp.max(num_steps[np.asarray(g.client_ids)]))
                  for g in groups)
   trains = tuple(
-      stages.client_span_stage(
-          make_local_update(g.task, optimizer, batch_size=batch_size,
-                            max_steps=max(n, 1)), mp)
+      stages.client_span_stage(make_local_update(dataclasses.replace(
+          training, task=g.task, max_steps=max(n, 1))), mp)
       for g, mp, n in zip(groups, mappers, maxima))
 
   def cohort(g, data: ClientData) -> Cohort:

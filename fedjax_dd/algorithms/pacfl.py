@@ -42,12 +42,11 @@ code github.com/MMorafah/PACFL (read, not copied).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_dd.algorithms import cluster_models
 from fedjax_dd.algorithms import clustered
@@ -55,8 +54,8 @@ from fedjax_dd.cluster import principal_angles
 from fedjax_dd.core.algorithm import (CommSpec, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.core.rounds import TRAFFIC_PREFIX
-from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill.iga import IGA
 
@@ -132,30 +131,20 @@ def cluster_clients(data: ClientData, *, num_classes: int, rank: int = 3,
   return PacflClusters(clusters.labels, clusters.num_clusters, a, bits)
 
 
-def pacfl(task: Classifier,
-          client_optimizer: optax.GradientTransformation,
+def pacfl(training: LocalTraining,
           *,
           clusters: PacflClusters,
-          batch_size: int,
-          max_steps: int,
-          mapper: ClientMapper = ClientMapper(),
           global_model: str = "largest",
-          augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-          lr_decay: float = 1.0,
           iga: IGA | None = None,
           generator_key: jax.Array | None = None) -> FederatedAlgorithm:
   """Builds PACFL's rounds over the clusters of :func:`cluster_clients`.
 
   Args:
-    task: the classifier of every cluster.
-    client_optimizer: local optimizer, re-initialised every round.
+    training: the clients' local training (``training.task`` is the
+      classifier of every cluster; optimizer re-initialised every round;
+      round ``t`` trains at ``lr·γ^(t-1)``, ``γ = training.lr_decay``).
     clusters: the clustering (its ``labels`` cover all ``N`` clients).
-    batch_size: local batch size.
-    max_steps: static local scan length.
-    mapper: the client-axis backend.
     global_model: ``"largest"`` or ``"average"`` (module doc).
-    augment: optional per-batch augmentation of the local update.
-    lr_decay: ``γ``: round ``t`` trains at ``lr·γ^(t-1)``; ``1.0``: off.
     iga: DisUE's IGA (``num_teachers_max`` = the cohort size) distilling
       the round's cluster models into the global model; ``None``: off.
     generator_key: the IGA generator's initialisation key.
@@ -170,9 +159,8 @@ def pacfl(task: Classifier,
   if labels.min() < 0 or labels.max() >= k_models:
     raise ValueError(f"cluster labels must lie in [0, {k_models}).")
   aggregate = cluster_models.make_aggregate(k_models, global_model)
-  train = cluster_models.make_trainer(
-      task, client_optimizer, batch_size=batch_size, max_steps=max_steps,
-      mapper=mapper, augment=augment, lr_decay=lr_decay)
+  task = training.task
+  train = cluster_models.make_trainer(training)
   clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):

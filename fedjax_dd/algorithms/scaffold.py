@@ -13,8 +13,6 @@ Federated Learning", ICML 2020.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -23,9 +21,7 @@ from fedjax_dd.algorithms import stages
 from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
-from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
-from fedjax_dd.core.task import Classifier
+from fedjax_dd.core.local import LocalTraining, make_local_update
 
 tree_map = jax.tree_util.tree_map
 
@@ -35,59 +31,42 @@ def _correction(grads, ctx):
   return tree_map(lambda g, s, ci: g - ci + s, grads, c, c_i)
 
 
-def scaffold(task: Classifier,
+def scaffold(training: LocalTraining,
              *,
              learning_rate: float,
-             batch_size: int,
-             max_steps: int,
-             server_learning_rate: float = 1.0,
-             mapper: ClientMapper = ClientMapper(),
-             augment=None,
-             lr_decay: float = 1.0,
-             optimizer: optax.GradientTransformation | None = None
-             ) -> FederatedAlgorithm:
-  """Builds SCAFFOLD with local SGD at ``learning_rate``.
+             server_learning_rate: float = 1.0) -> FederatedAlgorithm:
+  """Builds SCAFFOLD, whose clients step at ``learning_rate``.
 
   Args:
-    task: the classifier.
-    learning_rate: local SGD step size ``η`` (used in the variate update).
-    batch_size: local batch size.
-    max_steps: static local scan length.
+    training: the clients' local training. Its optimizer is fed the
+      corrected gradient ``g − c_i + c``: ``optax.sgd(learning_rate)`` is
+      the paper's; a chain that clips the gradient and adds weight decay
+      before SGD at ``learning_rate`` (``client.grad_clip``,
+      ``client.weight_decay``) follows FedFTG's released SCAFFOLD
+      (``methods/local_fn.py``, commit ``1e6347c``), the baseline of
+      DisUE's protocol: the correction enters the loss, so clipping and
+      decay act on the corrected gradient. With ``lr_decay = gamma != 1``
+      round ``t`` (1-based) trains at ``learning_rate * gamma**(t - 1)``,
+      the variate update divides by that round's ``K_i * eta_t`` and the
+      finished rounds are counted in ``extra["round"]``.
+    learning_rate: the local step size ``η`` of ``training.optimizer``,
+      which the variate update divides by (``K_i · η``).
     server_learning_rate: ``η_g``.
-    mapper: how the cohort is batched.
-    augment: optional per-batch augmentation of the local update.
-    lr_decay: ``gamma``: round ``t`` (1-based) trains at
-      ``learning_rate * gamma**(t - 1)``, and the variate update divides by
-      that round's ``K_i * eta_t``. ``1.0`` (default): off, state and results
-      unchanged; otherwise the finished rounds are counted in
-      ``extra["round"]``.
-    optimizer: the local optimizer, fed the corrected gradient
-      ``g − c_i + c`` [``optax.sgd(learning_rate)``]. A chain that clips the
-      gradient and adds weight decay before SGD at ``learning_rate``
-      (``client.grad_clip``, ``client.weight_decay``) follows FedFTG's
-      released SCAFFOLD (``methods/local_fn.py``, commit ``1e6347c``), the
-      baseline of DisUE's protocol: the correction enters the loss, so
-      clipping and decay act on the corrected gradient. The variate update
-      still divides by ``K_i · learning_rate``.
 
   Returns:
     A :class:`FederatedAlgorithm` whose client state is ``{"c": [N, ...]}``.
   """
-  if not (lr_decay > 0 and math.isfinite(lr_decay)):
-    raise ValueError(f"lr_decay must be a positive finite number, got "
-                     f"{lr_decay}.")
-  decay = lr_decay != 1.0
+  lr_decay = training.lr_decay
+  decay = training.decays
   if decay:
     # Each client's context is (c_i, this round's lr factor).
     correction = lambda g, ctx: _correction(g, (ctx[0], ctx[1][0]))
     lr_scale = lambda ctx: ctx[1][1]
   else:
     correction, lr_scale = _correction, None
-  local = make_local_update(task, optimizer or optax.sgd(learning_rate),
-                            batch_size=batch_size, max_steps=max_steps,
-                            grad_correction=correction, augment=augment,
+  local = make_local_update(training, grad_correction=correction,
                             lr_scale=lr_scale)
-  train = stages.client_stage(local, mapper)
+  train = stages.client_stage(local, training.mapper)
   server_opt = optax.sgd(server_learning_rate)
 
   def init(params, batch_stats, num_clients):

@@ -15,8 +15,10 @@ another algorithm, data, cohort or seed, and one call at a time holds it
   parts = fedjax_dd.dirichlet(ds.y_train, 10, 0.5, np.random.default_rng(0))
   data = fedjax_dd.stack_clients(ds.x_train, ds.y_train, parts)
   steps = fedjax_dd.local_steps(data, batch_size=32, epochs=1.0)
-  algo = fedjax_dd.fedavg(prepared.task, optax.sgd(0.05), batch_size=32,
-                          max_steps=int(steps.max()))
+  training = fedjax_dd.LocalTraining(prepared.task, optax.sgd(0.05),
+                                     batch_size=32,
+                                     max_steps=int(steps.max()))
+  algo = fedjax_dd.fedavg(training)
   result = fedjax_dd.fit(algo, prepared, data, steps, rounds=5,
                          clients_per_round=5, workdir="runs/fedavg")
   result.rows[-1]["test_accuracy"]
@@ -141,8 +143,8 @@ def _check_max_steps(record: dict[str, Any], num_steps: jax.Array) -> None:
     raise ValueError(
         f"fit: num_steps asks up to {most} local steps, but the algorithm's "
         f"local update was built with max_steps={min(bounds)}, its static "
-        f"bound; the steps past it would not run. Build the algorithm with "
-        f"max_steps=int(num_steps.max()) (= {most}).")
+        f"bound; the steps past it would not run. Build the algorithm's "
+        f"LocalTraining with max_steps=int(num_steps.max()) (= {most}).")
 
 
 def fit(algorithm: FederatedAlgorithm,

@@ -17,29 +17,35 @@ the cohort by step count so that chunks hold similar counts).
 iterations whose steps past ``num_steps`` are computed and masked. Both give
 the same bits (``tests/core/test_local.py``).
 
+What every algorithm's clients share (the task, optimizer, batch size, step
+bound, augmentation, the learning-rate decay over rounds and the client
+mapper) is one value, :class:`LocalTraining`, built once (from a config by
+``fedjax_dd.experiments.common.local_training``) and handed whole to every
+algorithm factory and from there to :func:`make_local_update`.
+
 Algorithms customise the update through two pure hooks:
 
 * ``regularizer(params, ctx) -> scalar`` added to the loss (FedProx);
 * ``grad_correction(grads, ctx) -> grads`` (SCAFFOLD's control variates).
 
-and three opt-in ones:
+and two opt-in ones:
 
 * ``loss(params, batch_stats, xb, yb, ctx) -> (loss, (new_stats, accuracy))``
   in place of the task's cross-entropy, for a loss that needs the batch
   beyond the logits (MOON's model-contrastive term on the projection);
-
-* ``augment(key, xb) -> xb`` applied to every sampled batch before the loss
-  (e.g. :func:`flip_and_crop`);
 * ``lr_scale(ctx) -> scalar`` multiplying the optimizer's updates, i.e. the
-  learning rate (a round-dependent decay ``lr * gamma**t``: the factor is a
-  traced input, so changing it recompiles nothing).
+  learning rate (the round's factor of :attr:`LocalTraining.lr_decay`,
+  ``gamma**(t - 1)``, which the algorithm carries in ``ctx``: a traced
+  input, so changing it recompiles nothing).
 
 ``ctx`` is an algorithm-defined pytree (per client or broadcast).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from typing import Any, Callable, NamedTuple
 
 import flax
@@ -47,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import sample_batch
 
@@ -102,26 +109,21 @@ def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
       lambda p, u: (p - (-u)).astype(p.dtype), params, updates)
 
 
-def make_local_update(
-    task: Classifier,
-    optimizer: optax.GradientTransformation,
-    *,
-    batch_size: int,
-    max_steps: int,
-    regularizer: Callable[[PyTree, PyTree], jax.Array] | None = None,
-    grad_correction: Callable[[PyTree, PyTree], PyTree] | None = None,
-    augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-    lr_scale: Callable[[PyTree], jax.Array] | None = None,
-    loss: Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
-    | None = None,
-    unroll: int = 1,
-    skip_padding: bool = True,
-) -> LocalUpdate:
-  """Builds ``run(params, batch_stats, opt_state, x, y, n, num_steps, key, ctx)``.
+@dataclasses.dataclass(frozen=True)
+class LocalTraining:
+  """How every client of an algorithm trains locally, as one value.
 
-  Args:
-    task: the classifier.
-    optimizer: the local optax optimizer.
+  Built once (a notebook by hand, the entry point from the config's
+  ``client`` and ``engine`` groups) and handed whole to an algorithm
+  factory, which passes it on to :func:`make_local_update` with only its
+  own hooks (a regulariser, a gradient correction, a loss). Frozen, and
+  hashable when its callables are; :func:`dataclasses.replace` gives a
+  variant.
+
+  Attributes:
+    task: the classifier every client trains.
+    optimizer: the local optax optimizer, fresh per client (the entry
+      point's: clip -> weight decay -> SGD / Adam(W), ``client.*``).
     batch_size: examples per step ``B``. A batch never holds more draws
       than the largest client has examples (``N_max``, the padded length):
       with ``B > N_max`` each step draws ``N_max`` (one log line), since
@@ -131,22 +133,76 @@ def make_local_update(
     max_steps: the largest step count a client may be given (the cohort's
       largest); ``num_steps`` is clipped to it (:func:`fedjax_dd.fit`
       refuses larger counts).
-    regularizer: optional ``(params, ctx) -> scalar`` added to the loss.
-    grad_correction: optional ``(grads, ctx) -> grads``.
-    augment: optional ``(key, xb [B, H, W, Ch] uint8) -> xb`` applied to each
-      sampled batch before the loss (:func:`flip_and_crop`). Its key is
+    mapper: how the cohort's clients are laid out on the devices
+      (:class:`~fedjax_dd.core.clients.ClientMapper`): the layout, not
+      what each client computes.
+    augment: optional ``(key, xb [B, H, W, Ch] uint8) -> xb`` applied to
+      each sampled batch before the loss (:func:`flip_and_crop`). Its key is
       folded off the batch key, so the batches (and every result without
       augmentation) are those of a run without it.
-    lr_scale: optional ``ctx -> scalar``: the optimizer's updates are
-      multiplied by it, which scales the learning rate of SGD (with or
-      without momentum and weight decay) and Adam(W) exactly.
-    loss: optional ``(params, batch_stats, xb, yb, ctx) -> (loss,
-      (new_batch_stats, accuracy))`` replacing ``task.loss`` (in training
-      mode) on every batch; ``regularizer`` is still added.
+    lr_decay: ``gamma``: round ``t`` (1-based) trains at the optimizer's
+      learning rate times ``gamma**(t - 1)`` (FedFTG's
+      ``lr * lr_decay_per_round**i``; DisUE Sec. 5.1: 0.998). ``1.0``
+      (default): off, and states and results are exactly those without it.
+      The algorithm counts the rounds and hands the factor to
+      :func:`make_local_update`'s ``lr_scale``.
     unroll: ``lax.scan`` unroll factor (``skip_padding=False`` only).
     skip_padding: stop each client's loop after its own ``num_steps``
       (``lax.while_loop``) instead of computing and masking ``max_steps``
       steps (``lax.scan``); the results are the same.
+
+  Raises:
+    ValueError: ``batch_size`` or ``max_steps`` below 1, or ``lr_decay``
+      not a positive finite number.
+  """
+  task: Classifier
+  optimizer: optax.GradientTransformation
+  batch_size: int
+  max_steps: int
+  mapper: ClientMapper = ClientMapper()
+  augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+  lr_decay: float = 1.0
+  unroll: int = 1
+  skip_padding: bool = True
+
+  def __post_init__(self):
+    if self.max_steps < 1:
+      raise ValueError(f"max_steps must be >= 1, got {self.max_steps}.")
+    if self.batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {self.batch_size}.")
+    if not (self.lr_decay > 0 and math.isfinite(self.lr_decay)):
+      raise ValueError(f"lr_decay must be a positive finite number, got "
+                       f"{self.lr_decay}.")
+
+  @property
+  def decays(self) -> bool:
+    """Whether the learning rate changes over rounds (``lr_decay != 1``)."""
+    return self.lr_decay != 1.0
+
+
+def make_local_update(
+    training: LocalTraining,
+    *,
+    regularizer: Callable[[PyTree, PyTree], jax.Array] | None = None,
+    grad_correction: Callable[[PyTree, PyTree], PyTree] | None = None,
+    lr_scale: Callable[[PyTree], jax.Array] | None = None,
+    loss: Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
+    | None = None,
+) -> LocalUpdate:
+  """Builds ``run(params, batch_stats, opt_state, x, y, n, num_steps, key, ctx)``.
+
+  Args:
+    training: the clients' local training (:class:`LocalTraining`).
+    regularizer: optional ``(params, ctx) -> scalar`` added to the loss.
+    grad_correction: optional ``(grads, ctx) -> grads``.
+    lr_scale: ``ctx -> scalar``: the optimizer's updates are multiplied by
+      it, which scales the learning rate of SGD (with or without momentum
+      and weight decay) and Adam(W) exactly. Required when
+      ``training.lr_decay != 1`` (where in ``ctx`` the algorithm keeps the
+      round's factor); without a decay, optional.
+    loss: optional ``(params, batch_stats, xb, yb, ctx) -> (loss,
+      (new_batch_stats, accuracy))`` replacing ``task.loss`` (in training
+      mode) on every batch; ``regularizer`` is still added.
 
   Returns:
     A :class:`LocalUpdate` whose ``run`` takes, for one client, ``params``,
@@ -160,11 +216,19 @@ def make_local_update(
     call (step ``t`` draws its batch from ``fold_in(key, t)``), so a long
     local training can be checkpointed between spans. ``loss``, ``accuracy``
     and ``steps`` then cover the span.
+
+  Raises:
+    ValueError: ``training.lr_decay != 1`` without ``lr_scale`` (an
+      algorithm that does not count rounds cannot decay its rate).
   """
-  if max_steps < 1:
-    raise ValueError(f"max_steps must be >= 1, got {max_steps}.")
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+  if training.decays and lr_scale is None:
+    raise ValueError(f"lr_decay={training.lr_decay}: this algorithm's clients "
+                     "train at a constant rate; set lr_decay to 1.0 "
+                     "(--config.client.lr_decay=1.0).")
+  task, optimizer = training.task, training.optimizer
+  batch_size, max_steps = training.batch_size, training.max_steps
+  augment, unroll = training.augment, training.unroll
+  skip_padding = training.skip_padding
 
   if loss is None:
     batch_loss = lambda p, s, xb, yb, ctx: task.loss(p, s, xb, yb, train=True)

@@ -43,7 +43,7 @@ from fedjax_dd.core.algorithm import (ExperimentState, FederatedAlgorithm,
                                       deployed)
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.evaluate import batched, evaluate_sums
-from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.local import LocalTraining, make_local_update
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import ClientData
@@ -143,9 +143,9 @@ def make_personal_evaluator(
   # padding and past each client's count.
   xs, ys, masks = batched(
       test.x, test.y, max(1, min(int(batch_size), test.y.shape[1])), counts)
-  local = (make_local_update(task, finetune_optimizer,
-                             batch_size=finetune_batch_size, max_steps=steps)
-           if steps else None)
+  local = (make_local_update(LocalTraining(
+      task, finetune_optimizer, batch_size=finetune_batch_size,
+      max_steps=steps)) if steps else None)
 
   def one_client(models, stats, pick, xs, ys, ms, x, y, n, key):
     params = tree_map(lambda m: m[pick], models)

@@ -29,7 +29,7 @@ import optax
 from fedjax_dd.core.algorithm import Cohort
 from fedjax_dd.core import keys
 from fedjax_dd.core.clients import ClientMapper, client_stage
-from fedjax_dd.core.local import LocalResult, make_local_update
+from fedjax_dd.core.local import LocalResult, LocalTraining, make_local_update
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import ClientData
@@ -72,8 +72,8 @@ def pretrain_clients(task: Classifier, params: PyTree, batch_stats: PyTree,
   validate.step_counts("num_steps", num_steps, data.num_clients)
   num_steps = jnp.asarray(num_steps, jnp.int32)
   max_steps = max(int(jax.device_get(jnp.max(num_steps))), 1)
-  local = make_local_update(task, optimizer, batch_size=batch_size,
-                            max_steps=max_steps)
+  local = make_local_update(LocalTraining(
+      task, optimizer, batch_size=batch_size, max_steps=max_steps))
   train = client_stage(local, mapper)
   n = data.num_clients
   ids = jnp.arange(n)

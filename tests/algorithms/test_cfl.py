@@ -11,6 +11,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.evaluate import make_evaluator
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.data.stacked import ClientData
 from tests.algorithms import kill_resume
 from tests.conftest import rounds_compile_nothing, tiny_task
@@ -69,10 +70,12 @@ def _two_groups(seed=0):
   return ClientData(x=x, y=y, num_examples=np.full(2 * GROUP, N, np.int32))
 
 
-def _alg(task, **kw):
+def _alg(task, lr_decay=1.0, **kw):
   kw = {"eps1": 100.0, "eps2": 0.0, "warmup": 1, "max_clusters": 2, **kw}
-  return cfl_lib.cfl(task, optax.sgd(0.5), batch_size=6, max_steps=2,
-                     mapper=ClientMapper(backend="vmap"), **kw)
+  training = LocalTraining(task, optax.sgd(0.5), batch_size=6, max_steps=2,
+                           mapper=ClientMapper(backend="vmap"),
+                           lr_decay=lr_decay)
+  return cfl_lib.cfl(training, **kw)
 
 
 def _state(alg, task):

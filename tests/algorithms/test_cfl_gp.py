@@ -11,6 +11,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.evaluate import make_evaluator
+from fedjax_dd.core.local import LocalTraining
 from tests.algorithms import kill_resume
 from tests.algorithms.test_cfl import GROUP, _two_groups
 from tests.conftest import rounds_compile_nothing, tiny_task
@@ -50,12 +51,13 @@ def test_align_keeps_the_old_ids():
       [1, 0, 0])
 
 
-def _alg(task, **kw):
+def _alg(task, lr_decay=1.0, **kw):
   kw = {"num_clusters": 2, "period": 1, "stop_round": 0, "compression": 1,
         **kw}
-  return cfl_gp_lib.cfl_gp(task, optax.sgd(0.5), batch_size=6, max_steps=2,
-                           subset_key=jax.random.PRNGKey(7),
-                           mapper=ClientMapper(backend="vmap"), **kw)
+  training = LocalTraining(task, optax.sgd(0.5), batch_size=6, max_steps=2,
+                           mapper=ClientMapper(backend="vmap"),
+                           lr_decay=lr_decay)
+  return cfl_gp_lib.cfl_gp(training, subset_key=jax.random.PRNGKey(7), **kw)
 
 
 def _state(alg, task):

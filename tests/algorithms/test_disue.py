@@ -16,7 +16,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.evaluate import make_evaluator
-from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.local import LocalTraining, steps_for
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import iga as iga_lib
 from fedjax_dd.models.cgenerator import CGeneratorA
@@ -52,10 +52,10 @@ def _disue(task, *, grouping=None, use_iga=True, hparams=HP, **kwargs):
   num_steps = steps_for(jnp.full((6,), 10), 5, epochs=1)
   loop = (iga_lib.make_iga(task, GEN, hparams=hparams,
                            num_teachers_max=COHORT) if use_iga else None)
-  alg = disue(task, optax.sgd(0.1), batch_size=5,
-              max_steps=int(jnp.max(num_steps)), iga=loop,
-              generator_key=jax.random.PRNGKey(5), grouping=grouping,
-              **kwargs)
+  alg = disue(LocalTraining(task, optax.sgd(0.1), batch_size=5,
+                            max_steps=int(jnp.max(num_steps))),
+              iga=loop, generator_key=jax.random.PRNGKey(5),
+              grouping=grouping, **kwargs)
   return alg, num_steps
 
 
@@ -174,8 +174,8 @@ def test_fedftg_and_datafree_feddf_run_with_clients_as_teachers():
   for hparams in (HP, feddf_hparams(HP)):
     loop = iga_lib.make_iga(task, GEN, hparams=hparams,
                             num_teachers_max=COHORT)
-    alg = fedftg(task, optax.sgd(0.1), batch_size=5,
-                 max_steps=int(jnp.max(num_steps)), iga=loop,
+    alg = fedftg(LocalTraining(task, optax.sgd(0.1), batch_size=5,
+                               max_steps=int(jnp.max(num_steps))), iga=loop,
                  generator_key=jax.random.PRNGKey(5))
     state, _, rows = _run(alg, task, rounds=1)
     assert rows[0]["num_clusters"] == COHORT
@@ -188,8 +188,8 @@ def test_iga_without_generator_key_is_refused():
   task = tiny_task(bn=True)
   loop = iga_lib.make_iga(task, GEN, hparams=HP, num_teachers_max=COHORT)
   with pytest.raises(ValueError, match="generator_key"):
-    disue(task, optax.sgd(0.1), batch_size=5, max_steps=2, iga=loop,
-          generator_key=None)
+    disue(LocalTraining(task, optax.sgd(0.1), batch_size=5, max_steps=2),
+          iga=loop, generator_key=None)
 
 
 def test_lr_decay_and_augmentation_match_fedavg_without_iga():
@@ -199,11 +199,12 @@ def test_lr_decay_and_augmentation_match_fedavg_without_iga():
   from fedjax_dd.core.local import flip_and_crop
   task = tiny_task(bn=True)
   num_steps = steps_for(jnp.full((6,), 10), 5, epochs=1)
-  kw = dict(batch_size=5, max_steps=int(jnp.max(num_steps)),
-            augment=flip_and_crop(1), lr_decay=0.5)
+  training = LocalTraining(task, optax.sgd(0.1), batch_size=5,
+                           max_steps=int(jnp.max(num_steps)),
+                           augment=flip_and_crop(1), lr_decay=0.5)
   ours = clustered.clustered_distillation(
-      task, optax.sgd(0.1), grouping=clustered.one_group, iga=None, **kw)
-  theirs = fedavg(task, optax.sgd(0.1), **kw)
+      training, grouping=clustered.one_group, iga=None)
+  theirs = fedavg(training)
   a, _, _ = _run(ours, task, rounds=2)
   b, _, _ = _run(theirs, task, rounds=2)
   assert int(a.server.extra["round"]) == int(b.server.extra["round"]) == 2
@@ -272,8 +273,8 @@ def test_disue_killed_at_every_round_boundary_and_mid_iga_resumes_bit_identicall
         plan.tick("iga")
       return loop.round(*args)
 
-    alg = disue(task, optax.sgd(0.1), batch_size=5,
-                max_steps=int(jnp.max(num_steps)),
+    alg = disue(LocalTraining(task, optax.sgd(0.1), batch_size=5,
+                              max_steps=int(jnp.max(num_steps))),
                 iga=loop._replace(round=iga_round),
                 generator_key=jax.random.PRNGKey(5))
 

@@ -13,7 +13,7 @@ from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
-from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.local import LocalTraining, steps_for
 from fedjax_dd.data.stacked import ClientData
 from tests.conftest import rounds_compile_nothing, synthetic_clients, tiny_task
 
@@ -41,8 +41,9 @@ def _state(alg, task):
 
 def _build(task, data, hparams=HP):
   num_steps = steps_for(data.num_examples, BATCH, epochs=1)
-  alg = dynafed(task, optax.sgd(0.1), batch_size=BATCH,
-                max_steps=int(jnp.max(num_steps)), hparams=hparams)
+  alg = dynafed(LocalTraining(task, optax.sgd(0.1), batch_size=BATCH,
+                              max_steps=int(jnp.max(num_steps))),
+                hparams=hparams)
   return alg, num_steps
 
 
@@ -102,8 +103,8 @@ def test_rounds_follow_fedavg_then_synthesis_then_fine_tuning(built):
   (its matching loss falls); rounds 3-4 fine-tune; the ledger is FedAvg's."""
   task, data, alg, num_steps = built
   states, ledger, rows = _per_round(alg, task, data, num_steps, 4)
-  fa = fedavg(task, optax.sgd(0.1), batch_size=BATCH,
-              max_steps=int(jnp.max(num_steps)))
+  fa = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=BATCH,
+                            max_steps=int(jnp.max(num_steps))))
   fa_states, fa_ledger, _ = _per_round(fa, task, data, num_steps, 4)
 
   leaves = lambda s: jax.tree_util.tree_leaves(s.server.params)

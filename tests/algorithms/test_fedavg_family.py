@@ -13,7 +13,7 @@ from fedjax_dd.algorithms.scaffold import scaffold
 from fedjax_dd.core.keys import client_keys
 from fedjax_dd.core.algorithm import Cohort
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.local import LocalTraining, make_local_update
 from tests.conftest import synthetic_clients, tiny_task
 
 LR = 0.1
@@ -30,8 +30,8 @@ def _cohort(num_steps=(3, 3, 3, 3)):
 def _reference_client_params(task, params, stats, cohort, key, max_steps,
                              grad_correction=None, ctxs=None):
   """Each client's local result computed one by one, without the engine."""
-  local = make_local_update(task, optax.sgd(LR), batch_size=B,
-                            max_steps=max_steps,
+  local = make_local_update(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                          max_steps=max_steps),
                             grad_correction=grad_correction)
   keys = client_keys(key, cohort.client_ids)
   out = []
@@ -55,8 +55,9 @@ def test_fedavg_is_example_weighted_mean(backend):
   cohort = _cohort(num_steps=(2, 3, 4, 1))
   key = jax.random.PRNGKey(5)
   params, stats = task.init(jax.random.PRNGKey(0))
-  alg = fedavg(task, optax.sgd(LR), batch_size=B, max_steps=4,
-               mapper=ClientMapper(backend=backend, chunk_size=3))
+  alg = fedavg(LocalTraining(task, optax.sgd(LR), batch_size=B, max_steps=4,
+                             mapper=ClientMapper(backend=backend,
+                                                 chunk_size=3)))
   server, _ = alg.init(params, stats, 4)
   new_server, _, metrics = alg.apply(server, {}, cohort, key)
   refs = _reference_client_params(task, params, stats, cohort, key, 4)
@@ -74,9 +75,12 @@ def test_fedprox_mu_zero_equals_fedavg_and_mu_pulls_towards_server():
   params, stats = task.init(jax.random.PRNGKey(0))
   runs = {}
   for name, alg in {
-      "fedavg": fedavg(task, optax.sgd(LR), batch_size=B, max_steps=3),
-      "prox0": fedprox(task, optax.sgd(LR), mu=0.0, batch_size=B, max_steps=3),
-      "prox": fedprox(task, optax.sgd(LR), mu=5.0, batch_size=B, max_steps=3),
+      "fedavg": fedavg(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                     max_steps=3)),
+      "prox0": fedprox(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                     max_steps=3), mu=0.0),
+      "prox": fedprox(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                    max_steps=3), mu=5.0),
   }.items():
     server, _ = alg.init(params, stats, 4)
     runs[name] = alg.apply(server, {}, cohort, key)[0].params
@@ -85,7 +89,8 @@ def test_fedprox_mu_zero_equals_fedavg_and_mu_pulls_towards_server():
       jax.tree_util.tree_leaves(p), jax.tree_util.tree_leaves(params)))
   assert dist(runs["prox"]) < dist(runs["fedavg"])
   with pytest.raises(ValueError):
-    fedprox(task, optax.sgd(LR), mu=-1.0, batch_size=B, max_steps=3)
+    fedprox(LocalTraining(task, optax.sgd(LR), batch_size=B, max_steps=3),
+            mu=-1.0)
 
 
 def test_fednova_equal_steps_equals_fedavg_and_normaliser():
@@ -94,8 +99,10 @@ def test_fednova_equal_steps_equals_fedavg_and_normaliser():
   key = jax.random.PRNGKey(4)
   params, stats = task.init(jax.random.PRNGKey(0))
   out = {}
-  for name, alg in {"avg": fedavg(task, optax.sgd(LR), batch_size=B, max_steps=3),
-                    "nova": fednova(task, optax.sgd(LR), batch_size=B, max_steps=3)}.items():
+  for name, alg in {"avg": fedavg(LocalTraining(task, optax.sgd(LR),
+                                                batch_size=B, max_steps=3)),
+                    "nova": fednova(LocalTraining(task, optax.sgd(LR),
+                                                  batch_size=B, max_steps=3))}.items():
     server, _ = alg.init(params, stats, 4)
     out[name] = alg.apply(server, {}, cohort, key)[0].params
   _allclose(out["nova"], out["avg"], rtol=1e-5, atol=1e-6)
@@ -109,7 +116,7 @@ def test_fednova_unequal_steps_rule():
   cohort = _cohort(num_steps=(1, 2, 4, 2))
   key = jax.random.PRNGKey(6)
   params, stats = task.init(jax.random.PRNGKey(0))
-  alg = fednova(task, optax.sgd(LR), batch_size=B, max_steps=4)
+  alg = fednova(LocalTraining(task, optax.sgd(LR), batch_size=B, max_steps=4))
   server, _ = alg.init(params, stats, 4)
   new = alg.apply(server, {}, cohort, key)[0].params
   refs = _reference_client_params(task, params, stats, cohort, key, 4)
@@ -128,7 +135,8 @@ def test_scaffold_variates_follow_option_two():
   cohort = _cohort(num_steps=(2, 3, 1, 2))
   key = jax.random.PRNGKey(9)
   params, stats = task.init(jax.random.PRNGKey(0))
-  alg = scaffold(task, learning_rate=LR, batch_size=B, max_steps=3)
+  alg = scaffold(LocalTraining(task, optax.sgd(LR), batch_size=B, max_steps=3),
+                 learning_rate=LR)
   server, clients = alg.init(params, stats, 8)  # 8 clients, 4 sampled
   sampled = jax.tree_util.tree_map(lambda a: a[:4], clients)
   new_server, new_clients, _ = alg.apply(server, sampled, cohort, key)
@@ -159,13 +167,15 @@ def test_scaffold_local_optimizer_clips_the_corrected_gradient():
   params, stats = task.init(jax.random.PRNGKey(0))
   chain = optax.chain(optax.clip_by_global_norm(1e-3),
                       optax.add_decayed_weights(1e-3), optax.sgd(LR))
-  alg = scaffold(task, learning_rate=LR, batch_size=B, max_steps=3,
-                 optimizer=chain)
-  plain = scaffold(task, learning_rate=LR, batch_size=B, max_steps=3)
+  alg = scaffold(LocalTraining(task, chain, batch_size=B, max_steps=3),
+                 learning_rate=LR)
+  plain = scaffold(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                 max_steps=3), learning_rate=LR)
   server, clients = alg.init(params, stats, 4)
   got, got_clients, _ = alg.apply(server, clients, cohort, key)
   bare, _, _ = plain.apply(server, clients, cohort, key)
-  local = make_local_update(task, chain, batch_size=B, max_steps=3)
+  local = make_local_update(LocalTraining(task, chain, batch_size=B,
+                                          max_steps=3))
   keys = client_keys(key, cohort.client_ids)
   refs = [local.run(params, stats, chain.init(params), cohort.x[i],
                     cohort.y[i], cohort.num_examples[i], cohort.num_steps[i],
@@ -196,10 +206,10 @@ def test_centralized_equals_one_local_run_with_persistent_optimizer(bn):
                   num_steps=jnp.asarray([3], jnp.int32),
                   client_ids=jnp.arange(1))
   opt = optax.sgd(LR, momentum=0.9)
-  alg = centralized(task, opt, batch_size=B, max_steps=3)
+  alg = centralized(LocalTraining(task, opt, batch_size=B, max_steps=3))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, clients = alg.init(params, stats, 1)
-  local = make_local_update(task, opt, batch_size=B, max_steps=3)
+  local = make_local_update(LocalTraining(task, opt, batch_size=B, max_steps=3))
   p, s, o = params, stats, opt.init(params)
   for r in range(2):  # the momentum buffer carries over to the second epoch
     key = jax.random.PRNGKey(10 + r)

@@ -12,7 +12,7 @@ from fedjax_dd.algorithms import stages
 from fedjax_dd.algorithms.feddf import feddf
 from fedjax_dd.algorithms.one_shot import local_stage
 from fedjax_dd.core.algorithm import Cohort, Teachers
-from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.local import LocalTraining, steps_for
 from fedjax_dd.distill import ensemble
 from tests.conftest import synthetic_clients, tiny_task
 
@@ -22,8 +22,8 @@ def test_feddf_raises_agreement_with_the_ensemble(caplog):
   x, y, n = synthetic_clients()
   num_steps = steps_for(jnp.asarray(n), 4, epochs=5)
   params, stats = task.init(jax.random.PRNGKey(0))
-  train = local_stage(task, optax.sgd(0.2), batch_size=4,
-                      max_steps=int(jnp.max(num_steps)))
+  train = local_stage(LocalTraining(task, optax.sgd(0.2), batch_size=4,
+                                    max_steps=int(jnp.max(num_steps))))
   result = train(params, stats, Cohort(jnp.asarray(x), jnp.asarray(y),
                                        jnp.asarray(n), num_steps, jnp.arange(4)),
                  jax.random.PRNGKey(1))

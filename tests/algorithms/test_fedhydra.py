@@ -15,7 +15,7 @@ from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.local import LocalTraining, steps_for
 from fedjax_dd.algorithms import stages
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import ensemble
@@ -207,14 +207,16 @@ def test_local_stage_equals_one_shot_fedavg():
   params, stats = task.init(jax.random.PRNGKey(0))
   run_key = jax.random.PRNGKey(1)
   # One-shot FedAvg: one FedAvg round of every client through the rounds loop.
-  alg = fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=max_steps)
+  alg = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                             max_steps=max_steps))
   server, clients = alg.init(params, stats, 4)
   state = ExperimentState(server, clients, run_key, jnp.asarray(0, jnp.int32))
   opts = rounds_lib.RoundsOptions(num_rounds=1, clients_per_round=4,
                                   progress=False)
   state, _, _ = rounds_lib.run_rounds(alg, state, data, num_steps, opts)
   # The same clients through FedHydra's local stage, averaged.
-  train = local_stage(task, optax.sgd(0.1), batch_size=4, max_steps=max_steps)
+  train = local_stage(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                                    max_steps=max_steps))
   _, train_key = jax.random.split(jax.random.fold_in(run_key, 1))
   cohort = Cohort(data.x, data.y, data.num_examples, num_steps, jnp.arange(4))
   result = train(params, stats, cohort, train_key)

@@ -13,7 +13,7 @@ from fedjax_dd.core.keys import client_keys
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
-from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.local import LocalTraining, make_local_update
 from fedjax_dd.data.stacked import ClientData
 from tests.conftest import synthetic_clients, tiny_task
 
@@ -38,7 +38,8 @@ def test_group_data_shapes_and_padding():
 
 
 def _reference_ring(task, params, stats, x, y, n, steps, key, order):
-  local = make_local_update(task, optax.sgd(LR), batch_size=B, max_steps=MAX)
+  local = make_local_update(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                          max_steps=MAX))
   run = jax.jit(local.run)
   for i in order:
     res = run(params, stats, local.optimizer.init(params), jnp.asarray(x[i]),
@@ -56,8 +57,8 @@ def test_rounds_match_sequential_reference_and_ring_rotates():
   task = tiny_task()
   (g, steps, _), _ = _grouped()
   params, stats = task.init(jax.random.PRNGKey(0))
-  alg = fedseq.fedseq(task, optax.sgd(LR), batch_size=B, max_steps=MAX,
-                      group_size=2)
+  alg = fedseq.fedseq(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                    max_steps=MAX), group_size=2)
   server, clients = alg.init(params, stats, 2)
   state = ExperimentState(server=server, clients=clients,
                           key=jax.random.PRNGKey(3), round=jnp.asarray(0))
@@ -87,8 +88,8 @@ def test_padding_member_leaves_model_unchanged():
   task = tiny_task()
   (g, steps, _), (x, y, n) = _grouped(groups=((1,), (3, 0)))
   params, stats = task.init(jax.random.PRNGKey(0))
-  alg = fedseq.fedseq(task, optax.sgd(LR), batch_size=B, max_steps=MAX,
-                      group_size=2)
+  alg = fedseq.fedseq(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                    max_steps=MAX), group_size=2)
   server, _ = alg.init(params, stats, 2)
   cohort = Cohort(x=jnp.asarray(g.x[:1]), y=jnp.asarray(g.y[:1]),
                   num_examples=jnp.asarray(g.num_examples[:1]),
@@ -126,8 +127,9 @@ def test_ledger_counts_eq19_or_physical_handoffs(traffic, transfers):
   task = tiny_task()
   (g, steps, _), _ = _grouped()
   params, stats = task.init(jax.random.PRNGKey(0))
-  alg = fedseq.fedseq(task, optax.sgd(LR), batch_size=B, max_steps=MAX,
-                      group_size=2, traffic=traffic)
+  alg = fedseq.fedseq(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                    max_steps=MAX), group_size=2,
+                      traffic=traffic)
   assert alg.comm.upload == 1 + transfers and alg.comm.download == 1
   server, clients = alg.init(params, stats, 2)
   state = ExperimentState(server=server, clients=clients,
@@ -155,8 +157,8 @@ def test_eq19_ledger_and_no_recompilation():
   task = dataclasses.replace(task, preprocess=preprocess)
   (g, steps, _), _ = _grouped()
   params, stats = task.init(jax.random.PRNGKey(0))
-  alg = fedseq.fedseq(task, optax.sgd(LR), batch_size=B, max_steps=MAX,
-                      group_size=2)
+  alg = fedseq.fedseq(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                    max_steps=MAX), group_size=2)
   server, clients = alg.init(params, stats, 2)
   state = ExperimentState(server=server, clients=clients,
                           key=jax.random.PRNGKey(1), round=jnp.asarray(0))

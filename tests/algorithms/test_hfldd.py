@@ -16,7 +16,7 @@ from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.local import LocalTraining, steps_for
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
@@ -284,8 +284,9 @@ def test_head_training_on_one_hot_targets_equals_fedavg_on_labels():
                   num_steps=steps, client_ids=jnp.arange(4))
   soft_cohort = cohort.replace(y=jax.nn.one_hot(cohort.y, 3))
   key = jax.random.PRNGKey(9)
-  ref = fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=3)
-  alg = hfldd.head_training(task, optax.sgd(0.1), batch_size=4, max_steps=3)
+  ref = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=3))
+  alg = hfldd.head_training(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                                          max_steps=3))
   s_ref, _, _ = ref.apply(ref.init(params, stats, 4)[0], {}, cohort, key)
   s_new, _, m = alg.apply(alg.init(params, stats, 4)[0], {}, soft_cohort, key)
   for a, b in zip(jax.tree_util.tree_leaves(s_new.params),
@@ -309,8 +310,8 @@ def test_eq18_ledger_through_the_rounds_loop_and_no_recompilation():
   ledger = hfldd.setup_ledger(TOPO, sent.counts, aux_size=10, num_classes=3,
                               pixels_per_sample=16)
   steps = steps_for(hyb.num_examples, 4, epochs=1.0)
-  alg = hfldd.head_training(task, optax.sgd(0.1), batch_size=4,
-                            max_steps=int(steps.max()))
+  alg = hfldd.head_training(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                                          max_steps=int(steps.max())))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, clients = alg.init(params, stats, 2)
   state = ExperimentState(server=server, clients=clients,

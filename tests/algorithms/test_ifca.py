@@ -11,6 +11,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.data.stacked import ClientData
 from tests.conftest import rounds_compile_nothing, tiny_task
 
@@ -39,10 +40,12 @@ def _cohort(x, y, steps=6):
                 client_ids=jnp.arange(c))
 
 
-def _alg(task, k=2, seed=0, **kw):
-  return ifca(task, optax.sgd(0.5), num_clusters=k,
-              init_key=jax.random.PRNGKey(10 + seed), batch_size=6,
-              max_steps=6, mapper=ClientMapper(backend="vmap"), **kw)
+def _alg(task, k=2, seed=0, lr_decay=1.0, **kw):
+  training = LocalTraining(task, optax.sgd(0.5), batch_size=6, max_steps=6,
+                           mapper=ClientMapper(backend="vmap"),
+                           lr_decay=lr_decay)
+  return ifca(training, num_clusters=k,
+              init_key=jax.random.PRNGKey(10 + seed), **kw)
 
 
 def _picks(task, server, x, y):

@@ -22,7 +22,7 @@ from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.keys import client_keys
-from fedjax_dd.core.local import make_local_update, steps_for
+from fedjax_dd.core.local import LocalTraining, make_local_update, steps_for
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import sources
@@ -140,7 +140,7 @@ def test_projection_width_is_a_build_option_and_a_prepare_option():
 
 def test_moon_needs_a_projection_model():
   with pytest.raises(ValueError, match="projection"):
-    moon(tiny_task(), optax.sgd(LR), batch_size=B, max_steps=1)
+    moon(LocalTraining(tiny_task(), optax.sgd(LR), batch_size=B, max_steps=1))
 
 
 def test_moon_round_one_equals_fedavg_and_stores_local_models():
@@ -150,17 +150,19 @@ def test_moon_round_one_equals_fedavg_and_stores_local_models():
   cohort = _cohort(num_steps=(2, 3, 1, 2))
   key = jax.random.PRNGKey(3)
   params, stats = task.init(jax.random.PRNGKey(0))
-  alg = moon(task, optax.sgd(LR), batch_size=B, max_steps=3, mu=1.0)
+  alg = moon(LocalTraining(task, optax.sgd(LR), batch_size=B, max_steps=3),
+             mu=1.0)
   server, clients = alg.init(params, stats, 6)
   assert jax.tree_util.tree_leaves(clients["prev"][0])[0].shape[0] == 6
   sampled = _row(clients, jnp.arange(4))
   new_server, new_clients, _ = alg.apply(server, sampled, cohort, key)
-  ref = fedavg(task, optax.sgd(LR), batch_size=B, max_steps=3)
+  ref = fedavg(LocalTraining(task, optax.sgd(LR), batch_size=B, max_steps=3))
   ref_server, _ = ref.init(params, stats, 6)
   ref_server, _, _ = ref.apply(ref_server, {}, cohort, key)
   _allclose(new_server.params, ref_server.params, rtol=1e-5, atol=1e-6)
   # The stored previous models are this round's local models.
-  local = make_local_update(task, optax.sgd(LR), batch_size=B, max_steps=3)
+  local = make_local_update(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                          max_steps=3))
   run = jax.jit(local.run)
   keys = client_keys(key, cohort.client_ids)
   for i in range(4):
@@ -184,8 +186,8 @@ def test_moon_step_is_sgd_on_cross_entropy_plus_mu_contrastive():
                   num_steps=jnp.array([1]), client_ids=jnp.array([0]))
   w_glob, _ = task.init(jax.random.PRNGKey(0))
   w_prev, _ = task.init(jax.random.PRNGKey(1))
-  alg = moon(task, optax.sgd(LR), batch_size=B, max_steps=1, mu=mu,
-             temperature=tau)
+  alg = moon(LocalTraining(task, optax.sgd(LR), batch_size=B, max_steps=1),
+             mu=mu, temperature=tau)
   server, _ = alg.init(w_glob, {}, 1)
   clients = {"prev": (tree_map(lambda a: a[None], w_prev), {})}
   _, new_clients, _ = alg.apply(server, clients, cohort, jax.random.PRNGKey(2))
@@ -222,7 +224,7 @@ def test_moon_and_feddyn_client_state_bytes():
   n_moon = ledger_lib.num_params(params)
   assert n_moon == 44_426 - (84 * 10 + 10) + (84 * 84 + 84) + (84 * 256 + 256) \
       + (256 * 10 + 10)  # 75,046
-  alg = moon(task, optax.sgd(LR), batch_size=B, max_steps=1)
+  alg = moon(LocalTraining(task, optax.sgd(LR), batch_size=B, max_steps=1))
   for n in (100, 10_000):
     assert client_state_bytes(alg, params, {}, n) == n * n_moon * 4
   base = models.get_model("lenet5")
@@ -230,7 +232,7 @@ def test_moon_and_feddyn_client_state_bytes():
                     preprocess=lambda x: x.astype(jnp.float32),
                     num_classes=10)
   params = jax.eval_shape(lambda k: task.init(k)[0], jax.random.PRNGKey(0))
-  alg = feddyn(task, optax.sgd(LR), batch_size=B, max_steps=1)
+  alg = feddyn(LocalTraining(task, optax.sgd(LR), batch_size=B, max_steps=1))
   for n in (100, 10_000):
     assert client_state_bytes(alg, params, {}, n) == n * 44_426 * 4
 
@@ -254,13 +256,15 @@ def test_feddyn_rounds_follow_algorithm_one():
   alpha = 0.5
   cohort = _cohort(num_steps=(2, 3, 1, 2))
   params, stats = task.init(jax.random.PRNGKey(0))
-  alg = feddyn(task, optax.sgd(LR), batch_size=B, max_steps=3, alpha=alpha)
+  alg = feddyn(LocalTraining(task, optax.sgd(LR), batch_size=B, max_steps=3),
+               alpha=alpha)
   server, clients = alg.init(params, stats, 8)  # 8 clients, 4 sampled
   sampled = _row(clients, jnp.arange(4))
   key = jax.random.PRNGKey(9)
   s1, c1, _ = alg.apply(server, sampled, cohort, key)
   # Round 1: ∇L_k = 0, so the client loss is FedProx's with μ = α.
-  local = make_local_update(task, optax.sgd(LR), batch_size=B, max_steps=3,
+  local = make_local_update(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                          max_steps=3),
                             regularizer=proximal_term(alpha))
   keys = client_keys(key, cohort.client_ids)
   run = jax.jit(local.run)
@@ -283,8 +287,8 @@ def test_feddyn_rounds_follow_algorithm_one():
   s2, c2, _ = alg.apply(s1, c1, cohort, jax.random.PRNGKey(10))
   keys = client_keys(jax.random.PRNGKey(10), cohort.client_ids)
   reg = dynamic_regularizer(alpha)
-  local = make_local_update(task, optax.sgd(LR), batch_size=B, max_steps=3,
-                            regularizer=reg)
+  local = make_local_update(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                                          max_steps=3), regularizer=reg)
   run = jax.jit(local.run)
   for i in range(4):
     g = _row(c1["grad"], i)
@@ -299,7 +303,8 @@ def test_feddyn_rounds_follow_algorithm_one():
 
 def test_feddyn_rejects_bad_alpha():
   with pytest.raises(ValueError, match="alpha"):
-    feddyn(tiny_task(), optax.sgd(LR), batch_size=B, max_steps=1, alpha=0.0)
+    feddyn(LocalTraining(tiny_task(), optax.sgd(LR), batch_size=B, max_steps=1),
+           alpha=0.0)
 
 
 # ----------------------------------------------------------------------------
@@ -314,8 +319,8 @@ def _setup(name, bn=False, lr_decay=1.0):
   num_steps = steps_for(data.num_examples, B, epochs=1)
   max_steps = int(jnp.max(num_steps))
   build = moon if name == "moon" else feddyn
-  alg = build(task, optax.sgd(LR), batch_size=B, max_steps=max_steps,
-              lr_decay=lr_decay)
+  alg = build(LocalTraining(task, optax.sgd(LR), batch_size=B,
+                            max_steps=max_steps, lr_decay=lr_decay))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, clients = alg.init(params, stats, 4)
   state = ExperimentState(server, clients, jax.random.PRNGKey(1),

@@ -7,7 +7,7 @@ import optax
 
 from fedjax_dd.algorithms import one_shot
 from fedjax_dd.core.algorithm import Cohort
-from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.local import LocalTraining, steps_for
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import ensemble
 from tests.conftest import synthetic_clients, tiny_task
@@ -37,7 +37,9 @@ def test_independent_starts_are_each_clients_own_init():
 def _stage(task, num_steps, independent_init):
   groups = (ensemble.TeacherGroup(task=task, input_fn=lambda x: x,
                                   client_ids=(0, 1, 2, 3)),)
-  return one_shot.client_stage(groups, optax.sgd(0.1), batch_size=4,
+  return one_shot.client_stage(groups,
+                               LocalTraining(task, optax.sgd(0.1),
+                                             batch_size=4, max_steps=1),
                                num_steps=num_steps,
                                independent_init=independent_init)
 
@@ -61,8 +63,9 @@ def test_client_stage_starts_each_client_from_its_own_init():
   num_steps = steps_for(data.num_examples, 4, epochs=2)
   key = jax.random.PRNGKey(1)
   teachers = _stage(task, num_steps, init_key)((start,), data, key)
-  solo_train = one_shot.local_stage(task, optax.sgd(0.1), batch_size=4,
-                                    max_steps=int(num_steps[2]),
+  solo_train = one_shot.local_stage(LocalTraining(task, optax.sgd(0.1),
+                                                  batch_size=4,
+                                                  max_steps=int(num_steps[2])),
                                     per_client_start=True)
   ids = jnp.array([2])
   solo = solo_train(*one_shot.independent_starts(task, init_key, ids),

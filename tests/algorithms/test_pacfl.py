@@ -12,6 +12,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.evaluate import make_evaluator
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import iga as iga_lib
 from fedjax_dd.models.cgenerator import CGeneratorA
@@ -57,10 +58,11 @@ def test_clusters_from_orthogonal_subspaces_and_signature_traffic():
   np.testing.assert_array_equal(fixed.labels, c.labels)
 
 
-def _alg(task, clusters, iga=None, **kw):
-  return pacfl_lib.pacfl(task, optax.sgd(0.5), clusters=clusters,
-                         batch_size=3, max_steps=3,
-                         mapper=ClientMapper(backend="vmap"), iga=iga,
+def _alg(task, clusters, iga=None, lr_decay=1.0, **kw):
+  training = LocalTraining(task, optax.sgd(0.5), batch_size=3, max_steps=3,
+                           mapper=ClientMapper(backend="vmap"),
+                           lr_decay=lr_decay)
+  return pacfl_lib.pacfl(training, clusters=clusters, iga=iga,
                          generator_key=jax.random.PRNGKey(5), **kw)
 
 

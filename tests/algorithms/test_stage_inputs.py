@@ -6,15 +6,21 @@ import optax
 import pytest
 
 from fedjax_dd.algorithms import one_shot
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import ensemble
 from tests.conftest import synthetic_clients, tiny_task
 
 
+def _training(task):
+  # The stage trains each group's task up to its clients' largest count.
+  return LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=1)
+
+
 def _stage():
   task = tiny_task()
   group = ensemble.TeacherGroup(task, lambda x: x, (0, 1, 2, 3))
-  stage = one_shot.client_stage([group], optax.sgd(0.1), batch_size=4,
+  stage = one_shot.client_stage([group], _training(task),
                                 num_steps=np.array([1, 1, 1, 1]))
   return task, stage
 
@@ -71,9 +77,9 @@ def test_one_shot_stage_refuses_bad_step_counts():
   group = ensemble.TeacherGroup(tiny_task(), lambda x: x, (0, 1))
   with pytest.raises(ValueError, match=r"^num_steps must be \[C\] = \[2\] "
                      r"integer step counts, got shape \(3,\)"):
-    one_shot.client_stage([group], optax.sgd(0.1), batch_size=4,
+    one_shot.client_stage([group], _training(group.task),
                           num_steps=np.array([1, 1, 1]))
   with pytest.raises(ValueError, match=r"^num_steps must be >= 0, got 1 "
                      r"negative \(-1\)\.$"):
-    one_shot.client_stage([group], optax.sgd(0.1), batch_size=4,
+    one_shot.client_stage([group], _training(group.task),
                           num_steps=np.array([1, -1]))

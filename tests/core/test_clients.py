@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_dd.core.clients import BACKENDS, ClientMapper, map_clients
+from fedjax_dd.core.local import LocalTraining
 
 
 def per_client(w, x, scale):
@@ -279,8 +280,8 @@ def test_client_stage_bucketing_and_skipped_padding_change_no_bits(backend,
   keys = jax.random.split(jax.random.PRNGKey(2), 5)
   outs = []
   for bucket, skip in ((False, False), (True, True), (True, False)):
-    local = make_local_update(task, optax.sgd(0.1), batch_size=4,
-                              max_steps=6, skip_padding=skip)
+    local = make_local_update(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                                            max_steps=6, skip_padding=skip))
     mapper = ClientMapper(backend=backend, chunk_size=chunk, bucket=bucket)
     train = client_stage(local, mapper)
     outs.append(train(params, stats, (), cohort, keys, jnp.zeros((5,))))
@@ -302,7 +303,8 @@ def test_bucketed_stage_compiles_once_whatever_the_order(caplog):
   from tests.conftest import synthetic_clients, tiny_task
   task = tiny_task()
   x, y, n = synthetic_clients()
-  local = make_local_update(task, optax.sgd(0.1), batch_size=4, max_steps=5)
+  local = make_local_update(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                                          max_steps=5))
   train = client_stage(local, ClientMapper(backend="chunked", chunk_size=2))
   params, stats = task.init(jax.random.PRNGKey(0))
   keys = jax.random.split(jax.random.PRNGKey(2), 4)

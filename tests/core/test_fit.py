@@ -88,8 +88,9 @@ def _setup():
   parts = fedjax_dd.iid(ds.y_train, 4, np.random.default_rng(0))
   data = stack_clients(ds.x_train, ds.y_train, parts)
   steps = fit_lib.local_steps(data, batch_size=3, epochs=1.0)
-  algo = fedjax_dd.fedavg(p.task, optax.sgd(0.1), batch_size=3,
-                          max_steps=int(steps.max()))
+  algo = fedjax_dd.fedavg(fedjax_dd.LocalTraining(p.task, optax.sgd(0.1),
+                                                  batch_size=3,
+                                                  max_steps=int(steps.max())))
   return p, data, steps, algo
 
 
@@ -195,8 +196,10 @@ def test_fit_refuses_to_resume_another_run_naming_the_difference(tmp_path):
   five = stack_clients(ds.x_train, ds.y_train,
                        fedjax_dd.iid(ds.y_train, 5, np.random.default_rng(0)))
   five_steps = fit_lib.local_steps(five, batch_size=3, epochs=1.0)
-  prox = fedjax_dd.fedprox(p.task, optax.sgd(0.5), mu=0.1, batch_size=3,
-                           max_steps=int(steps.max()))
+  prox = fedjax_dd.fedprox(fedjax_dd.LocalTraining(p.task, optax.sgd(0.5),
+                                                   batch_size=3,
+                                                   max_steps=int(steps.max())),
+                           mu=0.1)
   mixes = {
       # another seed
       "seed was 0, now 1": lambda: fit_lib.fit(
@@ -209,8 +212,9 @@ def test_fit_refuses_to_resume_another_run_naming_the_difference(tmp_path):
           prox, p, data, steps, rounds=2, seed=0, **kw),
       # another client count
       "data.num_examples was": lambda: fit_lib.fit(
-          fedjax_dd.fedavg(p.task, optax.sgd(0.1), batch_size=3,
-                           max_steps=int(five_steps.max())),
+          fedjax_dd.fedavg(fedjax_dd.LocalTraining(p.task, optax.sgd(0.1),
+                                                   batch_size=3,
+                                                   max_steps=int(five_steps.max()))),
           p, five, five_steps, rounds=2, seed=0, **kw),
   }
   for named, call in mixes.items():
@@ -287,7 +291,8 @@ def test_fit_refuses_fractions_large_seeds_and_clipped_steps():
   with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*32\)"):
     fit_lib.fit(algo, p, data, steps, rounds=1, seed=2**32, **kw)
   # max_steps 3 (ceil(6 / 3) = 2 steps, plus one) against 10x the steps.
-  short = fedjax_dd.fedavg(p.task, optax.sgd(0.1), batch_size=3, max_steps=3)
+  short = fedjax_dd.fedavg(fedjax_dd.LocalTraining(p.task, optax.sgd(0.1),
+                                                   batch_size=3, max_steps=3))
   with pytest.raises(ValueError, match="asks up to 30 local steps, but the "
                                        "algorithm's local update was built "
                                        "with max_steps=3"):

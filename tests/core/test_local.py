@@ -1,18 +1,24 @@
 """Local update: padding never matters, masked steps are no-ops, SGD is exact."""
 
+import dataclasses
+import re
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from fedjax_dd.core.local import make_local_update, steps_for
+from fedjax_dd.core.local import LocalTraining, make_local_update, steps_for
+from fedjax_dd.core.task import Classifier
 from tests.conftest import rounds_compile_nothing, synthetic_clients, tiny_task  # noqa: F401
 
 
 def _run(task, x, y, n, num_steps, max_steps, key, lr=0.1, skip_padding=True):
-  local = make_local_update(task, optax.sgd(lr), batch_size=4,
-                            max_steps=max_steps, skip_padding=skip_padding)
+  local = make_local_update(LocalTraining(task, optax.sgd(lr), batch_size=4,
+                                          max_steps=max_steps,
+                                          skip_padding=skip_padding))
   params, stats = task.init(jax.random.PRNGKey(0))
   return jax.jit(local.run)(params, stats, local.optimizer.init(params), x, y,
                             n, num_steps, key, ())
@@ -85,7 +91,8 @@ def test_steps_for():
   with pytest.raises(ValueError):
     steps_for(n, 64)
   with pytest.raises(ValueError):
-    make_local_update(tiny_task(), optax.sgd(0.1), batch_size=4, max_steps=0)
+    make_local_update(LocalTraining(tiny_task(), optax.sgd(0.1), batch_size=4,
+                                    max_steps=0))
 
 
 # ----------------------------------------------- augmentation and lr decay
@@ -96,9 +103,11 @@ def _leaves_equal(a, b):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
 
 
-def _run_with(task, x, y, n, key, ctx=(), lr=0.1, steps=3, **kw):
-  local = make_local_update(task, optax.sgd(lr), batch_size=4,
-                            max_steps=steps, **kw)
+def _run_with(task, x, y, n, key, ctx=(), lr=0.1, steps=3, augment=None,
+              **hooks):
+  local = make_local_update(LocalTraining(task, optax.sgd(lr), batch_size=4,
+                                          max_steps=steps, augment=augment),
+                            **hooks)
   params, stats = task.init(jax.random.PRNGKey(0))
   return jax.jit(local.run)(params, stats, local.optimizer.init(params), x, y,
                             n, steps, key, ctx)
@@ -172,10 +181,11 @@ def test_lr_decay_halves_round_two(name):
 
   def build(lr, decay=1.0):
     if name == "fedavg":
-      return fedavg(task, optax.sgd(lr), batch_size=4, max_steps=1,
-                    lr_decay=decay)
-    return scaffold(task, learning_rate=lr, batch_size=4, max_steps=1,
-                    lr_decay=decay)
+      return fedavg(LocalTraining(task, optax.sgd(lr), batch_size=4,
+                                  max_steps=1, lr_decay=decay))
+    return scaffold(LocalTraining(task, optax.sgd(lr), batch_size=4,
+                                  max_steps=1, lr_decay=decay),
+                    learning_rate=lr)
 
   task = tiny_task()
   cohort = _one_client_cohort()
@@ -210,8 +220,9 @@ def test_lr_decay_off_is_the_old_state_and_bit_identical():
   task = tiny_task()
   cohort = _one_client_cohort(steps=2)
   params, stats = task.init(jax.random.PRNGKey(0))
-  old = fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=2)
-  new = fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=2, lr_decay=1.0)
+  old = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=2))
+  new = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=2,
+                             lr_decay=1.0))
   so, _ = old.init(params, stats, 1)
   sn, _ = new.init(params, stats, 1)
   assert sn.extra == {}
@@ -219,7 +230,8 @@ def test_lr_decay_off_is_the_old_state_and_bit_identical():
   sn, _, mn = new.apply(sn, {}, cohort, jax.random.PRNGKey(3))
   _leaves_equal((so, mo), (sn, mn))
   with pytest.raises(ValueError, match="lr_decay"):
-    fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=2, lr_decay=0.0)
+    fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=2,
+                         lr_decay=0.0))
 
 
 def test_lr_decay_does_not_recompile_across_rounds(caplog):
@@ -231,9 +243,9 @@ def test_lr_decay_does_not_recompile_across_rounds(caplog):
   data = jax.device_put(ClientData(x=x, y=y, num_examples=n))
   num_steps = steps_for(data.num_examples, 4, epochs=1)
   from fedjax_dd.core.local import flip_and_crop
-  alg = fedavg(task, optax.sgd(0.1), batch_size=4,
-               max_steps=int(jnp.max(num_steps)), lr_decay=0.9,
-               augment=flip_and_crop(1))
+  alg = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                             max_steps=int(jnp.max(num_steps)),
+                             augment=flip_and_crop(1), lr_decay=0.9))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, clients = alg.init(params, stats, 4)
   state = ExperimentState(server, clients, jax.random.PRNGKey(1),
@@ -259,8 +271,9 @@ def test_skipped_padding_is_bit_identical_to_the_masked_scan(bn):
   params, stats = task.init(jax.random.PRNGKey(0))
   outs = {}
   for skip in (True, False):
-    local = make_local_update(task, optax.sgd(0.1, momentum=0.9),
-                              batch_size=4, max_steps=7, skip_padding=skip)
+    local = make_local_update(LocalTraining(task, optax.sgd(0.1, momentum=0.9),
+                                            batch_size=4, max_steps=7,
+                                            skip_padding=skip))
     one = lambda x, y, n, s, k: local.run(
         params, stats, local.optimizer.init(params), x, y, n, s, k, ())
     outs[skip] = (jax.jit(jax.vmap(one))(x, y, n, counts, keys),
@@ -290,9 +303,9 @@ def test_skipped_padding_runs_only_the_clients_steps():
 
   for skip, expected in ((True, 3), (False, 8)):
     calls.clear()
-    local = make_local_update(task, optax.sgd(0.1), batch_size=4,
-                              max_steps=8, regularizer=counting_loss,
-                              skip_padding=skip)
+    local = make_local_update(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                                            max_steps=8, skip_padding=skip),
+                              regularizer=counting_loss)
     params, stats = task.init(jax.random.PRNGKey(0))
     out = jax.jit(local.run)(params, stats, local.optimizer.init(params),
                              x[0], y[0], n[0], 3, jax.random.PRNGKey(1), ())
@@ -311,8 +324,9 @@ def test_spans_of_steps_are_one_call(skip):
   counts = np.asarray([2, 7, 0, 4], np.int32)
   keys = jax.random.split(jax.random.PRNGKey(5), 4)
   params, stats = task.init(jax.random.PRNGKey(0))
-  local = make_local_update(task, optax.sgd(0.1, momentum=0.9), batch_size=4,
-                            max_steps=7, skip_padding=skip)
+  local = make_local_update(LocalTraining(task, optax.sgd(0.1, momentum=0.9),
+                                          batch_size=4, max_steps=7,
+                                          skip_padding=skip))
   opt = local.optimizer.init(params)
   span = jax.jit(jax.vmap(
       lambda p, s, o, x, y, n, c, k, first, stop: local.run(
@@ -345,8 +359,8 @@ def test_a_batch_larger_than_the_largest_client_draws_its_count(caplog):
   params, stats = task.init(jax.random.PRNGKey(0))
 
   def run(batch_size):
-    local = make_local_update(task, optax.sgd(0.1), batch_size=batch_size,
-                              max_steps=3)
+    local = make_local_update(LocalTraining(task, optax.sgd(0.1),
+                                            batch_size=batch_size, max_steps=3))
     return jax.jit(local.run)(params, stats, local.optimizer.init(params),
                               x[0], y[0], n[0], 3, key, ())
 
@@ -362,3 +376,92 @@ def test_a_batch_larger_than_the_largest_client_draws_its_count(caplog):
   # Below N_max nothing changes: batch 4 is not 5.
   four = run(4)
   assert float(four.loss) != float(exact.loss)
+
+
+# ------------------------------------------------------ LocalTraining value
+
+
+class _Linear(nn.Module):
+  """Logits ``W x`` of the flattened input, ``W`` starting at zero."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    del train
+    return nn.Dense(2, use_bias=False, kernel_init=nn.initializers.zeros)(
+        x.reshape((x.shape[0], -1)))
+
+
+def _linear_task():
+  return Classifier(module=_Linear(), input_shape=(1, 1, 1),
+                    preprocess=lambda x: x.astype(jnp.float32) / 255.0,
+                    num_classes=2)
+
+
+def test_local_training_is_a_frozen_hashable_value():
+  task, opt = _linear_task(), optax.sgd(0.1)
+  training = LocalTraining(task, opt, batch_size=1, max_steps=2)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    training.batch_size = 2  # type: ignore[misc]
+  # Equal settings are equal values with one hash (a cache key); another
+  # setting is another value.
+  same = LocalTraining(task, opt, batch_size=1, max_steps=2)
+  assert same == training and hash(same) == hash(training)
+  longer = dataclasses.replace(training, max_steps=3)
+  assert longer != training and longer.max_steps == 3
+  assert training.max_steps == 2  # replace made a copy
+  assert not training.decays and dataclasses.replace(
+      training, lr_decay=0.5).decays
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_steps", 0, "max_steps must be >= 1, got 0."),
+    ("batch_size", 0, "batch_size must be >= 1, got 0."),
+    ("lr_decay", 0.0, "lr_decay must be a positive finite number, got 0.0."),
+    ("lr_decay", float("inf"),
+     "lr_decay must be a positive finite number, got inf."),
+])
+def test_local_training_refuses_bad_settings(field, value, message):
+  kw = {"batch_size": 1, "max_steps": 1, field: value}
+  with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+    LocalTraining(_linear_task(), optax.sgd(0.1), **kw)
+
+
+def test_make_local_update_of_a_local_training_by_hand():
+  # One example x = 1 (pixel 255) of class 0; logits W x with W = 0.
+  # Step 1: softmax (1/2, 1/2), dL/dW = (1/2 - 1, 1/2) = (-1/2, 1/2),
+  # W = -0.1 * (-1/2, 1/2) = (0.05, -0.05), loss ln 2.
+  # Step 2: p0 = sigmoid(0.1), dL/dW = (p0 - 1, 1 - p0),
+  # W = (0.05 + 0.1 (1 - p0), -(0.05 + 0.1 (1 - p0))).
+  task = _linear_task()
+  x = jnp.full((1, 1, 1, 1), 255, jnp.uint8)
+  y = jnp.zeros((1,), jnp.int32)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  p0 = 1.0 / (1.0 + np.exp(-0.1))
+  w2 = 0.05 + 0.1 * (1.0 - p0)
+  for steps, w, loss in ((1, 0.05, np.log(2.0)),
+                         (2, w2, (np.log(2.0) - np.log(p0)) / 2)):
+    local = make_local_update(LocalTraining(task, optax.sgd(0.1),
+                                            batch_size=1, max_steps=2))
+    out = local.run(params, stats, local.optimizer.init(params), x, y, 1,
+                    steps, jax.random.PRNGKey(1), ())
+    np.testing.assert_allclose(np.asarray(out.params["Dense_0"]["kernel"]),
+                               [[w, -w]], rtol=1e-6)
+    np.testing.assert_allclose(float(out.loss), loss, rtol=1e-6)
+    assert float(out.steps) == steps
+  # The algorithm's round factor (lr_scale) halves the step: W = (0.025, ..).
+  decayed = make_local_update(
+      LocalTraining(task, optax.sgd(0.1), batch_size=1, max_steps=1,
+                    lr_decay=0.5), lr_scale=lambda ctx: ctx)
+  out = decayed.run(params, stats, decayed.optimizer.init(params), x, y, 1, 1,
+                    jax.random.PRNGKey(1), jnp.float32(0.5))
+  np.testing.assert_allclose(np.asarray(out.params["Dense_0"]["kernel"]),
+                             [[0.025, -0.025]], rtol=1e-6)
+
+
+def test_a_decaying_local_training_needs_the_algorithms_round_factor():
+  training = LocalTraining(_linear_task(), optax.sgd(0.1), batch_size=1,
+                           max_steps=1, lr_decay=0.9)
+  with pytest.raises(ValueError, match=r"^lr_decay=0.9: this algorithm's "
+                     r"clients train at a constant rate; set lr_decay to "
+                     r"1.0 \(--config.client.lr_decay=1.0\).$"):
+    make_local_update(training)

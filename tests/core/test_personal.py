@@ -22,6 +22,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import deployed
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.evaluate import make_evaluator
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.core.personal import make_personal_evaluator, personal_evaluation
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
@@ -116,7 +117,8 @@ def _opt():
 
 
 def test_global_method_scores_every_client_with_the_global_model():
-  alg = fedavg(TASK, _opt(), batch_size=2, max_steps=1, mapper=MAPPER)
+  alg = fedavg(LocalTraining(TASK, _opt(), batch_size=2, max_steps=1,
+                             mapper=MAPPER))
   server, _ = alg.init(A, {}, 4)
   scores, picks = _score(alg, server)
   assert picks.tolist() == [0, 0, 0, 0]
@@ -126,8 +128,9 @@ def test_global_method_scores_every_client_with_the_global_model():
 
 
 def test_ifca_deploys_the_model_of_lowest_training_loss():
-  alg = ifca(TASK, _opt(), num_clusters=2, init_key=jax.random.PRNGKey(1),
-             batch_size=2, max_steps=1, mapper=MAPPER)
+  alg = ifca(LocalTraining(TASK, _opt(), batch_size=2, max_steps=1,
+                           mapper=MAPPER), num_clusters=2,
+             init_key=jax.random.PRNGKey(1))
   server, _ = alg.init(A, {}, 4)
   models, stats = _models(B, A)  # model 0 is B's: the picks must find it
   server = server.replace(extra={**server.extra, "models": models,
@@ -142,8 +145,8 @@ def test_pacfl_deploys_each_client_s_cluster_model():
   clusters = PacflClusters(labels=np.array([1, 1, 0, 0], np.int32),
                            num_clusters=2, proximity=np.zeros((4, 4)),
                            upload_bits=0)
-  alg = pacfl(TASK, _opt(), clusters=clusters, batch_size=2, max_steps=1,
-              mapper=MAPPER)
+  alg = pacfl(LocalTraining(TASK, _opt(), batch_size=2, max_steps=1,
+                            mapper=MAPPER), clusters=clusters)
   server, _ = alg.init(A, {}, 4)
   models, stats = _models(B, A)
   server = server.replace(extra={**server.extra, "models": models,
@@ -159,8 +162,8 @@ def test_pacfl_deploys_each_client_s_cluster_model():
 
 
 def test_disue_scores_the_universal_expert():
-  alg = disue(TASK, _opt(), batch_size=2, max_steps=1, iga=None,
-              generator_key=None, mapper=MAPPER)
+  alg = disue(LocalTraining(TASK, _opt(), batch_size=2, max_steps=1,
+                            mapper=MAPPER), iga=None, generator_key=None)
   server, _ = alg.init(B, {}, 4)
   scores, picks = _score(alg, server)
   assert picks.tolist() == [0, 0, 0, 0]
@@ -169,7 +172,8 @@ def test_disue_scores_the_universal_expert():
 
 
 def test_fine_tuning_at_rate_zero_changes_nothing_and_training_helps():
-  alg = fedavg(TASK, _opt(), batch_size=2, max_steps=1, mapper=MAPPER)
+  alg = fedavg(LocalTraining(TASK, _opt(), batch_size=2, max_steps=1,
+                             mapper=MAPPER))
   server, _ = alg.init(A, {}, 4)
   kw = dict(train=TRAIN, finetune_steps=3, finetune_batch_size=2)
   still, _ = _score(alg, server, finetune_optimizer=optax.sgd(0.0), **kw)
@@ -191,7 +195,8 @@ def test_bad_inputs():
     make_personal_evaluator(TASK, TEST, finetune_steps=2)
   with pytest.raises(ValueError, match="finetune_steps"):
     make_personal_evaluator(TASK, TEST, finetune_steps=-1)
-  alg = fedavg(TASK, _opt(), batch_size=2, max_steps=1, mapper=MAPPER)
+  alg = fedavg(LocalTraining(TASK, _opt(), batch_size=2, max_steps=1,
+                             mapper=MAPPER))
   with pytest.raises(ValueError, match="train holds 4 clients, test 2"):
     personal_evaluation(alg, TASK, TEST, ClientData(
         x=TEST.x[:2], y=TEST.y[:2], num_examples=TEST.num_examples[:2]))
@@ -209,9 +214,9 @@ def test_rounds_rows_carry_personal_figures_and_resume_bit_identically(
 
   def build(tick):
     del tick
-    return ifca(task, optax.sgd(0.3), num_clusters=2,
-                init_key=jax.random.PRNGKey(5), batch_size=3, max_steps=3,
-                mapper=MAPPER)
+    return ifca(LocalTraining(task, optax.sgd(0.3), batch_size=3, max_steps=3,
+                              mapper=MAPPER), num_clusters=2,
+                init_key=jax.random.PRNGKey(5))
 
   def initial(alg):
     params, stats = task.init(jax.random.PRNGKey(0))

@@ -18,7 +18,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.evaluate import make_evaluator
-from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.local import LocalTraining, steps_for
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.data.stacked import ClientData
 from tests.conftest import rounds_compile_nothing, synthetic_clients, tiny_task
@@ -31,9 +31,11 @@ def _setup(algorithm_name="fedavg", num_clients=4):
   num_steps = steps_for(data.num_examples, 4, epochs=1)
   max_steps = int(jnp.max(num_steps))
   if algorithm_name == "fedavg":
-    alg = fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=max_steps)
+    alg = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                               max_steps=max_steps))
   else:
-    alg = scaffold(task, learning_rate=0.1, batch_size=4, max_steps=max_steps)
+    alg = scaffold(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                                 max_steps=max_steps), learning_rate=0.1)
   params, stats = task.init(jax.random.PRNGKey(0))
   server, clients = alg.init(params, stats, num_clients)
   state = ExperimentState(server, clients, jax.random.PRNGKey(1),
@@ -238,8 +240,8 @@ def test_diverging_training_stops_keeping_the_last_good_checkpoint(tmp_path):
   data = jax.device_put(ClientData(x=x, y=y, num_examples=n))
   num_steps = steps_for(data.num_examples, 4, epochs=1)
   # lr = 1e20 makes the first round's loss non-finite (1e6 only huge).
-  alg = fedavg(task, optax.sgd(1e20), batch_size=4,
-               max_steps=int(jnp.max(num_steps)))
+  alg = fedavg(LocalTraining(task, optax.sgd(1e20), batch_size=4,
+                             max_steps=int(jnp.max(num_steps))))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, clients = alg.init(params, stats, 4)
   state = ExperimentState(server, clients, jax.random.PRNGKey(1),

@@ -24,7 +24,7 @@ from fedjax_dd.algorithms.fedhydra import fedhydra
 from fedjax_dd.core import keys
 from fedjax_dd.core import server as server_lib
 from fedjax_dd.core.evaluate import make_evaluator
-from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.local import LocalTraining, steps_for
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import dfkd
@@ -46,8 +46,9 @@ def _problem():
   data = jax.device_put(ClientData(x=x, y=y, num_examples=n))
   num_steps = steps_for(data.num_examples, 4, epochs=1)
   groups = (ensemble.TeacherGroup(task, _identity, (0, 1, 2, 3)),)
-  stage = one_shot.client_stage(groups, optax.sgd(0.1), batch_size=4,
-                                num_steps=num_steps)
+  stage = one_shot.client_stage(
+      groups, LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=1),
+      num_steps=num_steps)
   evaluate = make_evaluator(task, x.reshape(-1, 4, 4, 1), y.reshape(-1),
                             batch_size=16)
   return task, data, groups, stage, evaluate
@@ -321,7 +322,9 @@ def _spanned_stage(own: bool):
   task, data, groups, _, evaluate = _problem()
   num_steps = steps_for(data.num_examples, 4, epochs=3)
   stage = one_shot.client_stage(
-      groups, optax.sgd(0.1, momentum=0.9), batch_size=4, num_steps=num_steps,
+      groups, LocalTraining(task, optax.sgd(0.1, momentum=0.9), batch_size=4,
+                            max_steps=1),
+      num_steps=num_steps,
       independent_init=jax.random.PRNGKey(3) if own else None)
   return task, data, stage, evaluate
 

@@ -11,6 +11,7 @@ from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.evaluate import make_client_evaluator, make_evaluator
+from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.data.stacked import ClientData, stack_clients
 from tests.conftest import synthetic_clients, tiny_task
 
@@ -57,7 +58,7 @@ def test_stack_clients_refuses_shared_indices():
 def _fedavg_setup():
   task = tiny_task()
   x, y, n = synthetic_clients()
-  alg = fedavg(task, optax.sgd(0.1), batch_size=4, max_steps=3)
+  alg = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=3))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, clients = alg.init(params, stats, 4)
   state = ExperimentState(server, clients, jax.random.PRNGKey(1),

@@ -10,7 +10,7 @@ import pytest
 
 from fedjax_dd.core.keys import client_keys
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import make_local_update
+from fedjax_dd.core.local import LocalTraining, make_local_update
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import soft_labels
@@ -61,7 +61,8 @@ def test_pretrain_clients_is_one_batched_program_matching_per_client_runs():
                                      optimizer=optax.sgd(0.1), batch_size=4)
   assert jax.tree_util.tree_leaves(res.params)[0].shape[0] == 4
   np.testing.assert_array_equal(res.steps, [2, 3, 0, 1])
-  local = make_local_update(task, optax.sgd(0.1), batch_size=4, max_steps=3)
+  local = make_local_update(LocalTraining(task, optax.sgd(0.1), batch_size=4,
+                                          max_steps=3))
   keys = client_keys(key, jnp.arange(4))
   run = jax.jit(local.run)
   for i in range(4):

@@ -150,6 +150,52 @@ def test_validate_refuses_local_training_without_work():
     common.validate(config)
 
 
+@pytest.mark.parametrize("name", ["centralized", "dynafed", "fedseq",
+                                  "fedhydra", "dense"])
+def test_validate_refuses_lr_decay_where_clients_train_at_a_constant_rate(
+    name):
+  import importlib
+  config = importlib.import_module(
+      f"fedjax_dd.experiments.configs.{name}").get_config("smoke")
+  common.validate(config)
+  config.client.lr_decay = 0.9
+  with pytest.raises(ValueError, match=(
+      r"^\w+'s clients train at a constant rate: config.client.lr_decay "
+      r"must be 1.0, got 0.9; set --config.client.lr_decay=1.0.$")):
+    common.validate(config)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "disue", "hfldd",
+                                  "fedd3"])
+def test_validate_lets_a_decaying_method_decay(name):
+  import importlib
+  config = importlib.import_module(
+      f"fedjax_dd.experiments.configs.{name}").get_config("smoke")
+  config.client.lr_decay = 0.9
+  common.validate(config)
+
+
+def test_the_constant_rate_factories_refuse_a_decaying_local_training():
+  # What validate stands in for: these factories' local updates take no
+  # round factor, so a decaying LocalTraining is refused at build time.
+  import optax
+  from fedjax_dd.algorithms import centralized, dynafed, fedseq, one_shot
+  from fedjax_dd.core.local import LocalTraining
+  from fedjax_dd.distill import ensemble
+  from tests.conftest import tiny_task
+  task = tiny_task()
+  training = LocalTraining(task, optax.sgd(0.1), batch_size=2, max_steps=1,
+                           lr_decay=0.9)
+  group = ensemble.TeacherGroup(task, lambda x: x, (0, 1))
+  for build in (lambda: centralized.centralized(training),
+                lambda: dynafed.dynafed(training),
+                lambda: fedseq.fedseq(training, group_size=2),
+                lambda: one_shot.client_stage([group], training,
+                                              num_steps=np.array([1, 1]))):
+    with pytest.raises(ValueError, match="train at a constant rate"):
+      build()
+
+
 def test_fingerprint_leaves_out_resume_safe_settings():
   from fedjax_dd.experiments.configs import fedavg as fedavg_config
   config = fedavg_config.get_config("smoke")
@@ -231,6 +277,30 @@ def test_validate_refuses_new_client_keys(path, value, message):
   base_lib.set_path(config, path, value)
   with pytest.raises(ValueError, match=message):
     common.validate(config)
+
+
+def test_local_training_is_the_client_group_in_one_value():
+  import jax.numpy as jnp
+  from fedjax_dd.core.clients import ClientMapper
+  from tests.conftest import tiny_task
+  task = tiny_task()
+  config = _client_config(batch_size=7, lr=0.1, grad_clip=10.0,
+                          lr_decay=0.998, augment="flip_crop")
+  config.engine.backend = "loop"
+  training = common.local_training(config, task, 5)
+  assert (training.task, training.batch_size, training.max_steps,
+          training.lr_decay) == (task, 7, 5, 0.998)
+  assert training.augment is not None
+  assert isinstance(training.mapper, ClientMapper)
+  assert training.mapper.backend == "loop"
+  # The optimizer is the config's chain: clip to norm 10, then SGD.
+  params = {"w": jnp.array([1.0, -2.0])}
+  grads = {"w": jnp.array([30.0, 40.0])}
+  updates, _ = training.optimizer.update(
+      grads, training.optimizer.init(params), params)
+  np.testing.assert_allclose(updates["w"], [-0.6, -0.8], rtol=1e-6)
+  plain = common.local_training(_client_config(), task, 5)
+  assert plain.augment is None and plain.lr_decay == 1.0
 
 
 def test_dirichlet_client_is_registered_and_checked():

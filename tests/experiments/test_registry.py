@@ -18,21 +18,17 @@ import optax
 from fedjax_dd.algorithms.fedavg import fedavg
 
 
-def half_step(task, optimizer, *, batch_size, max_steps, mapper):
-  return fedavg(task, optimizer, batch_size=batch_size, max_steps=max_steps,
-                mapper=mapper, server_optimizer=optax.sgd(0.5))
+def half_step(training):
+  return fedavg(training, server_optimizer=optax.sgd(0.5))
 '''
 
 CONFIG = '''
 import half_step_algo
-from fedjax_dd.experiments import common, runners
+from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs import fedavg
 
-runners.register("half_step", lambda config, task, max_steps: (
-    half_step_algo.half_step(task, common.make_optimizer(config),
-                             batch_size=config.client.batch_size,
-                             max_steps=max_steps,
-                             mapper=common.mapper(config))))
+runners.register("half_step", lambda config, training: (
+    half_step_algo.half_step(training)))
 
 
 def get_config(arg="smoke"):
@@ -63,7 +59,7 @@ def test_a_toy_method_runs_from_the_command_line(tmp_path):
 
 def test_a_built_in_method_cannot_be_replaced():
   with pytest.raises(ValueError, match="'fedavg' is built in"):
-    runners.register("fedavg", lambda config, task, max_steps: None)
+    runners.register("fedavg", lambda config, training: None)
 
 
 def _experiments_imports() -> dict[str, set[str]]:

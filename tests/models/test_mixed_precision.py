@@ -219,8 +219,11 @@ def test_bfloat16_run_killed_and_resumed_is_bit_identical(tmp_path):
                            jnp.asarray(0, jnp.int32))
 
   full = kill_resume.check(
-      tmp_path, lambda tick: fedjax_dd.fedavg(
-          task, optax.sgd(0.1, momentum=0.9), batch_size=4, max_steps=3),
+      tmp_path, lambda tick: fedjax_dd.fedavg(fedjax_dd.LocalTraining(task,
+                                                                      optax.sgd(0.1,
+                                                                                momentum=0.9),
+                                                                      batch_size=4,
+                                                                      max_steps=3)),
       state, data, jnp.full((4,), 3, jnp.int32), opts,
       [("apply", 1), ("row", 2), ("apply", 2)], evaluate=evaluate)
   assert _dtypes(full.state.server.params) == {"float32"}
