@@ -81,7 +81,7 @@ def _hybrid(config, workdir, prepared, data, distilled, extra, start):
   num_steps = common.local_steps(config, hybrid.num_examples)
   algorithm = fedavg(common.local_training(config, prepared.task,
                                            int(jnp.max(num_steps))))
-  return runners.train_rounds(
+  return runners.fit_and_summarize(
       config, workdir, prepared=prepared, algorithm=algorithm,
       data=hybrid, num_steps=num_steps,
       ledger=fedd3.hybrid_ledger(distilled, data.num_clients),

@@ -75,7 +75,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     })
     return summary
 
-  return runners.train_rounds(
+  return runners.fit_and_summarize(
       config, workdir, prepared=prepared, algorithm=algorithm,
       data=jax.device_put(grouped), num_steps=jnp.asarray(grouped_steps),
       start_time=start, initial_model=(params, batch_stats),

@@ -145,7 +145,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     summary["config"] = config_dict
     return summary
 
-  return runners.train_rounds(
+  return runners.fit_and_summarize(
       config, workdir, prepared=prepared, algorithm=algorithm,
       data=jax.device_put(stages.hybrid), num_steps=head_steps,
       ledger=ledger0, start_time=start, initial_model=(params, batch_stats),

@@ -7,7 +7,7 @@ LocalTraining` (:func:`fedjax_dd.experiments.common.local_training`), and
 the method's own settings from the config (:func:`register` adds one);
 :func:`run_federated` runs any of them. The
 ``run_*`` modules of the other runners use the glue here
-(:func:`train_rounds`, :func:`run_server`, :func:`summarize`); the table of
+(:func:`fit_and_summarize`, :func:`run_server`, :func:`summarize`); the table of
 runners is :mod:`fedjax_dd.experiments.registry`, above them all.
 """
 
@@ -233,7 +233,7 @@ def remaining_budget(config: ml_collections.ConfigDict, start: float) -> float:
   return max(budget - (time.time() - start), 1e-6)
 
 
-def train_rounds(config: ml_collections.ConfigDict, workdir: str, *,
+def fit_and_summarize(config: ml_collections.ConfigDict, workdir: str, *,
                  prepared: common.Prepared, algorithm: FederatedAlgorithm,
                  data, num_steps, ledger=None, start_time: float | None = None,
                  extra_summary: dict[str, Any] | None = None,
@@ -360,7 +360,7 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     algorithm = DATA_BUILDERS[config.method](config, training, data)
   else:
     algorithm = BUILDERS[config.method](config, training)
-  return train_rounds(config, workdir, prepared=prepared, algorithm=algorithm,
+  return fit_and_summarize(config, workdir, prepared=prepared, algorithm=algorithm,
                       data=data, num_steps=num_steps, start_time=start,
                       personal=common.personal_evaluation(
                           config, algorithm, prepared.task, data,

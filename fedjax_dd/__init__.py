@@ -27,7 +27,7 @@ package stays cheap)::
   shapes       FederatedAlgorithm, ServerDistillation, ServerState,
                ExperimentState, Cohort, Teachers, CommSpec,
                SpannedClientStage, ClientProgress
-  loops        run_loop, run_rounds, train_rounds, run_server_rounds and
+  loops        run_loop (under fit, the one rounds driver), run_server_rounds and
                their options; CheckpointStore, StageCache, Workdir,
                run_summary (a finished run's summary.json fields)
   notebook     prepare (dataset + model -> task), local_steps, fit (R rounds
@@ -109,8 +109,6 @@ _API: dict[str, tuple[str, str | None]] = {
     # Loops, checkpoints, run directory.
     "run_loop": ("fedjax_dd.core.loop", "run_loop"),
     "LoopOptions": ("fedjax_dd.core.loop", "LoopOptions"),
-    "run_rounds": ("fedjax_dd.core.rounds", "run_rounds"),
-    "train_rounds": ("fedjax_dd.core.rounds", "train"),
     "RoundsOptions": ("fedjax_dd.core.rounds", "RoundsOptions"),
     "FixedCohort": ("fedjax_dd.core.cohorts", "FixedCohort"),
     "BernoulliCohort": ("fedjax_dd.core.cohorts", "BernoulliCohort"),

@@ -1,6 +1,6 @@
 """Train any :class:`FederatedAlgorithm` for R rounds from a notebook.
 
-The same loop the ``fedjax-dd`` entry point runs (:func:`fedjax_dd.core.rounds.train`):
+The same loop the ``fedjax-dd`` entry point runs (:func:`fedjax_dd.core.rounds.resume_and_run`):
 with a ``workdir`` every round is checkpointed with Orbax and logged to
 ``metrics.jsonl``, and calling :func:`fit` again on the same directory
 resumes where the last call stopped, bit-identically. As with the entry
@@ -283,7 +283,7 @@ def fit(algorithm: FederatedAlgorithm,
     evaluate = make_evaluator(task, prepared.dataset.x_test,
                               prepared.dataset.y_test,
                               per_class=class_accuracy)
-    return rounds_lib.train(
+    return rounds_lib.resume_and_run(
         algorithm, state, data, num_steps, options, writer=work.writer,
         store=work.store(max_to_keep=keep_checkpoints,
                          save_every=checkpoint_every),

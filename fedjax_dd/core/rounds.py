@@ -346,7 +346,7 @@ class TrainResult:
   out_of_time: bool
 
 
-def train(
+def resume_and_run(
     algorithm: FederatedAlgorithm,
     state: ExperimentState,
     data: ClientData,

@@ -1,6 +1,6 @@
 """The one summary of a finished run (``summary.json``), built from memory.
 
-Every driver (:func:`fedjax_dd.core.rounds.train` through
+Every driver (:func:`fedjax_dd.core.rounds.resume_and_run` through
 :func:`fedjax_dd.core.fit.fit`, and
 :func:`fedjax_dd.core.server.run_server_rounds`) ends with its metrics rows,
 its :class:`~fedjax_dd.core.ledger.Ledger`, the final parameters and a

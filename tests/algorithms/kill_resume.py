@@ -86,7 +86,7 @@ def check(tmp_path, build, initial_state, data, num_steps, options, kills, *,
 
   def train(directory, plan=None):
     current["plan"] = plan
-    return rounds_lib.train(
+    return rounds_lib.resume_and_run(
         alg, initial_state(alg), data, num_steps, options,
         writer=_Writer(directory / "metrics.jsonl", plan),
         store=CheckpointStore(str(directory / "ck"),

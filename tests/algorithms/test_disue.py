@@ -291,7 +291,7 @@ def test_disue_killed_at_every_round_boundary_and_mid_iga_resumes_bit_identicall
 
   def train(directory, plan=None):
     alg = build(plan)
-    return rounds_lib.train(
+    return rounds_lib.resume_and_run(
         alg, _state(alg, task, 6), data, num_steps, opts,
         writer=_Writer(directory / "metrics.jsonl", plan),
         store=CheckpointStore(str(directory / "ck"), save_every=2),

@@ -181,7 +181,7 @@ def test_killed_at_every_phase_resumes_bit_identically(tmp_path, built):
       return alg.apply(*args)
 
     ticking = alg._replace(apply=apply)
-    return rounds_lib.train(
+    return rounds_lib.resume_and_run(
         ticking, _state(alg, task), data, num_steps, opts,
         writer=_Writer(directory / "metrics.jsonl", plan),
         store=CheckpointStore(str(directory / "ck"), save_every=1))

@@ -266,7 +266,7 @@ def test_resumed_run_reports_the_time_of_every_process(tmp_path):
                                   progress=False)
   first = loop_lib.WallClock()
   first.before = 50.0  # as if an earlier process had run 50 s
-  rounds_lib.train(alg, state0, data, num_steps, opts,
+  rounds_lib.resume_and_run(alg, state0, data, num_steps, opts,
                    writer=MetricsWriter(tmp_path / "m.jsonl"),
                    store=CheckpointStore(tmp_path / "ckpt"), wall=first)
   store = CheckpointStore(tmp_path / "ckpt")
@@ -274,7 +274,7 @@ def test_resumed_run_reports_the_time_of_every_process(tmp_path):
   store.close()
   assert saved >= 50.0
   again = loop_lib.WallClock()
-  rounds_lib.train(alg, state0, data, num_steps, opts,
+  rounds_lib.resume_and_run(alg, state0, data, num_steps, opts,
                    writer=MetricsWriter(tmp_path / "m.jsonl"),
                    store=CheckpointStore(tmp_path / "ckpt"), wall=again)
   assert again.before == saved
@@ -343,7 +343,7 @@ def test_deleted_or_cut_metrics_of_a_checkpointed_run_stop_the_resume(
   path = tmp_path / "metrics.jsonl"
 
   def train():
-    return rounds_lib.train(
+    return rounds_lib.resume_and_run(
         alg, state0, data, num_steps, opts, writer=MetricsWriter(path),
         store=CheckpointStore(tmp_path / "ck"), evaluate=evaluate)
 
@@ -383,7 +383,7 @@ def test_a_finished_run_asked_for_fewer_rounds_is_refused(tmp_path):
   alg, state0, data, num_steps, evaluate = _setup()
 
   def train(rounds):
-    return rounds_lib.train(
+    return rounds_lib.resume_and_run(
         alg, state0, data, num_steps,
         rounds_lib.RoundsOptions(num_rounds=rounds, clients_per_round=2,
                                  progress=False),
