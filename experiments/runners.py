@@ -23,6 +23,7 @@ import numpy as np
 
 from fedjax_dd.algorithms.centralized import centralized
 from fedjax_dd.algorithms.cfl import cfl
+from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms.cfl_gp import cfl_gp
 from fedjax_dd.algorithms.disue import affinity_grouping, disue
 from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
@@ -101,20 +102,22 @@ def _ifca(config, training):
   return ifca(training, num_clusters=config.ifca.num_clusters,
               init_key=keys.stage_key(keys.model_root(config.seed),
                                       keys.Stage.CLUSTER_MODELS),
-              global_model=config.ifca.global_model,
-              **_plugin_iga(config, training.task))
+              serving=_serving(config, config.ifca, training.task))
 
 
-def _plugin_iga(config, task):
-  """IGA on a clustered baseline's cluster models (``+iga`` presets)."""
-  return dict(iga=_iga(config, task), generator_key=_generator_key(config))
+def _serving(config, section, task) -> ClusterServing:
+  """The reported model of a clustered baseline: ``section.global_model``,
+  or IGA on its cluster models (``+iga`` presets)."""
+  return ClusterServing(global_model=section.global_model,
+                        iga=_iga(config, task),
+                        generator_key=_generator_key(config))
 
 
 def _cfl(config, training):
   f = config.cfl
   return cfl(training, eps1=f.eps1, eps2=f.eps2, warmup=f.warmup,
-             max_clusters=f.max_clusters, global_model=f.global_model,
-             **_plugin_iga(config, training.task))
+             max_clusters=f.max_clusters,
+             serving=_serving(config, f, training.task))
 
 
 def _cfl_gp(config, training):
@@ -122,11 +125,10 @@ def _cfl_gp(config, training):
   return cfl_gp(training, num_clusters=f.num_clusters,
                 compression=f.compression, period=f.period,
                 stop_round=f.stop_round, cluster_seed=f.cluster_seed,
-                global_model=f.global_model,
                 subset_key=keys.stage_key(
                     keys.model_root(config.seed),
                     keys.Stage.GRADIENT_SUBSET),
-                **_plugin_iga(config, training.task))
+                serving=_serving(config, f, training.task))
 
 
 def _pacfl(config, training, data):
@@ -137,8 +139,8 @@ def _pacfl(config, training, data):
       num_clusters=f.num_clusters if f.threshold <= 0 else None,
       linkage=f.linkage, proximity=f.proximity, per_class=f.per_class,
       mapper=common.mapper(config))
-  return pacfl(training, clusters=clusters, global_model=f.global_model,
-               **_plugin_iga(config, training.task))
+  return pacfl(training, clusters=clusters,
+               serving=_serving(config, f, training.task))
 
 
 def _dynafed(config, training):

@@ -46,12 +46,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dd.algorithms import cluster_models
+from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms import clustered
 from fedjax_dd.cluster.similarity import flatten_params
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.local import LocalTraining
-from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
@@ -162,9 +162,7 @@ def cfl(training: LocalTraining,
         eps2: float = 1.6,
         warmup: int = 20,
         max_clusters: int = 8,
-        global_model: str = "largest",
-        iga: IGA | None = None,
-        generator_key: jax.Array | None = None) -> FederatedAlgorithm:
+        serving: ClusterServing = ClusterServing()) -> FederatedAlgorithm:
   """Builds CFL (module doc).
 
   Args:
@@ -175,41 +173,35 @@ def cfl(training: LocalTraining,
     eps2: ``ε_2``, the largest update norm above which it splits.
     warmup: rounds before the first split may happen.
     max_clusters: ``K_max >= 1``, the most clusters (static).
-    global_model: ``"largest"`` or ``"average"``.
-    iga: DisUE's IGA (``num_teachers_max`` = the cohort size) distilling
-      the round's cluster models into the global model; ``None``: off.
-    generator_key: the IGA generator's initialisation key.
+    serving: the model reported on the global test split
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`: the
+      largest cluster's, their average, or IGA's).
 
   Returns:
     A :class:`FederatedAlgorithm`; metrics add ``num_clusters``,
     ``cfl_splits`` (this round), ``clusters_trained`` and
     ``clustering_converged`` (always 1).
   """
-  cluster_models.check_global_model(global_model)
+  serving.check()
+  global_model = serving.global_model
   if not isinstance(max_clusters, int) or max_clusters < 1:
     raise ValueError(f"max_clusters must be an int >= 1, got {max_clusters}.")
   k_max = max_clusters
   aggregate = cluster_models.make_aggregate(k_max, global_model)
   task = training.task
   train = cluster_models.make_trainer(training)
-  clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):
     p = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
-    extra = {"models": cluster_models.stack([params] * k_max),
-             "batch_stats": cluster_models.stack([batch_stats] * k_max),
-             "clusters": jnp.zeros((num_clients,), jnp.int32),
-             "num_clusters": jnp.ones((), jnp.int32),
-             "parent": jnp.full((k_max,), -1, jnp.int32),
-             "split_round": jnp.full((k_max,), -1, jnp.int32),
-             "updates": jnp.zeros((num_clients, p), jnp.float32),
-             "has_update": jnp.zeros((num_clients,), bool),
-             "weights": jnp.zeros((num_clients,), jnp.float32),
-             "sizes": jnp.zeros((k_max,), jnp.float32),
-             "round": jnp.zeros((), jnp.int32)}
-    if iga is not None:
-      extra.update(clustered.init_iga(iga, generator_key, params,
-                                      batch_stats, num_clients))
+    extra = serving.initial_extra(
+        params, batch_stats, num_models=k_max, num_clients=num_clients,
+        clusters=jnp.zeros((num_clients,), jnp.int32),
+        num_clusters=jnp.ones((), jnp.int32),
+        parent=jnp.full((k_max,), -1, jnp.int32),
+        split_round=jnp.full((k_max,), -1, jnp.int32),
+        updates=jnp.zeros((num_clients, p), jnp.float32),
+        has_update=jnp.zeros((num_clients,), bool),
+        weights=jnp.zeros((num_clients,), jnp.float32))
     return ServerState(params, batch_stats, (), extra=extra), {}
 
   @jax.jit
@@ -262,11 +254,9 @@ def cfl(training: LocalTraining,
         picks = extra["clusters"][cohort.client_ids]
     server, metrics = aggregate(server.replace(extra=extra), result, picks,
                                 cohort)
-    if iga is not None:
-      server, iga_metrics = cluster_models.iga_round(
-          iga, server, result, picks, k_max, cohort,
-          num_classes=task.num_classes)
-      metrics.update(iga_metrics)
+    server, metrics = serving.serve(server, metrics, result, picks,
+                                    k_max, cohort,
+                                    num_classes=task.num_classes)
     metrics["num_clusters"] = num_clusters + len(splits)
     metrics["cfl_splits"] = len(splits)
     metrics["clustering_converged"] = 1

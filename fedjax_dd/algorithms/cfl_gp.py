@@ -62,12 +62,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dd.algorithms import cluster_models
+from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms import clustered
 from fedjax_dd.cluster.similarity import flatten_params
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.local import LocalTraining
-from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
@@ -143,9 +143,7 @@ def cfl_gp(training: LocalTraining,
            period: int = 2,
            stop_round: int = 10,
            cluster_seed: int = 0,
-           global_model: str = "largest",
-           iga: IGA | None = None,
-           generator_key: jax.Array | None = None) -> FederatedAlgorithm:
+           serving: ClusterServing = ClusterServing()) -> FederatedAlgorithm:
   """Builds CFL-GP (module doc; defaults from the authors' code).
 
   Args:
@@ -159,10 +157,9 @@ def cfl_gp(training: LocalTraining,
     period: rounds between partitions.
     stop_round: the last round that may partition; ``0``: no last round.
     cluster_seed: K-Means' ``random_state``.
-    global_model: ``"largest"`` or ``"average"``.
-    iga: DisUE's IGA (``num_teachers_max`` = the cohort size) distilling
-      the round's cluster models into the global model; ``None``: off.
-    generator_key: the IGA generator's initialisation key.
+    serving: the model reported on the global test split
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`: the
+      largest cluster's, their average, or IGA's).
 
   Returns:
     A :class:`FederatedAlgorithm`; metrics add ``num_clusters`` (``K``),
@@ -170,7 +167,8 @@ def cfl_gp(training: LocalTraining,
     ``cfl_gp_moved`` (clients whose cluster changed) and
     ``clustering_converged`` (1 once no later round partitions).
   """
-  cluster_models.check_global_model(global_model)
+  serving.check()
+  global_model = serving.global_model
   for name, v in (("num_clusters", num_clusters), ("compression", compression),
                   ("period", period)):
     if not isinstance(v, int) or v < 1:
@@ -181,23 +179,17 @@ def cfl_gp(training: LocalTraining,
   aggregate = cluster_models.make_aggregate(k, global_model)
   task = training.task
   train = cluster_models.make_trainer(training)
-  clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):
     p = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
     d = max(p // compression, 1)
     index = jnp.sort(jax.random.permutation(subset_key, p)[:d])
-    extra = {"models": cluster_models.stack([params] * k),
-             "batch_stats": cluster_models.stack([batch_stats] * k),
-             "clusters": jnp.zeros((num_clients,), jnp.int32),
-             "features": jnp.zeros((num_clients, d), jnp.float32),
-             "has_feature": jnp.zeros((num_clients,), bool),
-             "feature_index": index.astype(jnp.int32),
-             "sizes": jnp.zeros((k,), jnp.float32),
-             "round": jnp.zeros((), jnp.int32)}
-    if iga is not None:
-      extra.update(clustered.init_iga(iga, generator_key, params,
-                                      batch_stats, num_clients))
+    extra = serving.initial_extra(
+        params, batch_stats, num_models=k, num_clients=num_clients,
+        clusters=jnp.zeros((num_clients,), jnp.int32),
+        features=jnp.zeros((num_clients, d), jnp.float32),
+        has_feature=jnp.zeros((num_clients,), bool),
+        feature_index=index.astype(jnp.int32))
     return ServerState(params, batch_stats, (), extra=extra), {}
 
   @jax.jit
@@ -247,11 +239,9 @@ def cfl_gp(training: LocalTraining,
         picks = extra["clusters"][cohort.client_ids]
     server, metrics = aggregate(server.replace(extra=extra), result, picks,
                                 cohort)
-    if iga is not None:
-      server, iga_metrics = cluster_models.iga_round(
-          iga, server, result, picks, k, cohort,
-          num_classes=task.num_classes)
-      metrics.update(iga_metrics)
+    server, metrics = serving.serve(server, metrics, result, picks,
+                                    k, cohort,
+                                    num_classes=task.num_classes)
     metrics["num_clusters"] = k
     metrics["cfl_gp_partitioned"] = partitioned
     metrics["cfl_gp_moved"] = moved

@@ -30,6 +30,7 @@ Clustered Federated Learning" (DisUE), Sec. 4.2 and Tab. 2.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -53,6 +54,69 @@ def check_global_model(global_model: str) -> None:
   if global_model not in GLOBAL_MODELS:
     raise ValueError(f"global_model must be one of {GLOBAL_MODELS}, got "
                      f"{global_model!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterServing:
+  """Which model a method with cluster models reports on the global test
+  split (IFCA, CFL, CFL-GP, PACFL; each client still deploys its own
+  cluster's model, :mod:`fedjax_dd.core.personal`).
+
+  Attributes:
+    global_model: ``"largest"``, the cluster model holding the most
+      training examples in the round (ties: lowest index), or
+      ``"average"``, their example-weighted average.
+    iga: DisUE's IGA (``num_teachers_max`` = the cohort size) distilling the
+      round's cluster models into the reported model instead (DisUE Tab. 2,
+      ``+iga``); ``None``: off.
+    generator_key: the IGA generator's initialisation key (with ``iga``).
+  """
+
+  global_model: str = "largest"
+  iga: IGA | None = None
+  generator_key: jax.Array | None = None
+
+  def check(self) -> None:
+    """Raises ValueError for an unknown ``global_model`` or an ``iga``
+    without its ``generator_key``."""
+    check_global_model(self.global_model)
+    clustered.check_iga(self.iga, self.generator_key)
+
+  def iga_extra(self, params: PyTree, batch_stats: PyTree,
+                num_clients: int) -> dict[str, Any]:
+    """IGA's entries of ``server.extra`` at round 0
+    (:func:`fedjax_dd.algorithms.clustered.init_iga`); none without IGA."""
+    if self.iga is None:
+      return {}
+    return clustered.init_iga(self.iga, self.generator_key, params,
+                              batch_stats, num_clients)
+
+  def serve(self, server: ServerState, metrics: dict[str, Any], result,
+            picks: jax.Array, num_models: int, cohort: Cohort, *,
+            num_classes: int) -> tuple[ServerState, dict[str, Any]]:
+    """After the round's aggregation: with IGA, :func:`iga_round` distils
+    the cluster models into the reported model and its metrics join
+    ``metrics``; without, ``(server, metrics)`` unchanged."""
+    if self.iga is None:
+      return server, metrics
+    server, iga_metrics = iga_round(self.iga, server, result, picks,
+                                    num_models, cohort,
+                                    num_classes=num_classes)
+    return server, {**metrics, **iga_metrics}
+
+  def initial_extra(self, params: PyTree, batch_stats: PyTree, *,
+                    num_models: int, num_clients: int,
+                    **fields: jax.Array) -> dict[str, Any]:
+    """``server.extra`` at round 0 of a method whose ``K`` cluster models
+    all start from ``params`` (``K = num_models``): ``models`` and
+    ``batch_stats`` ``[K, ...]``, the clusters' ``sizes [K]``, the ``round`` counter, the
+    method's own ``fields`` and IGA's entries."""
+    return {"models": stack([params] * num_models),
+            "batch_stats": stack([batch_stats] * num_models),
+            **fields,
+            "sizes": jnp.zeros((num_models,), jnp.float32),
+            "round": jnp.zeros((), jnp.int32),
+            **self.iga_extra(params, batch_stats, num_clients)}
 
 
 def stack(trees: list[PyTree]) -> PyTree:

@@ -42,13 +42,13 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dd.algorithms import cluster_models, clustered, stages
+from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.local import LocalTraining, make_local_update
 from fedjax_dd.core.task import Classifier
-from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
@@ -81,9 +81,7 @@ def ifca(training: LocalTraining,
          *,
          num_clusters: int,
          init_key: jax.Array,
-         global_model: str = "largest",
-         iga: IGA | None = None,
-         generator_key: jax.Array | None = None) -> FederatedAlgorithm:
+         serving: ClusterServing = ClusterServing()) -> FederatedAlgorithm:
   """Builds IFCA with ``K = num_clusters`` models.
 
   Args:
@@ -92,10 +90,9 @@ def ifca(training: LocalTraining,
       ``lr_decay`` as :func:`fedjax_dd.algorithms.fedavg.fedavg`).
     num_clusters: ``K >= 1`` (static).
     init_key: key of the initialisations of models ``1 .. K-1``.
-    global_model: ``"largest"`` or ``"average"`` (module docstring).
-    iga: DisUE's IGA (``num_teachers_max`` = the cohort size) distilling
-      the round's cluster models into the global model; ``None``: off.
-    generator_key: the IGA generator's initialisation key.
+    serving: the model reported on the global test split
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`: the
+      largest cluster's, their average, or IGA's).
 
   Returns:
     A :class:`FederatedAlgorithm`; its server state keeps
@@ -107,7 +104,8 @@ def ifca(training: LocalTraining,
   """
   if not isinstance(num_clusters, int) or num_clusters < 1:
     raise ValueError(f"num_clusters must be an int >= 1, got {num_clusters}.")
-  cluster_models.check_global_model(global_model)
+  serving.check()
+  global_model = serving.global_model
   task, mapper = training.task, training.mapper
   lr_decay = training.lr_decay
   k_models = num_clusters
@@ -135,7 +133,6 @@ def ifca(training: LocalTraining,
     models, stats = server.extra["models"], server.extra["batch_stats"]
     return models, stats, choose(models, stats, data.x, data.y,
                                  data.num_examples)
-  clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):
     starts = [(params, batch_stats)] + [
@@ -146,9 +143,7 @@ def ifca(training: LocalTraining,
              "sizes": jnp.zeros((k_models,), jnp.float32)}
     if decay:
       extra["round"] = jnp.zeros((), jnp.int32)
-    if iga is not None:
-      extra.update(clustered.init_iga(iga, generator_key, params,
-                                      batch_stats, num_clients))
+    extra.update(serving.iga_extra(params, batch_stats, num_clients))
     # Round 0's global model is model 0, the given start.
     return ServerState(params, batch_stats, (), extra=extra), {}
 
@@ -184,11 +179,9 @@ def ifca(training: LocalTraining,
         server.extra["models"], server.extra["batch_stats"], cohort.x,
         cohort.y, cohort.num_examples, cohort.num_steps, keys, scale)
     server, metrics = aggregate(server, result, picks, losses, cohort)
-    if iga is not None:
-      server, iga_metrics = cluster_models.iga_round(
-          iga, server, result, picks, k_models, cohort,
-          num_classes=task.num_classes)
-      metrics = {**metrics, **iga_metrics}
+    server, metrics = serving.serve(server, metrics, result, picks,
+                                    k_models, cohort,
+                                    num_classes=task.num_classes)
     return server, clients, metrics
 
   return FederatedAlgorithm(init=init, apply=apply,

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dd.algorithms import cluster_models
+from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms import clustered
 from fedjax_dd.cluster import principal_angles
 from fedjax_dd.core.algorithm import (CommSpec, FederatedAlgorithm,
@@ -57,7 +58,6 @@ from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.core.rounds import TRAFFIC_PREFIX
 from fedjax_dd.data.stacked import ClientData
-from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
@@ -134,9 +134,7 @@ def cluster_clients(data: ClientData, *, num_classes: int, rank: int = 3,
 def pacfl(training: LocalTraining,
           *,
           clusters: PacflClusters,
-          global_model: str = "largest",
-          iga: IGA | None = None,
-          generator_key: jax.Array | None = None) -> FederatedAlgorithm:
+          serving: ClusterServing = ClusterServing()) -> FederatedAlgorithm:
   """Builds PACFL's rounds over the clusters of :func:`cluster_clients`.
 
   Args:
@@ -144,16 +142,17 @@ def pacfl(training: LocalTraining,
       classifier of every cluster; optimizer re-initialised every round;
       round ``t`` trains at ``lr·γ^(t-1)``, ``γ = training.lr_decay``).
     clusters: the clustering (its ``labels`` cover all ``N`` clients).
-    global_model: ``"largest"`` or ``"average"`` (module doc).
-    iga: DisUE's IGA (``num_teachers_max`` = the cohort size) distilling
-      the round's cluster models into the global model; ``None``: off.
-    generator_key: the IGA generator's initialisation key.
+    serving: the model reported on the global test split
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`: the
+      largest cluster's, their average, or IGA's).
 
   Returns:
     A :class:`FederatedAlgorithm`; metrics add ``num_clusters`` (``K``),
     ``clusters_trained`` (clusters with a client this round) and
     ``clustering_converged`` (always 1).
   """
+  serving.check()
+  global_model = serving.global_model
   k_models = int(clusters.num_clusters)
   labels = np.asarray(clusters.labels, np.int32)
   if labels.min() < 0 or labels.max() >= k_models:
@@ -161,31 +160,23 @@ def pacfl(training: LocalTraining,
   aggregate = cluster_models.make_aggregate(k_models, global_model)
   task = training.task
   train = cluster_models.make_trainer(training)
-  clustered.check_iga(iga, generator_key)
 
   def init(params, batch_stats, num_clients):
     if num_clients != labels.shape[0]:
       raise ValueError(f"PACFL clustered {labels.shape[0]} clients, the run "
                        f"has {num_clients}.")
-    extra = {"models": cluster_models.stack([params] * k_models),
-             "batch_stats": cluster_models.stack([batch_stats] * k_models),
-             "clusters": jnp.asarray(labels),
-             "sizes": jnp.zeros((k_models,), jnp.float32),
-             "round": jnp.zeros((), jnp.int32)}
-    if iga is not None:
-      extra.update(clustered.init_iga(iga, generator_key, params,
-                                      batch_stats, num_clients))
+    extra = serving.initial_extra(
+        params, batch_stats, num_models=k_models, num_clients=num_clients,
+        clusters=jnp.asarray(labels))
     return ServerState(params, batch_stats, (), extra=extra), {}
 
   def apply(server, clients, cohort, key):
     t = server.extra["round"]
     result, picks = train(server, cohort, key)
     server, metrics = aggregate(server, result, picks, cohort)
-    if iga is not None:
-      server, iga_metrics = cluster_models.iga_round(
-          iga, server, result, picks, k_models, cohort,
-          num_classes=task.num_classes)
-      metrics.update(iga_metrics)
+    server, metrics = serving.serve(server, metrics, result, picks,
+                                    k_models, cohort,
+                                    num_classes=task.num_classes)
     metrics["num_clusters"] = k_models
     metrics["clustering_converged"] = 1
     # The signatures go up once, before round 1's models.

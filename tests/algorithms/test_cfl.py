@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms import cfl as cfl_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
@@ -109,7 +110,7 @@ def test_bad_arguments():
   with pytest.raises(ValueError, match="max_clusters"):
     _alg(task, max_clusters=0)
   with pytest.raises(ValueError, match="global_model"):
-    _alg(task, global_model="best")
+    _alg(task, serving=ClusterServing(global_model="best"))
 
 
 def test_no_recompilation_across_a_split(caplog):

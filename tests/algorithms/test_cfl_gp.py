@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms import cfl_gp as cfl_gp_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
@@ -99,7 +100,7 @@ def test_bad_arguments():
                     ({"period": 0}, "period"),
                     ({"compression": 0}, "compression"),
                     ({"stop_round": -1}, "stop_round"),
-                    ({"global_model": "best"}, "global_model")):
+                    ({"serving": ClusterServing(global_model="best")}, "global_model")):
     with pytest.raises(ValueError, match=match):
       _alg(task, **kw)
 

@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms.ifca import ifca, selection_losses
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
@@ -117,7 +118,7 @@ def test_shapes_selection_and_unpicked_cluster_kept():
 def test_average_global_model_is_the_size_weighted_mean():
   task = tiny_task()
   x, y = _two_groups()
-  alg = _alg(task, global_model="average")
+  alg = _alg(task, serving=ClusterServing(global_model="average"))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, clients = alg.init(params, stats, 2 * GROUP)
   server, _, _ = alg.apply(server, clients, _cohort(x[:3], y[:3]),
@@ -134,7 +135,7 @@ def test_bad_arguments():
   with pytest.raises(ValueError, match="num_clusters"):
     _alg(task, k=0)
   with pytest.raises(ValueError, match="global_model"):
-    _alg(task, global_model="best")
+    _alg(task, serving=ClusterServing(global_model="best"))
   with pytest.raises(ValueError, match="lr_decay"):
     _alg(task, lr_decay=-1.0)
 

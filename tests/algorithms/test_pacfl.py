@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms import pacfl as pacfl_lib
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core import rounds as rounds_lib
@@ -62,8 +63,9 @@ def _alg(task, clusters, iga=None, lr_decay=1.0, **kw):
   training = LocalTraining(task, optax.sgd(0.5), batch_size=3, max_steps=3,
                            mapper=ClientMapper(backend="vmap"),
                            lr_decay=lr_decay)
-  return pacfl_lib.pacfl(training, clusters=clusters, iga=iga,
-                         generator_key=jax.random.PRNGKey(5), **kw)
+  serving = kw.pop("serving", ClusterServing(
+      iga=iga, generator_key=jax.random.PRNGKey(5)))
+  return pacfl_lib.pacfl(training, clusters=clusters, serving=serving, **kw)
 
 
 def _state(alg, task, n=2 * GROUP):
@@ -121,7 +123,7 @@ def test_bad_arguments():
   task = tiny_task()
   c = _clusters(_data())
   with pytest.raises(ValueError, match="global_model"):
-    _alg(task, c, global_model="best")
+    _alg(task, c, serving=ClusterServing(global_model="best"))
   with pytest.raises(ValueError, match="labels"):
     _alg(task, c._replace(num_clusters=1))
   with pytest.raises(ValueError, match="clustered 6"):
