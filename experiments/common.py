@@ -795,11 +795,18 @@ def label_knowledge_clusters(config: ml_collections.ConfigDict,
     return resize(config, x, prepared.task.input_shape)
 
   c = config.client
+  # HFLDD's pretraining is plain local SGD (Sec. IV-A): the clients'
+  # optimizer and mapper at client.pretrain_batch_size, without the rounds'
+  # client.augment and client.lr_decay. max_steps=1 is only a placeholder:
+  # pretrain_clients replaces it with the largest of the clients' step
+  # counts, which it computes from the data.
+  pretraining = local_lib.LocalTraining(
+      task=prepared.task, optimizer=make_optimizer(config),
+      batch_size=int(c.pretrain_batch_size), max_steps=1,
+      mapper=mapper(config), augment=None, lr_decay=1.0)
   return hfldd_stages.label_knowledge_clusters(
-      prepared.task, params, batch_stats, data, load_aux,
+      pretraining, params, batch_stats, data, load_aux,
       keys.stage_key(root, keys.Stage.PRETRAIN),
-      optimizer=make_optimizer(config), batch_size=c.pretrain_batch_size,
       num_homogeneous=config.hfldd.num_homogeneous, kmeans_seed=config.seed,
       kmeans_n_init=config.hfldd.kmeans_n_init,
-      pretrain_epochs=c.pretrain_epochs, pretrain_steps=c.pretrain_steps,
-      mapper=mapper(config))
+      pretrain_epochs=c.pretrain_epochs, pretrain_steps=c.pretrain_steps)

@@ -37,16 +37,14 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-import optax
 
 from fedjax_dd.algorithms import hfldd
 from fedjax_dd.cluster import sampling
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import steps_for
+from fedjax_dd.core.local import LocalTraining, steps_for
 from fedjax_dd.core.stage_cache import StageCache
-from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
 from fedjax_dd.distill import soft_labels
@@ -60,31 +58,29 @@ Sender = Callable[[ClientData, sampling.Topology],
 
 
 def label_knowledge_clusters(
-    task: Classifier, params, batch_stats, data: ClientData,
+    training: LocalTraining, params, batch_stats, data: ClientData,
     load_aux: Callable[[], np.ndarray], key: jax.Array, *,
-    optimizer: optax.GradientTransformation, batch_size: int,
     num_homogeneous: int, kmeans_seed: int, kmeans_n_init: int = 10,
-    pretrain_epochs: float = 0.0, pretrain_steps: int = 0,
-    mapper: ClientMapper = ClientMapper()
+    pretrain_epochs: float = 0.0, pretrain_steps: int = 0
 ) -> tuple[np.ndarray, dict[str, float], dict[str, Any]]:
   """Label knowledge (Eq. 4) and homogeneous KMeans (Sec. IV-B).
 
   Args:
-    task: the classifier.
+    training: the clients' pretraining (task, optimizer, batch size,
+      mapper); its ``max_steps`` is set from the step counts below
+      (:func:`fedjax_dd.distill.soft_labels.pretrain_clients`).
     params: the common initial parameters every client pretrains from.
     batch_stats: their BatchNorm statistics.
     data: all clients' data ``[N, N_max, ...]``.
     load_aux: ``() -> D_g`` images ``[M, H, W, Ch]`` uint8 in the task's
       input shape (loaded here, so that its time counts in the stage).
     key: the pretraining key.
-    optimizer: the clients' pretraining optimizer.
-    batch_size: pretraining batch size.
     num_homogeneous: ``K`` clusters.
     kmeans_seed: KMeans' ``random_state``.
     kmeans_n_init: KMeans restarts.
-    pretrain_epochs: > 0: pretrain this many local epochs ...
+    pretrain_epochs: > 0: pretrain this many local epochs of
+      ``training.batch_size`` ...
     pretrain_steps: ... else this many steps.
-    mapper: client-axis backend.
 
   Returns:
     ``(homogeneous [N], stage_seconds, info)``; ``info`` holds ``aux_size``,
@@ -95,12 +91,13 @@ def label_knowledge_clusters(
   t0 = time.time()
   x_aux = load_aux()
   if pretrain_epochs:
-    steps = steps_for(data.num_examples, batch_size, epochs=pretrain_epochs)
+    steps = steps_for(data.num_examples, training.batch_size,
+                      epochs=pretrain_epochs)
   else:
-    steps = steps_for(data.num_examples, batch_size, steps=pretrain_steps)
+    steps = steps_for(data.num_examples, training.batch_size,
+                      steps=pretrain_steps)
   s, m, _ = soft_labels.collect_label_knowledge(
-      task, params, batch_stats, data, x_aux, steps, key,
-      optimizer=optimizer, batch_size=batch_size, mapper=mapper)
+      training, params, batch_stats, data, x_aux, steps, key)
   m_host = np.asarray(jax.device_get(m))
   times["label_knowledge"] = time.time() - t0
   t0 = time.time()

@@ -19,12 +19,12 @@ batched program over the clients' models, and ``M`` is one jitted einsum.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_dd.core.algorithm import Cohort
 from fedjax_dd.core import keys
@@ -40,24 +40,25 @@ DEFAULT_EPS = 1e-8
 """Soft labels are clamped to at least this before any logarithm."""
 
 
-def pretrain_clients(task: Classifier, params: PyTree, batch_stats: PyTree,
-                     data: ClientData, num_steps: jax.Array, key: jax.Array, *,
-                     optimizer: optax.GradientTransformation, batch_size: int,
-                     mapper: ClientMapper = ClientMapper()) -> LocalResult:
+def pretrain_clients(training: LocalTraining, params: PyTree,
+                     batch_stats: PyTree, data: ClientData,
+                     num_steps: jax.Array, key: jax.Array) -> LocalResult:
   """Trains every client's local model from one common initialisation.
 
   One batched program over all ``N`` clients (the engine's client stage).
 
   Args:
-    task: the classifier.
+    training: the clients' local training (task, optimizer, batch size,
+      mapper, ...; HFLDD: plain SGD, lr 0.01, batch 64). Its ``max_steps``
+      is replaced by the largest of ``num_steps`` (at least 1): the counts
+      are per-client data, known only here, so the caller's bound is not
+      used. Its ``augment`` applies; pretraining is one round, so its rate
+      does not decay (``lr_decay`` must be 1).
     params: the common initial parameters (broadcast).
     batch_stats: the common initial BatchNorm statistics.
     data: all clients' padded data ``x [N, N_max, H, W, Ch]``.
     num_steps: ``[N]`` local SGD steps per client (``E1``).
     key: PRNG key; client ``i`` uses ``fold_in(key, i)``.
-    optimizer: the local optimizer (HFLDD: SGD, lr 0.01).
-    batch_size: local batch size (HFLDD: 64).
-    mapper: client-axis backend.
 
   Returns:
     A :class:`LocalResult` stacked ``[N, ...]``.
@@ -65,16 +66,15 @@ def pretrain_clients(task: Classifier, params: PyTree, batch_stats: PyTree,
   Raises:
     ValueError: before training, on ``data`` that is not a padded client
       stack (``x [N, N_max, H, W, Ch]`` uint8, ``y [N, N_max]`` integer,
-      ``num_examples [N]`` in ``[0, N_max]``) or ``num_steps`` that is not
-      ``[N]`` integer counts ``>= 0``.
+      ``num_examples [N]`` in ``[0, N_max]``), ``num_steps`` that is not
+      ``[N]`` integer counts ``>= 0``, or ``training.lr_decay != 1``.
   """
   validate.client_stack(data.x, data.y, data.num_examples, fetch=True)
   validate.step_counts("num_steps", num_steps, data.num_clients)
   num_steps = jnp.asarray(num_steps, jnp.int32)
   max_steps = max(int(jax.device_get(jnp.max(num_steps))), 1)
-  local = make_local_update(LocalTraining(
-      task, optimizer, batch_size=batch_size, max_steps=max_steps))
-  train = client_stage(local, mapper)
+  training = dataclasses.replace(training, max_steps=max_steps)
+  train = client_stage(make_local_update(training), training.mapper)
   n = data.num_clients
   ids = jnp.arange(n)
   cohort = Cohort(x=jnp.asarray(data.x), y=jnp.asarray(data.y),
@@ -176,28 +176,25 @@ def pairwise_kl(soft_labels: jax.Array, *, eps: float = DEFAULT_EPS) -> jax.Arra
   return _pairwise_kl(s, jnp.asarray(eps, jnp.float32))
 
 
-def collect_label_knowledge(task: Classifier, params: PyTree, batch_stats: PyTree,
-                            data: ClientData, x_aux: np.ndarray | jax.Array,
+def collect_label_knowledge(training: LocalTraining, params: PyTree,
+                            batch_stats: PyTree, data: ClientData,
+                            x_aux: np.ndarray | jax.Array,
                             num_steps: jax.Array, key: jax.Array, *,
-                            optimizer: optax.GradientTransformation,
-                            batch_size: int,
-                            mapper: ClientMapper = ClientMapper(),
                             eps: float = DEFAULT_EPS,
                             aux_batch_size: int = 100
                             ) -> tuple[jax.Array, jax.Array, LocalResult]:
   """Pretrains every client, labels ``D_g`` and computes ``M`` (Eq. 4).
 
   Args:
-    task: the classifier.
+    training: the clients' pretraining (:func:`pretrain_clients`, which sets
+      its ``max_steps`` from ``num_steps``); its task and mapper also label
+      ``D_g``.
     params: common initial parameters.
     batch_stats: common initial BatchNorm statistics.
     data: all clients' data ``[N, N_max, ...]``.
     x_aux: ``D_g`` images ``[M, H, W, Ch]`` uint8, in the task's input shape.
     num_steps: ``[N]`` pretraining steps per client.
     key: PRNG key for pretraining.
-    optimizer: local optimizer.
-    batch_size: local batch size.
-    mapper: client-axis backend.
     eps: clamp floor of :func:`pairwise_kl`.
     aux_batch_size: see :func:`make_soft_labeler`.
 
@@ -213,10 +210,9 @@ def collect_label_knowledge(task: Classifier, params: PyTree, batch_stats: PyTre
   if np.shape(x_aux)[0] == 0:
     raise ValueError("x_aux must hold at least one image [M >= 1, H, W, Ch], "
                      f"got shape {validate.shape_str(np.shape(x_aux))}.")
-  result = pretrain_clients(task, params, batch_stats, data, num_steps, key,
-                            optimizer=optimizer, batch_size=batch_size,
-                            mapper=mapper)
-  labeler = make_soft_labeler(task, mapper=mapper,
+  result = pretrain_clients(training, params, batch_stats, data, num_steps,
+                            key)
+  labeler = make_soft_labeler(training.task, mapper=training.mapper,
                               aux_batch_size=aux_batch_size)
   s = labeler(result.params, result.batch_stats, jnp.asarray(x_aux))
   return s, pairwise_kl(s, eps=eps), result

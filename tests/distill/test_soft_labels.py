@@ -1,5 +1,6 @@
 """Label-knowledge collection: batched pretraining, soft labels, Eq. 4 KL."""
 
+import dataclasses
 import math
 
 import jax
@@ -57,12 +58,13 @@ def test_pretrain_clients_is_one_batched_program_matching_per_client_runs():
   params, stats = task.init(jax.random.PRNGKey(0))
   steps = jnp.array([2, 3, 0, 1], jnp.int32)
   key = jax.random.PRNGKey(4)
-  res = soft_labels.pretrain_clients(task, params, stats, data, steps, key,
-                                     optimizer=optax.sgd(0.1), batch_size=4)
+  # max_steps=1 is replaced by the largest count, 3: no client is clipped.
+  training = LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=1)
+  res = soft_labels.pretrain_clients(training, params, stats, data, steps,
+                                     key)
   assert jax.tree_util.tree_leaves(res.params)[0].shape[0] == 4
   np.testing.assert_array_equal(res.steps, [2, 3, 0, 1])
-  local = make_local_update(LocalTraining(task, optax.sgd(0.1), batch_size=4,
-                                          max_steps=3))
+  local = make_local_update(dataclasses.replace(training, max_steps=3))
   keys = client_keys(key, jnp.arange(4))
   run = jax.jit(local.run)
   for i in range(4):
@@ -122,8 +124,8 @@ def test_collect_label_knowledge_separates_label_distributions():
   params, stats = task.init(jax.random.PRNGKey(1))
   aux = rng.integers(0, 255, (10, 4, 4, 1)).astype(np.uint8)
   s, m, _ = soft_labels.collect_label_knowledge(
-      task, params, stats, data, aux, jnp.full((4,), 20, jnp.int32),
-      jax.random.PRNGKey(2), optimizer=optax.sgd(0.5), batch_size=4)
+      LocalTraining(task, optax.sgd(0.5), batch_size=4, max_steps=1), params,
+      stats, data, aux, jnp.full((4,), 20, jnp.int32), jax.random.PRNGKey(2))
   m = np.asarray(m)
   assert s.shape == (4, 10, 3) and m.shape == (4, 4)
   assert np.isfinite(m).all()
@@ -132,28 +134,37 @@ def test_collect_label_knowledge_separates_label_distributions():
   assert within < across
 
 
-def test_pretrain_clients_refuses_labels_shorter_than_images():
+def _pretrain_tiny(*, labels: int = 12, steps=np.ones(4, np.int32),
+                   lr_decay: float = 1.0):
+  """pretrain_clients on the synthetic clients, their labels cut to
+  ``labels`` per client."""
   task = tiny_task()
   x, y, n = synthetic_clients()
   params, stats = task.init(jax.random.PRNGKey(0))
+  return soft_labels.pretrain_clients(
+      LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=1,
+                    lr_decay=lr_decay),
+      params, stats, ClientData(x=x, y=y[:, :labels], num_examples=n), steps,
+      jax.random.PRNGKey(1))
+
+
+def test_pretrain_clients_refuses_labels_shorter_than_images():
   with pytest.raises(ValueError, match=r"^y must be \[C, N_max\] = \[4, 12\] "
                      r"\(the first two axes of x\), got shape \(4, 10\)\.$"):
-    soft_labels.pretrain_clients(
-        task, params, stats, ClientData(x=x, y=y[:, :10], num_examples=n),
-        np.ones(4, np.int32), jax.random.PRNGKey(1),
-        optimizer=optax.sgd(0.1), batch_size=4)
+    _pretrain_tiny(labels=10)
 
 
 def test_pretrain_clients_refuses_fractional_step_counts():
-  task = tiny_task()
-  x, y, n = synthetic_clients()
-  params, stats = task.init(jax.random.PRNGKey(0))
   with pytest.raises(ValueError, match=r"^num_steps must be \[C\] = \[4\] "
                      r"integer step counts, got shape \(4,\) dtype float32"):
-    soft_labels.pretrain_clients(
-        task, params, stats, ClientData(x=x, y=y, num_examples=n),
-        np.ones(4, np.float32), jax.random.PRNGKey(1),
-        optimizer=optax.sgd(0.1), batch_size=4)
+    _pretrain_tiny(steps=np.ones(4, np.float32))
+
+
+def test_pretrain_clients_refuses_a_decaying_rate():
+  # Pretraining is one round: there is no round factor to decay the rate by.
+  with pytest.raises(ValueError, match=r"^lr_decay=0\.9: this algorithm's "
+                     "clients train at a constant rate"):
+    _pretrain_tiny(lr_decay=0.9)
 
 
 def test_soft_labeler_refuses_float_and_empty_auxiliary_images():

@@ -196,6 +196,29 @@ def test_the_constant_rate_factories_refuse_a_decaying_local_training():
       build()
 
 
+def test_hfldd_pretraining_is_plain_sgd_without_the_rounds_augment_or_decay(
+    monkeypatch):
+  # HFLDD's label-knowledge pretraining (Sec. IV-A) is plain local SGD at
+  # client.pretrain_batch_size, whatever the rounds' augment and lr_decay.
+  import types
+  from fedjax_dd.algorithms import hfldd_stages
+  from tests.conftest import tiny_task
+  config = hfldd_config.get_config("smoke")
+  config.client.augment, config.client.lr_decay = "flip_crop", 0.9
+  config.client.pretrain_batch_size = 8
+  given = []
+  monkeypatch.setattr(hfldd_stages, "label_knowledge_clusters",
+                      lambda training, *args, **kwargs: given.append(training))
+  task = tiny_task()
+  common.label_knowledge_clusters(config, types.SimpleNamespace(task=task),
+                                  None, None, None, keys.model_root(0))
+  (training,) = given
+  assert training.task is task and training.batch_size == 8
+  assert training.augment is None and training.lr_decay == 1.0
+  rounds = common.local_training(config, task, 1)
+  assert rounds.augment is not None and rounds.lr_decay == 0.9
+
+
 def test_fingerprint_leaves_out_resume_safe_settings():
   from fedjax_dd.experiments.configs import fedavg as fedavg_config
   config = fedavg_config.get_config("smoke")
