@@ -23,7 +23,9 @@ package stays cheap)::
   clustered    disue, fedftg, clustered_distillation, affinity_grouping,
                make_iga, IGAHyperParams, update_similarity,
                affinity_propagation, cfl, pacfl (cluster_clients: its
-               signatures and clusters)
+               signatures and clusters); ClusterServing (the model IFCA,
+               CFL, CFL-GP and PACFL report: largest cluster's, average,
+               or IGA's)
   shapes       FederatedAlgorithm, ServerDistillation, ServerState,
                ExperimentState, Cohort, Teachers, CommSpec,
                SpannedClientStage, ClientProgress
@@ -70,6 +72,8 @@ _API: dict[str, tuple[str, str | None]] = {
     "os_fedavg": ("fedjax_dd.algorithms.one_shot", "os_fedavg"),
     "fedseq": ("fedjax_dd.algorithms.fedseq", "fedseq"),
     "ifca": ("fedjax_dd.algorithms.ifca", "ifca"),
+    "ClusterServing": ("fedjax_dd.algorithms.cluster_models",
+                       "ClusterServing"),
     # Clustered FL with data-free inter-group distillation.
     "disue": ("fedjax_dd.algorithms.disue", "disue"),
     "fedftg": ("fedjax_dd.algorithms.fedftg", "fedftg"),
