@@ -6,6 +6,7 @@ into the explicit arguments the library takes.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import os
@@ -795,15 +796,14 @@ def label_knowledge_clusters(config: ml_collections.ConfigDict,
     return resize(config, x, prepared.task.input_shape)
 
   c = config.client
-  # HFLDD's pretraining is plain local SGD (Sec. IV-A): the clients'
-  # optimizer and mapper at client.pretrain_batch_size, without the rounds'
+  # HFLDD's pretraining is plain local SGD (Sec. IV-A): the clients' local
+  # training at client.pretrain_batch_size, without the rounds'
   # client.augment and client.lr_decay. max_steps=1 is only a placeholder:
   # pretrain_clients replaces it with the largest of the clients' step
   # counts, which it computes from the data.
-  pretraining = local_lib.LocalTraining(
-      task=prepared.task, optimizer=make_optimizer(config),
-      batch_size=int(c.pretrain_batch_size), max_steps=1,
-      mapper=mapper(config), augment=None, lr_decay=1.0)
+  pretraining = dataclasses.replace(
+      local_training(config, prepared.task, 1),
+      batch_size=int(c.pretrain_batch_size), augment=None, lr_decay=1.0)
   return hfldd_stages.label_knowledge_clusters(
       pretraining, params, batch_stats, data, load_aux,
       keys.stage_key(root, keys.Stage.PRETRAIN),

@@ -23,8 +23,8 @@ import numpy as np
 
 from fedjax_dd.algorithms.centralized import centralized
 from fedjax_dd.algorithms.cfl import cfl
-from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms.cfl_gp import cfl_gp
+from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms.disue import affinity_grouping, disue
 from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
 from fedjax_dd.algorithms.dynafed import DynaFedHyperParams, dynafed
@@ -235,15 +235,16 @@ def remaining_budget(config: ml_collections.ConfigDict, start: float) -> float:
   return max(budget - (time.time() - start), 1e-6)
 
 
-def fit_and_summarize(config: ml_collections.ConfigDict, workdir: str, *,
-                 prepared: common.Prepared, algorithm: FederatedAlgorithm,
-                 data, num_steps, ledger=None, start_time: float | None = None,
-                 extra_summary: dict[str, Any] | None = None,
-                 initial_model: tuple[Any, Any] | None = None,
-                 run_key: jax.Array | None = None,
-                 finalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                 personal: Callable[..., dict[str, Any]] | None = None
-                 ) -> dict[str, Any]:
+def fit_and_summarize(
+    config: ml_collections.ConfigDict, workdir: str, *,
+    prepared: common.Prepared, algorithm: FederatedAlgorithm,
+    data, num_steps, ledger=None, start_time: float | None = None,
+    extra_summary: dict[str, Any] | None = None,
+    initial_model: tuple[Any, Any] | None = None,
+    run_key: jax.Array | None = None,
+    finalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    personal: Callable[..., dict[str, Any]] | None = None
+) -> dict[str, Any]:
   """Drives ``algorithm`` through the shared rounds loop and writes the summary.
 
   Resumes from ``workdir/checkpoints`` when possible. ``ledger`` holds traffic
@@ -362,8 +363,8 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     algorithm = DATA_BUILDERS[config.method](config, training, data)
   else:
     algorithm = BUILDERS[config.method](config, training)
-  return fit_and_summarize(config, workdir, prepared=prepared, algorithm=algorithm,
-                      data=data, num_steps=num_steps, start_time=start,
-                      personal=common.personal_evaluation(
-                          config, algorithm, prepared.task, data,
-                          personal_test))
+  return fit_and_summarize(
+      config, workdir, prepared=prepared, algorithm=algorithm, data=data,
+      num_steps=num_steps, start_time=start,
+      personal=common.personal_evaluation(config, algorithm, prepared.task,
+                                          data, personal_test))

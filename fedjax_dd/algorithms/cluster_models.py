@@ -107,10 +107,10 @@ class ClusterServing:
   def initial_extra(self, params: PyTree, batch_stats: PyTree, *,
                     num_models: int, num_clients: int,
                     **fields: jax.Array) -> dict[str, Any]:
-    """``server.extra`` at round 0 of a method whose ``K`` cluster models
-    all start from ``params`` (``K = num_models``): ``models`` and
-    ``batch_stats`` ``[K, ...]``, the clusters' ``sizes [K]``, the ``round`` counter, the
-    method's own ``fields`` and IGA's entries."""
+    """``server.extra`` at round 0 of a method whose ``K = num_models``
+    cluster models all start from ``params``: ``models`` and
+    ``batch_stats`` ``[K, ...]``, the clusters' ``sizes [K]``, the
+    ``round`` counter, the method's own ``fields`` and IGA's entries."""
     return {"models": stack([params] * num_models),
             "batch_stats": stack([batch_stats] * num_models),
             **fields,
