@@ -539,6 +539,8 @@ _POSITIVE = (
     ("kip.lr", 0.0, False), ("dfkd.generator_lr", 0.0, False),
     ("dfkd.student_lr", 0.0, False), ("dfkd.student_momentum", 0.0, True),
     ("dfkd.feddf_lr", 0.0, False), ("dfkd.distill_epochs", 1, True),
+    # Alg. 2's loss curve L_kj needs two points to have a slope.
+    ("dfkd.stratify_steps", 2, True), ("dfkd.stratify_batch_size", 1, True),
     ("eval.batch_size", 1, True), ("eval.finetune_steps", 0, True),
 )
 

@@ -11,11 +11,13 @@ from fedjax_dd.experiments.configs import disue as disue_config
 from fedjax_dd.experiments.configs import fedavg as fedavg_config
 from fedjax_dd.experiments.configs import fedd3 as fedd3_config
 from fedjax_dd.experiments.configs import feddf as feddf_config
+from fedjax_dd.experiments.configs import fedhydra as fedhydra_config
 from fedjax_dd.experiments.configs import hfldd as hfldd_config
 from fedjax_dd.experiments.configs import ifca as ifca_config
 from fedjax_dd.experiments.configs import moon as moon_config
 
 _PRESETS = {"fedavg": lambda: fedavg_config.get_config("smoke"),
+            "fedhydra": lambda: fedhydra_config.get_config("smoke"),
             "feddf": lambda: feddf_config.get_config("smoke"),
             "disue": lambda: disue_config.get_config("smoke"),
             "hfldd": lambda: hfldd_config.get_config("smoke"),
@@ -88,6 +90,12 @@ _PRESETS = {"fedavg": lambda: fedavg_config.get_config("smoke"),
      r"be \(\) \(the model's\) or \(H, W, Ch\) of positive ints, got \(4, 4\)"),
     ("fedavg", "data.resplit", 1.0, r"data.resplit must be a finite number "
      r">= 0 and < 1"),
+    # A traceback ("A loss curve needs steps >= 2") after the data loaded.
+    ("fedhydra", "dfkd.stratify_steps", 1,
+     r"config.dfkd.stratify_steps must be a finite number >= 2, got 1; set "
+     r"--config.dfkd.stratify_steps\."),
+    ("fedhydra", "dfkd.stratify_batch_size", 0,
+     r"config.dfkd.stratify_batch_size must be a finite number >= 1, got 0"),
 ])
 def test_settings_refused_before_the_data_loads(preset, path, value, message):
   config = _PRESETS[preset]()
