@@ -60,6 +60,29 @@ def test_smoke_with_iga_runs_and_reports_clusters(tmp_path, method):
     assert [r["cfl_gp_partitioned"] for r in rows] == [1, 1]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ifca", "pacfl"])
+def test_iga_changes_the_reported_model_not_what_clients_deploy(tmp_path,
+                                                                method):
+  # DisUE Tab. 2 under the personal protocol: IGA distils the round's
+  # cluster models into the reported model only; the clients keep training
+  # and deploying their cluster's model, so every personal figure is the
+  # plain run's and only test_accuracy moves.
+  rows = {}
+  for arg in ("smoke", "smoke+iga"):
+    c = _smoke(method, arg)
+    c.eval.personal = True
+    registry.RUNNERS["federated"](c, str(tmp_path / arg))
+    with open(tmp_path / arg / "metrics.jsonl") as f:
+      rows[arg] = [json.loads(line) for line in f]
+  personal = [k for k in rows["smoke"][0] if k.startswith("personal_")]
+  assert "personal_accuracy" in personal
+  for plain, plugged in zip(rows["smoke"], rows["smoke+iga"], strict=True):
+    assert [plain[k] for k in personal] == [plugged[k] for k in personal]
+  assert [r["test_accuracy"] for r in rows["smoke"]] != [
+      r["test_accuracy"] for r in rows["smoke+iga"]]
+
+
 @pytest.mark.parametrize("method, path, value, message", [
     ("cfl", "cfl.max_clusters", 0, r"config.cfl.max_clusters must be an int "
      r">= 1, got 0"),
