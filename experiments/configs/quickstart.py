@@ -15,8 +15,8 @@ sent, wall time, note) and the whole run's time, and writes
 each row shows, or why a system cannot show it in this budget.
 
 Expected: each row's final accuracy within its range (``EXPECTED`` below,
-measured over three seeds on jax 0.5.3 and 0.12); the whole run printed its table after 93-101 s on
-2 idle cores (no compilation cache).
+measured over three seeds on jax 0.5.3 and 0.12); the whole run printed
+its table after 93-101 s on 2 idle cores (no compilation cache).
 Every row and timing: experiments/results/quickstart_digits.md.
 """
 

@@ -338,9 +338,15 @@ def make_stratifier(groups: Sequence[TeacherGroup],
     ``stratify(teacher_vars, key) -> Stratification``; pair ``(k, j)`` uses
     ``fold_in(key, k * c + j)``, so the result does not depend on grouping or
     backend.
+
+  Raises:
+    ValueError: ``steps < 2`` (a loss curve needs a slope) or
+      ``batch_size < 1``.
   """
   if steps < 2:
     raise ValueError(f"A loss curve needs steps >= 2, got {steps}.")
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
   groups = tuple(groups)
   m, _ = check_groups(groups)
   nz = int(getattr(generator, "nz"))

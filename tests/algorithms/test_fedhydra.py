@@ -196,6 +196,8 @@ def test_stratifier_vmap_equals_loop_and_does_not_recompile(caplog):
   assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
   with pytest.raises(ValueError, match="steps >= 2"):
     st.make_stratifier(groups, gen, num_classes=3, steps=1)
+  with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+    st.make_stratifier(groups, gen, num_classes=3, batch_size=0)
 
 
 def test_local_stage_equals_one_shot_fedavg():
