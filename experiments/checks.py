@@ -5,7 +5,9 @@ after its own checks. Each check here stands in for a library check that
 would otherwise fire only after the data loaded or after compute started
 (a partition's ``alpha``, ``iga.iterations``, ``disue.damping``, the
 optimizer's name, ...), so a wrong setting costs seconds, not a training
-run, and its message names the ``--config.<path>`` to change.
+run, and its message names the ``--config.<path>`` to change. The
+refusals themselves are the library's (:mod:`fedjax_dd.core.checks`), so
+the entry point, ``fit`` and the builders refuse the same values.
 
 Where the library has an options dataclass with its own checks
 (:class:`fedjax_dd.distill.iga.IGAHyperParams`,
@@ -16,12 +18,13 @@ ranges are the library's, repeated in :data:`_RANGES`.
 
 from __future__ import annotations
 
-import math
+import os
 import re
 from typing import Any
 
 import ml_collections
-import numpy as np
+
+from fedjax_dd.core import checks
 
 # One name per optimizer of common.make_optimizer.
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -37,44 +40,26 @@ def _lookup(config: ml_collections.ConfigDict, path: str) -> Any:
 
 
 def _fail(path: str, want: str, value: Any) -> None:
-  raise ValueError(f"config.{path} must be {want}, got {value!r}; set "
-                   f"--config.{path}.")
+  checks.refuse(f"config.{path}", want, value, f"set --config.{path}")
 
 
-def _is_int(value: Any) -> bool:
-  return not isinstance(value, (bool, np.bool_)) and isinstance(
-      value, (int, np.integer))
+_is_int = checks.is_int
 
 
 def _int(path: str, value: Any, low: int, high: int | None = None) -> None:
-  if not _is_int(value) or value < low or (high is not None and value > high):
-    _fail(path, f"an int >= {low}" + (f" and <= {high}" if high is not None
-                                       else ""), value)
+  checks.check_int(f"config.{path}", value, low, high,
+                   fix=f"set --config.{path}")
 
 
 def _number(path: str, value: Any, low: float | None, high: float | None,
             *, low_open: bool = False, high_open: bool = False) -> None:
-  try:
-    number = float(value)
-  except (TypeError, ValueError):
-    number = math.nan
-  ok = math.isfinite(number) and not isinstance(value, (bool, np.bool_))
-  if ok and low is not None:
-    ok = number > low if low_open else number >= low
-  if ok and high is not None:
-    ok = number < high if high_open else number <= high
-  if not ok:
-    parts = []
-    if low is not None:
-      parts.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-      parts.append(f"{'<' if high_open else '<='} {high:g}")
-    _fail(path, "a finite number " + " and ".join(parts), value)
+  checks.check_number(f"config.{path}", value, low, high, low_open=low_open,
+                      high_open=high_open, fix=f"set --config.{path}")
 
 
 def _choice(path: str, value: Any, choices) -> None:
-  if value not in tuple(choices):
-    _fail(path, f"one of {list(choices)}", value)
+  checks.check_choice(f"config.{path}", value, choices,
+                      fix=f"set --config.{path}")
 
 
 # (path, kind, bounds) of settings whose library check runs after the data
@@ -116,6 +101,8 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       ("client.mu", "num", (0.0, None, False, False)),
       ("engine.backend", "choice", ("auto", *clients.BACKENDS)),
       ("engine.chunk_size", "int", (0, None)),
+      # 0: no budget; a negative budget is not "none" (core.checks).
+      ("run.max_wall_seconds", "num", (0.0, None, False, False)),
       ("server.seed", "int", (-1, keys.SEED_LIMIT - 1)),
       ("disue.similarity", "choice", disue.SIMILARITIES),
       ("disue.similarity_protocol", "choice", disue.PROTOCOLS),
@@ -190,16 +177,22 @@ def _check_datasets(config: ml_collections.ConfigDict) -> None:
       config, "data.public_data"):
     _fail("data.public_data", "a dataset name or 'npz:PATH' (FedDF "
           "distils on its unlabelled images)", "")
-  for path, size in (("data.public_data", "data.public_size"),
+  for path, size in (("data.dataset", None),
+                     ("data.public_data", "data.public_size"),
                      ("data.aux_dataset", "data.aux_size")):
     spec = _lookup(config, path)
     if not spec:
+      continue
+    if (size is None and isinstance(spec, str) and sources.npz_path(spec)
+        and not os.path.lexists(sources.npz_path(spec))):
+      # The training set's loader names a missing file itself; presets of
+      # the real datasets validate where ../shared/datasets is absent.
       continue
     try:
       sources.check_name(spec)
     except ValueError as e:
       raise ValueError(f"config.{path}: {e} Set --config.{path}.") from None
-    if _lookup(config, size) == 0:
+    if size is not None and _lookup(config, size) == 0:
       _fail(size, f"an int >= 1 (images drawn from {path}={spec!r})", 0)
 
 
@@ -315,6 +308,18 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
     _int("hfldd.support_size", h.support_size, 1)
 
 
+def _check_teachers_from(config: ml_collections.ConfigDict) -> None:
+  path = _lookup(config, "server.teachers_from")
+  if not path:
+    return
+  from fedjax_dd.core import server  # pylint: disable=g-import-not-at-top
+  try:
+    server.check_teachers_from(str(path))
+  except server.TeachersFromError as e:
+    raise ValueError(f"config.server.{e} Set --config.server.teachers_from."
+                     ) from None
+
+
 def check_one_shot(config: ml_collections.ConfigDict, methods: list[str],
                    archs: tuple[str, ...]) -> None:
   """The one-shot runner's refusals: a method it has, one round with
@@ -356,3 +361,4 @@ def check_values(config: ml_collections.ConfigDict) -> None:
   _check_sampling(config)
   _check_datasets(config)
   _check_options(config)
+  _check_teachers_from(config)

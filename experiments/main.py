@@ -44,6 +44,7 @@ import signal
 import sys
 from typing import Sequence
 
+import jax
 from absl import app
 from absl import flags
 from absl import logging
@@ -52,6 +53,9 @@ from ml_collections import config_flags
 import fedjax_dd
 
 from fedjax_dd.core import checkpoint as checkpoint_lib
+from fedjax_dd.core import checks as checks_lib
+from fedjax_dd.core import server as server_lib
+from fedjax_dd.core import stage_cache as stage_cache_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.experiments import common
@@ -77,9 +81,23 @@ class ConfigFileParser(flags.ArgumentParser):
 
   def parse(self, path):
     file, colon, arg = path.partition(":")
+    usage_hint = ("the configs are experiments/configs/*.py, e.g. "
+                  "--config=experiments/configs/fedavg.py:smoke")
+    if not file.endswith(".py"):
+      raise ValueError(f"{file!r} is not a Python config file (FILE.py with "
+                       f"a get_config); {usage_hint}.")
     spec = importlib.util.spec_from_file_location(f"{self.name}_config", file)
+    if spec is None or spec.loader is None:
+      raise ValueError(f"{file!r} cannot be loaded as a Python module; "
+                       f"{usage_hint}.")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+      spec.loader.exec_module(module)
+    except SyntaxError as e:
+      raise ValueError(f"{file!r} is not valid Python ({e.msg}, line "
+                       f"{e.lineno}); {usage_hint}.") from None
+    if not callable(getattr(module, "get_config", None)):
+      raise ValueError(f"{file!r} defines no get_config(arg); {usage_hint}.")
     return module.get_config(*([arg] if colon else []))
 
 
@@ -279,6 +297,38 @@ def _on_sigterm(signum, frame) -> None:
   raise KeyboardInterrupt
 
 
+def unwritable_message(workdir: str, error: BaseException) -> str | None:
+  """One line for a write the workdir refused mid-run (a read-only or
+  permission-denied folder: errno EROFS, EACCES or EPERM), else None."""
+  import errno  # pylint: disable=g-import-not-at-top
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno in (
+        errno.EROFS, errno.EACCES, errno.EPERM):
+      where = error.filename or workdir
+      return (f"{where} cannot be written ({error.strerror}): the run in "
+              f"{workdir} stopped; its last committed checkpoint is kept. "
+              "Make the workdir writable and re-run the same command to "
+              "resume.")
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def _after_finish(signum, frame) -> None:
+  """SIGTERM or Ctrl-C once the run has finished (its summary printed):
+  the results are complete, so no traceback from the interpreter's exit
+  (an atexit callback interrupted by a ``KeyboardInterrupt``), one line."""
+  del frame
+  sys.stdout.flush()
+  name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+  sys.stderr.write(f"{name} after the run finished: its results in "
+                   f"{_WORKDIR.value} are complete.\n")
+  sys.stderr.flush()
+  os._exit(EXIT_TERMINATED if signum == signal.SIGTERM  # pylint: disable=protected-access
+           else EXIT_INTERRUPTED)
+
+
 def check_backend() -> str | None:
   """One line when JAX cannot start the backend ``JAX_PLATFORMS`` asks for
   (e.g. ``cuda`` on a machine without a GPU), else None."""
@@ -369,12 +419,8 @@ def main(argv):
     raise app.UsageError("--workdir is empty; give the directory the run "
                          "writes to, e.g. --workdir=workdir/run1.")
   config = _CONFIG.value
-  if "runner" not in config:
-    raise ValueError("The config must set `runner` (see experiments/registry.py).")
-  if config.runner not in registry.RUNNERS:
-    raise ValueError(f"Unknown runner {config.runner!r}; expected one of "
-                     f"{sorted(registry.RUNNERS)}.")
   try:
+    registry.check_method(config)
     common.validate(config)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
@@ -428,8 +474,8 @@ def main(argv):
           else workdir_lib.WorkdirLock(_WORKDIR.value))
   try:
     lock.__enter__()
-  except (workdir_lib.WorkdirBusyError, NotADirectoryError,
-          PermissionError) as e:
+  except (workdir_lib.WorkdirBusyError, workdir_lib.WorkdirLayoutError,
+          NotADirectoryError, PermissionError) as e:
     raise app.UsageError(str(e)) from None
   try:
     # A resumed run must be the same experiment: refused, naming each
@@ -442,22 +488,41 @@ def main(argv):
     # Another device count, jax, layer form (model.conv_impl) or compute
     # dtype is allowed on a resume, but not bit-identical: one warning,
     # before the data loads.
-    workdir_lib.record_environment(
-        _WORKDIR.value,
-        forms={"model.conv_impl": common.conv_impl(config),
-               "model.compute_dtype": common.compute_dtype(config)})
+    # JAX_ENABLE_X64 changes the numbers themselves: recorded, said once,
+    # and a resume that mixes the two modes is refused.
+    try:
+      workdir_lib.record_environment(
+          _WORKDIR.value,
+          forms={"model.conv_impl": common.conv_impl(config),
+                 "model.compute_dtype": common.compute_dtype(config)})
+    except workdir_lib.EnvironmentMismatchError as e:
+      raise app.UsageError(str(e)) from None
+    if jax.config.jax_enable_x64:
+      logging.warning(
+          "JAX_ENABLE_X64 is on: the run computes in 64-bit mode, so its "
+          "figures differ from the 32-bit runs of the same settings "
+          "(recorded in %s/environment.json).", _WORKDIR.value)
     if config.run.progress:  # what runs, before the data loads and compiles
       print(f"{config.method} on {config.data.dataset} -> {_WORKDIR.value}",
             file=sys.stderr, flush=True)
     summary = registry.RUNNERS[config.runner](config, _WORKDIR.value)
   except (loop_lib.NonFiniteError, loop_lib.MetricsFileError,
-          loop_lib.ResumeRefusedError, common.InputError) as e:
+          loop_lib.ResumeRefusedError, common.InputError,
+          stage_cache_lib.StaleStageError, checks_lib.SettingError,
+          server_lib.TeachersFromError) as e:
     # One line, not a traceback: the message says which step (or which
     # input the data cannot serve), why and what to change; the exit status
     # says the run failed.
     sys.stderr.write(f"FATAL {e}\n")
     sys.exit(1)
   except (OSError, ValueError) as e:
+    unwritable = unwritable_message(_WORKDIR.value, e)
+    if unwritable is not None:
+      lock.__exit__(None, None, None)
+      sys.stdout.flush()
+      sys.stderr.write(f"FATAL {unwritable}\n")
+      sys.stderr.flush()
+      os._exit(1)  # pylint: disable=protected-access
     if not checkpoint_lib.is_disk_full(e):
       raise
     # Orbax/tensorstore's RESOURCE_EXHAUSTED (a long traceback) or ENOSPC.
@@ -473,6 +538,10 @@ def main(argv):
     _exit_interrupted(interrupted_message(_WORKDIR.value))
   finally:
     lock.__exit__(None, None, None)
+  # From here on the run is complete; a signal during the interpreter's exit
+  # (orbax's and absl's atexit callbacks) must not print their traceback.
+  signal.signal(signal.SIGTERM, _after_finish)
+  signal.signal(signal.SIGINT, _after_finish)
   logging.info("summary: %s", {k: v for k, v in summary.items() if k != "config"})
   print({k: summary[k] for k in ("method", "dataset", "final_test_accuracy",
                                  "best_test_accuracy",

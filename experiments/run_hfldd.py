@@ -113,7 +113,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     stages = hfldd_stages.stages_or_load(
         StageCache.for_workdir(workdir), common.fingerprint(config,
                                                             "hfldd_stages"),
-        lambda: _stages(config, prepared, data, params, batch_stats, root))
+        lambda: _stages(config, prepared, data, params, batch_stats, root),
+        data=data, num_classes=prepared.dataset.num_classes)
   except privacy_lib.RawUploadError as e:
     raise common.InputError("hfldd: " + str(e).replace(
         "set allow_raw_upload=True",

@@ -19,7 +19,11 @@ notebook gets the entry point's stages:
 :func:`run_stages` returns them as :class:`Stages`, each stage timed;
 :func:`stages_or_load` keeps them in a run's
 :class:`~fedjax_dd.core.stage_cache.StageCache` (stage :data:`STAGE`), so a
-resumed run does not compute them again.
+resumed run does not compute them again. The cache holds what was sent,
+not a client's own data: the clusters and heads, and the members' uploads
+as their heads received them (``sent_*``). Each head's ``D_h`` is rebuilt
+from them and the head's own data, which the run loads anyway; so a
+workdir holds no raw image the heads did not receive.
 :func:`fedjax_dd.algorithms.hfldd.setup_ledger` records their Eq. 18
 traffic before the rounds (from ``topology``, ``counts`` and
 ``pixels_per_sample``) and :func:`stage_fields` reports them (with Eq. 18 in
@@ -44,7 +48,7 @@ from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import LocalTraining, steps_for
-from fedjax_dd.core.stage_cache import StageCache
+from fedjax_dd.core.stage_cache import StageCache, StaleStageError
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
 from fedjax_dd.distill import soft_labels
@@ -172,6 +176,7 @@ class Stages:
     counts: ``[M]`` samples each member sent (``|D~_i|``).
     hybrid: the heads' ``D_h``: ``x [H, D_max, H, W, Ch]`` uint8, ``y
       [H, D_max, K]`` targets, ``num_examples [H]``.
+    sent: the members' uploads (what :func:`stages_or_load` caches).
     times: seconds per stage.
     info: the stages' statistics (label knowledge, KIP, ``privacy``).
     cached: whether they came from the stage cache.
@@ -182,6 +187,7 @@ class Stages:
   times: dict[str, float]
   info: dict[str, Any]
   cached: bool = False
+  sent: hfldd.SentData | None = None
 
   @property
   def pixels_per_sample(self) -> int:
@@ -217,17 +223,33 @@ def run_stages(data: ClientData, *, num_classes: int,
   sent, gen_info = send(data, topology)
   times["dataset_generation"] = time.time() - t0
   t0 = time.time()
-  gen_info["privacy"] = hfldd.sent_privacy(data, sent)
+  # The stage cache stores exactly these uploads (stages_or_load), so the
+  # count covers every image the workdir holds.
+  gen_info["privacy"] = dict(hfldd.sent_privacy(data, sent),
+                             stored_in_workdir=int(np.sum(sent.mask)))
   times["privacy"] = time.time() - t0
   hybrid = hfldd.build_hybrid_data(data, topology, sent,
                                    num_classes=num_classes)
   return Stages(topology=topology, counts=sent.counts, hybrid=hybrid,
-                times=times, info={**info, **gen_info})
+                times=times, info={**info, **gen_info}, sent=sent)
 
 
 def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
-                   compute: Callable[[], Stages]) -> Stages:
+                   compute: Callable[[], Stages], *, data: ClientData,
+                   num_classes: int) -> Stages:
   """Stages 1-3 from ``cache`` (stage :data:`STAGE`), or computed and saved.
+
+  The cache keeps the topology and the members' uploads only; the heads'
+  ``D_h`` is rebuilt from them and ``data``
+  (:func:`fedjax_dd.algorithms.hfldd.build_hybrid_data`), so no head's raw
+  data is written to the workdir.
+
+  Args:
+    cache: the run's stage cache.
+    fingerprint: the settings the stages depend on.
+    compute: ``() -> Stages`` (:func:`run_stages` with its arguments).
+    data: all clients' data ``[N, N_max, ...]`` (the heads' own rows).
+    num_classes: ``N_c``.
 
   Raises:
     fedjax_dd.core.stage_cache.StaleStageError: the cache holds stages
@@ -235,10 +257,14 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
   """
   def arrays_and_info():
     s = compute()
+    if s.sent is None:
+      raise ValueError("stages_or_load: the computed Stages carry no `sent` "
+                       "uploads to cache (run_stages sets them).")
     return ({"homogeneous": s.topology.homogeneous,
              "heterogeneous": s.topology.heterogeneous,
-             "heads": s.topology.heads, "counts": s.counts, "x": s.hybrid.x,
-             "y": s.hybrid.y, "num_examples": s.hybrid.num_examples},
+             "heads": s.topology.heads, "counts": s.counts,
+             "sent_x": s.sent.x, "sent_y": s.sent.y,
+             "sent_mask": s.sent.mask, "senders": s.sent.senders},
             {"times": s.times, "info": s.info})
 
   stage, computed = cache.get_or_compute(STAGE, fingerprint, arrays_and_info)
@@ -246,10 +272,21 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
   topology = sampling.Topology(homogeneous=a["homogeneous"],
                                heterogeneous=a["heterogeneous"],
                                heads=a["heads"])
-  hybrid = ClientData(x=a["x"], y=a["y"], num_examples=a["num_examples"])
+  if "sent_x" not in a:
+    # A cache written before the uploads were kept apart holds each head's
+    # D_h, its own raw images included.
+    raise StaleStageError(
+        f"{cache.path(STAGE)} was written by an older fedjax-dd and holds "
+        "the heads' own raw images; delete that directory to have the "
+        "stages computed again (the settings are unchanged).")
+  sent = hfldd.SentData(x=a["sent_x"], y=a["sent_y"],
+                        mask=np.asarray(a["sent_mask"], bool),
+                        senders=a["senders"])
+  hybrid = hfldd.build_hybrid_data(jax.device_get(data), topology, sent,
+                                   num_classes=num_classes)
   return Stages(topology=topology, counts=a["counts"], hybrid=hybrid,
                 times=stage.info["times"], info=stage.info["info"],
-                cached=not computed)
+                cached=not computed, sent=sent)
 
 
 def stage_fields(stages: Stages, *, aux_size: int, num_classes: int,

@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 __all__ = ["CheckpointStore", "COMMIT_MARKER", "DiskFullError", "as_restored",
-           "is_disk_full"]
+           "is_damaged", "is_disk_full"]
 
 _log = logging.getLogger(__name__)
 
@@ -106,6 +106,17 @@ _META = "meta"
 # renames it when done.
 _TMP_DIR_RE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 _HASH_CHUNK = 1 << 20
+
+# Step directories this process found committed but damaged (a restore
+# skipped them): a later message naming "the newest checkpoint" must not
+# name one of them (it reads only the markers).
+_damaged_steps: set[str] = set()
+
+
+def is_damaged(step_dir: str | os.PathLike) -> bool:
+  """Whether a restore in this process skipped ``step_dir`` as damaged
+  (committed, but a file no longer matches its commit marker)."""
+  return os.path.realpath(os.fspath(step_dir)) in _damaged_steps
 
 
 def _stale_mesh(x: jax.Array) -> bool:
@@ -342,6 +353,14 @@ class CheckpointStore:
         self._directory, options=options, item_names=(_STATE, _META)
     )
     self._closed = False
+    self._damaged: list[int] = []
+
+  @property
+  def damaged_steps(self) -> list[int]:
+    """Committed steps the last :meth:`restore` skipped because a file no
+    longer matched its commit marker, newest first: the run had saved them,
+    so what they held is lost (an uncommitted save is not listed)."""
+    return list(self._damaged)
 
   @property
   def directory(self) -> pathlib.Path:
@@ -548,12 +567,16 @@ class CheckpointStore:
           "Skipping checkpoint step %d in %s: incomplete save (Orbax temporary "
           "directory %s).", s, self._directory, path.name,
       )
+    self._damaged = []
     for s in reversed(steps):
       reason = _verify(self._step_dir(s), s)
       if reason is not None:
         _log.warning(
             "Skipping checkpoint step %d in %s: %s.", s, self._directory, reason
         )
+        if (self._step_dir(s) / COMMIT_MARKER).exists():
+          self._damaged.append(s)
+          _damaged_steps.add(os.path.realpath(self._step_dir(s)))
         continue
       return self._restore_step(s, template)
     return None

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dd.core import checks
 from fedjax_dd.core import cohorts
 from fedjax_dd.core import definition as definition_lib
 from fedjax_dd.core import keys as keys_lib
@@ -123,12 +124,21 @@ def run_definition(algorithm: FederatedAlgorithm, prepared: Prepared,
 
 def _whole_number(name: str, value: Any, low: int) -> int:
   """``value`` as an int, refusing fractions (``rounds=2.7`` would run 2)."""
-  if (isinstance(value, (bool, np.bool_))
-      or not isinstance(value, (int, float, np.integer, np.floating))
-      or not np.isfinite(value) or int(value) != value or value < low):
-    raise ValueError(f"fit: {name} must be a whole number >= {low}, got "
-                     f"{value!r}.")
-  return int(value)
+  return checks.check_whole(f"fit: {name}", value, low)
+
+
+def _check_step_counts(num_steps: Any) -> None:
+  """Local step counts: whole and non-negative (a fractional or negative
+  count from a hand-made array would be cast or clipped in the loop)."""
+  counts = np.asarray(jax.device_get(num_steps))
+  if not np.issubdtype(counts.dtype, np.integer):
+    raise checks.SettingError(
+        f"fit: num_steps must hold ints (local steps per client, "
+        f"fedjax_dd.local_steps), got dtype {counts.dtype}.")
+  if counts.size and counts.min() < 0:
+    raise checks.SettingError(
+        f"fit: num_steps must be >= 0 (local steps per client), got "
+        f"{int(counts.min())}; build it with fedjax_dd.local_steps.")
 
 
 def _check_max_steps(record: dict[str, Any], num_steps: jax.Array) -> None:
@@ -231,6 +241,8 @@ def fit(algorithm: FederatedAlgorithm,
   rounds = _whole_number("rounds", rounds, 1)
   eval_every = _whole_number("eval_every", eval_every, 1)
   checkpoint_every = _whole_number("checkpoint_every", checkpoint_every, 1)
+  max_seconds = checks.check_budget("fit: max_seconds", max_seconds)
+  _check_step_counts(num_steps)
   keys_lib.check_seed(seed)
   n = data.num_clients
   sampler = cohorts.as_sampler(clients_per_round)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Any, Callable, NamedTuple
 
 import flax
@@ -53,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_dd.core import checks
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import sample_batch
@@ -152,8 +152,9 @@ class LocalTraining:
       steps (``lax.scan``); the results are the same.
 
   Raises:
-    ValueError: ``batch_size`` or ``max_steps`` below 1, or ``lr_decay``
-      not a positive finite number.
+    fedjax_dd.core.checks.SettingError: ``optimizer`` not an optax
+      transformation, ``batch_size`` or ``max_steps`` not an int >= 1, or
+      ``lr_decay`` not a positive finite number.
   """
   task: Classifier
   optimizer: optax.GradientTransformation
@@ -166,13 +167,10 @@ class LocalTraining:
   skip_padding: bool = True
 
   def __post_init__(self):
-    if self.max_steps < 1:
-      raise ValueError(f"max_steps must be >= 1, got {self.max_steps}.")
-    if self.batch_size < 1:
-      raise ValueError(f"batch_size must be >= 1, got {self.batch_size}.")
-    if not (self.lr_decay > 0 and math.isfinite(self.lr_decay)):
-      raise ValueError(f"lr_decay must be a positive finite number, got "
-                       f"{self.lr_decay}.")
+    checks.check_transformation("LocalTraining.optimizer", self.optimizer)
+    checks.check_int("max_steps", self.max_steps, 1)
+    checks.check_int("batch_size", self.batch_size, 1)
+    checks.check_number("lr_decay", self.lr_decay, 0.0, low_open=True)
 
   @property
   def decays(self) -> bool:
@@ -325,9 +323,20 @@ def steps_for(num_examples: jax.Array, batch_size: int, *,
 
   Exactly one of ``epochs`` and ``steps`` must be given. Clients with no data
   get zero steps.
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: ``batch_size`` not an int >= 1,
+      ``epochs`` not a finite number > 0, or ``steps`` not an int >= 0.
   """
   if (epochs is None) == (steps is None):
     raise ValueError("Give exactly one of `epochs` and `steps`.")
+  # A zero, fractional or negative batch gives step counts that look
+  # plausible ([2 2 2 2] at batch_size=0) or negative: refused here.
+  batch_size = checks.check_int("batch_size", batch_size, 1)
+  if epochs is not None:
+    epochs = checks.check_number("epochs", epochs, 0.0, low_open=True)
+  else:
+    steps = checks.check_int("steps", steps, 0)
   n = jnp.asarray(num_examples)
   if steps is not None:
     return jnp.where(n > 0, steps, 0).astype(jnp.int32)

@@ -40,6 +40,7 @@ import jax
 import numpy as np
 import tqdm
 
+from fedjax_dd.core import checks
 from fedjax_dd.core.metrics import MetricsFileError, MetricsWriter
 
 Carry = TypeVar("Carry")
@@ -74,6 +75,9 @@ class LoopOptions:
   clock: Callable[[], float] = time.monotonic
   desc: str = "steps"
   stop_on_nonfinite: bool = True
+
+  def __post_init__(self):
+    checks.check_budget("max_seconds", self.max_seconds)
 
 
 # One step's progress line off a TTY, in tqdm's format fields: e.g.

@@ -49,6 +49,7 @@ class MetricsWriter:
     check_not_linked(self.path)
     os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
     self._invalidates = tuple(os.fspath(p) for p in invalidates)
+    self._describes = self._invalidates
     self._tb = None
     if tensorboard_dir is not None:
       try:
@@ -97,6 +98,39 @@ class MetricsWriter:
     check_not_linked(self.path)
     write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n"
                                   for r in kept))
+
+  def start_fresh(self, store: Any = None) -> None:
+    """Empties the file for a run that starts at its first step.
+
+    This is the only call that drops rows a checkpoint vouched for, so it
+    refuses (keeping every row) when they belong to a run the workdir can
+    no longer resume: a finished run (a file of ``invalidates``, its
+    ``summary.json``, is still there) or a run whose committed checkpoints
+    were all found damaged (``store``'s
+    :attr:`~fedjax_dd.core.checkpoint.CheckpointStore.damaged_steps`).
+    Rows without either (a run killed before its first checkpoint) are the
+    rows the fresh start writes again.
+
+    Raises:
+      MetricsFileError: the rows are a finished or damaged run's.
+    """
+    rows = self._read(torn_tail_ok=True)
+    if rows:
+      damaged = list(getattr(store, "damaged_steps", ()) or ())
+      finished = [p for p in self._describes if os.path.exists(p)]
+      if damaged or finished:
+        where = getattr(store, "directory", None)
+        why = (f"every committed checkpoint in {where} is damaged (steps "
+               f"{', '.join(map(str, damaged))} were skipped)" if damaged
+               else f"{finished[0]} says the run finished, but no "
+               "checkpoint of it can be restored")
+        raise MetricsFileError(
+            f"{self.path} holds {len(rows)} rows of an earlier run and "
+            f"{why}: starting afresh would erase them. Restore the "
+            "checkpoints, or start the run again in a new --workdir "
+            "(or delete this one's metrics.jsonl to start it here).")
+    check_not_linked(self.path)
+    write_text(self.path, "")
 
   def write(self, row: Mapping[str, Any]) -> None:
     for stale in self._invalidates:

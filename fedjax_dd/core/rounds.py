@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dd.core import checks
 from fedjax_dd.core import cohorts
 from fedjax_dd.core import keys
 from fedjax_dd.core import ledger as ledger_lib
@@ -68,6 +69,9 @@ class RoundsOptions:
   max_seconds: float = 0.0
   clock: Callable[[], float] = time.monotonic
   stop_on_nonfinite: bool = True
+
+  def __post_init__(self):
+    checks.check_budget("max_seconds", self.max_seconds)
 
 
 # Metrics an algorithm's ``apply`` returns under this prefix,
@@ -388,7 +392,7 @@ def resume_and_run(
             f"--config.rounds) to report or continue it, or use a new "
             f"workdir (--workdir) for {options.num_rounds}.")
     else:
-      writer.truncate_after(0)
+      writer.start_fresh(store)
     state, ledger, _ = run_rounds(algorithm, state, data, num_steps, options,
                                   evaluate=evaluate, ledger=ledger,
                                   writer=writer, store=store, wall=wall,

@@ -44,7 +44,7 @@ from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.core.algorithm import ServerDistillation, SpannedClientStage
 from fedjax_dd.core.algorithm import Teachers
-from fedjax_dd.core.checkpoint import CheckpointStore, as_restored
+from fedjax_dd.core.checkpoint import COMMIT_MARKER, CheckpointStore, as_restored
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.core.stage_cache import StageCache, fingerprint_differences
 from fedjax_dd.data.stacked import ClientData
@@ -205,6 +205,33 @@ def _train_in_spans(stage: SpannedClientStage, directory: str, starts, data,
   return stage.finish(progress, data), done
 
 
+class TeachersFromError(ValueError):
+  """``teachers_from`` names no usable client stage of another run."""
+
+
+def check_teachers_from(path: str) -> None:
+  """Refuses a ``teachers_from`` that is not a run directory with a
+  committed round-1 client checkpoint (``PATH/r1/clients/<step>``), before
+  anything is read from it or created in it (a store opened on ``/etc``
+  would create ``/etc/r1/clients``).
+
+  Raises:
+    TeachersFromError: one line naming the path and the fix.
+  """
+  clients = os.path.join(path, "r1", "clients")
+  if not os.path.isdir(path):
+    raise TeachersFromError(
+        f"teachers_from={path!r} is not a directory; name the workdir of a "
+        "run whose client stage finished (it holds r1/clients/).")
+  if not os.path.isdir(clients) or not any(
+      os.path.isfile(os.path.join(clients, n, COMMIT_MARKER))
+      for n in os.listdir(clients) if n.isdigit()):
+    raise TeachersFromError(
+        f"teachers_from={path!r} holds no committed round-1 client "
+        f"checkpoint ({clients}/<step>); name the workdir of a run whose "
+        "client stage finished (e.g. a --config.method=os_fedavg run).")
+
+
 def _clients(algorithm, directory, r, starts, sizes, data, train_key,
              options, deadline=None) -> tuple[Teachers | None, bool, int]:
   """Round ``r``'s client models: restored, reused, or trained and saved.
@@ -225,18 +252,23 @@ def _clients(algorithm, directory, r, starts, sizes, data, train_key,
     if restored is not None:
       return restored[1], False, 0
     if r == 1 and options.teachers_from:
+      check_teachers_from(options.teachers_from)
       with CheckpointStore(os.path.join(options.teachers_from, "r1", "clients"),
                            max_to_keep=1) as other:
         theirs = other.restore(template)
       if theirs is None:
-        raise ValueError(f"teachers_from={options.teachers_from!r} holds no "
-                         "round-1 client checkpoint.")
+        raise TeachersFromError(
+            f"teachers_from={options.teachers_from!r} holds no round-1 client "
+            "checkpoint that restores (each was damaged or cut); train the "
+            "clients again in that workdir, or name another.")
       diffs = protocol_differences(theirs[2].get("protocol"),
                                    options.protocol)
       if diffs:
-        raise ValueError(
-            "teachers_from was trained under another client protocol; "
-            "differing: " + "; ".join(diffs))
+        raise TeachersFromError(
+            f"teachers_from={options.teachers_from!r} was trained under "
+            "another client protocol; differing: " + "; ".join(diffs) +
+            ". Use clients trained with these settings, or drop "
+            "teachers_from.")
       teachers, trained = theirs[1], False
     else:
       # One layout whether trained here or restored: the client mapper may
@@ -427,8 +459,12 @@ def run_server_rounds(
         # unfinished round. A finished round's later rows are a later
         # round's, which drops its own (dropping them here lost them).
         if e_total == 0:
-          if restored is None:
+          if restored is None and r == 1:
+            writer.start_fresh(store)
+          elif restored is None:
             writer.truncate_after(r - 1, key="step")
+        elif start == 0 and r == 1:
+          writer.start_fresh(store)
         elif start < e_total:
           writer.truncate_after(offset + start, key="step")
         if e_total:  # Every step up to the checkpoint wrote its row.

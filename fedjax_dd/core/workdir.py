@@ -29,7 +29,7 @@ import os
 import tempfile
 from typing import Any, Mapping
 
-from fedjax_dd.core.checkpoint import COMMIT_MARKER, CheckpointStore
+from fedjax_dd.core.checkpoint import COMMIT_MARKER, CheckpointStore, is_damaged
 from fedjax_dd.core.metrics import MetricsWriter, to_jsonable, write_json
 
 _log = logging.getLogger(__name__)
@@ -131,6 +131,8 @@ class WorkdirLock:
     WorkdirBusyError: another process holds the lock.
     NotADirectoryError / PermissionError: ``directory`` is a file or cannot
       be written; the message says which path and what to change.
+    WorkdirLayoutError: its files are not laid out as a run writes them
+      (:func:`check_layout`).
   """
 
   # realpath -> (thread id, depth) of the locks this process holds: the
@@ -150,6 +152,7 @@ class WorkdirLock:
     import socket  # pylint: disable=g-import-not-at-top
     import threading  # pylint: disable=g-import-not-at-top
     check_writable(self.directory, flag=self._flag)
+    check_layout(self.directory)
     key = os.path.realpath(self.directory)
     held = WorkdirLock._held.get(key)
     if held is not None:
@@ -290,8 +293,98 @@ def check_writable(directory: str | os.PathLike, *,
         "writable path.") from None
 
 
+class WorkdirLayoutError(ValueError):
+  """The workdir's files are not laid out as a run writes them (a store
+  replaced by a file, a results file by a directory, a store that cannot be
+  written): refused before anything in it is read or written."""
+
+
+# What a run writes at the top of its directory, by kind. A store holds
+# checkpoint steps (directories); the r<r>/ rounds of the server-side driver
+# hold the stores clients/, setup/ and server/.
+_LAYOUT_DIRS = ("checkpoints", "stages", "tensorboard")
+_LAYOUT_FILES = ("metrics.jsonl", "summary.json", FINGERPRINT_FILE,
+                 ENVIRONMENT_FILE)
+_ROUND_STORES = ("clients", "client_spans", "setup", "server")
+
+
+def _writable(path: str) -> str | None:
+  # os.access says yes to root and knows nothing of a read-only mount: write.
+  try:
+    with tempfile.TemporaryFile(dir=path):
+      pass
+  except OSError as e:
+    return e.strerror or type(e).__name__
+  return None
+
+
+def check_layout(directory: str | os.PathLike) -> None:
+  """Refuses a workdir whose files are not what a run writes there.
+
+  A finished run's directory whose ``checkpoints/`` became a regular file
+  would otherwise look like a run with nothing to resume: it would start
+  again at round 0 and empty ``metrics.jsonl``. So before a run touches its
+  directory, each name a run writes must be of its kind: ``checkpoints/``,
+  ``stages/``, ``tensorboard/``, ``r<r>/`` and the stores under it are
+  directories that can be written; ``metrics.jsonl``, ``summary.json``,
+  ``config.json`` and ``environment.json`` are regular files. Other names
+  are the user's and are not looked at.
+
+  Raises:
+    WorkdirLayoutError: one line naming the path, what it is and the fix.
+  """
+  directory = os.fspath(directory)
+  if not os.path.isdir(directory):
+    return
+  names = set(os.listdir(directory))
+  dirs = [n for n in _LAYOUT_DIRS if n in names]
+  for n in sorted(names):
+    if n.startswith("r") and n[1:].isdigit():
+      dirs.append(n)
+      sub = os.path.join(directory, n)
+      if os.path.isdir(sub):
+        dirs += [os.path.join(n, m) for m in _ROUND_STORES
+                 if os.path.lexists(os.path.join(sub, m))]
+  for n in dirs:
+    path = os.path.join(directory, n)
+    if not os.path.isdir(path):
+      kind = "a symbolic link to nothing" if os.path.islink(path) else "a file"
+      raise WorkdirLayoutError(
+          f"The workdir {directory} is damaged: {path} is {kind}, where a "
+          "run keeps a directory of checkpoints or results. Nothing was read "
+          "or changed. Restore it from a copy, or start the run again in a "
+          "new --workdir.")
+    error = _writable(path)
+    if error is not None:
+      raise WorkdirLayoutError(
+          f"The workdir {directory} cannot be written: {path} refuses new "
+          f"files ({error}), and the run saves its checkpoints there. "
+          "Nothing was changed. Make it writable (or copy the workdir to a "
+          "writable place) and re-run.")
+  for n in _LAYOUT_FILES:
+    path = os.path.join(directory, n)
+    if os.path.lexists(path) and not os.path.islink(path) and (
+        not os.path.isfile(path)):
+      raise WorkdirLayoutError(
+          f"The workdir {directory} is damaged: {path} is a directory, "
+          "where a run keeps one file. Nothing was read or changed. Restore "
+          "the file from a copy, or start the run again in a new "
+          "--workdir.")
+
+
 class FingerprintMismatchError(ValueError):
   """The workdir holds a run made with other defining settings."""
+
+
+class EnvironmentMismatchError(FingerprintMismatchError):
+  """A resume under an environment setting that changes what the run
+  computes, not only its rounding (``JAX_ENABLE_X64``)."""
+
+
+# Environment keys a resume may not change: they change the numbers, not only
+# their rounding (JAX_ENABLE_X64 on fedavg.py:smoke: accuracy 0.2333 against
+# 0.2194 after one round).
+_REFUSED_ENVIRONMENT = ("x64",)
 
 
 def _normalised(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
@@ -454,8 +547,9 @@ def current_environment() -> dict[str, Any]:
   """Where this process computes: what sets a run's float rounding.
 
   Returns:
-    ``{"platform", "device_kind", "devices", "processes", "jax",
-    "jaxlib", "policy"}``. The device count matters on a CPU too: the engine
+    ``{"platform", "x64", "device_kind", "devices", "processes", "jax",
+    "jaxlib", "policy"}``; ``x64`` is ``jax_enable_x64``
+    (``JAX_ENABLE_X64=1``). The device count matters on a CPU too: the engine
     lays the client axis over one host device per core
     (``fedjax_dd.configure_cpu``), so another count batches the clients
     otherwise. ``policy`` is :func:`fedjax_dd.policy.forms`, the layer forms
@@ -467,6 +561,9 @@ def current_environment() -> dict[str, Any]:
   from fedjax_dd import versions  # pylint: disable=g-import-not-at-top
   devices = jax.devices()
   return {"platform": jax.default_backend(),
+          # JAX_ENABLE_X64 makes Python floats and the loops' scalars 64-bit:
+          # other numbers from the same settings (refused on a mixed resume).
+          "x64": bool(jax.config.jax_enable_x64),
           "device_kind": devices[0].device_kind,
           "devices": len(devices),
           "processes": jax.process_count(),
@@ -534,6 +631,10 @@ def record_environment(directory: str | os.PathLike,
       Recorded forms this call does not give keep their values (a library
       loop called by the entry point gives none).
 
+  Raises:
+    EnvironmentMismatchError: the run was made with the other
+      ``JAX_ENABLE_X64`` setting (a change of numbers, not of rounding).
+
   Returns:
     The warning when the directory holds results (see
     :func:`has_run_files`) made in another environment, else None. It is
@@ -562,6 +663,15 @@ def record_environment(directory: str | os.PathLike,
     return None
   started = record.get("started")
   started = started if isinstance(started, dict) else {}
+  for key in _REFUSED_ENVIRONMENT:
+    if key in started and key in now and started[key] != now[key]:
+      raise EnvironmentMismatchError(
+          f"The run in {directory} was made with JAX_ENABLE_X64="
+          f"{int(bool(started[key]))} and this process has "
+          f"JAX_ENABLE_X64={int(bool(now[key]))}: 64-bit mode changes the "
+          "numbers, so resuming would mix two computations. Set "
+          f"JAX_ENABLE_X64={int(bool(started[key]))} to resume, or use a new "
+          "--workdir.")
   diffs = _environment_differences(started, now)
   if not diffs:
     return None
@@ -596,6 +706,10 @@ def latest_checkpoint(directory: str | os.PathLike) -> tuple[str, int] | None:
   resumed run starts from or after. Reads only the markers, so it is cheap
   and safe to call while nothing else runs (e.g. after Ctrl-C).
 
+  A step a restore of this process skipped as damaged is not a candidate
+  (:func:`fedjax_dd.core.checkpoint.is_damaged`): the message after Ctrl-C
+  names the step the run will resume from.
+
   Returns:
     ``(path of the step directory relative to directory, step)``, or None if
     nothing was committed.
@@ -606,7 +720,7 @@ def latest_checkpoint(directory: str | os.PathLike) -> tuple[str, int] | None:
     if COMMIT_MARKER not in names:
       continue
     step_name = os.path.basename(root)
-    if not step_name.isdigit():
+    if not step_name.isdigit() or is_damaged(root):
       continue
     # Newest marker first; equal times (coarse clocks) go to the higher step.
     rank = (os.path.getmtime(os.path.join(root, COMMIT_MARKER)),

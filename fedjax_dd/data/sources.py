@@ -486,9 +486,28 @@ def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
   if not path:
     raise ValueError(f"{spec!r}: missing path after 'npz:'.")
   full = os.path.abspath(os.path.expanduser(path))  # Relative to the CWD.
-  if not os.path.isfile(full):
-    raise ValueError(f"{spec!r}: file not found: {full}")
+  _check_npz_file(spec, full)
   return full, dict(_npz_arrays(full, spec))
+
+
+def _check_npz_file(spec: str, full: str) -> None:
+  """Refuses a path that is not a regular file holding a zip archive,
+  naming what it is (missing, a directory, a device or pipe, another
+  format) without reading past a regular file's end record."""
+  if not os.path.exists(full):
+    raise ValueError(f"{spec!r}: file not found: {full}")
+  if os.path.isdir(full):
+    raise ValueError(f"{spec!r}: {full} is a directory, not an npz file; "
+                     "name the .npz archive in it.")
+  if not os.path.isfile(full):
+    raise ValueError(f"{spec!r}: {full} is not a regular file (a device, "
+                     "pipe or socket); name an .npz archive written by "
+                     "np.savez.")
+  if not zipfile.is_zipfile(full):
+    raise ValueError(
+        f"{spec!r}: {full} is not an npz archive (a zip of .npy arrays, as "
+        "written by np.savez); convert it with np.savez(PATH, x_train=..., "
+        "y_train=..., x_test=..., y_test=...).")
 
 
 def _npz_arrays(full: str, spec: str | None = None):
@@ -546,8 +565,9 @@ def _npz_arrays(full: str, spec: str | None = None):
 
 def check_name(spec: str) -> None:
   """Refuses a dataset name :func:`load_dataset` cannot load, without
-  loading it: an unknown name, ``npz:`` without a path, or an ``npz:`` file
-  that does not exist (its contents are checked when it loads).
+  loading it: an unknown name, ``npz:`` without a path, or an ``npz:`` path
+  that is not a regular file holding a zip archive (missing, a directory,
+  ``/dev/zero``); its arrays are checked when it loads.
 
   Raises:
     ValueError: naming the spec and the valid names (or the missing file).
@@ -559,8 +579,7 @@ def check_name(spec: str) -> None:
     path = npz_path(spec)
     if path is None:
       raise ValueError(f"{spec!r}: missing path after 'npz:'.")
-    if not os.path.isfile(path):
-      raise ValueError(f"{spec!r}: file not found: {path}")
+    _check_npz_file(spec, path)
   elif spec not in _LOADERS:
     raise ValueError(
         f"Unknown dataset {spec!r}. Valid names: {sorted(_LOADERS)} or "

@@ -13,6 +13,10 @@ sent each one:
   ``[0, 1]`` pixel space, from each uploaded image to the sender's nearest raw
   image (min and median over uploads). For scale: two different MNIST digits
   are typically 5–10 apart.
+* ``near_copy_count`` / ``near_copy_fraction``: uploads within
+  :data:`NEAR_COPY_RMS` (2 grey levels, root mean square per pixel) of a raw
+  image of their sender, byte-identical ones included: a copy moved by a
+  grey level passes the byte check but not this one.
 """
 
 from __future__ import annotations
@@ -21,8 +25,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RawUploadError", "check_no_raw_upload", "identical_to_raw",
-           "upload_privacy"]
+__all__ = ["NEAR_COPY_RMS", "RawUploadError", "check_no_raw_upload",
+           "identical_to_raw", "upload_privacy"]
+
+NEAR_COPY_RMS = 2.0 / 255.0
+"""The root-mean-square pixel distance (``[0, 1]`` scale) at or below which
+an upload counts as a near-copy of a raw image."""
 
 
 class RawUploadError(ValueError):
@@ -80,9 +88,9 @@ def upload_privacy(uploaded_x: Any, owner: Any, client_x: Any,
 
   Returns:
     ``{"uploaded_images", "identical_to_raw_count",
-    "identical_to_raw_fraction", "nearest_raw_l2_min",
-    "nearest_raw_l2_median"}``; the distances are ``None`` for an empty
-    upload.
+    "identical_to_raw_fraction", "near_copy_count", "near_copy_fraction",
+    "nearest_raw_l2_min", "nearest_raw_l2_median"}``; the distances are
+    ``None`` for an empty upload.
 
   Raises:
     ValueError: on non-uint8 images, mismatched shapes, or an owner outside
@@ -92,7 +100,8 @@ def upload_privacy(uploaded_x: Any, owner: Any, client_x: Any,
   m = ux.shape[0]
   if m == 0:
     return {"uploaded_images": 0, "identical_to_raw_count": 0,
-            "identical_to_raw_fraction": 0.0, "nearest_raw_l2_min": None,
+            "identical_to_raw_fraction": 0.0, "near_copy_count": 0,
+            "near_copy_fraction": 0.0, "nearest_raw_l2_min": None,
             "nearest_raw_l2_median": None}
 
   identical = _identical(ux, own, cx, n)
@@ -112,10 +121,14 @@ def upload_privacy(uploaded_x: Any, owner: Any, client_x: Any,
   # of the expansion above.
   nearest[identical] = 0.0
   count = int(identical.sum())
+  # L2 over D pixels at an RMS of NEAR_COPY_RMS is NEAR_COPY_RMS * sqrt(D).
+  near = int(np.sum(nearest <= NEAR_COPY_RMS * np.sqrt(flat_u.shape[1])))
   return {
       "uploaded_images": int(m),
       "identical_to_raw_count": count,
       "identical_to_raw_fraction": count / m,
+      "near_copy_count": near,
+      "near_copy_fraction": near / m,
       "nearest_raw_l2_min": float(nearest.min()),
       "nearest_raw_l2_median": float(np.median(nearest)),
   }

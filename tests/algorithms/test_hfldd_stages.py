@@ -72,26 +72,81 @@ def test_stage_fields_report_eq18_in_bytes_by_hand():
   assert out["privacy"] == {"x": 1} and out["kip_loss"] is None
 
 
+def _clients_and_uploads():
+  # 5 clients of 2 images each, client c's images all 10 c + i; the three
+  # members (0, 2, 3) send one image each, 200 + j: no raw image.
+  x = np.zeros((5, 2, 4, 4, 1), np.uint8)
+  for c in range(5):
+    for i in range(2):
+      x[c, i] = 10 * c + i
+  data = ClientData(x=x, y=np.array([[0, 1]] * 5, np.int32),
+                    num_examples=np.full(5, 2, np.int32))
+  sent = hfldd.SentData(
+      x=np.stack([np.full((1, 4, 4, 1), 200 + j, np.uint8)
+                  for j in range(3)]),
+      y=np.eye(3, dtype=np.float32)[[[2], [2], [2]]],
+      mask=np.ones((3, 1), bool), senders=np.array([0, 2, 3]))
+  return data, sent
+
+
 def test_stages_or_load_computes_once_and_refuses_other_settings(tmp_path):
   cache = StageCache(tmp_path)
+  data, sent = _clients_and_uploads()
   calls = []
 
   def compute():
     calls.append(1)
-    return _stages()
+    hybrid = hfldd.build_hybrid_data(data, TOPO, sent, num_classes=3)
+    return hfldd_stages.Stages(
+        topology=TOPO, counts=sent.counts, hybrid=hybrid,
+        times={"label_knowledge": 1.5}, info={"privacy": {"x": 1}},
+        sent=sent)
 
-  first = hfldd_stages.stages_or_load(cache, {"k": 1}, compute)
-  again = hfldd_stages.stages_or_load(cache, {"k": 1}, compute)
+  first = hfldd_stages.stages_or_load(cache, {"k": 1}, compute, data=data,
+                                      num_classes=3)
+  again = hfldd_stages.stages_or_load(cache, {"k": 1}, compute, data=data,
+                                      num_classes=3)
   assert len(calls) == 1 and not first.cached and again.cached
   np.testing.assert_array_equal(again.topology.heads, TOPO.heads)
   np.testing.assert_array_equal(again.topology.heterogeneous,
                                 TOPO.heterogeneous)
-  np.testing.assert_array_equal(again.counts, [2, 3, 1])
-  np.testing.assert_array_equal(again.hybrid.num_examples, [7, 4])
-  assert again.hybrid.x.shape == (2, 7, 4, 4, 1)
+  np.testing.assert_array_equal(again.counts, [1, 1, 1])
+  # Head 1: its 2 images + members 0 and 2; head 4: its 2 + member 3.
+  np.testing.assert_array_equal(again.hybrid.num_examples, [4, 3])
+  np.testing.assert_array_equal(again.hybrid.x[0, :, 0, 0, 0],
+                                [10, 11, 200, 201])
+  np.testing.assert_array_equal(again.hybrid.x[1, :3, 0, 0, 0],
+                                [40, 41, 202])
+  for field in ("x", "y", "num_examples"):
+    np.testing.assert_array_equal(getattr(again.hybrid, field),
+                                  getattr(first.hybrid, field))
   assert again.times == first.times and again.info == first.info
   with pytest.raises(StaleStageError, match="k"):
-    hfldd_stages.stages_or_load(cache, {"k": 2}, compute)
+    hfldd_stages.stages_or_load(cache, {"k": 2}, compute, data=data,
+                                num_classes=3)
+
+
+def test_the_stage_cache_holds_what_the_heads_received_not_their_data(
+    tmp_path):
+  # Before: stages/hfldd/0/state/x held every head's D_h, its own raw
+  # images included (145 raw training images in hfldd.py:smoke).
+  cache = StageCache(tmp_path)
+  data, sent = _clients_and_uploads()
+  hfldd_stages.stages_or_load(
+      cache, {"k": 1}, lambda: hfldd_stages.Stages(
+          topology=TOPO, counts=sent.counts,
+          hybrid=hfldd.build_hybrid_data(data, TOPO, sent, num_classes=3),
+          times={}, info={}, sent=sent), data=data, num_classes=3)
+  stored = cache.load(hfldd_stages.STAGE, {"k": 1}).arrays
+  raw = {data.x[c, i].tobytes() for c in range(5) for i in range(2)}
+  images = [a for a in stored.values() if a.dtype == np.uint8]
+  assert images, sorted(stored)
+  for a in images:
+    for img in a.reshape(-1, 4, 4, 1):
+      assert img.tobytes() not in raw
+  assert sorted(stored) == ["counts", "heads", "heterogeneous",
+                            "homogeneous", "senders", "sent_mask", "sent_x",
+                            "sent_y"]
 
 
 def test_run_stages_chains_clusters_uploads_and_heads_data():
@@ -115,3 +170,21 @@ def test_run_stages_chains_clusters_uploads_and_heads_data():
   assert s.info["privacy"]["identical_to_raw_fraction"] == 1.0
   assert set(s.times) == {"label_knowledge", "cluster_sampling",
                           "dataset_generation", "privacy"}
+
+
+def test_a_cache_of_the_older_layout_is_refused_naming_its_directory(
+    tmp_path):
+  cache = StageCache(tmp_path)
+  data, _ = _clients_and_uploads()
+  cache.save(hfldd_stages.STAGE, {"k": 1},
+             {"homogeneous": TOPO.homogeneous,
+              "heterogeneous": TOPO.heterogeneous, "heads": TOPO.heads,
+              "counts": np.array([1, 1, 1]), "x": data.x[:2],
+              "y": np.zeros((2, 2, 3), np.float32),
+              "num_examples": np.array([2, 2], np.int32)},
+             {"times": {}, "info": {}})
+  with pytest.raises(StaleStageError,
+                     match="older fedjax-dd and holds the heads' own raw "
+                     "images; delete that directory"):
+    hfldd_stages.stages_or_load(cache, {"k": 1}, lambda: None, data=data,
+                                num_classes=3)

@@ -414,11 +414,11 @@ def test_local_training_is_a_frozen_hashable_value():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("max_steps", 0, "max_steps must be >= 1, got 0."),
-    ("batch_size", 0, "batch_size must be >= 1, got 0."),
-    ("lr_decay", 0.0, "lr_decay must be a positive finite number, got 0.0."),
+    ("max_steps", 0, "max_steps must be an int >= 1, got 0."),
+    ("batch_size", 0, "batch_size must be an int >= 1, got 0."),
+    ("lr_decay", 0.0, "lr_decay must be a finite number > 0, got 0.0."),
     ("lr_decay", float("inf"),
-     "lr_decay must be a positive finite number, got inf."),
+     "lr_decay must be a finite number > 0, got inf."),
 ])
 def test_local_training_refuses_bad_settings(field, value, message):
   kw = {"batch_size": 1, "max_steps": 1, field: value}

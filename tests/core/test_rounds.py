@@ -399,3 +399,54 @@ def test_a_finished_run_asked_for_fewer_rounds_is_refused(tmp_path):
   # Says what to change from Python as well as from the command line.
   assert "fit's rounds=" in message and "--config.rounds" in message
   assert int(train(3).state.round) == 3  # the same request still resumes
+
+
+def _cut_every_step(store_dir):
+  for step_dir in sorted(p for p in store_dir.iterdir() if p.name.isdigit()):
+    for f in sorted(step_dir.rglob("*")):
+      if f.is_file() and f.name != "fedjax_dd_commit.json" and (
+          f.stat().st_size > 100):
+        f.write_bytes(f.read_bytes()[:10])
+        break
+
+
+def test_a_fresh_start_never_erases_the_rows_of_a_damaged_or_finished_run(
+    tmp_path):
+  # Before: with every checkpoint damaged (or checkpoints/ gone), the run
+  # started again at round 0 and emptied metrics.jsonl before computing.
+  from fedjax_dd.core import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  alg, state0, data, num_steps, evaluate = _setup()
+  opts = rounds_lib.RoundsOptions(num_rounds=2, clients_per_round=2,
+                                  progress=False)
+  path = tmp_path / "metrics.jsonl"
+  summary = tmp_path / "summary.json"
+
+  def train():
+    return rounds_lib.resume_and_run(
+        alg, state0, data, num_steps, opts,
+        writer=MetricsWriter(path, invalidates=(summary,)),
+        store=CheckpointStore(tmp_path / "ck"), evaluate=evaluate)
+
+  rows = train().rows
+  kept = path.read_text()
+  assert [r["round"] for r in rows] == [1, 2]
+  _cut_every_step(tmp_path / "ck")
+  with pytest.raises(loop_lib.MetricsFileError) as info:
+    train()
+  message = str(info.value)
+  assert "\n" not in message
+  assert "holds 2 rows of an earlier run" in message
+  assert "(steps 2, 1 were skipped)" in message
+  assert path.read_text() == kept
+  # A finished run (its summary) whose checkpoints are gone: refused too.
+  shutil.rmtree(tmp_path / "ck")
+  summary.write_text("{}")
+  with pytest.raises(loop_lib.MetricsFileError,
+                     match="says the run finished, but no checkpoint"):
+    train()
+  assert path.read_text() == kept
+  # Rows of a run killed before its first checkpoint are rewritten: the
+  # explicit fresh start.
+  summary.unlink()
+  assert train().rows == rows

@@ -262,8 +262,9 @@ def test_current_environment_names_this_process():
   assert env["platform"] == jax.default_backend()
   assert env["devices"] == len(jax.devices())
   assert env["jax"] == jax.__version__
-  assert set(env) == {"platform", "device_kind", "devices", "processes",
-                      "jax", "jaxlib", "policy"}
+  assert set(env) == {"platform", "x64", "device_kind", "devices",
+                      "processes", "jax", "jaxlib", "policy"}
+  assert env["x64"] == bool(jax.config.jax_enable_x64)
   assert env["policy"] == policy.forms()
   assert env["policy"]["conv"] == policy.current().conv
 
@@ -354,3 +355,102 @@ def test_a_resume_under_another_model_form_is_named_and_recorded(tmp_path,
   assert message in caplog.text
   assert workdir_lib.read_environment(path)["resumed"][0]["forms"] == {
       "model.conv_impl": "forward"}
+
+
+def test_a_resume_that_mixes_x64_modes_is_refused(tmp_path):
+  # JAX_ENABLE_X64=1 changed fedavg.py:smoke's round-1 accuracy (0.2333
+  # against 0.2194): another computation, not another rounding.
+  path = tmp_path / "w"
+  on = {**_CPU2, "x64": True}
+  off = {**_CPU2, "x64": False}
+  workdir_lib.record_environment(path, off)
+  _commit(path / "checkpoints", 1)
+  assert workdir_lib.record_environment(path, off) is None
+  with pytest.raises(workdir_lib.EnvironmentMismatchError) as info:
+    workdir_lib.record_environment(path, on)
+  message = str(info.value)
+  assert "\n" not in message
+  assert ("made with JAX_ENABLE_X64=0 and this process has "
+          "JAX_ENABLE_X64=1") in message
+  assert "Set JAX_ENABLE_X64=0 to resume" in message
+  # A record written before x64 was recorded is not refused.
+  old = tmp_path / "old"
+  workdir_lib.record_environment(old, _CPU2)
+  _commit(old / "checkpoints", 1)
+  assert workdir_lib.record_environment(old, on) is None
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("checkpoints", "file"), ("stages", "file"), ("r1", "file"),
+    ("r1/server", "file"), ("metrics.jsonl", "dir"), ("summary.json", "dir"),
+    ("config.json", "dir")])
+def test_a_workdir_not_laid_out_as_a_run_writes_it_is_refused(
+    tmp_path, name, kind):
+  # Before: checkpoints/ replaced by a file restarted the finished run at
+  # round 0 and emptied metrics.jsonl before computing anything.
+  path = tmp_path / "w"
+  path.mkdir()
+  (path / "metrics.jsonl").write_text('{"round": 1}\n')
+  target = path / name
+  if target.exists():
+    target.unlink()
+  target.parent.mkdir(parents=True, exist_ok=True)
+  if kind == "file":
+    target.write_text("x")
+  else:
+    target.mkdir()
+  with pytest.raises(workdir_lib.WorkdirLayoutError) as info:
+    with workdir_lib.WorkdirLock(path):
+      pass
+  message = str(info.value)
+  assert "\n" not in message and str(target) in message
+  assert "Nothing was read or changed" in message
+  assert ("is a file, where a run keeps a directory" in message
+          if kind == "file" else "is a directory, where a run keeps one file"
+          in message)
+  if name != "metrics.jsonl":
+    assert (path / "metrics.jsonl").read_text() == '{"round": 1}\n'
+  assert not (path / workdir_lib.LOCK_FILE).exists()
+
+
+def test_a_store_that_refuses_new_files_is_refused_before_the_run(
+    tmp_path, monkeypatch):
+  # Before: a read-only checkpoints/ appended the next row, then an OSError
+  # [Errno 30] traceback. (As root, chmod does not stop a write: the check
+  # writes a file, so a read-only mount is what it sees; simulated here.)
+  path = tmp_path / "w"
+  (path / "checkpoints").mkdir(parents=True)
+  real = workdir_lib._writable
+  monkeypatch.setattr(
+      workdir_lib, "_writable",
+      lambda p: "Read-only file system" if p.endswith("checkpoints")
+      else real(p))
+  with pytest.raises(workdir_lib.WorkdirLayoutError,
+                     match=r"checkpoints refuses new files \(Read-only file "
+                     r"system\)"):
+    workdir_lib.check_layout(path)
+  monkeypatch.setattr(workdir_lib, "_writable", real)
+  workdir_lib.check_layout(path)   # a good layout passes
+  workdir_lib.check_layout(tmp_path / "none")   # and a missing directory
+
+
+def test_latest_checkpoint_skips_a_step_a_restore_found_damaged(tmp_path):
+  # Before: with every checkpoint cut, the Ctrl-C line named
+  # checkpoints/2, which the restore had just skipped as damaged.
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core.checkpoint import CheckpointStore  # pylint: disable=g-import-not-at-top
+  store = CheckpointStore(tmp_path / "checkpoints")
+  for step in (1, 2):
+    store.save(step, {"w": jnp.full((64,), float(step))})
+  assert workdir_lib.latest_checkpoint(tmp_path) == (
+      os.path.join("checkpoints", "2"), 2)
+  for step in (1, 2):
+    for f in sorted((tmp_path / "checkpoints" / str(step)).rglob("*")):
+      if f.is_file() and f.name != workdir_lib.COMMIT_MARKER and (
+          f.stat().st_size > 100):
+        f.write_bytes(f.read_bytes()[:10])
+        break
+  assert store.restore({"w": jnp.zeros((64,))}) is None
+  assert store.damaged_steps == [2, 1]
+  assert workdir_lib.latest_checkpoint(tmp_path) is None
+  store.close()

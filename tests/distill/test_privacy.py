@@ -92,3 +92,20 @@ def test_constant_images_are_not_told_to_run_more_iterations():
   # Mixed: one upload KIP could still move, so the advice stays.
   with pytest.raises(privacy.RawUploadError, match=r"Run more iterations"):
     privacy.check_no_raw_upload(varied, owner, x, n)
+
+
+def test_a_near_copy_passes_the_byte_check_but_is_counted():
+  # Before: an upload one grey level from its source passed as private.
+  x, n = _raw()
+  up = np.zeros((3, 2, 2, 1), np.uint8)
+  up[0] = 254                       # client 0's white image, 1 level off
+  up[1] = x[0, 1]
+  up[1, 1, 1, 0] = 2                # its one-pixel image, 2 levels off
+  up[2] = 255                       # exact copy: near too
+  p = privacy.upload_privacy(up, np.array([0, 0, 0]), x, n)
+  assert p["identical_to_raw_count"] == 1
+  # RMS over 4 pixels: 1/255 and sqrt(4/4)/255 = 1/255, both <= 2/255.
+  assert p["near_copy_count"] == 3 and p["near_copy_fraction"] == 1.0
+  far = np.full((1, 2, 2, 1), 3, np.uint8)   # 3 levels from black: RMS 3/255
+  p = privacy.upload_privacy(far, np.array([1]), x, n)
+  assert p["near_copy_count"] == 0 and p["identical_to_raw_count"] == 0

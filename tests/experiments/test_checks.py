@@ -108,8 +108,13 @@ def test_settings_refused_before_the_data_loads(preset, path, value, message):
 def test_check_name_refuses_without_loading(tmp_path):
   sources.check_name("digits")
   path = tmp_path / "d.npz"
-  path.write_bytes(b"not read")
-  sources.check_name(f"npz:{path}")  # exists: its contents are read later
+  np.savez(path, x_train=np.zeros(1))
+  sources.check_name(f"npz:{path}")  # a zip: its arrays are read later
+  path.write_bytes(b"not a zip")
+  with pytest.raises(ValueError, match="is not an npz archive"):
+    sources.check_name(f"npz:{path}")
+  with pytest.raises(ValueError, match="is a directory, not an npz file"):
+    sources.check_name(f"npz:{tmp_path}")
   with pytest.raises(ValueError, match=r"Unknown dataset 'dgits'"):
     sources.check_name("dgits")
   with pytest.raises(ValueError, match="file not found"):

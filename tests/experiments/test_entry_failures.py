@@ -165,3 +165,117 @@ def test_every_preset_the_help_lists_loads():
     elif "<" not in presets:  # a list of names, not a pattern
       for preset in presets.split(", "):
         assert module.get_config(preset) is not None, (file, preset)
+
+
+# --- Issue 76: each unhelpful or silent-wrong probe, now one line. ---------
+
+
+def _config(arg="fedavg.py:smoke"):
+  return main_lib.flags.FLAGS["config"].parser.parse(f"{_CONFIGS}/{arg}")
+
+
+@pytest.mark.parametrize("override,message", [
+    # Before: a KeyError traceback 138 s in, after the data loaded.
+    ({"method": "bogus"}, r"^config.method must be one of \['centralized', "
+     r".*'scaffold'\] for runner 'federated', got 'bogus'; set "
+     r"--config.method"),
+    # Before: the same traceback, no hint of the FedD3 config.
+    ({"method": "fedd3"}, r"^config.method='fedd3' runs under runner "
+     r"'fedd3', not this config's 'federated', .*use "
+     r"--config=experiments/configs/fedd3.py:<preset>"),
+    ({"method": "hfldd_random"}, r"--config=experiments/configs/"
+     r"hfldd_random.py:<preset>"),
+    # Before: the right words inside a traceback.
+    ({"runner": "bogus"}, r"^config.runner must be one of \['fedd3', "
+     r"'federated', .*got 'bogus'"),
+])
+def test_a_method_or_runner_no_runner_has_is_one_line(override, message):
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
+  config = _config()
+  registry.check_method(config)
+  for k, v in override.items():
+    config[k] = v
+  with pytest.raises(ValueError) as info:
+    registry.check_method(config)
+  assert "\n" not in str(info.value)
+  assert pytest.importorskip("re").search(message, str(info.value)), info.value
+
+
+def test_every_config_file_runs_a_method_of_its_runner():
+  from fedjax_dd.experiments import configs  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
+  for file, _, _ in configs.catalog():
+    registry.check_method(_config(file.split("/")[-1]))
+
+
+@pytest.mark.parametrize("file,message", [
+    # Before: 'NoneType' object has no attribute 'loader'.
+    ("/etc/passwd:smoke", "'/etc/passwd' is not a Python config file"),
+    ("README.md", "'README.md' is not a Python config file"),
+    ("experiments/__init__.py", "defines no get_config(arg)"),
+])
+def test_a_file_that_is_no_config_is_one_line(file, message):
+  error = main_lib._config_file_error(["fedjax-dd", f"--config={file}"])
+  assert error is not None and "Traceback" not in error and "\n" not in error
+  assert message in error, error
+
+
+def test_settings_that_name_no_usable_file_are_refused_before_the_data():
+  from fedjax_dd.experiments import common  # pylint: disable=g-import-not-at-top
+  config = _config()
+  config.data.dataset = "npz:/dev/zero"
+  # Before: "file not found", the wrong cause.
+  with pytest.raises(ValueError, match=r"/dev/zero is not a regular file \(a "
+                     r"device, pipe or socket\)"):
+    common.validate(config)
+  config = _config()
+  config.run.max_wall_seconds = -1   # before: exit 0, read as no budget
+  with pytest.raises(ValueError, match=r"^config.run.max_wall_seconds must "
+                     r"be a finite number >= 0, got -1"):
+    common.validate(config)
+
+
+def test_teachers_from_a_directory_without_clients_is_one_line(tmp_path):
+  import os  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import common  # pylint: disable=g-import-not-at-top
+  config = _config("fedhydra.py:smoke")
+  config.server.teachers_from = str(tmp_path)
+  # Before: a clear message inside a traceback, after the data loaded (and
+  # r1/clients created inside the named directory).
+  with pytest.raises(ValueError, match=r"^config.server.teachers_from=.* "
+                     r"holds no committed round-1 client checkpoint"):
+    common.validate(config)
+  assert os.listdir(tmp_path) == []
+  config.server.teachers_from = str(tmp_path / "none")
+  with pytest.raises(ValueError, match="is not a directory"):
+    common.validate(config)
+
+
+def test_a_write_the_workdir_refuses_mid_run_is_one_line(tmp_path):
+  import errno  # pylint: disable=g-import-not-at-top
+  where = str(tmp_path / "checkpoints" / "3")
+  inner = OSError(errno.EROFS, "Read-only file system", where)
+  try:
+    raise ValueError("orbax wrapped it") from inner
+  except ValueError as e:
+    outer = e
+  assert main_lib.unwritable_message(str(tmp_path), outer) == (
+      f"{where} cannot be written (Read-only file system): the run in "
+      f"{tmp_path} stopped; its last committed checkpoint is kept. Make the "
+      "workdir writable and re-run the same command to resume.")
+  assert main_lib.unwritable_message(str(tmp_path), ValueError("x")) is None
+
+
+def test_a_signal_after_the_run_finished_is_one_line(monkeypatch, capsys):
+  # Before: "Exception ignored in atexit callback" and the handler's
+  # KeyboardInterrupt traceback.
+  exits = []
+  monkeypatch.setattr(main_lib.os, "_exit", exits.append)
+  monkeypatch.setattr(main_lib._WORKDIR, "_value", "W", raising=False)
+  main_lib.flags.FLAGS(["fedjax-dd", "--workdir=W",
+                        f"--config={_CONFIGS}/fedavg.py:smoke"])
+  main_lib._after_finish(signal.SIGTERM, None)
+  assert exits == [143]
+  assert capsys.readouterr().err == (
+      "SIGTERM after the run finished: its results in W are complete.\n")
+  main_lib.flags.FLAGS.unparse_flags()

@@ -333,3 +333,44 @@ def test_local_training_and_partition_options_refused_before_compute(
   assert wanted in proc.stderr, proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr and "max_steps" not in proc.stderr
   assert not os.path.exists(tmp_path / "bad")
+
+
+def test_a_damaged_finished_workdir_is_refused_and_keeps_its_rows(tmp_path):
+  # Before: checkpoints/ replaced by a file restarted the finished run at
+  # round 0, emptying metrics.jsonl before computing anything (issue 76).
+  import shutil  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "w"
+
+  def run():
+    return subprocess.run(
+        [sys.executable, "-m", "fedjax_dd.experiments.main",
+         "--config=experiments/configs/fedavg.py:smoke",
+         f"--workdir={workdir}", "--config.run.progress=False"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+
+  assert run().returncode == 0
+  rows = (workdir / "metrics.jsonl").read_text()
+  assert len(rows.splitlines()) == 2
+  shutil.move(workdir / "checkpoints", tmp_path / "kept")
+  (workdir / "checkpoints").write_text("x")
+  proc = run()
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  assert (f"The workdir {workdir} is damaged: {workdir}/checkpoints is a "
+          "file, where a run keeps a directory") in proc.stderr
+  assert (workdir / "metrics.jsonl").read_text() == rows
+  # Every checkpoint damaged: the fresh start that would erase the rows is
+  # refused, naming the skipped steps.
+  (workdir / "checkpoints").unlink()
+  shutil.move(tmp_path / "kept", workdir / "checkpoints")
+  for step in ("1", "2"):
+    for f in sorted((workdir / "checkpoints" / step).rglob("*")):
+      if f.is_file() and f.stat().st_size > 100 and (
+          f.name != "fedjax_dd_commit.json"):
+        f.write_bytes(f.read_bytes()[:10])
+        break
+  proc = run()
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"FATAL {workdir}/metrics.jsonl holds 2 rows of an "
+                         "earlier run and every committed checkpoint"), last
+  assert (workdir / "metrics.jsonl").read_text() == rows

@@ -26,6 +26,7 @@ SUMMARY_KEYS = {
     "stage_seconds", "privacy", "kip_loss", "member_data", "sent_label_bytes",
 }
 PRIVACY_KEYS = {"uploaded_images", "identical_to_raw_count",
+                "near_copy_count", "near_copy_fraction", "stored_in_workdir",
                 "identical_to_raw_fraction", "nearest_raw_l2_min",
                 "nearest_raw_l2_median"}
 
@@ -52,6 +53,8 @@ def _check_hfldd_summary(s, workdir):
     assert s["stage_seconds"][stage] >= 0
   assert set(s["privacy"]) == PRIVACY_KEYS
   assert s["privacy"]["uploaded_images"] == s["distilled_samples_total"]
+  # The stage cache holds the uploads and nothing else (issue 76).
+  assert s["privacy"]["stored_in_workdir"] == s["privacy"]["uploaded_images"]
   assert 0.0 <= s["privacy"]["identical_to_raw_fraction"] <= 1.0
 
 

@@ -109,9 +109,11 @@ def test_cli_unloadable_datasets_end_in_one_line(tmp_path):
   # Not an npz archive.
   bad = tmp_path / "bad.npz"
   bad.write_text("not a zip")
-  line = _fatal(_main(tmp_path, "centralized.py:smoke",
-                      f"--config.data.dataset=npz:{bad}"))
-  assert f"{bad} is not an npz archive" in line
+  # Refused before the data loads now (a usage error, no FATAL line).
+  proc = _main(tmp_path, "centralized.py:smoke",
+               f"--config.data.dataset=npz:{bad}")
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  assert f"{bad} is not an npz archive" in proc.stderr.strip().splitlines()[-1]
   # A TFDS name with no local copy and no network: the proxy the probe
   # goes through is a closed local port, so it fails at once.
   import socket
