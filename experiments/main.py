@@ -299,20 +299,15 @@ def _on_sigterm(signum, frame) -> None:
 
 def unwritable_message(workdir: str, error: BaseException) -> str | None:
   """One line for a write the workdir refused mid-run (a read-only or
-  permission-denied folder: errno EROFS, EACCES or EPERM), else None."""
-  import errno  # pylint: disable=g-import-not-at-top
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if isinstance(error, OSError) and error.errno in (
-        errno.EROFS, errno.EACCES, errno.EPERM):
-      where = error.filename or workdir
-      return (f"{where} cannot be written ({error.strerror}): the run in "
-              f"{workdir} stopped; its last committed checkpoint is kept. "
-              "Make the workdir writable and re-run the same command to "
-              "resume.")
-    error = error.__cause__ or error.__context__
-  return None
+  permission-denied folder, :func:`fedjax_dd.core.checkpoint.unwritable`),
+  else None."""
+  refused = checkpoint_lib.unwritable(error)
+  if refused is None:
+    return None
+  return (f"{refused.filename or workdir} cannot be written "
+          f"({refused.strerror}): the run in {workdir} stopped; its last "
+          "committed checkpoint is kept. Make the workdir writable and "
+          "re-run the same command to resume.")
 
 
 def _after_finish(signum, frame) -> None:

@@ -16,6 +16,7 @@ quickstart runs its members through this table, which it is handed
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any, Callable
 
 import ml_collections
@@ -103,7 +104,6 @@ def check_method(config: ml_collections.ConfigDict) -> None:
   elsewhere = [r for r in RUNNERS if r != config.runner
                and method in methods(r)]
   if elsewhere:
-    import os  # pylint: disable=g-import-not-at-top
     configs = os.path.join(os.path.dirname(__file__), "configs")
     name = (f"experiments/configs/{method}.py" if os.path.isfile(
         os.path.join(configs, f"{method}.py")) else

@@ -255,8 +255,11 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
     fedjax_dd.core.stage_cache.StaleStageError: the cache holds stages
       computed under another ``fingerprint``.
   """
+  fresh = []  # the computed stages: their D_h is not built a second time
+
   def arrays_and_info():
     s = compute()
+    fresh.append(s)
     if s.sent is None:
       raise ValueError("stages_or_load: the computed Stages carry no `sent` "
                        "uploads to cache (run_stages sets them).")
@@ -268,6 +271,8 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
             {"times": s.times, "info": s.info})
 
   stage, computed = cache.get_or_compute(STAGE, fingerprint, arrays_and_info)
+  if computed:
+    return fresh[0]
   a = stage.arrays
   topology = sampling.Topology(homogeneous=a["homogeneous"],
                                heterogeneous=a["heterogeneous"],

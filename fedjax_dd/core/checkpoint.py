@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 __all__ = ["CheckpointStore", "COMMIT_MARKER", "DiskFullError", "as_restored",
-           "is_damaged", "is_disk_full"]
+           "is_damaged", "is_disk_full", "unwritable"]
 
 _log = logging.getLogger(__name__)
 
@@ -83,20 +83,30 @@ class DiskFullError(OSError):
 _DISK_FULL_TEXT = ("RESOURCE_EXHAUSTED", "No space left on device")
 
 
-def is_disk_full(error: BaseException) -> bool:
-  """Whether ``error`` (or an error it was raised from) says the device is
-  full."""
+def _chain(error: BaseException | None):
+  """``error`` and each error it was raised from, once each."""
   seen = set()
   while error is not None and id(error) not in seen:
     seen.add(id(error))
-    if isinstance(error, DiskFullError):
-      return True
-    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-      return True
-    if any(t in str(error) for t in _DISK_FULL_TEXT):
-      return True
+    yield error
     error = error.__cause__ or error.__context__
-  return False
+
+
+def is_disk_full(error: BaseException) -> bool:
+  """Whether ``error`` (or an error it was raised from) says the device is
+  full."""
+  return any(
+      isinstance(e, DiskFullError)
+      or (isinstance(e, OSError) and e.errno == errno.ENOSPC)
+      or any(t in str(e) for t in _DISK_FULL_TEXT) for e in _chain(error))
+
+
+def unwritable(error: BaseException) -> OSError | None:
+  """The error in ``error``'s chain that says a write was refused (a
+  read-only or permission-denied folder: EROFS, EACCES, EPERM), or None."""
+  return next((e for e in _chain(error) if isinstance(e, OSError)
+               and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)),
+              None)
 """Name of the commit marker file written into every complete step directory."""
 
 _MARKER_VERSION = 1

@@ -152,7 +152,6 @@ class WorkdirLock:
     import socket  # pylint: disable=g-import-not-at-top
     import threading  # pylint: disable=g-import-not-at-top
     check_writable(self.directory, flag=self._flag)
-    check_layout(self.directory)
     key = os.path.realpath(self.directory)
     held = WorkdirLock._held.get(key)
     if held is not None:
@@ -164,6 +163,8 @@ class WorkdirLock:
       WorkdirLock._held[key] = (held[0], held[1] + 1)
       self._key = key
       return self
+    # Once per lock: the entry point checked it before fit re-enters.
+    check_layout(self.directory)
     path = os.path.join(self.directory, LOCK_FILE)
     if os.path.islink(path):  # opening it would truncate what it names
       raise PermissionError(
@@ -283,14 +284,11 @@ def check_writable(directory: str | os.PathLike, *,
   if not os.access(directory, os.W_OK | os.X_OK):
     raise PermissionError(
         f"{flag} {directory} is not writable; choose a writable path.")
-  # os.access says yes to root and knows nothing of a read-only mount: write.
-  try:
-    with tempfile.TemporaryFile(dir=directory):
-      pass
-  except OSError as e:
+  error = _writable(directory)
+  if error is not None:
     raise PermissionError(
-        f"{flag} {directory} is not writable ({e.strerror}); choose a "
-        "writable path.") from None
+        f"{flag} {directory} is not writable ({error}); choose a "
+        "writable path.")
 
 
 class WorkdirLayoutError(ValueError):
@@ -301,7 +299,7 @@ class WorkdirLayoutError(ValueError):
 
 # What a run writes at the top of its directory, by kind. A store holds
 # checkpoint steps (directories); the r<r>/ rounds of the server-side driver
-# hold the stores clients/, setup/ and server/.
+# hold the stores of _ROUND_STORES.
 _LAYOUT_DIRS = ("checkpoints", "stages", "tensorboard")
 _LAYOUT_FILES = ("metrics.jsonl", "summary.json", FINGERPRINT_FILE,
                  ENVIRONMENT_FILE)
@@ -309,7 +307,8 @@ _ROUND_STORES = ("clients", "client_spans", "setup", "server")
 
 
 def _writable(path: str) -> str | None:
-  # os.access says yes to root and knows nothing of a read-only mount: write.
+  """None when a file can be created in ``path``, else why not. Writes one:
+  os.access says yes to root and knows nothing of a read-only mount."""
   try:
     with tempfile.TemporaryFile(dir=path):
       pass

@@ -486,14 +486,15 @@ def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
   if not path:
     raise ValueError(f"{spec!r}: missing path after 'npz:'.")
   full = os.path.abspath(os.path.expanduser(path))  # Relative to the CWD.
-  _check_npz_file(spec, full)
   return full, dict(_npz_arrays(full, spec))
 
 
 def _check_npz_file(spec: str, full: str) -> None:
   """Refuses a path that is not a regular file holding a zip archive,
   naming what it is (missing, a directory, a device or pipe, another
-  format) without reading past a regular file's end record."""
+  format) without reading past a regular file's end record. (np.load
+  guesses the format from the contents and reports any other file as
+  "pickled data"; an npz archive is a zip file.)"""
   if not os.path.exists(full):
     raise ValueError(f"{spec!r}: file not found: {full}")
   if os.path.isdir(full):
@@ -522,13 +523,7 @@ def _npz_arrays(full: str, spec: str | None = None):
     ValueError: one line naming the file, what is wrong and the fix.
   """
   spec = spec or f"{_NPZ_PREFIX}{full}"
-  # np.load guesses the format from the contents and reports any other file
-  # as "pickled data"; an npz archive is a zip file.
-  if not zipfile.is_zipfile(full):
-    raise ValueError(
-        f"{spec!r}: {full} is not an npz archive (a zip of .npy arrays, as "
-        "written by np.savez); convert it with np.savez(PATH, x_train=..., "
-        "y_train=..., x_test=..., y_test=...).")
+  _check_npz_file(spec, full)
   damaged = (f"{spec!r}: {full} is a damaged npz archive ({{}}); it was cut "
              "or corrupted: write it again with np.savez(PATH, x_train=..., "
              "y_train=..., x_test=..., y_test=...).")
