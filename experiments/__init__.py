@@ -1,1 +1,2 @@
-"""Experiments: entry point, configs, benchmarks."""
+"""Experiments: entry point, configs, runners; benchmarks in bench/ (not
+installed)."""

@@ -17,7 +17,7 @@ leading client axis ``[C, ...]`` with one of four backends:
   For debugging and as the sequential reference of the benchmarks.
 
 The default backend and chunk size per platform are chosen by measurement
-(``experiments/bench_engine.py``) and kept in one table,
+(``experiments/bench/bench_engine.py``) and kept in one table,
 :mod:`fedjax_dd.policy`, see :func:`default_backend` and
 :func:`default_chunk_size`. On CPU, ``fedjax_dd.configure_cpu()`` (called by
 the entry point) exposes one XLA host device per core, and the default is

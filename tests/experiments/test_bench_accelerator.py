@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from fedjax_dd.experiments import bench_accelerator
+from fedjax_dd.experiments.bench import bench_accelerator
 
 from tests.conftest import REPO_ROOT, shared_dataset
 
@@ -123,7 +123,7 @@ def test_command_line_spent_budget_skips_every_row(tmp_path):
   the file is complete."""
   out = tmp_path / "b.json"
   proc = subprocess.run(
-      [sys.executable, "-m", "fedjax_dd.experiments.bench_accelerator",
+      [sys.executable, "-m", "fedjax_dd.experiments.bench.bench_accelerator",
        "--out", str(out), "--quick", "--budget_s", "0"],
       capture_output=True, text=True, check=False, cwd=REPO_ROOT)
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -257,7 +257,7 @@ def test_torch_bf16_autocast_loop():
   """The PyTorch lean loop under bfloat16 autocast (skipped without
   torch)."""
   pytest.importorskip("torch")
-  from fedjax_dd.experiments import bench_engine
+  from fedjax_dd.experiments.bench import bench_engine
 
   r = bench_engine.measure_torch("lenet5", 2, steps=2, batch=4, reps=1,
                                  lean=True, autocast=True)

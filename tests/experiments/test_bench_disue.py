@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fedjax_dd.experiments import bench_disue
+from fedjax_dd.experiments.bench import bench_disue
 
 # A tiny IGA and one local epoch without augmentation.
 TINY = ["--model", "digits_cnn", "--examples_per_client", "20", "--set",

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fedjax_dd.experiments import bench_engine
+from fedjax_dd.experiments.bench import bench_engine
 
 
 # Runs the measurement and checks its fields only: slow.

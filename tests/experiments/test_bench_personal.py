@@ -1,6 +1,6 @@
 """The personalized-evaluation timing script on the smoke preset."""
 
-from fedjax_dd.experiments import bench_personal
+from fedjax_dd.experiments.bench import bench_personal
 
 
 def test_bench_personal_prints_a_line_per_evaluation(capsys):

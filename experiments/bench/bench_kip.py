@@ -1,7 +1,8 @@
 r"""KIP benchmark: all clients in one program vs per-client loops.
 
-  python -m fedjax_dd.experiments.bench_kip --out bench_kip.json
-  python -m fedjax_dd.experiments.bench_kip --clients 10,100 --ipc 1 --out b.json
+  python -m fedjax_dd.experiments.bench.bench_kip --out bench_kip.json
+  python -m fedjax_dd.experiments.bench.bench_kip --clients 10,100 --ipc 1 \
+      --out b.json
 
 For C clients holding MNIST-shaped data (two classes each, as FedD3's
 non-IID split), reports ms per KIP iteration per client for:
@@ -107,7 +108,8 @@ def measure(mode: str, num_clients: int, ipc: int, iterations: int,
 
 
 def _subprocess(**kwargs) -> dict:
-  proc = subprocess.run([sys.executable, "-m", "fedjax_dd.experiments.bench_kip",
+  proc = subprocess.run([sys.executable, "-m",
+                         "fedjax_dd.experiments.bench.bench_kip",
                          "--_worker", json.dumps(kwargs)],
                         capture_output=True, text=True, check=False)
   if proc.returncode != 0:

@@ -1,8 +1,9 @@
 r"""Accelerator benchmark: one command, one JSON file, on JAX's default backend.
 
-  python -m fedjax_dd.experiments.bench_accelerator --out bench_gpu.json \
+  python -m fedjax_dd.experiments.bench.bench_accelerator --out bench_gpu.json \
       --smoke_data_dir ../shared/datasets
-  python -m fedjax_dd.experiments.bench_accelerator --out quick.json --quick
+  python -m fedjax_dd.experiments.bench.bench_accelerator --out quick.json \
+      --quick
 
 Measures, on whatever ``jax.default_backend()`` is (a GPU, a TPU or the
 CPU), in this order (``--sections`` picks and orders them):
@@ -179,7 +180,7 @@ def work_engine(model: str, num_clients: int, backend: str,
                 chunk_size: int, steps: int, batch: int, reps: int,
                 conv_impl: str = "auto", precision: str = "auto",
                 flops: bool = False) -> dict:
-  from fedjax_dd.experiments import bench_engine
+  from fedjax_dd.experiments.bench import bench_engine
 
   with _recorded_reps(bench_engine) as rec:
     r = bench_engine.measure_jax(model, num_clients, backend, steps=steps,
@@ -194,7 +195,7 @@ def work_torch(model: str, num_clients: int, steps: int, batch: int,
                reps: int, lean: bool, autocast: bool = False) -> dict:
   import torch
 
-  from fedjax_dd.experiments import bench_engine
+  from fedjax_dd.experiments.bench import bench_engine
 
   device = "cuda" if torch.cuda.is_available() else "cpu"
   with _recorded_reps(bench_engine) as rec:
@@ -210,7 +211,7 @@ def work_torch(model: str, num_clients: int, steps: int, batch: int,
 
 def work_kip(mode: str, num_clients: int, ipc: int, iterations: int,
              per_client: int, reps: int) -> dict:
-  from fedjax_dd.experiments import bench_kip
+  from fedjax_dd.experiments.bench import bench_kip
 
   r = bench_kip.measure(mode, num_clients, ipc, iterations, per_client,
                         reps=reps)
@@ -220,7 +221,7 @@ def work_kip(mode: str, num_clients: int, ipc: int, iterations: int,
 def work_iga(protocol: str, model: str, clients: int, cohort: int,
              examples_per_client: int, rounds: int,
              overrides: list[str]) -> dict:
-  from fedjax_dd.experiments import bench_disue
+  from fedjax_dd.experiments.bench import bench_disue
 
   config = bench_disue.make_config(protocol, model, clients=clients,
                                    cohort=cohort, overrides=overrides)
@@ -407,7 +408,8 @@ class Bench:
       except Exception as e:  # pylint: disable=broad-except
         return {"status": "error", "note": f"{type(e).__name__}: {e}"[-2000:]}
     timeout = min(cap_s, left)
-    cmd = [sys.executable, "-m", "fedjax_dd.experiments.bench_accelerator",
+    cmd = [sys.executable, "-m",
+           "fedjax_dd.experiments.bench.bench_accelerator",
            "--_worker", json.dumps({"kind": kind, **kwargs})]
     try:
       proc = self.run(cmd, timeout)
@@ -634,7 +636,7 @@ def run_iga(bench: Bench, args) -> None:
                iga_steps_by_round=d["iga_steps_by_round"],
                recompile_count=d["recompile_count"])
   by_round = d["stage_seconds_by_round"]
-  from fedjax_dd.experiments.bench_disue import STAGES
+  from fedjax_dd.experiments.bench.bench_disue import STAGES
   for stage in STAGES:
     bench.add("iga", f"{name}/{stage}", unit="s", info=r, stage=stage,
               values=[sec[stage] for sec in by_round], **extra)
@@ -651,8 +653,9 @@ def run_iga(bench: Bench, args) -> None:
 
 
 def run_smoke(bench: Bench, args) -> None:
-  configs = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                         "configs")
+  # experiments/configs, beside this module's folder experiments/bench.
+  configs = os.path.join(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
   for config, preset, rounds, npz in SMOKE_RUNS:
     rounds = args.smoke_rounds or rounds
     name = f"{config}:{preset}"
@@ -833,7 +836,7 @@ def main(argv=None) -> dict:
   bad = [f for f in args.conv_impls.split(",") if f not in forms]
   if bad:
     p.error(f"unknown --conv_impls {bad}; expected some of {forms}")
-  from fedjax_dd.experiments.bench_engine import MODELS, PRECISIONS
+  from fedjax_dd.experiments.bench.bench_engine import MODELS, PRECISIONS
   bad = [f for f in args.precisions.split(",") if f not in PRECISIONS]
   if bad:
     p.error(f"unknown --precisions {bad}; expected some of {PRECISIONS}")

@@ -1,8 +1,10 @@
 r"""DisUE benchmark: seconds per stage of one round, and no recompiles as K changes.
 
-  python -m fedjax_dd.experiments.bench_disue --out bench_disue.json
-  python -m fedjax_dd.experiments.bench_disue --model lenet5,cnn3 --out b.json
-  python -m fedjax_dd.experiments.bench_disue --dataset fmnist --out b.json
+  python -m fedjax_dd.experiments.bench.bench_disue --out bench_disue.json
+  python -m fedjax_dd.experiments.bench.bench_disue --model lenet5,cnn3 \
+      --out b.json
+  python -m fedjax_dd.experiments.bench.bench_disue --dataset fmnist \
+      --out b.json
 
 One DisUE round (:mod:`fedjax_dd.algorithms.clustered`, Algorithm 1) under
 the protocol of ``experiments/configs/disue.py`` (``fmnist_dir0.01``: N =
@@ -412,7 +414,7 @@ def main(argv=None) -> dict:
   ks = [k for k in (int(v) for v in args.ks.split(",")) if 1 <= k <=
         args.cohort] or [1, args.cohort]
   report: dict = {
-      "command": "python -m fedjax_dd.experiments.bench_disue " +
+      "command": "python -m fedjax_dd.experiments.bench.bench_disue " +
                  " ".join(argv if argv is not None else sys.argv[1:]),
       "dataset": args.dataset,
       "preset": preset,

@@ -1,6 +1,6 @@
 r"""PCSC benchmark: seconds and bytes for one pair of client updates.
 
-  python -m fedjax_dd.experiments.bench_pcsc --out bench_pcsc.json
+  python -m fedjax_dd.experiments.bench.bench_pcsc --out bench_pcsc.json
 
 Times one run of the PCSC protocol (:mod:`fedjax_dd.cluster.pcsc`, default
 :class:`~fedjax_dd.cluster.pcsc.PCSCParams`) between two random update

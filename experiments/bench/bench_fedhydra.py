@@ -16,7 +16,7 @@ r"""Benchmark of FedHydra's server stages on MNIST-shaped inputs.
 Teachers are freshly initialised CNN2s: timing does not depend on their
 weights. Compilation is excluded (one warm-up call each).
 
-  python -m fedjax_dd.experiments.bench_fedhydra --out bench_fedhydra.json
+  python -m fedjax_dd.experiments.bench.bench_fedhydra --out bench_fedhydra.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 r"""What personalized evaluation costs beside the global split's, on a preset.
 
-  python -m fedjax_dd.experiments.bench_personal --config=fedavg:fmnist_dir0.01 \
-      --finetune_steps=0,12
+  python -m fedjax_dd.experiments.bench.bench_personal \
+      --config=fedavg:fmnist_dir0.01 --finetune_steps=0,12
 
 Builds the preset's clients, their personal test data
 (``--config.eval.personal=True``'s, :func:`fedjax_dd.experiments.common.

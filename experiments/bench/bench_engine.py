@@ -1,19 +1,21 @@
 r"""Engine benchmark: ms per client-step for every client backend.
 
-  python -m fedjax_dd.experiments.bench_engine --out bench_engine.json
-  python -m fedjax_dd.experiments.bench_engine --grid_only --out grid.json
-  python -m fedjax_dd.experiments.bench_engine --clients 10,100 --models lenet5 --out b.json
-  python -m fedjax_dd.experiments.bench_engine --other_python=OTHER/bin/python \
-      --conv_impl lax,patches --pairs 3 --out ends.json
-  python -m fedjax_dd.experiments.bench_engine --forms
-  python -m fedjax_dd.experiments.bench_engine --public_round \
+  python -m fedjax_dd.experiments.bench.bench_engine --out bench_engine.json
+  python -m fedjax_dd.experiments.bench.bench_engine --grid_only --out grid.json
+  python -m fedjax_dd.experiments.bench.bench_engine --clients 10,100 \
+      --models lenet5 --out b.json
+  python -m fedjax_dd.experiments.bench.bench_engine \
+      --other_python=OTHER/bin/python --conv_impl lax,patches --pairs 3 \
+      --out ends.json
+  python -m fedjax_dd.experiments.bench.bench_engine --forms
+  python -m fedjax_dd.experiments.bench.bench_engine --public_round \
       --other_python=OTHER/bin/python --pairs 2 --out public.json
-  python -m fedjax_dd.experiments.bench_engine --layouts
-  python -m fedjax_dd.experiments.bench_engine --vs_torch 10,100 --pairs 5 \
-      --out vs_torch.json
-  python -m fedjax_dd.experiments.bench_engine --scale 500,2000,10000 \
+  python -m fedjax_dd.experiments.bench.bench_engine --layouts
+  python -m fedjax_dd.experiments.bench.bench_engine --vs_torch 10,100 \
+      --pairs 5 --out vs_torch.json
+  python -m fedjax_dd.experiments.bench.bench_engine --scale 500,2000,10000 \
       --out scale.json
-  python -m fedjax_dd.experiments.bench_engine \
+  python -m fedjax_dd.experiments.bench.bench_engine \
       --padding fedhydra.py:cifar10_a0.1 --pairs 2 --out padding.json
 
 Every backend runs with the package's defaults: on CPU ``configure_cpu()``
@@ -878,7 +880,8 @@ def worker_env(platform: str | None) -> dict[str, str]:
 
 def _subprocess(kind: str, python: str | None = None,
                 **kwargs) -> dict | float | None:
-  cmd = [python or sys.executable, "-m", "fedjax_dd.experiments.bench_engine",
+  cmd = [python or sys.executable, "-m",
+         "fedjax_dd.experiments.bench.bench_engine",
          "--_worker", json.dumps({"kind": kind, **kwargs})]
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
                         env=worker_env(_PLATFORM[0]))
