@@ -13,7 +13,7 @@ FLOORS = (
     ("policy",),
     ("data", "kernels", "models"),
     ("core",),
-    ("cluster", "distill"),
+    ("cluster", "distill", "audit"),
     ("algorithms",),
     ("utils",),
     ("experiments",),
