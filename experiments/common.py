@@ -254,14 +254,15 @@ def local_training(config: ml_collections.ConfigDict, task,
                    max_steps: int) -> local_lib.LocalTraining:
   """The clients' local training of ``config.client``, the one value every
   algorithm factory takes: :func:`make_optimizer`, ``client.batch_size``,
-  :func:`augmentation`, ``client.lr_decay`` and the client :func:`mapper`,
+  :func:`augmentation`, the schedule of ``client.lr_decay``
+  (:func:`fedjax_dd.core.local.round_decay`) and the client :func:`mapper`,
   with ``task`` and the cohort's step bound ``max_steps`` (the largest of
   :func:`local_steps`)."""
   return local_lib.LocalTraining(
       task=task, optimizer=make_optimizer(config),
       batch_size=int(config.client.batch_size), max_steps=int(max_steps),
       mapper=mapper(config), augment=augmentation(config),
-      lr_decay=float(config.client.lr_decay))
+      schedule=local_lib.round_decay(config.client.lr_decay))
 
 
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
@@ -544,12 +545,12 @@ _POSITIVE = (
     ("eval.batch_size", 1, True), ("eval.finetune_steps", 0, True),
 )
 
-# Runners and FedAvg-family methods whose clients train at a constant rate:
-# their factories build the local update without a round factor, which
-# make_local_update refuses for a decaying LocalTraining (after the data
-# loaded); validate refuses client.lr_decay != 1 for them first.
-CONSTANT_RATE_RUNNERS = ("fedseq", "fedhydra")
-CONSTANT_RATE_METHODS = ("centralized", "dynafed")
+# Runners whose clients train once, in one round (the one-shot client stage
+# of DENSE, FedDF, Co-Boosting, OT fusion and FedHydra): a schedule over
+# rounds would only ever give round 0's factor, so validate refuses
+# client.lr_decay != 1 for them rather than ignore it. Every rounds method
+# follows it: the engine hands each local update the round.
+ONE_ROUND_RUNNERS = ("fedhydra",)
 
 # eval.split: where each client's test data comes from (base.py).
 PERSONAL_SPLITS = ("test", "client")
@@ -570,8 +571,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   Checks the counts and rates of :data:`_POSITIVE` (finite, above their
   bound), momenta below 1, ``fedd3.images_per_class >= 1`` and
   ``data.num_classes >= 0`` (ints), that local training has work to do
-  and decays its rate only where the method can (not
-  :data:`CONSTANT_RATE_RUNNERS` nor :data:`CONSTANT_RATE_METHODS`), the
+  and decays its rate only where there are rounds to decay over (not
+  :data:`ONE_ROUND_RUNNERS`), the
   names of ``client.augment``, ``model.conv_impl``,
   ``model.compute_dtype`` and the partition, and
   that ``kip.kernel_impl=neural_tangents`` has its optional extra installed.
@@ -635,10 +636,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "experiments/configs/fedavg.py.")
   lr_decay = _lookup(config, "client.lr_decay")
   if lr_decay is not None and float(lr_decay) != 1.0 and (
-      _lookup(config, "runner") in CONSTANT_RATE_RUNNERS
-      or _lookup(config, "method") in CONSTANT_RATE_METHODS):
+      _lookup(config, "runner") in ONE_ROUND_RUNNERS):
     raise ValueError(
-        f"{config.method}'s clients train at a constant rate: "
+        f"{config.method}'s clients train once, in one round: "
         f"config.client.lr_decay must be 1.0, got {lr_decay!r}; set "
         "--config.client.lr_decay=1.0.")
   check_personal(config)
@@ -805,7 +805,7 @@ def label_knowledge_clusters(config: ml_collections.ConfigDict,
   # counts, which it computes from the data.
   pretraining = dataclasses.replace(
       local_training(config, prepared.task, 1),
-      batch_size=int(c.pretrain_batch_size), augment=None, lr_decay=1.0)
+      batch_size=int(c.pretrain_batch_size), augment=None, schedule=None)
   return hfldd_stages.label_knowledge_clusters(
       pretraining, params, batch_stats, data, load_aux,
       keys.stage_key(root, keys.Stage.PRETRAIN),

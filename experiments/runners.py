@@ -144,8 +144,6 @@ def _pacfl(config, training, data):
 
 
 def _dynafed(config, training):
-  # Its clients train at a constant rate: make_local_update refuses a
-  # decaying LocalTraining, naming client.lr_decay.
   return dynafed(training,
                  hparams=DynaFedHyperParams.from_config(config.dynafed))
 

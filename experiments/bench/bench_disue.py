@@ -207,7 +207,7 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
 
   from fedjax_dd import models
   from fedjax_dd.algorithms.clustered import clustered_programs
-  from fedjax_dd.algorithms.stages import class_counts, round_factor
+  from fedjax_dd.algorithms.stages import class_counts
   from fedjax_dd.cluster import affinity
   from fedjax_dd.cluster import similarity as similarity_lib
   from fedjax_dd.core import keys as keys_lib
@@ -239,7 +239,6 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
   training = common.local_training(config, task, max_steps)
   programs = clustered_programs(training)
   iga = runners._iga(config, task)
-  lr_decay = training.lr_decay
   # The rounds loop's draw: a fixed cohort, or Bernoulli with
   # client.activity (then each round has its own size, and a new size
   # compiles the client programs again, as it does in the rounds loop).
@@ -267,17 +266,15 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
     return out, time.perf_counter() - t
 
   def one_round(r, params, stats, iga_state):
-    # Round r (1-based) as the rounds loop draws it; t = finished rounds.
+    # Round r (1-based) as the rounds loop draws it (cohort.round = r - 1).
     ids, cohort, train_key = rounds_lib.round_cohort(run_key, r, sampler,
                                                      data, num_steps)
     jax.block_until_ready(cohort)
-    t = jnp.asarray(r - 1, jnp.int32)
     seconds = {}
     # L-phase, as clustered_distillation's apply calls it.
     keys = keys_lib.client_keys(train_key, cohort.client_ids)
-    factor = jnp.full(cohort.client_ids.shape, round_factor(lr_decay, t))
     result, seconds["local_training"] = timed(
-        lambda: programs.train(params, stats, params, cohort, keys, factor))
+        lambda: programs.train(params, stats, (), cohort, keys))
     # Grouping, as affinity_grouping(similarity, "plain", damping,
     # preference) does it.
     rng = keys_lib.numpy_from_key(keys_lib.server_key(train_key))
@@ -304,7 +301,7 @@ def bench_model(config, *, rounds: int, ks, synthetic: bool,
         timed(aggregation))
     (iga_state, new_params, new_stats, m), seconds["iga"] = timed(
         lambda: iga.round(iga_state, new_params, new_stats, gp, gs,
-                          group_counts, t))
+                          group_counts, iga_state.rounds))
     info = {"cohort": int(ids.shape[0]),
             "num_groups": int(clusters.num_clusters),
             "ap_converged": bool(clusters.converged),

@@ -17,9 +17,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
-from fedjax_dd.core.local import LocalTraining, make_local_update
+from fedjax_dd.core.local import (LocalTraining, RoundContext,
+                                  make_local_update)
 
 
 def centralized(training: LocalTraining) -> FederatedAlgorithm:
@@ -29,8 +31,8 @@ def centralized(training: LocalTraining) -> FederatedAlgorithm:
     training: the one client's training: ``training.optimizer``'s state
       persists across rounds (epochs); ``max_steps`` is the steps of a
       round (one epoch: ``ceil(N / B)``); of ``training.mapper`` only the
-      compile settings count (the one client is always vmapped). The rate
-      is constant (``lr_decay`` 1).
+      compile settings count (the one client is always vmapped). Its
+      schedule scales the rate by round (epoch).
 
   Returns:
     A :class:`FederatedAlgorithm`; ``apply`` expects a one-client cohort.
@@ -51,10 +53,13 @@ def centralized(training: LocalTraining) -> FederatedAlgorithm:
   def apply(server, clients, cohort, key):
     if cohort.x.shape[0] != 1:
       raise ValueError("Centralized training expects a one-client cohort.")
+    ctx = RoundContext(round=jnp.asarray(cohort.round, jnp.int32),
+                       start_params=server.params,
+                       start_batch_stats=server.batch_stats)
     result = unstack(run(
         *stack((server.params, server.batch_stats, server.opt_state)),
         cohort.x, cohort.y, cohort.num_examples, cohort.num_steps, key[None],
-        ()))
+        stack(ctx)))
     server = ServerState(result.params, result.batch_stats, result.opt_state,
                          server.extra)
     metrics = {"train_loss": result.loss, "train_accuracy": result.accuracy,

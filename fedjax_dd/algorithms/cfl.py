@@ -48,6 +48,7 @@ import numpy as np
 from fedjax_dd.algorithms import cluster_models
 from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms import clustered
+from fedjax_dd.core import checks
 from fedjax_dd.cluster.similarity import flatten_params
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
@@ -168,7 +169,7 @@ def cfl(training: LocalTraining,
   Args:
     training: the clients' local training (``training.task`` is the
       classifier of every cluster; optimizer re-initialised every round;
-      round ``t`` trains at ``lr·γ^(t-1)``, ``γ = training.lr_decay``).
+      its schedule scales the rate by round).
     eps1: ``ε_1``, the mean update norm below which a cluster is stationary.
     eps2: ``ε_2``, the largest update norm above which it splits.
     warmup: rounds before the first split may happen.
@@ -181,8 +182,15 @@ def cfl(training: LocalTraining,
     A :class:`FederatedAlgorithm`; metrics add ``num_clusters``,
     ``cfl_splits`` (this round), ``clusters_trained`` and
     ``clustering_converged`` (always 1).
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: ``eps1`` or ``eps2`` negative or not
+      finite.
   """
   serving.check()
+  # Negative thresholds never hold (a norm is >= 0): CFL would never split.
+  eps1 = checks.check_number("CFL eps1", eps1, 0.0)
+  eps2 = checks.check_number("CFL eps2", eps2, 0.0)
   global_model = serving.global_model
   if not isinstance(max_clusters, int) or max_clusters < 1:
     raise ValueError(f"max_clusters must be an int >= 1, got {max_clusters}.")
@@ -229,7 +237,7 @@ def cfl(training: LocalTraining,
             "parent": parent, "split_round": split_round}
 
   def apply(server, clients, cohort, key):
-    t = server.extra["round"]
+    t = cohort.round
     result, picks = train(server, cohort, key)
     extra = record(server.extra, result, picks, cohort)
     num_clusters = int(extra["num_clusters"])

@@ -149,7 +149,7 @@ def cfl_gp(training: LocalTraining,
   Args:
     training: the clients' local training (``training.task`` is the
       classifier of every cluster; optimizer re-initialised every round;
-      round ``t`` trains at ``lr·γ^(t-1)``, ``γ = training.lr_decay``).
+      its schedule scales the rate by round).
     num_clusters: ``K >= 1`` (static).
     subset_key: the key of the fixed coordinate subset of the profile.
     compression: ``P / D``: the profile keeps ``max(P // compression, 1)``
@@ -197,7 +197,8 @@ def cfl_gp(training: LocalTraining,
     starts = tree_map(lambda m: m[picks], extra["models"])
     delta = flatten_params(result.params) - flatten_params(starts)  # [S, P]
     # The weight of a new update halves, thirds, ... every K·period rounds.
-    beta = profile_weight(extra["round"] + 1, k, period)
+    beta = profile_weight(jnp.asarray(cohort.round, jnp.int32) + 1, k,
+                          period)
     ids = cohort.client_ids
     g = ((1.0 - beta) * extra["features"][ids]
          + beta * delta[:, extra["feature_index"]])
@@ -218,7 +219,7 @@ def cfl_gp(training: LocalTraining,
             and (stop_round == 0 or t <= stop_round))
 
   def apply(server, clients, cohort, key):
-    t = int(server.extra["round"]) + 1
+    t = int(cohort.round) + 1
     result, picks = train(server, cohort, key)
     extra = record(server.extra, result, picks, cohort)
     moved, partitioned = 0, 0

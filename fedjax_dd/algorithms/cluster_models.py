@@ -38,10 +38,10 @@ import jax.numpy as jnp
 
 from fedjax_dd.algorithms import clustered
 from fedjax_dd.algorithms import stages
-from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import Cohort, ServerState
-from fedjax_dd.core.local import LocalTraining, make_local_update
+from fedjax_dd.core.local import (LocalTraining, RoundContext,
+                                  make_local_update)
 from fedjax_dd.distill.iga import IGA
 
 PyTree = Any
@@ -110,12 +110,11 @@ class ClusterServing:
     """``server.extra`` at round 0 of a method whose ``K = num_models``
     cluster models all start from ``params``: ``models`` and
     ``batch_stats`` ``[K, ...]``, the clusters' ``sizes [K]``, the
-    ``round`` counter, the method's own ``fields`` and IGA's entries."""
+    method's own ``fields`` and IGA's entries."""
     return {"models": stack([params] * num_models),
             "batch_stats": stack([batch_stats] * num_models),
             **fields,
             "sizes": jnp.zeros((num_models,), jnp.float32),
-            "round": jnp.zeros((), jnp.int32),
             **self.iga_extra(params, batch_stats, num_clients)}
 
 
@@ -192,32 +191,29 @@ def make_trainer(training: LocalTraining) -> Callable[..., Any]:
   Returns:
     ``train(server, cohort, key) -> (result, picks)``: every client of the
     cohort trains ``server.extra["models"][picks[i]]`` (its cluster, from
-    ``server.extra["clusters"]``) at ``lr·γ^(t-1)`` in round ``t``
-    (``γ = training.lr_decay``); ``result`` is the stacked local result
-    ``[C, ...]``.
+    ``server.extra["clusters"]``) under ``training``'s schedule of the
+    cohort's round; ``result`` is the stacked local result ``[C, ...]``.
   """
-  lr_decay = training.lr_decay
-  local = make_local_update(training, lr_scale=(lambda ctx: ctx)
-                            if training.decays else None)
+  local = make_local_update(training)
 
-  def one_client(models, stats, pick, x, y, n, num_steps, key, scale):
+  def one_client(models, stats, round_index, pick, x, y, n, num_steps, key):
     params = tree_map(lambda m: m[pick], models)
     batch_stats = tree_map(lambda s: s[pick], stats)
+    ctx = RoundContext(round=round_index, start_params=params,
+                       start_batch_stats=batch_stats)
     return local.run(params, batch_stats, local.optimizer.init(params), x, y,
-                     n, num_steps, key, scale)
+                     n, num_steps, key, ctx)
 
   mapped = training.mapper.map(
-      one_client, in_axes=(None, None, 0, 0, 0, 0, 0, 0, 0), work_argnum=6)
+      one_client, in_axes=(None, None, None, 0, 0, 0, 0, 0, 0),
+      work_argnum=7)
 
   def train(server: ServerState, cohort: Cohort, key: jax.Array):
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    scale = jnp.full(cohort.client_ids.shape,
-                     round_factor(lr_decay, server.extra["round"]),
-                     jnp.float32)
     picks = server.extra["clusters"][cohort.client_ids]
     result = mapped(server.extra["models"], server.extra["batch_stats"],
-                    picks, cohort.x, cohort.y, cohort.num_examples,
-                    cohort.num_steps, keys, scale)
+                    jnp.asarray(cohort.round, jnp.int32), picks, cohort.x,
+                    cohort.y, cohort.num_examples, cohort.num_steps, keys)
     return result, picks
 
   return train
@@ -227,8 +223,7 @@ def make_aggregate(num_models: int, mode: str) -> Callable[..., Any]:
   """The server's step after training (jitted): each cluster's model is the
   example-weighted mean of its clients' (:func:`aggregate`, models and batch
   statistics), the evaluated model is :func:`global_model` of them (``mode``
-  ``"largest"`` or ``"average"``), and the
-  round counter advances.
+  ``"largest"`` or ``"average"``).
 
   Returns:
     ``aggregate(server, result, picks, cohort) -> (server, metrics)``;
@@ -244,7 +239,7 @@ def make_aggregate(num_models: int, mode: str) -> Callable[..., Any]:
                          picks, cohort.num_examples, num_models)
     params, batch_stats = global_model(models, stats, sizes, mode)
     extra = {**server.extra, "models": models, "batch_stats": stats,
-             "sizes": sizes, "round": server.extra["round"] + 1}
+             "sizes": sizes}
     metrics = stages.cohort_metrics(result, cohort.num_examples)
     metrics["clusters_trained"] = jnp.sum(sizes > 0)
     return server.replace(params=params, batch_stats=batch_stats,

@@ -23,9 +23,8 @@ Algorithm 1):
 Clients report their class counts once, the first time they are sampled
 (GLS and GWF need them; ``traffic/upload/class_counts`` in the ledger);
 a grouping may report its own traffic (e.g. secure-similarity ciphertexts).
-The server state's ``extra`` holds the round counter ``t`` of the
-learning-rate decays, the last group of every client (``-1``: never
-sampled), which clients reported their counts, and the IGA state (the
+The server state's ``extra`` holds the last group of every client (``-1``:
+never sampled), which clients reported their counts, and the IGA state (the
 generator), so a checkpoint of the :class:`~fedjax_dd.core.algorithm.
 ExperimentState` resumes the run bit-identically. With
 ``evaluate_before_iga`` it also holds the round's ``ω_G`` of step 4, which
@@ -198,8 +197,8 @@ class ClusteredPrograms(NamedTuple):
 
   Attributes:
     train: the L-phase, :func:`fedjax_dd.algorithms.stages.client_stage`:
-      ``(params, batch_stats, params, cohort, keys [S], lr_factor [S]) ->``
-      the stacked client results.
+      ``(params, batch_stats, (), cohort, keys [S]) ->`` the stacked client
+      results (the schedule follows ``cohort.round``).
     group_models: Eq. 2, :func:`group_models`.
     fedavg_of_groups: the G-phase, :func:`fedavg_of_groups`.
   """
@@ -214,9 +213,7 @@ def clustered_programs(training: LocalTraining) -> ClusteredPrograms:
   ``training`` as in :func:`clustered_distillation` (the benchmarks time
   the stages one by one through this builder).
   """
-  # Each client's context is its round's learning-rate factor.
-  local = make_local_update(training, lr_scale=(lambda ctx: ctx[1])
-                            if training.decays else None)
+  local = make_local_update(training)
   return ClusteredPrograms(train=stages.client_stage(local, training.mapper),
                            group_models=group_models,
                            fedavg_of_groups=fedavg_of_groups)
@@ -236,9 +233,9 @@ def clustered_distillation(
   Args:
     training: the L-phase: the clients' local training from ``ω_G``
       (``training.task`` is also the model the server distils into; the
-      optimizer is re-initialised every round). ``training.lr_decay``
-      ``γ``: round ``t`` (1-based) trains the clients at ``lr·γ^(t-1)``
-      (DisUE Sec. 5.1: ``0.998``); ``1.0`` is off.
+      optimizer is re-initialised every round; its schedule scales the rate
+      by round, e.g. :func:`fedjax_dd.core.local.round_decay` ``(0.998)``,
+      DisUE Sec. 5.1).
     grouping: how the cohort is split into groups (host side).
     iga: the inter-group distillation (:func:`fedjax_dd.distill.iga.
       make_iga` with ``num_teachers_max`` = the cohort size), or ``None``
@@ -269,22 +266,17 @@ def clustered_distillation(
 
   train = clustered_programs(training).train
   num_classes = training.task.num_classes
-  lr_decay = training.lr_decay
 
   def init(params, batch_stats, num_clients):
-    extra = {"round": jnp.zeros((), jnp.int32),
-             "groups": jnp.full((num_clients,), -1, jnp.int32),
+    extra = {"groups": jnp.full((num_clients,), -1, jnp.int32),
              **init_iga(iga, generator_key, params, batch_stats, num_clients)}
     if evaluate_before_iga:
       extra[EVAL_MODELS] = before_iga(params, batch_stats)
     return ServerState(params, batch_stats, {}, extra), {}
 
   def apply(server, clients, cohort, key):
-    t = server.extra["round"]
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    factor = jnp.full(cohort.client_ids.shape, stages.round_factor(lr_decay, t))
-    result = train(server.params, server.batch_stats, server.params, cohort,
-                   keys, factor)
+    result = train(server.params, server.batch_stats, (), cohort, keys)
     weights = cohort.num_examples
     rng = keys_lib.numpy_from_key(keys_lib.server_key(key))
     groups = grouping(result.params, server.params, weights, rng)
@@ -298,7 +290,6 @@ def clustered_distillation(
     if evaluate_before_iga:
       extra[EVAL_MODELS] = before_iga(*fedavg)
     extra["groups"] = extra["groups"].at[cohort.client_ids].set(labels)
-    extra["round"] = t + 1
     metrics["num_clusters"] = groups.num_groups
     metrics["clustering_converged"] = int(groups.converged)
     for (kind, tag), bits in groups.traffic.items():

@@ -185,12 +185,12 @@ def dynafed(training: LocalTraining,
 
   Args:
     training: the clients' local training (optimizer re-initialised every
-      round; a constant rate, ``lr_decay`` 1).
+      round; its schedule scales the rate by round).
     hparams: the server's settings (:class:`DynaFedHyperParams`).
 
   Returns:
-    A :class:`FederatedAlgorithm` whose server ``extra`` holds ``round``
-    (finished rounds), ``trajectory`` (``[L + 1, ...]`` per parameter),
+    A :class:`FederatedAlgorithm` whose server ``extra`` holds
+    ``trajectory`` (``[L + 1, ...]`` per parameter),
     ``images`` (``D_syn``, ``[K · ipc, H, W, Ch]`` float32; zeros before
     round ``L``) and ``syn_lr`` (``α``): all checkpointed with the state.
     Each round's metrics add ``match_loss_first`` / ``match_loss_last``
@@ -262,7 +262,7 @@ def dynafed(training: LocalTraining,
     batch_stats = stages.weighted_mean(result.batch_stats, weights)
     server = stages.server_step(server_opt, server, delta, batch_stats)
     extra = dict(server.extra)
-    t = extra["round"] + 1  # this round, 1-based
+    t = jnp.asarray(cohort.round, jnp.int32) + 1  # this round, 1-based
     slot = jnp.minimum(t, L)
     extra["trajectory"] = tree_map(
         lambda b, p: jnp.where(t <= L, b.at[slot].set(p), b),
@@ -273,7 +273,7 @@ def dynafed(training: LocalTraining,
         t == L,
         lambda: synthesise(extra["trajectory"], server.batch_stats, synth_key),
         lambda: (extra["images"], extra["syn_lr"], zero, zero))
-    extra.update(images=images, syn_lr=syn_lr, round=t)
+    extra.update(images=images, syn_lr=syn_lr)
     server = server.replace(extra=extra)
     params, stats, ft_loss = jax.lax.cond(
         t > L, lambda: tune(server, tune_key),
@@ -288,8 +288,7 @@ def dynafed(training: LocalTraining,
     del num_clients
     trajectory = tree_map(
         lambda p: jnp.zeros((L + 1, *p.shape), p.dtype).at[0].set(p), params)
-    extra = {"round": jnp.zeros((), jnp.int32),
-             "trajectory": trajectory,
+    extra = {"trajectory": trajectory,
              "images": jnp.zeros((num_syn, *task.input_shape), jnp.float32),
              "syn_lr": jnp.float32(h.initial_syn_lr)}
     return ServerState(params, batch_stats, server_opt.init(params),
@@ -297,9 +296,7 @@ def dynafed(training: LocalTraining,
 
   def apply(server, clients, cohort, key):
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
-    result = train(server.params, server.batch_stats, server.params, cohort,
-                   keys, ctx)
+    result = train(server.params, server.batch_stats, (), cohort, keys)
     server, metrics = aggregate(server, result, cohort,
                                 keys_lib.server_key(key))
     return server, clients, metrics

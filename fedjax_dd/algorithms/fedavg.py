@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import stages
+from fedjax_dd.core import checks
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
@@ -39,28 +39,25 @@ def fedavg(training: LocalTraining,
 
   Args:
     training: the clients' local training (task, optimizer re-initialised
-      every round, batch size, step bound, mapper, augmentation). With
-      ``training.lr_decay != 1`` the server state counts the finished
-      rounds in ``extra["round"]`` (checkpointed, so a resumed run
-      continues the schedule) and round ``t`` (1-based) trains at the
-      client learning rate times ``lr_decay**(t - 1)`` (FedFTG's
-      ``lr * lr_decay_per_round**i``), a traced factor (nothing
-      recompiles).
+      every round, batch size, step bound, mapper, augmentation, and the
+      schedule of the client rate over rounds, which the engine's round
+      index drives).
     server_optimizer: applied to the aggregated delta; ``sgd(1.0)`` is FedAvg.
-    regularizer: ``(params, (server_params, client_ctx)) -> scalar`` added to
-      every local loss.
+    regularizer: ``(params, ctx) -> scalar`` added to every local loss;
+      ``ctx`` is the client's :class:`~fedjax_dd.core.local.RoundContext`
+      (FedProx reads ``ctx.start_params``, the server model).
     aggregator: how client deltas ``[S, ...]`` become one delta.
     comm: model-sized tensors per client per round, for the ledger.
 
   Returns:
     A :class:`FederatedAlgorithm`.
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: ``server_optimizer`` not an optax
+      transformation (a name such as ``"sgd"``).
   """
-  lr_decay = training.lr_decay
-  decay = training.decays
-  # With decay each client's context is its round's lr factor (FedProx's
-  # regulariser reads only the shared context, the server model).
-  local = make_local_update(training, regularizer=regularizer,
-                            lr_scale=(lambda ctx: ctx[1]) if decay else None)
+  checks.check_transformation("fedavg server_optimizer", server_optimizer)
+  local = make_local_update(training, regularizer=regularizer)
   train = stages.client_stage(local, training.mapper)
 
   @jax.jit
@@ -69,25 +66,16 @@ def fedavg(training: LocalTraining,
     delta = aggregator(stages.deltas(result.params, server.params), cohort,
                        result)
     batch_stats = stages.weighted_mean(result.batch_stats, weights)
-    server = stages.server_step(server_optimizer, server, delta, batch_stats,
-                                advance_round=decay)
+    server = stages.server_step(server_optimizer, server, delta, batch_stats)
     return server, stages.cohort_metrics(result, weights)
 
   def init(params, batch_stats, num_clients):
     del num_clients
-    extra = {"round": jnp.zeros((), jnp.int32)} if decay else {}
-    return ServerState(params, batch_stats, server_optimizer.init(params),
-                       extra=extra), {}
+    return ServerState(params, batch_stats, server_optimizer.init(params)), {}
 
   def apply(server, clients, cohort, key):
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    if decay:
-      ctx = jnp.full(cohort.client_ids.shape,
-                     stages.round_factor(lr_decay, server.extra["round"]))
-    else:
-      ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
-    result = train(server.params, server.batch_stats, server.params, cohort,
-                   keys, ctx)
+    result = train(server.params, server.batch_stats, (), cohort, keys)
     server, metrics = aggregate(server, result, cohort)
     return server, clients, metrics
 

@@ -50,7 +50,6 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import stages
-from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
 from fedjax_dd.core.local import LocalTraining, make_local_update
@@ -59,13 +58,14 @@ tree_map = jax.tree_util.tree_map
 
 
 def dynamic_regularizer(alpha: float):
-  """``(θ, (θ^{t-1}, (∇L_k, _))) -> −⟨∇L_k, θ⟩ + α/2 ‖θ − θ^{t-1}‖²``."""
+  """``(θ, ctx) -> −⟨∇L_k, θ⟩ + α/2 ‖θ − θ^{t-1}‖²``: ``θ^{t-1}`` is
+  ``ctx.start_params`` (the server model) and ``∇L_k`` the client's
+  ``ctx.client``."""
 
   def reg(params, ctx):
-    server_params, (grad, _) = ctx
     terms = tree_map(
         lambda p, s, g: 0.5 * alpha * jnp.sum((p - s) ** 2) - jnp.sum(g * p),
-        params, server_params, grad)
+        params, ctx.start_params, ctx.client)
     return sum(jax.tree_util.tree_leaves(terms))
 
   return reg
@@ -78,9 +78,7 @@ def feddyn(training: LocalTraining,
 
   Args:
     training: the clients' local training (optimizer re-initialised every
-      round; with ``lr_decay != 1`` round ``t`` trains at
-      ``lr * lr_decay**(t - 1)``, as :func:`fedavg`, and the finished rounds
-      are counted in ``extra["round"]``).
+      round; its schedule scales the rate by round, as :func:`fedavg`).
     alpha: ``α`` > 0.
 
   Returns:
@@ -90,18 +88,13 @@ def feddyn(training: LocalTraining,
   if not (alpha > 0 and math.isfinite(alpha)):
     raise ValueError(f"FedDyn alpha must be a positive finite number, got "
                      f"{alpha}.")
-  lr_decay = training.lr_decay
-  decay = training.decays
-  local = make_local_update(training, regularizer=dynamic_regularizer(alpha),
-                            lr_scale=(lambda ctx: ctx[1][1]) if decay else None)
+  local = make_local_update(training, regularizer=dynamic_regularizer(alpha))
   train = stages.client_stage(local, training.mapper)
   server_opt = optax.sgd(1.0)
 
   def init(params, batch_stats, num_clients):
     extra = {"h": tree_map(jnp.zeros_like, params),
              "num_clients": jnp.int32(num_clients)}
-    if decay:
-      extra["round"] = jnp.zeros((), jnp.int32)
     server = ServerState(params, batch_stats, server_opt.init(params),
                          extra=extra)
     grads = tree_map(lambda z: jnp.zeros((num_clients, *z.shape), z.dtype),
@@ -121,17 +114,14 @@ def feddyn(training: LocalTraining,
                      stages.weighted_mean(d, uniform), h)
     batch_stats = stages.weighted_mean(result.batch_stats, cohort.num_examples)
     server = stages.server_step(server_opt, server, delta, batch_stats,
-                                extra={"h": h}, advance_round=decay)
+                                extra={"h": h})
     return server, {"grad": grad}, stages.cohort_metrics(result,
                                                          cohort.num_examples)
 
   def apply(server, clients, cohort, key):
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    factor = (round_factor(lr_decay, server.extra["round"]) if decay
-              else jnp.float32(1.0))
-    ctx = (clients["grad"], jnp.full(cohort.client_ids.shape, factor))
-    result = train(server.params, server.batch_stats, server.params, cohort,
-                   keys, ctx)
+    result = train(server.params, server.batch_stats, (), cohort, keys,
+                   clients["grad"])
     return aggregate(server, clients, result, cohort)
 
   return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec(1, 1))

@@ -15,12 +15,12 @@ from fedjax_dd.core.local import LocalTraining
 
 
 def proximal_term(mu: float):
-  """``(params, (server_params, _)) -> μ/2 ‖params − server_params‖²``."""
+  """``(params, ctx) -> μ/2 ‖params − ctx.start_params‖²``, the distance to
+  the server model the client started from (Li et al., Eq. 2)."""
 
   def reg(params, ctx):
-    server_params, _ = ctx
     sq = jax.tree_util.tree_map(lambda a, b: jnp.sum((a - b) ** 2), params,
-                                server_params)
+                                ctx.start_params)
     return 0.5 * mu * sum(jax.tree_util.tree_leaves(sq))
 
   return reg

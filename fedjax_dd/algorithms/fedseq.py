@@ -20,8 +20,8 @@ engine's local update, written for ONE superclient and mapped over
 superclients by ``fedjax_dd.core.clients``.
 
 The ring starts at member ``(r - 1) mod J`` in round ``r`` (1-based) so
-that, over ``J`` rounds, every member is once the last to train (the count
-of completed rounds lives in ``ServerState.extra["round"]``).
+that, over ``J`` rounds, every member is once the last to train (the
+engine's round index, :attr:`fedjax_dd.core.algorithm.Cohort.round`).
 
 Communication. HFLDD Eq. 19 as printed, ``C_FedSeq = O |w| B1 ((2T - 1) +
 T J)`` (``O`` superclients of ``J`` clients, ``T`` rounds), is the default
@@ -49,7 +49,8 @@ from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
-from fedjax_dd.core.local import LocalResult, LocalTraining, make_local_update
+from fedjax_dd.core.local import (LocalResult, LocalTraining, RoundContext,
+                                  make_local_update)
 from fedjax_dd.data.stacked import ClientData
 
 PyTree = Any
@@ -109,7 +110,7 @@ def fedseq(training: LocalTraining, *, group_size: int,
   Args:
     training: each member's local training (the optimizer fresh at every
       hand-off, ``max_steps`` per member; ``mapper``: the backend of the
-      superclient axis). The rate is constant (``lr_decay`` 1).
+      superclient axis). Its schedule scales the rate by round.
     group_size: ``J``, members per superclient (the member axis length).
     server_optimizer: applied to the aggregated delta (``sgd(1.0)``: FedAvg).
     traffic: ``"eq19"`` (HFLDD Eq. 19, ``J`` transfers per superclient and
@@ -126,14 +127,18 @@ def fedseq(training: LocalTraining, *, group_size: int,
   transfers = handoffs_per_round(group_size, traffic)
   local = make_local_update(training)
 
-  def ring(params, batch_stats, start, x, y, n, num_steps, key):
-    """One superclient: members train in turn, starting at ``start``."""
+  def ring(params, batch_stats, round_index, x, y, n, num_steps, key):
+    """One superclient: members train in turn, starting at member
+    ``round_index mod J``."""
+    start = round_index % group_size
 
     def member(carry, t):
       params, batch_stats, loss_sum, acc_sum, step_sum = carry
       i = (start + t) % group_size
+      ctx = RoundContext(round=round_index, start_params=params,
+                         start_batch_stats=batch_stats)
       res = local.run(params, batch_stats, local.optimizer.init(params), x[i],
-                      y[i], n[i], num_steps[i], jax.random.fold_in(key, i), ())
+                      y[i], n[i], num_steps[i], jax.random.fold_in(key, i), ctx)
       w = res.steps
       return (res.params, res.batch_stats, loss_sum + w * res.loss,
               acc_sum + w * res.accuracy, step_sum + w), None
@@ -155,13 +160,11 @@ def fedseq(training: LocalTraining, *, group_size: int,
                                  weights)
     batch_stats = stages.weighted_mean(result.batch_stats, weights)
     new = stages.server_step(server_optimizer, server, delta, batch_stats)
-    new = new.replace(extra={"round": server.extra["round"] + 1})
     return new, stages.cohort_metrics(result, weights)
 
   def init(params, batch_stats, num_clients):
     del num_clients
-    return ServerState(params, batch_stats, server_optimizer.init(params),
-                       extra={"round": jnp.zeros((), jnp.int32)}), {}
+    return ServerState(params, batch_stats, server_optimizer.init(params)), {}
 
   def apply(server, clients, cohort, key):
     if cohort.x.shape[1] != group_size:
@@ -169,9 +172,9 @@ def fedseq(training: LocalTraining, *, group_size: int,
           f"Expected superclients of {group_size} members, got member axis "
           f"{cohort.x.shape[1]}.")
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    start = server.extra["round"] % group_size
-    result = mapped(server.params, server.batch_stats, start, cohort.x,
-                    cohort.y, cohort.num_examples, cohort.num_steps, keys)
+    result = mapped(server.params, server.batch_stats,
+                    jnp.asarray(cohort.round, jnp.int32), cohort.x, cohort.y,
+                    cohort.num_examples, cohort.num_steps, keys)
     server, metrics = aggregate(server, result, cohort)
     return server, clients, metrics
 

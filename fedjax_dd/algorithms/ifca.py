@@ -43,11 +43,11 @@ import jax.numpy as jnp
 
 from fedjax_dd.algorithms import cluster_models, clustered, stages
 from fedjax_dd.algorithms.cluster_models import ClusterServing
-from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
-from fedjax_dd.core.local import LocalTraining, make_local_update
+from fedjax_dd.core.local import (LocalTraining, RoundContext,
+                                  make_local_update)
 from fedjax_dd.core.task import Classifier
 
 PyTree = Any
@@ -87,7 +87,8 @@ def ifca(training: LocalTraining,
   Args:
     training: the clients' local training (``training.task`` is the
       classifier of every cluster; optimizer re-initialised every round;
-      ``lr_decay`` as :func:`fedjax_dd.algorithms.fedavg.fedavg`).
+      its schedule scales the rate by round, as :func:`fedjax_dd.algorithms.
+      fedavg.fedavg`).
     num_clusters: ``K >= 1`` (static).
     init_key: key of the initialisations of models ``1 .. K-1``.
     serving: the model reported on the global test split
@@ -98,7 +99,7 @@ def ifca(training: LocalTraining,
     A :class:`FederatedAlgorithm`; its server state keeps
     ``extra["models"]`` and ``extra["batch_stats"]`` ``[K, ...]``,
     ``extra["sizes"]`` ``[K]`` (examples that picked each model in the
-    latest round) and, with decay, ``extra["round"]``. Metrics add
+    latest round). Metrics add
     ``cluster_<j>_clients`` (clients that picked model ``j`` this round)
     and ``selection_loss`` (mean over clients of their smallest loss).
   """
@@ -107,22 +108,21 @@ def ifca(training: LocalTraining,
   serving.check()
   global_model = serving.global_model
   task, mapper = training.task, training.mapper
-  lr_decay = training.lr_decay
   k_models = num_clusters
-  decay = training.decays
-  local = make_local_update(training,
-                            lr_scale=(lambda ctx: ctx) if decay else None)
+  local = make_local_update(training)
 
-  def one_client(models, stats, x, y, n, num_steps, key, scale):
+  def one_client(models, stats, round_index, x, y, n, num_steps, key):
     losses = selection_losses(task, models, stats, x, y, n)
     pick = jnp.argmin(losses)
     params = tree_map(lambda m: m[pick], models)
     batch_stats = tree_map(lambda s: s[pick], stats)
+    ctx = RoundContext(round=round_index, start_params=params,
+                       start_batch_stats=batch_stats)
     result = local.run(params, batch_stats, local.optimizer.init(params), x,
-                       y, n, num_steps, key, scale)
+                       y, n, num_steps, key, ctx)
     return result, pick, losses
 
-  train = mapper.map(one_client, in_axes=(None, None, 0, 0, 0, 0, 0, 0))
+  train = mapper.map(one_client, in_axes=(None, None, None, 0, 0, 0, 0, 0))
   choose = mapper.map(
       lambda models, stats, x, y, n: jnp.argmin(
           selection_losses(task, models, stats, x, y, n)).astype(jnp.int32),
@@ -141,8 +141,6 @@ def ifca(training: LocalTraining,
     stats = tree_map(lambda *ss: jnp.stack(ss), *[s for _, s in starts])
     extra = {"models": models, "batch_stats": stats,
              "sizes": jnp.zeros((k_models,), jnp.float32)}
-    if decay:
-      extra["round"] = jnp.zeros((), jnp.int32)
     extra.update(serving.iga_extra(params, batch_stats, num_clients))
     # Round 0's global model is model 0, the given start.
     return ServerState(params, batch_stats, (), extra=extra), {}
@@ -159,8 +157,6 @@ def ifca(training: LocalTraining,
                                                       global_model)
     extra = {**server.extra, "models": models, "batch_stats": stats,
              "sizes": sizes}
-    if decay:
-      extra["round"] = server.extra["round"] + 1
     server = server.replace(params=params, batch_stats=batch_stats,
                             extra=extra)
     metrics = stages.cohort_metrics(result, cohort.num_examples)
@@ -172,12 +168,10 @@ def ifca(training: LocalTraining,
 
   def apply(server, clients, cohort, key):
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    factor = (round_factor(lr_decay, server.extra["round"]) if decay
-              else jnp.float32(1.0))
-    scale = jnp.full(cohort.client_ids.shape, factor, jnp.float32)
     result, picks, losses = train(
-        server.extra["models"], server.extra["batch_stats"], cohort.x,
-        cohort.y, cohort.num_examples, cohort.num_steps, keys, scale)
+        server.extra["models"], server.extra["batch_stats"],
+        jnp.asarray(cohort.round, jnp.int32), cohort.x, cohort.y,
+        cohort.num_examples, cohort.num_steps, keys)
     server, metrics = aggregate(server, result, picks, losses, cohort)
     server, metrics = serving.serve(server, metrics, result, picks,
                                     k_models, cohort,

@@ -56,7 +56,6 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import stages
-from fedjax_dd.algorithms.stages import round_factor
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
 from fedjax_dd.core.local import LocalTraining, make_local_update
@@ -100,10 +99,8 @@ def moon(training: LocalTraining,
   Args:
     training: the clients' local training; ``training.task`` is a
       classifier whose module has ``project(x, train) -> (z, logits)`` (a
-      ``<name>_proj`` model, :class:`fedjax_dd.models.ProjectionNet`). With
-      ``lr_decay != 1`` round ``t`` trains at ``lr * lr_decay**(t - 1)``
-      (as :func:`fedavg`; the finished rounds are counted in
-      ``extra["round"]``).
+      ``<name>_proj`` model, :class:`fedjax_dd.models.ProjectionNet`). Its
+      schedule scales the rate by round, as :func:`fedavg`.
     mu: weight ``μ`` of ``ℓ_con`` (Eq. 3), >= 0.
     temperature: ``τ`` (Eq. 2), > 0.
 
@@ -115,17 +112,18 @@ def moon(training: LocalTraining,
     raise ValueError(f"MOON mu must be >= 0, got {mu}.")
   if not temperature > 0:
     raise ValueError(f"MOON temperature must be > 0, got {temperature}.")
-  task, lr_decay = training.task, training.lr_decay
+  task = training.task
   project = getattr(type(task.module), "project", None)
   if project is None:
     raise ValueError(
         f"MOON needs a model with a projection head (a '<name>_proj' model); "
         f"{type(task.module).__name__} has no project method.")
-  decay = training.decays
 
   def local_loss(params, batch_stats, xb, yb, ctx):
-    # ctx = ((global params, stats), ((previous params, stats), lr factor)).
-    (g_params, g_stats), ((p_params, p_stats), _) = ctx
+    # The global model is the client's start; its own previous model is
+    # its per-client context.
+    g_params, g_stats = ctx.start_params, ctx.start_batch_stats
+    p_params, p_stats = ctx.client
     x = task.preprocess(xb)
     (z, logits), new_stats = task.apply(params, batch_stats, x, train=True,
                                         method=project)
@@ -139,17 +137,14 @@ def moon(training: LocalTraining,
     acc = (jnp.argmax(logits, -1) == yb).astype(jnp.float32).mean()
     return ce.mean() + mu * con.mean(), (new_stats, acc)
 
-  local = make_local_update(training, loss=local_loss,
-                            lr_scale=(lambda ctx: ctx[1][1]) if decay else None)
+  local = make_local_update(training, loss=local_loss)
   train = stages.client_stage(local, training.mapper)
   server_opt = optax.sgd(1.0)
 
   def init(params, batch_stats, num_clients):
     stack = lambda t: tree_map(
         lambda x: jnp.broadcast_to(x, (num_clients, *x.shape)), t)
-    extra = {"round": jnp.zeros((), jnp.int32)} if decay else {}
-    server = ServerState(params, batch_stats, server_opt.init(params),
-                         extra=extra)
+    server = ServerState(params, batch_stats, server_opt.init(params))
     return server, {"prev": (stack(params), stack(batch_stats))}
 
   @jax.jit
@@ -158,19 +153,15 @@ def moon(training: LocalTraining,
     delta = stages.weighted_mean(stages.deltas(result.params, server.params),
                                  weights)
     batch_stats = stages.weighted_mean(result.batch_stats, weights)
-    server = stages.server_step(server_opt, server, delta, batch_stats,
-                                advance_round=decay)
+    server = stages.server_step(server_opt, server, delta, batch_stats)
     # This round's local models are the sampled clients' next w_i^{t-1}.
     clients = {"prev": (result.params, result.batch_stats)}
     return server, clients, stages.cohort_metrics(result, weights)
 
   def apply(server, clients, cohort, key):
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    factor = (round_factor(lr_decay, server.extra["round"]) if decay
-              else jnp.float32(1.0))
-    ctx = (clients["prev"], jnp.full(cohort.client_ids.shape, factor))
-    result = train(server.params, server.batch_stats,
-                   (server.params, server.batch_stats), cohort, keys, ctx)
+    result = train(server.params, server.batch_stats, (), cohort, keys,
+                   clients["prev"])
     return aggregate(server, result, cohort)
 
   return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec(1, 1))

@@ -49,7 +49,8 @@ def local_stage(training: LocalTraining,
   Args:
     training: the clients' local training (``training.task`` the client
       model; optimizer [SGD lr 0.01] fresh per client; batch size [128];
-      ``max_steps`` = ``max(cohort.num_steps)``; a constant rate).
+      ``max_steps`` = ``max(cohort.num_steps)``; one round: round 0 of its
+      schedule).
     per_client_start: ``train`` takes one start per client, stacked
       ``[S, ...]`` (:func:`independent_starts`).
 
@@ -64,8 +65,7 @@ def local_stage(training: LocalTraining,
 
   def train(params, batch_stats, cohort: Cohort, key: jax.Array) -> LocalResult:
     client_keys = keys.client_keys(key, cohort.client_ids)
-    no_ctx = jnp.zeros(cohort.client_ids.shape, jnp.float32)
-    return train_all(params, batch_stats, (), cohort, client_keys, no_ctx)
+    return train_all(params, batch_stats, (), cohort, client_keys)
 
   return train
 
@@ -101,7 +101,8 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
   Args:
     groups: one group per architecture (``group.task`` is the client model).
     training: the clients' local training (optimizer fresh per client,
-      batch size, augmentation; a constant rate). Each group trains its
+      batch size, augmentation; one round: round 0 of its schedule). Each
+      group trains its
       own ``group.task`` up to the largest of its clients' ``num_steps``:
       those replace ``training.task`` and ``training.max_steps``.
     num_steps: ``[m]`` local steps per client (client order).
@@ -174,9 +175,8 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
     out = []
     for g, train, (params, stats, opt) in zip(groups, trains, progress.vars):
       c = cohort(g, data)
-      no_ctx = jnp.zeros(c.client_ids.shape, jnp.float32)
       r = train(params, stats, opt, (), c, keys.client_keys(key, c.client_ids),
-                no_ctx, first, stop)
+                (), first, stop)
       out.append((r.params, r.batch_stats, r.opt_state))
     return ClientProgress(vars=tuple(out))
 

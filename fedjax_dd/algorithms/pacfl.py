@@ -140,7 +140,7 @@ def pacfl(training: LocalTraining,
   Args:
     training: the clients' local training (``training.task`` is the
       classifier of every cluster; optimizer re-initialised every round;
-      round ``t`` trains at ``lr·γ^(t-1)``, ``γ = training.lr_decay``).
+      its schedule scales the rate by round).
     clusters: the clustering (its ``labels`` cover all ``N`` clients).
     serving: the model reported on the global test split
       (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`: the
@@ -171,7 +171,7 @@ def pacfl(training: LocalTraining,
     return ServerState(params, batch_stats, (), extra=extra), {}
 
   def apply(server, clients, cohort, key):
-    t = server.extra["round"]
+    t = cohort.round
     result, picks = train(server, cohort, key)
     server, metrics = aggregate(server, result, picks, cohort)
     server, metrics = serving.serve(server, metrics, result, picks,

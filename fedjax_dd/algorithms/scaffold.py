@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import stages
-from fedjax_dd.algorithms.stages import round_factor
+from fedjax_dd.core import checks
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
 from fedjax_dd.core.local import LocalTraining, make_local_update
@@ -27,8 +27,8 @@ tree_map = jax.tree_util.tree_map
 
 
 def _correction(grads, ctx):
-  c, c_i = ctx
-  return tree_map(lambda g, s, ci: g - ci + s, grads, c, c_i)
+  """``g − c_i + c``: the shared context is ``c``, the client's ``c_i``."""
+  return tree_map(lambda g, s, ci: g - ci + s, grads, ctx.shared, ctx.client)
 
 
 def scaffold(training: LocalTraining,
@@ -45,27 +45,28 @@ def scaffold(training: LocalTraining,
       ``client.weight_decay``) follows FedFTG's released SCAFFOLD
       (``methods/local_fn.py``, commit ``1e6347c``), the baseline of
       DisUE's protocol: the correction enters the loss, so clipping and
-      decay act on the corrected gradient. With ``lr_decay = gamma != 1``
-      round ``t`` (1-based) trains at ``learning_rate * gamma**(t - 1)``,
-      the variate update divides by that round's ``K_i * eta_t`` and the
-      finished rounds are counted in ``extra["round"]``.
+      decay act on the corrected gradient. With a ``schedule``, round ``i``
+      (0-based) trains at ``learning_rate * schedule(i)`` and the variate
+      update divides by that round's ``K_i * eta_i``.
     learning_rate: the local step size ``η`` of ``training.optimizer``,
       which the variate update divides by (``K_i · η``).
     server_learning_rate: ``η_g``.
 
   Returns:
     A :class:`FederatedAlgorithm` whose client state is ``{"c": [N, ...]}``.
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: ``learning_rate`` or
+      ``server_learning_rate`` not a finite number > 0 (the variate update
+      divides by ``K_i · η``).
   """
-  lr_decay = training.lr_decay
-  decay = training.decays
-  if decay:
-    # Each client's context is (c_i, this round's lr factor).
-    correction = lambda g, ctx: _correction(g, (ctx[0], ctx[1][0]))
-    lr_scale = lambda ctx: ctx[1][1]
-  else:
-    correction, lr_scale = _correction, None
-  local = make_local_update(training, grad_correction=correction,
-                            lr_scale=lr_scale)
+  learning_rate = checks.check_number("SCAFFOLD learning_rate", learning_rate,
+                                      0.0, low_open=True)
+  server_learning_rate = checks.check_number(
+      "SCAFFOLD server_learning_rate", server_learning_rate, 0.0,
+      low_open=True)
+  schedule = training.schedule
+  local = make_local_update(training, grad_correction=_correction)
   train = stages.client_stage(local, training.mapper)
   server_opt = optax.sgd(server_learning_rate)
 
@@ -74,8 +75,6 @@ def scaffold(training: LocalTraining,
     stacked = tree_map(lambda z: jnp.zeros((num_clients, *z.shape), z.dtype),
                        params)
     extra = {"c": zeros, "num_clients": jnp.int32(num_clients)}
-    if decay:
-      extra["round"] = jnp.zeros((), jnp.int32)
     server = ServerState(params, batch_stats, server_opt.init(params),
                          extra=extra)
     return server, {"c": stacked}
@@ -86,8 +85,8 @@ def scaffold(training: LocalTraining,
     k = result.steps
     # Clients that took no step keep their variate (no division by zero).
     eta = learning_rate
-    if decay:
-      eta = learning_rate * round_factor(lr_decay, server.extra["round"])
+    if schedule is not None:
+      eta = learning_rate * schedule(jnp.asarray(cohort.round, jnp.int32))
     inv = jnp.where(k > 0, 1.0 / (jnp.maximum(k, 1.0) * eta), 0.0)
 
     def new_variate(ci, cg, x, y):
@@ -105,19 +104,14 @@ def scaffold(training: LocalTraining,
     c = tree_map(lambda cg, d: cg + frac * d, c, delta_c)
     batch_stats = stages.weighted_mean(result.batch_stats, cohort.num_examples)
     server = stages.server_step(server_opt, server, delta, batch_stats,
-                                extra={"c": c}, advance_round=decay)
+                                extra={"c": c})
     return server, {"c": c_new}, stages.cohort_metrics(result,
                                                        cohort.num_examples)
 
   def apply(server, clients, cohort, key):
     keys = keys_lib.client_keys(key, cohort.client_ids)
-    client_ctx = clients["c"]
-    if decay:
-      client_ctx = (client_ctx, jnp.full(
-          cohort.client_ids.shape,
-          round_factor(lr_decay, server.extra["round"])))
     result = train(server.params, server.batch_stats, server.extra["c"],
-                   cohort, keys, client_ctx)
+                   cohort, keys, clients["c"])
     return aggregate(server, clients, result, cohort)
 
   return FederatedAlgorithm(init=init, apply=apply, comm=CommSpec(2, 2))

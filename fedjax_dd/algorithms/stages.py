@@ -25,13 +25,6 @@ PyTree = Any
 tree_map = jax.tree_util.tree_map
 
 
-def round_factor(lr_decay: float, finished_rounds: jax.Array) -> jax.Array:
-  """``lr_decay ** finished_rounds`` as a float32 scalar: the client
-  learning-rate factor of the next round."""
-  return jnp.power(jnp.float32(lr_decay),
-                   jnp.asarray(finished_rounds).astype(jnp.float32))
-
-
 def class_counts(cohort: Cohort, num_classes: int) -> jax.Array:
   """``[S, C]`` int32 examples per class of each client (padding excluded)."""
   valid = jnp.arange(cohort.y.shape[1])[None, :] < cohort.num_examples[:, None]
@@ -46,8 +39,7 @@ def deltas(client_params: PyTree, server_params: PyTree) -> PyTree:
 
 def server_step(server_opt: optax.GradientTransformation, server: ServerState,
                 delta: PyTree, batch_stats: PyTree, *,
-                extra: dict[str, Any] | None = None,
-                advance_round: bool = False) -> ServerState:
+                extra: dict[str, Any] | None = None) -> ServerState:
   """Applies an aggregated update through the server optimizer.
 
   The server treats ``−delta`` as a pseudo-gradient, so ``optax.sgd(1.0)``
@@ -60,8 +52,6 @@ def server_step(server_opt: optax.GradientTransformation, server: ServerState,
     batch_stats: the new BatchNorm statistics.
     extra: entries of ``server.extra`` this round replaces (SCAFFOLD's
       ``c``, FedDyn's ``h``); the others are kept.
-    advance_round: add one to ``server.extra["round"]``, the round counter
-      of a decaying client learning rate.
 
   Returns:
     The new server state.
@@ -70,12 +60,9 @@ def server_step(server_opt: optax.GradientTransformation, server: ServerState,
   updates, opt_state = server_opt.update(pseudo_grad, server.opt_state,
                                          server.params)
   params = optax.apply_updates(server.params, updates)
-  new_extra = {**server.extra, **(extra or {})}
-  if advance_round:
-    new_extra["round"] = server.extra["round"] + 1
   return server.replace(params=params, opt_state=opt_state,
                         batch_stats=batch_stats,
-                        extra=new_extra if (extra or advance_round)
+                        extra={**server.extra, **extra} if extra
                         else server.extra)
 
 

@@ -54,12 +54,19 @@ class Cohort:
     num_examples: ``[S]`` valid examples per client.
     num_steps: ``[S]`` active local steps per client.
     client_ids: ``[S]`` indices of the sampled clients.
+    round: ``[]`` int32, the round's 0-based index: the rounds completed
+      before it (rows and logs number it ``round + 1``). The engine sets
+      it (:func:`fedjax_dd.core.rounds.round_cohort`); algorithms read it
+      instead of counting rounds, and the client stage hands it to every
+      local update (:class:`fedjax_dd.core.clients.RoundContext`). ``0`` for
+      a cohort built by hand.
   """
   x: jax.Array
   y: jax.Array
   num_examples: jax.Array
   num_steps: jax.Array
   client_ids: jax.Array
+  round: jax.Array | int = 0
 
 
 @flax.struct.dataclass

@@ -43,6 +43,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,6 +51,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedjax_dd import _xla_setup
 from fedjax_dd import policy
+
+
+PyTree = Any
 
 
 def _shard_map(f, mesh, in_specs, out_specs):
@@ -737,6 +741,32 @@ def map_clients(fn: Callable[..., Any],
       fn, in_axes, static_argnames=static_argnames)
 
 
+@flax.struct.dataclass
+class RoundContext:
+  """What one client's local update sees of its round.
+
+  Built by the client stage (:func:`client_stage`)
+  for every client; the local hooks receive it whole.
+
+  Attributes:
+    round: ``[]`` int32, the round's 0-based index
+      (:attr:`fedjax_dd.core.algorithm.Cohort.round`).
+    start_params: the parameters the client starts from: the broadcast
+      server model (FedProx's proximal centre, MOON's global model), or the
+      client's own start where starts are per client.
+    start_batch_stats: the BatchNorm statistics it starts from.
+    shared: the algorithm's value broadcast to every client (SCAFFOLD's
+      server variate ``c``; ``()`` when there is none).
+    client: the algorithm's value for this client (SCAFFOLD's ``c_i``;
+      ``()`` when there is none).
+  """
+  round: jax.Array
+  start_params: PyTree
+  start_batch_stats: PyTree
+  shared: PyTree = ()
+  client: PyTree = ()
+
+
 def client_stage(local: LocalUpdate,
                  mapper: ClientMapper, *,
                  per_client_start: bool = False) -> Callable[..., LocalResult]:
@@ -754,30 +784,42 @@ def client_stage(local: LocalUpdate,
       instead of one model broadcast to all.
 
   Returns:
-    ``train(params, batch_stats, shared_ctx, cohort, keys [S], client_ctx)``
-    returning a :class:`~fedjax_dd.core.local.LocalResult` stacked
-    ``[S, ...]``. ``shared_ctx`` is broadcast to every client, ``client_ctx``
-    is per client; the local hooks receive ``(shared_ctx, client_ctx)``.
+    ``train(params, batch_stats, shared_ctx, cohort, keys [S],
+    client_ctx=())`` returning a :class:`~fedjax_dd.core.local.LocalResult`
+    stacked ``[S, ...]``. ``shared_ctx`` is broadcast to every client,
+    ``client_ctx`` is per client (leaves ``[S, ...]``); the local hooks
+    receive a :class:`~fedjax_dd.core.local.RoundContext` holding both,
+    ``cohort.round`` and the client's start.
   """
 
-  def one_client(params, batch_stats, shared_ctx, x, y, n, num_steps, key,
-                 client_ctx):
+  def one_client(params, batch_stats, round_index, shared_ctx, x, y, n,
+                 num_steps, key, client_ctx):
     opt_state = local.optimizer.init(params)
+    ctx = RoundContext(round=round_index, start_params=params,
+                       start_batch_stats=batch_stats, shared=shared_ctx,
+                       client=client_ctx)
     return local.run(params, batch_stats, opt_state, x, y, n, num_steps, key,
-                     (shared_ctx, client_ctx))
+                     ctx)
 
-  # Argument 6 is num_steps: with bucketing, chunks hold similar step counts
+  # Argument 7 is num_steps: with bucketing, chunks hold similar step counts
   # and the per-client loop (``skip_padding``) stops at each one's own.
   start_axis = 0 if per_client_start else None
   mapped = mapper.map(one_client,
-                      in_axes=(start_axis, start_axis, None, 0, 0, 0, 0, 0, 0),
-                      work_argnum=6)
+                      in_axes=(start_axis, start_axis, None, None, 0, 0, 0, 0,
+                               0, 0),
+                      work_argnum=7)
 
-  def train(params, batch_stats, shared_ctx, cohort: Cohort, keys, client_ctx):
-    return mapped(params, batch_stats, shared_ctx, cohort.x, cohort.y,
-                  cohort.num_examples, cohort.num_steps, keys, client_ctx)
+  def train(params, batch_stats, shared_ctx, cohort: Cohort, keys,
+            client_ctx=()):
+    return mapped(params, batch_stats, _round_index(cohort), shared_ctx,
+                  cohort.x, cohort.y, cohort.num_examples, cohort.num_steps,
+                  keys, client_ctx)
 
   return train
+
+
+def _round_index(cohort: Cohort) -> jax.Array:
+  return jnp.asarray(cohort.round, jnp.int32)
 
 
 def client_span_stage(local: LocalUpdate,
@@ -801,28 +843,33 @@ def client_span_stage(local: LocalUpdate,
     ``train(params, batch_stats, opt_state, shared_ctx, cohort, keys [S],
     client_ctx, first, stop)``: ``params``, ``batch_stats`` and
     ``opt_state`` stacked ``[S, ...]``; ``first`` and ``stop`` scalar step
-    indices (traced: every span runs one compiled program). Returns a
-    :class:`~fedjax_dd.core.local.LocalResult` stacked ``[S, ...]`` whose
-    ``loss``, ``accuracy`` and ``steps`` cover the span.
+    indices (traced: every span runs one compiled program). The hooks'
+    :class:`~fedjax_dd.core.local.RoundContext` holds each client's span
+    start as its start. Returns a :class:`~fedjax_dd.core.local.LocalResult`
+    stacked ``[S, ...]`` whose ``loss``, ``accuracy`` and ``steps`` cover
+    the span.
   """
 
-  def one_client(params, batch_stats, opt_state, shared_ctx, x, y, n,
-                 num_steps, key, client_ctx, first, stop):
+  def one_client(params, batch_stats, opt_state, round_index, shared_ctx, x,
+                 y, n, num_steps, key, client_ctx, first, stop):
+    ctx = RoundContext(round=round_index, start_params=params,
+                       start_batch_stats=batch_stats, shared=shared_ctx,
+                       client=client_ctx)
     return local.run(params, batch_stats, opt_state, x, y, n, num_steps, key,
-                     (shared_ctx, client_ctx), first_step=first,
-                     stop_step=stop)
+                     ctx, first_step=first, stop_step=stop)
 
-  # Argument 7 is num_steps, the client's whole count: the bucket order
+  # Argument 8 is num_steps, the client's whole count: the bucket order
   # (and so each chunk's members) is that of one call, whatever the span.
   mapped = mapper.map(one_client,
-                      in_axes=(0, 0, 0, None, 0, 0, 0, 0, 0, 0, None, None),
-                      work_argnum=7)
+                      in_axes=(0, 0, 0, None, None, 0, 0, 0, 0, 0, 0, None,
+                               None),
+                      work_argnum=8)
 
   def train(params, batch_stats, opt_state, shared_ctx, cohort: Cohort, keys,
             client_ctx, first, stop):
-    return mapped(params, batch_stats, opt_state, shared_ctx, cohort.x,
-                  cohort.y, cohort.num_examples, cohort.num_steps, keys,
-                  client_ctx, jnp.asarray(first, jnp.int32),
-                  jnp.asarray(stop, jnp.int32))
+    return mapped(params, batch_stats, opt_state, _round_index(cohort),
+                  shared_ctx, cohort.x, cohort.y, cohort.num_examples,
+                  cohort.num_steps, keys, client_ctx,
+                  jnp.asarray(first, jnp.int32), jnp.asarray(stop, jnp.int32))
 
   return train

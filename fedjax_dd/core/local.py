@@ -18,27 +18,24 @@ iterations whose steps past ``num_steps`` are computed and masked. Both give
 the same bits (``tests/core/test_local.py``).
 
 What every algorithm's clients share (the task, optimizer, batch size, step
-bound, augmentation, the learning-rate decay over rounds and the client
+bound, augmentation, the learning-rate schedule over rounds and the client
 mapper) is one value, :class:`LocalTraining`, built once (from a config by
 ``fedjax_dd.experiments.common.local_training``) and handed whole to every
 algorithm factory and from there to :func:`make_local_update`.
 
-Algorithms customise the update through two pure hooks:
+The engine owns the round: every local update receives a typed
+:class:`RoundContext` (the round's index, the model the client starts from,
+and the algorithm's own broadcast and per-client values), and the update
+scales the optimizer's steps by ``training.schedule(ctx.round)`` itself. No
+algorithm counts rounds or packs the factor into its context.
+
+Algorithms customise the update through pure hooks of the context:
 
 * ``regularizer(params, ctx) -> scalar`` added to the loss (FedProx);
-* ``grad_correction(grads, ctx) -> grads`` (SCAFFOLD's control variates).
-
-and two opt-in ones:
-
+* ``grad_correction(grads, ctx) -> grads`` (SCAFFOLD's control variates);
 * ``loss(params, batch_stats, xb, yb, ctx) -> (loss, (new_stats, accuracy))``
   in place of the task's cross-entropy, for a loss that needs the batch
-  beyond the logits (MOON's model-contrastive term on the projection);
-* ``lr_scale(ctx) -> scalar`` multiplying the optimizer's updates, i.e. the
-  learning rate (the round's factor of :attr:`LocalTraining.lr_decay`,
-  ``gamma**(t - 1)``, which the algorithm carries in ``ctx``: a traced
-  input, so changing it recompiles nothing).
-
-``ctx`` is an algorithm-defined pytree (per client or broadcast).
+  beyond the logits (MOON's model-contrastive term on the projection).
 """
 
 from __future__ import annotations
@@ -54,6 +51,8 @@ import optax
 
 from fedjax_dd.core import checks
 from fedjax_dd.core.clients import ClientMapper
+# Built by the client stage; re-exported here beside the hooks it feeds.
+from fedjax_dd.core.clients import RoundContext  # noqa: F401
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import sample_batch
 
@@ -140,12 +139,14 @@ class LocalTraining:
       each sampled batch before the loss (:func:`flip_and_crop`). Its key is
       folded off the batch key, so the batches (and every result without
       augmentation) are those of a run without it.
-    lr_decay: ``gamma``: round ``t`` (1-based) trains at the optimizer's
-      learning rate times ``gamma**(t - 1)`` (FedFTG's
-      ``lr * lr_decay_per_round**i``; DisUE Sec. 5.1: 0.998). ``1.0``
-      (default): off, and states and results are exactly those without it.
-      The algorithm counts the rounds and hands the factor to
-      :func:`make_local_update`'s ``lr_scale``.
+    schedule: an optax schedule of the round: the round of 0-based index
+      ``i`` (:attr:`RoundContext.round`) trains at the optimizer's learning
+      rate times ``schedule(i)``, the factor multiplying its updates (exact
+      for SGD with or without momentum and weight decay, and Adam(W)).
+      :func:`round_decay` ``(gamma)`` is FedFTG's ``lr *
+      lr_decay_per_round**i`` (DisUE Sec. 5.1: 0.998). ``None`` (default):
+      a constant rate, and states and results are exactly those without a
+      schedule.
     unroll: ``lax.scan`` unroll factor (``skip_padding=False`` only).
     skip_padding: stop each client's loop after its own ``num_steps``
       (``lax.while_loop``) instead of computing and masking ``max_steps``
@@ -154,7 +155,7 @@ class LocalTraining:
   Raises:
     fedjax_dd.core.checks.SettingError: ``optimizer`` not an optax
       transformation, ``batch_size`` or ``max_steps`` not an int >= 1, or
-      ``lr_decay`` not a positive finite number.
+      ``schedule`` neither ``None`` nor callable.
   """
   task: Classifier
   optimizer: optax.GradientTransformation
@@ -162,7 +163,7 @@ class LocalTraining:
   max_steps: int
   mapper: ClientMapper = ClientMapper()
   augment: Callable[[jax.Array, jax.Array], jax.Array] | None = None
-  lr_decay: float = 1.0
+  schedule: Callable[[jax.Array], jax.Array] | None = None
   unroll: int = 1
   skip_padding: bool = True
 
@@ -170,12 +171,47 @@ class LocalTraining:
     checks.check_transformation("LocalTraining.optimizer", self.optimizer)
     checks.check_int("max_steps", self.max_steps, 1)
     checks.check_int("batch_size", self.batch_size, 1)
-    checks.check_number("lr_decay", self.lr_decay, 0.0, low_open=True)
+    if self.schedule is not None and not callable(self.schedule):
+      checks.refuse("LocalTraining.schedule",
+                    "None or an optax schedule (a function of the round)",
+                    self.schedule)
 
   @property
   def decays(self) -> bool:
-    """Whether the learning rate changes over rounds (``lr_decay != 1``)."""
-    return self.lr_decay != 1.0
+    """Whether the learning rate changes over rounds (a ``schedule``)."""
+    return self.schedule is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundDecay:
+  """The schedule ``i -> gamma**i`` of the round index ``i``
+  (``optax.exponential_decay(1, 1, gamma)``): FedFTG's per-round decay of
+  the client rate, ``lr * lr_decay_per_round**i`` (DisUE Sec. 5.1).
+
+  A frozen value rather than a closure, so that two :class:`LocalTraining`
+  of one config are equal (a cache key) and print their setting.
+
+  Attributes:
+    gamma: the per-round factor, a finite number > 0.
+  """
+  gamma: float
+
+  def __call__(self, round_index: jax.Array) -> jax.Array:
+    return optax.exponential_decay(1.0, 1, self.gamma)(round_index)
+
+
+def round_decay(gamma: float) -> RoundDecay | None:
+  """:class:`RoundDecay` ``(gamma)``, or ``None`` (a constant rate) for
+  ``gamma == 1``.
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: ``gamma`` not a positive finite
+      number.
+  """
+  checks.check_number("lr_decay", gamma, 0.0, low_open=True)
+  if float(gamma) == 1.0:
+    return None
+  return RoundDecay(float(gamma))
 
 
 def make_local_update(
@@ -183,21 +219,18 @@ def make_local_update(
     *,
     regularizer: Callable[[PyTree, PyTree], jax.Array] | None = None,
     grad_correction: Callable[[PyTree, PyTree], PyTree] | None = None,
-    lr_scale: Callable[[PyTree], jax.Array] | None = None,
     loss: Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
     | None = None,
 ) -> LocalUpdate:
   """Builds ``run(params, batch_stats, opt_state, x, y, n, num_steps, key, ctx)``.
 
   Args:
-    training: the clients' local training (:class:`LocalTraining`).
-    regularizer: optional ``(params, ctx) -> scalar`` added to the loss.
+    training: the clients' local training (:class:`LocalTraining`). With a
+      ``schedule``, the optimizer's updates are multiplied by
+      ``training.schedule(ctx.round)``.
+    regularizer: optional ``(params, ctx) -> scalar`` added to the loss;
+      ``ctx`` is the client's :class:`RoundContext`, as for the hooks below.
     grad_correction: optional ``(grads, ctx) -> grads``.
-    lr_scale: ``ctx -> scalar``: the optimizer's updates are multiplied by
-      it, which scales the learning rate of SGD (with or without momentum
-      and weight decay) and Adam(W) exactly. Required when
-      ``training.lr_decay != 1`` (where in ``ctx`` the algorithm keeps the
-      round's factor); without a decay, optional.
     loss: optional ``(params, batch_stats, xb, yb, ctx) -> (loss,
       (new_batch_stats, accuracy))`` replacing ``task.loss`` (in training
       mode) on every batch; ``regularizer`` is still added.
@@ -206,7 +239,8 @@ def make_local_update(
     A :class:`LocalUpdate` whose ``run`` takes, for one client, ``params``,
     ``batch_stats``, ``opt_state``, ``x [N_max, H, W, Ch] uint8``,
     ``y [N_max]``, ``n`` (valid examples), ``num_steps`` (active steps,
-    ``<= max_steps``), ``key`` and ``ctx``, and returns a :class:`LocalResult`.
+    ``<= max_steps``), ``key`` and ``ctx`` (a :class:`RoundContext`), and
+    returns a :class:`LocalResult`.
     Optional ``first_step`` and ``stop_step`` (ints or traced scalars) make
     it run only the steps ``[first_step, min(num_steps, stop_step))`` from
     the given state: spans run one after another, each from the last one's
@@ -214,16 +248,9 @@ def make_local_update(
     call (step ``t`` draws its batch from ``fold_in(key, t)``), so a long
     local training can be checkpointed between spans. ``loss``, ``accuracy``
     and ``steps`` then cover the span.
-
-  Raises:
-    ValueError: ``training.lr_decay != 1`` without ``lr_scale`` (an
-      algorithm that does not count rounds cannot decay its rate).
   """
-  if training.decays and lr_scale is None:
-    raise ValueError(f"lr_decay={training.lr_decay}: this algorithm's clients "
-                     "train at a constant rate; set lr_decay to 1.0 "
-                     "(--config.client.lr_decay=1.0).")
   task, optimizer = training.task, training.optimizer
+  schedule = training.schedule
   batch_size, max_steps = training.batch_size, training.max_steps
   augment, unroll = training.augment, training.unroll
   skip_padding = training.skip_padding
@@ -257,8 +284,8 @@ def make_local_update(
       if grad_correction is not None:
         grads = grad_correction(grads, ctx)
       updates, new_opt = optimizer.update(grads, opt_state, params)
-      if lr_scale is not None:
-        scale = lr_scale(ctx)
+      if schedule is not None:
+        scale = schedule(ctx.round)
         updates = jax.tree_util.tree_map(
             lambda u: u * jnp.asarray(scale, u.dtype), updates)
       new_params = apply_updates(params, updates)

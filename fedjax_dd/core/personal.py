@@ -41,7 +41,7 @@ import optax
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (ExperimentState, FederatedAlgorithm,
                                       deployed)
-from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.clients import ClientMapper, RoundContext
 from fedjax_dd.core.evaluate import batched, evaluate_sums
 from fedjax_dd.core.local import LocalTraining, make_local_update
 from fedjax_dd.core.task import Classifier
@@ -153,8 +153,10 @@ def make_personal_evaluator(
     if local is not None:
       # A client without training data keeps its model.
       k = jnp.where(n > 0, steps, 0)
+      ctx = RoundContext(round=jnp.zeros((), jnp.int32), start_params=params,
+                         start_batch_stats=batch_stats)
       result = local.run(params, batch_stats, local.optimizer.init(params),
-                         x, y, n, k, key, None)
+                         x, y, n, k, key, ctx)
       params, batch_stats = result.params, result.batch_stats
     sums = evaluate_sums(task, params, batch_stats, xs, ys, ms)
     return sums["accuracy"], sums["loss"]

@@ -144,12 +144,14 @@ def round_cohort(run_key: jax.Array, r: int,
 
   Returns:
     ``(ids, cohort, train_key)``: ``[S]`` client ids on the device, their
-    :func:`gather_cohort` rows, and the round's training key.
+    :func:`gather_cohort` rows with ``cohort.round = r - 1``, and the
+    round's training key.
   """
   sample_key, train_key = keys.sample_and_train(keys.round_key(run_key, r))
   # One device copy of a host (Bernoulli) draw for the loop's three gathers.
   ids = jnp.asarray(sampler.draw(sample_key, data.num_clients))
-  return ids, gather_cohort(data, num_steps, ids), train_key
+  cohort = gather_cohort(data, num_steps, ids)
+  return ids, cohort.replace(round=jnp.asarray(r - 1, jnp.int32)), train_key
 
 
 @jax.jit

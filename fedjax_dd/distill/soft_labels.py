@@ -52,8 +52,8 @@ def pretrain_clients(training: LocalTraining, params: PyTree,
       mapper, ...; HFLDD: plain SGD, lr 0.01, batch 64). Its ``max_steps``
       is replaced by the largest of ``num_steps`` (at least 1): the counts
       are per-client data, known only here, so the caller's bound is not
-      used. Its ``augment`` applies; pretraining is one round, so its rate
-      does not decay (``lr_decay`` must be 1).
+      used. Its ``augment`` applies; pretraining is one round, round 0 of
+      its schedule.
     params: the common initial parameters (broadcast).
     batch_stats: the common initial BatchNorm statistics.
     data: all clients' padded data ``x [N, N_max, H, W, Ch]``.
@@ -67,7 +67,7 @@ def pretrain_clients(training: LocalTraining, params: PyTree,
     ValueError: before training, on ``data`` that is not a padded client
       stack (``x [N, N_max, H, W, Ch]`` uint8, ``y [N, N_max]`` integer,
       ``num_examples [N]`` in ``[0, N_max]``), ``num_steps`` that is not
-      ``[N]`` integer counts ``>= 0``, or ``training.lr_decay != 1``.
+      ``[N]`` integer counts ``>= 0``.
   """
   validate.client_stack(data.x, data.y, data.num_examples, fetch=True)
   validate.step_counts("num_steps", num_steps, data.num_clients)
@@ -80,9 +80,7 @@ def pretrain_clients(training: LocalTraining, params: PyTree,
   cohort = Cohort(x=jnp.asarray(data.x), y=jnp.asarray(data.y),
                   num_examples=jnp.asarray(data.num_examples),
                   num_steps=num_steps, client_ids=ids)
-  no_ctx = jnp.zeros((n,), jnp.float32)
-  return train(params, batch_stats, (), cohort, keys.client_keys(key, ids),
-               no_ctx)
+  return train(params, batch_stats, (), cohort, keys.client_keys(key, ids))
 
 
 def make_soft_labeler(task: Classifier, *, mapper: ClientMapper = ClientMapper(),

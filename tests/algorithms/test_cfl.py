@@ -12,7 +12,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.evaluate import make_evaluator
-from fedjax_dd.core.local import LocalTraining
+from fedjax_dd.core.local import LocalTraining, round_decay
 from fedjax_dd.data.stacked import ClientData
 from tests.algorithms import kill_resume
 from tests.conftest import rounds_compile_nothing, tiny_task
@@ -75,7 +75,7 @@ def _alg(task, lr_decay=1.0, **kw):
   kw = {"eps1": 100.0, "eps2": 0.0, "warmup": 1, "max_clusters": 2, **kw}
   training = LocalTraining(task, optax.sgd(0.5), batch_size=6, max_steps=2,
                            mapper=ClientMapper(backend="vmap"),
-                           lr_decay=lr_decay)
+                           schedule=round_decay(lr_decay))
   return cfl_lib.cfl(training, **kw)
 
 
@@ -142,3 +142,13 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path):
       [("apply", 1), ("row", 2), ("apply", 2), ("row", 1)],
       evaluate=evaluate)
   assert sum(r["cfl_splits"] for r in full.rows) >= 1
+
+
+@pytest.mark.parametrize("eps", [{"eps1": -0.1}, {"eps2": -1.0},
+                                 {"eps1": float("inf")}])
+def test_cfl_refuses_thresholds_no_norm_can_meet(eps):
+  # Before: a negative eps1 was accepted and CFL silently never split.
+  name = next(iter(eps))
+  with pytest.raises(ValueError, match=rf"^CFL {name} must be a finite "
+                     r"number >= 0, got "):
+    _alg(tiny_task(), **eps)

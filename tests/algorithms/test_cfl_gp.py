@@ -12,7 +12,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.evaluate import make_evaluator
-from fedjax_dd.core.local import LocalTraining
+from fedjax_dd.core.local import LocalTraining, round_decay
 from tests.algorithms import kill_resume
 from tests.algorithms.test_cfl import GROUP, _two_groups
 from tests.conftest import rounds_compile_nothing, tiny_task
@@ -57,7 +57,7 @@ def _alg(task, lr_decay=1.0, **kw):
         **kw}
   training = LocalTraining(task, optax.sgd(0.5), batch_size=6, max_steps=2,
                            mapper=ClientMapper(backend="vmap"),
-                           lr_decay=lr_decay)
+                           schedule=round_decay(lr_decay))
   return cfl_gp_lib.cfl_gp(training, subset_key=jax.random.PRNGKey(7), **kw)
 
 

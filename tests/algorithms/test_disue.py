@@ -16,7 +16,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.evaluate import make_evaluator
-from fedjax_dd.core.local import LocalTraining, steps_for
+from fedjax_dd.core.local import LocalTraining, steps_for, round_decay
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import iga as iga_lib
 from fedjax_dd.models.cgenerator import CGeneratorA
@@ -73,7 +73,7 @@ def test_disue_round_shapes_metrics_and_ledger():
   task = tiny_task(bn=True)
   alg, _ = _disue(task)
   state, ledger, rows = _run(alg, task)
-  assert int(state.server.extra["round"]) == 2
+  assert int(state.round) == 2
   for row in rows:
     assert 1 <= row["num_clusters"] <= COHORT
     assert row["clustering_converged"] in (0, 1)
@@ -201,13 +201,14 @@ def test_lr_decay_and_augmentation_match_fedavg_without_iga():
   num_steps = steps_for(jnp.full((6,), 10), 5, epochs=1)
   training = LocalTraining(task, optax.sgd(0.1), batch_size=5,
                            max_steps=int(jnp.max(num_steps)),
-                           augment=flip_and_crop(1), lr_decay=0.5)
+                           augment=flip_and_crop(1),
+                           schedule=round_decay(0.5))
   ours = clustered.clustered_distillation(
       training, grouping=clustered.one_group, iga=None)
   theirs = fedavg(training)
   a, _, _ = _run(ours, task, rounds=2)
   b, _, _ = _run(theirs, task, rounds=2)
-  assert int(a.server.extra["round"]) == int(b.server.extra["round"]) == 2
+  assert int(a.round) == int(b.round) == 2
   for x, y in zip(jax.tree_util.tree_leaves(a.server.params),
                   jax.tree_util.tree_leaves(b.server.params)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)

@@ -223,3 +223,28 @@ def test_centralized_equals_one_local_run_with_persistent_optimizer(bn):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
                                  atol=1e-6)
   assert float(metrics["local_steps_mean"]) == 3.0
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"learning_rate": 0.0}, "SCAFFOLD learning_rate"),
+    ({"learning_rate": -0.1}, "SCAFFOLD learning_rate"),
+    ({"learning_rate": 0.1, "server_learning_rate": float("nan")},
+     "SCAFFOLD server_learning_rate"),
+])
+def test_scaffold_refuses_rates_its_variate_update_cannot_divide_by(
+    kwargs, name):
+  # Before: accepted, and the variates became inf/nan after round 1.
+  training = LocalTraining(tiny_task(), optax.sgd(0.1), batch_size=2,
+                           max_steps=3)
+  with pytest.raises(ValueError, match=rf"^{name} must be a finite number > "
+                     r"0, got "):
+    scaffold(training, **kwargs)
+
+
+def test_fedavg_refuses_a_server_optimizer_that_is_a_name():
+  # Before: accepted, then an AttributeError inside the jitted round.
+  training = LocalTraining(tiny_task(), optax.sgd(0.1), batch_size=2,
+                           max_steps=3)
+  with pytest.raises(ValueError, match=r"^fedavg server_optimizer must be an "
+                     r"optax.GradientTransformation .*optax.sgd"):
+    fedavg(training, server_optimizer="sgd")

@@ -80,7 +80,7 @@ def test_rounds_match_sequential_reference_and_ring_rotates():
     w = gn.sum(1) / gn.sum()                  # 14 and 16 examples
     expected = jax.tree_util.tree_map(lambda a, b: w[0] * a + w[1] * b, *outs)
     _close(st.server.params, expected)
-    assert int(st.server.extra["round"]) == r
+    assert int(st.round) == r
   assert int(state1.round) == 2
 
 

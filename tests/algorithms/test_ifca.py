@@ -12,7 +12,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.local import LocalTraining
+from fedjax_dd.core.local import LocalTraining, round_decay
 from fedjax_dd.data.stacked import ClientData
 from tests.conftest import rounds_compile_nothing, tiny_task
 
@@ -44,7 +44,7 @@ def _cohort(x, y, steps=6):
 def _alg(task, k=2, seed=0, lr_decay=1.0, **kw):
   training = LocalTraining(task, optax.sgd(0.5), batch_size=6, max_steps=6,
                            mapper=ClientMapper(backend="vmap"),
-                           lr_decay=lr_decay)
+                           schedule=round_decay(lr_decay))
   return ifca(training, num_clusters=k,
               init_key=jax.random.PRNGKey(10 + seed), **kw)
 
@@ -159,7 +159,7 @@ def test_no_recompilation_across_rounds(caplog):
   alg, state, data, num_steps = _rounds_setup()
   state, rows = rounds_compile_nothing(caplog, alg, state, data, num_steps,
                                        clients_per_round=4)
-  assert int(state.server.extra["round"]) == 3
+  assert int(state.round) == 3
   assert all(np.isfinite(r["train_loss"]) for r in rows)
   assert all(r["cluster_0_clients"] + r["cluster_1_clients"] == 4
              for r in rows)

@@ -22,7 +22,8 @@ from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.keys import client_keys
-from fedjax_dd.core.local import LocalTraining, make_local_update, steps_for
+from fedjax_dd.core.local import (LocalTraining, RoundContext, make_local_update,
+                                  round_decay, steps_for)
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import sources
@@ -248,7 +249,9 @@ def test_dynamic_regularizer_by_hand():
   server = {"w": jnp.array([0.0, 0.0])}
   grad = {"w": jnp.array([1.0, 1.0])}
   # 0.5/2 · (1 + 4) − (1 + 2) = −1.75
-  np.testing.assert_allclose(reg(theta, (server, (grad, 1.0))), -1.75)
+  ctx = RoundContext(round=jnp.int32(0), start_params=server,
+                     start_batch_stats={}, client=grad)
+  np.testing.assert_allclose(reg(theta, ctx), -1.75)
 
 
 def test_feddyn_rounds_follow_algorithm_one():
@@ -270,7 +273,9 @@ def test_feddyn_rounds_follow_algorithm_one():
   run = jax.jit(local.run)
   thetas = [run(params, stats, local.optimizer.init(params),
                       cohort.x[i], cohort.y[i], cohort.num_examples[i],
-                      cohort.num_steps[i], keys[i], (params, 0.0)).params
+                      cohort.num_steps[i], keys[i],
+                      RoundContext(round=jnp.int32(0), start_params=params,
+                                   start_batch_stats=stats)).params
             for i in range(4)]
   d = [tree_map(lambda a, b: a - b, t, params) for t in thetas]
   for i in range(4):
@@ -294,7 +299,9 @@ def test_feddyn_rounds_follow_algorithm_one():
     g = _row(c1["grad"], i)
     theta = run(s1.params, stats, local.optimizer.init(s1.params),
                       cohort.x[i], cohort.y[i], cohort.num_examples[i],
-                      cohort.num_steps[i], keys[i], (s1.params, (g, 1.0))).params
+                      cohort.num_steps[i], keys[i],
+                      RoundContext(round=jnp.int32(0), start_params=s1.params,
+                                   start_batch_stats=stats, client=g)).params
     _allclose(_row(c2["grad"], i),
               tree_map(lambda gg, t, s: gg - alpha * (t - s), g, theta,
                        s1.params), rtol=1e-4, atol=1e-6)
@@ -320,7 +327,8 @@ def _setup(name, bn=False, lr_decay=1.0):
   max_steps = int(jnp.max(num_steps))
   build = moon if name == "moon" else feddyn
   alg = build(LocalTraining(task, optax.sgd(LR), batch_size=B,
-                            max_steps=max_steps, lr_decay=lr_decay))
+                            max_steps=max_steps,
+                            schedule=round_decay(lr_decay)))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, clients = alg.init(params, stats, 4)
   state = ExperimentState(server, clients, jax.random.PRNGKey(1),

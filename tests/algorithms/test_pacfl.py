@@ -13,7 +13,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.evaluate import make_evaluator
-from fedjax_dd.core.local import LocalTraining
+from fedjax_dd.core.local import LocalTraining, round_decay
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import iga as iga_lib
 from fedjax_dd.models.cgenerator import CGeneratorA
@@ -62,7 +62,7 @@ def test_clusters_from_orthogonal_subspaces_and_signature_traffic():
 def _alg(task, clusters, iga=None, lr_decay=1.0, **kw):
   training = LocalTraining(task, optax.sgd(0.5), batch_size=3, max_steps=3,
                            mapper=ClientMapper(backend="vmap"),
-                           lr_decay=lr_decay)
+                           schedule=round_decay(lr_decay))
   serving = kw.pop("serving", ClusterServing(
       iga=iga, generator_key=jax.random.PRNGKey(5)))
   return pacfl_lib.pacfl(training, clusters=clusters, serving=serving, **kw)
@@ -150,7 +150,7 @@ def test_no_recompilation_across_rounds(caplog, with_iga):
   state, rows = rounds_compile_nothing(
       caplog, alg, _state(alg, task), data,
       jnp.full((2 * GROUP,), 3, jnp.int32), clients_per_round=4, rounds=3)
-  assert int(state.server.extra["round"]) == 3
+  assert int(state.round) == 3
   assert all(np.isfinite(r["train_loss"]) for r in rows)
   if with_iga:
     assert int(state.server.extra["iga"].rounds) == 3

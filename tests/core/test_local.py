@@ -10,7 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_dd.core.local import LocalTraining, make_local_update, steps_for
+from fedjax_dd.core.local import (LocalTraining, RoundContext, make_local_update,
+                                  round_decay, steps_for)
 from fedjax_dd.core.task import Classifier
 from tests.conftest import rounds_compile_nothing, synthetic_clients, tiny_task  # noqa: F401
 
@@ -104,9 +105,10 @@ def _leaves_equal(a, b):
 
 
 def _run_with(task, x, y, n, key, ctx=(), lr=0.1, steps=3, augment=None,
-              **hooks):
+              schedule=None, **hooks):
   local = make_local_update(LocalTraining(task, optax.sgd(lr), batch_size=4,
-                                          max_steps=steps, augment=augment),
+                                          max_steps=steps, augment=augment,
+                                          schedule=schedule),
                             **hooks)
   params, stats = task.init(jax.random.PRNGKey(0))
   return jax.jit(local.run)(params, stats, local.optimizer.init(params), x, y,
@@ -153,12 +155,19 @@ def test_flip_and_crop_hand_example():
     flip_and_crop(-1)
 
 
-def test_lr_scale_scales_the_step_exactly():
+def _context(task, round_index):
+  params, stats = task.init(jax.random.PRNGKey(0))
+  return RoundContext(round=jnp.asarray(round_index, jnp.int32),
+                      start_params=params, start_batch_stats=stats)
+
+
+def test_the_schedule_of_the_contexts_round_scales_the_step_exactly():
   task = tiny_task()
   x, y, n = synthetic_clients(num_clients=1, sizes=(8,), n_max=8)
   key = jax.random.PRNGKey(2)
-  half = _run_with(task, x[0], y[0], n[0], key, ctx=jnp.float32(0.5),
-                   lr=0.2, steps=1, lr_scale=lambda ctx: ctx)
+  # Round index 1 of gamma = 0.5: half of lr 0.2.
+  half = _run_with(task, x[0], y[0], n[0], key, ctx=_context(task, 1),
+                   lr=0.2, steps=1, schedule=round_decay(0.5))
   ref = _run_with(task, x[0], y[0], n[0], key, lr=0.1, steps=1)
   for a, b in zip(jax.tree_util.tree_leaves(half.params),
                   jax.tree_util.tree_leaves(ref.params)):
@@ -180,22 +189,24 @@ def test_lr_decay_halves_round_two(name):
   from fedjax_dd.algorithms.scaffold import scaffold
 
   def build(lr, decay=1.0):
+    training = LocalTraining(task, optax.sgd(lr), batch_size=4, max_steps=1,
+                             schedule=round_decay(decay))
     if name == "fedavg":
-      return fedavg(LocalTraining(task, optax.sgd(lr), batch_size=4,
-                                  max_steps=1, lr_decay=decay))
-    return scaffold(LocalTraining(task, optax.sgd(lr), batch_size=4,
-                                  max_steps=1, lr_decay=decay),
-                    learning_rate=lr)
+      return fedavg(training)
+    return scaffold(training, learning_rate=lr)
 
   task = tiny_task()
+  # The engine numbers the rounds (cohort.round); the algorithm counts none.
   cohort = _one_client_cohort()
+  second = cohort.replace(round=jnp.int32(1))
   params, stats = task.init(jax.random.PRNGKey(0))
   k1, k2 = jax.random.PRNGKey(1), jax.random.PRNGKey(2)
   alg = build(0.2, decay=0.5)
   s0, c0 = alg.init(params, stats, 1)
+  assert "round" not in s0.extra
   s1, c1, _ = alg.apply(s0, c0, cohort, k1)
-  s2, _, m2 = alg.apply(s1, c1, cohort, k2)
-  assert int(s2.extra["round"]) == 2 and np.isfinite(float(m2["train_loss"]))
+  s2, _, m2 = alg.apply(s1, c1, second, k2)
+  assert np.isfinite(float(m2["train_loss"]))
   # Round 1 at lr 0.2, round 2 at 0.1: the same as constant-lr runs.
   r1, rc1 = build(0.2).init(params, stats, 1)
   r1, rc1, _ = build(0.2).apply(r1, rc1, cohort, k1)
@@ -203,12 +214,12 @@ def test_lr_decay_halves_round_two(name):
                   jax.tree_util.tree_leaves(r1.params)):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
   if name == "fedavg":  # one step from the same model: delta = -0.1 * grad
-    r2, _, _ = build(0.1).apply(r1, rc1, cohort, k2)
+    r2, _, _ = build(0.1).apply(r1, rc1, second, k2)
     for a, b in zip(jax.tree_util.tree_leaves(s2.params),
                     jax.tree_util.tree_leaves(r2.params)):
       np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     # Hand check: with lr 0.2 undecayed, the step would be twice as long.
-    full, _, _ = build(0.2).apply(r1, rc1, cohort, k2)
+    full, _, _ = build(0.2).apply(r1, rc1, second, k2)
     for a, b, f in zip(jax.tree_util.tree_leaves(s1.params),
                        jax.tree_util.tree_leaves(s2.params),
                        jax.tree_util.tree_leaves(full.params)):
@@ -218,11 +229,12 @@ def test_lr_decay_halves_round_two(name):
 def test_lr_decay_off_is_the_old_state_and_bit_identical():
   from fedjax_dd.algorithms.fedavg import fedavg
   task = tiny_task()
-  cohort = _one_client_cohort(steps=2)
+  cohort = _one_client_cohort(steps=2).replace(round=jnp.int32(5))
   params, stats = task.init(jax.random.PRNGKey(0))
   old = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=2))
   new = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=2,
-                             lr_decay=1.0))
+                             schedule=round_decay(1.0)))
+  assert round_decay(1.0) is None
   so, _ = old.init(params, stats, 1)
   sn, _ = new.init(params, stats, 1)
   assert sn.extra == {}
@@ -230,8 +242,7 @@ def test_lr_decay_off_is_the_old_state_and_bit_identical():
   sn, _, mn = new.apply(sn, {}, cohort, jax.random.PRNGKey(3))
   _leaves_equal((so, mo), (sn, mn))
   with pytest.raises(ValueError, match="lr_decay"):
-    fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4, max_steps=2,
-                         lr_decay=0.0))
+    round_decay(0.0)
 
 
 def test_lr_decay_does_not_recompile_across_rounds(caplog):
@@ -245,14 +256,15 @@ def test_lr_decay_does_not_recompile_across_rounds(caplog):
   from fedjax_dd.core.local import flip_and_crop
   alg = fedavg(LocalTraining(task, optax.sgd(0.1), batch_size=4,
                              max_steps=int(jnp.max(num_steps)),
-                             augment=flip_and_crop(1), lr_decay=0.9))
+                             augment=flip_and_crop(1),
+                             schedule=round_decay(0.9)))
   params, stats = task.init(jax.random.PRNGKey(0))
   server, clients = alg.init(params, stats, 4)
   state = ExperimentState(server, clients, jax.random.PRNGKey(1),
                           jnp.asarray(0, jnp.int32))
   state, rows = rounds_compile_nothing(caplog, alg, state, data, num_steps,
                                        clients_per_round=2)
-  assert int(state.server.extra["round"]) == 3
+  assert int(state.round) == 3 and "round" not in state.server.extra
   assert all(np.isfinite(r["train_loss"]) for r in rows)
 
 
@@ -410,15 +422,17 @@ def test_local_training_is_a_frozen_hashable_value():
   assert longer != training and longer.max_steps == 3
   assert training.max_steps == 2  # replace made a copy
   assert not training.decays and dataclasses.replace(
-      training, lr_decay=0.5).decays
+      training, schedule=round_decay(0.5)).decays
+  # A decay of one setting is one value: two builds of a config are equal.
+  assert (dataclasses.replace(training, schedule=round_decay(0.5))
+          == dataclasses.replace(training, schedule=round_decay(0.5)))
 
 
 @pytest.mark.parametrize("field, value, message", [
     ("max_steps", 0, "max_steps must be an int >= 1, got 0."),
     ("batch_size", 0, "batch_size must be an int >= 1, got 0."),
-    ("lr_decay", 0.0, "lr_decay must be a finite number > 0, got 0.0."),
-    ("lr_decay", float("inf"),
-     "lr_decay must be a finite number > 0, got inf."),
+    ("schedule", 0.5, "LocalTraining.schedule must be None or an optax "
+     "schedule (a function of the round), got 0.5."),
 ])
 def test_local_training_refuses_bad_settings(field, value, message):
   kw = {"batch_size": 1, "max_steps": 1, field: value}
@@ -448,20 +462,28 @@ def test_make_local_update_of_a_local_training_by_hand():
                                [[w, -w]], rtol=1e-6)
     np.testing.assert_allclose(float(out.loss), loss, rtol=1e-6)
     assert float(out.steps) == steps
-  # The algorithm's round factor (lr_scale) halves the step: W = (0.025, ..).
+  # Round index 1 of gamma = 0.5 halves the step: W = (0.025, -0.025);
+  # round index 0 is the undecayed step.
   decayed = make_local_update(
       LocalTraining(task, optax.sgd(0.1), batch_size=1, max_steps=1,
-                    lr_decay=0.5), lr_scale=lambda ctx: ctx)
-  out = decayed.run(params, stats, decayed.optimizer.init(params), x, y, 1, 1,
-                    jax.random.PRNGKey(1), jnp.float32(0.5))
-  np.testing.assert_allclose(np.asarray(out.params["Dense_0"]["kernel"]),
-                             [[0.025, -0.025]], rtol=1e-6)
+                    schedule=round_decay(0.5)))
+  for round_index, w in ((1, 0.025), (0, 0.05)):
+    ctx = RoundContext(round=jnp.int32(round_index), start_params=params,
+                       start_batch_stats=stats)
+    out = decayed.run(params, stats, decayed.optimizer.init(params), x, y, 1,
+                      1, jax.random.PRNGKey(1), ctx)
+    np.testing.assert_allclose(np.asarray(out.params["Dense_0"]["kernel"]),
+                               [[w, -w]], rtol=1e-6)
 
 
-def test_a_decaying_local_training_needs_the_algorithms_round_factor():
-  training = LocalTraining(_linear_task(), optax.sgd(0.1), batch_size=1,
-                           max_steps=1, lr_decay=0.9)
-  with pytest.raises(ValueError, match=r"^lr_decay=0.9: this algorithm's "
-                     r"clients train at a constant rate; set lr_decay to "
-                     r"1.0 \(--config.client.lr_decay=1.0\).$"):
-    make_local_update(training)
+def test_round_decay_is_optax_exponential_decay_bit_for_bit():
+  # The engine's schedule must give the factors the former per-algorithm
+  # counter gave, jnp.power(float32 gamma, float32 i), to the bit.
+  schedule = round_decay(0.998)
+  former = jax.jit(lambda i: jnp.power(jnp.float32(0.998),
+                                       i.astype(jnp.float32)))
+  for i in (0, 1, 2, 7, 299):
+    got = np.asarray(jax.jit(schedule)(jnp.int32(i)))
+    assert got.dtype == np.float32
+    assert got == np.asarray(former(jnp.int32(i)))
+  assert float(schedule(jnp.int32(1))) == pytest.approx(0.998)

@@ -450,3 +450,39 @@ def test_a_fresh_start_never_erases_the_rows_of_a_damaged_or_finished_run(
   # explicit fresh start.
   summary.unlink()
   assert train().rows == rows
+
+
+def test_the_engine_numbers_the_rounds_an_algorithm_reads(tmp_path):
+  # The rounds loop owns the round: cohort.round is the 0-based index of the
+  # round it runs (rows number it + 1), on a fresh run and on a resumed one,
+  # and the algorithm's state holds no counter of its own.
+  from fedjax_dd.core.algorithm import FederatedAlgorithm, ServerState
+  seen = []
+
+  def init(params, batch_stats, num_clients):
+    del num_clients
+    return ServerState(params, batch_stats, ()), {}
+
+  def apply(server, clients, cohort, key):
+    del key
+    seen.append(int(cohort.round))
+    return server, clients, {"train_loss": jnp.float32(cohort.round)}
+
+  alg = FederatedAlgorithm(init=init, apply=apply)
+  task = tiny_task()
+  x, y, n = synthetic_clients()
+  data = jax.device_put(ClientData(x=x, y=y, num_examples=n))
+  num_steps = steps_for(data.num_examples, 4, epochs=1)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  server, clients = alg.init(params, stats, 4)
+  state = ExperimentState(server, clients, jax.random.PRNGKey(1),
+                          jnp.asarray(0, jnp.int32))
+  opts = rounds_lib.RoundsOptions(num_rounds=2, clients_per_round=2,
+                                  eval_every=0, progress=False)
+  state, _, rows = rounds_lib.run_rounds(alg, state, data, num_steps, opts)
+  assert seen == [0, 1] and [r["train_loss"] for r in rows] == [0.0, 1.0]
+  later = rounds_lib.RoundsOptions(num_rounds=4, clients_per_round=2,
+                                   eval_every=0, progress=False)
+  state, _, rows = rounds_lib.run_rounds(alg, state, data, num_steps, later)
+  assert seen == [0, 1, 2, 3] and [r["round"] for r in rows] == [3, 4]
+  assert int(state.round) == 4 and state.server.extra == {}

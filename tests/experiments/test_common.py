@@ -3,6 +3,8 @@
 import dataclasses
 
 import ml_collections
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -150,23 +152,22 @@ def test_validate_refuses_local_training_without_work():
     common.validate(config)
 
 
-@pytest.mark.parametrize("name", ["centralized", "dynafed", "fedseq",
-                                  "fedhydra", "dense"])
-def test_validate_refuses_lr_decay_where_clients_train_at_a_constant_rate(
-    name):
+@pytest.mark.parametrize("name", ["fedhydra", "dense"])
+def test_validate_refuses_lr_decay_where_clients_train_in_one_round(name):
   import importlib
   config = importlib.import_module(
       f"fedjax_dd.experiments.configs.{name}").get_config("smoke")
   common.validate(config)
   config.client.lr_decay = 0.9
   with pytest.raises(ValueError, match=(
-      r"^\w+'s clients train at a constant rate: config.client.lr_decay "
+      r"^\w+'s clients train once, in one round: config.client.lr_decay "
       r"must be 1.0, got 0.9; set --config.client.lr_decay=1.0.$")):
     common.validate(config)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "scaffold", "disue", "hfldd",
-                                  "fedd3"])
+                                  "fedd3", "centralized", "dynafed",
+                                  "fedseq"])
 def test_validate_lets_a_decaying_method_decay(name):
   import importlib
   config = importlib.import_module(
@@ -175,25 +176,49 @@ def test_validate_lets_a_decaying_method_decay(name):
   common.validate(config)
 
 
-def test_the_constant_rate_factories_refuse_a_decaying_local_training():
-  # What validate stands in for: these factories' local updates take no
-  # round factor, so a decaying LocalTraining is refused at build time.
+def test_methods_that_once_trained_at_a_constant_rate_follow_the_round():
+  # The engine hands every local update the round: centralized training,
+  # DynaFed's clients and FedSeq's members decay with it too. Round index 2
+  # of gamma = 0.5 is the step of a quarter of the rate at round index 0
+  # (index 2: FedSeq's two-member ring starts at member 0 again, and
+  # DynaFed stores both rounds' models before its synthesis round).
   import optax
-  from fedjax_dd.algorithms import centralized, dynafed, fedseq, one_shot
-  from fedjax_dd.core.local import LocalTraining
-  from fedjax_dd.distill import ensemble
-  from tests.conftest import tiny_task
+  from fedjax_dd.algorithms import centralized, dynafed, fedseq
+  from fedjax_dd.core.algorithm import Cohort
+  from fedjax_dd.core.local import LocalTraining, round_decay
+  from tests.conftest import synthetic_clients, tiny_task
   task = tiny_task()
-  training = LocalTraining(task, optax.sgd(0.1), batch_size=2, max_steps=1,
-                           lr_decay=0.9)
-  group = ensemble.TeacherGroup(task, lambda x: x, (0, 1))
-  for build in (lambda: centralized.centralized(training),
-                lambda: dynafed.dynafed(training),
-                lambda: fedseq.fedseq(training, group_size=2),
-                lambda: one_shot.client_stage([group], training,
-                                              num_steps=np.array([1, 1]))):
-    with pytest.raises(ValueError, match="train at a constant rate"):
-      build()
+  x, y, n = synthetic_clients(num_clients=2, sizes=(8, 8), n_max=8)
+  params, stats = task.init(jax.random.PRNGKey(0))
+  key = jax.random.PRNGKey(3)
+
+  def one(build, cohort, lr, decay):
+    alg = build(LocalTraining(task, optax.sgd(lr), batch_size=4, max_steps=1,
+                              schedule=round_decay(decay)))
+    server, clients = alg.init(params, stats, cohort.client_ids.shape[0])
+    return alg.apply(server, clients, cohort, key)[0].params
+
+  flat = lambda k: Cohort(x=jnp.asarray(x[:k]), y=jnp.asarray(y[:k]),
+                          num_examples=jnp.asarray(n[:k]),
+                          num_steps=jnp.ones((k,), jnp.int32),
+                          client_ids=jnp.arange(k))
+  ring = Cohort(x=jnp.asarray(x)[None], y=jnp.asarray(y)[None],
+                num_examples=jnp.asarray(n)[None],
+                num_steps=jnp.ones((1, 2), jnp.int32),
+                client_ids=jnp.arange(1))
+  for build, cohort in (
+      (centralized.centralized, flat(1)),
+      (lambda t: dynafed.dynafed(t), flat(2)),
+      (lambda t: fedseq.fedseq(t, group_size=2), ring)):
+    third = cohort.replace(round=jnp.int32(2))
+    got = one(build, third, 0.4, 0.5)
+    want = one(build, cohort, 0.1, 1.0)
+    undecayed = one(build, third, 0.4, 1.0)
+    for a, b in zip(jax.tree_util.tree_leaves(got),
+                    jax.tree_util.tree_leaves(want)):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert not all(np.allclose(a, b) for a, b in zip(
+        jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(undecayed)))
 
 
 def test_hfldd_pretraining_is_plain_sgd_without_the_rounds_augment_or_decay(
@@ -214,9 +239,9 @@ def test_hfldd_pretraining_is_plain_sgd_without_the_rounds_augment_or_decay(
                                   None, None, None, keys.model_root(0))
   (training,) = given
   assert training.task is task and training.batch_size == 8
-  assert training.augment is None and training.lr_decay == 1.0
+  assert training.augment is None and training.schedule is None
   rounds = common.local_training(config, task, 1)
-  assert rounds.augment is not None and rounds.lr_decay == 0.9
+  assert rounds.augment is not None and rounds.schedule.gamma == 0.9
 
 
 def test_fingerprint_leaves_out_resume_safe_settings():
@@ -312,7 +337,7 @@ def test_local_training_is_the_client_group_in_one_value():
   config.engine.backend = "loop"
   training = common.local_training(config, task, 5)
   assert (training.task, training.batch_size, training.max_steps,
-          training.lr_decay) == (task, 7, 5, 0.998)
+          training.schedule.gamma) == (task, 7, 5, 0.998)
   assert training.augment is not None
   assert isinstance(training.mapper, ClientMapper)
   assert training.mapper.backend == "loop"
@@ -323,7 +348,7 @@ def test_local_training_is_the_client_group_in_one_value():
       grads, training.optimizer.init(params), params)
   np.testing.assert_allclose(updates["w"], [-0.6, -0.8], rtol=1e-6)
   plain = common.local_training(_client_config(), task, 5)
-  assert plain.augment is None and plain.lr_decay == 1.0
+  assert plain.augment is None and plain.schedule is None
 
 
 def test_dirichlet_client_is_registered_and_checked():
