@@ -56,10 +56,15 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def footer(rows: list[dict[str, Any]], seconds: float,
-           source: str) -> str:
-  """The lines under the table: the whole run's time, and for each row
+           source: str, cpu_seconds: float | None = None) -> str:
+  """The lines under the table: the whole run's wall time (and CPU time of
+  this process, all its threads, with the cores it had), and for each row
   outside its expected range, what that means."""
-  lines = [f"Whole run: {seconds:.0f} s."]
+  if cpu_seconds is None:
+    lines = [f"Whole run: {seconds:.0f} s."]
+  else:
+    lines = [f"Whole run: {seconds:.0f} s wall, {cpu_seconds:.0f} s CPU on "
+             f"{os.cpu_count()} cores."]
   for r in rows:
     side = reporting.outside_expected(r)
     if side is not None:
@@ -78,7 +83,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   """Runs every member with ``run_member(config, workdir) -> summary`` (the
   runner table's :func:`fedjax_dd.experiments.registry.run`), then the
   comparison."""
-  start = time.time()
+  start, start_cpu = time.time(), time.process_time()
   rows = []
   for i, name in enumerate(config.order):  # one run per method, no loop body
     member = member_config(config, name)
@@ -103,10 +108,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
                    "note": m.get("baseline_note", "")})
   work = Workdir(workdir)
   seconds = time.time() - start
-  print(reporting.write_comparison(rows, work.directory))
-  print(footer(rows, seconds, config.expected.source))
+  cpu_seconds = time.process_time() - start_cpu
+  title = (f"Quickstart: {config.data.dataset}, {config.data.num_clients} "
+           f"clients, seed {config.seed}")
+  print(reporting.write_comparison(rows, work.directory, title=title))
+  print(footer(rows, seconds, config.expected.source, cpu_seconds))
   summary = {"method": "quickstart", "dataset": config.data.dataset,
              "methods": rows, "wall_seconds": seconds,
+             "cpu_seconds": cpu_seconds,
              "figures": ["comparison.png"], "config": config.to_dict()}
   work.write_summary(summary)
   return summary

@@ -431,9 +431,14 @@ def plot_comparison(rows: Sequence[Mapping[str, Any]],
   on the shared y axis: long names (such as a baseline's description) need
   no rotation and cannot run into their neighbours.
 
+  A row with ``expected`` (``(low, high)``, the range its accuracy was
+  measured in over seeds and versions) gets that range drawn over its
+  accuracy bar as a black interval, and a row outside it is labelled
+  ``below``/``above`` as the printed table marks it.
+
   Args:
     rows: one per method, with ``method``, ``final_test_accuracy`` and
-      ``bytes_total``.
+      ``bytes_total``; optional ``expected``.
     path: output PNG path.
     title: optional figure title.
     dpi: resolution.
@@ -453,8 +458,24 @@ def plot_comparison(rows: Sequence[Mapping[str, Any]],
   ax_a.invert_yaxis()  # the first row on top, as in the printed table
   ax_a.set_xlim(0, 1.12)
   ax_a.set_xlabel("final test accuracy")
-  for i, a in enumerate(acc):
-    ax_a.text(a + 0.01, i, f"{a:.3f}", va="center", fontsize=8)
+  ranged = False
+  for i, (a, r) in enumerate(zip(acc, rows)):
+    label = f"{a:.3f}"
+    expected = r.get("expected")
+    if expected:
+      low, high = (float(v) for v in expected)
+      ranged = True
+      # The interval sits on the bar's centre line, caps at both ends.
+      ax_a.errorbar((low + high) / 2, i, xerr=(high - low) / 2, fmt="none",
+                    ecolor="black", capsize=4, linewidth=1.5)
+      if a < low:
+        label += " (below)"
+      elif a > high:
+        label += " (above)"
+    ax_a.text(max(a, float(expected[1]) if expected else a) + 0.01, i,
+              label, va="center", fontsize=8)
+  if ranged:
+    ax_a.set_xlabel("final test accuracy (black: expected range)")
   ax_b.barh(pos, traffic, color=colours)
   # One-shot uploads and rounds of model exchange differ by orders of
   # magnitude.

@@ -140,12 +140,15 @@ def _expected_cell(row: Mapping[str, Any]) -> str:
   return cell if side is None else f"{cell} (**{side}**)"
 
 
-def write_comparison(rows: Rows, directory: str) -> str:
+def write_comparison(rows: Rows, directory: str, *,
+                     title: str | None = None) -> str:
   """Writes ``directory/comparison.png``
-  (:func:`fedjax_dd.utils.figures.plot_comparison`: final accuracy and bytes
-  sent per method) and returns :func:`comparison_table` of ``rows``."""
+  (:func:`fedjax_dd.utils.figures.plot_comparison`: final accuracy with
+  each row's expected range, and bytes sent per method, under ``title``)
+  and returns :func:`comparison_table` of ``rows``."""
   import os  # pylint: disable=g-import-not-at-top
   from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
   os.makedirs(directory, exist_ok=True)
-  figures.plot_comparison(rows, os.path.join(directory, "comparison.png"))
+  figures.plot_comparison(rows, os.path.join(directory, "comparison.png"),
+                          title=title)
   return comparison_table(rows)

@@ -65,6 +65,10 @@ def test_table_has_the_expected_ranges_and_marks_a_row_outside():
   assert outside.startswith("b: 0.2500 is below its expected range "
                             "0.30-0.40 (")
   assert "results.md" in outside
+  # With the process's CPU time, the first line names both and the cores.
+  first = run_quickstart.footer(rows, 61.4, "results.md", 120.6).splitlines()[0]
+  assert first == (f"Whole run: 61 s wall, 121 s CPU on {os.cpu_count()} "
+                   "cores.")
 
 
 def _measured_rows(path):
@@ -121,6 +125,9 @@ def test_two_member_quickstart_writes_table_figure_and_summary(tmp_path,
   s = registry.RUNNERS["quickstart"](c, str(tmp_path))
   out = capsys.readouterr().out
   assert "| fedavg |" in out and "| fedd3 |" in out
+  # The run reports its own wall and CPU time, and the summary keeps both.
+  assert f"s CPU on {os.cpu_count()} cores." in out
+  assert s["cpu_seconds"] > 0 and s["wall_seconds"] > 0
   assert (tmp_path / "comparison.png").stat().st_size > 0
   with open(tmp_path / "summary.json") as f:
     written = json.load(f)

@@ -2,6 +2,8 @@
 
 import itertools
 
+import numpy as np
+
 from fedjax_dd.utils import figures
 
 
@@ -34,3 +36,33 @@ def test_comparison_tick_labels_do_not_overlap(tmp_path, monkeypatch):
   boxes = [t.get_window_extent(renderer) for t in labels]
   for (a, ta), (b, tb) in itertools.combinations(zip(boxes, labels), 2):
     assert not a.overlaps(b), (ta.get_text(), tb.get_text())
+
+
+def test_comparison_has_its_title_and_marks_each_expected_range(
+    tmp_path, monkeypatch):
+  made = []
+  new_figure = figures.new_figure
+
+  def capture(**kwargs):
+    made.append(new_figure(**kwargs))
+    return made[-1]
+
+  monkeypatch.setattr(figures, "new_figure", capture)
+  rows = [{"method": "in", "final_test_accuracy": 0.5,
+           "bytes_total": 1e3, "expected": (0.4, 0.6)},
+          {"method": "low", "final_test_accuracy": 0.2,
+           "bytes_total": 1e4, "expected": (0.3, 0.7)},
+          {"method": "none", "final_test_accuracy": 0.9,
+           "bytes_total": 1e5}]
+  figures.plot_comparison(rows, tmp_path / "comparison.png",
+                          title="Quickstart")
+  fig = made[0]
+  assert fig._suptitle.get_text() == "Quickstart"  # pylint: disable=protected-access
+  ax = fig.axes[0]
+  # One interval per ranged row, spanning exactly its (low, high).
+  spans = sorted(
+      tuple(np.round(seg[:, 0], 6)) for coll in ax.collections
+      for seg in coll.get_segments())
+  assert spans == [(0.3, 0.7), (0.4, 0.6)]
+  texts = [t.get_text() for t in ax.texts]
+  assert texts == ["0.500", "0.200 (below)", "0.900"]
