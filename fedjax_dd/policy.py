@@ -22,7 +22,8 @@ version range; nothing else picks a form. A row holds:
 * ``fold_norm``: instance norm with its affine map folded
   (:class:`fedjax_dd.models.layers.InstanceNorm`);
 * the client mapper's defaults (:mod:`fedjax_dd.core.clients`): the
-  backend on one device and on several, KIP's backend, the clients per
+  backend on one device and on several, KIP's backend, FedHydra's
+  stratification's backend on one device, the clients per
   vectorised chunk on XLA:CPU's classic and thunk runtimes, and the
   compiler options of the engine's hot programs;
 * ``max_vmap_elements``: the largest array an ``"auto"`` vmap over the
@@ -96,6 +97,9 @@ class Policy:
     backend_devices: Its ``"auto"`` backend over several devices.
     kip_backend: KIP's ``"auto"`` backend (any device count); None: as
       training.
+    stratify_backend: The ``"auto"`` backend of FedHydra's model
+      stratification (Alg. 2, :mod:`fedjax_dd.algorithms.stratify`) on one
+      device; None, and on several devices: as training.
     chunk_size: Clients per vectorised chunk per device (``chunked`` and
       ``sharded``) when the hot programs run on XLA:CPU's classic runtime;
       None: the whole share as one vmap.
@@ -131,6 +135,7 @@ class Policy:
   backend: str
   backend_devices: str
   kip_backend: str | None
+  stratify_backend: str | None
   chunk_size: int | None
   thunk_chunk_size: int | None
   compiler_options: tuple[tuple[str, Any], ...]
@@ -164,6 +169,8 @@ _CPU = dict(
     backend="chunked",
     backend_devices="sharded",
     kip_backend="vmap",  # KIP's small matmuls gain from intra-op threads
+    # Alg. 2's (client, class) pairs as one program, not one at a time.
+    stratify_backend="vmap",
     # Small chunks beat a full vmap (classic runtime); on the thunk runtime
     # a vmapped client step is slower than an unbatched one.
     chunk_size=2,
@@ -186,6 +193,7 @@ _PLAIN = dict(
     backend="vmap",
     backend_devices="sharded",
     kip_backend=None,
+    stratify_backend=None,
     chunk_size=None,
     thunk_chunk_size=None,
     compiler_options=(),

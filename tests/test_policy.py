@@ -41,6 +41,8 @@ def test_cpu_rows_keep_the_measured_forms(version, conv, fold, memory):
   assert row.phase_split and row.fuse_first_block
   assert (row.backend, row.backend_devices, row.kip_backend) == (
       "chunked", "sharded", "vmap")
+  # FedHydra's stratification as one vmap on one device (several: sharded).
+  assert row.stratify_backend == "vmap"
   assert (row.chunk_size, row.thunk_chunk_size) == (2, 1)
   # jax 0.10 removed the classic runtime's option: those rows do not ask.
   classic = {"xla_cpu_use_thunk_runtime": False}
@@ -69,8 +71,8 @@ def test_accelerator_rows_are_plain_xla(platform, version):
   assert row.max_vmap_elements == (None if platform == "tpu" else 2**31 - 1)
   assert (row.conv, row.kernel_grad) == ("lax", "lax")
   assert not (row.phase_split or row.fuse_first_block or row.fold_norm)
-  assert (row.backend, row.backend_devices, row.kip_backend) == (
-      "vmap", "sharded", None)
+  assert (row.backend, row.backend_devices, row.kip_backend,
+          row.stratify_backend) == ("vmap", "sharded", None, None)
   assert row.chunk_size is None and row.thunk_chunk_size is None
   assert row.compiler_options == () and row.per_core_options == ()
   assert layers.resolve_conv_impl("auto", platform, version) == "lax"

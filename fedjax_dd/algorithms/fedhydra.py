@@ -69,7 +69,9 @@ def fedhydra(client_stage: Callable[..., Teachers],
              sa_average_scale: bool = True,
              generator_optimizer: optax.GradientTransformation = optax.adam(1e-3, b1=0.5),
              student_optimizer: optax.GradientTransformation = optax.sgd(0.01),
-             mapper: ClientMapper = ClientMapper()) -> ServerDistillation:
+             mapper: ClientMapper = ClientMapper(),
+             stratify_mapper: ClientMapper | None = None
+             ) -> ServerDistillation:
   """Builds FedHydra.
 
   Args:
@@ -87,17 +89,22 @@ def fedhydra(client_stage: Callable[..., Teachers],
     sa_average_scale: see :func:`stratify.sa_context`.
     generator_optimizer: [Adam, lr 1e-3, β1 = 0.5 as in the reference code].
     student_optimizer: [SGD, lr 0.01].
-    mapper: batching of teachers and of the (client, class) pairs.
+    mapper: batching of the teachers.
+    stratify_mapper: batching of Alg. 2's (client, class) pairs; None:
+      ``mapper`` with ``workload="stratify"`` (the policy's backend for the
+      stratification, :func:`fedjax_dd.core.clients.default_backend`).
 
   Returns:
     A :class:`~fedjax_dd.core.algorithm.ServerDistillation`; ``setup`` is
     ``{"curves": [m, c, T_G]}`` and ``report`` gives ``U``, ``U_r``, ``U_c``
     and the last synthetic batch.
   """
+  if stratify_mapper is None:
+    stratify_mapper = dataclasses.replace(mapper, workload="stratify")
   stratify = stratify_lib.make_stratifier(
       groups, generator, num_classes=student.num_classes,
       steps=stratify_steps, batch_size=stratify_batch_size,
-      optimizer=generator_optimizer, mapper=mapper)
+      optimizer=generator_optimizer, mapper=stratify_mapper)
   distill = dfkd.make_dfkd(groups, generator, student, student_input, combine,
                            hparams, generator_optimizer=generator_optimizer,
                            student_optimizer=student_optimizer, mapper=mapper)

@@ -314,16 +314,20 @@ def make_stratifier(groups: Sequence[TeacherGroup],
                     steps: int = 30,
                     batch_size: int = 64,
                     optimizer: optax.GradientTransformation = optax.adam(1e-3, b1=0.5),
-                    mapper: ClientMapper = ClientMapper()
+                    mapper: ClientMapper = ClientMapper(workload="stratify")
                     ) -> Callable[[TeacherVars, jax.Array], Stratification]:
   """Builds Algorithm 2 over all ``(client, class)`` pairs.
 
   For each pair a generator is initialised from its own key, one noise batch
   ``z [batch_size, nz]`` is drawn, and ``steps`` Adam steps minimise
   ``CE(F_k(G(z)), j)``; the loss before each step is recorded. Each step of
-  all pairs of one architecture is ONE mapped program (the engine's default
-  backend), called ``steps`` times from the host; the ``"loop"`` backend gives
-  the sequential reference (one per-pair program per pair and step).
+  all pairs of one architecture is ONE mapped program, called ``steps`` times
+  from the host. The ``"auto"`` backend is the policy's for
+  ``workload="stratify"`` (:func:`fedjax_dd.core.clients.default_backend`:
+  one vmap over the pairs on one CPU device, where ``chunked`` would run them
+  one at a time; as training elsewhere); the ``"loop"`` backend gives the
+  sequential reference (one per-pair program per pair and step). Every
+  backend computes the same curves, up to float rounding.
 
   Args:
     groups: the client models, one :class:`TeacherGroup` per architecture.
@@ -332,7 +336,8 @@ def make_stratifier(groups: Sequence[TeacherGroup],
     steps: ``T_G`` [30].
     batch_size: noise samples per step.
     optimizer: [Adam, lr 1e-3, β1 = 0.5 as in the reference code].
-    mapper: how the pairs are batched.
+    mapper: how the pairs are batched (its ``workload`` picks the ``"auto"``
+      backend; ``"stratify"`` by default).
 
   Returns:
     ``stratify(teacher_vars, key) -> Stratification``; pair ``(k, j)`` uses

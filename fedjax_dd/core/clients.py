@@ -26,7 +26,8 @@ the entry point) exposes one XLA host device per core, and the default is
 jax): each core then runs its own stream of small programs, which beats one
 vmap over the whole cohort (whose activations fall out of cache) and XLA's
 intra-op threading of tiny convolutions. KIP
-(``workload="kip"``) is the measured exception: one vmap on CPU.
+(``workload="kip"``) is the measured exception: one vmap on CPU; so is
+FedHydra's model stratification (``workload="stratify"``) on one CPU device.
 
 A mapped function called *inside* another traced program (e.g. the teacher
 ensemble inside a jitted generator step) is vectorised in place with
@@ -85,7 +86,7 @@ CLIENT_AXIS = "clients"
 # options) come from one table, fedjax_dd.policy, by platform and jax
 # version, with the measurements behind them.
 _CLASSIC_RUNTIME_OPTION = policy.CLASSIC_RUNTIME_OPTION
-WORKLOADS: tuple[str, ...] = ("train", "kip")
+WORKLOADS: tuple[str, ...] = ("train", "kip", "stratify")
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,12 +168,15 @@ def default_backend(platform: str | None = None,
   With more than one device, ``sharded`` (on CPU these are the per-core host
   devices that ``fedjax_dd`` sets up). With one device, ``chunked`` on CPU
   (small chunks stay in cache) and ``vmap`` on accelerators (not
-  measured). KIP on CPU is the measured exception: ``vmap``.
+  measured). KIP on CPU is the measured exception: ``vmap``; so is the
+  stratification (``"stratify"``) on one CPU device, whose (client, class)
+  pairs ``chunked`` runs one at a time.
 
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
     workload: one of :data:`WORKLOADS`: ``"train"`` (per-client training and
-      generator steps, the default) or ``"kip"``.
+      generator steps, the default), ``"kip"`` or ``"stratify"`` (FedHydra's
+      Alg. 2, :mod:`fedjax_dd.algorithms.stratify`).
     num_devices: devices of ``platform``; defaults to JAX's device count.
 
   Returns:
@@ -186,6 +190,8 @@ def default_backend(platform: str | None = None,
     return row.kip_backend
   if (jax.device_count() if num_devices is None else num_devices) > 1:
     return row.backend_devices
+  if workload == "stratify" and row.stratify_backend is not None:
+    return row.stratify_backend
   return row.backend
 
 

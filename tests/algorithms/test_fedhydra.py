@@ -200,6 +200,30 @@ def test_stratifier_vmap_equals_loop_and_does_not_recompile(caplog):
     st.make_stratifier(groups, gen, num_classes=3, batch_size=0)
 
 
+def test_stratification_backend_of_the_policy_equals_the_plain_form():
+  # The policy's "stratify" workload: one vmap over Alg. 2's (client, class)
+  # pairs on one CPU device, where the training default (chunked) runs them
+  # one at a time; several devices keep the training default.
+  from fedjax_dd.core import clients
+  assert clients.default_backend("cpu", "stratify", num_devices=1) == "vmap"
+  assert clients.default_backend("cpu", "train", num_devices=1) == "chunked"
+  assert clients.default_backend("cpu", "stratify", num_devices=2) == (
+      clients.default_backend("cpu", "train", num_devices=2)) == "sharded"
+  assert clients.default_backend("gpu", "stratify", num_devices=1) == (
+      clients.default_backend("gpu", "train", num_devices=1))
+  assert st.make_stratifier.__kwdefaults__["mapper"].workload == "stratify"
+  groups, tv = _groups_and_vars()
+  gen = models.Generator(out_shape=(4, 4, 1), nz=4, ngf=2)
+  kw = dict(num_classes=3, steps=3, batch_size=4)
+  key = jax.random.PRNGKey(3)
+  vm = st.make_stratifier(groups, gen, mapper=ClientMapper("vmap"), **kw)
+  for chunk in (1, 2):
+    ch = st.make_stratifier(
+        groups, gen, mapper=ClientMapper("chunked", chunk_size=chunk), **kw)
+    np.testing.assert_allclose(vm(tv, key).curves, ch(tv, key).curves,
+                               rtol=2e-4, atol=1e-5)
+
+
 def test_local_stage_equals_one_shot_fedavg():
   task = tiny_task()
   x, y, n = synthetic_clients()
