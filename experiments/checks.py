@@ -73,6 +73,7 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
   from fedjax_dd.core import keys
   from fedjax_dd.data import partition
   from fedjax_dd.data import preprocess
+  from fedjax_dd.distill import dfkd
   from fedjax_dd.distill import ensemble
   # pylint: enable=g-import-not-at-top
   return (
@@ -145,6 +146,7 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       ("dfkd.augment_shift", "int", (0, None)),
       ("dfkd.aggregation", "choice", ("sa", "ae", "sa_predicted")),
       ("dfkd.adv_mask", "choice", ensemble.ADV_MASKS),
+      ("dfkd.protocol", "choice", dfkd.PROTOCOLS),
       ("dfkd.temperature", "num", (0.0, None, True, False)),
       ("dfkd.lambda_bn", "num", (0.0, None, False, False)),
       ("dfkd.lambda_adv", "num", (0.0, None, False, False)),

@@ -5,7 +5,10 @@
 local plus received distilled data). ``config.fedd3.distiller`` picks KIP, GMM
 or ``"random"`` (random real images at KIP's budget, the control). With
 ``kip.learn_labels`` the server (and the hybrid's clients) train on the learned
-soft labels as sent.
+soft labels as sent. ``config.fedd3.float_upload`` sends KIP's support as
+float32 pixels (the one-shot method only), which the server reads through
+the same channel statistics
+(:func:`fedjax_dd.algorithms.fedd3.float_pixel_task`).
 
 The distilled set is the stage ``"distilled"`` of the run's stage cache
 (:func:`fedjax_dd.algorithms.fedd3_stages.distill_or_load`), so a resumed
@@ -109,6 +112,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
           mean=prepared.mean, std=prepared.std, x_test=ds.x_test[:2000],
           y_test=ds.y_test[:2000], reg=config.kip.reg))
   if config.method == "fedd3_hybrid":
+    if config.fedd3.float_upload:
+      raise common.InputError(
+          "fedd3_hybrid: its clients train on their uint8 data and the "
+          "received images together; config.fedd3.float_upload is for the "
+          "one-shot method. Set --config.fedd3.float_upload=False.")
     return _hybrid(config, workdir, prepared, data, distilled, extra, start)
 
   # The server-side method. Its client stage hands over the set distilled
@@ -116,8 +124,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   # one-shot and the hybrid variant of a seed share one upload and
   # fedd3.distilled_from can reuse another run's).
   task = prepared.task
+  float_upload = bool(config.fedd3.float_upload)
+  # A float upload is read as pixels by the same preprocessing.
+  server_task = (fedd3.float_pixel_task(task, prepared.mean, prepared.std)
+                 if float_upload else task)
   algorithm = fedd3.fedd3(
-      lambda key, data: distilled, task, common.make_optimizer(config),
+      lambda key, data: distilled, server_task, common.make_optimizer(config),
       num_classes=task.num_classes,
       images_per_class=config.fedd3.images_per_class,
       batch_size=config.client.batch_size,
@@ -125,6 +137,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       local_steps=config.client.local_steps or None,
       learned_labels=distilled.learned_labels,
       centered_labels=distilled.centered_labels,
+      float_upload=float_upload,
       mapper=common.mapper(config))
   init_key, run_key = keys.init_and_run(keys.model_root(config.seed))
   global_model = task.init(init_key)

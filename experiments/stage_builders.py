@@ -47,7 +47,8 @@ def distiller(config: ml_collections.ConfigDict, prepared: common.Prepared,
           mean=prepared.mean, std=prepared.std,
           images_per_class=f.images_per_class, options=options,
           mapper=common.mapper(config, workload="kip"),
-          allow_raw_upload=f.allow_raw_upload, progress=progress),
+          allow_raw_upload=f.allow_raw_upload, float_upload=f.float_upload,
+          progress=progress),
       "gmm": lambda: fedd3.gmm_distiller(
           num_classes=num_classes, images_per_class=f.images_per_class,
           allow_raw_upload=f.allow_raw_upload),
@@ -57,6 +58,10 @@ def distiller(config: ml_collections.ConfigDict, prepared: common.Prepared,
   if f.distiller not in builders:
     raise ValueError(f"Unknown distiller {f.distiller!r}; expected one of "
                      f"{sorted(builders)}.")
+  if f.float_upload and f.distiller != "kip":
+    raise ValueError(f"config.fedd3.float_upload sends KIP's unquantised "
+                     f"support; the {f.distiller!r} distiller sends uint8 "
+                     "images. Set --config.fedd3.float_upload=False.")
   return builders[f.distiller]()
 
 
@@ -72,8 +77,15 @@ def _synthesis(config, task) -> dict[str, Any]:
                                      common.compute_dtype(config))),
       generator_optimizer=optax.adam(d.generator_lr, b1=d.generator_b1),
       student_optimizer=optax.sgd(d.student_lr,
-                                  momentum=d.student_momentum or None),
+                                  momentum=student_momentum(config) or None),
       mapper=common.mapper(config))
+
+
+def student_momentum(config) -> float:
+  """The student SGD's momentum: ``dfkd.student_momentum``, or none under
+  ``dfkd.protocol="paper"`` (FedHydra Sec. 4.1.5: SGD, lr 0.01)."""
+  d = config.dfkd
+  return 0.0 if d.protocol == "paper" else float(d.student_momentum)
 
 
 AGGREGATIONS: dict[str, ensemble.CombineFn] = {
@@ -90,7 +102,9 @@ def _fedhydra(config, stage, groups, task, input_fn):
                   stratify_steps=config.dfkd.stratify_steps,
                   stratify_batch_size=config.dfkd.stratify_batch_size,
                   combine=AGGREGATIONS[config.dfkd.aggregation],
-                  sa_average_scale=config.dfkd.sa_average_scale, **syn)
+                  sa_average_scale=config.dfkd.sa_average_scale,
+                  stratify_mapper=common.mapper(config, workload="stratify"),
+                  **syn)
 
 
 def _dense(config, stage, groups, task, input_fn):
@@ -131,7 +145,7 @@ def _coboosting(config, stage, groups, task, input_fn):
   syn["student_optimizer"] = optax.chain(
       optax.clip_by_global_norm(cb.student_clip),
       optax.add_decayed_weights(cb.student_weight_decay),
-      optax.sgd(d.student_lr, momentum=d.student_momentum or None))
+      optax.sgd(d.student_lr, momentum=student_momentum(config) or None))
   hparams = coboosting_lib.CoBoostingHyperParams.from_config(cb, d)
   return coboosting_lib.coboosting(stage, groups, syn.pop("generator"), task,
                                    input_fn, hparams, **syn)

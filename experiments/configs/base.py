@@ -253,7 +253,7 @@ def dirichlet_client(alpha: float, client_size: int = 0
 # ``fedjax_dd.distill.kip.KipOptions`` plus the kernel's.
 KIP_OPTION_KEYS = ("lr", "max_iterations", "target_batch_size", "reg",
                    "learn_labels", "centered_labels", "balanced_targets",
-                   "clip_pixels", "stop_accuracy",
+                   "clip_pixels", "client_normalization", "stop_accuracy",
                    "min_iterations", "segment_iterations")
 KIP_KERNEL_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch",
                    "kernel_impl")
@@ -294,6 +294,9 @@ def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
       "centered_labels": False,
       "balanced_targets": False,  # KIP App. A: class-balanced target batches
       "clip_pixels": False,  # project the support onto [0, 255] every step
+      # Standardise each client by its own channel statistics (FedD3's
+      # code; fedjax_dd.distill.kip.KipOptions.client_normalization).
+      "client_normalization": False,
       # None (a typed placeholder, so --config.kip.stop_accuracy=X parses):
       # no early stop.
       "stop_accuracy": (config_dict.placeholder(float) if stop_accuracy is None
@@ -316,6 +319,10 @@ def fedd3(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       # workdir/stages/distilled) instead of distilling (server-side
       # variants; refused if its distillation settings differ).
       "distilled_from": "",
+      # Send KIP's support as float32 pixels (32 bits per pixel channel,
+      # FedD3's code) instead of uint8 (8 bits, the paper's count); the
+      # one-shot method only.
+      "float_upload": False,
   })
   return c
 
@@ -377,6 +384,14 @@ def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       "student_steps": 40,
       "pool_size": 0,  # 0: keep every epoch's batch (pool of distill_epochs).
       "distill_epochs": 40,  # T_g.
+      # The synthesis loop (fedjax_dd.distill.dfkd.PROTOCOLS): "dense"
+      # (DENSE's released code, which FedHydra's extends; the keys below
+      # from reset_generator to augment_flip, pool_size and student_steps
+      # as set) or "paper" (FedHydra's Alg. 1 as printed: one generator
+      # initialised once, fixed noise, one student step per epoch on the
+      # epoch's batch, no pool, L_AD on every sample, student SGD without
+      # momentum; those keys and student_momentum are then not read).
+      "protocol": "dense",
       # Synthesis protocol of the authors' released code (dfkd module
       # docstring).
       "generator_lr": 1e-3,
@@ -695,6 +710,7 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "fedd3.distiller": ("+fedd3_distill",),
     "fedd3.images_per_class": ("+fedd3_distill",),
     "fedd3.allow_raw_upload": ("+fedd3_distill",),
+    "fedd3.float_upload": ("+fedd3_distill",),
     "kip.kernel": ("+fedd3_distill",),
     "kip.kernel_depth": ("+fedd3_distill",),
     "kip.kernel_kind": ("+fedd3_distill",),

@@ -9,9 +9,10 @@ matching on the server after ``L`` rounds, then fine-tuning every aggregate.
     --config.rounds=7 (seed 0, 2-core CPU): 0.2278 at round 7 (FedAvg's
     level; details and why in experiments/results/dynafed_mnist_c1.md).
   ...dynafed.py:mnist_c2 / mnist_c10 / cifar10_c1 / cifar10_c2
-  ...dynafed.py:<preset>_gpu   the authors' synthesis budget (I = 3,000
+  ...dynafed.py:<preset>_paper   the authors' synthesis budget (I = 3,000
     matching steps, L = 24 stored rounds, M = 3) and HFLDD's T = 300 rounds
-    on its 80 / 20 re-split.
+    on its 80 / 20 re-split (HFLDD Sec. VI-A); ``<preset>_gpu`` is its
+    former name, the same config.
   ...dynafed.py:smoke   digits, 8 clients, 3 rounds (synthesis at round 2,
     fine-tuning in round 3); seconds.
 
@@ -33,14 +34,15 @@ from fedjax_dd.experiments.configs import fedavg as fedavg_config
 CPU_TRAJECTORY_ROUNDS = 5
 CPU_EXPERT_ROUNDS = 2
 CPU_ITERATIONS = 200
-# The HFLDD presets, each also _gpu, and smoke.
+# The HFLDD presets, each also _paper (and its former name _gpu), and smoke.
 _HFLDD = ("mnist_c1", "mnist_c2", "mnist_c10", "cifar10_c1", "cifar10_c2")
-PRESETS = ("smoke", *_HFLDD, *(f"{p}_gpu" for p in _HFLDD))
+PRESETS = ("smoke", *_HFLDD, *(f"{p}_paper" for p in _HFLDD),
+           *(f"{p}_gpu" for p in _HFLDD))
 
 
 def get_config(arg: str = "mnist_c1"):
-  gpu = arg.endswith("_gpu")
-  name = arg[:-len("_gpu")] if gpu else arg
+  gpu = arg.endswith(("_paper", "_gpu"))
+  name = arg.removesuffix("_paper").removesuffix("_gpu")
   if arg not in PRESETS:
     raise ValueError(f"Unknown preset {arg!r}; expected one of {PRESETS} "
                      "(DynaFed runs the HFLDD presets).")

@@ -9,7 +9,8 @@ pretrained model's view of their data) unless
     MNIST, 100 clients, C=1, 10 superclients of 10, LeNet-5, E=2, B=32,
     SGD lr 0.01.
   ...fedseq.py:mnist_c2 / mnist_c10 / cifar10_c1 / cifar10_c2
-  ...fedseq.py:<preset>_gpu  the paper's protocol (T = 300, 80/20 re-split).
+  ...fedseq.py:<preset>_paper  the paper's protocol (T = 300, 80/20
+    re-split); ``<preset>_gpu`` is its former name, the same config.
   ...fedseq.py:smoke    digits, for tests.
 
 Partitions are those of ``hfldd.py`` (balanced). Traffic is HFLDD Eq. 19 as

@@ -31,6 +31,7 @@ Stages, each a function over explicit arrays:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Callable
@@ -59,7 +60,9 @@ class DistilledSet:
   """What the server receives from all clients (host arrays).
 
   Attributes:
-    x: ``[M, H, W, Ch]`` uint8 images, as transmitted.
+    x: ``[M, H, W, Ch]`` images as transmitted: uint8, or float32 pixels
+      (unquantised, possibly outside ``[0, 255]``) for a float upload
+      (:func:`kip_distiller`'s ``float_upload``).
     y: ``[M]`` int32 hard labels (argmax of ``y_soft``).
     y_soft: ``[M, K]`` float32 support labels in KIP's label space (learned
       labels when KIP learns them, else one-hot; centred when
@@ -130,9 +133,10 @@ class Uploads:
   """Every client's one-shot message, padded: FedD3's client-stage output.
 
   Attributes:
-    x: ``[C, S, H, W, Ch]`` uint8 images; client ``i`` sent
-      ``x[i, :count[i]]`` (``S = K · images_per_class``, the most a client
-      sends; the rest is padding, which never reaches a loss).
+    x: ``[C, S, H, W, Ch]`` uint8 images (float32 pixels for a float
+      upload); client ``i`` sent ``x[i, :count[i]]`` (``S = K ·
+      images_per_class``, the most a client sends; the rest is padding,
+      which never reaches a loss).
     y_soft: ``[C, S, K]`` float32 labels in KIP's label space, as in
       :class:`DistilledSet`.
     count: ``[C]`` int32 images each client sent.
@@ -181,7 +185,8 @@ def pad_uploads(distilled: DistilledSet, num_clients: int,
   starts = np.concatenate([[0], np.cumsum(count)[:-1]])
   slot = np.empty_like(owner)
   slot[order] = np.arange(owner.size) - starts[owner[order]]
-  x = np.zeros((num_clients, size, *distilled.x.shape[1:]), np.uint8)
+  x = np.zeros((num_clients, size, *distilled.x.shape[1:]),
+               distilled.x.dtype)
   k = distilled.y_soft.shape[-1]
   y = np.zeros((num_clients, size, k), np.float32)
   x[owner, slot] = distilled.x
@@ -217,6 +222,7 @@ def fedd3(distiller: Distiller, task: Classifier,
           num_classes: int, images_per_class: int, batch_size: int,
           local_epochs: float = 1.0, local_steps: int | None = None,
           learned_labels: bool = False, centered_labels: bool = False,
+          float_upload: bool = False,
           mapper: ClientMapper = ClientMapper()) -> ServerDistillation:
   """FedD3 (Song et al., Alg. 1) as a server-side method.
 
@@ -239,6 +245,9 @@ def fedd3(distiller: Distiller, task: Classifier,
       ``local_epochs``).
     learned_labels, centered_labels: how the distiller's labels are sent
       (:class:`DistilledSet`); they fix the upload's checkpoint layout.
+    float_upload: the images arrive as float32 pixels (FedD3's code sends
+      its support unquantised), not uint8; ``task`` must then take float32
+      pixels (:func:`float_pixel_task`).
     mapper: the engine's compile settings (the one server "client" is
       vmapped).
 
@@ -266,7 +275,8 @@ def fedd3(distiller: Distiller, task: Classifier,
     del starts, group_sizes
     c, shape = int(data.x.shape[0]), tuple(data.x.shape[2:])
     spec = jax.ShapeDtypeStruct
-    return Uploads(x=spec((c, size, *shape), jnp.uint8),
+    return Uploads(x=spec((c, size, *shape),
+                          jnp.float32 if float_upload else jnp.uint8),
                    y_soft=spec((c, size, num_classes), jnp.float32),
                    count=spec((c,), jnp.int32),
                    learned_labels=learned_labels,
@@ -329,11 +339,34 @@ def fedd3(distiller: Distiller, task: Classifier,
 Distiller = Callable[[jax.Array, ClientData], DistilledSet]
 
 
+def float_pixel_task(task: Classifier, mean, std) -> Classifier:
+  """``task`` reading float32 pixels: ``(x / 255 - mean) / std``.
+
+  The server's model for a float upload (FedD3's code trains its server on
+  the support as optimised, never quantised). ``mean`` and ``std`` are the
+  channel statistics of ``task``'s own preprocessing, so the same
+  parameters score uint8 test images through ``task``.
+
+  Args:
+    task: the server model (its preprocessing takes uint8).
+    mean: ``[Ch]`` channel mean on the ``[0, 1]`` scale.
+    std: ``[Ch]`` channel std.
+  """
+  mean = jnp.asarray(mean, jnp.float32)
+  std = jnp.asarray(std, jnp.float32)
+
+  def preprocess(x):
+    return (jnp.asarray(x, jnp.float32) / 255.0 - mean) / std
+
+  return dataclasses.replace(task, preprocess=preprocess)
+
+
 def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
                   images_per_class: int,
                   options: kip_lib.KipOptions = kip_lib.KipOptions(),
                   mapper: ClientMapper = ClientMapper(workload="kip"),
                   allow_raw_upload: bool = False,
+                  float_upload: bool = False,
                   progress: Callable[[int, int], None] | None = None
                   ) -> Distiller:
   """KIP on every client at once (FedD3 Sec. 3.2, Eq. 4).
@@ -345,7 +378,9 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
   would be uploaded raw, and is refused unless ``allow_raw_upload``; after
   distillation, so is any quantised image byte-identical to a raw image of
   its sender (:func:`fedjax_dd.distill.privacy.check_no_raw_upload`). The result carries each client's iterations, early-stop flag
-  and first/last KIP loss.
+  and first/last KIP loss. With ``float_upload`` the support is sent as
+  float32 pixels, unquantised (FedD3's code; 32 bits per pixel channel in
+  :func:`client_upload_bits`); the guard then checks its rounding.
   """
 
   def distill(key, data: ClientData) -> DistilledSet:
@@ -363,6 +398,8 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
       host = jax.device_get(data)
       privacy_lib.check_no_raw_upload(x, owner, np.asarray(host.x),
                                       np.asarray(host.num_examples))
+    if float_upload:
+      x = np.asarray(x_float, np.float32)
     res = jax.device_get(res)
     return DistilledSet(x=x, y=np.argmax(y_soft, -1).astype(np.int32),
                         y_soft=y_soft.astype(np.float32), owner=owner,
@@ -447,16 +484,22 @@ def random_distiller(*, num_classes: int, images_per_class: int
 
 def client_upload_bits(
     distilled: DistilledSet, num_clients: int, *,
-    bits_per_pixel_channel: int = ledger_lib.BITS_PER_PIXEL_CHANNEL,
+    bits_per_pixel_channel: int | None = None,
     bits_per_hard_label: int = ledger_lib.BITS_PER_HARD_LABEL,
     bits_per_soft_label: int = ledger_lib.BITS_PER_SOFT_LABEL) -> np.ndarray:
   """``[C]`` bits of each client's one-shot message (0: sent nothing).
 
-  An image counts ``bits_per_pixel_channel`` per pixel channel (uint8)
-  plus its label as sent: a hard label ``bits_per_hard_label`` (a class
-  index fits a byte), a learned label its ``K`` soft entries at
-  ``bits_per_soft_label`` each.
+  An image counts ``bits_per_pixel_channel`` per pixel channel (None: what
+  ``distilled.x`` holds, 8 for uint8 and 32 for float32 pixels) plus its
+  label as sent: a hard label ``bits_per_hard_label`` (a class index fits a
+  byte), a learned label its ``K`` soft entries at ``bits_per_soft_label``
+  each.
   """
+  if bits_per_pixel_channel is None:
+    bits_per_pixel_channel = (
+        8 * distilled.x.dtype.itemsize
+        if np.issubdtype(distilled.x.dtype, np.floating)
+        else ledger_lib.BITS_PER_PIXEL_CHANNEL)
   image_bits = int(np.prod(distilled.x.shape[1:])) * bits_per_pixel_channel
   if distilled.learned_labels:
     label_bits = int(distilled.y_soft.shape[-1]) * bits_per_soft_label

@@ -105,6 +105,14 @@ def distill_or_load(distill: Callable[[], DistilledSet], *,
   return distilled, float(stage.info["seconds"]), not computed
 
 
+def as_uint8(x: np.ndarray) -> np.ndarray:
+  """An upload's images as uint8: as they are, or a float upload's pixels
+  rounded (:func:`fedjax_dd.distill.kip.quantize`), so that the privacy
+  measures read a float upload at its rounding."""
+  x = np.asarray(x)
+  return x if x.dtype == np.uint8 else np.asarray(kip_lib.quantize(x))
+
+
 def kip_statistics(distilled: DistilledSet) -> dict[str, Any]:
   """KIP loss at the first and last iteration, and iterations, over clients.
 
@@ -160,7 +168,8 @@ def quantisation_cost(distilled: DistilledSet, *,
   mean, std = jnp.asarray(mean), jnp.asarray(std)
   norm = lambda x: (jnp.asarray(x, jnp.float32) / 255.0 - mean) / std
   out = {}
-  for name, xs in [("float", distilled.x_float), ("uint8", distilled.x)]:
+  for name, xs in [("float", distilled.x_float),
+                   ("uint8", as_uint8(distilled.x))]:
     k_ss = kernel_fn(norm(xs), norm(xs))
     k_ts = kernel_fn(norm(x_test), norm(xs))
     pred, _ = krr_lib.krr_predict_checked(
@@ -199,7 +208,7 @@ def upload_fields(distilled: DistilledSet, data: ClientData, *,
       "learned_labels": distilled.learned_labels,
       "distilled_grid": distilled_grid,
       "privacy": privacy_lib.upload_privacy(
-          distilled.x, distilled.owner, np.asarray(host.x),
+          as_uint8(distilled.x), distilled.owner, np.asarray(host.x),
           np.asarray(host.num_examples)),
       **kip_statistics(distilled),
       **(quantisation or {}),

@@ -59,6 +59,21 @@ Where this loop departs from DENSE's released code (``zj-jayzhang/DENSE``,
   epochs; ``reset_generator=False`` is that reading, the default follows
   DENSE's code (which FedHydra's code extends).
 
+Two protocols (:attr:`DFKDHyperParams.protocol`, :data:`PROTOCOLS`):
+
+* ``"dense"`` (the default, the loop above): DENSE's released code, with its
+  additions to the papers' text (a fresh generator each epoch, learned
+  noise, the keep-best batch, the adversarial mask, the data pool) each a
+  field of its own;
+* ``"paper"``: FedHydra's Alg. 1 as printed, whatever those fields say
+  (:data:`PAPER_LOOP`): one generator initialised once (line 11) and
+  carried with its Adam state across the epochs; per epoch one batch of
+  noise and labels (lines 13–14), fixed during the epoch's ``T_G``
+  generator steps (lines 16–21, ``L_Gen`` of Eq. 16 with ``L_AD`` on every
+  sample); then ONE student step (lines 23–24, ``L_Glo`` of Eq. 19) on the
+  images of the generator after those steps, with no pool. The student's
+  optimiser is the caller's (Sec. 4.1.5: SGD, lr 0.01; no momentum).
+
 One epoch is one iteration of the generator–student skeleton shared with
 IGA (:mod:`fedjax_dd.distill.gen_student`), a host loop over five jitted
 programs, each compiled once: :func:`_draw` (noise, labels, pool order, a
@@ -92,6 +107,22 @@ from fedjax_dd.distill import ensemble, gen_student
 from fedjax_dd.distill.ensemble import CombineFn, InputFn, TeacherVars
 
 PyTree = Any
+
+PROTOCOLS = ("dense", "paper")
+"""The synthesis loops of :class:`DFKDHyperParams` (module docstring)."""
+
+PAPER_LOOP: Mapping[str, Any] = {
+    "reset_generator": False,  # Alg. 1, line 11: initialised once
+    "learn_noise": False,      # lines 13-14: z drawn, not optimised
+    "keep_best": False,        # line 23: the generator after its T_G steps
+    "adv_mask": "none",        # Eq. 15 on every sample
+    "augment_shift": 0,        # no augmentation in the text
+    "augment_flip": False,
+    "pool_size": 1,            # no data pool: this epoch's batch
+    "student_steps": 1,        # line 24: one student step per epoch
+}
+"""The fields :attr:`DFKDHyperParams.protocol` ``"paper"`` fixes: FedHydra's
+Alg. 1 as printed."""
 
 
 @flax.struct.dataclass
@@ -163,6 +194,11 @@ class DFKDHyperParams:
       (the papers' text). The pool keeps the unshifted images.
     augment_flip: the generator's loss also sees a random half of the
       images mirrored left-right (DENSE's code, on every dataset).
+    protocol: one of :data:`PROTOCOLS`. ``"dense"`` (default): the fields
+      above as given. ``"paper"``: FedHydra's Alg. 1 as printed; the fields
+      of :data:`PAPER_LOOP` are set to its values whatever was passed
+      (``reset_generator``, ``learn_noise``, ``keep_best``, ``adv_mask``,
+      the augmentation, ``pool_size = 1``, ``student_steps = 1``).
   """
   batch_size: int = 128
   generator_steps: int = 30
@@ -179,8 +215,15 @@ class DFKDHyperParams:
   adv_mask: str = "disagree"
   augment_shift: int = 0
   augment_flip: bool = False
+  protocol: str = "dense"
 
   def __post_init__(self):
+    if self.protocol not in PROTOCOLS:
+      raise ValueError(f"protocol must be one of {PROTOCOLS}, got "
+                       f"{self.protocol!r}.")
+    if self.protocol == "paper":
+      for name, value in PAPER_LOOP.items():
+        object.__setattr__(self, name, value)
     for name in ("batch_size", "generator_steps", "pool_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")

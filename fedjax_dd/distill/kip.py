@@ -78,7 +78,20 @@ this module stands, point by point:
   (App. A) where the colab, FedD3's code and
   :func:`fedjax_dd.kernels.native.fc_kernel` default to ``b_std = 0.1``;
   FedD3's code standardises each client's data with that client's own
-  channel statistics, here with the caller's ``mean``/``std``.
+  channel statistics, here with the caller's ``mean``/``std`` unless
+  ``client_normalization`` (below).
+* Per-client standardisation (``client_normalization``): FedD3's code
+  (``utils/dd_kip.py``, ``get_normalization_data`` on each client's images)
+  optimises the support in the space standardised by the client's own
+  channel mean and std and uploads it as it is; its server trains on it as
+  if it were standardised by the dataset's statistics (the test set's).
+  With the option, each client's targets and initial support are
+  standardised by that client's own statistics, and :func:`distill_clients`
+  maps the support back to pixels with the caller's ``mean``/``std``, so
+  that a server standardising by those reads what the client optimised, as
+  the authors' server does. The pixels are then not the client's own
+  scale: an image KIP did not move comes back as an affine map of a raw
+  one, not byte-identical to it.
 
 :data:`KIP_PAPER` gathers App. A's settings (label learning, centred
 labels, class-balanced targets, Adam 0.01 for MNIST).
@@ -134,6 +147,11 @@ class KipOptions:
       uint8 upload is the support that was optimised. The reference
       optimises without bounds; its learned images leave the range, and
       clipping them afterwards costs accuracy (module docstring).
+    client_normalization: standardise each client's images by that
+      client's own channel mean and std (FedD3's code; module docstring)
+      instead of the caller's ``mean``/``std``; the support is mapped back
+      to pixels with the caller's, as the authors' server reads it. A
+      constant channel is only centred.
     stop_accuracy: per-client early stop on target-batch accuracy (FedD3's
       rule), or None for a fixed budget. A target batch that holds a single
       class never triggers it, since any support fits it.
@@ -149,6 +167,7 @@ class KipOptions:
   centered_labels: bool = False
   balanced_targets: bool = False
   clip_pixels: bool = False
+  client_normalization: bool = False
   stop_accuracy: float | None = 0.999
   min_iterations: int = 0
   segment_iterations: int = 100
@@ -415,6 +434,25 @@ def _init_support(key, x, y, n, *, num_classes, images_per_class, support_size,
   return order, jnp.arange(support_size) < n
 
 
+def client_stats(x: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Channel mean and std ``([Ch], [Ch])`` of ONE client's real images.
+
+  On the ``[0, 1]`` scale over the first ``n`` of ``x [N_max, H, W, Ch]``
+  (uint8; padding is not read), as FedD3's code computes them on each
+  client (``np.mean`` / ``np.std`` over images and pixels). A zero std (a
+  constant channel, or no images) becomes 1, so that channel is only
+  centred.
+  """
+  valid = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)[:, None, None,
+                                                             None]
+  v = x.astype(jnp.float32) / 255.0
+  count = jnp.maximum(n, 1).astype(jnp.float32) * x.shape[1] * x.shape[2]
+  mean = jnp.sum(v * valid, axis=(0, 1, 2)) / count
+  var = jnp.sum(jnp.square(v - mean) * valid, axis=(0, 1, 2)) / count
+  std = jnp.sqrt(var)
+  return mean, jnp.where(std > 0, std, 1.0)
+
+
 def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
                    images_per_class: int | None = None,
                    support_size: int | None = None,
@@ -452,6 +490,13 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
   def normalise(x):
     return (x.astype(jnp.float32) / 255.0 - mean) / std
 
+  def normaliser(x, n):
+    """The map from ONE client's uint8 pixels to its support's space."""
+    if not options.client_normalization:
+      return normalise
+    m, s = client_stats(x, n)
+    return lambda v: (v.astype(jnp.float32) / 255.0 - m) / s
+
   # The valid pixel range [0, 255] in normalised space, per channel.
   z_low, z_high = (0.0 - mean) / std, (1.0 - mean) / std
 
@@ -460,7 +505,7 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
                               images_per_class=images_per_class,
                               support_size=support_size,
                               class_blocks=class_blocks)
-    z = normalise(x[idx]) * mask[:, None, None, None]
+    z = normaliser(x, n)(x[idx]) * mask[:, None, None, None]
     ys = one_hot_labels(y[idx], num_classes, centered_labels)
     ys = ys * mask[:, None]
     zero = jnp.zeros((), jnp.float32)
@@ -482,7 +527,7 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
                               num_classes)
     else:
       xb, yb = sample_batch(batch_key, x, y, n, target_batch_size)
-    xt = normalise(xb)
+    xt = normaliser(x, n)(xb)
     yt = one_hot_labels(yb, num_classes, centered_labels)
     (loss, aux), (gz, gy) = grad_fn((state.z, state.y), state.mask, xt, yt)
     if not learn_labels:

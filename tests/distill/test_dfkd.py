@@ -14,6 +14,7 @@ from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import dfkd
 from fedjax_dd.distill import ensemble
+from fedjax_dd.distill import gen_student
 from tests.conftest import tiny_task
 
 tree_map = jax.tree_util.tree_map
@@ -272,6 +273,69 @@ def test_protocol_switches_change_the_pool():
     pools[name] = np.asarray(state.pool_x)
     assert np.all((pools[name] > 0) & (pools[name] < 1))
   assert not np.allclose(pools["ref"], pools["plain"])
+
+
+def _alg1(protocol, lr=0.05):
+  task = tiny_task(bn=True)
+  ident = lambda x: x
+  group = ensemble.TeacherGroup(task, ident, (0, 1))
+  tv = ((_stacked(task, [jax.random.PRNGKey(0), jax.random.PRNGKey(1)])),)
+  # The DENSE fields passed here are what "paper" overrides.
+  hp = dfkd.DFKDHyperParams(batch_size=6, generator_steps=3, pool_size=4,
+                            student_steps=5, protocol=protocol)
+  d = dfkd.make_dfkd((group,), _GEN, task, ident, ensemble.average_ensemble,
+                     hp, student_optimizer=optax.sgd(lr))
+  s_params, s_stats = task.init(jax.random.PRNGKey(9))
+  return hp, task, d, d.init(jax.random.PRNGKey(3), s_params, s_stats), tv
+
+
+def test_paper_protocol_is_fedhydra_alg1_as_printed():
+  """FedHydra Alg. 1: the generator initialised once (line 11) and carried;
+  per epoch one (z, y) draw (lines 13-14), z fixed over the T_G generator
+  steps (lines 16-21, L_AD on every sample); then ONE student step of
+  L_Glo (Eq. 19) on G(z) after those steps (lines 23-24), no pool."""
+  lr = 0.05
+  hp, task, d, s0, tv = _alg1("paper", lr)
+  for name, value in dfkd.PAPER_LOOP.items():
+    assert getattr(hp, name) == value, name
+  assert (hp.pool_size, hp.student_steps, hp.adv_mask) == (1, 1, "none")
+  s1, m = d.epoch(s0, tv, ())
+  assert int(m["student_steps"]) == 1 and s1.pool_x.shape[0] == 1
+  # Lines 13-14: epoch 0's draw (fold_in(key, 0)); z is not optimised, so
+  # the batch is G(z) of the generator after its T_G = 3 steps.
+  kz, ky = jax.random.split(gen_student.split_keys(s0.key, 0, 3)[0])
+  z = jax.random.normal(kz, (6, 4), jnp.float32)
+  y = jax.random.randint(ky, (6,), 0, 3)
+  np.testing.assert_array_equal(s1.pool_y[0], y)
+  x, _ = ensemble.apply_generator(_GEN, s1.gen_params, s1.gen_stats, z, y,
+                                  True)
+  np.testing.assert_allclose(s1.pool_x[0], x, rtol=1e-5, atol=1e-6)
+  # Lines 23-24: one plain SGD step of L_Glo on that batch.
+  objective = ensemble.make_student_objective(
+      task, lambda v: v, beta=hp.beta, temperature=hp.temperature)
+  (_, (stats, _)), g = jax.value_and_grad(objective, has_aux=True)(
+      s0.params, s0.batch_stats, s1.pool_x[0], s1.pool_p[0])
+  want = tree_map(lambda p, gp: p - lr * gp, s0.params, g)
+  for a, b in zip(jax.tree_util.tree_leaves(s1.params),
+                  jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  # Line 11: one generator, carried with its Adam state: epoch 1 starts
+  # from epoch 0's generator (a fresh one there changes the batch), and
+  # the optimiser has counted both epochs' steps.
+  s2, _ = d.epoch(s1, tv, ())
+  fresh, _ = d.epoch(s1.replace(gen_params=s0.gen_params), tv, ())
+  assert not np.allclose(s2.pool_x, fresh.pool_x)
+  assert int(s2.gen_opt_state[0].count) == 2 * hp.generator_steps
+  # DENSE's loop starts every epoch from a fresh generator: the carried one
+  # is never read.
+  _, _, dd, d0, _ = _alg1("dense")
+  d1, _ = dd.epoch(d0, tv, ())
+  a, _ = dd.epoch(d1, tv, ())
+  b, _ = dd.epoch(d1.replace(gen_params=d0.gen_params), tv, ())
+  np.testing.assert_array_equal(a.pool_x, b.pool_x)
+  assert int(a.gen_opt_state[0].count) == hp.generator_steps
+  with pytest.raises(ValueError, match="protocol"):
+    dfkd.DFKDHyperParams(protocol="alg1")
 
 
 def test_augment_shifts_with_zero_fill_and_mirrors():

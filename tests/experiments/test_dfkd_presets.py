@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from fedjax_dd.experiments import checks
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import run_fedhydra
 
@@ -26,7 +27,11 @@ def test_paper_presets_are_the_gpu_scale_from_own_inits(arg):
   gpu = fedhydra_config.get_config(arg.replace("_paper", "_gpu"))
   assert c.client.independent_init and not gpu.client.independent_init
   assert (c.client.local_epochs, c.dfkd.distill_epochs) == (200.0, 200)
+  # The shared start is the _gpu presets' one departure more.
+  assert gpu.paper_departures[1:] == c.paper_departures
+  assert "share one initialisation" in gpu.paper_departures[0]
   c.client.independent_init = False
+  c.paper_departures = gpu.paper_departures
   assert c.to_dict() == gpu.to_dict()
   common.validate(c)
 
@@ -80,3 +85,41 @@ def test_client_protocol_names_every_setting_of_the_client_models():
   c.data.input_shape = (32, 32, 1)
   assert json.loads(run_fedhydra._protocol(c))["data.resize_method"] == (
       "bilinear")
+
+
+def test_dfkd_protocol_defaults_to_dense_and_paper_drops_momentum():
+  from fedjax_dd.distill import dfkd
+  from fedjax_dd.experiments import stage_builders
+  for arg in PRESETS:
+    # "dense" keeps every measured preset's loop (and its results).
+    assert fedhydra_config.get_config(arg).dfkd.protocol == "dense", arg
+  c = fedhydra_config.get_config("smoke")
+  assert stage_builders.student_momentum(c) == 0.9
+  c.dfkd.protocol = "paper"
+  checks.check_values(c)
+  # Sec. 4.1.5: SGD, lr 0.01, no momentum; Alg. 1's loop.
+  assert stage_builders.student_momentum(c) == 0.0
+  hp = dfkd.DFKDHyperParams.from_config(c.dfkd)
+  assert (hp.protocol, hp.reset_generator, hp.pool_size,
+          hp.student_steps) == ("paper", False, 1, 1)
+  c.dfkd.protocol = "alg1"
+  with pytest.raises(ValueError, match="dfkd.protocol"):
+    checks.check_values(c)
+
+
+def test_a_resume_under_another_dfkd_protocol_is_refused(tmp_path):
+  from fedjax_dd.core import workdir
+  c = fedhydra_config.get_config("smoke")
+  fp = common.fingerprint(c)
+  assert fp["dfkd.protocol"] == "dense"
+  # A run recorded before the key existed resumes under its default ...
+  old = {k: v for k, v in fp.items() if k != "dfkd.protocol"}
+  workdir.record_fingerprint(tmp_path, old)
+  (tmp_path / "metrics.jsonl").write_text('{"round": 1}\n')
+  assert workdir.record_fingerprint(tmp_path, fp, defaults=fp) == "same"
+  # ... and under the other protocol it is refused, naming the key.
+  c.dfkd.protocol = "paper"
+  with pytest.raises(workdir.FingerprintMismatchError,
+                     match="dfkd.protocol"):
+    workdir.record_fingerprint(tmp_path, common.fingerprint(c), defaults=fp)
+

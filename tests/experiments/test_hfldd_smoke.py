@@ -155,7 +155,10 @@ def test_presets_follow_the_paper():
     c = hfldd_config.get_config(preset)
     assert c.data.partition.style == "balanced"
     assert c.hfldd.member_data == "kip"
-    if preset.endswith("_gpu"):
+    if preset == "smoke_paper":
+      # The smoke run with the paper's re-split.
+      assert c.data.resplit == 0.8 and not c.paper_departures
+    elif preset.endswith(("_paper", "_gpu")):
       assert (c.kip.max_iterations, c.rounds, c.data.resplit) == (3000, 300,
                                                                   0.8)
       assert not c.paper_departures
