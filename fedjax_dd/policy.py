@@ -111,6 +111,12 @@ class Policy:
       running XLA accepts it.
     per_core_options: Further pairs for programs running side by side, one
       per device (the ``sharded`` backend over several devices).
+    once_options: ``(name, value)`` pairs for programs that run once or a
+      few times per run, where compilation is most of their cost: model and
+      generator initialisations (:func:`fedjax_dd.core.clients.once_jit`).
+      They change how fast XLA compiles and runs a program, not what it
+      computes (``tests/core/test_clients.py`` checks the bits), so
+      :func:`forms` leaves them out.
     max_vmap_elements: With the ``"auto"`` backend resolved to ``vmap``, the
       largest array (elements) the vectorised program may hold: a cohort
       whose largest per-client array times C exceeds it runs in chunks
@@ -140,6 +146,7 @@ class Policy:
   thunk_chunk_size: int | None
   compiler_options: tuple[tuple[str, Any], ...]
   per_core_options: tuple[tuple[str, Any], ...]
+  once_options: tuple[tuple[str, Any], ...]
   ntk_grad_memory_factor: float
   max_vmap_elements: int | None
   compute_dtype: str
@@ -158,6 +165,8 @@ _CLASSIC_RUNTIME = ((CLASSIC_RUNTIME_OPTION, False),)
 # Single-threaded programs per host device: without it they deadlocked on
 # jax 0.5.3; speed neutral.
 _SINGLE_THREAD = (("xla_cpu_multi_thread_eigen", False),)
+# Programs that run once per run, compiled without LLVM's optimisations.
+_ONCE_UNOPTIMISED = (("xla_backend_optimization_level", 0),)
 
 _CPU = dict(
     platform="cpu",
@@ -177,6 +186,11 @@ _CPU = dict(
     thunk_chunk_size=1,
     compiler_options=_CLASSIC_RUNTIME,
     per_core_options=_SINGLE_THREAD,
+    # LLVM's optimisation passes are most of XLA:CPU's compile time: a model
+    # initialisation compiled at level 0 takes about a tenth of the op-by-op
+    # programs' compile time and gives the same bits (experiments/
+    # perf_notes.md, "Programs that run once").
+    once_options=_ONCE_UNOPTIMISED,
     # The one-device default is chunked: no vmap over the whole cohort.
     max_vmap_elements=None,
     # XLA:CPU has no fast bfloat16 matmul or convolution.
@@ -198,6 +212,7 @@ _PLAIN = dict(
     thunk_chunk_size=None,
     compiler_options=(),
     per_core_options=(),
+    once_options=(),
     max_vmap_elements=None,
     # Tensor cores and the MXU run bfloat16 at several times float32's rate.
     compute_dtype="bfloat16",
@@ -377,12 +392,15 @@ def as_dict(row: Policy) -> dict[str, Any]:
   out = dataclasses.asdict(row)
   out["compiler_options"] = dict(row.compiler_options)
   out["per_core_options"] = dict(row.per_core_options)
+  out["once_options"] = dict(row.once_options)
   return out
 
 
 # Fields of a row that say where it applies or how it was measured, not
 # what a run computes.
-_NOT_FORMS = frozenset({"platform", "jax_min", "jax_below", "measured"})
+# once_options only changes compile speed: the same bits (a test checks).
+_NOT_FORMS = frozenset({"platform", "jax_min", "jax_below", "measured",
+                        "once_options"})
 
 
 def forms(row: Policy | None = None) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from fedjax_dd.core.algorithm import ClientProgress, Cohort
 from fedjax_dd.core.algorithm import ServerDistillation, SpannedClientStage
 from fedjax_dd.core.algorithm import Teachers
 from fedjax_dd.core.algorithm import no_setup
-from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.clients import ClientMapper, once_jit
 from fedjax_dd.core.local import LocalResult, LocalTraining, make_local_update
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import validate
@@ -86,7 +86,9 @@ def independent_starts(task: Classifier, init_key: jax.Array,
   Returns:
     ``(params, batch_stats)`` stacked ``[S, ...]``.
   """
-  return jax.vmap(task.init)(keys.client_keys(init_key, client_ids))
+  # One top-level program for the whole cohort's initialisations.
+  return once_jit(jax.vmap(task.init))(keys.client_keys(init_key,
+                                                        client_ids))
 
 
 def client_stage(groups: Sequence[ensemble.TeacherGroup],

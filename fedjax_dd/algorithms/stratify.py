@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.clients import ClientMapper, once_jit
 from fedjax_dd.distill.ensemble import TeacherGroup, TeacherVars, check_groups
 from fedjax_dd.distill.ensemble import average_ensemble, make_teacher_fn
 
@@ -366,7 +366,7 @@ def make_stratifier(groups: Sequence[TeacherGroup],
   # Noise and fresh generators come from a separate program (see
   # ``dfkd.make_dfkd``: XLA:CPU's oneDNN rewriter aborts on dot operands
   # computed from PRNG bits in the same program).
-  draw_all = jax.jit(jax.vmap(draw))
+  draw_all = once_jit(jax.vmap(draw))
 
   def pair_step(params, batch_stats, label, z, gp, gs, opt_state, task,
                 input_fn):

@@ -7,6 +7,7 @@ local training, evaluation and distillation share one definition.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -40,7 +41,15 @@ class Classifier:
   param_init: Callable[[PyTree, jax.Array], PyTree] | None = None
 
   def init(self, key: jax.Array) -> tuple[PyTree, PyTree]:
-    """Returns ``(params, batch_stats)``; ``batch_stats`` is ``{}`` without BN."""
+    """Returns ``(params, batch_stats)``; ``batch_stats`` is ``{}`` without BN.
+
+    One jitted program per task (:func:`fedjax_dd.core.clients.once_jit`):
+    the same bits as running the initialisers op by op, compiled once
+    instead of once per initialiser shape.
+    """
+    return _init_program()(self, key)
+
+  def _init(self, key: jax.Array) -> tuple[PyTree, PyTree]:
     x = jnp.zeros((1, *self.input_shape), jnp.float32)
     variables = self.module.init(key, x, train=False)
     params = variables["params"]
@@ -119,3 +128,12 @@ def _as_float32(tree: PyTree) -> PyTree:
       lambda v: v.astype(jnp.float32)
       if jnp.issubdtype(v.dtype, jnp.floating) and v.dtype.itemsize < 4
       else v, tree)
+
+
+@functools.cache
+def _init_program() -> Callable[..., tuple[PyTree, PyTree]]:
+  """:meth:`Classifier.init`'s program, built on first use (the policy
+  reads the platform, which importing must not start)."""
+  # pylint: disable-next=g-import-not-at-top
+  from fedjax_dd.core import clients
+  return clients.once_jit(Classifier._init, static_argnums=0)

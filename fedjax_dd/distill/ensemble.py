@@ -71,6 +71,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -79,7 +80,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.clients import ClientMapper, once_jit
 from fedjax_dd.core.task import Classifier
 
 PyTree = Any
@@ -486,11 +487,25 @@ def init_generator(generator: nn.Module, key: jax.Array
 
   Returns:
     ``(params, batch_stats)`` (``{}`` for a generator without BatchNorm).
+    One jitted program per generator (:func:`fedjax_dd.core.clients.
+    once_jit`), the same bits as the initialisers run op by op.
   """
+  return _init_generator_program()(generator, key)
+
+
+def _init_generator(generator: nn.Module, key: jax.Array
+                    ) -> tuple[PyTree, PyTree]:
   z = jnp.zeros((1, generator_nz(generator)), jnp.float32)
   extra = (jnp.zeros((1,), jnp.int32),) if is_conditional(generator) else ()
   variables = generator.init(key, z, *extra, train=False)
   return variables["params"], variables.get("batch_stats", {})
+
+
+@functools.cache
+def _init_generator_program() -> Callable[..., tuple[PyTree, PyTree]]:
+  """:func:`init_generator`'s program, built on first use (the policy reads
+  the platform, which importing must not start)."""
+  return once_jit(_init_generator, static_argnums=0)
 
 
 def apply_generator(generator: nn.Module, params: PyTree, batch_stats: PyTree,

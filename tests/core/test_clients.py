@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_dd.core import clients as clients_lib
 from fedjax_dd.core.clients import BACKENDS, ClientMapper, map_clients
 from fedjax_dd.core.local import LocalTraining
 
@@ -391,3 +392,51 @@ def test_auto_vmap_chunks_past_the_policy_cap(monkeypatch):
   # Equal to float rounding (a vmap of 2 and of 10 may round apart).
   np.testing.assert_allclose(auto, plain, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(auto, jnp.tanh(x @ w), rtol=1e-5, atol=1e-6)
+
+
+# The policy's once_options change how fast XLA compiles a run-once program,
+# not its bits: each model's and generator's initialisation through
+# once_jit equals the initialisers run op by op (the plain form), alone and
+# vmapped over keys.
+@pytest.mark.parametrize("name", ["digits_cnn", "lenet5", "convnet3", "fc"])
+def test_once_jit_initialisation_equals_the_op_by_op_one(name):
+  from fedjax_dd import models  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core.task import Classifier  # pylint: disable=g-import-not-at-top
+  spec = models.get_model(name)
+  task = Classifier(spec.build(10), tuple(spec.input_shape), lambda x: x, 10)
+  key = jax.random.key(7)
+  keys = jax.random.split(key, 3)
+  # The plain form: the initialisers run op by op (each jax.random and
+  # initializer call its own program, as before once_jit).
+  plain = task._init(key)  # pylint: disable=protected-access
+  plain_many = jax.vmap(task._init)(keys)  # pylint: disable=protected-access
+  assert clients_lib.once_program_options()  # the CPU row asks for them
+  for got, want in ((task.init(key), plain),
+                    (clients_lib.once_jit(jax.vmap(task.init))(keys),
+                     plain_many),
+                    # Under an outer jit it is traced in, options dropped.
+                    (jax.jit(task.init)(key), plain)):
+    for a, b in zip(jax.tree_util.tree_leaves(got),
+                    jax.tree_util.tree_leaves(want), strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_once_jit_generator_initialisation_equals_the_op_by_op_one():
+  from fedjax_dd import models  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.distill import ensemble  # pylint: disable=g-import-not-at-top
+  generator = models.Generator(out_shape=(8, 8, 1), nz=16, ngf=8)
+  key = jax.random.key(3)
+  want = ensemble._init_generator(generator, key)  # pylint: disable=protected-access
+  got = ensemble.init_generator(generator, key)
+  for a, b in zip(jax.tree_util.tree_leaves(got),
+                  jax.tree_util.tree_leaves(want), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_once_options_come_from_the_policy_row():
+  from fedjax_dd import policy  # pylint: disable=g-import-not-at-top
+  assert dict(policy.lookup("cpu").once_options) == {
+      "xla_backend_optimization_level": 0}
+  # XLA's plain forms elsewhere; and not a form a run records.
+  assert policy.lookup("gpu", "0.12.0").once_options == ()
+  assert "once_options" not in policy.forms()
