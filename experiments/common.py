@@ -375,6 +375,8 @@ def check_upload_privacy(config: ml_collections.ConfigDict,
   if (f is None or f.allow_raw_upload or f.distiller not in _GUARDED_DISTILLERS
       or f.distilled_from):
     return
+  if f.distiller == "kip" and float(_lookup(config, "kip.dp_clip") or 0) > 0:
+    return  # DP-KIP's support starts from noise: no slot is a raw image.
   labels = np.asarray(labels)
   num_classes = int(labels.max()) + 1 if labels.size else 1
   stacked = stack_clients(np.zeros((labels.size, 1), np.uint8), labels, parts)
@@ -450,6 +452,52 @@ def cohort(config: ml_collections.ConfigDict,
   if config.client.activity:
     return cohorts.BernoulliCohort(float(config.client.activity))
   return cohorts.FixedCohort(clients_per_round(config, num_clients))
+
+
+def expected_clients(config: ml_collections.ConfigDict,
+                     num_clients: int) -> float:
+  """The expected cohort size of :func:`cohort`: ``S`` for a fixed draw,
+  ``p N`` for a Bernoulli one (DP-FedAvg divides its noised sum by it, and
+  ``expected / N`` is its sampling rate)."""
+  draw = cohort(config, num_clients)
+  if isinstance(draw, cohorts.BernoulliCohort):
+    return float(draw.probability) * num_clients
+  return float(draw.size)
+
+
+def dp_fedavg_fields(config: ml_collections.ConfigDict, num_clients: int,
+                     rounds: int) -> dict[str, Any]:
+  """DP-FedAvg's ``summary.json`` fields after ``rounds`` rounds: the
+  ``config.dp`` settings and their epsilon at ``dp.delta``
+  (:func:`fedjax_dd.privacy.accounting.summary_fields`, sampling rate
+  :func:`expected_clients` / N)."""
+  from fedjax_dd.privacy import accounting  # pylint: disable=g-import-not-at-top
+  d = config.dp
+  return accounting.summary_fields(
+      clip=d.clip, noise_multiplier=d.noise_multiplier,
+      sampling_rate=min(1.0, expected_clients(config, num_clients)
+                        / num_clients),
+      steps=int(rounds), delta=d.delta)
+
+
+def dp_kip_fields(config: ml_collections.ConfigDict, num_examples,
+                  iterations=None) -> dict[str, Any]:
+  """DP-KIP's ``summary.json`` fields (``{}`` unless the run's clients
+  distil with KIP, ``fedd3.distiller`` or ``hfldd.member_data`` ``kip``,
+  and ``kip.dp_clip > 0``): :func:`fedjax_dd.distill.kip.dp_fields` at the
+  rate of the client with the fewest examples among ``num_examples``, for
+  the most ``iterations`` any client ran (``kip.max_iterations`` when not
+  recorded) and ``kip.dp_delta``."""
+  if "kip" not in config or "kip" not in (_lookup(config, "fedd3.distiller"),
+                                          _lookup(config, "hfldd.member_data")):
+    return {}
+  options = kip_options(config)
+  if not options.dp:
+    return {}
+  steps = (int(np.max(iterations)) if iterations is not None
+           and np.size(iterations) else options.max_iterations)
+  return kip_lib.dp_fields(options, jax.device_get(num_examples),
+                           steps=steps, delta=config.kip.dp_delta)
 
 
 def mapper(config: ml_collections.ConfigDict,
@@ -642,6 +690,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         f"config.client.lr_decay must be 1.0, got {lr_decay!r}; set "
         "--config.client.lr_decay=1.0.")
   check_personal(config)
+  check_dp(config)
   if _lookup(config, "kip.kernel_impl") == "neural_tangents":
     import importlib.util  # pylint: disable=g-import-not-at-top
     if importlib.util.find_spec("neural_tangents") is None:
@@ -677,6 +726,73 @@ def check_personal(config: ml_collections.ConfigDict) -> None:
         "personalized evaluation (only the rounds of runner 'federated': the "
         "FedAvg family, IFCA, CFL, CFL-GP, PACFL, FedFTG and DisUE); drop "
         "--config.eval.personal.")
+
+
+def check_dp(config: ml_collections.ConfigDict) -> None:
+  """The differential-privacy settings, before the data loads.
+
+  DP-FedAvg's ``dp`` group: ``dp.clip > 0``, ``dp.noise_multiplier >= 0``,
+  ``dp.delta`` in ``(0, 1)``, method ``dp_fedavg`` (the group's only
+  reader) and a model without BatchNorm (its statistics would be averaged
+  without noise). DP-KIP's ``kip.dp_clip >= 0`` and ``kip.dp_delta`` in
+  ``(0, 1)``, and a KIP that runs it (``fedd3.distiller``,
+  ``hfldd.member_data``: ``kip``); its other refusals are
+  :class:`fedjax_dd.distill.kip.KipOptions`'s (``kip.stop_accuracy`` must
+  be None or above 1, ...). Either needs dp-accounting (the ``privacy``
+  extra).
+
+  Raises:
+    ValueError: one line naming the ``--config.<path>`` to change.
+  """
+  from fedjax_dd.core import checks as checks_lib  # pylint: disable=g-import-not-at-top
+
+  def number(path, low, high=None, **kw):
+    return checks_lib.check_number(f"config.{path}", _lookup(config, path),
+                                   low, high, fix=f"set --config.{path}",
+                                   **kw)
+
+  private = False
+  if _lookup(config, "dp") is not None:
+    number("dp.clip", 0.0, low_open=True)
+    number("dp.noise_multiplier", 0.0)
+    number("dp.delta", 0.0, 1.0, low_open=True, high_open=True)
+    method = _lookup(config, "method")
+    if method != "dp_fedavg":
+      raise ValueError(
+          f"config.dp is DP-FedAvg's group, but config.method is "
+          f"{method!r}, which does not read it; use "
+          "--config=experiments/configs/dp_fedavg.py:<preset>.")
+    name = _lookup(config, "model.name")
+    try:
+      spec = models.get_model(name)
+    except (ValueError, KeyError):
+      spec = None  # an unknown name is refused by checks.check_values
+    if spec is not None and spec.has_batch_stats:
+      raise ValueError(
+          f"config.model.name={name!r} keeps BatchNorm statistics, which "
+          "DP-FedAvg's clients would upload and the server average without "
+          "noise, outside the guarantee; set --config.model.name to a model "
+          "without BatchNorm.")
+    private = True
+  if _lookup(config, "kip.dp_clip") is not None:
+    clip = number("kip.dp_clip", 0.0)
+    number("kip.dp_delta", 0.0, 1.0, low_open=True, high_open=True)
+    if clip > 0:
+      for path in ("fedd3.distiller", "hfldd.member_data"):
+        value = _lookup(config, path)
+        if value is not None and value != "kip":
+          raise ValueError(
+              f"config.kip.dp_clip={clip:g} runs DP-KIP, but config.{path}="
+              f"{value!r} uploads no KIP images; set --config.kip.dp_clip=0 "
+              f"or --config.{path}=kip.")
+      private = True
+  if private:
+    import importlib.util  # pylint: disable=g-import-not-at-top
+    if importlib.util.find_spec("dp_accounting") is None:
+      raise ValueError(
+          "A differentially private run (config.dp, config.kip.dp_clip > 0) "
+          "reports its epsilon through dp-accounting, an optional extra: "
+          "pip install \"fedjax-dd[privacy]\".")
 
 
 def personal_split(config: ml_collections.ConfigDict, prepared: Prepared,

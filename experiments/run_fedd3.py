@@ -24,7 +24,9 @@ server epochs); the hybrid is FedAvg on the rounds loop. The ledger records
 each client's upload as its own message, so ``summary.json["gce"]`` is
 FedD3's Table 2 GCE and ``gce_cohort`` the cohort-total variant; the summary
 adds the upload's ``privacy``, KIP's ``kip_loss`` and ``kip_iterations``
-(:func:`fedjax_dd.algorithms.fedd3_stages.upload_fields`).
+(:func:`fedjax_dd.algorithms.fedd3_stages.upload_fields`) and, for DP-KIP
+(``kip.dp_clip > 0``), its ``dp_epsilon`` at ``kip.dp_delta`` with the
+other ``dp_*`` fields (:func:`fedjax_dd.experiments.common.dp_kip_fields`).
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def _distill_or_load(config, workdir, prepared, data):
         fingerprint=distill_fingerprint(config),
         source=StageCache.for_workdir(source) if source else None,
         source_name=f"fedd3.distilled_from: {source!r}",
-        diverged_advice=f"Lower --config.kip.lr (now {config.kip.lr:g}).")
+        diverged_advice=f"Lower --config.kip.lr (now {config.kip.lr:g}).",
+        allow_rise=common.kip_options(config).dp)
   except privacy_lib.RawUploadError as e:
     raise common.InputError("fedd3: " + str(e).replace(
         "set allow_raw_upload=True",
@@ -111,6 +114,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
           distilled, kernel_fn=common.kip_kernel(config, batched=True),
           mean=prepared.mean, std=prepared.std, x_test=ds.x_test[:2000],
           y_test=ds.y_test[:2000], reg=config.kip.reg))
+  extra.update(common.dp_kip_fields(config, data.num_examples,
+                                    distilled.iterations))  # DP-KIP's
   if config.method == "fedd3_hybrid":
     if config.fedd3.float_upload:
       raise common.InputError(

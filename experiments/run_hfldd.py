@@ -119,6 +119,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     raise common.InputError("hfldd: " + str(e).replace(
         "set allow_raw_upload=True",
         "set --config.hfldd.allow_raw_upload=True")) from None
+  # DP-KIP's epsilon at the rate of the client with the fewest examples.
+  dp_fields = common.dp_kip_fields(config, data.num_examples)
   data = None  # the heads train on stages.hybrid only
   num_classes = prepared.dataset.num_classes
   ledger0 = hfldd.setup_ledger(
@@ -143,6 +145,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         num_params=summary["param_count"], rounds=summary["rounds"],
         bytes_by_tag=summary["bytes_by_tag"],
         training_seconds=time.time() - t0, topology_figure_path=figure))
+    summary.update(dp_fields)
     summary["config"] = config_dict
     return summary
 

@@ -26,6 +26,7 @@ from fedjax_dd.algorithms.cfl import cfl
 from fedjax_dd.algorithms.cfl_gp import cfl_gp
 from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms.disue import affinity_grouping, disue
+from fedjax_dd.algorithms.dp_fedavg import dp_fedavg
 from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
 from fedjax_dd.algorithms.dynafed import DynaFedHyperParams, dynafed
 from fedjax_dd.algorithms.ifca import ifca
@@ -148,6 +149,13 @@ def _dynafed(config, training):
                  hparams=DynaFedHyperParams.from_config(config.dynafed))
 
 
+def _dp_fedavg(config, training):
+  d = config.dp
+  return dp_fedavg(training, clip=d.clip, noise_multiplier=d.noise_multiplier,
+                   expected_clients=common.expected_clients(
+                       config, config.data.num_clients))
+
+
 BUILDERS: dict[str, Builder] = {
     "disue": _disue,
     "fedftg": _fedftg,
@@ -172,6 +180,13 @@ BUILDERS: dict[str, Builder] = {
                                      temperature=c.moon.temperature),
     "feddyn": lambda c, training: feddyn(training, alpha=c.feddyn.alpha),
     "dynafed": _dynafed,
+    "dp_fedavg": _dp_fedavg,
+}
+
+# Methods whose summary adds fields that depend on the finished run:
+# (config, num_clients, rounds completed) -> fields.
+SUMMARY_FIELDS: dict[str, Callable[..., dict[str, Any]]] = {
+    "dp_fedavg": common.dp_fedavg_fields,
 }
 
 
@@ -361,8 +376,11 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     algorithm = DATA_BUILDERS[config.method](config, training, data)
   else:
     algorithm = BUILDERS[config.method](config, training)
+  fields = SUMMARY_FIELDS.get(config.method)
   return fit_and_summarize(
       config, workdir, prepared=prepared, algorithm=algorithm, data=data,
       num_steps=num_steps, start_time=start,
+      finalize=None if fields is None else lambda summary: {
+          **summary, **fields(config, data.num_clients, summary["rounds"])},
       personal=common.personal_evaluation(config, algorithm, prepared.task,
                                           data, personal_test))

@@ -68,6 +68,7 @@ _API: dict[str, tuple[str, str | None]] = {
     "scaffold": ("fedjax_dd.algorithms.scaffold", "scaffold"),
     "moon": ("fedjax_dd.algorithms.moon", "moon"),
     "feddyn": ("fedjax_dd.algorithms.feddyn", "feddyn"),
+    "dp_fedavg": ("fedjax_dd.algorithms.dp_fedavg", "dp_fedavg"),
     "centralized": ("fedjax_dd.algorithms.centralized", "centralized"),
     "os_fedavg": ("fedjax_dd.algorithms.one_shot", "os_fedavg"),
     "fedseq": ("fedjax_dd.algorithms.fedseq", "fedseq"),

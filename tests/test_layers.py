@@ -12,7 +12,7 @@ FLOORS = (
     ("_xla_setup", "versions"),
     ("policy",),
     ("data", "kernels", "models"),
-    ("core",),
+    ("core", "privacy"),
     ("cluster", "distill", "audit"),
     ("algorithms",),
     ("utils",),

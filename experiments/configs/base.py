@@ -21,7 +21,7 @@ override fails instead of adding a key nobody reads:
   data drawn like its own);
 * method groups, added by the configs that use them: ``kip`` (:func:`kip`),
   ``dfkd`` (:func:`dfkd`), ``fedd3`` (:func:`fedd3`), ``hfldd``
-  (:func:`hfldd`).
+  (:func:`hfldd`), ``dp`` (:func:`dp`, DP-FedAvg).
 """
 
 from __future__ import annotations
@@ -254,15 +254,18 @@ def dirichlet_client(alpha: float, client_size: int = 0
 KIP_OPTION_KEYS = ("lr", "max_iterations", "target_batch_size", "reg",
                    "learn_labels", "centered_labels", "balanced_targets",
                    "clip_pixels", "client_normalization", "stop_accuracy",
-                   "min_iterations", "segment_iterations")
+                   "min_iterations", "segment_iterations", "dp_clip",
+                   "dp_noise_multiplier")
 KIP_KERNEL_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch",
                    "kernel_impl")
+# DP-KIP's delta: read only for the epsilon the summary reports.
+KIP_DP_KEYS = ("dp_delta",)
 # kip.kernel_impl's default: the native kernels (fedjax_dd.kernels.native;
 # equal to neural-tangents' to rounding, and fedd3.py:mnist_noniid_kip moved
 # within seed noise: 0.9437 against 0.9419); "neural_tangents" needs that
 # package.
 DEFAULT_KERNEL_IMPL = "native"
-KIP_KEYS = KIP_OPTION_KEYS + KIP_KERNEL_KEYS
+KIP_KEYS = KIP_OPTION_KEYS + KIP_KERNEL_KEYS + KIP_DP_KEYS
 
 
 def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
@@ -279,6 +282,10 @@ def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
   ``kip.kernel_impl`` (neural_tangents | native: which implementation of
   the same kernel computes it; :data:`DEFAULT_KERNEL_IMPL`).
   ``kip.stop_accuracy`` None runs a fixed budget of ``kip.max_iterations``.
+  ``kip.dp_clip`` > 0 runs DP-KIP (``fedjax_dd.distill.kip``: per-example
+  clipping to that norm, Gaussian noise of ``kip.dp_noise_multiplier``
+  times it, a fixed budget); ``summary.json`` then reports its epsilon at
+  ``kip.dp_delta``.
   """
   c.kip = ml_collections.ConfigDict({
       "kernel": "fc",
@@ -303,6 +310,30 @@ def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
                         else stop_accuracy),
       "min_iterations": 0,
       "segment_iterations": segment_iterations,
+      # DP-KIP (Vinaroz & Park 2023): 0 is plain KIP; > 0 clips each target
+      # example's gradient to this L2 norm (stop_accuracy None or > 1).
+      "dp_clip": 0.0,
+      "dp_noise_multiplier": 0.0,  # noise std on the sum / dp_clip
+      "dp_delta": 1e-5,  # the delta of the reported epsilon
+  })
+  return c
+
+
+def dp(c: ml_collections.ConfigDict, *, clip: float = 1.0,
+       noise_multiplier: float = 1.0, delta: float = 1e-5
+       ) -> ml_collections.ConfigDict:
+  """Adds the ``dp`` group: DP-FedAvg's client-level differential privacy
+  (``fedjax_dd.algorithms.dp_fedavg``; McMahan et al., ICLR 2018).
+
+  ``dp.clip`` bounds each client's model delta (L2 over all parameters),
+  ``dp.noise_multiplier`` scales the Gaussian noise on the cohort's sum
+  (std ``noise_multiplier * clip``), ``dp.delta`` is the delta of the
+  epsilon ``summary.json`` reports (``fedjax_dd.privacy.accounting``).
+  """
+  c.dp = ml_collections.ConfigDict({
+      "clip": clip,
+      "noise_multiplier": noise_multiplier,
+      "delta": delta,
   })
   return c
 
@@ -715,6 +746,8 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "kip.kernel_depth": ("+fedd3_distill",),
     "kip.kernel_kind": ("+fedd3_distill",),
     "kip.kernel_impl": ("-hfldd_stages",),
+    # Only the reported epsilon reads it.
+    "kip.dp_delta": ("-hfldd_stages",),
     **{f"kip.{k}": ("+fedd3_distill",) for k in KIP_OPTION_KEYS
        if k != "segment_iterations"},
     **{f"dfkd.{k}": ("+server_setup",) for k in (

@@ -6,7 +6,7 @@ from Decentralized Data", AISTATS 2017.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import optax
@@ -23,6 +23,17 @@ PyTree = Any
 Aggregator = Callable[[PyTree, Cohort, LocalResult], PyTree]
 
 
+class KeyedAggregator(NamedTuple):
+  """An aggregator that draws randomness (DP-FedAvg's noise).
+
+  ``fn(deltas [S, ...], cohort, result, key) -> delta``: :func:`fedavg`
+  hands it ``keys.server_key`` of the key its ``apply`` receives, a key of
+  the round apart from every client's, so a resumed run draws the noise of
+  an uninterrupted one.
+  """
+  fn: Callable[[PyTree, Cohort, LocalResult, jax.Array], PyTree]
+
+
 def example_weighted(delta: PyTree, cohort: Cohort, result: LocalResult) -> PyTree:
   """FedAvg's rule: deltas averaged with weights ``num_examples``."""
   del result
@@ -33,7 +44,7 @@ def fedavg(training: LocalTraining,
            *,
            server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
            regularizer: Callable[[PyTree, PyTree], jax.Array] | None = None,
-           aggregator: Aggregator = example_weighted,
+           aggregator: Aggregator | KeyedAggregator = example_weighted,
            comm: CommSpec = CommSpec()) -> FederatedAlgorithm:
   """Builds FedAvg (and, through the hooks, FedProx / FedNova / FedOpt).
 
@@ -46,7 +57,8 @@ def fedavg(training: LocalTraining,
     regularizer: ``(params, ctx) -> scalar`` added to every local loss;
       ``ctx`` is the client's :class:`~fedjax_dd.core.local.RoundContext`
       (FedProx reads ``ctx.start_params``, the server model).
-    aggregator: how client deltas ``[S, ...]`` become one delta.
+    aggregator: how client deltas ``[S, ...]`` become one delta; a
+      :class:`KeyedAggregator` also receives the round's server key.
     comm: model-sized tensors per client per round, for the ledger.
 
   Returns:
@@ -59,6 +71,8 @@ def fedavg(training: LocalTraining,
   checks.check_transformation("fedavg server_optimizer", server_optimizer)
   local = make_local_update(training, regularizer=regularizer)
   train = stages.client_stage(local, training.mapper)
+  if isinstance(aggregator, KeyedAggregator):
+    return _keyed_fedavg(train, aggregator, server_optimizer, comm)
 
   @jax.jit
   def aggregate(server: ServerState, result: LocalResult, cohort: Cohort):
@@ -77,6 +91,36 @@ def fedavg(training: LocalTraining,
     keys = keys_lib.client_keys(key, cohort.client_ids)
     result = train(server.params, server.batch_stats, (), cohort, keys)
     server, metrics = aggregate(server, result, cohort)
+    return server, clients, metrics
+
+  return FederatedAlgorithm(init=init, apply=apply, comm=comm)
+
+
+def _keyed_fedavg(train, aggregator: KeyedAggregator,
+                  server_optimizer: optax.GradientTransformation,
+                  comm: CommSpec) -> FederatedAlgorithm:
+  """:func:`fedavg` with a :class:`KeyedAggregator` (its own functions, so
+  that plain FedAvg's programs and recorded definition stay as they were)."""
+
+  @jax.jit
+  def aggregate(server: ServerState, result: LocalResult, cohort: Cohort,
+                key: jax.Array):
+    weights = cohort.num_examples
+    delta = aggregator.fn(stages.deltas(result.params, server.params), cohort,
+                          result, key)
+    batch_stats = stages.weighted_mean(result.batch_stats, weights)
+    server = stages.server_step(server_optimizer, server, delta, batch_stats)
+    return server, stages.cohort_metrics(result, weights)
+
+  def init(params, batch_stats, num_clients):
+    del num_clients
+    return ServerState(params, batch_stats, server_optimizer.init(params)), {}
+
+  def apply(server, clients, cohort, key):
+    keys = keys_lib.client_keys(key, cohort.client_ids)
+    result = train(server.params, server.batch_stats, (), cohort, keys)
+    server, metrics = aggregate(server, result, cohort,
+                                keys_lib.server_key(key))
     return server, clients, metrics
 
   return FederatedAlgorithm(init=init, apply=apply, comm=comm)

@@ -57,7 +57,7 @@ def distill_or_load(distill: Callable[[], DistilledSet], *,
                     cache: StageCache, fingerprint: Mapping[str, Any],
                     source: StageCache | None = None,
                     source_name: str = "the source",
-                    diverged_advice: str = ""
+                    diverged_advice: str = "", allow_rise: bool = False
                     ) -> tuple[DistilledSet, float, bool]:
   """The distilled set from ``cache`` (or ``source``), else distilled.
 
@@ -71,6 +71,8 @@ def distill_or_load(distill: Callable[[], DistilledSet], *,
     source_name: how the refusal of a ``source`` without a set names it.
     diverged_advice: the sentence that ends the message when KIP's median
       loss rose past its start (:func:`fedjax_dd.core.loop.check_not_diverged`).
+    allow_rise: stop only a non-finite KIP loss, not one that rose (DP-KIP,
+      whose noised steps may end above the start).
 
   Returns:
     ``(distilled, seconds its distillation took, whether it came from a
@@ -87,7 +89,8 @@ def distill_or_load(distill: Callable[[], DistilledSet], *,
     out = distill()
     if out.first_loss is not None:  # KIP: stop a diverged set, uncached.
       loop_lib.check_not_diverged(out.first_loss, out.last_loss,
-                                  what="fedd3: KIP", advice=diverged_advice)
+                                  what="fedd3: KIP", advice=diverged_advice,
+                                  allow_rise=allow_rise)
     return out.arrays(), {"learned_labels": out.learned_labels,
                           "centered_labels": out.centered_labels,
                           "seconds": time.time() - start}

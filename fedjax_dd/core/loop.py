@@ -183,7 +183,7 @@ class DivergedError(NonFiniteError):
 
 
 def check_not_diverged(first_loss, last_loss, *, what: str,
-                       advice: str) -> None:
+                       advice: str, allow_rise: bool = False) -> None:
   """Stops a distillation whose loss rose past its start, as
   :func:`run_loop` stops training at a non-finite metric.
 
@@ -195,10 +195,14 @@ def check_not_diverged(first_loss, last_loss, *, what: str,
     first_loss, last_loss: ``[C]`` host arrays.
     what: the stage's name for the message (e.g. ``"fedd3: KIP"``).
     advice: what to change, appended to the message.
+    allow_rise: check only that the losses are finite: a differentially
+      private distillation's noised steps may end above its start without
+      diverging (DP-KIP).
 
   Raises:
-    DivergedError: a last loss is not finite, or the median last loss is
-      above the median first loss (a single run's noise does not count).
+    DivergedError: a last loss is not finite, or (unless ``allow_rise``)
+      the median last loss is above the median first loss (a single run's
+      noise does not count).
   """
   first = np.asarray(first_loss, np.float64).reshape(-1)
   last = np.asarray(last_loss, np.float64).reshape(-1)
@@ -212,7 +216,7 @@ def check_not_diverged(first_loss, last_loss, *, what: str,
         f"{what} diverged: the loss of {int(bad.sum())} of {len(last)} runs "
         f"is not finite. {advice}")
   start, end = float(np.median(first)), float(np.median(last))
-  if end > start:
+  if end > start and not allow_rise:
     raise DivergedError(
         f"{what} diverged: the median loss rose from {start:.4g} at the first "
         f"iteration to {end:.4g} at the last ({int(np.sum(last > first))} of "

@@ -95,6 +95,42 @@ this module stands, point by point:
 
 :data:`KIP_PAPER` gathers App. A's settings (label learning, centred
 labels, class-balanced targets, Adam 0.01 for MNIST).
+
+DP-KIP. With ``KipOptions.dp_clip > 0`` each client runs DP-KIP (Vinaroz &
+Park, "Differentially Private Kernel Inducing Points using features from
+ScatterNets (DP-KIP-ScatterNet)", TMLR 2023, arXiv 2301.13389, Alg. 1): the
+KIP loss is split over the target batch into one loss per target example,
+``l_i(x_s, y_s) = 0.5 ||y_i - K_is (K_ss + lambda I)^{-1} y_s||^2``, and
+each step releases
+
+    g = (sum_i clip_C(grad l_i) + N(0, sigma^2 C^2 I)) / B,
+
+``clip_C(v) = v min(1, C / ||v||)`` over the support images (and labels,
+with ``learn_labels``) jointly, before the same Adam step. The per-example
+gradients are ``jax.vmap(jax.grad(l))`` over the target batch inside the
+per-client function (so under the client mapper's own axis); the clipping
+and noise are plain ``jnp`` (not jax-privacy's primitives). ``C`` is on
+this module's loss scale, which sums over the K classes: K times the
+reference's gradient (its ``0.5 * mean``), so ``C`` here is ``K`` times a
+reference clip. What DP mode changes besides the step, so that only the
+noised gradients depend on the client's data:
+
+* the support starts from ``N(0, 1)`` noise in normalised space (the
+  reference's ``rand_init``), not from the client's images, with labels
+  that do not depend on the data: ``images_per_class`` slots for every one
+  of the K classes (``class_blocks`` must be K), or slot ``j`` of
+  ``support_size`` labelled ``j mod K``; every slot is real;
+* each target batch draws ``B`` distinct examples of the client uniformly
+  (without replacement; fewer when the client holds fewer), so an example
+  enters a step at most once;
+* the budget is fixed: ``stop_accuracy`` must be None or above 1, which
+  never triggers (a stop on a target batch's accuracy is not private), and
+  ``balanced_targets`` False.
+
+A client's ``(epsilon, delta)`` over ``T`` iterations is
+:func:`fedjax_dd.privacy.accounting.epsilon` ``(sigma, B / n, T, delta)``
+(Poisson sampling at rate ``B / n`` standing in for the uniform draw);
+:func:`dp_fields` reports the worst client's (the smallest ``n``).
 """
 
 from __future__ import annotations
@@ -110,6 +146,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_dd.core import checks
 from fedjax_dd.core import hparams as hparams_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.data.partition import class_counts
@@ -158,6 +195,11 @@ class KipOptions:
     min_iterations: iterations before the early stop may trigger.
     segment_iterations: iterations per batched program between host checks
       (progress reports); the result does not depend on it.
+    dp_clip: DP-KIP's per-example clipping norm ``C`` (module docstring);
+      ``0`` (the default) is plain KIP, bit for bit.
+    dp_noise_multiplier: DP-KIP's ``sigma``: Gaussian noise of std
+      ``sigma * C`` on each step's sum of clipped gradients; ``0`` with
+      ``dp_clip > 0`` clips without noise (no guarantee).
   """
   lr: float = 0.004
   max_iterations: int = 3000
@@ -171,6 +213,8 @@ class KipOptions:
   stop_accuracy: float | None = 0.999
   min_iterations: int = 0
   segment_iterations: int = 100
+  dp_clip: float = 0.0
+  dp_noise_multiplier: float = 0.0
 
   def __post_init__(self):
     # NaN would pass every comparison below and turn the supports into NaN.
@@ -189,11 +233,37 @@ class KipOptions:
     if self.segment_iterations < 1:
       raise ValueError(
           f"segment_iterations must be >= 1, got {self.segment_iterations}.")
+    checks.check_number("KipOptions.dp_clip", self.dp_clip, 0.0)
+    checks.check_number("KipOptions.dp_noise_multiplier",
+                        self.dp_noise_multiplier, 0.0)
+    if self.dp_noise_multiplier > 0 and self.dp_clip == 0:
+      checks.refuse("KipOptions.dp_clip", "> 0 when dp_noise_multiplier > 0 "
+                    "(the noise is sigma * dp_clip)", self.dp_clip)
+    if (self.dp and self.stop_accuracy is not None
+        and self.stop_accuracy <= 1):
+      checks.refuse("KipOptions.stop_accuracy", "None or above 1 (no early "
+                    "stop) with DP-KIP (dp_clip > 0): a stop on a target "
+                    "batch's accuracy is not private", self.stop_accuracy)
+    if self.dp and self.balanced_targets:
+      checks.refuse("KipOptions.balanced_targets", "False with DP-KIP "
+                    "(dp_clip > 0): the uniform draw without replacement is "
+                    "the one the accountant's sampling rate describes",
+                    self.balanced_targets)
+    if self.dp and self.client_normalization:
+      checks.refuse("KipOptions.client_normalization", "False with DP-KIP "
+                    "(dp_clip > 0): a client's own channel statistics mix "
+                    "all its examples into every target, outside the "
+                    "per-example clipping", True)
+
+  @property
+  def dp(self) -> bool:
+    """Whether DP-KIP is on (``dp_clip > 0``)."""
+    return self.dp_clip > 0
 
   # Keys of the ``kip`` config group that are not fields: the kernel, built
-  # by the caller.
+  # by the caller, and DP-KIP's delta, which only the reported epsilon reads.
   OTHER_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch",
-                "kernel_impl")
+                "kernel_impl", "dp_delta")
 
   @classmethod
   def from_config(cls, section: Mapping[str, Any]) -> KipOptions:
@@ -434,6 +504,175 @@ def _init_support(key, x, y, n, *, num_classes, images_per_class, support_size,
   return order, jnp.arange(support_size) < n
 
 
+# DP-KIP's noise of iteration t is drawn from fold_in(fold_in(client key,
+# _DP_NOISE_STREAM), t): apart from the target batches (fold_in(key, t))
+# and the support's initialisation (fold_in(key, 2**31 - 1)).
+_DP_NOISE_STREAM = 2**31 - 2
+
+
+def _dp_init_support(key, example_shape, *, num_classes, images_per_class,
+                     support_size, class_blocks):
+  """DP-KIP's initial support for one client, independent of its data.
+
+  ``N(0, 1)`` images in normalised space (DP-KIP's ``rand_init``); with
+  ``images_per_class`` block ``b`` of ``images_per_class`` slots holds class
+  ``b`` (``class_blocks`` must be ``num_classes``), else slot ``j`` of
+  ``support_size`` holds class ``j mod num_classes``. Every slot is real.
+
+  Returns:
+    ``(z [S, H, W, Ch], labels [S] int32, mask [S])``.
+  """
+  if images_per_class is not None:
+    labels = jnp.repeat(jnp.arange(class_blocks, dtype=jnp.int32),
+                        images_per_class)
+  else:
+    labels = jnp.arange(support_size, dtype=jnp.int32) % num_classes
+  z = jax.random.normal(key, (labels.shape[0], *example_shape), jnp.float32)
+  return z, labels, jnp.ones(labels.shape, bool)
+
+
+def dp_target_batch(key: jax.Array, x: jax.Array, y: jax.Array,
+                    num_examples: jax.Array, batch_size: int
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """DP-KIP's target batch from ONE client's padded data: ``min(B, n)``
+  distinct examples drawn uniformly without replacement.
+
+  Args:
+    key: PRNG key.
+    x: ``[N_max, H, W, Ch]`` the client's examples.
+    y: ``[N_max]`` its labels.
+    num_examples: scalar real examples ``n``.
+    batch_size: ``B`` (static).
+
+  Returns:
+    ``(xb [B, H, W, Ch], yb [B], take [B] bool)``: ``take`` is False for the
+    ``B - n`` slots left over when ``n < B`` (they hold a real example of
+    the client and must be left out).
+  """
+  n_max = y.shape[0]
+  valid = jnp.arange(n_max) < num_examples
+  order = jnp.argsort(jnp.where(valid, jax.random.uniform(key, (n_max,)),
+                                2.0))
+  if batch_size > n_max:
+    order = jnp.pad(order, (0, batch_size - n_max))
+  idx = order[:batch_size]
+  return x[idx], y[idx], jnp.arange(batch_size) < num_examples
+
+
+def example_gradients(kernel_fn: KernelFn, z: jax.Array, ys: jax.Array,
+                      mask: jax.Array, xt: jax.Array, yt: jax.Array,
+                      reg: float) -> tuple[jax.Array, jax.Array, PyTree]:
+  """Per-example KIP losses and gradients for ONE client (DP-KIP Alg. 1).
+
+  Target example ``i`` alone is a KIP loss of its own,
+  ``l_i = 0.5 ||y_i - K_is (K_ss + lambda I)^{-1} y_s||^2``, whose mean
+  over the batch is :func:`fedjax_dd.kernels.kip_loss.kip_loss` of the
+  batch; ``jax.vmap(jax.value_and_grad(l))`` over the targets gives every
+  ``grad l_i`` with respect to the support at once.
+
+  Args:
+    kernel_fn: the kernel.
+    z: ``[S, H, W, Ch]`` support images (normalised space).
+    ys: ``[S, K]`` support labels.
+    mask: ``[S]`` True for real support points.
+    xt: ``[B, H, W, Ch]`` target images (normalised space).
+    yt: ``[B, K]`` target labels.
+    reg: the relative ridge ``lambda``.
+
+  Returns:
+    ``(losses [B], accuracies [B], (g_z [B, S, H, W, Ch], g_y [B, S, K]))``.
+  """
+
+  def example_loss(params, xt1, yt1):
+    loss, aux = kip_loss(kernel_fn, params[0], params[1], xt1[None],
+                         yt1[None], reg, support_mask=mask)
+    return loss, aux.accuracy
+
+  grads = jax.vmap(jax.value_and_grad(example_loss, has_aux=True),
+                   in_axes=(None, 0, 0))
+  (losses, accuracies), g = grads((z, ys), xt, yt)
+  return losses, accuracies, g
+
+
+def private_gradient(per_example: PyTree, take: jax.Array, key: jax.Array, *,
+                     clip: float, noise_multiplier: float,
+                     batch_size: int) -> PyTree:
+  """DP-SGD's gradient from per-example gradients (DP-KIP Alg. 1; Abadi et
+  al. 2016, Alg. 1): ``(sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B``.
+
+  Args:
+    per_example: pytree whose leaves are ``[B, ...]``, example ``i``'s
+      gradient ``g_i`` across all leaves.
+    take: ``[B]`` bool, False for slots that are no example (left out).
+    key: the noise key; leaf ``j`` draws from ``fold_in(key, j)``.
+    clip: ``C > 0``; ``clip_C(g) = g min(1, C / ||g||)``, the norm over
+      every leaf of ``g_i`` together.
+    noise_multiplier: ``sigma >= 0``.
+    batch_size: ``B``, the divisor (the batch's size, not its count of
+      taken slots).
+
+  Returns:
+    The pytree without the batch axis, leaves ``[...]``.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten(per_example)
+  norms = jnp.sqrt(sum(jnp.sum(jnp.square(g).reshape(g.shape[0], -1), axis=1)
+                       for g in leaves))
+  scale = jnp.where(take, jnp.minimum(
+      1.0, clip / jnp.maximum(norms, jnp.finfo(jnp.float32).tiny)), 0.0)
+  out = []
+  for j, g in enumerate(leaves):
+    s = scale.reshape((-1,) + (1,) * (g.ndim - 1))
+    total = jnp.sum(jnp.where(s > 0, g * s, 0.0), axis=0)
+    noise = jax.random.normal(jax.random.fold_in(key, j), total.shape,
+                              total.dtype)
+    out.append((total + noise_multiplier * clip * noise) / batch_size)
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def dp_sampling_rate(num_examples, target_batch_size: int) -> float:
+  """DP-KIP's sampling rate ``q = min(1, B / n)`` of the client with the
+  fewest examples (the largest rate: the worst client's guarantee).
+
+  Args:
+    num_examples: ``[C]`` real examples per client; clients without data
+      (which run no step) are left out.
+    target_batch_size: ``B``.
+
+  Returns:
+    ``q`` in ``(0, 1]``; ``0.0`` when no client holds data.
+  """
+  n = np.asarray(jax.device_get(num_examples)).reshape(-1)
+  n = n[n > 0]
+  if not n.size:
+    return 0.0
+  return float(min(1.0, int(target_batch_size) / int(n.min())))
+
+
+def dp_fields(options: KipOptions, num_examples, *, steps: int,
+              delta: float) -> dict[str, Any]:
+  """``summary.json``'s DP fields of a DP-KIP distillation.
+
+  Args:
+    options: the run's :class:`KipOptions` (``dp_clip > 0``).
+    num_examples: ``[C]`` real examples per client.
+    steps: ``T``, the iterations the clients ran (the most of any client).
+    delta: the guarantee's ``delta``.
+
+  Returns:
+    :func:`fedjax_dd.privacy.accounting.summary_fields` at the worst
+    client's rate :func:`dp_sampling_rate`; its ``dp_epsilon`` holds for
+    every client.
+
+  Raises:
+    ImportError: dp-accounting is not installed (the ``privacy`` extra).
+  """
+  from fedjax_dd.privacy import accounting  # pylint: disable=g-import-not-at-top
+  return accounting.summary_fields(
+      clip=options.dp_clip, noise_multiplier=options.dp_noise_multiplier,
+      sampling_rate=dp_sampling_rate(num_examples, options.target_batch_size),
+      steps=int(steps), delta=delta)
+
+
 def client_stats(x: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Channel mean and std ``([Ch], [Ch])`` of ONE client's real images.
 
@@ -552,6 +791,12 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
                     converged=converged, accuracy=aux.accuracy, loss=loss,
                     first_loss=first_loss)
 
+  if options.dp:
+    init_one, step = _dp_programs(
+        kernel_fn, opt, normalise, (z_low, z_high), options,
+        num_classes=num_classes, images_per_class=images_per_class,
+        support_size=support_size, class_blocks=class_blocks)
+
   def segment_one(state, key, x, y, n, until):
     active = lambda s: (~s.converged) & (s.iteration < until) & (n > 0)
     return jax.lax.while_loop(active, lambda s: step(s, key, x, y, n), state)
@@ -559,6 +804,68 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
   init = mapper.map(init_one, in_axes=(0, 0, 0, 0))
   segment = mapper.map(segment_one, in_axes=(0, 0, 0, 0, 0, None))
   return init, segment, normalise
+
+
+def _dp_programs(kernel_fn, opt, normalise, z_range, options: KipOptions, *,
+                 num_classes, images_per_class, support_size, class_blocks):
+  """DP-KIP's ``init_one`` and ``step`` for ONE client (module docstring):
+  a data-independent support, per-example gradients of the KIP loss over a
+  target batch drawn without replacement, clipped, summed and noised by
+  :func:`private_gradient`, then the Adam step of plain KIP."""
+  if images_per_class is not None and class_blocks != num_classes:
+    raise ValueError(
+        f"class_blocks must be num_classes = {num_classes} with DP-KIP (every "
+        "class gets its slots, so the support does not depend on the classes "
+        f"a client holds), got {class_blocks}.")
+  batch_size, reg = options.target_batch_size, options.reg
+  learn_labels, centered = options.learn_labels, options.centered_labels
+  clip, sigma = options.dp_clip, options.dp_noise_multiplier
+  z_low, z_high = z_range
+
+  def init_one(key, x, y, n):
+    del y, n
+    z, labels, mask = _dp_init_support(
+        key, x.shape[1:], num_classes=num_classes,
+        images_per_class=images_per_class, support_size=support_size,
+        class_blocks=class_blocks)
+    ys = one_hot_labels(labels, num_classes, centered)
+    zero = jnp.zeros((), jnp.float32)
+    return KipState(z=z, y=ys, mask=mask, opt_state=opt.init((z, ys)),
+                    iteration=jnp.zeros((), jnp.int32),
+                    converged=jnp.zeros((), bool), accuracy=zero, loss=zero,
+                    first_loss=zero)
+
+  def step(state: KipState, key, x, y, n):
+    batch_key = jax.random.fold_in(key, state.iteration)
+    noise_key = jax.random.fold_in(
+        jax.random.fold_in(key, _DP_NOISE_STREAM), state.iteration)
+    xb, yb, take = dp_target_batch(batch_key, x, y, n, batch_size)
+    xt = normalise(xb)
+    yt = one_hot_labels(yb, num_classes, centered)
+    losses, accs, (gz, gy) = example_gradients(
+        kernel_fn, state.z, state.y, state.mask, xt, yt, reg)
+    if learn_labels:
+      gz, gy = private_gradient((gz, gy), take, noise_key, clip=clip,
+                                noise_multiplier=sigma, batch_size=batch_size)
+    else:
+      (gz,) = private_gradient((gz,), take, noise_key, clip=clip,
+                               noise_multiplier=sigma, batch_size=batch_size)
+      gy = jnp.zeros_like(state.y)
+    updates, opt_state = opt.update((gz, gy), state.opt_state)
+    z, ys = optax.apply_updates((state.z, state.y), updates)
+    if options.clip_pixels:
+      z = jnp.clip(z, z_low, z_high)
+    count = jnp.maximum(jnp.sum(take), 1).astype(jnp.float32)
+    loss = jnp.sum(jnp.where(take, losses, 0.0)) / count
+    accuracy = jnp.sum(jnp.where(take, accs, 0.0)) / count
+    first_loss = jnp.where(state.iteration == 0, loss, state.first_loss)
+    # A fixed budget: no stop (KipOptions refuses stop_accuracy with DP).
+    return KipState(z=z, y=ys, mask=state.mask, opt_state=opt_state,
+                    iteration=state.iteration + 1,
+                    converged=jnp.zeros((), bool), accuracy=accuracy,
+                    loss=loss, first_loss=first_loss)
+
+  return init_one, step
 
 
 def _check_support_args(images_per_class, support_size) -> None:
@@ -640,7 +947,11 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
       slots, and a 25× larger ``K_ss``; the real points are the same either
       way. Must be at least that maximum.
     options: the optimisation settings (:class:`KipOptions`);
-      ``stop_accuracy=None`` runs every client for ``max_iterations``.
+      ``stop_accuracy=None`` runs every client for ``max_iterations``;
+      ``dp_clip > 0`` runs DP-KIP (module docstring: the support starts
+      from noise with room for every class, ``class_blocks`` defaults to
+      ``num_classes``, no raw-upload check applies, a ``support_size``
+      is not capped by a client's count).
     mapper: client-axis backend.
     progress: optional ``callback(iterations_done, clients_converged)``.
     allow_raw_upload: with ``images_per_class``, what to do with a
@@ -672,7 +983,12 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
   validate.channel_stats(mean, std, np.shape(x)[-1])
   y_host = np.asarray(jax.device_get(y))
   n_host = np.asarray(jax.device_get(num_examples))
-  if images_per_class is not None:
+  if options.dp:
+    # DP-KIP's support starts from noise, with room for every class: no
+    # slot is a raw image, and its layout does not depend on the data.
+    if images_per_class is not None and class_blocks is None:
+      class_blocks = num_classes
+  elif images_per_class is not None:
     held = _stack_class_counts(y_host, n_host, num_classes) > 0
     most = max(int(held.sum(axis=1).max(initial=0)), 1)
     if class_blocks is None:
@@ -695,7 +1011,7 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
   x_in = x
   x, y = jnp.asarray(x), jnp.asarray(y, jnp.int32)
   n = jnp.asarray(num_examples, jnp.int32)
-  if support_size is not None:
+  if support_size is not None and not options.dp:
     short = np.flatnonzero(n_host < support_size)
     if short.size:
       logging.warning(

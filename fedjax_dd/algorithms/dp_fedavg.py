@@ -1,0 +1,212 @@
+"""DP-FedAvg: client-level differential privacy for FedAvg.
+
+Each sampled client's model delta ``Delta_k = y_k - x`` is clipped to L2
+norm ``C`` (over all its parameters at once), the server sums the clipped
+deltas, adds Gaussian noise of standard deviation ``z * C`` to the sum and
+divides by the expected cohort size ``qN``::
+
+    Delta = (sum_k Delta_k * min(1, C / ||Delta_k||) + N(0, z^2 C^2 I)) / qN
+
+This is Alg. 1 of McMahan et al. with the fixed-denominator estimator
+``f~_f`` of Sec. 2 and equal user weights ``w_k = 1`` (so ``qW = qN``, the
+expected number of clients in a round, and the noise ``sigma = z S / (qW)``
+of Alg. 1 is ``z * C`` on the sum). Adding or removing one client moves the
+sum by at most ``C``, so a round is the subsampled Gaussian mechanism with
+noise multiplier ``z`` and a run of ``T`` rounds is accounted by
+:func:`fedjax_dd.privacy.accounting.epsilon` ``(z, q, T, delta)``.
+
+What the guarantee covers, and what it does not:
+
+* the unit of privacy is a client (all its examples together);
+* the server step is ``x <- x + Delta`` with ``sgd(1.0)`` (any server
+  optimizer only post-processes the noised ``Delta``);
+* the cohort: the accountant assumes each client joins a round
+  independently with probability ``q`` (:class:`fedjax_dd.core.cohorts.
+  BernoulliCohort`, ``client.activity``; its redraw of an empty round is a
+  small departure). The engine's default draws ``S`` clients without
+  replacement (:class:`~fedjax_dd.core.cohorts.FixedCohort`); its epsilon
+  at ``q = S / N`` is the customary approximation, not a proof;
+* BatchNorm statistics would be averaged without noise: a model with
+  ``batch_stats`` is refused at ``init``;
+* the training metrics of the rows (``train_loss``, ...) are the
+  simulation's diagnostics, not part of what is released.
+
+The noise of round ``r`` is drawn from ``keys.server_key`` of the key its
+``apply`` receives (:class:`fedjax_dd.algorithms.fedavg.KeyedAggregator`),
+apart from every client's key, so a killed and resumed run draws the same
+noise as an uninterrupted one.
+
+With ``z = 0`` and ``C`` above every delta's norm the aggregate is the
+unweighted mean ``sum_k Delta_k / qN``; with a fixed cohort (``qN = S``)
+that is FedAvg's example-weighted mean when every client holds as many
+examples, and the uniform mean otherwise.
+
+Reference: McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private
+Recurrent Language Models", ICLR 2018.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_dd.algorithms.fedavg import KeyedAggregator, fedavg
+from fedjax_dd.core import checks
+from fedjax_dd.core.algorithm import CommSpec, Cohort, FederatedAlgorithm
+from fedjax_dd.core.local import LocalResult, LocalTraining
+
+PyTree = Any
+
+tree_map = jax.tree_util.tree_map
+
+
+def client_norms(deltas: PyTree) -> jax.Array:
+  """``[S]`` L2 norm of each client's delta over all its leaves.
+
+  Args:
+    deltas: pytree whose leaves are stacked ``[S, ...]``.
+  """
+  leaves = jax.tree_util.tree_leaves(deltas)
+  squares = [jnp.sum(jnp.square(d.astype(jnp.float32)).reshape(d.shape[0], -1),
+                     axis=1) for d in leaves]
+  return jnp.sqrt(sum(squares))
+
+
+def clip_deltas(deltas: PyTree, clip: float | jax.Array
+                ) -> tuple[PyTree, jax.Array]:
+  """Each client's delta scaled to L2 norm at most ``clip``.
+
+  ``Delta_k * min(1, C / ||Delta_k||)``: a delta within the norm is kept
+  exactly (its factor is 1), a longer one keeps its direction.
+
+  Args:
+    deltas: pytree whose leaves are stacked ``[S, ...]``.
+    clip: ``C > 0``.
+
+  Returns:
+    ``(clipped, norms)``: the clipped deltas (leaves ``[S, ...]``, in their
+    dtypes) and the norms ``[S]`` before clipping.
+  """
+  norms = client_norms(deltas)
+  scale = jnp.minimum(1.0, clip / jnp.maximum(norms, jnp.finfo(jnp.float32).tiny))
+
+  def one(d):
+    s = scale.reshape((-1,) + (1,) * (d.ndim - 1))
+    return (d.astype(jnp.float32) * s).astype(d.dtype)
+
+  return tree_map(one, deltas), norms
+
+
+def gaussian_sum(deltas: PyTree, key: jax.Array, *, clip: float,
+                 noise_multiplier: float, valid: jax.Array | None = None
+                 ) -> PyTree:
+  """``sum_k clip(Delta_k) + N(0, (z C)^2 I)``, the noised sum of a cohort.
+
+  Args:
+    deltas: pytree whose leaves are stacked ``[S, ...]``.
+    key: the noise key; leaf ``i`` draws from ``fold_in(key, i)``.
+    clip: ``C > 0``.
+    noise_multiplier: ``z >= 0``.
+    valid: ``[S]`` bool, False for padding rows (left out, whatever they
+      hold); None: every row.
+
+  Returns:
+    The pytree without the client axis, leaves ``[...]`` in their dtypes.
+  """
+  clipped, _ = clip_deltas(deltas, clip)
+  leaves, treedef = jax.tree_util.tree_flatten(clipped)
+  std = noise_multiplier * clip
+  out = []
+  for i, d in enumerate(leaves):
+    x = d.astype(jnp.float32)
+    if valid is not None:
+      x = jnp.where(valid.reshape((-1,) + (1,) * (d.ndim - 1)), x, 0.0)
+    total = jnp.sum(x, axis=0)
+    noise = jax.random.normal(jax.random.fold_in(key, i), total.shape,
+                              jnp.float32)
+    out.append((total + std * noise).astype(d.dtype))
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def dp_aggregator(*, clip: float, noise_multiplier: float,
+                  expected_clients: float) -> KeyedAggregator:
+  """DP-FedAvg's server rule as a :class:`~fedjax_dd.algorithms.fedavg.
+  KeyedAggregator`: :func:`gaussian_sum` divided by ``qN``.
+
+  Args:
+    clip: ``C > 0``.
+    noise_multiplier: ``z >= 0``.
+    expected_clients: ``qN > 0``, the expected cohort size (``S`` for a
+      fixed cohort, ``p N`` for a Bernoulli one).
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: an argument outside its range.
+  """
+  clip = checks.check_number("DP-FedAvg clip", clip, 0.0, low_open=True)
+  noise_multiplier = checks.check_number("DP-FedAvg noise_multiplier",
+                                         noise_multiplier, 0.0)
+  expected = checks.check_number("DP-FedAvg expected_clients",
+                                 expected_clients, 0.0, low_open=True)
+
+  def aggregate(deltas: PyTree, cohort: Cohort, result: LocalResult,
+                key: jax.Array) -> PyTree:
+    del result
+    total = gaussian_sum(deltas, key, clip=clip,
+                         noise_multiplier=noise_multiplier,
+                         valid=cohort.num_examples > 0)
+    return tree_map(lambda t: (t.astype(jnp.float32) / expected
+                               ).astype(t.dtype), total)
+
+  return KeyedAggregator(aggregate)
+
+
+def dp_fedavg(training: LocalTraining,
+              *,
+              clip: float,
+              noise_multiplier: float,
+              expected_clients: float,
+              server_optimizer: optax.GradientTransformation = optax.sgd(1.0),
+              comm: CommSpec = CommSpec()) -> FederatedAlgorithm:
+  """Builds DP-FedAvg (McMahan et al. 2018, Alg. 1, estimator ``f~_f``).
+
+  Args:
+    training: the clients' local training (as :func:`~fedjax_dd.algorithms.
+      fedavg.fedavg`'s).
+    clip: ``C > 0``, the L2 bound of each client's delta.
+    noise_multiplier: ``z >= 0``; the noise on the sum has std ``z * C``
+      (``0``: clipping only, no guarantee).
+    expected_clients: ``qN > 0``, the expected cohort size the sum is
+      divided by (``S`` for ``FixedCohort(S)``, ``p N`` for
+      ``BernoulliCohort(p)``).
+    server_optimizer: applied to the noised delta; ``sgd(1.0)`` is the
+      paper's ``x <- x + Delta``.
+    comm: model-sized tensors per client per round, for the ledger.
+
+  Returns:
+    A :class:`FederatedAlgorithm`; its ``init`` refuses a model with
+    BatchNorm statistics (they would be averaged without noise).
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: ``clip <= 0``, ``noise_multiplier
+      < 0``, ``expected_clients <= 0`` (or not finite); from ``init``, a
+      model with ``batch_stats``.
+  """
+  algorithm = fedavg(training, server_optimizer=server_optimizer,
+                     aggregator=dp_aggregator(
+                         clip=clip, noise_multiplier=noise_multiplier,
+                         expected_clients=expected_clients),
+                     comm=comm)
+  base_init = algorithm.init
+
+  def init(params, batch_stats, num_clients):
+    if jax.tree_util.tree_leaves(batch_stats):
+      raise checks.SettingError(
+          "DP-FedAvg: the model has BatchNorm statistics, which the clients "
+          "would upload and the server average without noise, outside the "
+          "guarantee; use a model without BatchNorm.")
+    return base_init(params, batch_stats, num_clients)
+
+  return algorithm._replace(init=init)
