@@ -71,43 +71,13 @@ def fedavg(training: LocalTraining,
   checks.check_transformation("fedavg server_optimizer", server_optimizer)
   local = make_local_update(training, regularizer=regularizer)
   train = stages.client_stage(local, training.mapper)
-  if isinstance(aggregator, KeyedAggregator):
-    return _keyed_fedavg(train, aggregator, server_optimizer, comm)
-
-  @jax.jit
-  def aggregate(server: ServerState, result: LocalResult, cohort: Cohort):
-    weights = cohort.num_examples
-    delta = aggregator(stages.deltas(result.params, server.params), cohort,
-                       result)
-    batch_stats = stages.weighted_mean(result.batch_stats, weights)
-    server = stages.server_step(server_optimizer, server, delta, batch_stats)
-    return server, stages.cohort_metrics(result, weights)
-
-  def init(params, batch_stats, num_clients):
-    del num_clients
-    return ServerState(params, batch_stats, server_optimizer.init(params)), {}
-
-  def apply(server, clients, cohort, key):
-    keys = keys_lib.client_keys(key, cohort.client_ids)
-    result = train(server.params, server.batch_stats, (), cohort, keys)
-    server, metrics = aggregate(server, result, cohort)
-    return server, clients, metrics
-
-  return FederatedAlgorithm(init=init, apply=apply, comm=comm)
-
-
-def _keyed_fedavg(train, aggregator: KeyedAggregator,
-                  server_optimizer: optax.GradientTransformation,
-                  comm: CommSpec) -> FederatedAlgorithm:
-  """:func:`fedavg` with a :class:`KeyedAggregator` (its own functions, so
-  that plain FedAvg's programs and recorded definition stay as they were)."""
 
   @jax.jit
   def aggregate(server: ServerState, result: LocalResult, cohort: Cohort,
                 key: jax.Array):
     weights = cohort.num_examples
-    delta = aggregator.fn(stages.deltas(result.params, server.params), cohort,
-                          result, key)
+    delta = _combine(aggregator, stages.deltas(result.params, server.params),
+                     cohort, result, key)
     batch_stats = stages.weighted_mean(result.batch_stats, weights)
     server = stages.server_step(server_optimizer, server, delta, batch_stats)
     return server, stages.cohort_metrics(result, weights)
@@ -124,3 +94,12 @@ def _keyed_fedavg(train, aggregator: KeyedAggregator,
     return server, clients, metrics
 
   return FederatedAlgorithm(init=init, apply=apply, comm=comm)
+
+
+def _combine(aggregator: Aggregator | KeyedAggregator, deltas: PyTree,
+             cohort: Cohort, result: LocalResult, key: jax.Array) -> PyTree:
+  """The round's delta: a :class:`KeyedAggregator` also gets the round's
+  server key (a plain aggregator draws nothing, and XLA drops the key)."""
+  if isinstance(aggregator, KeyedAggregator):
+    return aggregator.fn(deltas, cohort, result, key)
+  return aggregator(deltas, cohort, result)
