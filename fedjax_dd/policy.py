@@ -187,9 +187,9 @@ _CPU = dict(
     compiler_options=_CLASSIC_RUNTIME,
     per_core_options=_SINGLE_THREAD,
     # LLVM's optimisation passes are most of XLA:CPU's compile time: a model
-    # initialisation compiled at level 0 takes about a tenth of the op-by-op
-    # programs' compile time and gives the same bits (experiments/
-    # perf_notes.md, "Programs that run once").
+    # initialisation compiled at level 0 compiles far faster than its
+    # op-by-op programs and gives the same bits (experiments/perf_notes.md,
+    # "Programs that run once").
     once_options=_ONCE_UNOPTIMISED,
     # The one-device default is chunked: no vmap over the whole cohort.
     max_vmap_elements=None,

@@ -30,25 +30,24 @@ DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
 # memory analysis on the CPU backend (jax 0.5.3, neural-tangents 0.6.5) for
 # n in {1, 4, 8, 16}, H in {8, 16, 28, 32}, depth in {1, 2, 3}. The pairwise
 # coefficient multiplies n1 * n2, the per-input one n1 + n2 (the
-# per-input spatial covariances `cov1`, `cov2`). Rounded up; the estimate
-# over-predicts the measured peak by 10-25%.
+# per-input spatial covariances `cov1`, `cov2`). Rounded up, so that the
+# estimate over-predicts the measured peak.
 # Per implementation: (forward pair, forward single, gradient pair for
 # depth >= 2, gradient pair for depth 1, gradient single). The native kernel
-# (fedjax_dd.kernels.native; same grid, jax 0.5.3) peaks like neural-tangents
-# forward (0.8-0.95 of the estimate) but its gradient keeps fewer residuals:
-# measured pair coefficient ~4.3 for depth 2 and 3 (8x8 to 32x32 images),
-# rounded up to 5.0.
+# (fedjax_dd.kernels.native; same grid) peaks like neural-tangents forward
+# but its gradient keeps fewer residuals, so its gradient pair coefficient
+# for depth >= 2 is smaller. The fitted figures: experiments/perf_notes.md,
+# "Measurements moved from docstrings".
 _COEFS = {
     "neural_tangents": (3.1, 1.5, 8.2, 4.3, 1.7),
     "native": (3.1, 1.5, 5.0, 4.3, 1.7),
 }
-# Newer XLA (jax >= 0.6) keeps more residuals in the backward pass: the native
-# kernel's gradient peaks at 2.1x (depth 1) to 2.3x (depth 2, 3) the jax-0.5.3
-# figure on the same grid (measured on jax 0.12.0.1, 8x8 to 28x28 images), so
-# gradient coefficients are scaled there (the estimate then over-predicts by
-# 12-25%). The forward peak did not change. The factor per platform and jax
-# version is the policy's ``ntk_grad_memory_factor`` (fedjax_dd.policy: 1.0
-# before jax 0.6, 2.6 from it).
+# Newer XLA (jax >= 0.6) keeps more residuals in the backward pass, so the
+# gradient coefficients are scaled there, with margin; the forward peak did
+# not change. The factor per platform and jax version is the policy's
+# ``ntk_grad_memory_factor`` (fedjax_dd.policy: 1.0 before jax 0.6, 2.6 from
+# it; its figures: experiments/perf_notes.md, "The policy table's
+# measurements").
 
 
 def _grad_memory_factor() -> float:
@@ -99,8 +98,8 @@ def estimate_kernel_bytes(
   Model: ``itemsize * (H * W)**2 * (a * n1 * n2 + b * (n1 + n2))``. The first
   layer dominates (every AvgPool divides ``(H * W)**2`` by 16), so depth only
   matters through ``a`` for a gradient with ``depth == 1``. The coefficients
-  were fitted to XLA's compiled memory analysis on CPU (module constants);
-  the estimate over-predicts the measured peak by 10-25%. On jax >= 0.6 the
+  were fitted to XLA's compiled memory analysis on CPU (module constants)
+  and rounded up, so the estimate over-predicts the peak. On jax >= 0.6 the
   gradient coefficients are scaled by the policy's
   ``ntk_grad_memory_factor`` (its backward pass keeps more residuals;
   :mod:`fedjax_dd.policy`), so the table's gradient blocks are
@@ -118,9 +117,9 @@ def estimate_kernel_bytes(
   8x8         178 x 178       290 x 290
   ==========  ==============  ============
 
-  Measured peaks for 28x28, ``depth=3``: an 8 x 8 block takes 1.1 GiB with
-  gradients (estimate 1.26 GiB); a 16 x 16 Gram matrix takes 4.3 GiB with
-  gradients in one block but 0.30 GiB with ``batch_size=4``.
+  A Gram matrix evaluated block by block (``batch_size``) peaks at one
+  block's memory, not the whole matrix's (measured peaks:
+  experiments/perf_notes.md, "Measurements moved from docstrings").
 
   Args:
     n1: rows of the block (number of ``x1`` inputs).

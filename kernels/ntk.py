@@ -138,10 +138,11 @@ def conv_kernel(
 
   Memory limits. neural-tangents keeps ``[n1, n2, H, H, W, W]`` covariances;
   one block of ``n1`` x ``n2`` inputs needs about
-  :func:`estimate_kernel_bytes` bytes. Measured (CPU, float32, ``depth=3``):
-  an 8 x 8 block of 28x28 images peaks at 0.44 GiB forward and 1.1 GiB with
-  gradients, so a 4 GiB budget admits blocks of about 14 x 14 28x28 images
-  with gradients (23 x 23 forward only), 10 x 10 32x32 images. Use
+  :func:`estimate_kernel_bytes` bytes: a 4 GiB budget admits blocks of
+  about 14 x 14 28x28 images with gradients (23 x 23 forward only), 10 x 10
+  32x32 images (float32, ``depth=3``; the estimate's table, and measured
+  peaks in experiments/perf_notes.md, "Measurements moved from
+  docstrings"). Use
   ``batch_size`` to evaluate larger Gram matrices block by block: the peak
   then stays at one block (plus the ``[n1, n2]`` output), at the cost of
   sequential blocks. Under ``jax.vmap`` over ``C`` clients the peak is ``C``

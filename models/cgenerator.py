@@ -60,9 +60,9 @@ class CGeneratorA(nn.Module):
   output, on which the student is distilled, does (it subtracts running
   means taken at older biases). ``conv_bias=False`` removes these biases
   (the training-mode function is the same). We keep the reference's default
-  because it measured better: DisUE on Fashion-MNIST Dir(0.01), 20 rounds,
-  seeds 0/1/2: 0.558 / 0.683 / 0.651 with the biases, 0.527 / 0.654 / 0.644
-  without (``experiments/configs/disue.py``).
+  because DisUE on Fashion-MNIST Dir(0.01) did better with the biases than
+  without (experiments/perf_notes.md, "Measurements moved from
+  docstrings").
 
   Attributes:
     out_shape: output image shape ``(H, W, Ch)``; ``H, W`` divisible by 4.

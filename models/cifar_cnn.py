@@ -52,8 +52,8 @@ class HFLDDCifarCNN(nn.Module):
     weight_grads: Each convolution's kernel gradient with ``lax``
       (``layers.conv_function``), in order; None: ``policy.kernel_grads``
       (on CPU one matmul of the patches for the 3-channel input, one matmul
-      per tap for the rest: the engine's round ran 1.3-1.4x faster than
-      with lax's; experiments/perf_notes.md, "Kernel gradient per tap").
+      per tap for the rest, which train faster than lax's;
+      experiments/perf_notes.md, "Kernel gradient per tap").
     dtype: The compute dtype of the convolutions and matmuls (Flax's
       ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
       normalisation statistics and the logits' loss stay float32.

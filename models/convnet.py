@@ -24,14 +24,12 @@ class ConvNet(nn.Module):
   The layers are ``layers.Conv`` and ``layers.InstanceNorm``: the parameters
   (names, shapes, initial values) of ``nn.Conv`` and ``nn.InstanceNorm``, the
   same function to float rounding, in forms that train faster per
-  client-step in the engine's CPU layout on jax 0.5.3 (one core: 448-490 ms
-  before, 249-257 with changes 1-4 of experiments/perf_notes.md,
-  "ConvNet-3"; the kernel gradient per tap then made the engine's round
-  1.35x faster again). Which forms run by default is the policy's
-  (:mod:`fedjax_dd.policy`). On CPU the first block is one function with
-  its own gradient (``fuse_first_block``, :mod:`fedjax_dd.models.fused_block`):
-  the same function and variables, and the engine's round 1.25x faster
-  again on jax 0.5.3, 1.27x on 0.12. The
+  client-step in the engine's CPU layout (changes 1-4 and the kernel
+  gradient per tap of experiments/perf_notes.md, "ConvNet-3"). Which forms
+  run by default is the policy's (:mod:`fedjax_dd.policy`). On CPU the
+  first block is one function with its own gradient (``fuse_first_block``,
+  :mod:`fedjax_dd.models.fused_block`): the same function and variables,
+  and a faster round again. The
   convolutions' biases are parameters but are not added: each convolution
   feeds an instance norm, which subtracts the channel's spatial mean, so a
   per-channel bias cancels exactly and its gradient is zero.

@@ -25,10 +25,9 @@ autodiff keeps the ReLU's output for the pool's gradient. Here:
   norm's input gradient ``dy`` (which is formed only when the input's
   gradient is used, e.g. by data-free distillation through the model).
 
-On one core, a vmap of 2 ConvNet-3 clients, the first block's element-wise
-work fell from about 63 to 15 ms per client-step, and the engine's round
-ran 1.25x faster on jax 0.5.3 and 1.27x on 0.12 (experiments/perf_notes.md,
-"The first block as one function").
+The first block's element-wise work shrinks to a fraction, and the
+engine's round runs faster on XLA:CPU's classic and thunk runtimes alike
+(experiments/perf_notes.md, "The first block as one function").
 """
 
 from __future__ import annotations
@@ -49,10 +48,10 @@ def fuses_first_block(platform: str | None = None) -> bool:
   :func:`conv_instance_norm_relu_avg_pool` by default: the policy's
   ``fuse_first_block`` (:func:`fedjax_dd.policy.lookup`).
 
-  True on CPU, where it was measured faster on jax 0.5.3 and 0.12. GPU and
-  TPU keep the four layers: their compilers fuse element-wise producers
-  into reductions, the problem this works around, and nothing was measured
-  there.
+  True on CPU, where it trains faster (experiments/perf_notes.md, "The
+  first block as one function"). GPU and TPU keep the four layers: their
+  compilers fuse element-wise producers into reductions, the problem this
+  works around, and nothing was measured there.
 
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default

@@ -28,9 +28,10 @@ class Generator(nn.Module):
 
   So 28x28x1 output starts from a 7x7 map and 32x32x3 from 8x8. Upsampling
   followed by a 3x3 convolution avoids the checkerboard pattern of uneven
-  transposed-convolution overlap, and on XLA:CPU its gradient is about 4x
-  cheaper than that of stride-2 transposed convolutions (ngf 32, batch 64,
-  28x28: 101 vs 418 ms per forward and backward pass). The sigmoid yields
+  transposed-convolution overlap, and on XLA:CPU its gradient is much
+  cheaper than that of stride-2 transposed convolutions
+  (experiments/perf_notes.md, "XLA:CPU while loops and the data-free KD
+  epoch"). The sigmoid yields
   images in ``(0, 1)``, i.e. the range of un-normalised pixel data; callers
   apply the same normalisation as to real data before feeding a classifier.
 

@@ -4,10 +4,10 @@ Pooling is written as reshape + reduction rather than ``nn.max_pool`` /
 ``nn.avg_pool`` (``lax.reduce_window``) whenever the window equals the stride.
 On the CPU backend the gradient of ``reduce_window`` max pooling lowers to
 select-and-scatter, which dominates the backward pass of small conv nets; the
-reshape form differentiates to plain element-wise ops and is measurably faster
-(one LeNet-5 training step: 4.4 ms -> 3.36 ms). The forward values are
-identical to VALID pooling: trailing rows/columns that do not fill a window are
-cropped.
+reshape form differentiates to plain element-wise ops and trains faster
+(experiments/perf_notes.md, "Measurements moved from docstrings"). The
+forward values are identical to VALID pooling: trailing rows/columns that do
+not fill a window are cropped.
 
 One difference is intentional and harmless: where a max-pool window holds
 several equal maxima, ``jnp.max`` splits the incoming gradient evenly among
@@ -359,10 +359,10 @@ def lax_conv_custom_weight_grad(
     with the output's gradient ``[B, Ho, Wo, O]`` over space by a matmul per
     example, then summed over the batch. Why: with few input channels and
     many output channels (ConvNet-3's first layer, 3 -> 128 on 32x32
-    images) XLA:CPU's
-    weight-gradient convolution runs at about 6 GFLOP/s per core on jax
-    0.5.3, the matmul at about 44 (a vmap of 2 clients: 70 ms per client
-    against 10). With many input channels the convolution is faster.
+    images) XLA:CPU's weight-gradient convolution runs far below the
+    core's matmul rate, and the matmul of the patches does not
+    (experiments/perf_notes.md, "Where a ConvNet-3 client-step went").
+    With many input channels the convolution is faster.
   * ``"taps"``: ``dW[i, j] = x_ij^T dy``, one matmul per kernel tap
     ``(i, j)``, where ``x_ij [B * Ho * Wo, Ch]`` is the padded input's
     slice that the tap multiplies (:func:`_tap_slices`) and ``dy [B * Ho *
@@ -372,10 +372,9 @@ def lax_conv_custom_weight_grad(
     O]`` matmuls run near the core's matmul peak, where XLA:CPU's
     weight-gradient convolution does not; the slices are copies of the
     input's size each, not the 9x larger receptive fields that ``"gemm"``
-    writes. The engine's ConvNet-3 round ran 1.3-1.4x faster than with
-    autodiff's kernel gradient run one client at a time (jax 0.5.3, 20
-    clients, alternating; experiments/perf_notes.md, "Kernel gradient per
-    tap").
+    writes. The engine's ConvNet-3 round runs faster than with autodiff's
+    kernel gradient run one client at a time (experiments/perf_notes.md,
+    "Kernel gradient per tap").
 
   Same values as ``lax``'s to float rounding (the same sums in another
   order).
@@ -477,18 +476,14 @@ def forward_conv_general_dilated(
     kernel (``[Ho, Wo, B, O]``), window stride ``d``, giving ``[Ch, kh, kw,
     O]``.
 
-  Why: on XLA:CPU of jax >= 0.10 (measured on 0.12) autodiff's transposed
-  convolutions (the input gradient and the kernel gradient) run on a slow
-  path when they sit in a loop, as the engine's local steps do: inside a
-  ``fori_loop`` one ``[128, 14, 14, 32] -> 64`` 5x5 layer took 1,143 ms
-  for its value and input gradient and 10,680 ms for its value and kernel
-  gradient, against 44 and 91 ms at the top level of a program; forward
-  convolutions run at the same speed in and out of loops (18-23 ms).
-  Written as forward convolutions, both gradients keep that speed (19.5
-  and 68 ms in the loop), and no receptive fields are written (the
-  ``patches`` form spends 97 of that layer's 125 ms forward extracting
-  them). Measured in ``experiments/perf_notes.md`` ("Gradients as forward
-  convolutions").
+  Why: on XLA:CPU of jax >= 0.10 autodiff's transposed convolutions (the
+  input gradient and the kernel gradient) run on a slow path when they sit
+  in a loop, as the engine's local steps do, while forward convolutions
+  run at the same speed in and out of loops. Written as forward
+  convolutions, both gradients keep that speed, and no receptive fields
+  are written (most of the ``patches`` form's forward pass is their
+  extraction). The figures are in ``experiments/perf_notes.md``
+  ("Gradients as forward convolutions").
 
   The same values as ``lax``'s to float rounding (the same sums, possibly
   in another order). Args and returns are those of
@@ -575,11 +570,12 @@ def add_bias(y: jax.Array, bias: jax.Array) -> jax.Array:
   ``y [B, ..., O]``, ``bias [O]``. The bias gradient sums the output's
   gradient over every axis but the last: first over the middle axes
   (``[B, O]``), then over the batch, with an optimization barrier between
-  so that XLA does not merge them back into one reduction. Why: XLA:CPU of
-  jax 0.5.3 runs a reduction that keeps only the minor axis about 6.7x
-  slower than the two steps (one ``[2, 64, 32, 32, 128]`` sum: 45 ms against
-  6.8 on one core); with vmapped clients that reduction was 8 % of a
-  ConvNet-3 step. Same value as ``y + bias``; the gradient to rounding.
+  so that XLA does not merge them back into one reduction. Why: XLA:CPU
+  runs a reduction that keeps only the minor axis much slower than the two
+  steps, and with vmapped clients that reduction was a visible part of a
+  ConvNet-3 step (experiments/perf_notes.md, "Where a ConvNet-3
+  client-step went"). Same value as ``y + bias``; the gradient to
+  rounding.
   """
   return y + bias
 
@@ -631,8 +627,7 @@ class Conv(nn.Module):
       channel's mean over space, such as instance norm: there a per-channel
       bias cancels exactly, so the model computes the same function and the
       bias's gradient is zero, and adding it and reducing its gradient is
-      wasted work (the engine's ConvNet-3 round on CPU ran 1.08x faster
-      without it on jax 0.5.3, level to 1.03x on 0.12).
+      wasted work (experiments/perf_notes.md, "Four changes", change 4).
     dtype: The compute dtype (Flax's ``dtype``); None: the inputs' and
       parameters' common dtype. The parameters are float32.
   """
@@ -674,9 +669,8 @@ def instance_norm_folds(platform: str | None = None,
   policy's ``fold_norm`` (:func:`fedjax_dd.policy.lookup`).
 
   True on CPU before jax 0.6, whose XLA:CPU classic runtime the engine uses:
-  there the folded form trains ConvNet-3 1.1-1.2x faster per client-step
-  (the engine's round, 10 clients, alternating with flax's form). On jax
-  0.12's runtime the same change made the round 1.19x slower, so newer jax
+  there the folded form trains ConvNet-3 faster per client-step. On the
+  thunk runtime of newer jax the same change slows the round, so newer jax
   and other platforms keep flax's form (experiments/perf_notes.md,
   "ConvNet-3").
 
@@ -700,11 +694,11 @@ class InstanceNorm(nn.Module):
   Unfolded, computed as flax computes it, ``(x - mean) * (rsqrt(var + eps)
   * scale) + bias``. Folded, as ``x * k + (bias - mean * k)`` with ``k =
   scale * rsqrt(var + eps)`` of shape ``[B, 1, 1, Ch]``: the same values
-  to rounding, and a backward pass without the full-size centred input.
-  On one core this layer's forward and backward on ``[64, 32, 32, 128]``
-  (ConvNet-3's first block, a vmap of 2 clients) take 51 ms per client
-  folded against 88 unfolded on jax 0.5.3; in the engine's round the gain
-  holds on jax 0.5.3 and reverses on 0.12 (:func:`instance_norm_folds`).
+  to rounding, and a backward pass without the full-size centred input,
+  which makes the layer's forward and backward faster on XLA:CPU's classic
+  runtime; in the engine's round the gain holds there and reverses on the
+  thunk runtime (:func:`instance_norm_folds`; experiments/perf_notes.md,
+  "Where a ConvNet-3 client-step went").
 
   Attributes:
     epsilon: Added to the variance.
@@ -912,8 +906,8 @@ def max_pool(x: jnp.ndarray, window: int = 2, stride: int = 2) -> jnp.ndarray:
                        padding="VALID")
   # A reshape exposes the window entries; the max and its gradient are our
   # own (_window_max: reduce-max's gradient was computed wrongly under jit).
-  # Reshape + jnp.max trained LeNet-5 1.4-1.6x faster per client-step than
-  # two pairwise jnp.maximum of strided halves with autodiff's gradient
+  # Reshape + jnp.max trained LeNet-5 faster per client-step than two
+  # pairwise jnp.maximum of strided halves with autodiff's gradient
   # ("Max-pool form"), and _window_max as fast as reshape + jnp.max
   # ("Max-pool gradient", experiments/perf_notes.md).
   return _window_max(_crop_to_windows(x, window), window)
@@ -930,12 +924,12 @@ def _window_max(x: jnp.ndarray, window: int) -> jnp.ndarray:
   got that comparison wrong under jit when ``x``'s producer was fused into it
   (a BatchNorm before the pool, jax 0.5.3 and 0.12): in whole windows no
   entry matched, and the jitted gradients of CNN2, CNN3 and HFLDD's CIFAR
-  CNN were off by 11-78 % of their largest entry (float64) while the eager
-  ones were exact. Here the forward pass records which entry won, as an
-  int8 per window, in the same comparisons that pick it, and the backward
-  pass only places ``g`` there. A tie goes to the first entry in row-major
-  window order (as PyTorch's and lax's ``reduce_window`` max-pool
-  gradients do) instead of being split.
+  CNN were far off (float64; experiments/perf_notes.md, "Max-pool
+  gradient") while the eager ones were exact. Here the forward pass
+  records which entry won, as an int8 per window, in the same comparisons
+  that pick it, and the backward pass only places ``g`` there. A tie goes
+  to the first entry in row-major window order (as PyTorch's and lax's
+  ``reduce_window`` max-pool gradients do) instead of being split.
   """
   return _window_max_fwd(x, window)[0]
 

@@ -262,8 +262,8 @@ KIP_KERNEL_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch",
 KIP_DP_KEYS = ("dp_delta",)
 # kip.kernel_impl's default: the native kernels (fedjax_dd.kernels.native;
 # equal to neural-tangents' to rounding, and fedd3.py:mnist_noniid_kip moved
-# within seed noise: 0.9437 against 0.9419); "neural_tangents" needs that
-# package.
+# within seed noise: experiments/results/fedd3_presets.md); "neural_tangents"
+# needs that package.
 DEFAULT_KERNEL_IMPL = "native"
 KIP_KEYS = KIP_OPTION_KEYS + KIP_KERNEL_KEYS + KIP_DP_KEYS
 
@@ -409,9 +409,10 @@ def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       "generator_steps": 30,  # T_G of HASA.
       # Student steps per epoch (0: one pass over the pool, as the reference
       # code does with 200 epochs of batch 256). At the CPU scale one pass
-      # gives only Σ_e e = 820 steps of 64 images over 40 epochs and the
-      # student stayed at chance (0.103 on mnist_a0.5); 40 steps per epoch
-      # reached 0.71.
+      # gives only Σ_e e = 820 steps of 64 images over 40 epochs, too few
+      # for the student to leave chance; 40 steps per epoch do
+      # (experiments/results/fedhydra_cpu_presets.md, "From the comments of
+      # the configs").
       "student_steps": 40,
       "pool_size": 0,  # 0: keep every epoch's batch (pool of distill_epochs).
       "distill_epochs": 40,  # T_g.
@@ -447,8 +448,9 @@ def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       # prediction instead of the target label; stratify.py says why).
       "aggregation": "sa",
       # Multiply U_c by c so that SA with uninformative U equals AE instead
-      # of AE / c (stratify.sa_context). False: Eqs. 6-11 literally (student
-      # 0.756 vs 0.94 for AE on mnist_a0.5 at the CPU scale).
+      # of AE / c (stratify.sa_context). False: Eqs. 6-11 literally (a
+      # student far below AE's on mnist_a0.5 at the CPU scale:
+      # experiments/results/fedhydra_cpu_presets.md).
       "sa_average_scale": True,
       # Paper: student SGD lr 0.01 (momentum unstated); 0.9 is the reference
       # code's KD optimiser (fedhydra.py's docstring).

@@ -12,8 +12,8 @@ step and 5 student steps, batch 50). Partition: FedFTG's Dirichlet
 Commands (CPU, 2 cores):
 
   fedjax-dd --config=experiments/configs/disue.py:fmnist_dir0.01 --workdir=/tmp/du
-    Fashion-MNIST, Dir(0.01), LeNet-5, as many rounds as fit in 30 minutes
-    (``run.max_wall_seconds = 1800``).
+    Fashion-MNIST, Dir(0.01), LeNet-5, as many rounds as fit in the
+    preset's wall-clock budget (``run.max_wall_seconds = 1800``).
   ...disue.py:fmnist_dir0.1   the same with Dir(0.1).
   ...disue.py:cifar10_dir0.01 / cifar10_dir0.1   CIFAR-10, CNN3, same budget.
   ...disue.py:smoke   digits, 10 clients, 4 per round, 2 rounds, a tiny IGA.
@@ -131,8 +131,8 @@ def protocol(method: str, arg: str):
 # the very loss the student descends. --config.iga.discrepancy=kl is Eq. 9.
 # Its gradient reaches the generator through the teachers and the student,
 # as Eq. 13 is written (FedFTG's code detaches the teachers:
-# --config.iga.cd_through_teachers=False; on DisUE, seed 0, 30 rounds, it
-# lowered the model more: -0.023 a round against -0.005, same results file).
+# --config.iga.cd_through_teachers=False; on DisUE it lowered the model more
+# per round, same results file).
 GENERATOR_TERM = {"discrepancy": "l1_logits", "student_discrepancy": "kl"}
 DEPARTURE_GENERATOR_TERM = (
     "The generator's L_cd is FedFTG's mean absolute logit difference, not "

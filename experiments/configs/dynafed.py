@@ -5,9 +5,9 @@ matching on the server after ``L`` rounds, then fine-tuning every aggregate.
     MNIST, pathological C = 1 on HFLDD's balanced split, 100 clients,
     LeNet-5, E = 2, B = 32, SGD lr 0.01 (the FedAvg presets of fedavg.py,
     which HFLDD's Fig. 3 compares it beside); 15 images per class, 20
-    fine-tuning epochs of batch 256 (HFLDD Sec. V-A). With
-    --config.rounds=7 (seed 0, 2-core CPU): 0.2278 at round 7 (FedAvg's
-    level; details and why in experiments/results/dynafed_mnist_c1.md).
+    fine-tuning epochs of batch 256 (HFLDD Sec. V-A). Expected with
+    --config.rounds=7 (seed 0): 0.2278 at round 7 (FedAvg's level; details
+    and why in experiments/results/dynafed_mnist_c1.md).
   ...dynafed.py:mnist_c2 / mnist_c10 / cifar10_c1 / cifar10_c2
   ...dynafed.py:<preset>_paper   the authors' synthesis budget (I = 3,000
     matching steps, L = 24 stored rounds, M = 3) and HFLDD's T = 300 rounds

@@ -129,9 +129,10 @@ def preset(method: str, arg: str) -> ml_collections.ConfigDict:
   c.client.batch_size = 128
   c.client.lr = 0.01
   # Paper: E = 200 (clients trained to convergence). E = 2 kept the clients
-  # so close to their common init that one-shot FedAvg of them reached 0.896
-  # on mnist_a0.5, above every client (0.70-0.90) and the paper's FedAvg
-  # (81.89 %); E = 10 is the CPU compromise.
+  # so close to their common init that one-shot FedAvg of them beat every
+  # client and the paper's FedAvg on mnist_a0.5 (experiments/results/
+  # fedhydra_cpu_presets.md, "From the comments of the configs"); E = 10 is
+  # the CPU compromise.
   c.client.local_epochs = 10.0
   c.rounds = 1
   _server_defaults(c)

@@ -35,7 +35,8 @@ experiments/results/hfldd_mnist_presets.md.
 
 from fedjax_dd.experiments.configs import base as base_lib
 
-# KIP iterations of the CPU presets (measured above); the paper's is 3,000.
+# KIP iterations of the CPU presets (their cost: the results file named
+# above); the paper's is 3,000.
 CPU_KIP_ITERATIONS = 100
 # The paper's protocol (Shi et al., Sec. VI-A): "the maximum number of
 # distillation iterations is 3000" (A.4), "T = 300 rounds" (A.4), "each

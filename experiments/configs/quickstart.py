@@ -14,10 +14,9 @@ sent, wall time, note) and the whole run's time, and writes
 ``WORKDIR/<method>`` (re-running resumes each). The note column says what
 each row shows, or why a system cannot show it in this budget.
 
-Expected: each row's final accuracy within its range (``EXPECTED`` below,
-measured over three seeds on jax 0.5.3 and 0.12); the whole run printed
-its table after 93-101 s on 2 idle cores (no compilation cache).
-Every row and timing: experiments/results/quickstart_digits.md.
+Expected: each row's final accuracy within its range (``EXPECTED`` below).
+Every row, timing and the jax versions they were measured on:
+experiments/results/quickstart_digits.md.
 """
 
 import ml_collections
@@ -56,9 +55,9 @@ FEDHYDRA_BASELINE_NOTE = ("the bar for FedHydra: its own clients' "
                           "common start leave near chance")
 
 # Each row's expected final accuracy: the range measured over three seeds on
-# jax 0.5.3 and the newest jax, widened to whole hundredths; every measured
-# row, with its commit, jax and machine, is in the table "Expected ranges"
-# of experiments/results/quickstart_digits.md. "fedhydra_baseline": the
+# the oldest and the newest supported jax, widened to whole hundredths; every
+# measured row, with its commit, jax and machine, is in the table "Expected
+# ranges" of experiments/results/quickstart_digits.md. "fedhydra_baseline": the
 # one-shot FedAvg of FedHydra's clients.
 EXPECTED = {"fedavg": (0.46, 0.67), "fedd3": (0.61, 0.71),
             "hfldd": (0.63, 0.78), "fedhydra": (0.23, 0.42),

@@ -6,10 +6,10 @@ persists across rounds, where one round is one epoch. Nothing is
 communicated (``CommSpec(0, 0)``).
 
 The one client still goes through the client axis (a vmap over a stack of
-one). On XLA:CPU (jax 0.5.3) the un-vmapped local scan ran convolutional
-models 35-60x slower per step than the same step outside a loop (ConvNet-3
-7.4 s, AlexNet 49 s per batch of 50), while the vmapped scan runs at the
-stand-alone speed; see ``experiments/perf_notes.md``.
+one). XLA:CPU runs an un-vmapped local scan of a convolutional model many
+times slower per step than the same step outside a loop, while the vmapped
+scan runs at the stand-alone speed (``experiments/perf_notes.md``, "XLA:CPU:
+a convolutional scan that is not vmapped").
 """
 
 from __future__ import annotations

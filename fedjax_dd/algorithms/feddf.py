@@ -132,8 +132,9 @@ def feddf(client_stage: Callable[..., Teachers],
     key = jax.random.fold_in(state.key, state.epoch)
     p, s, o = state.params, state.batch_stats, state.opt_state
     # A host loop over one jitted step, as in ``dfkd.make_dfkd``: XLA:CPU
-    # (jax 0.5.3) ran these conv steps many times slower inside a rolled
-    # while loop (lax.scan); on mnist_a0.5 an epoch of 10 steps took 33 s.
+    # runs these conv steps much slower inside a rolled while loop
+    # (lax.scan) than as separate programs (experiments/perf_notes.md,
+    # "Measurements moved from docstrings").
     step_metrics = []
     for t in range(steps_per_epoch):
       p, s, o, m = step(p, s, o, teachers.vars, public_x, key,

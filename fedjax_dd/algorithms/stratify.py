@@ -291,10 +291,9 @@ def sa_context(s: Stratification, *, average_scale: bool = True
   rescale of SA's output that keeps every ratio and arg-max of Eqs. 8–11,
   and makes SA equal the plain average (AE) when ``U`` is uninformative.
 
-  Measured on ``fedhydra.py:mnist_a0.5`` (CPU preset, same teachers): with
-  the literal scale the generator's ``CE(P, y)`` stayed near 1.8 and the
-  student reached 0.756, while AE reached over 0.93 (see the notes of
-  ``experiments/configs/fedhydra.py``).
+  With the literal scale the generator's ``CE(P, y)`` stays high and the
+  student falls far short of AE's on ``fedhydra.py:mnist_a0.5``
+  (``experiments/results/fedhydra_cpu_presets.md``).
 
   Args:
     s: the result of Alg. 2.
@@ -385,10 +384,10 @@ def make_stratifier(groups: Sequence[TeacherGroup],
     return optax.apply_updates(gp, updates), gs, opt_state, loss
 
   # One mapped program per architecture makes ONE step of all its pairs; the
-  # T_G steps are a host loop around it. XLA:CPU (jax 0.5.3) ran generator
-  # steps about 14x slower inside a rolled while loop (lax.scan) than as
-  # separate programs (see ``dfkd.make_dfkd``), and unrolling T_G steps takes
-  # minutes to compile.
+  # T_G steps are a host loop around it. XLA:CPU runs generator steps much
+  # slower inside a rolled while loop (lax.scan) than as separate programs,
+  # and unrolling T_G steps is slow to compile (experiments/perf_notes.md,
+  # "XLA:CPU while loops and the data-free KD epoch").
   mapped = tuple(
       mapper.map(lambda p, s, j, z, gp, gs, o, g=g: pair_step(
           p, s, j, z, gp, gs, o, g.task, g.input_fn),

@@ -57,8 +57,9 @@ def _top_left_vectors(mat: jax.Array, rank: int, iterations: int,
   oversample`` columns, whose error in the top vectors shrinks as
   ``(σ_{k+1}/σ_j)^(2q+1)``; its Gaussian test matrix is fixed, so the
   result is a function of the data alone. For a Fashion-MNIST client
-  (``[784, 600]`` per class, 10 classes) the full SVDs took 190 s on 2
-  loaded cores, the iteration a few seconds.
+  (``[784, 600]`` per class, 10 classes) the iteration is far cheaper than
+  the full SVDs (experiments/perf_notes.md, "Measurements moved from
+  docstrings").
   """
   if iterations < 0:
     u, s, _ = jnp.linalg.svd(mat, full_matrices=False)

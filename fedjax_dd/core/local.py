@@ -98,11 +98,11 @@ class LocalUpdate(NamedTuple):
 def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
   """``params + updates``, written as ``params − (−updates)``.
 
-  Same values as ``optax.apply_updates``. On XLA:CPU (jax 0.5.x, classic
-  runtime) ``p + (−lr · conv_weight_grad)`` is rewritten into a oneDNN
-  convolution with a fused sum that runs ~25x slower than the plain
-  convolution (LeNet-5 SGD step: ~290 ms vs ~11 ms in a per-client
-  ``lax.scan``); the subtraction form keeps the fast convolution.
+  Same values as ``optax.apply_updates``. XLA:CPU's classic runtime (jax
+  0.5.x) rewrites ``p + (−lr · conv_weight_grad)`` into a oneDNN
+  convolution with a fused sum that runs much slower than the plain
+  convolution; the subtraction form keeps the fast convolution
+  (experiments/perf_notes.md, "Measurements moved from docstrings").
   """
   return jax.tree_util.tree_map(
       lambda p, u: (p - (-u)).astype(p.dtype), params, updates)
@@ -127,7 +127,7 @@ class LocalTraining:
       than the largest client has examples (``N_max``, the padded length):
       with ``B > N_max`` each step draws ``N_max`` (one log line), since
       every draw past the data repeats an example at the cost of a larger
-      program (8x the time for ``B = 8 N_max``). Below ``N_max`` nothing
+      program (``B / N_max`` times the work). Below ``N_max`` nothing
       changes.
     max_steps: the largest step count a client may be given (the cohort's
       largest); ``num_steps`` is clipped to it (:func:`fedjax_dd.fit`

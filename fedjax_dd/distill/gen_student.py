@@ -19,10 +19,10 @@ host-side alternation (:func:`alternate`) and the program cache
 (:func:`jit_programs`). Each loop keeps its own losses, draws and state.
 
 The steps are single jitted programs driven by a host loop rather than one
-``lax.scan``: XLA:CPU (jax 0.5.3) ran the generator step about 14x slower
-inside a rolled while loop than as one program (MNIST, 5 CNN2 teachers,
-batch 64: 6.0 vs 0.42 s per step; the student's rolled loop cost as much),
-and unrolling ``T_G = 30`` steps took minutes to compile. The random inputs
+``lax.scan``: XLA:CPU runs the generator step much slower inside a rolled
+while loop than as one program (the student's rolled loop as well), and
+unrolling ``T_G = 30`` steps is slow to compile (experiments/perf_notes.md,
+"XLA:CPU while loops and the data-free KD epoch"). The random inputs
 are drawn by a separate program: XLA:CPU's oneDNN rewriter tries to
 constant-fold dot operands and aborts on values computed from PRNG bits
 inside the same program (jax 0.5.3).

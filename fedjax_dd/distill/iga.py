@@ -84,8 +84,9 @@ Where we differ from FedFTG's code, and why:
   ``Σ_k w_ki KL(σ(P_ki) ‖ σ(S_i))`` (our ``"kl"`` ``L_cd``) divided by ``C``.
   The student therefore minimises ``L_cd / C`` (``student_class_mean=True``,
   the default): FedFTG's and DisUE's student learning rate 0.1 was set for
-  that scale, and the summed KL at 0.1 is a ``C``-times larger step (on
-  Fashion-MNIST Dir(0.01), 20 rounds, it took DisUE from 0.558 to 0.474).
+  that scale, and the summed KL at 0.1 is a ``C``-times larger step, which
+  lowered DisUE's accuracy on Fashion-MNIST Dir(0.01)
+  (experiments/perf_notes.md, "Measurements moved from docstrings").
   The student uses ``student_discrepancy`` (default: ``discrepancy``), so
   FedFTG's generator/student pair is ``discrepancy="l1_logits",
   student_discrepancy="kl"``.
