@@ -33,7 +33,8 @@ package stays cheap)::
                their options; CheckpointStore, StageCache, Workdir,
                run_summary (a finished run's summary.json fields)
   notebook     prepare (dataset + model -> task), local_steps, fit (R rounds
-               with a workdir: checkpoints, metrics, resume), plot_history,
+               with a workdir: checkpoints, metrics, resume), fit_runs
+               (several seeds as one program on a run axis), plot_history,
                plot_partition; personal_evaluation (each client scored with
                the model it deploys, on its own test data)
   clients      ClientMapper, client_stage, LocalTraining (what every
@@ -138,6 +139,8 @@ _API: dict[str, tuple[str, str | None]] = {
     "prepare": ("fedjax_dd.core.prepare", "prepare"),
     "Prepared": ("fedjax_dd.core.prepare", "Prepared"),
     "fit": ("fedjax_dd.core.fit", "fit"),
+    # R seeds (or traced hyperparameters) as one program on a run axis.
+    "fit_runs": ("fedjax_dd.core.run_axis", "fit_runs"),
     "local_steps": ("fedjax_dd.core.fit", "local_steps"),
     "plot_history": ("fedjax_dd.utils.figures", "plot_history"),
     "plot_partition": ("fedjax_dd.utils.figures", "plot_partition"),
