@@ -30,6 +30,12 @@ see ``fedjax_dd.experiments.sweep``::
 
   fedjax-dd --config=experiments/configs/fedavg.py:smoke --workdir=/tmp/sw \
       --seeds=0,1,2
+
+With ``--config.engine.run_axis=True`` (runner ``federated``) the seeds run
+in this process as one program per round on a vmapped run axis
+(``fedjax_dd.experiments.axis_sweep``, ``fedjax_dd.core.run_axis``), with one
+checkpoint of all of them in ``DIR/checkpoints`` and the same ``seed_<S>``
+layout and report.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import registry
+from fedjax_dd.experiments import axis_sweep
 from fedjax_dd.experiments import sweep
 
 
@@ -434,11 +441,24 @@ def main(argv):
       seeds = sweep.parse_seeds(_SEEDS.value)
       for seed in seeds:
         common.validate(sweep.seed_config(config, seed))
+      if config.engine.run_axis:
+        axis_sweep.check(config)
     except ValueError as e:
       raise app.UsageError(str(e)) from None
     try:
-      report = sweep.run_seeds(config, _WORKDIR.value, seeds, argv=sys.argv)
-    except sweep.SeedFailedError as e:
+      if config.engine.run_axis:
+        # The seeds as one program on a vmapped run axis, in this process
+        # (experiments/axis_sweep.py).
+        report = axis_sweep.run_seeds(config, _WORKDIR.value, seeds,
+                                      argv=sys.argv)
+      else:
+        report = sweep.run_seeds(config, _WORKDIR.value, seeds,
+                                 argv=sys.argv)
+    except (sweep.SeedFailedError, axis_sweep.RunAxisError,
+            workdir_lib.FingerprintMismatchError,
+            workdir_lib.WorkdirBusyError, loop_lib.NonFiniteError,
+            loop_lib.MetricsFileError, loop_lib.ResumeRefusedError,
+            common.InputError, checks_lib.SettingError) as e:
       sys.stderr.write(f"FATAL {e}\n")
       sys.exit(1)
     except KeyboardInterrupt:

@@ -144,6 +144,10 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # XLA:CPU's classic runtime for the engine's per-client programs; unset:
       # on unless a model is in common.CLASSIC_RUNTIME_UNSAFE.
       "classic_cpu_runtime": config_dict.placeholder(bool),
+      # With --seeds (runner federated): the seeds as one program on a
+      # vmapped run axis (fedjax_dd.core.run_axis) instead of one process
+      # per seed.
+      "run_axis": False,
   })
   c.server = ml_collections.ConfigDict({
       "lr": 1.0,  # SCAFFOLD's server learning rate.
