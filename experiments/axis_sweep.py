@@ -14,6 +14,9 @@ writes them, so ``fedjax-dd-sweep`` reads both alike::
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shlex
 import time
 from typing import Any, Sequence
 
@@ -61,8 +64,60 @@ _REFUSED = (
 )
 
 
-def check(config: ml_collections.ConfigDict) -> None:
-  """Refuses, before the data loads, a config the run axis cannot run.
+# Grid keys a cell may change on the run axis, as traced values: each is
+# handed to the method's builder per run (experiments/common.py).
+GRID_KEYS = ("client.lr",)
+
+def parse_grid(text: str | None) -> tuple[str, list[float]] | None:
+  """``"client.lr=0.01,0.03,0.1"`` -> ``("client.lr", [0.01, 0.03, 0.1])``.
+
+  Raises:
+    ValueError: one line naming ``--grid``: not ``KEY=V,V,...``, a key not
+      in :data:`GRID_KEYS`, a value that is not a number, or a repeat.
+  """
+  if not text:
+    return None
+  key, sep, values = text.partition("=")
+  if not sep or not values.strip():
+    raise ValueError(f"--grid={text}: give KEY=V,V,... (e.g. "
+                     "--grid=client.lr=0.01,0.03,0.1).")
+  key = key.strip()
+  if key not in GRID_KEYS:
+    raise ValueError(f"--grid={text}: {key} cannot vary on the run axis; "
+                     f"the keys that can are {list(GRID_KEYS)} (other "
+                     "settings change shapes or host logic: run them as "
+                     "separate sweeps).")
+  try:
+    out = [float(v) for v in values.split(",") if v.strip()]
+  except ValueError:
+    raise ValueError(f"--grid={text}: the values must be numbers.") from None
+  if len(set(out)) != len(out):
+    raise ValueError(f"--grid={text}: a value is given twice.")
+  return key, out
+
+
+def cell_name(key: str, value: float) -> str:
+  """A grid cell's directory: ``client.lr_0.03`` (a sweep workdir of its
+  ``seed_S`` runs; ``fedjax-dd-sweep`` takes it as ``[LABEL=]DIR``, so no
+  ``=`` in it)."""
+  return f"{key}_{value:g}"
+
+
+def cell_config(config: ml_collections.ConfigDict, seed: int,
+                grid: tuple[str, float] | None) -> ml_collections.ConfigDict:
+  """The config of one run: ``seed`` (and ``data.seed``), and the cell's
+  value of the grid key."""
+  c = sweep.seed_config(config, seed)
+  if grid is not None:
+    group, key = grid[0].split(".")
+    c[group][key] = float(grid[1])
+  return c
+
+
+def check(config: ml_collections.ConfigDict,
+          grid: tuple[str, list[float]] | None = None) -> None:
+  """Refuses, before the data loads, a config (and grid) the run axis
+  cannot run.
 
   Raises:
     ValueError: one line naming the setting and the fix.
@@ -73,57 +128,84 @@ def check(config: ml_collections.ConfigDict) -> None:
           f"--config.engine.run_axis=True: {config.method} cannot run its "
           f"seeds on one run axis: {why}. Drop --config.engine.run_axis to "
           "run one process per seed.")
+  if grid is not None:
+    if config.method == "scaffold":
+      raise ValueError(
+          f"--grid: scaffold reads {grid[0]} itself as a number (its "
+          "variate update divides by the client rate), which cannot vary "
+          "on the run axis yet; run one sweep per value.")
+    for v in grid[1]:
+      common.validate(cell_config(config, 0, (grid[0], v)))
 
 
 def run_seeds(config: ml_collections.ConfigDict, workdir: str,
-              seeds: Sequence[int], *, argv: Sequence[str]
+              seeds: Sequence[int], *, argv: Sequence[str],
+              grid: tuple[str, list[float]] | None = None
               ) -> dict[str, Any]:
-  """Runs ``config`` for ``seeds`` on one run axis and writes the report.
+  """Runs ``config`` for ``seeds`` (and grid cells) on one run axis and
+  writes the report.
 
   Args:
     config: the resolved config (its own ``seed`` and ``data.seed`` are
-      replaced by each seed).
+      replaced by each seed, the grid key by each cell's value).
     workdir: the sweep's workdir: ``checkpoints/`` and ``config.json`` of
-      the sweep, ``seed_S/`` of each run.
+      the sweep, ``seed_S/`` of each run, or with a grid
+      ``<key>_<value>/seed_S/`` (:func:`cell_name`).
     seeds: the seeds.
     argv: the sweep's command line, for each seed's ``command.txt``.
+    grid: ``(key, values)`` of :func:`parse_grid`: the R = cells x seeds
+      runs share the axis, the key's value traced per run.
 
   Returns:
-    The report of :func:`fedjax_dd.utils.sweep.write_report`.
+    The report of :func:`fedjax_dd.utils.sweep.write_report` (one group
+    per cell), with a grid also ``"against"``: the final accuracy against
+    the key (:func:`fedjax_dd.utils.sweep.against`).
   """
-  check(config)
+  check(config, grid)
   start = time.time()
-  configs = [sweep.seed_config(config, s) for s in seeds]
+  cells = [None] if grid is None else [(grid[0], v) for v in grid[1]]
+  runs = [(cell, seed) for cell in cells for seed in seeds]
+  configs = [cell_config(config, seed, cell) for cell, seed in runs]
+  dirs = [sweep_lib.seed_dir(
+      workdir if cell is None else os.path.join(workdir, cell_name(*cell)),
+      seed) for cell, seed in runs]
   prepared = common.load_and_prepare(config)
-  datas, steps = [], []
-  for c in configs:
+  by_seed = {}
+  for seed in seeds:
+    c = sweep.seed_config(config, seed)
     parts = runners._client_partition(c, prepared)  # pylint: disable=protected-access
     data = common.client_data(prepared.dataset, parts)
-    datas.append(data)
-    steps.append(common.local_steps(c, data.num_examples))
+    by_seed[seed] = (c, data, common.local_steps(c, data.num_examples))
   training = common.local_training(
-      config, prepared.task, max(int(jnp.max(s)) for s in steps))
-  by_seed = dict(zip(seeds, configs))
+      config, prepared.task, max(int(jnp.max(s)) for _, _, s in
+                                 by_seed.values()))
   build = runners.BUILDERS[config.method]
 
   def algorithm(seed, hparams):
-    del hparams
-    return build(by_seed[seed], training)
+    t = training
+    if "client.lr" in hparams:
+      t = dataclasses.replace(training, optimizer=common.make_optimizer(
+          config, lr=hparams["client.lr"]))
+    return build(by_seed[seed][0], t)
 
-  # Each seed's directory records its own settings, as a seed's process
-  # of the process-per-seed sweep does.
-  for seed, c in zip(seeds, configs):
-    workdir_lib.record_fingerprint(sweep_lib.seed_dir(workdir, seed),
-                                   common.fingerprint(c))
+  # Each run's directory records its own settings, as a seed's process of
+  # the process-per-seed sweep does.
+  for d, c in zip(dirs, configs):
+    workdir_lib.record_fingerprint(d, common.fingerprint(c))
   wall = loop_lib.WallClock(start=start)
-  n = datas[0].num_clients
+  n = by_seed[seeds[0]][1].num_clients
   definition = {"seeds": list(seeds), **{
       k: v for k, v in common.fingerprint(config).items()
       if k not in sweep_lib.SEED_KEYS}}
+  if grid is not None:
+    definition[f"grid.{grid[0]}"] = list(grid[1])
   result = run_axis_lib.fit_runs(
-      algorithm, prepared, datas, steps, seeds=seeds, rounds=config.rounds,
-      clients_per_round=common.cohort(config, n), workdir=workdir,
-      names=[f"seed_{s}" for s in seeds],
+      algorithm, prepared, [by_seed[s][1] for _, s in runs],
+      [by_seed[s][2] for _, s in runs], seeds=[s for _, s in runs],
+      rounds=config.rounds, clients_per_round=common.cohort(config, n),
+      workdir=workdir,
+      hparams=None if grid is None else {grid[0]: [c[1] for c, _ in runs]},
+      names=[os.path.relpath(d, workdir) for d in dirs],
       eval_every=config.run.eval_every,
       checkpoint_every=config.run.checkpoint_every,
       keep_checkpoints=config.run.keep_checkpoints,
@@ -134,9 +216,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
       initial_model_as_seed=config.server.initial_model_as_seed,
       wall=wall, definition=definition)
   fields = runners.SUMMARY_FIELDS.get(config.method)
-  dirs = []
-  for i, (seed, c) in enumerate(zip(seeds, configs)):
-    d = sweep_lib.seed_dir(workdir, seed)
+  for i, (c, d, (_, seed)) in enumerate(zip(configs, dirs, runs)):
     state = result.run_state(i)
     summary = runners.summarize(
         c, rows=result.rows[i], ledger=result.ledgers[i],
@@ -144,10 +224,24 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
     if fields is not None:
       summary = {**summary, **fields(c, n, summary["rounds"])}
     Workdir(d).write_summary(summary)
-    metrics_lib.write_text(
-        f"{d}/command.txt", sweep.seed_command(argv, workdir, seed) + "\n")
-    dirs.append(d)
-  return sweep_lib.write_report(
-      {config.method: dirs}, workdir, name="sweep",
-      title=f"{config.method} on {config.data.dataset}, seeds {list(seeds)} "
-            "(run axis)", ignore=sweep.IGNORED)
+    args = sweep.seed_args(argv, os.path.dirname(d), seed)
+    if grid is not None:
+      value = common.config_value(c, grid[0])
+      args = [a for a in args if not a.startswith("--grid")] + [
+          f"--config.{grid[0]}={value}"]
+    metrics_lib.write_text(os.path.join(d, "command.txt"),
+                           shlex.join(["fedjax-dd", *args]) + "\n")
+  groups: dict[str, list[str]] = {}
+  for (cell, _), d in zip(runs, dirs):
+    label = (config.method if cell is None else
+             f"{config.method} {cell_name(*cell)}")
+    groups.setdefault(label, []).append(d)
+  title = (f"{config.method} on {config.data.dataset}, seeds {list(seeds)}"
+           + ("" if grid is None else f", {grid[0]} {grid[1]}")
+           + " (run axis)")
+  report = sweep_lib.write_report(groups, workdir, name="sweep", title=title,
+                                  ignore=sweep.IGNORED)
+  if grid is not None:
+    report["against"] = sweep_lib.against(groups, grid[0], workdir,
+                                          name="sweep_against", title=title)
+  return report

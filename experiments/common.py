@@ -200,9 +200,13 @@ def compute_dtype(config: ml_collections.ConfigDict) -> str:
       _lookup(config, "model.compute_dtype") or "auto")
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(config: ml_collections.ConfigDict, *,
+                   lr: Any = None) -> optax.GradientTransformation:
   """``config.client.optimizer`` in {sgd, adam, adamw} with ``client.lr``,
   ``client.momentum``, ``client.weight_decay`` and ``client.grad_clip``.
+
+  ``lr`` (default ``client.lr``) replaces the rate, e.g. by a traced value
+  of a grid cell on the run axis (:mod:`fedjax_dd.experiments.axis_sweep`).
 
   ``client.grad_clip > 0`` clips the raw gradient to that global norm
   first. ``client.weight_decay > 0`` is, for sgd and adam, an L2 term
@@ -214,7 +218,7 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   """
   c = config.client
   name = c.optimizer
-  lr = c.lr
+  lr = c.lr if lr is None else lr
   builders: dict[str, Callable[[], optax.GradientTransformation]] = {
       "sgd": lambda: optax.sgd(lr, momentum=c.momentum or None),
       "adam": lambda: optax.adam(lr),

@@ -118,6 +118,11 @@ _SEEDS = flags.DEFINE_list(
     "Comma-separated seeds: run the config once per seed S (seed = "
     "data.seed = S) in WORKDIR/seed_S and write WORKDIR/sweep.{md,json} and "
     "WORKDIR/sweep_curves.png (mean ± sd over the seeds).")
+_GRID = flags.DEFINE_string(
+    "grid", None,
+    "With --seeds and --config.engine.run_axis=True: KEY=V,V,... runs every "
+    "seed for each value of KEY (client.lr) on the same run axis, in "
+    "WORKDIR/KEY_V/seed_S, and writes WORKDIR/sweep_against.{md,json,png}.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 _OVERRIDE = re.compile(r"^--?config\.([^=\s]+)")
@@ -239,7 +244,7 @@ def usage() -> str:
       "--workdir=DIR [--config.KEY=VALUE ...] [--seeds=S,S,...]",
       "",
       "Flags:"]
-  for flag in (_CONFIG, _WORKDIR, _SEEDS):
+  for flag in (_CONFIG, _WORKDIR, _SEEDS, _GRID):
     lines.append(f"  --{flag.name}: {flags.FLAGS[flag.name].help}")
   lines += [
       "  --config.GROUP.KEY=VALUE: override one setting, e.g. "
@@ -430,6 +435,10 @@ def main(argv):
     raise app.UsageError(
         "--seeds sets config.seed and config.data.seed itself; drop "
         f"{sweep.seed_flags_in(sys.argv)}.")
+  if _GRID.value and _SEEDS.value is None:
+    raise app.UsageError("--grid runs each cell for the seeds of --seeds; "
+                         "add --seeds=0 (or more) and "
+                         "--config.engine.run_axis=True.")
   backend_error = check_backend()
   if backend_error is not None:
     raise app.UsageError(backend_error)
@@ -441,8 +450,12 @@ def main(argv):
       seeds = sweep.parse_seeds(_SEEDS.value)
       for seed in seeds:
         common.validate(sweep.seed_config(config, seed))
+      grid = axis_sweep.parse_grid(_GRID.value)
+      if grid is not None and not config.engine.run_axis:
+        raise ValueError("--grid runs its cells on the run axis: add "
+                         "--config.engine.run_axis=True.")
       if config.engine.run_axis:
-        axis_sweep.check(config)
+        axis_sweep.check(config, grid)
     except ValueError as e:
       raise app.UsageError(str(e)) from None
     try:
@@ -450,7 +463,7 @@ def main(argv):
         # The seeds as one program on a vmapped run axis, in this process
         # (experiments/axis_sweep.py).
         report = axis_sweep.run_seeds(config, _WORKDIR.value, seeds,
-                                      argv=sys.argv)
+                                      argv=sys.argv, grid=grid)
       else:
         report = sweep.run_seeds(config, _WORKDIR.value, seeds,
                                  argv=sys.argv)
@@ -468,6 +481,9 @@ def main(argv):
           "checkpoint.")
     with open(report["files"]["markdown"]) as f:
       print(f.read())
+    if "against" in report:  # a --grid's final accuracy against its key
+      with open(report["against"]["files"]["markdown"]) as f:
+        print(f.read())
     return
   if config.engine.multihost:
     from fedjax_dd.core import clients  # pylint: disable=g-import-not-at-top

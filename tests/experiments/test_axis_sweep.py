@@ -120,3 +120,47 @@ def test_cli_routes_seeds_to_the_run_axis_and_the_sweep_tool_reads_it(
   assert proc.returncode == 1
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith("FATAL fit_runs: cfl's apply runs host logic"), last
+  # A grid's cells share the run axis: without it, refused before the data.
+  proc = _main(str(tmp_path / "g"),
+               "--config=experiments/configs/fedavg.py:smoke", "--seeds=0",
+               "--grid=client.lr=0.1,0.3")
+  assert proc.returncode == 1 and "--config.engine.run_axis=True" in (
+      proc.stderr), proc.stderr[-2000:]
+
+
+def test_parse_grid():
+  assert axis_sweep.parse_grid(None) is None
+  assert axis_sweep.parse_grid("client.lr=0.01,0.03") == ("client.lr",
+                                                         [0.01, 0.03])
+  for bad, match in (("client.lr", "KEY=V"), ("model.name=a,b", "cannot vary"),
+                     ("client.lr=a", "numbers"), ("client.lr=1,1", "twice")):
+    with pytest.raises(ValueError, match=match):
+      axis_sweep.parse_grid(bad)
+  with pytest.raises(ValueError, match="scaffold reads client.lr"):
+    axis_sweep.check(_config("scaffold"), ("client.lr", [0.1]))
+
+
+def test_grid_cells_equal_separate_runs(tmp_path):
+  """``--grid=client.lr=...``: each cell's rate is traced per run (the
+  optimizer of ``common.make_optimizer(lr=...)``), against a run of that
+  rate set in the config."""
+  config = _config("fedavg")
+  axis = str(tmp_path / "axis")
+  rates = [0.03, 0.1]
+  report = axis_sweep.run_seeds(config, axis, (0, 1), argv=["fedjax-dd"],
+                                grid=("client.lr", rates))
+  assert [p["x"] for p in report["against"]["series"]["fedavg"]] == rates
+  finals = set()
+  for lr in rates:
+    for seed in (0, 1):
+      c = axis_sweep.cell_config(config, seed, ("client.lr", lr))
+      single = str(tmp_path / f"single_{lr}_{seed}")
+      workdir_lib.record_fingerprint(single, common.fingerprint(c))
+      runners.run_federated(c, single)
+      d = sweep_lib.seed_dir(os.path.join(axis, f"client.lr_{lr:g}"), seed)
+      rows = _rows(d)
+      _assert_rows_close(rows, _rows(single))
+      finals.add(rows[-1]["train_loss"])
+      with open(os.path.join(d, "summary.json")) as f:
+        assert json.load(f)["config"]["client"]["lr"] == lr
+  assert len(finals) == 4
