@@ -695,6 +695,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         "--config.client.lr_decay=1.0.")
   check_personal(config)
   check_dp(config)
+  check_audit(config)
   if _lookup(config, "kip.kernel_impl") == "neural_tangents":
     import importlib.util  # pylint: disable=g-import-not-at-top
     if importlib.util.find_spec("neural_tangents") is None:
@@ -730,6 +731,33 @@ def check_personal(config: ml_collections.ConfigDict) -> None:
         "personalized evaluation (only the rounds of runner 'federated': the "
         "FedAvg family, IFCA, CFL, CFL-GP, PACFL, FedFTG and DisUE); drop "
         "--config.eval.personal.")
+
+
+# The runners whose runs --config.audit.enabled audits (experiments/audit.py).
+AUDIT_RUNNERS = ("federated", "fedd3")
+
+
+def check_audit(config: ml_collections.ConfigDict) -> None:
+  """``audit.*``: the settings
+  (:func:`fedjax_dd.audit.workdir.check_settings`) and, with
+  ``audit.enabled``, a runner of :data:`AUDIT_RUNNERS`; an
+  ``audit.holdout`` above the test split is refused once it is loaded.
+
+  Raises:
+    ValueError: one line naming the ``--config.audit.<key>`` to change.
+  """
+  a = _lookup(config, "audit")
+  if a is None:
+    return
+  from fedjax_dd.audit import workdir as audit_lib  # pylint: disable=g-import-not-at-top
+  audit_lib.check_settings(a.holdout, a.psnr_threshold, a.fprs,
+                           prefix="config.audit.", fix="set --config.{name}")
+  runner = _lookup(config, "runner")
+  if a.enabled and runner not in AUDIT_RUNNERS:
+    raise ValueError(
+        f"config.audit.enabled=True: runner {runner!r} has no audit yet "
+        f"(runners {', '.join(AUDIT_RUNNERS)}: FedD3's uploads, a rounds "
+        "run's global model); drop --config.audit.enabled.")
 
 
 def check_dp(config: ml_collections.ConfigDict) -> None:

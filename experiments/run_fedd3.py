@@ -81,6 +81,16 @@ def _distill_or_load(config, workdir, prepared, data):
         "set --config.fedd3.allow_raw_upload=True")) from None
 
 
+def _audit(config, workdir, prepared, data):
+  """With ``config.audit.enabled``: ``summary`` -> ``summary`` with the
+  audit of the uploads (``experiments/audit.py``) under ``audit``."""
+  if "audit" not in config or not config.audit.enabled:
+    return None
+  from fedjax_dd.experiments import audit  # pylint: disable=g-import-not-at-top
+  return lambda summary: {**summary, "audit": audit.audit_run(
+      config, workdir, prepared=prepared, data=data)}
+
+
 def _hybrid(config, workdir, prepared, data, distilled, extra, start):
   """App. F: FedAvg rounds on local plus received distilled data."""
   hybrid = jax.device_put(fedd3.hybrid_client_data(data, distilled))
@@ -91,7 +101,8 @@ def _hybrid(config, workdir, prepared, data, distilled, extra, start):
       config, workdir, prepared=prepared, algorithm=algorithm,
       data=hybrid, num_steps=num_steps,
       ledger=fedd3.hybrid_ledger(distilled, data.num_clients),
-      start_time=start, extra_summary=extra)
+      start_time=start, extra_summary=extra,
+      finalize=_audit(config, workdir, prepared, data))
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -99,6 +110,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   prepared = common.load_and_prepare(config)
   parts = common.partition(config, prepared.dataset.y_train)
   data = common.client_data(prepared.dataset, parts)
+  if "audit" in config and config.audit.enabled:
+    # A holdout the test split cannot give is refused now, before KIP.
+    from fedjax_dd.experiments import audit  # pylint: disable=g-import-not-at-top
+    audit.attacker_data(config, prepared)
   distilled, distill_seconds, cached = _distill_or_load(config, workdir,
                                                         prepared, data)
   ds = prepared.dataset
@@ -161,5 +176,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       rounds=int(result.state.epoch), wall=wall,
       extra={**extra, "stage_seconds": {
           "server_training_seconds": result.seconds["server"]}})
+  finalize = _audit(config, workdir, prepared, data)
+  if finalize is not None:
+    summary = finalize(summary)
   work.write_summary(summary)
   return summary

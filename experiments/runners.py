@@ -377,10 +377,24 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   else:
     algorithm = BUILDERS[config.method](config, training)
   fields = SUMMARY_FIELDS.get(config.method)
+  audit = None
+  if "audit" in config and config.audit.enabled:
+    # The audit's glue (experiments/audit.py); a holdout the test split
+    # cannot give is refused now, before the rounds.
+    from fedjax_dd.experiments import audit  # pylint: disable=g-import-not-at-top
+    audit.attacker_data(config, prepared)
+
+  def finalize(summary):
+    if fields is not None:
+      summary = {**summary,
+                 **fields(config, data.num_clients, summary["rounds"])}
+    if audit is not None:  # the final global model, from its checkpoint
+      summary["audit"] = audit.audit_run(config, workdir, prepared=prepared,
+                                         data=data, algorithm=algorithm)
+    return summary
+
   return fit_and_summarize(
       config, workdir, prepared=prepared, algorithm=algorithm, data=data,
-      num_steps=num_steps, start_time=start,
-      finalize=None if fields is None else lambda summary: {
-          **summary, **fields(config, data.num_clients, summary["rounds"])},
+      num_steps=num_steps, start_time=start, finalize=finalize,
       personal=common.personal_evaluation(config, algorithm, prepared.task,
                                           data, personal_test))

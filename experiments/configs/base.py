@@ -21,7 +21,9 @@ override fails instead of adding a key nobody reads:
   data drawn like its own);
 * method groups, added by the configs that use them: ``kip`` (:func:`kip`),
   ``dfkd`` (:func:`dfkd`), ``fedd3`` (:func:`fedd3`), ``hfldd``
-  (:func:`hfldd`), ``dp`` (:func:`dp`, DP-FedAvg).
+  (:func:`hfldd`), ``dp`` (:func:`dp`, DP-FedAvg);
+* ``audit``: the privacy audits of what the server kept, after a run
+  (``docs/privacy.md``).
 """
 
 from __future__ import annotations
@@ -205,6 +207,23 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # "fine-tuned" score of FL-bench and pfl-research.
       "finetune_steps": 0,
       "batch_size": 500,  # test examples per evaluated batch of a client
+  })
+  # Privacy audits of what the server kept (fedjax_dd.audit.workdir,
+  # docs/privacy.md): with enabled, a FedD3 run audits its clients' uploads
+  # and a rounds run (runner federated) its final global model once the run
+  # ends, writing DIR/audit.json and its headline figures to
+  # summary.json["audit"]; `python -m fedjax_dd.experiments.audit
+  # --workdir=DIR` audits a finished run. Not part of the run's identity.
+  c.audit = ml_collections.ConfigDict({
+      "enabled": False,
+      # The attacker's population data: this many test-split examples, drawn
+      # from data.seed's audit stream; 0: the whole test split. Not a slice
+      # of the training split, which would change the partition and the run.
+      "holdout": 0,
+      # dB at or above which a client image counts as reconstructed.
+      "psnr_threshold": 30.0,
+      # The false-positive rates of the reported TPRs (Carlini et al. 2022).
+      "fprs": (0.01, 0.001),
   })
   return c
 
@@ -705,6 +724,7 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "engine": _RUN_ONLY,
     "paper_departures": _RUN_ONLY,
     "expected": _RUN_ONLY,  # the quickstart's expected ranges
+    "audit": _RUN_ONLY,  # reads a finished run, changes none of it
     "model.conv_impl": _RUN_ONLY,
     # Personalized evaluation is part of a run (its rows depend on it, and
     # with eval.split=client the clients' training data); HFLDD's cached

@@ -13,4 +13,7 @@ The threat model and how to call each audit: ``docs/privacy.md``.
   the true one (total-variation distance).
 * :mod:`~fedjax_dd.audit.membership` (host, scikit-learn): AUC and TPR at
   low FPR of the attacks' scores.
+* :mod:`~fedjax_dd.audit.workdir`: the audits of a finished run's workdir
+  (FedD3's cached uploads, a rounds run's final global model), written to
+  ``WORKDIR/audit.json``.
 """

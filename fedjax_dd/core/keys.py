@@ -66,6 +66,7 @@ class Stream(enum.IntEnum):
   RESPLIT = 5          # the 80/20 re-split          (data_seed)
   PUBLIC_DATA = 6      # FedDF's public set          (data_seed)
   PERSONAL_TEST = 7    # per-client test sets        (data_seed)
+  AUDIT = 8            # an audit's holdout and non-members (data_seed)
 
 
 # Server-stage randomness of round r is folded off the round key at this

@@ -1,0 +1,409 @@
+"""The audits of a finished run: what the server kept, attacked at once.
+
+A run's workdir keeps what its server saw (``docs/privacy.md``, "What a
+workdir holds"): FedD3's clients' uploads in the stage cache
+(:data:`fedjax_dd.algorithms.fedd3_stages.STAGE`), a rounds run's final
+global model in its checkpoint. This module runs the audits of
+:mod:`fedjax_dd.audit` on them for every client at once and returns a
+JSON-ready summary (means over clients and per-client arrays), which
+:func:`write_audit` writes to ``WORKDIR/audit.json``:
+
+* :func:`audit_image_uploads` (FedD3): image membership inference in pixel
+  and random-feature space, reconstruction (best PSNR and SSIM of each
+  client image among its upload) and label leakage, per client;
+* :func:`audit_global_model` (the FedAvg family): the loss-threshold
+  membership inference of the final global model against each client's
+  training data.
+
+The attacker's population data is a held-out slice of the **test** split
+(:func:`holdout_indices`): every training example belongs to some client
+under most partitions, and carving a slice out of the training split would
+change the partition and so the run. Each client's non-members are drawn
+from that slice in the client's own label mix (:func:`nonmember_parts`).
+
+The clients' data is the caller's (the entry point rebuilds it from the
+run's config as its runner did, ``fedjax_dd.experiments.audit``); the
+library reads only what the server kept.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from fedjax_dd.algorithms import fedd3 as fedd3_lib
+from fedjax_dd.algorithms import fedd3_stages
+from fedjax_dd.audit import image_mia as image_mia_lib
+from fedjax_dd.audit import model_mia as model_mia_lib
+from fedjax_dd.audit import reconstruction as rc
+from fedjax_dd.audit.membership import FPRS, MIAResult
+from fedjax_dd.core import checks
+from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.metrics import to_jsonable, write_json
+from fedjax_dd.core.stage_cache import StageCache
+from fedjax_dd.core.task import Classifier
+from fedjax_dd.data.stacked import ClientData, stack_clients
+from fedjax_dd.distill import kip as kip_lib
+
+AUDIT_FILE = "audit.json"
+"""The file :func:`write_audit` writes in a workdir."""
+
+FEATURE_DIM = 2048
+"""Features of the image audit's random-feature space
+(:func:`fedjax_dd.audit.image_mia.random_projection`)."""
+
+
+def check_settings(holdout: Any, psnr_threshold: Any, fprs: Any, *,
+                   prefix: str = "", fix: str | None = None
+                   ) -> tuple[int, float, tuple[float, ...]]:
+  """The audit's settings, refused with one line before any data loads.
+
+  Args:
+    holdout: test examples the attacker holds, an int ``>= 0`` (0: the
+      whole test split); its upper bound, the test split's size, is checked
+      by :func:`holdout_indices` once the data is loaded.
+    psnr_threshold: dB at or above which an image counts as reconstructed
+      (finite).
+    fprs: the FPRs of the reported TPRs, a non-empty sequence in ``(0, 1)``.
+    prefix: how the names are spelled in a refusal (``"config.audit."``).
+    fix: the advice that ends a refusal, with ``{name}`` for the setting's
+      path (``"set --config.{name}"``).
+
+  Returns:
+    ``(holdout, psnr_threshold, fprs)`` in plain Python types.
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: naming the setting and its value.
+  """
+  def advice(name):
+    return fix.format(name=prefix + name) if fix else None
+
+  h = checks.check_int(prefix + "holdout", holdout, 0,
+                       fix=advice("holdout"))
+  t = checks.check_number(prefix + "psnr_threshold", psnr_threshold,
+                          fix=advice("psnr_threshold"))
+  if isinstance(fprs, (str, bytes)) or not isinstance(fprs, Sequence) or (
+      not fprs):
+    checks.refuse(prefix + "fprs", "a non-empty sequence of rates in (0, 1)",
+                  fprs, advice("fprs"))
+  f = tuple(checks.check_number(prefix + "fprs", v, 0.0, 1.0, low_open=True,
+                                high_open=True, fix=advice("fprs"))
+            for v in fprs)
+  return h, t, f
+
+
+def holdout_indices(num_test: int, holdout: int, rng: np.random.Generator, *,
+                    name: str = "holdout", fix: str | None = None
+                    ) -> np.ndarray:
+  """The attacker's slice of the test split: ``holdout`` indices drawn
+  without replacement (all ``num_test``, in order, for ``holdout=0``).
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: ``holdout`` above ``num_test``.
+  """
+  h = checks.check_int(name, holdout, 0, num_test,
+                       fix=fix or f"the test split holds {num_test} examples")
+  if h == 0 or h == num_test:
+    return np.arange(num_test)
+  return np.sort(rng.choice(num_test, size=h, replace=False))
+
+
+def nonmember_parts(holdout_y: np.ndarray, data: ClientData,
+                    rng: np.random.Generator) -> list[np.ndarray]:
+  """Each client's non-members: indices into the holdout in its label mix.
+
+  For each class ``k`` a client holds ``n_k`` examples of, it gets
+  ``min(n_k, H_k)`` of the holdout's ``H_k`` examples of ``k``, drawn for
+  it without replacement; clients draw independently, so two clients may
+  share a non-member (it is a non-member of both).
+
+  Args:
+    holdout_y: ``[H]`` the holdout's labels.
+    data: the clients' data (host or device).
+    rng: the draw.
+
+  Returns:
+    ``C`` sorted index arrays into the holdout.
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: a client none of whose classes
+      occurs in the holdout (no non-member to compare with).
+  """
+  y = np.asarray(jax.device_get(data.y))
+  n = np.asarray(jax.device_get(data.num_examples))
+  holdout_y = np.asarray(holdout_y)
+  by_class = {int(k): np.flatnonzero(holdout_y == k)
+              for k in np.unique(holdout_y)}
+  parts = []
+  for c in range(y.shape[0]):
+    classes, counts = np.unique(y[c, :n[c]], return_counts=True)
+    picks = [rng.choice(by_class[int(k)], size=min(int(m), by_class[int(k)]
+                                                   .size), replace=False)
+             for k, m in zip(classes, counts) if int(k) in by_class]
+    part = np.sort(np.concatenate(picks)) if picks else np.zeros(0, np.int64)
+    if part.size == 0:
+      checks.refuse("holdout", "a slice holding a class of every client",
+                    f"no example of client {c}'s classes "
+                    f"{classes.tolist()} among {holdout_y.size}",
+                    "raise it (0: the whole test split)")
+    parts.append(part)
+  return parts
+
+
+def nonmembers(holdout_x: np.ndarray, holdout_y: np.ndarray,
+               data: ClientData, rng: np.random.Generator) -> ClientData:
+  """:func:`nonmember_parts` stacked as a padded
+  :class:`~fedjax_dd.data.stacked.ClientData` (host arrays)."""
+  parts = nonmember_parts(holdout_y, data, rng)
+  return stack_clients(holdout_x, holdout_y, parts, allow_shared=True)
+
+
+def _mia_fields(results: Sequence[MIAResult],
+                fprs: Sequence[float]) -> dict[str, Any]:
+  """Means over clients and per-client arrays of ``MIAResult`` s."""
+  auc = [r.auc for r in results]
+  tpr = {str(f): [r.tpr_at_fpr[f] for r in results] for f in fprs}
+  return {"auc_mean": float(np.mean(auc)),
+          "tpr_at_fpr_mean": {f: float(np.mean(v)) for f, v in tpr.items()},
+          "auc": auc, "tpr_at_fpr": tpr}
+
+
+def _host(data: ClientData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  d = jax.device_get(data)
+  return np.asarray(d.x), np.asarray(d.y), np.asarray(d.num_examples)
+
+
+def upload_images(uploads: fedd3_lib.Uploads) -> np.ndarray:
+  """``[C, S, H, W, Ch]`` the uploads as the audits compare them: uint8 as
+  sent, a float upload's pixels scaled to ``[0, 1]`` (not clipped)."""
+  x = np.asarray(uploads.x)
+  return x if x.dtype == np.uint8 else (x / 255.0).astype(np.float32)
+
+
+def sent_labels(uploads: fedd3_lib.Uploads) -> np.ndarray:
+  """The labels the server received: learned label rows mapped to
+  targets ``[C, S, K]``, else the hard labels ``[C, S]``."""
+  y_soft = np.asarray(uploads.y_soft)
+  if uploads.learned_labels:
+    return np.asarray(kip_lib.labels_to_targets(
+        y_soft, centered=uploads.centered_labels), np.float32)
+  return np.argmax(y_soft, -1).astype(np.int32)
+
+
+def ssim_window(image_hw: Sequence[int]) -> int:
+  """SSIM's Gaussian window: Wang et al.'s 11, or the largest odd size
+  that fits in smaller images (7 for 8 x 8 digits)."""
+  size = min(11, *(int(s) for s in image_hw))
+  return size if size % 2 else size - 1
+
+
+def audit_image_uploads(data: ClientData, nonmember_data: ClientData,
+                        uploads: fedd3_lib.Uploads, *, num_classes: int,
+                        psnr_threshold: float = rc.PSNR_THRESHOLD,
+                        fprs: Sequence[float] = FPRS,
+                        projection_key: jax.Array | None = None,
+                        mapper: ClientMapper | None = None
+                        ) -> dict[str, Any]:
+  """Every client's image upload audited, batched over clients.
+
+  Clients that uploaded nothing are left out (``audited_clients`` says
+  which). SSIM uses :func:`ssim_window`.
+
+  Args:
+    data: the clients' training data, the members.
+    nonmember_data: each client's non-members (:func:`nonmembers`).
+    uploads: the clients' padded uploads
+      (:func:`fedjax_dd.algorithms.fedd3.pad_uploads`).
+    num_classes: ``K``.
+    psnr_threshold: dB at or above which an image counts as reconstructed.
+    fprs: FPRs of the reported TPRs.
+    projection_key: the feature space's key (default ``key(0)``).
+    mapper: the client-axis backend (default ``ClientMapper()``).
+
+  Returns:
+    ``{"kind": "image_uploads", "num_clients", "audited_clients",
+    "num_members", "num_nonmembers", "num_uploads", "image_mia_pixels",
+    "image_mia_features", "reconstruction", "label_leakage"}``; the MIA
+    groups as ``{"auc_mean", "tpr_at_fpr_mean", "auc", "tpr_at_fpr"}``.
+  """
+  mapper = mapper or ClientMapper()
+  x, y, n = _host(data)
+  nx, ny, nn = _host(nonmember_data)
+  ux, uy_sent = upload_images(uploads), sent_labels(uploads)
+  uy = np.argmax(np.asarray(uploads.y_soft), -1).astype(np.int32)
+  m = np.asarray(uploads.count, np.int32)
+  keep = np.flatnonzero(m > 0)
+  x, y, n, nx, ny, nn, ux, uy, uy_sent, m = (
+      a[keep] for a in (x, y, n, nx, ny, nn, ux, uy, uy_sent, m))
+  key = jax.random.key(0) if projection_key is None else projection_key
+  projection = image_mia_lib.random_projection(key, x.shape[2:],
+                                               FEATURE_DIM)
+  mia = {}
+  for name, proj in (("image_mia_pixels", None),
+                     ("image_mia_features", projection)):
+    mia[name] = _mia_fields(image_mia_lib.image_mia_batched(
+        x, y, n, nx, ny, nn, ux, uy, m, projection=proj, fprs=fprs,
+        mapper=mapper), fprs)
+  window = ssim_window(x.shape[2:4])
+  rec = jax.device_get(rc.reconstruction_batched(
+      x, n, ux, m, psnr_threshold=psnr_threshold, window=window,
+      mapper=mapper))
+  psnr, ssim = np.asarray(rec.best_psnr), np.asarray(rec.best_ssim)
+  valid = np.arange(psnr.shape[1])[None, :] < n[:, None]
+  per = lambda fn, a: [float(fn(a[i][valid[i]])) for i in range(len(keep))]
+  copies = per(lambda v: np.mean(np.isposinf(v)), psnr)
+  fraction = np.asarray(rec.fraction_above, np.float64).tolist()
+  tv = np.asarray(rc.label_leakage_batched(uy_sent, m, y, n, num_classes,
+                                           mapper=mapper),
+                  np.float64).tolist()
+  return {
+      "kind": "image_uploads",
+      "num_clients": int(np.asarray(uploads.count).shape[0]),
+      "audited_clients": keep.tolist(),
+      "num_members": n.tolist(), "num_nonmembers": nn.tolist(),
+      "num_uploads": m.tolist(),
+      **mia,
+      "reconstruction": {
+          "psnr_threshold": float(psnr_threshold),
+          "ssim_window": window,
+          "fraction_above_mean": float(np.mean(fraction)),
+          "exact_copy_fraction_mean": float(np.mean(copies)),
+          "best_psnr_median_mean": float(np.mean(per(np.median, psnr))),
+          "best_ssim_mean": float(np.mean(per(np.mean, ssim))),
+          "fraction_above": fraction,
+          "exact_copy_fraction": copies,
+          "best_psnr_max": per(np.max, psnr),
+          "best_psnr_median": per(np.median, psnr),
+          "best_ssim_max": per(np.max, ssim),
+          "best_ssim_client_mean": per(np.mean, ssim),
+      },
+      "label_leakage": {"tv_mean": float(np.mean(tv)), "tv": tv},
+  }
+
+
+def audit_global_model(task: Classifier, params: Any, batch_stats: Any,
+                       data: ClientData, nonmember_data: ClientData, *,
+                       fprs: Sequence[float] = FPRS,
+                       mapper: ClientMapper | None = None) -> dict[str, Any]:
+  """The loss-threshold attack (Yeom et al. 2018) on one global model
+  against every client's training data, batched over clients.
+
+  Args:
+    task: the classifier.
+    params: the global model's parameters.
+    batch_stats: its BatchNorm statistics (``{}`` without BN).
+    data: the clients' training data, the members.
+    nonmember_data: each client's non-members (:func:`nonmembers`).
+    fprs: FPRs of the reported TPRs.
+    mapper: the client-axis backend (default ``ClientMapper()``).
+
+  Returns:
+    ``{"kind": "global_model", "num_clients", "num_members",
+    "num_nonmembers", "model_mia_loss": {"auc_mean", "tpr_at_fpr_mean",
+    "auc", "tpr_at_fpr"}}``.
+  """
+  x, y, n = _host(data)
+  nx, ny, nn = _host(nonmember_data)
+  results = model_mia_lib.loss_threshold_mia_batched(
+      task, params, batch_stats, x, y, n, nx, ny, nn, shared_model=True,
+      fprs=fprs, mapper=mapper)
+  return {"kind": "global_model", "num_clients": int(x.shape[0]),
+          "num_members": n.tolist(), "num_nonmembers": nn.tolist(),
+          "model_mia_loss": _mia_fields(results, fprs)}
+
+
+def load_uploads(cache_workdir: str | os.PathLike,
+                 fingerprint: Mapping[str, Any], num_clients: int
+                 ) -> fedd3_lib.Uploads:
+  """FedD3's clients' uploads from a workdir's stage cache, padded.
+
+  Args:
+    cache_workdir: the workdir whose ``stages/`` holds the distilled set
+      (a run's own, or the one its ``fedd3.distilled_from`` names).
+    fingerprint: the run's distillation fingerprint; a set distilled under
+      another is refused.
+    num_clients: ``C``.
+
+  Raises:
+    FileNotFoundError: the cache holds no distilled set.
+    fedjax_dd.core.stage_cache.StaleStageError: it was distilled under
+      another fingerprint.
+  """
+  cache = StageCache.for_workdir(cache_workdir)
+  stage = cache.load(fedd3_stages.STAGE, fingerprint)
+  if stage is None:
+    raise FileNotFoundError(
+        f"{cache.path(fedd3_stages.STAGE)} holds no distilled set (the "
+        "uploads of a FedD3 run); audit a FedD3 workdir whose run finished "
+        "its client stage.")
+  distilled = fedd3_lib.DistilledSet.from_arrays(
+      stage.arrays, learned_labels=stage.info["learned_labels"],
+      centered_labels=stage.info["centered_labels"])
+  size = max(1, int(np.bincount(np.asarray(distilled.owner, np.int64),
+                                minlength=num_clients).max(initial=0)))
+  return fedd3_lib.pad_uploads(distilled, num_clients, size)
+
+
+def load_global_model(workdir: str | os.PathLike, template: Any
+                      ) -> tuple[Any, Any, int]:
+  """The newest good checkpoint of a rounds run:
+  ``(params, batch_stats, rounds done)``.
+
+  Args:
+    workdir: the run's directory (``checkpoints/`` under it).
+    template: the run's initial
+      :class:`~fedjax_dd.core.algorithm.ExperimentState`
+      (:func:`fedjax_dd.core.fit.initial_state`).
+
+  Raises:
+    FileNotFoundError: no checkpoint passes the integrity check.
+  """
+  directory = os.path.join(os.fspath(workdir), "checkpoints")
+  restored = None
+  if os.path.isdir(directory):
+    with CheckpointStore(directory, max_to_keep=None) as store:
+      restored = store.restore(template)
+  if restored is None:
+    raise FileNotFoundError(
+        f"{directory} holds no checkpoint of a finished round; audit a "
+        "workdir whose run checkpointed its global model.")
+  step, state, _ = restored
+  return state.server.params, state.server.batch_stats, int(step)
+
+
+def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
+  """The few figures of an audit summary that go into ``summary.json``."""
+  out: dict[str, Any] = {"file": AUDIT_FILE, "kind": summary["kind"]}
+  for group in ("image_mia_pixels", "image_mia_features", "model_mia_loss"):
+    if group in summary:
+      out[f"{group}_auc"] = summary[group]["auc_mean"]
+      for f, v in summary[group]["tpr_at_fpr_mean"].items():
+        out[f"{group}_tpr_at_fpr_{f}"] = v
+  if "reconstruction" in summary:
+    r = summary["reconstruction"]
+    out["reconstructed_fraction"] = r["fraction_above_mean"]
+    out["exact_copy_fraction"] = r["exact_copy_fraction_mean"]
+    out["best_ssim_mean"] = r["best_ssim_mean"]
+  if "label_leakage" in summary:
+    out["label_tv"] = summary["label_leakage"]["tv_mean"]
+  return out
+
+
+def write_audit(workdir: str | os.PathLike, summary: Mapping[str, Any]
+                ) -> str:
+  """Writes ``summary`` (non-finite numbers as strings, ``"inf"``) to
+  ``WORKDIR/audit.json``; returns the path."""
+  path = os.path.join(os.fspath(workdir), AUDIT_FILE)
+  write_json(path, to_jsonable(dict(summary)))
+  return path
+
+
+__all__ = ["AUDIT_FILE", "FEATURE_DIM", "audit_global_model",
+           "audit_image_uploads", "check_settings", "headline",
+           "holdout_indices", "load_global_model", "load_uploads",
+           "nonmember_parts", "nonmembers", "sent_labels", "ssim_window",
+           "upload_images", "write_audit"]
