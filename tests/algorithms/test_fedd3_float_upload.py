@@ -12,22 +12,10 @@ import optax
 
 from fedjax_dd.algorithms import fedd3
 from fedjax_dd.data import preprocess
-from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill.kip import KipOptions
 from fedjax_dd.kernels.native import fc_kernel
+from tests.algorithms.test_fedd3 import _clients  # the same two clients
 from tests.conftest import tiny_task
-
-
-def _clients():
-  rng = np.random.default_rng(0)
-  x = np.zeros((2, 8, 4, 4, 1), np.uint8)
-  y = np.zeros((2, 8), np.int32)
-  for c in range(2):
-    lab = np.array([c, c + 1] * 4)
-    img = rng.integers(0, 40, (8, 4, 4, 1))
-    img[np.arange(8), lab] += 200
-    x[c], y[c] = img, lab
-  return ClientData(x=x, y=y, num_examples=np.array([8, 6], np.int32))
 
 
 def _kip(**kw):

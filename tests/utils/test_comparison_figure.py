@@ -7,7 +7,8 @@ import numpy as np
 from fedjax_dd.utils import figures
 
 
-def test_comparison_tick_labels_do_not_overlap(tmp_path, monkeypatch):
+def _capture_figures(monkeypatch):
+  """The figures plot_comparison makes, in order."""
   made = []
   new_figure = figures.new_figure
 
@@ -16,6 +17,11 @@ def test_comparison_tick_labels_do_not_overlap(tmp_path, monkeypatch):
     return made[-1]
 
   monkeypatch.setattr(figures, "new_figure", capture)
+  return made
+
+
+def test_comparison_tick_labels_do_not_overlap(tmp_path, monkeypatch):
+  made = _capture_figures(monkeypatch)
   names = ["fedavg", "fedd3", "hfldd", "fedhydra",
            "fedhydra: one-shot FedAvg of its clients", "disue"]
   rows = [{"method": n, "final_test_accuracy": 0.1 * (i + 1),
@@ -40,14 +46,7 @@ def test_comparison_tick_labels_do_not_overlap(tmp_path, monkeypatch):
 
 def test_comparison_has_its_title_and_marks_each_expected_range(
     tmp_path, monkeypatch):
-  made = []
-  new_figure = figures.new_figure
-
-  def capture(**kwargs):
-    made.append(new_figure(**kwargs))
-    return made[-1]
-
-  monkeypatch.setattr(figures, "new_figure", capture)
+  made = _capture_figures(monkeypatch)
   rows = [{"method": "in", "final_test_accuracy": 0.5,
            "bytes_total": 1e3, "expected": (0.4, 0.6)},
           {"method": "low", "final_test_accuracy": 0.2,
