@@ -214,7 +214,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
       class_accuracy=config.run.class_accuracy,
       stop_on_nonfinite=config.run.stop_on_nonfinite,
       initial_model_as_seed=config.server.initial_model_as_seed,
-      wall=wall, definition=definition)
+      wall=wall, definition=definition, name=config.method)
   fields = runners.SUMMARY_FIELDS.get(config.method)
   for i, (c, d, (_, seed)) in enumerate(zip(configs, dirs, runs)):
     state = result.run_state(i)

@@ -293,7 +293,8 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
              stop_on_nonfinite: bool = True,
              initial_model_as_seed: bool = True,
              wall: loop_lib.WallClock | None = None,
-             definition: dict[str, Any] | None = None) -> RunsResult:
+             definition: dict[str, Any] | None = None,
+             name: str | None = None) -> RunsResult:
   """Runs (or resumes) R runs of a rounds algorithm on one run axis.
 
   Each run computes what :func:`fedjax_dd.fit` computes for its seed, data
@@ -338,6 +339,8 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
       the sweep before its round is written).
     definition: what defines the sweep, recorded in ``config.json``;
       default :func:`sweep_definition`.
+    name: the algorithm's name in a refusal (default
+      :func:`algorithm_name`, the module of its ``apply``).
 
   Returns:
     :class:`RunsResult`.
@@ -399,7 +402,7 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
     algorithms = [algorithm(s, {k: vs[i] for k, vs in hparams.items()})
                   for i, s in enumerate(seeds)]
     apply_algorithm = lambda hp: algorithm(seeds[0], hp)
-  name = algorithm_name(algorithms[0])
+  name = name or algorithm_name(algorithms[0])
 
   with contextlib.ExitStack() as stack:
     if workdir is None:
@@ -410,11 +413,12 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
     wall = wall or loop_lib.WallClock(start=time.time())
     records = [fit_lib.run_definition(a, prepared, d, s, sampler, seed=seed)
                for a, d, s, seed in zip(algorithms, datas, num_steps, seeds)]
-    for record, steps in zip(records, num_steps):
-      fit_lib._check_max_steps(record, steps)  # pylint: disable=protected-access
     _check_batches(records, datas)
     if definition is None:
       definition = sweep_definition(names, hparams, records)
+      # As fit: the entry point builds max_steps from the step counts.
+      for record, steps in zip(records, num_steps):
+        fit_lib._check_max_steps(record, steps)  # pylint: disable=protected-access
     workdir_lib.record_fingerprint(workdir, definition, flag="workdir=")
     forms = definition_lib.forms_of(task.module)
     workdir_lib.record_environment(workdir, forms=forms)
@@ -483,7 +487,10 @@ def _check_batches(records: Sequence[Mapping[str, Any]],
   effective_batch_size`), and to the larger padded length on the axis."""
   n_max = max(int(d.x.shape[1]) for d in datas)
   for i, (record, d) in enumerate(zip(records, datas)):
-    sizes = [v for k, v in record.items() if k.endswith(".batch_size")
+    # The local updates' batches (make_local_update's closure), not a
+    # server stage's.
+    sizes = [v for k, v in record.items()
+             if k.endswith(("local.batch_size", "local.run.batch_size"))
              and isinstance(v, int) and not isinstance(v, bool)]
     own = int(d.x.shape[1])
     for b in sizes:

@@ -277,3 +277,22 @@ def test_stack_client_data_pads_to_the_largest():
   np.testing.assert_array_equal(stacked.x[0, :, :d0.x.shape[1]], d0.x)
   np.testing.assert_array_equal(stacked.num_examples[1], d1.num_examples)
   assert not np.asarray(stacked.x[0, :, d0.x.shape[1]:]).any()
+
+
+def test_padding_that_would_change_a_batch_is_refused(tmp_path):
+  """A batch above a run's own N_max draws N_max examples; padded to a
+  larger N_max it would draw more: refused, naming the run."""
+  p = _prepared()
+  ds = p.dataset
+  small = stack_clients(ds.x_train, ds.y_train,
+                        [np.arange(i, 40, 8)[:4] for i in range(4)])
+  large = stack_clients(ds.x_train, ds.y_train,
+                        [np.arange(i, 40, 4) for i in range(4)])
+  assert small.x.shape[1] == 4 and large.x.shape[1] == 10
+  steps = fit_lib.local_steps(small, batch_size=6, steps=2)
+  algo = fedjax_dd.fedavg(fedjax_dd.LocalTraining(p.task, optax.sgd(0.1),
+                                                  batch_size=6, max_steps=2))
+  with pytest.raises(run_axis.RunAxisError, match="run 0's largest client"):
+    run_axis.fit_runs(algo, p, [small, large], [steps, steps], seeds=[0, 1],
+                      rounds=1, clients_per_round=2, workdir=tmp_path / "w",
+                      progress=False)
