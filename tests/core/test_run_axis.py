@@ -296,3 +296,16 @@ def test_padding_that_would_change_a_batch_is_refused(tmp_path):
     run_axis.fit_runs(algo, p, [small, large], [steps, steps], seeds=[0, 1],
                       rounds=1, clients_per_round=2, workdir=tmp_path / "w",
                       progress=False)
+
+
+def test_time_budget_stops_every_run_and_a_resume_finishes_them(tmp_path):
+  p = _prepared()
+  full, _, _ = _sweep(p, tmp_path / "full", rounds=3)
+  cut, _, _ = _sweep(p, tmp_path / "cut", rounds=3, max_seconds=1e-9)
+  assert cut.out_of_time
+  assert [[r["round"] for r in rows] for rows in cut.rows] == [[1]] * 3
+  # The budget's last round is evaluated and checkpointed like any last.
+  assert all("test_accuracy" in rows[-1] for rows in cut.rows)
+  resumed, _, _ = _sweep(p, tmp_path / "cut", rounds=3)
+  assert not resumed.out_of_time
+  assert resumed.rows == full.rows
