@@ -751,7 +751,7 @@ def check_audit(config: ml_collections.ConfigDict) -> None:
     return
   from fedjax_dd.audit import workdir as audit_lib  # pylint: disable=g-import-not-at-top
   audit_lib.check_settings(a.holdout, a.psnr_threshold, a.fprs,
-                           prefix="config.audit.", fix="set --config.{name}")
+                           prefix="config.audit.", fix="set --{name}")
   runner = _lookup(config, "runner")
   if a.enabled and runner not in AUDIT_RUNNERS:
     raise ValueError(
