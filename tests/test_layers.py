@@ -13,8 +13,10 @@ FLOORS = (
     ("policy",),
     ("data", "kernels", "models"),
     ("core", "privacy"),
-    ("cluster", "distill", "audit"),
+    ("cluster", "distill"),
     ("algorithms",),
+    # The audits read what a run's algorithms stored (FedD3's stage cache).
+    ("audit",),
     ("utils",),
     ("experiments",),
 )
