@@ -130,6 +130,33 @@ def gather_cohort(data: ClientData, num_steps: jax.Array,
   return _gather_on_device(data, num_steps, ids)
 
 
+def traffic_row(ledger: ledger_lib.Ledger, r: int, metrics: dict[str, Any],
+                row: dict[str, Any]) -> tuple[ledger_lib.Ledger, dict[str, Any]]:
+  """Round ``r``'s traffic metrics into the ledger, the rest into its row.
+
+  Metrics named ``"traffic/<kind>/<tag>"`` (class counts, secure-similarity
+  ciphertexts: traffic beyond the models) hold the round's total bits; they
+  go to the ledger, not to the row. The row gains the ledger's cumulative
+  and this round's ``bytes_*`` counts.
+
+  Returns:
+    ``(ledger, row)``.
+  """
+  for k, v in metrics.items():
+    if k.startswith(TRAFFIC_PREFIX):
+      kind, tag = k[len(TRAFFIC_PREFIX):].split("/", 1)
+      bits = int(v)
+      if bits:
+        ledger = ledger.record(r, kind=kind, bits=bits, tag=tag)
+    else:
+      row[k] = v
+  row.update({f"{k}_cumulative": v for k, v in ledger.cumulative().items()
+              if k.startswith("bytes_")})
+  row.update({f"{k}_round": v for k, v in ledger.round_totals(r).items()
+              if k.startswith("bytes_")})
+  return ledger, row
+
+
 def round_cohort(run_key: jax.Array, r: int,
                  sampler: cohorts.CohortSampler, data: ClientData,
                  num_steps: jax.Array) -> tuple[jax.Array, Cohort, jax.Array]:
@@ -252,19 +279,8 @@ def run_rounds(
     # Traffic beyond the models (e.g. class counts, secure-similarity
     # ciphertexts): metrics named "traffic/<kind>/<tag>" hold this round's
     # total bits; they go to the ledger, not to the metrics row.
-    row = {} if sampler.fixed else {"cohort_size": s}
-    for k, v in metrics.items():
-      if k.startswith(TRAFFIC_PREFIX):
-        kind, tag = k[len(TRAFFIC_PREFIX):].split("/", 1)
-        bits = int(v)
-        if bits:
-          ledger = ledger.record(r, kind=kind, bits=bits, tag=tag)
-      else:
-        row[k] = v
-    row.update({f"{k}_cumulative": v for k, v in ledger.cumulative().items()
-                if k.startswith("bytes_")})
-    row.update({f"{k}_round": v for k, v in ledger.round_totals(r).items()
-                if k.startswith("bytes_")})
+    ledger, row = traffic_row(
+        ledger, r, metrics, {} if sampler.fixed else {"cohort_size": s})
     return (state, ledger), row
 
   def save(r, carry, force):

@@ -595,17 +595,4 @@ def _ledger_row(algorithm: FederatedAlgorithm, ledger: ledger_lib.Ledger,
   ledger = ledger.record(r, kind="download", bits=down // s, count=s,
                          tag="model")
   ledger = ledger.record(r, kind="upload", bits=up // s, count=s, tag="model")
-  row: dict[str, Any] = {}
-  for k, v in metrics.items():
-    if k.startswith(rounds_lib.TRAFFIC_PREFIX):
-      kind, tag = k[len(rounds_lib.TRAFFIC_PREFIX):].split("/", 1)
-      bits = int(v)
-      if bits:
-        ledger = ledger.record(r, kind=kind, bits=bits, tag=tag)
-    else:
-      row[k] = v
-  row.update({f"{k}_cumulative": v for k, v in ledger.cumulative().items()
-              if k.startswith("bytes_")})
-  row.update({f"{k}_round": v for k, v in ledger.round_totals(r).items()
-              if k.startswith("bytes_")})
-  return ledger, row
+  return rounds_lib.traffic_row(ledger, r, metrics, {})

@@ -15,9 +15,9 @@ from fedjax_dd.data.sources import Dataset
 from fedjax_dd.data.stacked import stack_clients
 
 
-def _tiny_dataset():
+def _tiny_dataset(num_train=24):
   # 2 classes of 4x4 images: class 0 dark on the left half, class 1 on the
-  # right; 24 train and 8 test images.
+  # right; num_train train and 8 test images.
   rng = np.random.default_rng(0)
 
   def make(n):
@@ -27,7 +27,7 @@ def _tiny_dataset():
     x[y == 1, :, 2:] += 200
     return x, y.astype(np.int32)
 
-  x_train, y_train = make(24)
+  x_train, y_train = make(num_train)
   x_test, y_test = make(8)
   return Dataset(x_train=x_train, y_train=y_train, x_test=x_test,
                  y_test=y_test, num_classes=2, name="tiny")

@@ -28,8 +28,8 @@ from fedjax_dd.core import prepare as prepare_lib
 from fedjax_dd.core import run_axis
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.core.checkpoint import CheckpointStore
-from fedjax_dd.data.sources import Dataset
 from fedjax_dd.data.stacked import stack_clients
+from tests.core import test_fit
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -37,19 +37,7 @@ SEEDS = (0, 1, 2)
 
 
 def _tiny_dataset():
-  rng = np.random.default_rng(0)
-
-  def make(n):
-    y = np.arange(n) % 2
-    x = rng.integers(0, 40, size=(n, 4, 4, 1)).astype(np.uint8)
-    x[y == 0, :, :2] += 200
-    x[y == 1, :, 2:] += 200
-    return x, y.astype(np.int32)
-
-  x_train, y_train = make(40)
-  x_test, y_test = make(8)
-  return Dataset(x_train=x_train, y_train=y_train, x_test=x_test,
-                 y_test=y_test, num_classes=2, name="tiny")
+  return test_fit._tiny_dataset(num_train=40)  # pylint: disable=protected-access
 
 
 def _prepared():
