@@ -93,6 +93,17 @@ def fingerprint(config: ml_collections.ConfigDict, name: str = "run"
   return {p: config_value(config, p) for p in paths}
 
 
+def distill_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """FedD3's distillation settings of ``config`` (the keys marked
+  ``+fedd3_distill`` in ``experiments/configs/base.py``) and the cache
+  format: what a cached upload set is checked against (the FedD3 runner
+  and the audit of its workdir)."""
+  # pylint: disable-next=g-import-not-at-top
+  from fedjax_dd.algorithms import fedd3_stages
+  return {**fingerprint(config, "fedd3_distill"),
+          "cache_format": fedd3_stages.CACHE_FORMAT}
+
+
 def data_dir(config: ml_collections.ConfigDict) -> str | None:
   """``config.data.data_dir`` ("" : the loaders' default)."""
   return config.data.data_dir or None
@@ -733,7 +744,8 @@ def check_personal(config: ml_collections.ConfigDict) -> None:
         "--config.eval.personal.")
 
 
-# The runners whose runs --config.audit.enabled audits (experiments/audit.py).
+# The runners whose runs --config.audit.enabled audits
+# (experiments/auditing.py).
 AUDIT_RUNNERS = ("federated", "fedd3")
 
 

@@ -53,12 +53,7 @@ from fedjax_dd.utils.image_grid import save_image_grid
 STAGE = fedd3_stages.STAGE
 
 
-def distill_fingerprint(config) -> dict[str, Any]:
-  """The distillation settings of ``config`` (the keys marked
-  ``+fedd3_distill`` in ``experiments/configs/base.py``) and the cache
-  format."""
-  return {**common.fingerprint(config, "fedd3_distill"),
-          "cache_format": fedd3_stages.CACHE_FORMAT}
+distill_fingerprint = common.distill_fingerprint
 
 
 def _distill_or_load(config, workdir, prepared, data):
@@ -83,10 +78,10 @@ def _distill_or_load(config, workdir, prepared, data):
 
 def _audit(config, workdir, prepared, data):
   """With ``config.audit.enabled``: ``summary`` -> ``summary`` with the
-  audit of the uploads (``experiments/audit.py``) under ``audit``."""
+  audit of the uploads (``experiments/auditing.py``) under ``audit``."""
   if "audit" not in config or not config.audit.enabled:
     return None
-  from fedjax_dd.experiments import audit  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import auditing as audit  # pylint: disable=g-import-not-at-top
   return lambda summary: {**summary, "audit": audit.audit_run(
       config, workdir, prepared=prepared, data=data)}
 
@@ -112,7 +107,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   data = common.client_data(prepared.dataset, parts)
   if "audit" in config and config.audit.enabled:
     # A holdout the test split cannot give is refused now, before KIP.
-    from fedjax_dd.experiments import audit  # pylint: disable=g-import-not-at-top
+    from fedjax_dd.experiments import auditing as audit  # pylint: disable=g-import-not-at-top
     audit.attacker_data(config, prepared)
   distilled, distill_seconds, cached = _distill_or_load(config, workdir,
                                                         prepared, data)

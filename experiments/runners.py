@@ -379,9 +379,9 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   fields = SUMMARY_FIELDS.get(config.method)
   audit = None
   if "audit" in config and config.audit.enabled:
-    # The audit's glue (experiments/audit.py); a holdout the test split
+    # The audit's glue (experiments/auditing.py); a holdout the test split
     # cannot give is refused now, before the rounds.
-    from fedjax_dd.experiments import audit  # pylint: disable=g-import-not-at-top
+    from fedjax_dd.experiments import auditing as audit  # pylint: disable=g-import-not-at-top
     audit.attacker_data(config, prepared)
 
   def finalize(summary):

@@ -139,3 +139,16 @@ def x64():
     return jax.enable_x64(True)
   from jax.experimental import enable_x64  # pylint: disable=g-import-not-at-top
   return enable_x64()
+
+
+def validate_with_shared_data(config) -> None:
+  """``common.validate(config)`` once every ``npz:`` file of ``config.data``
+  under ``../shared/datasets`` is present; skips the test otherwise (the
+  checks before it still ran)."""
+  # pylint: disable-next=g-import-not-at-top
+  from fedjax_dd.experiments import common
+  for key in ("dataset", "public_data", "aux_dataset"):
+    value = config.data.get(key)
+    if isinstance(value, str) and "shared/datasets/" in value:
+      shared_dataset(value.rsplit("shared/datasets/", 1)[1])
+  common.validate(config)

@@ -14,6 +14,7 @@ from fedjax_dd.experiments.configs import base as base_config
 from fedjax_dd.experiments.configs import dense as dense_config
 from fedjax_dd.experiments.configs import feddf as feddf_config
 from fedjax_dd.experiments.configs import fedhydra as fedhydra_config
+from tests.conftest import validate_with_shared_data
 
 PRESETS = ["smoke", "smoke_hetero", "mnist_a0.5", "mnist_a0.1", "mnist_2cc",
            "fmnist_a0.5", "cifar10_a0.1", "mnist_a0.5_gpu",
@@ -33,7 +34,7 @@ def test_paper_presets_are_the_gpu_scale_from_own_inits(arg):
   c.client.independent_init = False
   c.paper_departures = gpu.paper_departures
   assert c.to_dict() == gpu.to_dict()
-  common.validate(c)
+  validate_with_shared_data(c)
 
 
 @pytest.mark.parametrize("arg", PRESETS)

@@ -16,6 +16,7 @@ from fedjax_dd.experiments.configs import fedseq as fedseq_config
 from fedjax_dd.experiments.configs import hfldd as hfldd_config
 from fedjax_dd.experiments.configs import hfldd_random as random_config
 from fedjax_dd.experiments.configs import hfldd_wodd as wodd_config
+from tests.conftest import validate_with_shared_data
 
 HFLDD_BASES = ("mnist_c1", "mnist_c2", "mnist_c10", "cifar10_c1",
                "cifar10_c2")
@@ -28,7 +29,7 @@ def test_hfldd_gpu_names_are_aliases_of_the_paper_presets(module, name):
   # The _paper presets run on a CPU too; _gpu was their former name.
   paper = module.get_config(f"{name}_paper")
   assert module.get_config(f"{name}_gpu").to_dict() == paper.to_dict()
-  common.validate(paper)
+  validate_with_shared_data(paper)
 
 
 @pytest.mark.parametrize("name", ["mnist_hfldd", "cifar10_hfldd"])
@@ -115,7 +116,7 @@ def test_fedd3_authors_presets_carry_the_authors_code(arg):
   assert c.client.batch_size == 50
   assert c.rounds == (3 if arg == "smoke_authors" else 500)
   checks.check_values(c)
-  common.validate(c)
+  validate_with_shared_data(c)
   if arg == "smoke_authors":
     return
   # The paper's own values the authors' command repeats (App. C, README):

@@ -1,0 +1,160 @@
+"""The audit of a run, as the runners call it (``--config.audit.enabled``).
+
+Glue between a config and :mod:`fedjax_dd.audit.workdir`: the attacker's
+holdout (:func:`attacker_data`), the audit of a FedD3 run's uploads
+(:func:`audit_fedd3`) or of a rounds run's global model
+(:func:`audit_federated`), written to ``WORKDIR/audit.json``, and the
+headline for ``summary.json["audit"]`` (:func:`audit_run`). The runners
+import this module, and the command that audits a finished workdir
+(``python -m fedjax_dd.experiments.audit``) imports it and the runners,
+so the imports have no cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from fedjax_dd.audit import workdir as audit_lib
+from fedjax_dd.core import checks
+from fedjax_dd.core import keys
+from fedjax_dd.experiments import common
+from fedjax_dd.experiments.configs import base as base_config
+
+
+def attacker_data(config: ml_collections.ConfigDict,
+                  prepared: common.Prepared
+                  ) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+  """``(holdout_x, holdout_y, rng)``: ``audit.holdout`` test examples drawn
+  from ``data.seed``'s audit stream, and that stream for the non-members.
+
+  Raises:
+    common.InputError: ``audit.holdout`` above the test split's size.
+  """
+  ds = prepared.dataset
+  rng = keys.numpy_stream(config.data.seed, keys.Stream.AUDIT)
+  num_test = int(np.shape(ds.y_test)[0])
+  try:
+    idx = audit_lib.holdout_indices(
+        num_test, config.audit.holdout, rng, name="config.audit.holdout",
+        fix=f"the test split of {config.data.dataset} holds {num_test} "
+        "examples; set --config.audit.holdout (0: all of them)")
+  except checks.SettingError as e:
+    raise common.InputError(str(e)) from None
+  return ds.x_test[idx], ds.y_test[idx], rng
+
+
+def _nonmembers(config, prepared, data):
+  hx, hy, rng = attacker_data(config, prepared)
+  try:
+    return audit_lib.nonmembers(hx, hy, data, rng), int(hy.shape[0])
+  except checks.SettingError as e:
+    raise common.InputError(
+        f"config.audit.{e}".replace("; raise it", "; raise "
+                                    "--config.audit.holdout")) from None
+
+
+def audit_fedd3(config: ml_collections.ConfigDict, workdir: str, *,
+                prepared: common.Prepared | None = None,
+                data=None) -> dict[str, Any]:
+  """The audit of a FedD3 run's uploads (its stage cache), written to
+  ``workdir/audit.json``; ``prepared`` and ``data`` are rebuilt as
+  ``run_fedd3.run`` builds them when not given."""
+  if prepared is None:
+    prepared = common.load_and_prepare(config)
+  if data is None:
+    data = common.client_data(
+        prepared.dataset, common.partition(config, prepared.dataset.y_train))
+  nonmembers, size = _nonmembers(config, prepared, data)
+  uploads = audit_lib.load_uploads(
+      config.fedd3.distilled_from or workdir,
+      common.distill_fingerprint(config), data.num_clients)
+  summary = audit_lib.audit_image_uploads(
+      data, nonmembers, uploads, num_classes=prepared.dataset.num_classes,
+      psnr_threshold=float(config.audit.psnr_threshold),
+      fprs=tuple(config.audit.fprs),
+      projection_key=_projection_key(config), mapper=common.mapper(config))
+  return _finish(config, workdir, summary, size)
+
+
+def audit_federated(config: ml_collections.ConfigDict, workdir: str, *,
+                    prepared: common.Prepared, data,
+                    algorithm) -> dict[str, Any]:
+  """The audit of a rounds run's final global model (its checkpoint),
+  written to ``workdir/audit.json``; ``prepared``, ``data`` and
+  ``algorithm`` as ``runners.run_federated`` built them (the audit command,
+  ``experiments/audit.py``, builds them again from a finished run's
+  config)."""
+  from fedjax_dd.core import fit as fit_lib  # pylint: disable=g-import-not-at-top
+  nonmembers, size = _nonmembers(config, prepared, data)
+  template = fit_lib.initial_state(algorithm, prepared.task, data.num_clients,
+                                   seed=config.seed)
+  params, batch_stats, rounds = audit_lib.load_global_model(workdir,
+                                                            template)
+  summary = audit_lib.audit_global_model(
+      prepared.task, params, batch_stats, data, nonmembers,
+      fprs=tuple(config.audit.fprs), mapper=common.mapper(config))
+  summary["rounds"] = rounds
+  return _finish(config, workdir, summary, size)
+
+
+def _projection_key(config):
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.random.fold_in(jax.random.key(int(config.data.seed)),
+                            int(keys.Stream.AUDIT))
+
+
+def _finish(config, workdir, summary, size):
+  summary = {
+      "method": config.method, "dataset": config.data.dataset,
+      "holdout": {"source": "test split",
+                  "requested": int(config.audit.holdout), "size": size},
+      "psnr_threshold": float(config.audit.psnr_threshold),
+      "fprs": list(config.audit.fprs), **summary}
+  audit_lib.write_audit(workdir, summary)
+  return summary
+
+
+AUDITS = {"fedd3": audit_fedd3, "federated": audit_federated}
+"""The audit of each runner of ``common.AUDIT_RUNNERS``."""
+
+
+def audit_run(config: ml_collections.ConfigDict, workdir: str,
+              **built) -> dict[str, Any]:
+  """The runner's audit (:data:`AUDITS`); returns the headline figures
+  for ``summary.json["audit"]``."""
+  return audit_lib.headline(AUDITS[config.runner](config, workdir, **built))
+
+
+def finished_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config of a finished run, from ``workdir/summary.json``, with the
+  ``audit`` group's defaults where the run predates it.
+
+  Raises:
+    common.InputError: no readable ``summary.json``, or a runner without an
+      audit.
+  """
+  path = os.path.join(workdir, "summary.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      recorded = json.load(f)["config"]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise common.InputError(
+        f"{path} cannot be read as a finished run's summary ({type(e).__name__}"
+        f": {e}); audit a workdir whose run finished.") from None
+  config = ml_collections.ConfigDict(recorded)
+  defaults = base_config.base(method="", dataset="", model="").audit
+  if "audit" not in config:
+    config.audit = defaults
+  for k, v in defaults.items():
+    if k not in config.audit:
+      config.audit[k] = v
+  if config.get("runner") not in AUDITS:
+    raise common.InputError(
+        f"{workdir} holds a run of runner {config.get('runner')!r}, which "
+        f"has no audit yet (runners {', '.join(AUDITS)}).")
+  return config
