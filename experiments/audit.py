@@ -18,7 +18,7 @@ A finished workdir is audited from its ``summary.json``'s config::
 
 which prints the headline figures (those a run with ``audit.enabled`` puts
 into ``summary.json["audit"]``); a run and the command on its workdir give
-the same numbers.
+the same numbers, SSIM to float rounding.
 """
 
 from __future__ import annotations
