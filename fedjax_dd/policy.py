@@ -113,10 +113,12 @@ class Policy:
       per device (the ``sharded`` backend over several devices).
     once_options: ``(name, value)`` pairs for programs that run once or a
       few times per run, where compilation is most of their cost: model and
-      generator initialisations (:func:`fedjax_dd.core.clients.once_jit`).
-      They change how fast XLA compiles and runs a program, not what it
-      computes (``tests/core/test_clients.py`` checks the bits), so
-      :func:`forms` leaves them out.
+      generator initialisations run as one program each, compiled with
+      them (:func:`fedjax_dd.core.clients.once_jit`). Only where that gives
+      the bits of the initialisers run op by op (``tests/core/
+      test_clients.py`` checks them), so :func:`forms` leaves them out.
+      None: initialisations run op by op, as on jax 0.5.3, where one
+      program rounded a few weights differently.
     max_vmap_elements: With the ``"auto"`` backend resolved to ``vmap``, the
       largest array (elements) the vectorised program may hold: a cohort
       whose largest per-client array times C exceeds it runs in chunks
@@ -146,7 +148,7 @@ class Policy:
   thunk_chunk_size: int | None
   compiler_options: tuple[tuple[str, Any], ...]
   per_core_options: tuple[tuple[str, Any], ...]
-  once_options: tuple[tuple[str, Any], ...]
+  once_options: tuple[tuple[str, Any], ...] | None
   ntk_grad_memory_factor: float
   max_vmap_elements: int | None
   compute_dtype: str
@@ -188,8 +190,9 @@ _CPU = dict(
     per_core_options=_SINGLE_THREAD,
     # LLVM's optimisation passes are most of XLA:CPU's compile time: a model
     # initialisation compiled at level 0 compiles far faster than its
-    # op-by-op programs and gives the same bits (experiments/perf_notes.md,
-    # "Programs that run once").
+    # op-by-op programs and, from jax 0.10, gives the same bits
+    # (experiments/perf_notes.md, "Programs that run once"); the rows below
+    # 0.10 keep the op-by-op form.
     once_options=_ONCE_UNOPTIMISED,
     # The one-device default is chunked: no vmap over the whole cohort.
     max_vmap_elements=None,
@@ -212,7 +215,8 @@ _PLAIN = dict(
     thunk_chunk_size=None,
     compiler_options=(),
     per_core_options=(),
-    once_options=(),
+    # Not measured: initialisations op by op, as XLA's plain form.
+    once_options=None,
     max_vmap_elements=None,
     # Tensor cores and the MXU run bfloat16 at several times float32's rate.
     compute_dtype="bfloat16",
@@ -234,11 +238,12 @@ _NEW_XLA_MEMORY = 2.6
 TABLE: tuple[Policy, ...] = (
     # jax 0.5.x: the classic runtime; lax convolutions and folded instance
     # norm measured faster.
-    Policy(**_CPU, jax_min=(0,), jax_below=(0, 6), conv="lax",
-           fold_norm=True, ntk_grad_memory_factor=_OLD_XLA_MEMORY,
+    Policy(**{**_CPU, "once_options": None}, jax_min=(0,), jax_below=(0, 6),
+           conv="lax", fold_norm=True, ntk_grad_memory_factor=_OLD_XLA_MEMORY,
            measured="2-core CPU, jax 0.5.3"),
     # jax 0.6 to 0.9: the thunk runtime; convolutions not measured, so lax.
-    Policy(**_CPU, jax_min=(0, 6), jax_below=(0, 10), conv="lax",
+    Policy(**{**_CPU, "once_options": None}, jax_min=(0, 6),
+           jax_below=(0, 10), conv="lax",
            fold_norm=False, ntk_grad_memory_factor=_NEW_XLA_MEMORY,
            measured="2-core CPU, jax 0.10.2 and 0.12 (conv form: not "
                     "measured between 0.6 and 0.10)"),
@@ -392,7 +397,8 @@ def as_dict(row: Policy) -> dict[str, Any]:
   out = dataclasses.asdict(row)
   out["compiler_options"] = dict(row.compiler_options)
   out["per_core_options"] = dict(row.per_core_options)
-  out["once_options"] = dict(row.once_options)
+  out["once_options"] = (None if row.once_options is None
+                         else dict(row.once_options))
   return out
 
 

@@ -87,8 +87,8 @@ def independent_starts(task: Classifier, init_key: jax.Array,
     ``(params, batch_stats)`` stacked ``[S, ...]``.
   """
   # One top-level program for the whole cohort's initialisations.
-  return once_jit(jax.vmap(task.init))(keys.client_keys(init_key,
-                                                        client_ids))
+  return once_jit(jax.vmap(task.init), op_by_op=True)(
+      keys.client_keys(init_key, client_ids))
 
 
 def client_stage(groups: Sequence[ensemble.TeacherGroup],

@@ -144,18 +144,24 @@ def hot_program_options(classic_runtime: bool = True,
           if option_supported(k, v, platform)}
 
 
-def once_program_options(platform: str | None = None) -> dict[str, Any]:
+def once_program_options(platform: str | None = None
+                         ) -> dict[str, Any] | None:
   """XLA compiler options for programs that run once per run: the policy
   row's ``once_options`` (:mod:`fedjax_dd.policy`), each kept only where the
-  running XLA accepts it; none with ``FEDJAX_DD_NO_XLA_FLAGS=1``."""
+  running XLA accepts it. None where the row has none, and with
+  ``FEDJAX_DD_NO_XLA_FLAGS=1``: run-once programs then run as they did
+  before the option (:func:`once_jit`)."""
   if _xla_setup.no_xla_flags():
-    return {}
+    return None
   platform = policy.platform_of(platform)
-  return {k: v for k, v in policy.lookup(platform).once_options
-          if option_supported(k, v, platform)}
+  options = policy.lookup(platform).once_options
+  if options is None:
+    return None
+  return {k: v for k, v in options if option_supported(k, v, platform)}
 
 
-def once_jit(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
+def once_jit(fn: Callable[..., Any], *, op_by_op: bool = False,
+             **kwargs: Any) -> Callable[..., Any]:
   """``jax.jit`` with :func:`once_program_options`, for programs whose
   compilation is most of their cost (initialisations, one-off draws).
 
@@ -166,11 +172,19 @@ def once_jit(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
   traced into the outer program, since jax accepts compiler options on
   top-level programs only.
 
+  Where :func:`once_program_options` is None the program runs as it did
+  before: ``fn`` itself when ``op_by_op`` (initialisations, whose
+  initialisers then each run as their own program), else a plain
+  ``jax.jit``.
+
   Args:
     fn: the function.
+    op_by_op: ``fn`` ran unjitted before (an initialisation).
     **kwargs: forwarded to ``jax.jit``.
   """
   options = once_program_options()
+  if options is None:
+    return fn if op_by_op else jax.jit(fn, **kwargs)
   plain = jax.jit(fn, **kwargs)
   if not options:
     return plain

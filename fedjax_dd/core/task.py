@@ -136,4 +136,4 @@ def _init_program() -> Callable[..., tuple[PyTree, PyTree]]:
   reads the platform, which importing must not start)."""
   # pylint: disable-next=g-import-not-at-top
   from fedjax_dd.core import clients
-  return clients.once_jit(Classifier._init, static_argnums=0)
+  return clients.once_jit(Classifier._init, op_by_op=True, static_argnums=0)

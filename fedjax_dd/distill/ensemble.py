@@ -505,7 +505,7 @@ def _init_generator(generator: nn.Module, key: jax.Array
 def _init_generator_program() -> Callable[..., tuple[PyTree, PyTree]]:
   """:func:`init_generator`'s program, built on first use (the policy reads
   the platform, which importing must not start)."""
-  return once_jit(_init_generator, static_argnums=0)
+  return once_jit(_init_generator, op_by_op=True, static_argnums=0)
 
 
 def apply_generator(generator: nn.Module, params: PyTree, batch_stats: PyTree,

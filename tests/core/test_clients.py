@@ -401,6 +401,7 @@ def test_auto_vmap_chunks_past_the_policy_cap(monkeypatch):
 @pytest.mark.parametrize("name", ["digits_cnn", "lenet5", "convnet3", "fc"])
 def test_once_jit_initialisation_equals_the_op_by_op_one(name):
   from fedjax_dd import models  # pylint: disable=g-import-not-at-top
+  from fedjax_dd import policy  # pylint: disable=g-import-not-at-top
   from fedjax_dd.core.task import Classifier  # pylint: disable=g-import-not-at-top
   spec = models.get_model(name)
   task = Classifier(spec.build(10), tuple(spec.input_shape), lambda x: x, 10)
@@ -410,12 +411,14 @@ def test_once_jit_initialisation_equals_the_op_by_op_one(name):
   # initializer call its own program, as before once_jit).
   plain = task._init(key)  # pylint: disable=protected-access
   plain_many = jax.vmap(task._init)(keys)  # pylint: disable=protected-access
-  assert clients_lib.once_program_options()  # the CPU row asks for them
-  for got, want in ((task.init(key), plain),
-                    (clients_lib.once_jit(jax.vmap(task.init))(keys),
-                     plain_many),
-                    # Under an outer jit it is traced in, options dropped.
-                    (jax.jit(task.init)(key), plain)):
+  cases = [(task.init(key), plain),
+           (clients_lib.once_jit(jax.vmap(task.init), op_by_op=True)(keys),
+            plain_many)]
+  if policy.current().once_options is not None:  # the CPU row asks for them
+    assert clients_lib.once_program_options()
+    # Under an outer jit it is traced in, options dropped.
+    cases.append((jax.jit(task.init)(key), plain))
+  for got, want in cases:
     for a, b in zip(jax.tree_util.tree_leaves(got),
                     jax.tree_util.tree_leaves(want), strict=True):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -438,5 +441,7 @@ def test_once_options_come_from_the_policy_row():
   assert dict(policy.lookup("cpu").once_options) == {
       "xla_backend_optimization_level": 0}
   # XLA's plain forms elsewhere; and not a form a run records.
-  assert policy.lookup("gpu", "0.12.0").once_options == ()
+  assert policy.lookup("gpu", "0.12.0").once_options is None
+  # Below jax 0.10 one program rounded a few weights differently (0.5.3).
+  assert policy.lookup("cpu", "0.5.3").once_options is None
   assert "once_options" not in policy.forms()
