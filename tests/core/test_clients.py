@@ -442,6 +442,8 @@ def test_once_options_come_from_the_policy_row():
       "xla_backend_optimization_level": 0}
   # XLA's plain forms elsewhere; and not a form a run records.
   assert policy.lookup("gpu", "0.12.0").once_options is None
-  # Below jax 0.10 one program rounded a few weights differently (0.5.3).
+  # Below jax 0.12 one program rounded some weights differently (0.5.3,
+  # 0.10.2).
   assert policy.lookup("cpu", "0.5.3").once_options is None
+  assert policy.lookup("cpu", "0.10.2").once_options is None
   assert "once_options" not in policy.forms()
