@@ -438,7 +438,7 @@ def test_once_jit_generator_initialisation_equals_the_op_by_op_one():
 
 def test_once_options_come_from_the_policy_row():
   from fedjax_dd import policy  # pylint: disable=g-import-not-at-top
-  assert dict(policy.lookup("cpu").once_options) == {
+  assert dict(policy.lookup("cpu", "0.12.1").once_options) == {
       "xla_backend_optimization_level": 0}
   # XLA's plain forms elsewhere; and not a form a run records.
   assert policy.lookup("gpu", "0.12.0").once_options is None
