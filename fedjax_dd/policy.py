@@ -250,7 +250,8 @@ TABLE: tuple[Policy, ...] = (
     # jax 0.10 on: patches measured faster; XLA refuses the classic
     # runtime's option, so the row does not ask for it. Before 0.12 an
     # initialisation compiled at level 0 rounds some weights differently
-    # (jax 0.10.2: 2,086 of digits_cnn's 53,002), so it runs op by op.
+    # (experiments/perf_notes.md, "Programs that run once"), so it runs op
+    # by op.
     Policy(**{**_CPU, "compiler_options": (), "once_options": None},
            jax_min=(0, 10), jax_below=(0, 12), conv="patches",
            fold_norm=False, ntk_grad_memory_factor=_NEW_XLA_MEMORY,
