@@ -57,84 +57,18 @@ from fedjax_dd.algorithms.fedavg import KeyedAggregator, fedavg
 from fedjax_dd.core import checks
 from fedjax_dd.core.algorithm import CommSpec, Cohort, FederatedAlgorithm
 from fedjax_dd.core.local import LocalResult, LocalTraining
+from fedjax_dd.privacy import gaussian
 
 PyTree = Any
 
 tree_map = jax.tree_util.tree_map
 
 
-def client_norms(deltas: PyTree) -> jax.Array:
-  """``[S]`` L2 norm of each client's delta over all its leaves.
-
-  Args:
-    deltas: pytree whose leaves are stacked ``[S, ...]``.
-  """
-  leaves = jax.tree_util.tree_leaves(deltas)
-  squares = [jnp.sum(jnp.square(d.astype(jnp.float32)).reshape(d.shape[0], -1),
-                     axis=1) for d in leaves]
-  return jnp.sqrt(sum(squares))
-
-
-def clip_deltas(deltas: PyTree, clip: float | jax.Array
-                ) -> tuple[PyTree, jax.Array]:
-  """Each client's delta scaled to L2 norm at most ``clip``.
-
-  ``Delta_k * min(1, C / ||Delta_k||)``: a delta within the norm is kept
-  exactly (its factor is 1), a longer one keeps its direction.
-
-  Args:
-    deltas: pytree whose leaves are stacked ``[S, ...]``.
-    clip: ``C > 0``.
-
-  Returns:
-    ``(clipped, norms)``: the clipped deltas (leaves ``[S, ...]``, in their
-    dtypes) and the norms ``[S]`` before clipping.
-  """
-  norms = client_norms(deltas)
-  scale = jnp.minimum(1.0, clip / jnp.maximum(norms, jnp.finfo(jnp.float32).tiny))
-
-  def one(d):
-    s = scale.reshape((-1,) + (1,) * (d.ndim - 1))
-    return (d.astype(jnp.float32) * s).astype(d.dtype)
-
-  return tree_map(one, deltas), norms
-
-
-def gaussian_sum(deltas: PyTree, key: jax.Array, *, clip: float,
-                 noise_multiplier: float, valid: jax.Array | None = None
-                 ) -> PyTree:
-  """``sum_k clip(Delta_k) + N(0, (z C)^2 I)``, the noised sum of a cohort.
-
-  Args:
-    deltas: pytree whose leaves are stacked ``[S, ...]``.
-    key: the noise key; leaf ``i`` draws from ``fold_in(key, i)``.
-    clip: ``C > 0``.
-    noise_multiplier: ``z >= 0``.
-    valid: ``[S]`` bool, False for padding rows (left out, whatever they
-      hold); None: every row.
-
-  Returns:
-    The pytree without the client axis, leaves ``[...]`` in their dtypes.
-  """
-  clipped, _ = clip_deltas(deltas, clip)
-  leaves, treedef = jax.tree_util.tree_flatten(clipped)
-  std = noise_multiplier * clip
-  out = []
-  for i, d in enumerate(leaves):
-    x = d.astype(jnp.float32)
-    if valid is not None:
-      x = jnp.where(valid.reshape((-1,) + (1,) * (d.ndim - 1)), x, 0.0)
-    total = jnp.sum(x, axis=0)
-    noise = jax.random.normal(jax.random.fold_in(key, i), total.shape,
-                              jnp.float32)
-    out.append((total + std * noise).astype(d.dtype))
-  return jax.tree_util.tree_unflatten(treedef, out)
-
-
 def dp_aggregator(*, clip: float, noise_multiplier: float,
                   expected_clients: float) -> KeyedAggregator:
   """DP-FedAvg's server rule as a :class:`~fedjax_dd.algorithms.fedavg.
-  KeyedAggregator`: :func:`gaussian_sum` divided by ``qN``.
+  KeyedAggregator`: the clients' deltas as rows of
+  :func:`fedjax_dd.privacy.gaussian.noised_sum`, divided by ``qN``.
 
   Args:
     clip: ``C > 0``.
@@ -154,9 +88,9 @@ def dp_aggregator(*, clip: float, noise_multiplier: float,
   def aggregate(deltas: PyTree, cohort: Cohort, result: LocalResult,
                 key: jax.Array) -> PyTree:
     del result
-    total = gaussian_sum(deltas, key, clip=clip,
-                         noise_multiplier=noise_multiplier,
-                         valid=cohort.num_examples > 0)
+    total = gaussian.noised_sum(deltas, key, clip=clip,
+                                noise_multiplier=noise_multiplier,
+                                valid=cohort.num_examples > 0)
     return tree_map(lambda t: (t.astype(jnp.float32) / expected
                                ).astype(t.dtype), total)
 

@@ -151,6 +151,7 @@ from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.data.partition import class_counts
 from fedjax_dd.data import validate
 from fedjax_dd.data.stacked import sample_batch
+from fedjax_dd.privacy import gaussian
 from fedjax_dd.kernels.kip_loss import kip_loss, one_hot_labels
 
 PyTree = Any
@@ -613,19 +614,9 @@ def private_gradient(per_example: PyTree, take: jax.Array, key: jax.Array, *,
   Returns:
     The pytree without the batch axis, leaves ``[...]``.
   """
-  leaves, treedef = jax.tree_util.tree_flatten(per_example)
-  norms = jnp.sqrt(sum(jnp.sum(jnp.square(g).reshape(g.shape[0], -1), axis=1)
-                       for g in leaves))
-  scale = jnp.where(take, jnp.minimum(
-      1.0, clip / jnp.maximum(norms, jnp.finfo(jnp.float32).tiny)), 0.0)
-  out = []
-  for j, g in enumerate(leaves):
-    s = scale.reshape((-1,) + (1,) * (g.ndim - 1))
-    total = jnp.sum(jnp.where(s > 0, g * s, 0.0), axis=0)
-    noise = jax.random.normal(jax.random.fold_in(key, j), total.shape,
-                              total.dtype)
-    out.append((total + noise_multiplier * clip * noise) / batch_size)
-  return jax.tree_util.tree_unflatten(treedef, out)
+  total = gaussian.noised_sum(per_example, key, clip=clip,
+                              noise_multiplier=noise_multiplier, valid=take)
+  return jax.tree_util.tree_map(lambda t: t / batch_size, total)
 
 
 def dp_sampling_rate(num_examples, target_batch_size: int) -> float:

@@ -6,6 +6,7 @@ through Google's ``dp-accounting`` (the optional ``privacy`` extra); the
 defences that spend the budget are DP-FedAvg
 (:mod:`fedjax_dd.algorithms.dp_fedavg`) and DP-KIP
 (:class:`fedjax_dd.distill.kip.KipOptions` ``dp_clip``,
-``dp_noise_multiplier``). The threat model and how to run them are on the
+``dp_noise_multiplier``), which share one Gaussian mechanism on clipped
+rows (:mod:`fedjax_dd.privacy.gaussian`). The threat model and how to run them are on the
 privacy page (``docs/privacy.md``).
 """

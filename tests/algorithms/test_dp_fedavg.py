@@ -16,6 +16,7 @@ from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.data.stacked import ClientData
+from fedjax_dd.privacy import gaussian
 from tests.algorithms import kill_resume
 from tests.conftest import synthetic_clients, tiny_task
 
@@ -57,7 +58,7 @@ def test_clip_deltas_by_hand():
   # client 1: norm 0.5, kept exactly; client 2: zero.
   deltas = {"a": jnp.asarray([[3.0, 0.0], [0.3, 0.0], [0.0, 0.0]]),
             "b": jnp.asarray([[4.0], [0.4], [0.0]])}
-  clipped, norms = dp_lib.clip_deltas(deltas, 1.0)
+  clipped, norms = gaussian.clip_rows(deltas, 1.0)
   np.testing.assert_allclose(norms, [5.0, 0.5, 0.0], rtol=1e-6)
   np.testing.assert_allclose(clipped["a"], [[0.6, 0.0], [0.3, 0.0],
                                             [0.0, 0.0]], rtol=1e-6)
@@ -117,7 +118,7 @@ def test_a_small_clip_bounds_the_server_step():
 
 def test_noise_std_is_the_multiplier_times_the_clip():
   zeros = {"w": jnp.zeros((3, 200_000)), "b": jnp.zeros((3, 1000))}
-  total = dp_lib.gaussian_sum(zeros, jax.random.PRNGKey(1), clip=0.5,
+  total = gaussian.noised_sum(zeros, jax.random.PRNGKey(1), clip=0.5,
                               noise_multiplier=2.0)
   w = np.asarray(total["w"], np.float64)
   assert abs(w.std() - 1.0) < 0.01 and abs(w.mean()) < 0.01
