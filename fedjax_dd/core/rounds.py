@@ -130,11 +130,18 @@ def gather_cohort(data: ClientData, num_steps: jax.Array,
   return _gather_on_device(data, num_steps, ids)
 
 
-def traffic_row(ledger: ledger_lib.Ledger, r: int, metrics: dict[str, Any],
-                row: dict[str, Any]) -> tuple[ledger_lib.Ledger, dict[str, Any]]:
-  """Round ``r``'s traffic metrics into the ledger, the rest into its row.
+def record_round(ledger: ledger_lib.Ledger, r: int, s: int,
+                 metrics: dict[str, Any], row: dict[str, Any], *,
+                 comm: Any, model_size: int, bits_per_param: int,
+                 initial_model_as_seed: bool
+                 ) -> tuple[ledger_lib.Ledger, dict[str, Any]]:
+  """Round ``r``'s traffic into the ledger, its other metrics into ``row``.
 
-  Metrics named ``"traffic/<kind>/<tag>"`` (class counts, secure-similarity
+  The models' traffic of a cohort of ``s`` (:func:`fedjax_dd.core.ledger.
+  fedavg_round_bits`, scaled by the algorithm's ``comm``) is one entry per
+  direction: ``s`` messages of one client's size, so that FedD3's
+  per-message GCE (Eq. 6) reads ``V_t`` off the ledger directly. Metrics
+  named ``"traffic/<kind>/<tag>"`` (class counts, secure-similarity
   ciphertexts: traffic beyond the models) hold the round's total bits; they
   go to the ledger, not to the row. The row gains the ledger's cumulative
   and this round's ``bytes_*`` counts.
@@ -142,6 +149,14 @@ def traffic_row(ledger: ledger_lib.Ledger, r: int, metrics: dict[str, Any],
   Returns:
     ``(ledger, row)``.
   """
+  down, up = ledger_lib.fedavg_round_bits(
+      model_size, s, r, bits_per_param=bits_per_param,
+      initial_model_as_seed=initial_model_as_seed,
+      upload_multiplier=comm.upload, download_multiplier=comm.download)
+  ledger = ledger.record(r, kind="download", bits=down // s, count=s,
+                         tag="model")
+  ledger = ledger.record(r, kind="upload", bits=up // s, count=s,
+                         tag="model")
   for k, v in metrics.items():
     if k.startswith(TRAFFIC_PREFIX):
       kind, tag = k[len(TRAFFIC_PREFIX):].split("/", 1)
@@ -265,22 +280,11 @@ def run_rounds(
     state = as_restored(ExperimentState(
         server=server, clients=clients, key=state.key,
         round=jnp.asarray(r, jnp.int32)))
-    down, up = ledger_lib.fedavg_round_bits(
-        model_size, s, r, bits_per_param=options.bits_per_param,
-        initial_model_as_seed=options.initial_model_as_seed,
-        upload_multiplier=algorithm.comm.upload,
-        download_multiplier=algorithm.comm.download)
-    # One entry per direction: s messages of one client's size, so that
-    # FedD3's per-message GCE (Eq. 6) reads V_t off the ledger directly.
-    ledger = ledger.record(r, kind="download", bits=down // s, count=s,
-                           tag="model")
-    ledger = ledger.record(r, kind="upload", bits=up // s, count=s,
-                           tag="model")
-    # Traffic beyond the models (e.g. class counts, secure-similarity
-    # ciphertexts): metrics named "traffic/<kind>/<tag>" hold this round's
-    # total bits; they go to the ledger, not to the metrics row.
-    ledger, row = traffic_row(
-        ledger, r, metrics, {} if sampler.fixed else {"cohort_size": s})
+    ledger, row = record_round(
+        ledger, r, s, metrics, {} if sampler.fixed else {"cohort_size": s},
+        comm=algorithm.comm, model_size=model_size,
+        bits_per_param=options.bits_per_param,
+        initial_model_as_seed=options.initial_model_as_seed)
     return (state, ledger), row
 
   def save(r, carry, force):

@@ -547,8 +547,11 @@ def _run(program, algorithm: FederatedAlgorithm, state: ExperimentState,
     new_ledgers = []
     for i, ledger in enumerate(ledgers):
       one = {k: v[i] for k, v in host.items()}
-      ledger, run_row = _ledger_row(algorithm, ledger, r, cohort_size, one,
-                                    model_size, initial_model_as_seed)
+      # As run_rounds records a round; a fixed cohort: no cohort_size.
+      ledger, run_row = rounds_lib.record_round(
+          ledger, r, cohort_size, one, {}, comm=algorithm.comm,
+          model_size=model_size, bits_per_param=32,
+          initial_model_as_seed=initial_model_as_seed)
       new_ledgers.append(ledger)
       row.update({f"run{i}.{k}": v for k, v in run_row.items()})
     return (state, new_ledgers), row
@@ -579,20 +582,3 @@ def _run(program, algorithm: FederatedAlgorithm, state: ExperimentState,
   state, ledgers = result.carry
   done = int(np.max(np.asarray(jax.device_get(state.round))))
   return state, ledgers, done < options.num_steps
-
-
-def _ledger_row(algorithm: FederatedAlgorithm, ledger: ledger_lib.Ledger,
-                r: int, s: int, metrics: Mapping[str, Any], model_size: int,
-                initial_model_as_seed: bool, bits_per_param: int = 32):
-  """One run's ledger entries and row of round ``r`` with a cohort of
-  ``s``, as :func:`fedjax_dd.core.rounds.run_rounds` records them (a fixed
-  cohort: no ``cohort_size`` in the row)."""
-  down, up = ledger_lib.fedavg_round_bits(
-      model_size, s, r, bits_per_param=bits_per_param,
-      initial_model_as_seed=initial_model_as_seed,
-      upload_multiplier=algorithm.comm.upload,
-      download_multiplier=algorithm.comm.download)
-  ledger = ledger.record(r, kind="download", bits=down // s, count=s,
-                         tag="model")
-  ledger = ledger.record(r, kind="upload", bits=up // s, count=s, tag="model")
-  return rounds_lib.traffic_row(ledger, r, metrics, {})
