@@ -206,15 +206,9 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
       workdir=workdir,
       hparams=None if grid is None else {grid[0]: [c[1] for c, _ in runs]},
       names=[os.path.relpath(d, workdir) for d in dirs],
-      eval_every=config.run.eval_every,
-      checkpoint_every=config.run.checkpoint_every,
-      keep_checkpoints=config.run.keep_checkpoints,
       max_seconds=runners.remaining_budget(config, start),
-      progress=config.run.progress,
-      class_accuracy=config.run.class_accuracy,
-      stop_on_nonfinite=config.run.stop_on_nonfinite,
-      initial_model_as_seed=config.server.initial_model_as_seed,
-      wall=wall, definition=definition, name=config.method)
+      wall=wall, definition=definition, name=config.method,
+      **runners.loop_settings(config))
   fields = runners.SUMMARY_FIELDS.get(config.method)
   for i, (c, d, (_, seed)) in enumerate(zip(configs, dirs, runs)):
     state = result.run_state(i)

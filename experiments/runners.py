@@ -248,6 +248,18 @@ def remaining_budget(config: ml_collections.ConfigDict, start: float) -> float:
   return max(budget - (time.time() - start), 1e-6)
 
 
+def loop_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The rounds loop's settings of ``config`` (``run`` and the server's
+  seed option), as :func:`fedjax_dd.fit` and :func:`fedjax_dd.fit_runs`
+  both take them."""
+  r = config.run
+  return dict(eval_every=r.eval_every, checkpoint_every=r.checkpoint_every,
+              keep_checkpoints=r.keep_checkpoints, progress=r.progress,
+              class_accuracy=r.class_accuracy,
+              stop_on_nonfinite=r.stop_on_nonfinite,
+              initial_model_as_seed=config.server.initial_model_as_seed)
+
+
 def fit_and_summarize(
     config: ml_collections.ConfigDict, workdir: str, *,
     prepared: common.Prepared, algorithm: FederatedAlgorithm,
@@ -277,16 +289,10 @@ def fit_and_summarize(
       algorithm, prepared, data, num_steps, rounds=config.rounds,
       clients_per_round=common.cohort(config, data.num_clients),
       workdir=workdir, seed=config.seed,
-      eval_every=config.run.eval_every,
-      checkpoint_every=config.run.checkpoint_every,
-      keep_checkpoints=config.run.keep_checkpoints,
       max_seconds=remaining_budget(config, start),
-      progress=config.run.progress,
-      class_accuracy=config.run.class_accuracy,
       initial_model=initial_model, ledger=ledger, run_key=run_key,
-      stop_on_nonfinite=config.run.stop_on_nonfinite,
-      initial_model_as_seed=config.server.initial_model_as_seed,
       tensorboard=config.run.tensorboard, wall=wall, personal=personal,
+      **loop_settings(config),
       # What the entry point recorded in config.json: fit checks the same.
       definition=common.fingerprint(config))
   state, ledger = result.state, result.ledger
