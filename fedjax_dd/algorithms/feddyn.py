@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_dd.algorithms import stages
+from fedjax_dd.core import checks
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
 from fedjax_dd.core.local import LocalTraining, make_local_update
@@ -79,13 +80,15 @@ def feddyn(training: LocalTraining,
   Args:
     training: the clients' local training (optimizer re-initialised every
       round; its schedule scales the rate by round, as :func:`fedavg`).
-    alpha: ``α`` > 0.
+    alpha: ``α`` > 0: a number, or a traced scalar (a per-run value on the
+      run axis, :func:`fedjax_dd.fit_runs`).
 
   Returns:
     A :class:`FederatedAlgorithm` whose client state is ``{"grad": [N, ...]}``
     and whose server state holds ``extra["h"]``.
   """
-  if not (alpha > 0 and math.isfinite(alpha)):
+  if not checks.is_traced(alpha) and not (alpha > 0 and
+                                          math.isfinite(alpha)):
     raise ValueError(f"FedDyn alpha must be a positive finite number, got "
                      f"{alpha}.")
   local = make_local_update(training, regularizer=dynamic_regularizer(alpha))

@@ -52,6 +52,10 @@ def scaffold(training: LocalTraining,
       which the variate update divides by (``K_i · η``).
     server_learning_rate: ``η_g``.
 
+  Either rate may be a traced scalar (a per-run value on the run axis,
+  :func:`fedjax_dd.fit_runs`); ``learning_rate`` must then be the same
+  value as ``training.optimizer``'s rate.
+
   Returns:
     A :class:`FederatedAlgorithm` whose client state is ``{"c": [N, ...]}``.
 
@@ -60,9 +64,9 @@ def scaffold(training: LocalTraining,
       ``server_learning_rate`` not a finite number > 0 (the variate update
       divides by ``K_i · η``).
   """
-  learning_rate = checks.check_number("SCAFFOLD learning_rate", learning_rate,
+  learning_rate = checks.check_scalar("SCAFFOLD learning_rate", learning_rate,
                                       0.0, low_open=True)
-  server_learning_rate = checks.check_number(
+  server_learning_rate = checks.check_scalar(
       "SCAFFOLD server_learning_rate", server_learning_rate, 0.0,
       low_open=True)
   schedule = training.schedule

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
+import jax
 import numpy as np
 
 
@@ -87,6 +88,34 @@ def check_number(name: str, value: Any, low: float | None = None,
     refuse(name, " ".join(["a finite number", " and ".join(parts)]).strip(),
            value, fix)
   return number
+
+
+def is_traced(value: Any) -> bool:
+  """A JAX tracer: a hyperparameter traced per run on the run axis
+  (:func:`fedjax_dd.fit_runs`), whose concrete value was checked when that
+  run's algorithm was built for its ``init``."""
+  return isinstance(value, jax.core.Tracer)
+
+
+def check_scalar(name: str, value: Any, low: float | None = None,
+                 high: float | None = None, *, low_open: bool = False,
+                 high_open: bool = False, fix: str | None = None) -> Any:
+  """:func:`check_number` of a hyperparameter that may be a traced scalar.
+
+  A concrete value is checked and returned as a float; a traced one
+  (:func:`is_traced`) is returned unchanged, since its run checked its
+  concrete value already and a tracer has no value to compare.
+
+  Raises:
+    SettingError: a concrete value outside the bounds; a traced value that
+      is not a scalar.
+  """
+  if is_traced(value):
+    if getattr(value, "shape", None) != ():
+      refuse(name, "a scalar", value, fix)
+    return value
+  return check_number(name, value, low, high, low_open=low_open,
+                      high_open=high_open, fix=fix)
 
 
 def check_budget(name: str, value: Any, *, fix: str | None = None) -> float:

@@ -513,6 +513,14 @@ def _check_vmappable(program, name: str, state: ExperimentState,
                    jnp.asarray(1, jnp.int32))
   except _HOST_LOGIC_ERRORS as e:
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if traced:
+      raise RunAxisError(
+          f"fit_runs: {name}'s builder or apply needs a concrete value of "
+          f"the traced hyperparameters {sorted(traced)} or runs host logic "
+          f"({type(e).__name__}: {first[:120]}), so its runs cannot share "
+          "one vmapped program; pass each value to the algorithm's factory "
+          "as a scalar it computes with (no float(), no Python branch on "
+          "it), or run the values separately.") from None
     raise RunAxisError(
         f"fit_runs: {name}'s apply runs host logic between its jitted steps "
         f"({type(e).__name__}: {first[:120]}), so its runs cannot share one "
