@@ -46,6 +46,8 @@ def _built(config: ml_collections.ConfigDict) -> dict[str, Any]:
   # pylint: disable-next=g-import-not-at-top
   import jax.numpy as jnp
   # pylint: disable-next=g-import-not-at-top
+  from fedjax_dd.experiments import registry
+  # pylint: disable-next=g-import-not-at-top
   from fedjax_dd.experiments import runners
   prepared = common.load_and_prepare(config)
   parts, _ = common.personal_split(
@@ -54,9 +56,7 @@ def _built(config: ml_collections.ConfigDict) -> dict[str, Any]:
   num_steps = common.local_steps(config, data.num_examples)
   training = common.local_training(config, prepared.task,
                                    int(jnp.max(num_steps)))
-  build = runners.DATA_BUILDERS.get(config.method)
-  algorithm = (build(config, training, data) if build is not None
-               else runners.BUILDERS[config.method](config, training))
+  algorithm = registry.build_rounds(config, training, data)
   return {"prepared": prepared, "data": data, "algorithm": algorithm}
 
 

@@ -3,7 +3,7 @@
 Glue from a ``federated`` config and its seeds to
 :func:`fedjax_dd.core.run_axis.fit_runs`: each seed's partition
 (``data.seed = seed``), the method's builder from
-:data:`fedjax_dd.experiments.runners.BUILDERS` per seed, then each seed's
+:mod:`fedjax_dd.experiments.registry` per seed, then each seed's
 ``summary.json`` in ``WORKDIR/seed_S`` and the sweep's report, as the
 process-per-seed sweep (:func:`fedjax_dd.experiments.sweep.run_seeds`)
 writes them, so ``fedjax-dd-sweep`` reads both alike::
@@ -29,6 +29,7 @@ from fedjax_dd.core import run_axis as run_axis_lib
 from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.experiments import common
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import sweep
 from fedjax_dd.utils import sweep as sweep_lib
@@ -51,7 +52,7 @@ def _get(config: ml_collections.ConfigDict, path: str) -> Any:
 _REFUSED = (
     (lambda c: c.runner != "federated",
      "only runner 'federated' (FedAvg-family rounds) runs on the run axis"),
-    (lambda c: c.method in runners.DATA_BUILDERS,
+    (lambda c: "client_data" in registry.get(c.method).needs,
      "its server is built from each seed's data (PACFL's subspaces)"),
     (lambda c: float(_get(c, "data.resplit") or 0.0) != 0.0,
      "data.resplit draws each seed's own train/test split"),
@@ -179,14 +180,15 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
   training = common.local_training(
       config, prepared.task, max(int(jnp.max(s)) for _, _, s in
                                  by_seed.values()))
-  build = runners.BUILDERS[config.method]
+  method = registry.get(config.method)
 
   def algorithm(seed, hparams):
     t = training
     if "client.lr" in hparams:
       t = dataclasses.replace(training, optimizer=common.make_optimizer(
           config, lr=hparams["client.lr"]))
-    return build(by_seed[seed][0], t)
+    c = by_seed[seed][0]
+    return method.rounds(c, t, **registry.build_inputs(c, method))
 
   # Each run's directory records its own settings, as a seed's process of
   # the process-per-seed sweep does.
@@ -209,7 +211,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
       max_seconds=runners.remaining_budget(config, start),
       wall=wall, definition=definition, name=config.method,
       **runners.loop_settings(config))
-  fields = runners.SUMMARY_FIELDS.get(config.method)
+  fields = registry.get(config.method).summary_fields
   for i, (c, d, (_, seed)) in enumerate(zip(configs, dirs, runs)):
     state = result.run_state(i)
     summary = runners.summarize(

@@ -536,7 +536,7 @@ def main(argv):
     if config.run.progress:  # what runs, before the data loads and compiles
       print(f"{config.method} on {config.data.dataset} -> {_WORKDIR.value}",
             file=sys.stderr, flush=True)
-    summary = registry.RUNNERS[config.runner](config, _WORKDIR.value)
+    summary = registry.run(config, _WORKDIR.value)
   except (loop_lib.NonFiniteError, loop_lib.MetricsFileError,
           loop_lib.ResumeRefusedError, common.InputError,
           stage_cache_lib.StaleStageError, checks_lib.SettingError,

@@ -1,91 +1,291 @@
-"""The runner table: a config's ``runner`` field -> ``run(config, workdir)``.
+"""Every method the command line runs, each declared once.
 
-``RUNNERS`` maps each runner to a function ``(config, workdir) -> summary``:
-``federated`` (every FedAvg-family method, :func:`fedjax_dd.experiments.
-runners.run_federated`, whose method builders :func:`~fedjax_dd.experiments.
-runners.register` extends) and one ``run_*`` module per other runner.
+A method is one :class:`Method`, declared with :func:`declare` next to the
+glue that builds it: its name, its shape (a rounds method, a server-side
+distillation after the shared one-shot client stage, or a host pipeline
+with its own driver), its hyperparameter dataclass and config group, and
+the data its builder needs. Everything else is derived from it:
 
-This module sits above every runner: the ``run_*`` modules import
-:mod:`fedjax_dd.experiments.runners` for the shared glue and never this
-table, so the imports have no cycle. They are imported on first use, so one
-method's dependencies never slow down or break another's start-up. The
-quickstart runs its members through this table, which it is handed
-(:func:`fedjax_dd.experiments.run_quickstart.run`'s ``run_member``).
+* the runner that drives it (:func:`run`): the shared rounds loop
+  (``runners.run_federated``) for a rounds method, the one-shot server
+  driver (``run_fedhydra``) for a server method, its own function for a
+  pipeline;
+* the config group of its hyperparameters (:func:`hparams_group`: one key
+  per dataclass field, its default);
+* its validation before the data loads (:func:`check_method`: the method
+  exists for the config's runner, and its group builds the dataclass,
+  whose ``__post_init__`` checks the values);
+* its fingerprint: the group's keys are config leaves, so a resume with
+  other settings is refused like any other change.
+
+A method defined outside this package declares itself in its own module,
+which its config file imports; the command line then needs no other file::
+
+  # fedavgm.py
+  @dataclasses.dataclass(frozen=True)
+  class FedAvgM:
+    server_lr: float = 1.0
+    momentum: float = 0.9
+
+  registry.declare(registry.Method(
+      "fedavgm", hparams=FedAvgM,
+      rounds=lambda config, training, hparams: fedavg(
+          training, server_optimizer=optax.sgd(hparams.server_lr,
+                                               momentum=hparams.momentum))))
+
+The built-in declarations live in the modules of :data:`_BUILT_IN`,
+imported on the first lookup. This module imports no runner at import
+time, so every runner module can import it to declare its methods.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from typing import Any, Callable
 
 import ml_collections
 
-from fedjax_dd.core import workdir as workdir_lib
-from fedjax_dd.experiments import common
-from fedjax_dd.experiments import runners
+# The runner of each shape; a pipeline names its own.
+FEDERATED = "federated"
+ONE_SHOT = "fedhydra"
+
+# What a builder may ask for besides the config (``Method.needs``):
+# ``client_data``: the clients' data before round 1 (PACFL's subspaces).
+NEEDS = ("client_data",)
+
+# The modules whose import declares the built-in methods.
+_BUILT_IN = ("runners", "stage_builders", "run_fedd3", "run_hfldd",
+             "run_fedseq", "run_quickstart")
 
 Runner = Callable[[ml_collections.ConfigDict, str], dict[str, Any]]
 
 
-def _lazy(module: str) -> Runner:
-  """``run(config, workdir)`` of ``fedjax_dd.experiments.<module>``,
-  imported on the first call."""
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One method, declared once.
 
-  def run(config, workdir):
-    return importlib.import_module(f"fedjax_dd.experiments.{module}").run(
-        config, workdir)
+  At least one of ``rounds``, ``server`` and ``pipeline`` is set; a method
+  may have a rounds and a server form (one-shot FedAvg), the config's
+  ``runner`` then picks.
 
-  return run
+  Attributes:
+    name: the config's ``method``.
+    rounds: ``(config, training, **inputs) -> FederatedAlgorithm``, driven
+      by the shared rounds loop; ``training`` is the run's
+      :class:`~fedjax_dd.core.local.LocalTraining`.
+    server: ``(config, stage, groups, task, input_fn, **inputs) ->
+      ServerDistillation``, after the shared one-shot client stage
+      (:func:`fedjax_dd.algorithms.one_shot.client_stage`).
+    pipeline: ``(config, workdir) -> summary``, a host pipeline with its own
+      driver (FedD3's distillation, HFLDD's clusters).
+    runner: a pipeline's runner name (its configs' ``runner``; default
+      ``name``).
+    hparams: the method's hyperparameter dataclass: its config group
+      (``group``) holds one key per field, and the builder receives
+      ``hparams=`` the dataclass built from it.
+    group: the config group of ``hparams`` (default ``name``).
+    needs: inputs of the builder from :data:`NEEDS` (``client_data`` is
+      passed as ``data=``).
+    server_epochs: a server method trains for ``dfkd.distill_epochs``
+      epochs a round (none: one step, an average or a transport).
+    summary_fields: ``(config, num_clients, rounds) -> fields`` the summary
+      adds after the run (DP-FedAvg's epsilon).
+  """
+  name: str
+  rounds: Callable[..., Any] | None = None
+  server: Callable[..., Any] | None = None
+  pipeline: Runner | None = None
+  runner: str = ""
+  hparams: type | None = None
+  group: str = ""
+  needs: tuple[str, ...] = ()
+  server_epochs: bool = False
+  summary_fields: Callable[..., dict[str, Any]] | None = None
+
+  def __post_init__(self):
+    if not self.name or not isinstance(self.name, str):
+      raise ValueError(f"Method.name must be a non-empty string, got "
+                       f"{self.name!r}.")
+    if self.rounds is None and self.server is None and self.pipeline is None:
+      raise ValueError(f"Method {self.name!r} needs a rounds, server or "
+                       "pipeline builder.")
+    if self.pipeline is not None and (self.rounds or self.server):
+      raise ValueError(f"Method {self.name!r}: a pipeline has no rounds or "
+                       "server form.")
+    unknown = sorted(set(self.needs) - set(NEEDS))
+    if unknown:
+      raise ValueError(f"Method {self.name!r}: needs {unknown} are not in "
+                       f"{list(NEEDS)}.")
+    if self.hparams is not None and not dataclasses.is_dataclass(
+        self.hparams):
+      raise ValueError(f"Method {self.name!r}: hparams must be a dataclass, "
+                       f"got {self.hparams!r}.")
+    if self.group and self.hparams is None:
+      raise ValueError(f"Method {self.name!r}: group {self.group!r} without "
+                       "an hparams dataclass.")
+
+  @property
+  def runners(self) -> tuple[str, ...]:
+    """The runners (configs' ``runner`` values) that drive this method."""
+    if self.pipeline is not None:
+      return (self.runner or self.name,)
+    return tuple(r for r, f in ((FEDERATED, self.rounds),
+                                (ONE_SHOT, self.server)) if f is not None)
+
+  @property
+  def config_group(self) -> str | None:
+    """The config group of :attr:`hparams` (``None`` without one)."""
+    return (self.group or self.name) if self.hparams is not None else None
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs ``config`` through its runner, ``RUNNERS[config.runner]``."""
-  return RUNNERS[config.runner](config, workdir)
+_DECLARED: dict[str, Method] = {}
+_OWNERS: dict[str, str] = {}
+_loaded = False
 
 
-def run_recorded(config: ml_collections.ConfigDict, workdir: str
-                 ) -> dict[str, Any]:
-  """:func:`run` after recording what defines the run in ``workdir``, as the
-  entry point does for its own: a member of a comparison resumed with other
-  settings is refused, and one whose runner writes files before its rounds
-  (HFLDD's stage cache) is not taken for a run made before settings were
-  recorded."""
-  workdir_lib.record_fingerprint(workdir, common.fingerprint(config))
-  return run(config, workdir)
+def declare(method: Method, *, owner: str | None = None) -> Method:
+  """Declares ``method`` and returns it.
+
+  Args:
+    method: the declaration.
+    owner: who declares it (default: the calling module); declaring a name
+      again from the same owner (a module or config loaded twice) replaces
+      the earlier declaration, from another owner is refused.
+
+  Raises:
+    ValueError: the name is declared by another module (a built-in method
+      cannot be replaced).
+  """
+  if owner is None:
+    import inspect  # pylint: disable=g-import-not-at-top
+    frame = inspect.currentframe()
+    caller = frame.f_back if frame is not None else None
+    owner = (caller.f_globals.get("__name__", "?") if caller is not None
+             else "?")
+  if method.name in _DECLARED and _OWNERS[method.name] != owner:
+    raise ValueError(f"method {method.name!r} is declared by "
+                     f"{_OWNERS[method.name]}; declare another name.")
+  _DECLARED[method.name] = method
+  _OWNERS[method.name] = owner
+  return method
 
 
-def _quickstart(config, workdir):
-  module = importlib.import_module("fedjax_dd.experiments.run_quickstart")
-  return module.run(config, workdir, run_member=run_recorded)
+def _load_built_ins() -> None:
+  global _loaded
+  if not _loaded:
+    _loaded = True
+    for module in _BUILT_IN:
+      importlib.import_module(f"fedjax_dd.experiments.{module}")
 
 
-# The methods each runner other than `federated` and `fedhydra` runs (those
-# two read their builder tables): a method no runner has is refused before
-# the data loads, naming the runner and the config file that has it.
-_RUNNER_METHODS: dict[str, tuple[str, ...]] = {
-    "fedd3": ("fedd3", "fedd3_hybrid"),
-    "hfldd": ("hfldd", "hfldd_random", "hfldd_wodd"),
-    "fedseq": ("fedseq",),
-    "quickstart": ("quickstart",),
-}
+def get(name: str) -> Method:
+  """The declaration of method ``name``.
+
+  Raises:
+    KeyError: no such method.
+  """
+  _load_built_ins()
+  if name not in _DECLARED:
+    raise KeyError(f"No method {name!r} is declared; declared: "
+                   f"{sorted(_DECLARED)}.")
+  return _DECLARED[name]
 
 
-def methods(runner: str) -> tuple[str, ...]:
-  """The ``method`` values ``runner`` runs (registered ones included)."""
-  if runner == "federated":
-    return tuple(sorted({*runners.BUILDERS, *runners.DATA_BUILDERS}))
-  if runner == "fedhydra":
-    # pylint: disable-next=g-import-not-at-top
-    from fedjax_dd.experiments import stage_builders
-    return tuple(sorted(stage_builders.SERVER_METHODS))
-  return _RUNNER_METHODS.get(runner, ())
+def methods(runner: str | None = None) -> tuple[str, ...]:
+  """The declared methods (those ``runner`` drives), sorted."""
+  _load_built_ins()
+  return tuple(sorted(n for n, m in _DECLARED.items()
+                      if runner is None or runner in m.runners))
+
+
+def runner_names() -> tuple[str, ...]:
+  """Every runner a declared method names."""
+  _load_built_ins()
+  return tuple(sorted({r for m in _DECLARED.values() for r in m.runners}))
+
+
+def hparams_group(cls: type) -> ml_collections.ConfigDict:
+  """The config group of hyperparameter dataclass ``cls``: one key per
+  field, its default (a field without one is refused)."""
+  values = {}
+  for f in dataclasses.fields(cls):
+    if f.default is not dataclasses.MISSING:
+      values[f.name] = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+      values[f.name] = f.default_factory()
+    else:
+      raise ValueError(f"{cls.__name__}.{f.name} has no default; a config "
+                       "group needs one per field.")
+  return ml_collections.ConfigDict(values)
+
+
+def add_group(config: ml_collections.ConfigDict, name: str
+              ) -> ml_collections.ConfigDict:
+  """``config`` with ``method = name`` and method ``name``'s hparams group
+  (:func:`hparams_group`), if it declares one."""
+  method = get(name)
+  config.method = name
+  if method.config_group is not None:
+    config[method.config_group] = hparams_group(method.hparams)
+  return config
+
+
+def hparams(config: ml_collections.ConfigDict,
+            method: Method | None = None) -> Any:
+  """The method's hyperparameter dataclass built from its config group
+  (``None`` for a method without one).
+
+  Raises:
+    ValueError: the group is missing, holds a key that is not a field, or a
+      value the dataclass refuses; one line naming ``--config.<group>``.
+  """
+  method = method or get(config.method)
+  group = method.config_group
+  if group is None:
+    return None
+  if group not in config:
+    raise ValueError(f"Method {method.name!r} reads config group {group!r}, "
+                     "which this config does not have; build the config with "
+                     f"registry.add_group(config, {method.name!r}).")
+  section = config[group]
+  fields = {f.name for f in dataclasses.fields(method.hparams)}
+  stray = sorted(set(section.keys()) - fields)
+  if stray:
+    raise ValueError(f"config.{group} holds {stray}, which are not fields of "
+                     f"{method.hparams.__name__}; remove them.")
+  try:
+    return method.hparams(**{k: section[k] for k in section.keys()})
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.{group}: {e} Set --config.{group}.<field>."
+                     ) from None
+
+
+def build_inputs(config: ml_collections.ConfigDict, method: Method, *,
+                 data=None) -> dict[str, Any]:
+  """The keyword inputs of ``method``'s builder: ``hparams`` (with a
+  dataclass) and what it ``needs``."""
+  inputs = {}
+  if method.hparams is not None:
+    inputs["hparams"] = hparams(config, method)
+  if "client_data" in method.needs:
+    inputs["data"] = data
+  return inputs
+
+
+def build_rounds(config: ml_collections.ConfigDict, training, data=None):
+  """The ``FederatedAlgorithm`` of ``config.method``'s rounds form."""
+  method = get(config.method)
+  return method.rounds(config, training,
+                       **build_inputs(config, method, data=data))
 
 
 def check_method(config: ml_collections.ConfigDict) -> None:
-  """Refuses, before the data loads, a ``runner`` or ``method`` no runner
-  has, or a method of another runner (``--config.method=fedd3`` on a FedAvg
-  config), naming the config file to use.
+  """Refuses, before the data loads, a ``runner`` or ``method`` no
+  declaration has, a method of another runner (``--config.method=fedd3`` on
+  a FedAvg config), naming the config file to use, and hyperparameters its
+  dataclass refuses.
 
   Raises:
     ValueError: one line with the fix.
@@ -93,16 +293,17 @@ def check_method(config: ml_collections.ConfigDict) -> None:
   if "runner" not in config:
     raise ValueError("The config must set `runner` (see "
                      "experiments/registry.py).")
-  if config.runner not in RUNNERS:
-    raise ValueError(f"config.runner must be one of {sorted(RUNNERS)}, got "
+  runners = runner_names()
+  if config.runner not in runners:
+    raise ValueError(f"config.runner must be one of {list(runners)}, got "
                      f"{config.runner!r}; set --config.runner or use the "
                      "config file of the method.")
   method = config.get("method")
   own = methods(config.runner)
   if method in own:
+    hparams(config)
     return
-  elsewhere = [r for r in RUNNERS if r != config.runner
-               and method in methods(r)]
+  elsewhere = [r for r in runners if method in methods(r)]
   if elsewhere:
     configs = os.path.join(os.path.dirname(__file__), "configs")
     name = (f"experiments/configs/{method}.py" if os.path.isfile(
@@ -116,14 +317,34 @@ def check_method(config: ml_collections.ConfigDict) -> None:
   raise ValueError(
       f"config.method must be one of {list(own)} for runner "
       f"{config.runner!r}, got {method!r}; set --config.method (a new "
-      "method registers itself in its config file, runners.register).")
+      "method declares itself, registry.declare, in a module its config "
+      "imports).")
 
 
-RUNNERS: dict[str, Runner] = {
-    "federated": runners.run_federated,
-    "fedd3": _lazy("run_fedd3"),
-    "hfldd": _lazy("run_hfldd"),
-    "fedseq": _lazy("run_fedseq"),
-    "fedhydra": _lazy("run_fedhydra"),
-    "quickstart": _quickstart,
-}
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs ``config`` by its method's declaration, under ``config.runner``."""
+  method = get(config.method)
+  if config.runner not in method.runners:
+    check_method(config)  # raises, naming the runner to use
+  if method.pipeline is not None:
+    return method.pipeline(config, workdir)
+  # pylint: disable=g-import-not-at-top
+  if config.runner == FEDERATED:
+    from fedjax_dd.experiments import runners
+    return runners.run_federated(config, workdir)
+  from fedjax_dd.experiments import run_fedhydra
+  return run_fedhydra.run(config, workdir)
+
+
+def run_recorded(config: ml_collections.ConfigDict, workdir: str
+                 ) -> dict[str, Any]:
+  """:func:`run` after recording what defines the run in ``workdir``, as the
+  entry point does for its own: a member of a comparison resumed with other
+  settings is refused, and one whose runner writes files before its rounds
+  (HFLDD's stage cache) is not taken for a run made before settings were
+  recorded."""
+  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core import workdir as workdir_lib
+  from fedjax_dd.experiments import common
+  workdir_lib.record_fingerprint(workdir, common.fingerprint(config))
+  return run(config, workdir)

@@ -46,6 +46,7 @@ from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.stage_cache import StageCache
 from fedjax_dd.distill import privacy as privacy_lib
 from fedjax_dd.experiments import common
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments import stage_builders
 from fedjax_dd.utils.image_grid import save_image_grid
@@ -100,7 +101,9 @@ def _hybrid(config, workdir, prepared, data, distilled, extra, start):
       finalize=_audit(config, workdir, prepared, data))
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def _uploads(config, workdir):
+  """The client stage both FedD3 methods share: the data, the distilled
+  uploads (cached in the workdir) and their summary fields."""
   start = time.time()
   prepared = common.load_and_prepare(config)
   parts = common.partition(config, prepared.dataset.y_train)
@@ -126,14 +129,26 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
           y_test=ds.y_test[:2000], reg=config.kip.reg))
   extra.update(common.dp_kip_fields(config, data.num_examples,
                                     distilled.iterations))  # DP-KIP's
-  if config.method == "fedd3_hybrid":
-    if config.fedd3.float_upload:
-      raise common.InputError(
-          "fedd3_hybrid: its clients train on their uint8 data and the "
-          "received images together; config.fedd3.float_upload is for the "
-          "one-shot method. Set --config.fedd3.float_upload=False.")
-    return _hybrid(config, workdir, prepared, data, distilled, extra, start)
+  return start, prepared, data, distilled, extra
 
+
+def run_hybrid(config: ml_collections.ConfigDict, workdir: str
+               ) -> dict[str, Any]:
+  """``fedd3_hybrid``: App. F, FedAvg rounds on local plus received
+  distilled data."""
+  if config.fedd3.float_upload:
+    raise common.InputError(
+        "fedd3_hybrid: its clients train on their uint8 data and the "
+        "received images together; config.fedd3.float_upload is for the "
+        "one-shot method. Set --config.fedd3.float_upload=False.")
+  start, prepared, data, distilled, extra = _uploads(config, workdir)
+  return _hybrid(config, workdir, prepared, data, distilled, extra, start)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """``fedd3``: the server trains on the union of the uploads."""
+  start, prepared, data, distilled, extra = _uploads(config, workdir)
+  ds = prepared.dataset
   # The server-side method. Its client stage hands over the set distilled
   # above (the run's "distilled" stage, keyed by keys.FEDD3_DISTILL, so the
   # one-shot and the hybrid variant of a seed share one upload and
@@ -176,3 +191,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     summary = finalize(summary)
   work.write_summary(summary)
   return summary
+
+
+registry.declare(registry.Method("fedd3", pipeline=run))
+registry.declare(registry.Method("fedd3_hybrid", pipeline=run_hybrid,
+                                 runner="fedd3"))

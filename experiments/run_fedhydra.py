@@ -3,8 +3,8 @@
 ``run(config, workdir) -> summary`` (``runner="fedhydra"``). It builds, from
 the config, the shared one-shot client stage
 (:func:`fedjax_dd.algorithms.one_shot.client_stage`) and the server method
-``config.method`` (:data:`BUILDERS`, built in
-:mod:`fedjax_dd.experiments.stage_builders`), and hands them to the library's driver
+``config.method`` (its declared server form,
+:mod:`fedjax_dd.experiments.registry`), and hands them to the library's driver
 :func:`fedjax_dd.core.server.run_server_rounds`, which owns the rounds, the
 server epochs, checkpoints and resume (``r<r>/clients``, ``r<r>/setup``,
 ``r<r>/server``), metrics, the ledger and the time budget. All methods share
@@ -49,16 +49,12 @@ from fedjax_dd.data import partition as partition_lib
 from fedjax_dd.distill import ensemble
 from fedjax_dd.experiments import checks
 from fedjax_dd.experiments import common
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments import runners
-from fedjax_dd.experiments import stage_builders
 from fedjax_dd.utils import figures
 
 # Test images on which FedHydra's summary measures SA's target naming.
 PROBE = 2000
-
-# method -> (builder, whether it has server epochs).
-BUILDERS = stage_builders.SERVER_METHODS
-
 
 def _protocol(config) -> str:
   """The ``client_protocol`` fingerprint (``experiments/configs/base.py``):
@@ -70,7 +66,8 @@ def _protocol(config) -> str:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs ``config.method`` in {fedhydra, dense, feddf, os_fedavg}."""
   archs = common.client_models(config)
-  checks.check_one_shot(config, sorted(BUILDERS), archs)
+  checks.check_one_shot(config, list(registry.methods(registry.ONE_SHOT)),
+                       archs)
   start = time.time()
   prepared = common.load_and_prepare(config)
   task, ds = prepared.task, prepared.dataset
@@ -94,8 +91,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   stage = one_shot.client_stage(
       groups, training, num_steps=num_steps, mappers=mappers,
       independent_init=init_key if config.client.independent_init else None)
-  build, has_epochs = BUILDERS[config.method]
-  algorithm = build(config, stage, groups, task, input_fn)
+  method = registry.get(config.method)
+  algorithm = method.server(config, stage, groups, task, input_fn,
+                            **registry.build_inputs(config, method))
 
   global_model = task.init(init_key)
   # Round-1 client models: one init per architecture from the same key.
@@ -112,7 +110,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       global_model=global_model,
       group_sizes=[len(g.client_ids) for g in groups],
       num_rounds=config.rounds,
-      num_epochs=config.dfkd.distill_epochs if has_epochs else 0,
+      num_epochs=config.dfkd.distill_epochs if method.server_epochs else 0,
       initial_model_as_seed=config.server.initial_model_as_seed,
       server_seed=config.server.seed,
       teachers_from=config.server.teachers_from or None,

@@ -24,6 +24,7 @@ from fedjax_dd.cluster import sampling as clustering
 from fedjax_dd.algorithms import fedseq
 from fedjax_dd.core import keys
 from fedjax_dd.experiments import common
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments import runners
 
 
@@ -80,3 +81,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       data=jax.device_put(grouped), num_steps=jnp.asarray(grouped_steps),
       start_time=start, initial_model=(params, batch_stats),
       run_key=keys.stage_key(root, keys.Stage.ROUNDS), finalize=finalize)
+
+
+registry.declare(registry.Method("fedseq", pipeline=run))

@@ -42,6 +42,7 @@ from fedjax_dd.core import keys
 from fedjax_dd.core.stage_cache import StageCache
 from fedjax_dd.distill import privacy as privacy_lib
 from fedjax_dd.experiments import common
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs.hfldd import MEMBER_DATA
 from fedjax_dd.utils import figures
@@ -154,3 +155,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       data=jax.device_put(stages.hybrid), num_steps=head_steps,
       ledger=ledger0, start_time=start, initial_model=(params, batch_stats),
       run_key=keys.stage_key(root, keys.Stage.ROUNDS), finalize=finalize)
+
+
+# HFLDD and its two controls (random raw samples, no distillation) share
+# this pipeline; hfldd.member_data tells them apart.
+for _name in ("hfldd", "hfldd_random", "hfldd_wodd"):
+  registry.declare(registry.Method(_name, pipeline=run, runner="hfldd"))
+del _name

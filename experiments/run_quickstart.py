@@ -24,6 +24,7 @@ from typing import Any, Callable
 import ml_collections
 
 from fedjax_dd.core.workdir import Workdir
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import base as base_lib
 from fedjax_dd.utils import reporting
 
@@ -81,7 +82,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
         run_member: Callable[[ml_collections.ConfigDict, str],
                              dict[str, Any]]) -> dict[str, Any]:
   """Runs every member with ``run_member(config, workdir) -> summary`` (the
-  runner table's :func:`fedjax_dd.experiments.registry.run`), then the
+  entry point's :func:`fedjax_dd.experiments.registry.run_recorded`), then the
   comparison."""
   start, start_cpu = time.time(), time.process_time()
   rows = []
@@ -119,3 +120,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
              "figures": ["comparison.png"], "config": config.to_dict()}
   work.write_summary(summary)
   return summary
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  return run(config, workdir, run_member=registry.run_recorded)
+
+
+registry.declare(registry.Method("quickstart", pipeline=_run))

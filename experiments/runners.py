@@ -1,14 +1,13 @@
 """Runners: build an algorithm from a config and drive the shared rounds loop.
 
-``BUILDERS`` maps a FedAvg-family config's ``method`` to a small function
+Each FedAvg-family method is declared here once
+(:func:`fedjax_dd.experiments.registry.declare`) with a small builder
 ``(config, training) -> FederatedAlgorithm`` that calls the library factory
 with ``training``, the run's one :class:`~fedjax_dd.core.local.
 LocalTraining` (:func:`fedjax_dd.experiments.common.local_training`), and
-the method's own settings from the config (:func:`register` adds one);
-:func:`run_federated` runs any of them. The
-``run_*`` modules of the other runners use the glue here
-(:func:`fit_and_summarize`, :func:`run_server`, :func:`summarize`); the table of
-runners is :mod:`fedjax_dd.experiments.registry`, above them all.
+the method's own settings from the config; :func:`run_federated` runs any
+rounds method. The ``run_*`` modules of the other runners use the glue
+here (:func:`fit_and_summarize`, :func:`run_server`, :func:`summarize`).
 """
 
 from __future__ import annotations
@@ -42,18 +41,14 @@ from fedjax_dd.core import keys
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import server as server_lib
 from fedjax_dd.core import summary as summary_lib
-from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm
-from fedjax_dd.core.local import LocalTraining
+from fedjax_dd.core.algorithm import FederatedAlgorithm
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.distill.iga import IGAHyperParams, make_iga
 from fedjax_dd.experiments import common
+from fedjax_dd.experiments import registry
 from fedjax_dd.models.cgenerator import CGeneratorA
 from fedjax_dd import versions
-
-Builder = Callable[[ml_collections.ConfigDict, LocalTraining],
-                   FederatedAlgorithm]
-
 
 def _iga(config, task: Classifier, *, feddf: bool = False):
   """IGA from ``config.iga`` (None when disabled), the cohort's size of
@@ -156,77 +151,43 @@ def _dp_fedavg(config, training):
                        config, config.data.num_clients))
 
 
-BUILDERS: dict[str, Builder] = {
-    "disue": _disue,
-    "fedftg": _fedftg,
-    "feddf_datafree": lambda c, training: _fedftg(c, training, feddf=True),
-    "ifca": _ifca,
-    "cfl": _cfl,
-    "cfl_gp": _cfl_gp,
-    "centralized": lambda c, training: centralized(training),
-    "fedavg": lambda c, training: fedavg(training),
-    # One-shot FedAvg in the rounds loop: one FedAvg round (validate refuses
-    # rounds != 1) whose round-1 model travels as a seed, so the upload is
-    # its only traffic. The server-side shape of the same method is
-    # fedjax_dd.algorithms.one_shot.os_fedavg (FedHydra's runner).
-    "os_fedavg": lambda c, training: fedavg(
-        training, comm=CommSpec(download=1, upload=1)),
-    "fedprox": lambda c, training: fedprox(training, mu=c.client.mu),
-    "fednova": lambda c, training: fednova(training,
-                                           momentum=c.client.momentum),
-    "scaffold": lambda c, training: scaffold(
-        training, learning_rate=c.client.lr, server_learning_rate=c.server.lr),
-    "moon": lambda c, training: moon(training, mu=c.moon.mu,
-                                     temperature=c.moon.temperature),
-    "feddyn": lambda c, training: feddyn(training, alpha=c.feddyn.alpha),
-    "dynafed": _dynafed,
-    "dp_fedavg": _dp_fedavg,
-}
-
-# Methods whose summary adds fields that depend on the finished run:
-# (config, num_clients, rounds completed) -> fields.
-SUMMARY_FIELDS: dict[str, Callable[..., dict[str, Any]]] = {
-    "dp_fedavg": common.dp_fedavg_fields,
-}
-
-
-# Methods whose server sees something of every client's data before round 1
-# (PACFL's subspaces): built from the clients' data too.
-DATA_BUILDERS: dict[str, Callable[..., FederatedAlgorithm]] = {
-    "pacfl": _pacfl,
-}
-
-
-# Methods a config cannot register again under their names.
-_BUILT_IN = frozenset(BUILDERS) | frozenset(DATA_BUILDERS)
-
-
-def register(method: str, build: Builder) -> Builder:
-  """Registers a FedAvg-family method for the ``federated`` runner.
-
-  A method defined outside this package registers itself in its config file
-  (loaded by the entry point before the run starts), so a new method on the
-  command line is its algorithm module and its config file::
-
-    # experiments/configs/toy.py, beside toy_algo.py
-    runners.register("toy", lambda config, training: toy_algo.toy(
-        training, ...))
-
-  Args:
-    method: the config's ``method``; a built-in one cannot be replaced.
-    build: ``(config, training) -> FederatedAlgorithm``, ``training`` the
-      run's :class:`~fedjax_dd.core.local.LocalTraining`
-      (:func:`fedjax_dd.experiments.common.local_training` of the config).
-
-  Returns:
-    ``build``. Registering the same name again (a config loaded twice)
-    replaces the earlier builder.
-  """
-  if method in _BUILT_IN:
-    raise ValueError(f"method {method!r} is built in; register another "
-                     "name.")
-  BUILDERS[method] = build
-  return build
+# The FedAvg-family methods, each declared once (experiments/registry.py):
+# the shared rounds loop drives each (run_federated).
+for _method in (
+    registry.Method("disue", rounds=_disue),
+    registry.Method("fedftg", rounds=_fedftg),
+    registry.Method("feddf_datafree", rounds=lambda c, training: _fedftg(
+        c, training, feddf=True)),
+    registry.Method("ifca", rounds=_ifca),
+    registry.Method("cfl", rounds=_cfl),
+    registry.Method("cfl_gp", rounds=_cfl_gp),
+    registry.Method("centralized",
+                    rounds=lambda c, training: centralized(training)),
+    registry.Method("fedavg", rounds=lambda c, training: fedavg(training)),
+    # One-shot FedAvg in the rounds loop: one FedAvg round (validate
+    # refuses rounds != 1) whose round-1 model travels as a seed, so the
+    # upload is its only traffic. Its server form (the fedhydra runner) is
+    # declared beside the other server methods, stage_builders.
+    registry.Method("fedprox", rounds=lambda c, training: fedprox(
+        training, mu=c.client.mu)),
+    registry.Method("fednova", rounds=lambda c, training: fednova(
+        training, momentum=c.client.momentum)),
+    registry.Method("scaffold", rounds=lambda c, training: scaffold(
+        training, learning_rate=c.client.lr,
+        server_learning_rate=c.server.lr)),
+    registry.Method("moon", rounds=lambda c, training: moon(
+        training, mu=c.moon.mu, temperature=c.moon.temperature)),
+    registry.Method("feddyn", rounds=lambda c, training: feddyn(
+        training, alpha=c.feddyn.alpha)),
+    registry.Method("dynafed", rounds=_dynafed),
+    registry.Method("dp_fedavg", rounds=_dp_fedavg,
+                    summary_fields=common.dp_fedavg_fields),
+    # PACFL's server sees something of every client's data before round 1
+    # (its subspaces).
+    registry.Method("pacfl", rounds=_pacfl, needs=("client_data",)),
+):
+  registry.declare(_method)
+del _method
 
 
 def _client_partition(config, prepared):
@@ -378,11 +339,8 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
   num_steps = common.local_steps(config, data.num_examples)
   training = common.local_training(config, prepared.task,
                                    int(jnp.max(num_steps)))
-  if config.method in DATA_BUILDERS:
-    algorithm = DATA_BUILDERS[config.method](config, training, data)
-  else:
-    algorithm = BUILDERS[config.method](config, training)
-  fields = SUMMARY_FIELDS.get(config.method)
+  algorithm = registry.build_rounds(config, training, data)
+  fields = registry.get(config.method).summary_fields
   audit = None
   if "audit" in config and config.audit.enabled:
     # The audit's glue (experiments/auditing.py); a holdout the test split

@@ -2,14 +2,15 @@
 
 * :func:`distiller`: FedD3's client stage (``run_fedd3``), KIP, the GMM
   coreset or the random-real control;
-* :data:`SERVER_METHODS`: the server methods of the ``fedhydra`` runner
-  (``run_fedhydra``): FedHydra, DENSE, FedDF, one-shot FedAvg, Co-Boosting
-  and OT fusion, each built over the shared one-shot client stage.
+* the server methods of the ``fedhydra`` runner (``run_fedhydra``),
+  declared here (:mod:`fedjax_dd.experiments.registry`): FedHydra, DENSE,
+  FedDF, one-shot FedAvg (with its rounds form), Co-Boosting and OT fusion,
+  each built over the shared one-shot client stage.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,13 +25,16 @@ from fedjax_dd.algorithms import one_shot
 from fedjax_dd.algorithms import ot_fusion as ot_fusion_lib
 from fedjax_dd.algorithms import stratify as stratify_lib
 from fedjax_dd.algorithms.dense import dense
+from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.algorithms.feddf import feddf, public_set
 from fedjax_dd.algorithms.fedhydra import fedhydra
 from fedjax_dd.core import keys
+from fedjax_dd.core.algorithm import CommSpec
 from fedjax_dd.data import sources
 from fedjax_dd.distill import dfkd
 from fedjax_dd.distill import ensemble
 from fedjax_dd.experiments import common
+from fedjax_dd.experiments import registry
 
 
 def distiller(config: ml_collections.ConfigDict, prepared: common.Prepared,
@@ -160,14 +164,24 @@ def _ot_fusion(config, stage, groups, task, input_fn):
                                  anchor=o.anchor)
 
 
-# The fedhydra runner's methods: method -> (builder, whether it has server
-# epochs); a builder is (config, client stage, groups, task, input_fn) ->
-# ServerDistillation.
-SERVER_METHODS: dict[str, tuple[Callable[..., Any], bool]] = {
-    "fedhydra": (_fedhydra, True),
-    "dense": (_dense, True),
-    "feddf": (_feddf, True),
-    "os_fedavg": (_os_fedavg, False),
-    "coboosting": (_coboosting, True),
-    "ot_fusion": (_ot_fusion, False),
-}
+def _os_fedavg_rounds(config, training):
+  """One-shot FedAvg in the rounds loop (the federated runner): one FedAvg
+  round (validate refuses rounds != 1) whose round-1 model travels as a
+  seed, so the upload is its only traffic."""
+  del config
+  return fedavg(training, comm=CommSpec(download=1, upload=1))
+
+
+# The fedhydra runner's methods, each declared once
+# (experiments/registry.py): built over the shared one-shot client stage.
+for _method in (
+    registry.Method("fedhydra", server=_fedhydra, server_epochs=True),
+    registry.Method("dense", server=_dense, server_epochs=True),
+    registry.Method("feddf", server=_feddf, server_epochs=True),
+    registry.Method("os_fedavg", server=_os_fedavg,
+                    rounds=_os_fedavg_rounds),
+    registry.Method("coboosting", server=_coboosting, server_epochs=True),
+    registry.Method("ot_fusion", server=_ot_fusion),
+):
+  registry.declare(_method)
+del _method

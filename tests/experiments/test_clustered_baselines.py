@@ -43,7 +43,7 @@ def _smoke(method, arg="smoke"):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(CONFIGS))
 def test_smoke_with_iga_runs_and_reports_clusters(tmp_path, method):
-  s = registry.RUNNERS["federated"](_smoke(method, "smoke+iga"),
+  s = registry.run(_smoke(method, "smoke+iga"),
                                    str(tmp_path / method))
   assert s["method"] == method and np.isfinite(s["final_test_accuracy"])
   with open(tmp_path / method / "metrics.jsonl") as f:
@@ -72,7 +72,7 @@ def test_iga_changes_the_reported_model_not_what_clients_deploy(tmp_path,
   for arg in ("smoke", "smoke+iga"):
     c = _smoke(method, arg)
     c.eval.personal = True
-    registry.RUNNERS["federated"](c, str(tmp_path / arg))
+    registry.run(c, str(tmp_path / arg))
     with open(tmp_path / arg / "metrics.jsonl") as f:
       rows[arg] = [json.loads(line) for line in f]
   personal = [k for k in rows["smoke"][0] if k.startswith("personal_")]
@@ -110,7 +110,7 @@ def test_smoke_with_personal_evaluation_writes_its_figures(tmp_path, method,
                                                            split):
   c = _smoke(method)
   c.eval.personal, c.eval.split, c.eval.finetune_steps = True, split, 2
-  s = registry.RUNNERS["federated"](c, str(tmp_path / method))
+  s = registry.run(c, str(tmp_path / method))
   with open(tmp_path / method / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
   assert [r["round"] for r in rows if "personal_accuracy" in r] == [1, 2]

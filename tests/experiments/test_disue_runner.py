@@ -55,7 +55,7 @@ def _smoke(method, **overrides):
 
 
 def test_disue_smoke_summary(tmp_path):
-  s = registry.RUNNERS["federated"](_smoke("disue"), str(tmp_path / "d"))
+  s = registry.run(_smoke("disue"), str(tmp_path / "d"))
   with open(tmp_path / "d" / "summary.json") as f:
     assert json.load(f)["num_clusters_by_round"] == s["num_clusters_by_round"]
   assert s["method"] == "disue"
@@ -69,7 +69,7 @@ def test_disue_smoke_summary(tmp_path):
 
 @pytest.mark.parametrize("method", ["fedftg", "feddf_datafree", "ifca"])
 def test_baseline_smoke_runs(tmp_path, method):
-  s = registry.RUNNERS["federated"](_smoke(method), str(tmp_path / method))
+  s = registry.run(_smoke(method), str(tmp_path / method))
   assert s["method"] == method and np.isfinite(s["final_test_accuracy"])
 
 
@@ -79,7 +79,7 @@ def test_bernoulli_activity_reaches_the_cohort_iga_and_ledger(tmp_path):
   # 0.5 (FedFTG's act_prob); IGA distils from exactly the round's cohort.
   c = _smoke("fedftg", client__activity=0.5)
   c.rounds = 3
-  s = registry.RUNNERS["federated"](c, str(tmp_path / "f"))
+  s = registry.run(c, str(tmp_path / "f"))
   with open(tmp_path / "f" / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
   sizes = [r["cohort_size"] for r in rows]
@@ -95,19 +95,19 @@ def test_bernoulli_activity_reaches_the_cohort_iga_and_ledger(tmp_path):
 
 def test_ablations_build_and_fedftg_needs_iga(tmp_path):
   # −IGA is FedAvg of the clusters: no generator, no iga_* metrics.
-  s = registry.RUNNERS["federated"](_smoke("disue", iga__enabled=False),
+  s = registry.run(_smoke("disue", iga__enabled=False),
                                    str(tmp_path / "noiga"))
   with open(tmp_path / "noiga" / "metrics.jsonl") as f:
     row = json.loads(f.readline())
   assert not any(k.startswith("iga_") for k in row)
   assert s["num_clusters_by_round"]
   with pytest.raises(ValueError, match="iga.enabled must stay True"):
-    registry.RUNNERS["federated"](_smoke("fedftg", iga__enabled=False),
+    registry.run(_smoke("fedftg", iga__enabled=False),
                                  str(tmp_path / "f"))
 
 
 def test_evaluate_before_iga_reaches_rows_and_summary(tmp_path):
-  s = registry.RUNNERS["federated"](_smoke("fedftg", iga__evaluate_before=True),
+  s = registry.run(_smoke("fedftg", iga__evaluate_before=True),
                                    str(tmp_path / "f"))
   with open(tmp_path / "f" / "metrics.jsonl") as f:
     row = json.loads(f.readline())
@@ -119,14 +119,14 @@ def test_evaluate_before_iga_reaches_rows_and_summary(tmp_path):
       "mean_iga_gain": pytest.approx(row["test_accuracy"] -
                                      row["test_accuracy_before_iga"])}
   with pytest.raises(ValueError, match="evaluate_before_iga needs an IGA"):
-    registry.RUNNERS["federated"](
+    registry.run(
         _smoke("disue", iga__enabled=False, iga__evaluate_before=True),
         str(tmp_path / "d"))
 
 
 def test_class_accuracy_reaches_rows_and_summary(tmp_path):
   # run.class_accuracy: each class's test accuracy, before and after IGA.
-  s = registry.RUNNERS["federated"](
+  s = registry.run(
       _smoke("fedftg", iga__evaluate_before=True, run__class_accuracy=True),
       str(tmp_path / "f"))
   with open(tmp_path / "f" / "metrics.jsonl") as f:
@@ -145,5 +145,5 @@ def test_class_accuracy_reaches_rows_and_summary(tmp_path):
       row["test_accuracy_before_iga"], abs=1e-6)
   assert s["final_test_class_accuracy"] == after
   assert s["before_iga"]["final_test_class_accuracy"] == before
-  plain = registry.RUNNERS["federated"](_smoke("ifca"), str(tmp_path / "i"))
+  plain = registry.run(_smoke("ifca"), str(tmp_path / "i"))
   assert "final_test_class_accuracy" not in plain

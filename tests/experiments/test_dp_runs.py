@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fedjax_dd.core import workdir as workdir_lib
-from fedjax_dd.experiments import common, registry, runners
+from fedjax_dd.experiments import common, registry
 from fedjax_dd.experiments.configs import dp_fedavg, fedd3, hfldd
 from fedjax_dd.privacy import accounting
 
@@ -36,8 +36,10 @@ def test_presets_validate_and_register():
   assert (c.data.num_clients, c.rounds, c.client.local_epochs) == (500, 18,
                                                                    10.0)
   assert "dp_fedavg" in registry.methods("federated")
-  with pytest.raises(ValueError, match="'dp_fedavg' is built in"):
-    runners.register("dp_fedavg", lambda config, training: None)
+  with pytest.raises(ValueError, match="'dp_fedavg' is declared by "
+                     "fedjax_dd.experiments.runners"):
+    registry.declare(registry.Method(
+        "dp_fedavg", rounds=lambda config, training: None))
   with pytest.raises(ValueError, match=r"expected one of \['mnist_noniid', "
                      r"'smoke'\]"):
     dp_fedavg.get_config("bogus")

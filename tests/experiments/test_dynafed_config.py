@@ -40,7 +40,7 @@ def test_unknown_preset_and_bad_setting_are_refused():
 def test_smoke_runs_through_the_federated_runner(tmp_path):
   c = dynafed.get_config("smoke")
   c.run.progress = False
-  s = registry.RUNNERS[c.runner](c, str(tmp_path))
+  s = registry.run(c, str(tmp_path))
   assert s["rounds"] == 3
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]

@@ -121,15 +121,15 @@ def test_fedavg_resume_with_more_rounds_continues(tmp_path):
   config.run.progress = False
   # A spent time budget still runs (and checkpoints) one round ...
   config.run.max_wall_seconds = 1e-9
-  budgeted = registry.RUNNERS[config.runner](config, workdir)
+  budgeted = registry.run(config, workdir)
   assert budgeted["rounds"] == 1 and budgeted["stopped_by_time_budget"]
   # ... and the run resumes from it.
   config.run.max_wall_seconds = 0.0
-  first = registry.RUNNERS[config.runner](config, workdir)
+  first = registry.run(config, workdir)
   assert not first["stopped_by_time_budget"]
   _, rows2 = _read(workdir)
   config.rounds = 3
-  second = registry.RUNNERS[config.runner](config, workdir)
+  second = registry.run(config, workdir)
   _, rows3 = _read(workdir)
   assert [r["round"] for r in rows3] == [1, 2, 3]
   assert rows3[:2] == rows2
@@ -148,13 +148,13 @@ def test_fedavg_resume_with_more_rounds_continues(tmp_path):
 def test_os_fedavg_and_fedd3_smoke(tmp_path):
   config = os_fedavg.get_config("smoke")
   config.run.progress = False
-  s = registry.RUNNERS[config.runner](config, str(tmp_path / "os"))
+  s = registry.run(config, str(tmp_path / "os"))
   assert s["rounds"] == 1 and s["bytes_downloaded"] == 0
   assert s["bytes_uploaded"] == 8 * s["param_count"] * 4
   config = fedd3.get_config("smoke")
   config.run.progress = False
   config.rounds = 2
-  s = registry.RUNNERS[config.runner](config, str(tmp_path / "d3"))
+  s = registry.run(config, str(tmp_path / "d3"))
   assert s["distilled_images_total"] == 40  # 10 clients x 2 classes x 2 img/cls
   assert s["bytes_total"] == 40 * 64 + 40  # uint8 pixels + one byte per label
   assert set(s["gce"]) == {"0.01", "0.5"}

@@ -107,7 +107,7 @@ def test_baseline_gce_charges_one_model_upload_per_round(tmp_path):
   # FedAvg smoke: 8 clients, 2 rounds, all clients every round.
   config = fedavg.get_config("smoke")
   config.run.progress = False
-  s = registry.RUNNERS[config.runner](config, str(tmp_path / "fa"))
+  s = registry.run(config, str(tmp_path / "fa"))
   model = s["param_count"] * 32
   assert s["gce_message_bits"] == [[1, model], [2, model]]
   acc, best = s["final_test_accuracy"], s["best_test_accuracy"]
@@ -120,5 +120,5 @@ def test_baseline_gce_charges_one_model_upload_per_round(tmp_path):
 
   config = os_fedavg.get_config("smoke")
   config.run.progress = False
-  s = registry.RUNNERS[config.runner](config, str(tmp_path / "os"))
+  s = registry.run(config, str(tmp_path / "os"))
   assert s["gce_message_bits"] == [[1, s["param_count"] * 32]]

@@ -33,7 +33,7 @@ def _smoke(**overrides):
 def smoke_run(tmp_path_factory):
   """One KIP smoke run (10 clients x 2 classes x 2 images), shared."""
   workdir = tmp_path_factory.mktemp("fedd3") / "a"
-  summary = registry.RUNNERS["fedd3"](_smoke(), str(workdir))
+  summary = registry.run(_smoke(), str(workdir))
   return workdir, summary
 
 
@@ -87,7 +87,7 @@ def test_distilled_from_reuses_the_upload_and_checks_settings(smoke_run, tmp_pat
   # A server-side variant trains on the same upload without distilling.
   config = _smoke(fedd3__distilled_from=str(workdir), client__lr=0.05,
                   client__batch_size=8)
-  second = registry.RUNNERS[config.runner](config, str(tmp_path / "b"))
+  second = registry.run(config, str(tmp_path / "b"))
   assert not os.path.exists(tmp_path / "b" / "stages")
   assert second["distilled_from"] == str(workdir) and second["distilled_cached"]
   assert second["distilled_images_total"] == first["distilled_images_total"] == 40
@@ -100,18 +100,18 @@ def test_distilled_from_reuses_the_upload_and_checks_settings(smoke_run, tmp_pat
   # A distillation setting differs: the cache is refused, naming it.
   config = _smoke(fedd3__distilled_from=str(workdir), kip__lr=0.01)
   with pytest.raises(StaleStageError, match=r"kip\.lr"):
-    registry.RUNNERS[config.runner](config, str(tmp_path / "c"))
+    registry.run(config, str(tmp_path / "c"))
   # A workdir without a distilled set.
   config = _smoke(fedd3__distilled_from=str(tmp_path / "nothing"))
   with pytest.raises(ValueError, match="holds no distilled set"):
-    registry.RUNNERS[config.runner](config, str(tmp_path / "d"))
+    registry.run(config, str(tmp_path / "d"))
 
 
 def test_own_cache_under_other_settings_is_refused(smoke_run, tmp_path):
   workdir, _ = smoke_run
   # Reusing a workdir with another partition seed is a different experiment.
   with pytest.raises(ValueError, match=r"data\.seed"):
-    registry.RUNNERS["fedd3"](_smoke(data__seed=1), str(workdir))
+    registry.run(_smoke(data__seed=1), str(workdir))
 
 
 def test_a_killed_run_resumes_on_its_cached_distilled_set(
@@ -126,7 +126,7 @@ def test_a_killed_run_resumes_on_its_cached_distilled_set(
   with monkeypatch.context() as m:
     m.setattr(server_lib, "run_server_rounds", killed)
     with pytest.raises(KeyboardInterrupt):
-      registry.RUNNERS["fedd3"](_smoke(), str(workdir))
+      registry.run(_smoke(), str(workdir))
   assert not os.path.exists(workdir / "summary.json")
 
   # The rerun must not distill again.
@@ -134,7 +134,7 @@ def test_a_killed_run_resumes_on_its_cached_distilled_set(
     raise AssertionError("distilled again")
 
   monkeypatch.setattr(stage_builders, "distiller", no_distiller)
-  s = registry.RUNNERS["fedd3"](_smoke(), str(workdir))
+  s = registry.run(_smoke(), str(workdir))
   assert s["distilled_cached"] is True
   # The same upload and training as an uninterrupted run.
   for k in ("final_test_accuracy", "bytes_total", "gce", "privacy",
@@ -149,7 +149,7 @@ def test_a_killed_run_resumes_on_its_cached_distilled_set(
 
 def test_random_control_sends_raw_images_at_the_same_budget(smoke_run, tmp_path):
   _, kip = smoke_run
-  s = registry.RUNNERS["fedd3"](_smoke(fedd3__distiller="random"),
+  s = registry.run(_smoke(fedd3__distiller="random"),
                               str(tmp_path / "r"))
   assert s["distiller"] == "random"
   assert s["distilled_images_total"] == kip["distilled_images_total"] == 40
@@ -165,7 +165,7 @@ def test_random_control_sends_raw_images_at_the_same_budget(smoke_run, tmp_path)
 def test_hybrid_with_learned_labels_trains_on_soft_targets(tmp_path):
   config = _smoke(method="fedd3_hybrid", kip__learn_labels=True,
                   kip__max_iterations=3, kip__stop_accuracy=None)
-  s = registry.RUNNERS["fedd3"](config, str(tmp_path / "h"))
+  s = registry.run(config, str(tmp_path / "h"))
   assert s["learned_labels"] is True
   assert np.isfinite(s["final_test_accuracy"])
   assert s["kip_iterations"]["min"] == s["kip_iterations"]["max"] == 3
@@ -185,9 +185,9 @@ def test_early_stopped_kip_that_sends_raw_images_is_refused(tmp_path):
   with pytest.raises(common.InputError,
                      match=r"fedd3: 40 of 40 KIP images to upload are "
                      r"byte-identical .*--config\.fedd3\.allow_raw_upload=True"):
-    registry.RUNNERS["fedd3"](config, str(tmp_path / "raw"))
+    registry.run(config, str(tmp_path / "raw"))
   # Accepted on request, and measured.
-  s = registry.RUNNERS["fedd3"](_smoke(kip__stop_accuracy=0.0,
+  s = registry.run(_smoke(kip__stop_accuracy=0.0,
                                       kip__min_iterations=0,
                                       fedd3__allow_raw_upload=True),
                                str(tmp_path / "ok"))

@@ -1,6 +1,7 @@
 """End-to-end runner smoke tests on sklearn digits: outputs, ledger, resume,
 heterogeneous client architectures."""
 
+import dataclasses
 import json
 import os
 
@@ -11,6 +12,7 @@ import pytest
 
 from fedjax_dd import models
 from fedjax_dd.core.ledger import num_params
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments import run_fedhydra
 from fedjax_dd.experiments.configs import dense as dense_config
 from fedjax_dd.experiments.configs import fedhydra as fedhydra_config
@@ -67,10 +69,10 @@ def test_fedhydra_multi_round_then_resume(tmp_path, monkeypatch):
   config.dfkd.distill_epochs = 2
   workdir = str(tmp_path / "fh")
   events = []
-  build, has_epochs = run_fedhydra.BUILDERS["fedhydra"]
+  declared = registry.get("fedhydra")
 
-  def spy_build(*args):
-    algo = build(*args)
+  def spy_build(*args, **kwargs):
+    algo = declared.server(*args, **kwargs)
 
     def stage(starts, data, key):
       events.append(("clients", starts))
@@ -82,7 +84,8 @@ def test_fedhydra_multi_round_then_resume(tmp_path, monkeypatch):
 
     return algo._replace(client_stage=stage, model=model)
 
-  monkeypatch.setitem(run_fedhydra.BUILDERS, "fedhydra", (spy_build, has_epochs))
+  monkeypatch.setitem(registry._DECLARED, "fedhydra",  # pylint: disable=protected-access
+                      dataclasses.replace(declared, server=spy_build))
   summary = run_fedhydra.run(config, workdir)
   monkeypatch.undo()
   starts = [e[1][0] for e in events if e[0] == "clients"]

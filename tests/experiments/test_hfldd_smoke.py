@@ -62,7 +62,7 @@ def _smoke(tmp_path, rounds=2):
   config = hfldd_config.get_config("smoke")
   config.run.progress = False
   config.rounds = rounds
-  return config, registry.RUNNERS[config.runner](config, str(tmp_path))
+  return config, registry.run(config, str(tmp_path))
 
 
 def test_hfldd_smoke(tmp_path):
@@ -94,7 +94,7 @@ def test_hfldd_survives_iid_clients_and_unbalanced_clusters(tmp_path):
   config.rounds = 1
   config.data.partition.num_classes_per_client = 10
   config.client.local_steps = 3             # the heads honour local_steps
-  s = registry.RUNNERS[config.runner](config, str(tmp_path))
+  s = registry.run(config, str(tmp_path))
   _check_hfldd_summary(s, tmp_path)
   rows = load_metrics(os.path.join(tmp_path, "metrics.jsonl"))
   assert rows[-1]["local_steps_mean"] == 3.0
@@ -115,7 +115,7 @@ def test_hfldd_resume_reuses_cached_stages(tmp_path):
   _check_hfldd_summary(s2, tmp_path)
   config.hfldd.support_size = 10            # a stage setting: refuse the cache
   with pytest.raises(ValueError, match=r"hfldd\.support_size"):
-    registry.RUNNERS[config.runner](config, str(tmp_path))
+    registry.run(config, str(tmp_path))
 
 
 def test_fedseq_smoke_eq19_traffic_and_local_steps(tmp_path):
@@ -124,7 +124,7 @@ def test_fedseq_smoke_eq19_traffic_and_local_steps(tmp_path):
   config.rounds = 1
   config.hfldd.group_by_similarity = False
   config.client.local_steps = 2
-  s = registry.RUNNERS[config.runner](config, str(tmp_path))
+  s = registry.run(config, str(tmp_path))
   assert s["num_groups"] == 5 and s["group_size"] == 4
   assert sorted(i for g in s["groups"] for i in g) == list(range(20))
   assert s["fedseq_traffic"] == "eq19"
@@ -192,7 +192,7 @@ def test_hfldd_random_control_smoke(tmp_path):
   config.run.progress = False
   config.rounds = 1
   config.client.local_steps = 2
-  s = registry.RUNNERS[config.runner](config, str(tmp_path))
+  s = registry.run(config, str(tmp_path))
   _check_hfldd_summary(s, tmp_path)
   # The KIP upload budget, but raw images.
   assert s["distilled_samples_total"] == (
@@ -207,7 +207,7 @@ def test_hfldd_random_control_smoke(tmp_path):
 def test_hfldd_wodd_smoke(tmp_path):
   config = wodd_config.get_config("smoke")
   config.run.progress = False
-  s = registry.RUNNERS[config.runner](config, str(tmp_path))
+  s = registry.run(config, str(tmp_path))
   _check_hfldd_summary(s, tmp_path)
   # Raw data: the heads together hold the whole training split.
   total = sources.load_dataset("digits").x_train.shape[0]
@@ -231,6 +231,6 @@ def test_hfldd_mnist_reaches_target(tmp_path, preset, target, rounds):
   # The paper's bound is 50. Measured (balanced split, 100 KIP iterations):
   # mnist_c1 reaches 0.95 at round 4; mnist_c2 not yet re-measured.
   config.rounds = rounds
-  s = registry.RUNNERS[config.runner](config, str(tmp_path))
+  s = registry.run(config, str(tmp_path))
   _check_hfldd_summary(s, tmp_path)
   assert s["best_test_accuracy"] >= target

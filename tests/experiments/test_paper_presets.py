@@ -88,7 +88,7 @@ def test_hfldd_smoke_twin_of_the_paper_presets():
 def test_hfldd_smoke_twin_runs(tmp_path):
   c = hfldd_config.get_config("smoke_paper")
   c.run.progress = False
-  s = registry.RUNNERS[c.runner](c, str(tmp_path))
+  s = registry.run(c, str(tmp_path))
   assert np.isfinite(s["final_test_accuracy"])
   assert s["config"]["data"]["resplit"] == 0.8
 
@@ -147,7 +147,7 @@ def test_fedd3_authors_smoke_twin_runs(tmp_path):
                "fedd3.images_per_class", "model.name"):
     assert common.config_value(c, path) == common.config_value(smoke, path)
   c.run.progress = False
-  s = registry.RUNNERS[c.runner](c, str(tmp_path))
+  s = registry.run(c, str(tmp_path))
   assert np.isfinite(s["final_test_accuracy"])
   # 10 clients x 2 classes x 2 images of 8x8 float32 pixels plus a byte per
   # hard label: 4 · (64 · 32 + 8) bits a client.

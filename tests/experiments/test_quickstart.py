@@ -10,6 +10,7 @@ from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import run_quickstart
 from fedjax_dd.experiments import registry
+from fedjax_dd.experiments import runners
 from fedjax_dd.experiments.configs import quickstart
 
 
@@ -122,7 +123,7 @@ def test_two_member_quickstart_writes_table_figure_and_summary(tmp_path,
                                                                capsys):
   c = quickstart.get_config()
   c.order = ("fedavg", "fedd3")
-  s = registry.RUNNERS["quickstart"](c, str(tmp_path))
+  s = registry.run(c, str(tmp_path))
   out = capsys.readouterr().out
   assert "| fedavg |" in out and "| fedd3 |" in out
   # The run reports its own wall and CPU time, and the summary keeps both.
@@ -158,22 +159,22 @@ def test_members_settings_are_recorded_before_their_runner_writes(
       f.write('{"round": 1}\n')
     return {"final_test_accuracy": 0.5, "bytes_total": 1, "wall_seconds": 0.0}
 
-  monkeypatch.setitem(registry.RUNNERS, "federated", runner)
+  monkeypatch.setattr(runners, "run_federated", runner)
   c = quickstart.get_config()
   c.order = ("fedavg",)
   with caplog.at_level("WARNING"):
-    registry.RUNNERS["quickstart"](c, str(tmp_path))
+    registry.run(c, str(tmp_path))
   assert seen == [True]
   assert "no config.json" not in caplog.text
   # Another setting for the member on the same workdir: refused.
   c.members.fedavg.overrides = (("rounds", 5), ("client.lr", 0.5))
   with pytest.raises(workdir_lib.FingerprintMismatchError, match="client.lr"):
-    registry.RUNNERS["quickstart"](c, str(tmp_path))
+    registry.run(c, str(tmp_path))
 
 
 @pytest.mark.slow
 def test_full_quickstart_runs_every_system(tmp_path):
-  s = registry.RUNNERS["quickstart"](quickstart.get_config(), str(tmp_path))
+  s = registry.run(quickstart.get_config(), str(tmp_path))
   names = [r["method"] for r in s["methods"]]
   for m in ("fedavg", "fedd3", "hfldd", "fedhydra", "disue"):
     assert m in names

@@ -172,7 +172,7 @@ def _digits_smoke(tmp_path, dtype, rounds):
   config.model.compute_dtype = dtype
   config.run.progress = False
   workdir = tmp_path / dtype
-  registry.RUNNERS[config.runner](config, str(workdir))
+  registry.run(config, str(workdir))
   with open(workdir / "metrics.jsonl", encoding="utf-8") as f:
     return [json.loads(line) for line in f]
 
