@@ -135,6 +135,52 @@ def make_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
   return evaluate
 
 
+def make_run_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
+                       batch_size: int = 1000, per_class: bool = False
+                       ) -> Callable[[PyTree, PyTree], list[dict[str, Any]]]:
+  """Evaluates R runs' global models ``[R, ...]`` on one split in one program.
+
+  The run axis' evaluation (:func:`fedjax_dd.fit_runs`): the evaluation of
+  :func:`make_evaluator`, ``jax.vmap``-ed over the leading run axis of the
+  parameters, so the R models are scored by one compiled program rather
+  than R calls.
+
+  Args:
+    task: the classifier.
+    x, y: the split, ``[N, H, W, Ch]`` uint8 and ``[N]`` int labels.
+    batch_size: examples per evaluated batch.
+    per_class: also return each run's ``"class_accuracy"``, as
+      :func:`make_evaluator`.
+
+  Returns:
+    ``evaluate(params [R, ...], batch_stats [R, ...]) -> [R dicts]``, run
+    ``i``'s as :func:`make_evaluator`'s ``evaluate`` of run ``i``'s model
+    gives it (up to the rounding of the batched program).
+
+  Raises:
+    ValueError: as :func:`make_evaluator`.
+  """
+  validate.split(x, y, num_classes=task.num_classes,
+                 input_shape=task.input_shape)
+  xs, ys, masks = batched(x, y, batch_size)
+  fn = engine_jit(jax.vmap(
+      lambda p, s: _evaluate_one(task, p, s, xs, ys, masks, per_class)))
+
+  def evaluate(params, batch_stats):
+    out = jax.device_get(fn(params, batch_stats))
+    results = []
+    for i in range(np.shape(out["accuracy"])[0]):
+      result = {"accuracy": float(out["accuracy"][i]),
+                "loss": float(out["loss"][i])}
+      if per_class:
+        result["class_accuracy"] = class_accuracy(out["class_correct"][i],
+                                                  out["class_count"][i])
+      results.append(result)
+    return results
+
+  return evaluate
+
+
 def make_client_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
                           mapper: ClientMapper = ClientMapper(),
                           batch_size: int = 1000) -> Callable[[PyTree, PyTree], dict[str, np.ndarray]]:

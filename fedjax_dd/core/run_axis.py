@@ -67,7 +67,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState, FederatedAlgorithm
 from fedjax_dd.core.checkpoint import CheckpointStore, as_restored
-from fedjax_dd.core.evaluate import make_evaluator
+from fedjax_dd.core.evaluate import make_run_evaluator
 from fedjax_dd.core.local import effective_batch_size
 from fedjax_dd.core.prepare import Prepared
 from fedjax_dd.data import validate
@@ -206,6 +206,16 @@ def _as_list(value, num_runs: int, name: str) -> list[Any]:
   return [value] * num_runs
 
 
+def _per_run(value, num_runs: int, name: str) -> list[Any]:
+  """A list gives one value per run; anything else is every run's."""
+  if isinstance(value, list):
+    if len(value) != num_runs:
+      raise ValueError(f"fit_runs: {name} gives {len(value)} entries for "
+                       f"{num_runs} runs (a list is one per run).")
+    return value
+  return [value] * num_runs
+
+
 def algorithm_name(algorithm: FederatedAlgorithm) -> str:
   """The algorithm's name for messages: the module that built its apply
   (``fedjax_dd.algorithms.cfl`` -> ``cfl``)."""
@@ -292,6 +302,14 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
              class_accuracy: bool = False,
              stop_on_nonfinite: bool = True,
              initial_model_as_seed: bool = True,
+             initial_model: tuple[PyTree, PyTree] | list[tuple[PyTree, PyTree]]
+             | None = None,
+             ledger: ledger_lib.Ledger | Sequence[ledger_lib.Ledger] | None
+             = None,
+             run_key: jax.Array | list[jax.Array] | None = None,
+             tensorboard: bool = False,
+             personal: Callable[[ExperimentState], dict[str, Any]] | None
+             = None,
              wall: loop_lib.WallClock | None = None,
              definition: dict[str, Any] | None = None,
              name: str | None = None) -> RunsResult:
@@ -337,6 +355,16 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
       :func:`fedjax_dd.fit`; the budget, the evaluation cadence and the
       non-finite stop act on all runs together (one diverging run stops
       the sweep before its round is written).
+    initial_model: ``(params, batch_stats)`` every run starts from instead
+      of its seed's initialisation, or a list of one per run.
+    ledger: traffic recorded before the rounds, as :func:`fedjax_dd.fit`'s:
+      one for every run, or a sequence of one per run.
+    run_key: the rounds' key instead of the seed's: one for every run, or
+      a list of one per run.
+    tensorboard: also write each run's metrics as TensorBoard scalars
+      (``<name>/tensorboard``).
+    personal: refused (not None): personalized evaluation is not on the
+      run axis; run the seeds separately with :func:`fedjax_dd.fit`.
     definition: what defines the sweep, recorded in ``config.json``;
       default :func:`sweep_definition`.
     name: the algorithm's name in a refusal (default
@@ -347,9 +375,15 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
 
   Raises:
     RunAxisError: the algorithm's ``apply`` is not vmappable (host logic),
-      the cohort's size varies, or the runs' data differ in shape.
+      the cohort's size varies, the runs' data differ in shape, or
+      ``personal`` is given.
     ValueError: as :func:`fedjax_dd.fit`, per run.
   """
+  if personal is not None:
+    raise RunAxisError(
+        "fit_runs: personal= (personalized evaluation on each client's own "
+        "test data) is not on the run axis; run the seeds separately "
+        "(fedjax_dd.fit per seed).")
   seeds = [keys_lib.check_seed(s) for s in seeds]
   r_count = len(seeds)
   if r_count < 1:
@@ -375,6 +409,9 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
   max_seconds = checks.check_budget("fit_runs: max_seconds", max_seconds)
   datas = _as_list(datas, r_count, "datas")
   num_steps = _as_list(num_steps, r_count, "num_steps")
+  initial_models = _per_run(initial_model, r_count, "initial_model")
+  run_keys = _per_run(run_key, r_count, "run_key")
+  start_ledgers = _as_list(ledger, r_count, "ledger")
   shared_data = all(d is datas[0] for d in datas)
   n = datas[0].num_clients
   sampler = cohorts.as_sampler(clients_per_round)
@@ -411,8 +448,11 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
     if jax.process_count() == 1:
       stack.enter_context(workdir_lib.WorkdirLock(workdir, flag="workdir="))
     wall = wall or loop_lib.WallClock(start=time.time())
-    records = [fit_lib.run_definition(a, prepared, d, s, sampler, seed=seed)
-               for a, d, s, seed in zip(algorithms, datas, num_steps, seeds)]
+    records = [fit_lib.run_definition(a, prepared, d, s, sampler, seed=seed,
+                                      initial_model=m, run_key=k)
+               for a, d, s, seed, m, k in zip(algorithms, datas, num_steps,
+                                              seeds, initial_models,
+                                              run_keys)]
     _check_batches(records, datas)
     if definition is None:
       definition = sweep_definition(names, hparams, records)
@@ -422,7 +462,8 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
     workdir_lib.record_fingerprint(workdir, definition, flag="workdir=")
     forms = definition_lib.forms_of(task.module)
     workdir_lib.record_environment(workdir, forms=forms)
-    works = [workdir_lib.Workdir(os.path.join(workdir, run_name))
+    works = [workdir_lib.Workdir(os.path.join(workdir, run_name),
+                                 tensorboard=tensorboard)
              for run_name in names]
     for work in works:
       workdir_lib.record_environment(work.directory, forms=forms)
@@ -432,8 +473,10 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
                       num_examples=jnp.asarray(data.num_examples))
     steps = jnp.stack([jnp.asarray(s, jnp.int32) for s in num_steps])
     traced = {k: jnp.asarray(vs, jnp.float32) for k, vs in hparams.items()}
-    states = [fit_lib.initial_state(a, task, n, seed=s)
-              for a, s in zip(algorithms, seeds)]
+    states = [fit_lib.initial_state(a, task, n, seed=s, initial_model=m,
+                                    run_key=k)
+              for a, s, m, k in zip(algorithms, seeds, initial_models,
+                                    run_keys)]
     model_size = ledger_lib.num_params(states[0].server.params)
     state = stack_runs(states)
     program = round_program(apply_algorithm, sampler, n,
@@ -445,7 +488,8 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
                             save_every=checkpoint_every)
     writers = [work.writer for work in works]
     try:
-      ledgers = [ledger_lib.Ledger() for _ in names]
+      ledgers = [ledger_lib.Ledger() if l is None else l
+                 for l in start_ledgers]
       restored = store.restore(state)
       if restored is not None:
         done, state, meta = restored
@@ -528,6 +572,30 @@ def _check_vmappable(program, name: str, state: ExperimentState,
         "or --seeds without --config.engine.run_axis).") from None
 
 
+def evaluate_server_runs(
+    evaluate_runs: Callable[[PyTree, PyTree], list[dict[str, Any]]],
+    server: Any) -> list[dict[str, Any]]:
+  """:func:`fedjax_dd.core.rounds.evaluate_server` of R runs at once.
+
+  Args:
+    evaluate_runs: ``evaluate(params [R, ...], batch_stats [R, ...])``
+      giving R dicts (:func:`fedjax_dd.core.evaluate.make_run_evaluator`).
+    server: the ``[R, ...]`` server state.
+
+  Returns:
+    Each run's figures of its global model and, suffixed ``_<name>``, of
+    each ``extra[EVAL_MODELS]`` model, as ``evaluate_server`` gives them
+    run by run; each model kind is one program over the R runs.
+  """
+  out = [dict(e) for e in evaluate_runs(server.params, server.batch_stats)]
+  extra = server.extra if isinstance(server.extra, dict) else {}
+  for name, model in extra.get(rounds_lib.EVAL_MODELS, {}).items():
+    for run, ev in zip(out, evaluate_runs(model["params"],
+                                          model["batch_stats"])):
+      run.update({f"{k}_{name}": v for k, v in ev.items()})
+  return out
+
+
 def _run(program, algorithm: FederatedAlgorithm, state: ExperimentState,
          ledgers: list[ledger_lib.Ledger], data: ClientData, steps, traced,
          *, cohort_size: int, model_size: int, names: Sequence[str],
@@ -536,9 +604,9 @@ def _run(program, algorithm: FederatedAlgorithm, state: ExperimentState,
          class_accuracy: bool, initial_model_as_seed: bool):
   """The rounds of R runs through :func:`fedjax_dd.core.loop.run_loop`."""
   r_count = len(names)
-  evaluate_one = make_evaluator(prepared.task, prepared.dataset.x_test,
-                                prepared.dataset.y_test,
-                                per_class=class_accuracy)
+  evaluate_runs = make_run_evaluator(prepared.task, prepared.dataset.x_test,
+                                     prepared.dataset.y_test,
+                                     per_class=class_accuracy)
   # One layout for every round, as run_rounds commits its state.
   state = as_restored(jax.device_put(state, jax.local_devices()[0]))
 
@@ -567,9 +635,7 @@ def _run(program, algorithm: FederatedAlgorithm, state: ExperimentState,
   def evaluate(carry):
     state = carry[0]
     out: dict[str, Any] = {}
-    per_run = [rounds_lib.evaluate_server(evaluate_one,
-                                          take_run(state.server, i))
-               for i in range(r_count)]
+    per_run = evaluate_server_runs(evaluate_runs, state.server)
     out["accuracy"] = float(np.mean([e["accuracy"] for e in per_run]))
     out["loss"] = float(np.mean([e["loss"] for e in per_run]))
     for i, ev in enumerate(per_run):
