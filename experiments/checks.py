@@ -273,12 +273,13 @@ def _check_sampling(config: ml_collections.ConfigDict) -> None:
 _FIELD = re.compile(r"^(?:\w+\.)?(\w+) (must .*)$", re.S)
 
 
-def _options(group: str, cls, section: ml_collections.ConfigDict) -> None:
-  """Builds the library's options ``cls`` from the config group ``section``
-  (``cls.from_config``; its checks run in ``__post_init__``); a refusal
-  names ``config.<group>.<field>``."""
+def _options(group: str, section: ml_collections.ConfigDict) -> None:
+  """Builds the library's options from the config group ``section``
+  (:mod:`fedjax_dd.experiments.sections`; their checks run in
+  ``__post_init__``); a refusal names ``config.<group>.<field>``."""
+  from fedjax_dd.experiments import sections  # pylint: disable=g-import-not-at-top
   try:
-    cls.from_config(section)
+    getattr(sections, group)(section)
   except (ValueError, TypeError) as e:
     text = str(e)
     m = _FIELD.match(text)
@@ -291,20 +292,15 @@ def _options(group: str, cls, section: ml_collections.ConfigDict) -> None:
 
 
 def _check_options(config: ml_collections.ConfigDict) -> None:
-  # pylint: disable=g-import-not-at-top
-  from fedjax_dd.distill import iga as iga_lib
-  from fedjax_dd.distill import kip as kip_lib
-  # pylint: enable=g-import-not-at-top
   i = _lookup(config, "iga")
   if i is not None and i.enabled:
-    _options("iga", iga_lib.IGAHyperParams, i)
+    _options("iga", i)
   k = _lookup(config, "kip")
   if k is not None:
-    _options("kip", kip_lib.KipOptions, k)
+    _options("kip", k)
   d = _lookup(config, "dynafed")
   if d is not None:
-    from fedjax_dd.algorithms import dynafed  # pylint: disable=g-import-not-at-top
-    _options("dynafed", dynafed.DynaFedHyperParams, d)
+    _options("dynafed", d)
   h = _lookup(config, "hfldd")
   if h is not None and h.get("member_data") in ("kip", "random"):
     _int("hfldd.support_size", h.support_size, 1)

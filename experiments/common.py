@@ -31,6 +31,7 @@ from fedjax_dd.data import sources
 from fedjax_dd.data.stacked import ClientData, stack_clients
 from fedjax_dd.distill import kip as kip_lib
 from fedjax_dd.experiments import checks
+from fedjax_dd.experiments import sections
 from fedjax_dd.experiments.configs import base as base_config
 
 
@@ -586,7 +587,7 @@ def kip_kernel(config: ml_collections.ConfigDict, *,
 def kip_options(config: ml_collections.ConfigDict) -> kip_lib.KipOptions:
   """:class:`fedjax_dd.distill.kip.KipOptions` from the ``kip`` group (one key
   per field)."""
-  return kip_lib.KipOptions.from_config(config.kip)
+  return sections.kip(config.kip)
 
 
 

@@ -27,7 +27,7 @@ from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms.disue import affinity_grouping, disue
 from fedjax_dd.algorithms.dp_fedavg import dp_fedavg
 from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
-from fedjax_dd.algorithms.dynafed import DynaFedHyperParams, dynafed
+from fedjax_dd.algorithms.dynafed import dynafed
 from fedjax_dd.algorithms.ifca import ifca
 from fedjax_dd.algorithms.pacfl import cluster_clients, pacfl
 from fedjax_dd.algorithms.fedavg import fedavg
@@ -44,9 +44,10 @@ from fedjax_dd.core import summary as summary_lib
 from fedjax_dd.core.algorithm import FederatedAlgorithm
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.core.workdir import Workdir
-from fedjax_dd.distill.iga import IGAHyperParams, make_iga
+from fedjax_dd.distill.iga import make_iga
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import registry
+from fedjax_dd.experiments import sections
 from fedjax_dd.models.cgenerator import CGeneratorA
 from fedjax_dd import versions
 
@@ -56,7 +57,7 @@ def _iga(config, task: Classifier, *, feddf: bool = False):
   i = config.iga
   if not i.enabled:
     return None
-  hparams = IGAHyperParams.from_config(i)
+  hparams = sections.iga(i)
   if feddf:
     hparams = feddf_hparams(hparams)
   generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,
@@ -141,7 +142,7 @@ def _pacfl(config, training, data):
 
 def _dynafed(config, training):
   return dynafed(training,
-                 hparams=DynaFedHyperParams.from_config(config.dynafed))
+                 hparams=sections.dynafed(config.dynafed))
 
 
 def _dp_fedavg(config, training):

@@ -31,10 +31,10 @@ from fedjax_dd.algorithms.fedhydra import fedhydra
 from fedjax_dd.core import keys
 from fedjax_dd.core.algorithm import CommSpec
 from fedjax_dd.data import sources
-from fedjax_dd.distill import dfkd
 from fedjax_dd.distill import ensemble
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import registry
+from fedjax_dd.experiments import sections
 
 
 def distiller(config: ml_collections.ConfigDict, prepared: common.Prepared,
@@ -102,7 +102,7 @@ AGGREGATIONS: dict[str, ensemble.CombineFn] = {
 def _fedhydra(config, stage, groups, task, input_fn):
   syn = _synthesis(config, task)
   return fedhydra(stage, groups, syn.pop("generator"), task, input_fn,
-                  dfkd.DFKDHyperParams.from_config(config.dfkd),
+                  sections.dfkd(config.dfkd),
                   stratify_steps=config.dfkd.stratify_steps,
                   stratify_batch_size=config.dfkd.stratify_batch_size,
                   combine=AGGREGATIONS[config.dfkd.aggregation],
@@ -114,7 +114,7 @@ def _fedhydra(config, stage, groups, task, input_fn):
 def _dense(config, stage, groups, task, input_fn):
   syn = _synthesis(config, task)
   return dense(stage, groups, syn.pop("generator"), task, input_fn,
-               dfkd.DFKDHyperParams.from_config(config.dfkd), **syn)
+               sections.dfkd(config.dfkd), **syn)
 
 
 def _feddf(config, stage, groups, task, input_fn):
@@ -150,7 +150,7 @@ def _coboosting(config, stage, groups, task, input_fn):
       optax.clip_by_global_norm(cb.student_clip),
       optax.add_decayed_weights(cb.student_weight_decay),
       optax.sgd(d.student_lr, momentum=student_momentum(config) or None))
-  hparams = coboosting_lib.CoBoostingHyperParams.from_config(cb, d)
+  hparams = sections.coboosting(cb, d)
   return coboosting_lib.coboosting(stage, groups, syn.pop("generator"), task,
                                    input_fn, hparams, **syn)
 

@@ -275,11 +275,12 @@ def _our_side(args, torch, data_obj, dumps, out):
   from fedjax_dd import models  # pylint: disable=g-import-not-at-top
   from fedjax_dd.core.task import Classifier  # pylint: disable=g-import-not-at-top
   from fedjax_dd.distill.iga import IGAHyperParams, make_iga  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import sections  # pylint: disable=g-import-not-at-top
   from fedjax_dd.experiments.configs import fedftg  # pylint: disable=g-import-not-at-top
   from fedjax_dd.models.cgenerator import CGeneratorA  # pylint: disable=g-import-not-at-top
 
   i = fedftg.get_config("fmnist_dir0.01").iga
-  hparams = IGAHyperParams.from_config(i)
+  hparams = sections.iga(i)
   fields = {f.name for f in dataclasses.fields(IGAHyperParams)}
   for item in args.set:
     name, value = item.split("=", 1)

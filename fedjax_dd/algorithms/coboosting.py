@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import flax
 import flax.linen as nn
@@ -77,7 +77,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_dd.core import hparams as hparams_lib
 from fedjax_dd.core.algorithm import ServerDistillation, Teachers, no_setup
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
@@ -168,23 +167,6 @@ class CoBoostingHyperParams:
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
 
-  # Keys of the ``coboosting`` config group that are not fields: the
-  # student's optimiser and whether its schedule is a cosine.
-  OTHER_KEYS = ("student_weight_decay", "student_clip", "cosine")
-
-  @classmethod
-  def from_config(cls, section: Mapping[str, Any],
-                  dfkd: Mapping[str, Any]) -> "CoBoostingHyperParams":
-    """From the ``coboosting`` config group, with the batch, step counts,
-    pool and epochs of the ``dfkd`` group as for DENSE (``num_epochs`` 0
-    without ``cosine``); :attr:`OTHER_KEYS` are read by the caller."""
-    return hparams_lib.from_section(
-        cls, section, other_keys=cls.OTHER_KEYS,
-        batch_size=dfkd["synthetic_batch_size"],
-        generator_steps=dfkd["generator_steps"],
-        student_steps=dfkd["student_steps"],
-        pool_size=dfkd["pool_size"] or dfkd["distill_epochs"],
-        num_epochs=dfkd["distill_epochs"] if section["cosine"] else 0)
 
 
 def weighted_ensemble(logits: jax.Array, y: jax.Array, w: jax.Array

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +64,6 @@ import optax
 
 from fedjax_dd.algorithms import stages
 from fedjax_dd.algorithms.fedavg import example_weighted
-from fedjax_dd.core import hparams as hparams_lib
 from fedjax_dd.core import keys as keys_lib
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
@@ -123,11 +121,6 @@ class DynaFedHyperParams:
       if not (value >= 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number >= 0, got "
                          f"{value!r}.")
-
-  @classmethod
-  def from_config(cls, section: Mapping[str, Any]) -> "DynaFedHyperParams":
-    """From the ``dynafed`` config group, one key per field."""
-    return hparams_lib.from_section(cls, section)
 
 
 def synthetic_labels(num_classes: int, images_per_class: int) -> jax.Array:

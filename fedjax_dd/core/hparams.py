@@ -1,12 +1,11 @@
 """Hyper-parameter dataclasses built from a config section in one call.
 
-Each method's hyper-parameter dataclass has a ``from_config(section)`` that
-calls :func:`from_section`: every field is read from the key of its name,
-except those the method derives (``given``), and every key of the section is
-a field or one the dataclass names as read elsewhere (``other_keys``: the
-run's switches, a generator's size). A key without a field or a field
-without a key raises, so a setting added on one side only fails at once
-(``tests/core/test_hparams.py`` builds each from its base section).
+:func:`from_section` builds a dataclass from a mapping: every field is read
+from the key of its name, except those the caller derives (``given``), and
+every key of the section is a field or one the caller names as read
+elsewhere (``other_keys``). A key without a field or a field without a key
+raises, so a setting added on one side only fails at once. The library
+names no config key; the experiments' glue knows each group's layout.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ def from_section(cls: type[T], section: Mapping[str, Any], *,
     section: a config section (a ``ConfigDict`` or a mapping), one key per
       field.
     other_keys: keys of ``section`` that are not fields (read by the caller).
-    **given: fields derived by the dataclass's ``from_config`` instead of
+    **given: fields derived by the caller instead of
       read under their own name.
 
   Raises:
@@ -37,10 +36,10 @@ def from_section(cls: type[T], section: Mapping[str, Any], *,
   keys = set(section.keys())
   stray = sorted(keys - set(fields) - set(other_keys))
   if stray:
-    raise KeyError(f"{cls.__name__}.from_config: config keys {stray} are "
+    raise KeyError(f"{cls.__name__}: config keys {stray} are "
                    "neither fields nor listed in its other_keys.")
   missing = [f for f in fields if f not in keys and f not in given]
   if missing:
-    raise KeyError(f"{cls.__name__}.from_config: fields {missing} have no "
+    raise KeyError(f"{cls.__name__}: fields {missing} have no "
                    "config key of their name.")
   return cls(**{f: given[f] if f in given else section[f] for f in fields})

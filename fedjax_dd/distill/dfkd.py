@@ -100,7 +100,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dd.core import hparams as hparams_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import ensemble, gen_student
@@ -243,24 +242,6 @@ class DFKDHyperParams:
       raise ValueError(f"adv_mask must be one of {ensemble.ADV_MASKS}, got "
                        f"{self.adv_mask!r}.")
 
-  # Keys of the ``dfkd`` config group that are not fields: the generator and
-  # the optimisers, the epoch count, FedHydra's stratification and
-  # aggregation, FedDF's student.
-  OTHER_KEYS = (
-      "nz", "ngf", "synthetic_batch_size", "distill_epochs", "generator_lr",
-      "generator_b1", "stratify_steps", "stratify_batch_size", "aggregation",
-      "sa_average_scale", "student_lr", "student_momentum", "feddf_lr",
-      "feddf_steps")
-
-  @classmethod
-  def from_config(cls, section: Mapping[str, Any]) -> "DFKDHyperParams":
-    """From the ``dfkd`` config group: ``batch_size`` is
-    ``synthetic_batch_size``, a ``pool_size`` of 0 keeps every epoch's batch
-    (``distill_epochs``); :attr:`OTHER_KEYS` are read by the caller."""
-    return hparams_lib.from_section(
-        cls, section, other_keys=cls.OTHER_KEYS,
-        batch_size=section["synthetic_batch_size"],
-        pool_size=section["pool_size"] or section["distill_epochs"])
 
 
 def pool_samples(state: DFKDState) -> tuple[np.ndarray, np.ndarray]:

@@ -128,7 +128,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import flax
 import flax.linen as nn
@@ -137,7 +137,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_dd.core import hparams as hparams_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import ensemble, gen_student
@@ -491,17 +490,6 @@ class IGAHyperParams:
   def student_d(self) -> str:
     return self.student_discrepancy or self.discrepancy
 
-  # Keys of the ``iga`` config group that are not fields: the run's switch,
-  # the evaluation before IGA and the conditional generator's size.
-  OTHER_KEYS = ("enabled", "evaluate_before", "nz", "ngf")
-
-  @classmethod
-  def from_config(cls, section: Mapping[str, Any]) -> "IGAHyperParams":
-    """From the ``iga`` config group, one key per field (``""`` for
-    ``student_discrepancy`` is ``None``) and :attr:`OTHER_KEYS`."""
-    return hparams_lib.from_section(
-        cls, section, other_keys=cls.OTHER_KEYS,
-        student_discrepancy=section["student_discrepancy"] or None)
 
 
 class IGA(NamedTuple):

@@ -137,7 +137,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import flax
 import jax
@@ -146,7 +146,6 @@ import numpy as np
 import optax
 
 from fedjax_dd.core import checks
-from fedjax_dd.core import hparams as hparams_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.data.partition import class_counts
 from fedjax_dd.data import validate
@@ -259,17 +258,6 @@ class KipOptions:
   def dp(self) -> bool:
     """Whether DP-KIP is on (``dp_clip > 0``)."""
     return self.dp_clip > 0
-
-  # Keys of the ``kip`` config group that are not fields: the kernel, built
-  # by the caller, and DP-KIP's delta, which only the reported epsilon reads.
-  OTHER_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch",
-                "kernel_impl", "dp_delta")
-
-  @classmethod
-  def from_config(cls, section: Mapping[str, Any]) -> KipOptions:
-    """From the ``kip`` config group, one key per field; :attr:`OTHER_KEYS`
-    are the kernel's."""
-    return hparams_lib.from_section(cls, section, other_keys=cls.OTHER_KEYS)
 
   def program(self) -> KipOptions:
     """The settings that shape the compiled programs: the host loop's

@@ -1,17 +1,18 @@
 """Each hyper-parameter dataclass is built from its config group in one call
-(``from_config``), so a key of ``configs/base.py`` without a field, or a
-field without a key, fails here."""
+(``experiments/sections.py``), so a key of ``configs/base.py`` without a
+field, or a field without a key, fails here; the library names no config
+key."""
 
 import dataclasses
 
 import ml_collections
 import pytest
 
-from fedjax_dd.algorithms.coboosting import CoBoostingHyperParams
 from fedjax_dd.algorithms.dynafed import DynaFedHyperParams
 from fedjax_dd.distill.dfkd import DFKDHyperParams
 from fedjax_dd.distill.iga import IGAHyperParams
 from fedjax_dd.distill.kip import KipOptions
+from fedjax_dd.experiments import sections
 from fedjax_dd.experiments.configs import base
 
 
@@ -28,9 +29,10 @@ def _groups():
     (DynaFedHyperParams, "dynafed"), (KipOptions, "kip")])
 def test_each_key_is_a_field_or_named_elsewhere(cls, group):
   section = _groups()[group]
-  hp = cls.from_config(section)
+  hp = getattr(sections, group)(section)
+  assert isinstance(hp, cls)
   fields = {f.name for f in dataclasses.fields(cls)}
-  other = set(getattr(cls, "OTHER_KEYS", ()))
+  other = set(sections.NOT_FIELDS[group])
   assert not fields & other
   assert set(section.keys()) - other <= fields
   # Every field that keeps its name carries the config's value.
@@ -42,16 +44,16 @@ def test_each_key_is_a_field_or_named_elsewhere(cls, group):
 def test_derived_fields():
   c = _groups()
   c.iga.student_discrepancy = ""
-  assert IGAHyperParams.from_config(c.iga).student_discrepancy is None
+  assert sections.iga(c.iga).student_discrepancy is None
   c.dfkd.pool_size, c.dfkd.distill_epochs = 0, 7
   c.dfkd.synthetic_batch_size = 9
-  hp = DFKDHyperParams.from_config(c.dfkd)
+  hp = sections.dfkd(c.dfkd)
   assert (hp.pool_size, hp.batch_size) == (7, 9)
-  cb = CoBoostingHyperParams.from_config(c.coboosting, c.dfkd)
+  cb = sections.coboosting(c.coboosting, c.dfkd)
   assert (cb.pool_size, cb.batch_size, cb.num_epochs) == (7, 9, 7)
   c.coboosting.cosine = False
-  assert CoBoostingHyperParams.from_config(c.coboosting, c.dfkd).num_epochs == 0
-  for name in set(c.coboosting.keys()) - set(CoBoostingHyperParams.OTHER_KEYS):
+  assert sections.coboosting(c.coboosting, c.dfkd).num_epochs == 0
+  for name in set(c.coboosting.keys()) - set(sections.NOT_FIELDS["coboosting"]):
     assert getattr(cb, name) == c.coboosting[name], name
 
 
@@ -60,11 +62,8 @@ def test_derived_fields():
 def test_a_new_key_without_a_field_fails(group):
   c = _groups()
   c[group].unread_setting = 1
-  build = {"coboosting": lambda s: CoBoostingHyperParams.from_config(s, c.dfkd),
-           "iga": IGAHyperParams.from_config,
-           "dfkd": DFKDHyperParams.from_config,
-           "dynafed": DynaFedHyperParams.from_config,
-           "kip": KipOptions.from_config}[group]
+  build = ((lambda s: sections.coboosting(s, c.dfkd))
+           if group == "coboosting" else getattr(sections, group))
   with pytest.raises(KeyError, match="unread_setting"):
     build(c[group])
 
@@ -73,4 +72,4 @@ def test_a_field_without_a_key_fails():
   c = _groups()
   del c.iga["beta_cf"]
   with pytest.raises(KeyError, match="beta_cf"):
-    IGAHyperParams.from_config(c.iga)
+    sections.iga(c.iga)

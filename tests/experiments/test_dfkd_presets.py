@@ -9,6 +9,7 @@ import pytest
 from fedjax_dd.experiments import checks
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import run_fedhydra
+from fedjax_dd.experiments import sections
 
 from fedjax_dd.experiments.configs import base as base_config
 from fedjax_dd.experiments.configs import dense as dense_config
@@ -100,7 +101,7 @@ def test_dfkd_protocol_defaults_to_dense_and_paper_drops_momentum():
   checks.check_values(c)
   # Sec. 4.1.5: SGD, lr 0.01, no momentum; Alg. 1's loop.
   assert stage_builders.student_momentum(c) == 0.0
-  hp = dfkd.DFKDHyperParams.from_config(c.dfkd)
+  hp = sections.dfkd(c.dfkd)
   assert (hp.protocol, hp.reset_generator, hp.pool_size,
           hp.student_steps) == ("paper", False, 1, 1)
   c.dfkd.protocol = "alg1"
