@@ -1,15 +1,20 @@
 """``--seeds=... --config.engine.run_axis=True``: a seed sweep as one program.
 
-Glue from a ``federated`` config and its seeds to
-:func:`fedjax_dd.core.run_axis.fit_runs`: each seed's partition
-(``data.seed = seed``), the method's builder from
-:mod:`fedjax_dd.experiments.registry` per seed, then each seed's
-``summary.json`` in ``WORKDIR/seed_S`` and the sweep's report, as the
-process-per-seed sweep (:func:`fedjax_dd.experiments.sweep.run_seeds`)
-writes them, so ``fedjax-dd-sweep`` reads both alike::
+Glue from a ``federated`` config and its seeds (and ``--grid`` cells) to
+:func:`fedjax_dd.core.run_grid.fit_grid` (the runs of
+:func:`fedjax_dd.core.run_axis.fit_runs`): how one seed's partition is
+built (``data.seed = seed``), how one run's algorithm is built (the
+method's builder of :mod:`fedjax_dd.experiments.registry`, reading the
+cell's traced value from its config, :func:`traced_config`), and what one
+run writes: its ``summary.json`` and ``command.txt`` in ``WORKDIR/seed_S``
+and the sweep's report, as the process-per-seed sweep
+(:func:`fedjax_dd.experiments.sweep.run_seeds`) writes them, so
+``fedjax-dd-sweep`` reads both alike::
 
   fedjax-dd --config=experiments/configs/fedavg.py:smoke --workdir=/tmp/sw \
       --seeds=0,1,2 --config.engine.run_axis=True
+  fedjax-dd --config=experiments/configs/fedprox.py:smoke --workdir=/tmp/g \
+      --seeds=0,1 --config.engine.run_axis=True --grid=client.mu=0.01,0.1
 """
 
 from __future__ import annotations
@@ -18,15 +23,14 @@ import dataclasses
 import os
 import shlex
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-import jax.numpy as jnp
 import ml_collections
 
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core import metrics as metrics_lib
 from fedjax_dd.core import run_axis as run_axis_lib
-from fedjax_dd.core import workdir as workdir_lib
+from fedjax_dd.core import run_grid
 from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import registry
@@ -65,9 +69,24 @@ _REFUSED = (
 )
 
 
-# Grid keys a cell may change on the run axis, as traced values: each is
-# handed to the method's builder per run (experiments/common.py).
-GRID_KEYS = ("client.lr",)
+# Grid keys a cell may change on the run axis, as traced values, and the
+# methods whose builders read each (None: every method, through the
+# clients' optimizer of common.make_optimizer, and SCAFFOLD's variate
+# update). A run's builder reads the key from its config, where the value
+# is a tracer (traced_config).
+GRID_KEYS: dict[str, tuple[str, ...] | None] = {
+    "client.lr": None,
+    "client.mu": ("fedprox",),
+    "feddyn.alpha": ("feddyn",),
+    "server.lr": ("scaffold",),
+}
+
+# Keys a user may expect on the grid that cannot vary there, and why.
+_NOT_TRACED = {
+    "client.weight_decay": (
+        "the clients' optimizer (common.make_optimizer) reads it as a number "
+        "(whether to add the decay at all)"),
+}
 
 def parse_grid(text: str | None) -> tuple[str, list[float]] | None:
   """``"client.lr=0.01,0.03,0.1"`` -> ``("client.lr", [0.01, 0.03, 0.1])``.
@@ -83,6 +102,9 @@ def parse_grid(text: str | None) -> tuple[str, list[float]] | None:
     raise ValueError(f"--grid={text}: give KEY=V,V,... (e.g. "
                      "--grid=client.lr=0.01,0.03,0.1).")
   key = key.strip()
+  if key in _NOT_TRACED:
+    raise ValueError(f"--grid={text}: {key} cannot vary on the run axis: "
+                     f"{_NOT_TRACED[key]}; run one sweep per value.")
   if key not in GRID_KEYS:
     raise ValueError(f"--grid={text}: {key} cannot vary on the run axis; "
                      f"the keys that can are {list(GRID_KEYS)} (other "
@@ -97,11 +119,8 @@ def parse_grid(text: str | None) -> tuple[str, list[float]] | None:
   return key, out
 
 
-def cell_name(key: str, value: float) -> str:
-  """A grid cell's directory: ``client.lr_0.03`` (a sweep workdir of its
-  ``seed_S`` runs; ``fedjax-dd-sweep`` takes it as ``[LABEL=]DIR``, so no
-  ``=`` in it)."""
-  return f"{key}_{value:g}"
+# A grid cell's directory: ``client.lr_0.03``.
+cell_name = run_grid.cell_name
 
 
 def cell_config(config: ml_collections.ConfigDict, seed: int,
@@ -130,11 +149,12 @@ def check(config: ml_collections.ConfigDict,
           f"seeds on one run axis: {why}. Drop --config.engine.run_axis to "
           "run one process per seed.")
   if grid is not None:
-    if config.method == "scaffold":
+    methods = GRID_KEYS[grid[0]]
+    if methods is not None and config.method not in methods:
       raise ValueError(
-          f"--grid: scaffold reads {grid[0]} itself as a number (its "
-          "variate update divides by the client rate), which cannot vary "
-          "on the run axis yet; run one sweep per value.")
+          f"--grid: {config.method} does not read {grid[0]} (only "
+          f"{', '.join(methods)} does), so its cells would all be one run; "
+          "grid a key the method reads.")
     for v in grid[1]:
       common.validate(cell_config(config, 0, (grid[0], v)))
 
@@ -164,74 +184,59 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
   """
   check(config, grid)
   start = time.time()
-  cells = [None] if grid is None else [(grid[0], v) for v in grid[1]]
-  runs = [(cell, seed) for cell in cells for seed in seeds]
-  configs = [cell_config(config, seed, cell) for cell, seed in runs]
-  dirs = [sweep_lib.seed_dir(
-      workdir if cell is None else os.path.join(workdir, cell_name(*cell)),
-      seed) for cell, seed in runs]
+  runs = run_grid.grid_runs(seeds, grid)
   prepared = common.load_and_prepare(config)
-  by_seed = {}
-  for seed in seeds:
-    c = sweep.seed_config(config, seed)
-    parts = runners._client_partition(c, prepared)  # pylint: disable=protected-access
-    data = common.client_data(prepared.dataset, parts)
-    by_seed[seed] = (c, data, common.local_steps(c, data.num_examples))
-  training = common.local_training(
-      config, prepared.task, max(int(jnp.max(s)) for _, _, s in
-                                 by_seed.values()))
+  data = run_grid.seed_data(
+      seeds, lambda seed: _seed_clients(sweep.seed_config(config, seed),
+                                        prepared))
+  training = common.local_training(config, prepared.task,
+                                   run_grid.most_steps(data))
   method = registry.get(config.method)
 
   def algorithm(seed, hparams):
+    c = traced_config(sweep.seed_config(config, seed), hparams)
     t = training
     if "client.lr" in hparams:
       t = dataclasses.replace(training, optimizer=common.make_optimizer(
-          config, lr=hparams["client.lr"]))
-    c = by_seed[seed][0]
+          c, lr=hparams["client.lr"]))
     return method.rounds(c, t, **registry.build_inputs(c, method))
 
-  # Each run's directory records its own settings, as a seed's process of
-  # the process-per-seed sweep does.
-  for d, c in zip(dirs, configs):
-    workdir_lib.record_fingerprint(d, common.fingerprint(c))
   wall = loop_lib.WallClock(start=start)
-  n = by_seed[seeds[0]][1].num_clients
+  n = data[runs[0].seed][0].num_clients
   definition = {"seeds": list(seeds), **{
       k: v for k, v in common.fingerprint(config).items()
       if k not in sweep_lib.SEED_KEYS}}
   if grid is not None:
     definition[f"grid.{grid[0]}"] = list(grid[1])
-  result = run_axis_lib.fit_runs(
-      algorithm, prepared, [by_seed[s][1] for _, s in runs],
-      [by_seed[s][2] for _, s in runs], seeds=[s for _, s in runs],
+  # Each run's directory records its own settings, as a seed's process of
+  # the process-per-seed sweep does.
+  result = run_grid.fit_grid(
+      algorithm, prepared, runs, data,
+      run_definition=lambda run: common.fingerprint(
+          cell_config(config, run.seed, run.cell)),
       rounds=config.rounds, clients_per_round=common.cohort(config, n),
-      workdir=workdir,
-      hparams=None if grid is None else {grid[0]: [c[1] for c, _ in runs]},
-      names=[os.path.relpath(d, workdir) for d in dirs],
-      max_seconds=runners.remaining_budget(config, start),
+      workdir=workdir, max_seconds=runners.remaining_budget(config, start),
       wall=wall, definition=definition, name=config.method,
       **runners.loop_settings(config))
-  fields = registry.get(config.method).summary_fields
-  for i, (c, d, (_, seed)) in enumerate(zip(configs, dirs, runs)):
-    state = result.run_state(i)
-    summary = runners.summarize(
-        c, rows=result.rows[i], ledger=result.ledgers[i],
-        params=state.server.params, rounds=int(state.round), wall=wall)
+  fields = method.summary_fields
+
+  def write(run, state, rows, ledger):
+    c = cell_config(config, run.seed, run.cell)
+    d = os.path.join(workdir, run.name)
+    summary = runners.summarize(c, rows=rows, ledger=ledger,
+                                params=state.server.params,
+                                rounds=int(state.round), wall=wall)
     if fields is not None:
       summary = {**summary, **fields(c, n, summary["rounds"])}
     Workdir(d).write_summary(summary)
-    args = sweep.seed_args(argv, os.path.dirname(d), seed)
-    if grid is not None:
-      value = common.config_value(c, grid[0])
-      args = [a for a in args if not a.startswith("--grid")] + [
-          f"--config.{grid[0]}={value}"]
     metrics_lib.write_text(os.path.join(d, "command.txt"),
-                           shlex.join(["fedjax-dd", *args]) + "\n")
-  groups: dict[str, list[str]] = {}
-  for (cell, _), d in zip(runs, dirs):
-    label = (config.method if cell is None else
-             f"{config.method} {cell_name(*cell)}")
-    groups.setdefault(label, []).append(d)
+                           shlex.join(["fedjax-dd", *run_args(argv, workdir,
+                                                              run)]) + "\n")
+
+  run_grid.each_run(result, runs, write)
+  groups = run_grid.groups(
+      runs, workdir, lambda run: config.method if run.cell is None else
+      f"{config.method} {cell_name(*run.cell)}")
   title = (f"{config.method} on {config.data.dataset}, seeds {list(seeds)}"
            + ("" if grid is None else f", {grid[0]} {grid[1]}")
            + " (run axis)")
@@ -241,3 +246,40 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
     report["against"] = sweep_lib.against(groups, grid[0], workdir,
                                           name="sweep_against", title=title)
   return report
+
+
+def _seed_clients(config: ml_collections.ConfigDict, prepared):
+  """One seed's clients and local step counts (its ``data.seed``)."""
+  parts = runners._client_partition(config, prepared)  # pylint: disable=protected-access
+  data = common.client_data(prepared.dataset, parts)
+  return data, common.local_steps(config, data.num_examples)
+
+
+def traced_config(config: ml_collections.ConfigDict,
+                  hparams: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """``config`` with the run's grid value at its key: a number for a run's
+  ``init``, a tracer inside the round program, which a method's builder
+  reads where it reads the setting (e.g. ``client.mu`` for FedProx). A
+  copy that is not type-safe, since a tracer is not a float; ``config``
+  itself when there is no grid."""
+  if not hparams:
+    return config
+  (key, value), = hparams.items()
+  c = ml_collections.ConfigDict(config.to_dict(), type_safe=False)
+  group, name = key.split(".")
+  c[group][name] = value
+  return c
+
+
+def run_args(argv: Sequence[str], workdir: str,
+             run: run_grid.GridRun) -> list[str]:
+  """The flags of ``run`` as its own command: the seed's
+  (:func:`fedjax_dd.experiments.sweep.seed_args`) and, in a grid, the
+  cell's value as ``--config.KEY=V`` instead of ``--grid``."""
+  d = os.path.join(workdir, run.name)
+  args = sweep.seed_args(argv, os.path.dirname(d), run.seed)
+  if run.cell is None:
+    return args
+  key, value = run.cell
+  return [a for a in args if not a.startswith("--grid")] + [
+      f"--config.{key}={float(value)}"]

@@ -136,8 +136,20 @@ def test_parse_grid():
                      ("client.lr=a", "numbers"), ("client.lr=1,1", "twice")):
     with pytest.raises(ValueError, match=match):
       axis_sweep.parse_grid(bad)
-  with pytest.raises(ValueError, match="scaffold reads client.lr"):
-    axis_sweep.check(_config("scaffold"), ("client.lr", [0.1]))
+  # A key that cannot be traced, and a key the method does not read: one
+  # line each, before the data loads.
+  with pytest.raises(ValueError, match=r"client.weight_decay cannot vary on "
+                     r"the run axis: the clients' optimizer"):
+    axis_sweep.parse_grid("client.weight_decay=0,0.001")
+  with pytest.raises(ValueError,
+                     match=r"^--grid: fedavg does not read client.mu \(only "
+                     r"fedprox does\)"):
+    axis_sweep.check(_config("fedavg"), ("client.mu", [0.01, 0.1]))
+  with pytest.raises(ValueError, match="does not read server.lr"):
+    axis_sweep.check(_config("fedprox"), ("server.lr", [0.5, 1.0]))
+  # SCAFFOLD's client rate is traced into its variate update too.
+  axis_sweep.check(_config("scaffold"), ("client.lr", [0.1]))
+  axis_sweep.check(_config("scaffold"), ("server.lr", [0.5, 1.0]))
 
 
 def test_grid_cells_equal_separate_runs(tmp_path):
@@ -164,3 +176,33 @@ def test_grid_cells_equal_separate_runs(tmp_path):
       with open(os.path.join(d, "summary.json")) as f:
         assert json.load(f)["config"]["client"]["lr"] == lr
   assert len(finals) == 4
+
+
+@pytest.mark.parametrize("method,key,values", [
+    ("fedprox", "client.mu", [0.0, 0.5]),
+    ("feddyn", "feddyn.alpha", [0.01, 0.1]),
+    ("scaffold", "server.lr", [0.5, 1.5]),
+    ("scaffold", "client.lr", [0.03, 0.1]),
+])
+def test_traced_grid_keys_equal_separate_runs(tmp_path, method, key, values):
+  """``--grid=KEY=...`` beyond ``client.lr``: each cell's value reaches the
+  method's builder as a tracer through its config
+  (``axis_sweep.traced_config``); every row equals a run of that value set
+  in the config, to ``RTOL``."""
+  config = _config(method)
+  axis = str(tmp_path / "axis")
+  axis_sweep.run_seeds(config, axis, (1,), argv=["fedjax-dd"],
+                       grid=(key, values))
+  finals = set()
+  for v in values:
+    c = axis_sweep.cell_config(config, 1, (key, v))
+    single = str(tmp_path / f"single_{v}")
+    workdir_lib.record_fingerprint(single, common.fingerprint(c))
+    runners.run_federated(c, single)
+    d = sweep_lib.seed_dir(os.path.join(axis, f"{key}_{v:g}"), 1)
+    rows = _rows(d)
+    _assert_rows_close(rows, _rows(single))
+    finals.add(rows[-1]["train_loss"])
+    with open(os.path.join(d, "command.txt")) as f:
+      assert f.read().split()[-1] == f"--config.{key}={v}"
+  assert len(finals) == len(values)
