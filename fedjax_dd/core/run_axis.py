@@ -375,8 +375,8 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
 
   Raises:
     RunAxisError: the algorithm's ``apply`` is not vmappable (host logic),
-      the cohort's size varies, the runs' data differ in shape, or
-      ``personal`` is given.
+      the cohort's size varies, the runs' data differ in shape,
+      ``personal`` is given, or the clients are grouped (FedSeq's layout).
     ValueError: as :func:`fedjax_dd.fit`, per run.
   """
   if personal is not None:
@@ -426,6 +426,13 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
     raise ValueError(f"fit_runs: {e}") from None
   task = prepared.task
   for data, steps in zip(datas, num_steps):
+    if np.ndim(data.num_examples) != 1:
+      raise RunAxisError(
+          "fit_runs: grouped client data (num_examples of shape "
+          f"{tuple(np.shape(data.num_examples))}, e.g. FedSeq's [G, M, "
+          "N_max, ...]) is not on the run axis; give each run's clients as "
+          "[C, N_max, ...], or run the seeds separately (fedjax_dd.fit per "
+          "seed).")
     fit_lib._check_step_counts(steps)  # pylint: disable=protected-access
     validate.image_shape("data.x", data.x, task.input_shape, leading=2)
     validate.client_stack(data.x, data.y, data.num_examples,

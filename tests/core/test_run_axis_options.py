@@ -5,14 +5,16 @@
   evaluator's to ``RTOL`` (tests/core/test_run_axis.py says why not bit for
   bit).
 * ``fit``'s options: ``initial_model``, ``run_key``, ``ledger`` and
-  ``tensorboard`` act per run as ``fit``'s do; ``personal`` is refused in
-  one line before anything is written.
+  ``tensorboard`` act per run as ``fit``'s do; ``personal`` and grouped
+  client data (FedSeq's layout, which ``fit`` takes) are refused in one
+  line before anything is written.
 """
 
 import collections
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -22,6 +24,7 @@ from fedjax_dd.core import fit as fit_lib
 from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core import run_axis
+from fedjax_dd.data.stacked import ClientData
 from tests.core import test_run_axis as base
 
 _Server = collections.namedtuple("_Server", "params batch_stats extra")
@@ -128,3 +131,21 @@ def test_personal_evaluation_and_mislength_options_are_refused(tmp_path):
     run_axis.fit_runs(algo, p, data, steps,
                       initial_model=[p.task.init(jax.random.PRNGKey(0))],
                       **kw)
+
+
+def test_grouped_client_data_is_refused_in_one_line(tmp_path):
+  """fit takes FedSeq's grouped layout [G, M, N_max, ...]; fit_runs names
+  it rather than failing on the image shape."""
+  p = base._prepared()  # pylint: disable=protected-access
+  d, steps = base._seed_data(p, 0)  # pylint: disable=protected-access
+  grouped = ClientData(x=jnp.stack([d.x[:2], d.x[2:]]),
+                       y=jnp.stack([d.y[:2], d.y[2:]]),
+                       num_examples=jnp.stack([d.num_examples[:2],
+                                               d.num_examples[2:]]))
+  algo = fedjax_dd.fedavg(base._training(p, int(steps.max())))  # pylint: disable=protected-access
+  with pytest.raises(run_axis.RunAxisError,
+                     match=r"^fit_runs: grouped client data \(num_examples "
+                     r"of shape \(2, 2\)"):
+    run_axis.fit_runs(algo, p, grouped, jnp.stack([steps[:2], steps[2:]]),
+                      seeds=[0, 1], rounds=1, clients_per_round=1,
+                      workdir=tmp_path / "w", progress=False)
