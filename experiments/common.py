@@ -693,11 +693,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
                      "set --config.model.compute_dtype.")
   if _lookup(config, "data.partition") is not None:
     check_partition(config.data.partition)
-  if _lookup(config, "method") == "os_fedavg" and int(config.rounds) != 1:
-    raise ValueError(
-        f"os_fedavg is one-shot: one aggregation, so config.rounds must be "
-        f"1, got {config.rounds}; for several rounds use "
-        "experiments/configs/fedavg.py.")
   lr_decay = _lookup(config, "client.lr_decay")
   if lr_decay is not None and float(lr_decay) != 1.0 and (
       _lookup(config, "runner") in ONE_ROUND_RUNNERS):

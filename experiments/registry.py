@@ -92,6 +92,9 @@ class Method:
       epochs a round (none: one step, an average or a transport).
     summary_fields: ``(config, num_clients, rounds) -> fields`` the summary
       adds after the run (DP-FedAvg's epsilon).
+    check: ``check(config)`` raises ``ValueError`` (one line naming the
+      ``--config`` setting to change) on settings the method cannot run,
+      before the data loads.
   """
   name: str
   rounds: Callable[..., Any] | None = None
@@ -103,6 +106,7 @@ class Method:
   needs: tuple[str, ...] = ()
   server_epochs: bool = False
   summary_fields: Callable[..., dict[str, Any]] | None = None
+  check: Callable[[ml_collections.ConfigDict], None] | None = None
 
   def __post_init__(self):
     if not self.name or not isinstance(self.name, str):
@@ -301,7 +305,10 @@ def check_method(config: ml_collections.ConfigDict) -> None:
   method = config.get("method")
   own = methods(config.runner)
   if method in own:
-    hparams(config)
+    declared = get(method)
+    hparams(config, declared)
+    if declared.check is not None:
+      declared.check(config)
     return
   elsewhere = [r for r in runners if method in methods(r)]
   if elsewhere:
@@ -322,10 +329,10 @@ def check_method(config: ml_collections.ConfigDict) -> None:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Runs ``config`` by its method's declaration, under ``config.runner``."""
+  """Runs ``config`` by its method's declaration, under ``config.runner``,
+  after :func:`check_method`."""
+  check_method(config)
   method = get(config.method)
-  if config.runner not in method.runners:
-    check_method(config)  # raises, naming the runner to use
   if method.pipeline is not None:
     return method.pipeline(config, workdir)
   # pylint: disable=g-import-not-at-top

@@ -86,10 +86,13 @@ def _disue(config, training):
                    damping=d.damping, preference=d.preference))
 
 
-def _fedftg(config, training, *, feddf=False):
+def _needs_iga(config) -> None:
   if not config.iga.enabled:
     raise ValueError(f"{config.method} is FedAvg plus IGA: iga.enabled must "
                      "stay True (use method=fedavg for FedAvg).")
+
+
+def _fedftg(config, training, *, feddf=False):
   return fedftg(training, iga=_iga(config, training.task, feddf=feddf),
                 generator_key=_generator_key(config),
                 evaluate_before_iga=bool(config.iga.evaluate_before))
@@ -156,9 +159,9 @@ def _dp_fedavg(config, training):
 # the shared rounds loop drives each (run_federated).
 for _method in (
     registry.Method("disue", rounds=_disue),
-    registry.Method("fedftg", rounds=_fedftg),
+    registry.Method("fedftg", rounds=_fedftg, check=_needs_iga),
     registry.Method("feddf_datafree", rounds=lambda c, training: _fedftg(
-        c, training, feddf=True)),
+        c, training, feddf=True), check=_needs_iga),
     registry.Method("ifca", rounds=_ifca),
     registry.Method("cfl", rounds=_cfl),
     registry.Method("cfl_gp", rounds=_cfl_gp),

@@ -164,6 +164,14 @@ def _ot_fusion(config, stage, groups, task, input_fn):
                                  anchor=o.anchor)
 
 
+def _one_aggregation(config) -> None:
+  if int(config.rounds) != 1:
+    raise ValueError(
+        f"os_fedavg is one-shot: one aggregation, so config.rounds must be "
+        f"1, got {config.rounds}; for several rounds use "
+        "experiments/configs/fedavg.py.")
+
+
 def _os_fedavg_rounds(config, training):
   """One-shot FedAvg in the rounds loop (the federated runner): one FedAvg
   round (validate refuses rounds != 1) whose round-1 model travels as a
@@ -179,7 +187,7 @@ for _method in (
     registry.Method("dense", server=_dense, server_epochs=True),
     registry.Method("feddf", server=_feddf, server_epochs=True),
     registry.Method("os_fedavg", server=_os_fedavg,
-                    rounds=_os_fedavg_rounds),
+                    rounds=_os_fedavg_rounds, check=_one_aggregation),
     registry.Method("coboosting", server=_coboosting, server_epochs=True),
     registry.Method("ot_fusion", server=_ot_fusion),
 ):

@@ -387,13 +387,14 @@ def test_neural_tangents_without_its_extra_is_refused_before_compute(
   common.validate(c)
 
 
-def test_validate_refuses_os_fedavg_with_more_than_one_round():
+def test_os_fedavg_declares_one_round():
   from fedjax_dd.experiments.configs import os_fedavg as os_config  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
   config = os_config.get_config("smoke")
-  common.validate(config)  # rounds = 1
+  registry.check_method(config)  # rounds = 1
   config.rounds = 5
   with pytest.raises(ValueError, match="os_fedavg is one-shot.*rounds must be 1, got 5"):
-    common.validate(config)
+    registry.check_method(config)
 
 
 @pytest.mark.parametrize("path, value, message", [

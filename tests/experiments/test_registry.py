@@ -378,3 +378,16 @@ def test_the_experiments_modules_import_without_a_cycle():
     visit(name)
   # The declaration module sits below every module that declares methods.
   assert "registry" in graph["runners"] and not graph["registry"]
+
+
+def test_a_method_check_runs_before_the_data_loads():
+  # pylint: disable-next=g-import-not-at-top
+  from fedjax_dd.experiments.configs import fedftg
+  c = fedftg.get_config("smoke")
+  registry.check_method(c)
+  c.iga.enabled = False
+  with pytest.raises(ValueError, match="fedftg is FedAvg plus IGA: "
+                     "iga.enabled must stay True"):
+    registry.check_method(c)
+  with pytest.raises(ValueError, match="iga.enabled must stay True"):
+    registry.run(c, "/nonexistent/never/written")
