@@ -27,7 +27,8 @@ does not state (:data:`AUTHORS`): KIP with centred one-hot labels and
 class-balanced target batches of 10, each client standardised by its own
 channel statistics and its support sent unquantised as float32; the server
 trained by Adam (lr 1e-3, weight decay 1e-4, batch 50) for 500 epochs.
-Not yet measured:
+Measured on MNIST (3 seeds, experiments/results/fedd3_authors_mnist.md):
+KIP 0.9483 ± 0.0028, the random control 0.9541 ± 0.0041; CIFAR-10 not yet:
 
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_noniid_kip_authors --workdir=/tmp/d3a
   ...fedd3.py:cifar10_noniid_kip_authors   the same switches on CIFAR-10
