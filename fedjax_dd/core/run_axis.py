@@ -11,7 +11,8 @@ rounds ``[R]``), and one round of all R runs is ONE jitted program,
 data and the per-run hyperparameters, around the algorithm's unchanged
 ``apply``. Inside that trace the client mapper vectorises the client axis
 in place (:mod:`fedjax_dd.core.clients`), so a round is ``[R, S, ...]``
-work in one program.
+work in one program. The test evaluation of the R global models is one
+vmapped program as well (:func:`fedjax_dd.core.evaluate.make_run_evaluator`).
 
 What each run keeps of its own, exactly as :func:`fedjax_dd.fit` derives
 it (:mod:`fedjax_dd.core.keys`):
@@ -23,8 +24,12 @@ it (:mod:`fedjax_dd.core.keys`):
   ``N_max`` the largest run's (padding never reaches a loss: batches are
   drawn below each client's count), or one shared stack when all runs
   train on the same partition;
-* traced hyperparameters (``hparams``, e.g. the client learning rate), which
-  the algorithm builder receives as per-run tracers inside the program.
+* traced hyperparameters (``hparams``: the client and server learning
+  rates, FedProx's ``mu``, FedDyn's ``alpha``, a weight decay in the
+  client optimizer, ...), which the algorithm builder receives as per-run
+  tracers inside the program and hands to the algorithm's factory as
+  scalars it computes with (a factory checks only concrete values,
+  :func:`fedjax_dd.core.checks.check_scalar`).
 
 Settings that change shapes or Python control flow (model, cohort size,
 number of clusters, local batch size) are separate programs: separate calls.
