@@ -53,17 +53,26 @@ def _close(a, b):
     np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
 
 
-def test_rounds_match_sequential_reference_and_ring_rotates():
-  task = tiny_task()
+def _ring_state(task, key_seed, num_rounds):
+  """A two-superclient FedSeq (group size 2) on :func:`_grouped`'s data, its
+  first state from ``task``'s init and key ``key_seed``, and the options of
+  ``num_rounds`` rounds: ``(alg, state, g, steps, opts, params, stats)``."""
   (g, steps, _), _ = _grouped()
   params, stats = task.init(jax.random.PRNGKey(0))
   alg = fedseq.fedseq(LocalTraining(task, optax.sgd(LR), batch_size=B,
                                     max_steps=MAX), group_size=2)
   server, clients = alg.init(params, stats, 2)
   state = ExperimentState(server=server, clients=clients,
-                          key=jax.random.PRNGKey(3), round=jnp.asarray(0))
-  opts = rounds_lib.RoundsOptions(num_rounds=2, clients_per_round=2,
+                          key=jax.random.PRNGKey(key_seed),
+                          round=jnp.asarray(0))
+  opts = rounds_lib.RoundsOptions(num_rounds=num_rounds, clients_per_round=2,
                                   progress=False)
+  return alg, state, g, steps, opts, params, stats
+
+
+def test_rounds_match_sequential_reference_and_ring_rotates():
+  task = tiny_task()
+  alg, state, g, steps, opts, params, stats = _ring_state(task, 3, 2)
   expected = params
   states = []
   state1, _, _ = rounds_lib.run_rounds(
@@ -155,15 +164,7 @@ def test_eq19_ledger_and_no_recompilation():
     return base_pre(x)
 
   task = dataclasses.replace(task, preprocess=preprocess)
-  (g, steps, _), _ = _grouped()
-  params, stats = task.init(jax.random.PRNGKey(0))
-  alg = fedseq.fedseq(LocalTraining(task, optax.sgd(LR), batch_size=B,
-                                    max_steps=MAX), group_size=2)
-  server, clients = alg.init(params, stats, 2)
-  state = ExperimentState(server=server, clients=clients,
-                          key=jax.random.PRNGKey(1), round=jnp.asarray(0))
-  opts = rounds_lib.RoundsOptions(num_rounds=3, clients_per_round=2,
-                                  progress=False)
+  alg, state, g, steps, opts, params, _ = _ring_state(task, 1, 3)
   marks = []
   state, ledger, rows = rounds_lib.run_rounds(
       alg, state, g, jnp.asarray(steps), opts,

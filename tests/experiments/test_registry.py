@@ -16,6 +16,15 @@ import pytest
 from fedjax_dd.experiments import registry
 from tests.conftest import REPO_ROOT
 
+def _hparams(name, fields, checked, condition, want):
+  """A toy's hyperparameter dataclass, as source: ``fields`` with their
+  defaults, ``checked`` refused unless ``condition``."""
+  return (f"@dataclasses.dataclass(frozen=True)\nclass {name}:\n  {fields}\n\n"
+          f"  def __post_init__(self):\n    if not {condition}:\n"
+          f"      raise ValueError(f\"{checked} must be {want}, got "
+          f"{{self.{checked}}}.\")\n")
+
+
 # FedAvg with server momentum: its module (the algorithm and its
 # declaration) and its config file are all it takes.
 FEDAVGM = '''
@@ -27,15 +36,7 @@ from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.experiments import registry
 
 
-@dataclasses.dataclass(frozen=True)
-class FedAvgM:
-  server_lr: float = 1.0
-  momentum: float = 0.9
-
-  def __post_init__(self):
-    if not 0.0 <= self.momentum < 1.0:
-      raise ValueError(f"momentum must be in [0, 1), got {self.momentum}.")
-
+{hparams}
 
 registry.declare(registry.Method(
     "fedavgm", hparams=FedAvgM,
@@ -43,6 +44,10 @@ registry.declare(registry.Method(
         training, server_optimizer=optax.sgd(hparams.server_lr,
                                              momentum=hparams.momentum))))
 '''
+
+FEDAVGM = FEDAVGM.replace("{hparams}", _hparams(
+    "FedAvgM", "server_lr: float = 1.0\n  momentum: float = 0.9", "momentum",
+    "0.0 <= self.momentum < 1.0", "in [0, 1)"))
 
 FEDAVGM_CONFIG = '''
 """FedAvg with server momentum (a toy): fedjax-dd --config=fedavgm.py:smoke"""
@@ -67,14 +72,7 @@ from fedjax_dd.core.algorithm import ServerDistillation, no_setup
 from fedjax_dd.experiments import registry
 
 
-@dataclasses.dataclass(frozen=True)
-class Mix:
-  mix: float = 1.0
-
-  def __post_init__(self):
-    if not 0.0 <= self.mix <= 1.0:
-      raise ValueError(f"mix must be in [0, 1], got {self.mix}.")
-
+{hparams}
 
 def build(config, stage, groups, task, input_fn, hparams):
   del config, groups, task, input_fn
@@ -94,6 +92,9 @@ def build(config, stage, groups, task, input_fn, hparams):
 
 registry.declare(registry.Method("toy_mix", server=build, hparams=Mix))
 '''
+
+MIX = MIX.replace("{hparams}", _hparams(
+    "Mix", "mix: float = 1.0", "mix", "0.0 <= self.mix <= 1.0", "in [0, 1]"))
 
 MIX_CONFIG = '''
 import toy_mix_algo
@@ -118,14 +119,7 @@ from fedjax_dd.experiments import common
 from fedjax_dd.experiments import registry
 
 
-@dataclasses.dataclass(frozen=True)
-class Prior:
-  smoothing: float = 0.0
-
-  def __post_init__(self):
-    if not self.smoothing >= 0.0:
-      raise ValueError(f"smoothing must be >= 0, got {self.smoothing}.")
-
+{hparams}
 
 def run(config, workdir):
   hparams = registry.hparams(config)
@@ -143,6 +137,10 @@ def run(config, workdir):
 
 registry.declare(registry.Method("toy_prior", pipeline=run, hparams=Prior))
 '''
+
+PRIOR = PRIOR.replace("{hparams}", _hparams(
+    "Prior", "smoothing: float = 0.0", "smoothing", "self.smoothing >= 0.0",
+    ">= 0"))
 
 PRIOR_CONFIG = '''
 import toy_prior_algo

@@ -59,13 +59,16 @@ def test_fc_nngp_bias_on_diagonal():
 
 
 @pytest.mark.parametrize("kind", ["ntk", "nngp"])
-def test_fc_kernel_matches_direct_stax(kind):
-  x1, x2 = _images(5), _images(3, seed=1)
-  ours = ntk.fc_kernel(depth=3, kind=kind)(x1, x2)
-  direct = jax.jit(_direct_fc(3, math.sqrt(2.0), 0.1),
-                   static_argnums=2)(x1, x2, kind)
-  assert ours.shape == (5, 3)
-  np.testing.assert_allclose(ours, direct, rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize("ours, direct, depth, n1, n2", [
+    (ntk.fc_kernel, _direct_fc, 3, 5, 3),
+    (ntk.conv_kernel, _direct_conv, 2, 3, 2)])
+def test_kernel_matches_direct_stax(kind, ours, direct, depth, n1, n2):
+  x1, x2 = _images(n1), _images(n2, seed=1)
+  k = ours(depth=depth, kind=kind)(x1, x2)
+  want = jax.jit(direct(depth, math.sqrt(2.0), 0.1),
+                 static_argnums=2)(x1, x2, kind)
+  assert k.shape == (n1, n2)
+  np.testing.assert_allclose(k, want, rtol=1e-5, atol=1e-6)
 
 
 def test_fc_kernel_flat_and_nhwc_inputs_agree_and_default_x2():
@@ -75,15 +78,6 @@ def test_fc_kernel_flat_and_nhwc_inputs_agree_and_default_x2():
                              rtol=1e-6)
   np.testing.assert_allclose(k(x), k(x).T, rtol=1e-6)
 
-
-@pytest.mark.parametrize("kind", ["ntk", "nngp"])
-def test_conv_kernel_matches_direct_stax(kind):
-  x1, x2 = _images(3), _images(2, seed=1)
-  ours = ntk.conv_kernel(depth=2, kind=kind)(x1, x2)
-  direct = jax.jit(_direct_conv(2, math.sqrt(2.0), 0.1),
-                   static_argnums=2)(x1, x2, kind)
-  assert ours.shape == (3, 2)
-  np.testing.assert_allclose(ours, direct, rtol=1e-5, atol=1e-6)
 
 
 def test_uint8_inputs_are_cast_to_float():
