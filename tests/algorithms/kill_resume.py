@@ -12,6 +12,7 @@ import pytest
 
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.checkpoint import CheckpointStore
+from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.metrics import MetricsWriter
 
 
@@ -41,6 +42,19 @@ class _Writer(MetricsWriter):
     super().write(row)
     if self._plan is not None:
       self._plan.tick("row")
+
+
+def evaluated_options(task, data, *, clients_per_round: int,
+                      batch_size: int = 32):
+  """``(evaluate, options)`` of a kill-and-resume run: four rounds,
+  evaluated and checkpointed every two, ``task`` scored on the clients'
+  pooled data (``data.x`` ``[C, N, H, W, Ch]``)."""
+  evaluate = make_evaluator(task, data.x.reshape(-1, *data.x.shape[2:]),
+                            data.y.reshape(-1), batch_size=batch_size)
+  options = rounds_lib.RoundsOptions(
+      num_rounds=4, clients_per_round=clients_per_round, progress=False,
+      eval_every=2, checkpoint_every=2)
+  return evaluate, options
 
 
 def assert_same_run(full, resumed) -> None:

@@ -11,7 +11,6 @@ from fedjax_dd.algorithms import cfl as cfl_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import LocalTraining, round_decay
 from fedjax_dd.data.stacked import ClientData
 from tests.algorithms import kill_resume
@@ -127,20 +126,23 @@ def test_no_recompilation_across_a_split(caplog):
   assert int(state.server.extra["num_clusters"]) == 4
 
 
-def test_killed_and_resumed_run_is_bit_identical(tmp_path):
+def killed_and_resumed(tmp_path, build):
+  """:func:`kill_resume.check` of ``build(task)`` on :func:`_two_groups`,
+  6 clients a round, killed at four points; the uninterrupted run."""
   task = tiny_task(bn=True)
   data = jax.device_put(_two_groups())
-  evaluate = make_evaluator(task, data.x.reshape(-1, 4, 4, 1),
-                            data.y.reshape(-1), batch_size=32)
-  opts = rounds_lib.RoundsOptions(num_rounds=4, clients_per_round=6,
-                                  progress=False, eval_every=2,
-                                  checkpoint_every=2)
-  full = kill_resume.check(
-      tmp_path, lambda tick: _alg(task, warmup=2, max_clusters=3),
-      lambda alg: _state(alg, task), data,
-      jnp.full((2 * GROUP,), 2, jnp.int32), opts,
+  evaluate, opts = kill_resume.evaluated_options(task, data,
+                                                 clients_per_round=6)
+  return kill_resume.check(
+      tmp_path, lambda tick: build(task), lambda alg: _state(alg, task),
+      data, jnp.full((2 * GROUP,), 2, jnp.int32), opts,
       [("apply", 1), ("row", 2), ("apply", 2), ("row", 1)],
       evaluate=evaluate)
+
+
+def test_killed_and_resumed_run_is_bit_identical(tmp_path):
+  full = killed_and_resumed(
+      tmp_path, lambda task: _alg(task, warmup=2, max_clusters=3))
   assert sum(r["cfl_splits"] for r in full.rows) >= 1
 
 

@@ -9,12 +9,10 @@ import pytest
 from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms import cfl_gp as cfl_gp_lib
 from fedjax_dd.core import rounds as rounds_lib
-from fedjax_dd.core.algorithm import ExperimentState
 from fedjax_dd.core.clients import ClientMapper
-from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import LocalTraining, round_decay
-from tests.algorithms import kill_resume
-from tests.algorithms.test_cfl import GROUP, _two_groups
+from tests.algorithms.test_cfl import GROUP, _state, _two_groups
+from tests.algorithms.test_cfl import killed_and_resumed
 from tests.conftest import rounds_compile_nothing, tiny_task
 
 
@@ -59,13 +57,6 @@ def _alg(task, lr_decay=1.0, **kw):
                            mapper=ClientMapper(backend="vmap"),
                            schedule=round_decay(lr_decay))
   return cfl_gp_lib.cfl_gp(training, subset_key=jax.random.PRNGKey(7), **kw)
-
-
-def _state(alg, task):
-  params, stats = task.init(jax.random.PRNGKey(0))
-  server, clients = alg.init(params, stats, 2 * GROUP)
-  return ExperimentState(server, clients, jax.random.PRNGKey(1),
-                         jnp.asarray(0, jnp.int32))
 
 
 def test_groups_with_conflicting_labels_are_partitioned():
@@ -117,17 +108,5 @@ def test_no_recompilation_across_partitions(caplog):
 
 
 def test_killed_and_resumed_run_is_bit_identical(tmp_path):
-  task = tiny_task(bn=True)
-  data = jax.device_put(_two_groups())
-  evaluate = make_evaluator(task, data.x.reshape(-1, 4, 4, 1),
-                            data.y.reshape(-1), batch_size=32)
-  opts = rounds_lib.RoundsOptions(num_rounds=4, clients_per_round=6,
-                                  progress=False, eval_every=2,
-                                  checkpoint_every=2)
-  full = kill_resume.check(
-      tmp_path, lambda tick: _alg(task, period=2),
-      lambda alg: _state(alg, task), data,
-      jnp.full((2 * GROUP,), 2, jnp.int32), opts,
-      [("apply", 1), ("row", 2), ("apply", 2), ("row", 1)],
-      evaluate=evaluate)
+  full = killed_and_resumed(tmp_path, lambda task: _alg(task, period=2))
   assert sum(r["cfl_gp_partitioned"] for r in full.rows) == 2

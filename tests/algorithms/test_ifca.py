@@ -14,6 +14,7 @@ from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import LocalTraining, round_decay
 from fedjax_dd.data.stacked import ClientData
+from tests.algorithms import test_cfl as cfl_test
 from tests.conftest import rounds_compile_nothing, tiny_task
 
 N = 12        # examples per client
@@ -21,16 +22,9 @@ GROUP = 4     # clients per group
 
 
 def _two_groups(seed=0):
-  """8 clients; the image of class c has pixel (c, 0) lit. Group A labels
-  it c, group B (c + 1) mod 3: one model cannot fit both."""
-  rng = np.random.default_rng(seed)
-  x = rng.integers(0, 40, (2 * GROUP, N, 4, 4, 1)).astype(np.uint8)
-  y = np.zeros((2 * GROUP, N), np.int32)
-  cls = np.arange(N) % 3
-  for c in range(2 * GROUP):
-    x[c, np.arange(N), cls, 0, 0] = 255
-    y[c] = cls if c < GROUP else (cls + 1) % 3
-  return x, y
+  """test_cfl's two groups (one model cannot fit both), as ``(x, y)``."""
+  data = cfl_test._two_groups(seed)  # pylint: disable=protected-access
+  return data.x, data.y
 
 
 def _cohort(x, y, steps=6):

@@ -14,10 +14,8 @@ import pytest
 import fedjax_dd
 from fedjax_dd import models
 from fedjax_dd import policy
-from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.core.algorithm import ExperimentState
-from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.models import layers
@@ -64,8 +62,8 @@ def test_every_model_computes_in_bfloat16_and_keeps_float32(name):
   spec = models.get_model(name)
   half = _task(spec.build(10, compute_dtype="bfloat16"), spec.input_shape)
   full = _task(spec.build(10, compute_dtype="float32"), spec.input_shape)
-  assert half.module.dtype == jnp.bfloat16
-  assert full.module.dtype == jnp.float32
+  assert half.module.layers.dtype == jnp.bfloat16
+  assert full.module.layers.dtype == jnp.float32
   params, stats = half.init(jax.random.key(0))
   # The parameters do not depend on the compute dtype.
   jax.tree.map(np.testing.assert_array_equal, (params, stats),
@@ -100,9 +98,10 @@ def test_every_model_computes_in_bfloat16_and_keeps_float32(name):
 
 @pytest.mark.parametrize("make", [
     lambda dtype: models.Generator(out_shape=(8, 8, 1), nz=8, ngf=4,
-                                   dtype=dtype),
+                                   layers=layers.LayerSet(dtype=dtype)),
     lambda dtype: CGeneratorA(
-        out_shape=(8, 8, 1), nz=8, ngf=4, num_classes=3, dtype=dtype)])
+        out_shape=(8, 8, 1), nz=8, ngf=4, num_classes=3,
+        layers=layers.LayerSet(dtype=dtype))])
 def test_generators_compute_in_bfloat16_and_return_float32_images(make):
   z = jax.random.normal(jax.random.key(0), (5, 8))
   y = jnp.asarray([0, 1, 2, 0, 1])
@@ -206,11 +205,8 @@ def test_bfloat16_run_killed_and_resumed_is_bit_identical(tmp_path):
   task = _task(spec.build(3, compute_dtype="bfloat16"), spec.input_shape,
                num_classes=3)
   data = jax.device_put(_clients())
-  evaluate = make_evaluator(task, data.x.reshape(-1, 8, 8, 1),
-                            data.y.reshape(-1), batch_size=16)
-  opts = rounds_lib.RoundsOptions(num_rounds=4, clients_per_round=3,
-                                  progress=False, eval_every=2,
-                                  checkpoint_every=2)
+  evaluate, opts = kill_resume.evaluated_options(
+      task, data, clients_per_round=3, batch_size=16)
 
   def state(alg):
     params, stats = task.init(jax.random.key(0))
@@ -270,7 +266,8 @@ def test_entry_point_builds_the_configs_compute_dtype():
   assert config.model.compute_dtype == "auto"
   assert common.compute_dtype(config) == policy.current().compute_dtype
   config.model.compute_dtype = "bfloat16"
-  assert common.load_and_prepare(config).task.module.dtype == jnp.bfloat16
+  assert (common.load_and_prepare(config).task.module.layers.dtype
+          == jnp.bfloat16)
   config.model.compute_dtype = "float16"
   with pytest.raises(ValueError, match="config.model.compute_dtype"):
     common.validate(config)
