@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -75,10 +74,10 @@ def _synthesis(config, task) -> dict[str, Any]:
   return dict(
       generator=models.Generator(out_shape=tuple(task.input_shape),
                                  nz=d.nz, ngf=d.ngf,
-                                 conv_impl=common.conv_impl(
-                                     config, models.Generator.__name__),
-                                 dtype=jnp.dtype(
-                                     common.compute_dtype(config))),
+                                 layers=models.LayerSet.from_policy(
+                                     common.conv_impl(config),
+                                     common.compute_dtype(config),
+                                     model=models.Generator.__name__)),
       generator_optimizer=optax.adam(d.generator_lr, b1=d.generator_b1),
       student_optimizer=optax.sgd(d.student_lr,
                                   momentum=student_momentum(config) or None),

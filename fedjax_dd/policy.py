@@ -2,7 +2,9 @@
 
 Every model builder, every layer with a per-platform form and the client
 mapper read their defaults from :data:`TABLE`, keyed by platform and jax
-version range; nothing else picks a form. A row holds:
+version range; nothing else picks a form. A model takes its layer forms as
+one value, :class:`fedjax_dd.models.layers.LayerSet`, which
+``LayerSet.from_policy`` fills from a row. A row holds:
 
 * ``conv``: how convolutions are computed, ``"lax"``
   (``lax.conv_general_dilated``) or ``"patches"`` (patch extraction + one

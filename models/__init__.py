@@ -10,6 +10,7 @@ Example::
 
   spec = get_model("lenet5")
   module = spec.build(10)  # the policy's forms, as the entry point gets them
+  plain = LeNet5(10, layers=LayerSet(conv_impl="lax", phase_split=False))
   variables = init_model(module, jax.random.key(0), spec.input_shape)
   logits = module.apply(variables, x, train=False)
 """
@@ -22,14 +23,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_dd import policy
 from fedjax_dd.models.alexnet import AlexCifarNet, AlexNet
 from fedjax_dd.models.cifar_cnn import HFLDDCifarCNN
 from fedjax_dd.models.convnet import ConvNet
 from fedjax_dd.models.fc import FC
 from fedjax_dd.models.fedhydra_cnn import CNN2, CNN3, ConvBNNet
 from fedjax_dd.models.generator import Generator
-from fedjax_dd.models.layers import CONV_IMPLS, resolve_conv_impl
+from fedjax_dd.models.layers import CONV_IMPLS, LayerSet, resolve_conv_impl
 from fedjax_dd.models.lenet import DigitsCNN, LeNet5
 from fedjax_dd.models import param_init
 from fedjax_dd.models.projection import ProjectionNet, projection_builder
@@ -44,17 +44,19 @@ class ModelSpec:
     name: Registry key.
     build: ``build(num_classes, conv_impl="auto", compute_dtype="auto")
       -> nn.Module``.
+      The module's ``layers`` field is the :class:`LayerSet` of
+      ``LayerSet.from_policy(conv_impl, compute_dtype, model=<class>)``:
       ``conv_impl`` (:data:`CONV_IMPLS`) picks how the model's convolutions
       are computed; ``"auto"`` (the default, as the ``fedjax-dd`` entry
-      point passes it) is resolved here by :mod:`fedjax_dd.policy` for
-      JAX's default backend, the running jax and the model's class
-      (:func:`resolve_conv_impl`), so the module holds ``"lax"``,
-      ``"patches"`` or ``"forward"``; the model's other
-      forms (kernel gradients, fused blocks, norm folding, phase split)
-      follow the same policy when it runs. Models without convolutions check
-      the name and ignore it. The parameters do not depend on it.
+      point passes it) is resolved by :mod:`fedjax_dd.policy` for JAX's
+      default backend, the running jax and the model's class
+      (:func:`resolve_conv_impl`), so the set holds ``"lax"``,
+      ``"patches"`` or ``"forward"``, with the row's phase split, fused
+      first block and norm folding; kernel gradients follow the same
+      policy when the model runs. Models without convolutions check the
+      name and ignore it. The parameters do not depend on it.
       ``compute_dtype`` (``"auto"``, ``"float32"`` or ``"bfloat16"``) is the
-      dtype of the convolutions and matmuls, the module's ``dtype`` field;
+      dtype of the convolutions and matmuls, the set's ``dtype``;
       ``"auto"`` is the policy's for JAX's default backend and the running
       jax (:func:`fedjax_dd.policy.resolve_compute_dtype`: float32 on CPU,
       bfloat16 on GPU and TPU). Parameters, BatchNorm statistics and the
@@ -75,20 +77,17 @@ class ModelSpec:
   head: str = ""
 
 
-def _builder(make: Callable[..., nn.Module], has_convs: bool = True,
+def _builder(make: Callable[..., nn.Module],
              model: str | None = None) -> Callable[..., nn.Module]:
   """``build(num_classes, conv_impl="auto", compute_dtype="auto")`` for
-  ``make(num_classes, **kw)``; ``model``: the class name whose own
-  ``"auto"`` form applies (:func:`fedjax_dd.policy.conv_form`)."""
+  ``make(num_classes, layers=LayerSet)``; ``model``: the class name whose
+  own ``"auto"`` form applies (:func:`fedjax_dd.policy.conv_form`)."""
 
   def build(num_classes: int, conv_impl: str = "auto",
             compute_dtype: str = "auto") -> nn.Module:
     # Validates the names as well.
-    conv_impl = resolve_conv_impl(conv_impl, model=model)
-    dtype = jnp.dtype(policy.resolve_compute_dtype(compute_dtype))
-    if not has_convs:
-      return make(num_classes, dtype=dtype)
-    return make(num_classes, conv_impl=conv_impl, dtype=dtype)
+    return make(num_classes, layers=LayerSet.from_policy(
+        conv_impl, compute_dtype, model=model))
 
   return build
 
@@ -131,8 +130,7 @@ _SPECS = (
               "FedHydra CNN3: 3x[conv3x3,BN,ReLU,pool] 32-64-128 + dense; "
               "113,962 params @10.",
               head="fc"),
-    ModelSpec("fc", _builder(lambda k, **kw: FC(num_classes=k, **kw),
-                               has_convs=False),
+    ModelSpec("fc", _builder(lambda k, **kw: FC(num_classes=k, **kw)),
               (28, 28, 1), False,
               "FC1: one hidden ReLU layer of 1024 on the flattened input "
               "(any input shape); 814,090 params @10 on 28x28x1.",
@@ -214,7 +212,7 @@ def init_model(
 __all__ = [
     "AlexCifarNet", "AlexNet", "BasicBlock", "CNN2", "CNN3", "CONV_IMPLS",
     "ConvBNNet", "ConvNet", "DigitsCNN", "FC", "Generator", "HFLDDCifarCNN",
-    "LeNet5",
+    "LayerSet", "LeNet5",
     "MODELS", "ModelSpec", "PROJECTED", "ProjectionNet", "ResNet", "get_model", "init_model",
     "param_init", "resnet18", "resolve_conv_impl",
 ]

@@ -16,12 +16,13 @@ Two models live here:
   dense 384 -> dense 192 -> dense classes.
 """
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_dd.models import layers
+from fedjax_dd.models.layers import LayerSet
 
 
 class AlexNet(nn.Module):
@@ -47,18 +48,14 @@ class AlexNet(nn.Module):
   Attributes:
     num_classes: Number of output logits.
     hidden: Widths of the hidden dense layers of the classifier.
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy``); same parameters.
-    dtype: The compute dtype of the convolutions and matmuls (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
-      normalisation statistics and the logits' loss stay float32.
+    layers: The layer forms (``layers.LayerSet``: convolution form,
+      compute dtype, ...); the default's are the policy's. Same parameters
+      in every set.
   """
 
   num_classes: int = 10
   hidden: Sequence[int] = (384, 192)
-  conv_impl: str = "auto"
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -77,15 +74,15 @@ class AlexNet(nn.Module):
       raise ValueError(f"AlexNet needs H, W >= 8, got {x.shape[1:3]}.")
     for i, (width, pool) in enumerate(
         [(64, True), (192, True), (384, False), (256, False), (256, True)]):
-      x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
-                      dtype=self.dtype, name=f"conv{i + 1}")(x)
+      x = self.layers.conv(width, (3, 3), padding="SAME",
+                           name=f"conv{i + 1}")(x)
       x = nn.relu(x)
       if pool:
         x = layers.max_pool(x)
     x = layers.flatten(x)
     for i, width in enumerate(self.hidden):
-      x = nn.relu(nn.Dense(width, dtype=self.dtype, name=f"fc{i + 1}")(x))
-    return nn.Dense(self.num_classes, dtype=self.dtype, name="head")(x)
+      x = nn.relu(self.layers.dense(width, name=f"fc{i + 1}")(x))
+    return self.layers.dense(self.num_classes, name="head")(x)
 
 
 class AlexCifarNet(nn.Module):
@@ -103,17 +100,13 @@ class AlexCifarNet(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy``); same parameters.
-    dtype: The compute dtype of the convolutions and matmuls (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
-      normalisation statistics and the logits' loss stay float32.
+    layers: The layer forms (``layers.LayerSet``: convolution form,
+      compute dtype, ...); the default's are the policy's. Same parameters
+      in every set.
   """
 
   num_classes: int = 10
-  conv_impl: str = "auto"
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -137,13 +130,12 @@ class AlexCifarNet(nn.Module):
       return layers.local_response_norm(y, 4, alpha=0.001 / 9.0, beta=0.75,
                                         k=1.0)
 
-    x = nn.relu(layers.conv(self.conv_impl, 64, (5, 5), padding="SAME",
-                            dtype=self.dtype, name="conv1")(x))
+    ls = self.layers
+    x = nn.relu(ls.conv(64, (5, 5), padding="SAME", name="conv1")(x))
     x = lrn(pool(x))
-    x = nn.relu(layers.conv(self.conv_impl, 64, (5, 5), padding="SAME",
-                            dtype=self.dtype, name="conv2")(x))
+    x = nn.relu(ls.conv(64, (5, 5), padding="SAME", name="conv2")(x))
     x = pool(lrn(x))
     x = layers.flatten(x)
-    x = nn.relu(nn.Dense(384, dtype=self.dtype, name="fc1")(x))
-    x = nn.relu(nn.Dense(192, dtype=self.dtype, name="fc2")(x))
-    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc3")(x)
+    x = nn.relu(ls.dense(384, name="fc1")(x))
+    x = nn.relu(ls.dense(192, name="fc2")(x))
+    return ls.dense(self.num_classes, name="fc3")(x)

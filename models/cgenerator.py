@@ -7,6 +7,7 @@ conditioned on the label ``y``. This is our Flax version of the architecture in
 FedFTG's released code (``models/gan_models.py``, class ``CGeneratorA``).
 """
 
+import dataclasses
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_dd.models import layers
+from fedjax_dd.models.layers import LayerSet
 
 
 class CGeneratorA(nn.Module):
@@ -71,15 +73,15 @@ class CGeneratorA(nn.Module):
     num_classes: number of labels.
     conditional: always True: ``__call__`` takes the labels.
     output_space: always ``"normalised"`` (see above).
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy.conv_form`` for
-      ``"CGeneratorA"``, ``lax`` on every platform); same parameters.
     conv_bias: whether ``conv1`` and ``conv2`` (each before a BatchNorm)
       have a bias, as in FedFTG's code (see above).
-    dtype: The compute dtype of the convolutions and dense layers (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters and
-      BatchNorm statistics stay float32, and so do the images it returns.
+    layers: The layer forms (``layers.LayerSet``); its ``"auto"``
+      convolution form is ``fedjax_dd.policy.conv_form`` for
+      ``"CGeneratorA"`` (``lax`` on every platform). Same parameters in
+      every set; the images it returns are float32 whatever its ``dtype``.
+    conv_impl: Deprecated: the layer set's ``conv_impl``, for callers that
+      still pass it; None: ``layers``'.
+    dtype: Deprecated: the layer set's ``dtype``; None: ``layers``'.
   """
 
   out_shape: tuple = (32, 32, 3)
@@ -88,8 +90,9 @@ class CGeneratorA(nn.Module):
   num_classes: int = 10
   conditional: bool = True
   output_space: str = "normalised"
-  conv_impl: str = "auto"
   conv_bias: bool = True
+  layers: LayerSet = LayerSet()
+  conv_impl: str | None = None
   dtype: Any = None
 
   @nn.compact
@@ -128,24 +131,26 @@ class CGeneratorA(nn.Module):
     if y.shape != (z.shape[0],):
       raise ValueError(f"y must have shape [{z.shape[0]}], got {y.shape}.")
 
-    impl = layers.resolve_conv_impl(self.conv_impl,
-                                     model=CGeneratorA.__name__)
+    ls = self.layers
+    if self.conv_impl is not None:
+      ls = dataclasses.replace(ls, conv_impl=self.conv_impl)
+    if self.dtype is not None:
+      ls = dataclasses.replace(ls, dtype=self.dtype)
+    ls = ls.for_model(CGeneratorA.__name__)
     b, h0, w0 = z.shape[0], h // 4, w // 4
-    noise = nn.Dense(h0 * w0 * self.ngf, dtype=self.dtype, name="noise_fc")(z)
+    noise = ls.dense(h0 * w0 * self.ngf, name="noise_fc")(z)
     onehot = jax.nn.one_hot(y, self.num_classes, dtype=z.dtype)
-    label = nn.Dense(h0 * w0 * self.ngf, dtype=self.dtype, name="label_fc")(onehot)
+    label = ls.dense(h0 * w0 * self.ngf, name="label_fc")(onehot)
     x = jnp.concatenate([noise.reshape(b, h0, w0, self.ngf),
                          label.reshape(b, h0, w0, self.ngf)], axis=-1)
     x = layers.batch_norm(train, name="bn0")(x)
     for i, width in enumerate((2 * self.ngf, self.ngf)):
       x = _upsample2(x)
-      x = layers.conv(impl, width, (3, 3), padding="SAME",
-                      use_bias=self.conv_bias, dtype=self.dtype,
-                      name=f"conv{i + 1}")(x)
+      x = ls.conv(width, (3, 3), padding="SAME", use_bias=self.conv_bias,
+                  name=f"conv{i + 1}")(x)
       x = nn.leaky_relu(layers.batch_norm(train, name=f"bn{i + 1}")(x),
                         negative_slope=0.2)
-    x = jnp.tanh(layers.conv(impl, ch, (3, 3), padding="SAME",
-                             dtype=self.dtype, name="conv3")(x))
+    x = jnp.tanh(ls.conv(ch, (3, 3), padding="SAME", name="conv3")(x))
     return nn.BatchNorm(use_running_average=not train,
                         momentum=layers.BN_MOMENTUM,
                         epsilon=layers.BN_EPSILON, use_scale=False,

@@ -28,13 +28,14 @@ classes, per block ``conv + BN + conv + BN``::
   total 151,680 + 3 * 295,680 + 5,130                    = 1,043,850
 """
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_dd import policy
 from fedjax_dd.models import layers
+from fedjax_dd.models.layers import LayerSet
 
 
 class HFLDDCifarCNN(nn.Module):
@@ -46,24 +47,20 @@ class HFLDDCifarCNN(nn.Module):
   Attributes:
     num_classes: Number of output logits.
     features: Output channels of the two convolutions of each block.
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy``); same parameters.
     weight_grads: Each convolution's kernel gradient with ``lax``
       (``layers.conv_function``), in order; None: ``policy.kernel_grads``
       (on CPU one matmul of the patches for the 3-channel input, one matmul
       per tap for the rest, which train faster than lax's;
       experiments/perf_notes.md, "Kernel gradient per tap").
-    dtype: The compute dtype of the convolutions and matmuls (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
-      normalisation statistics and the logits' loss stay float32.
+    layers: The layer forms (``layers.LayerSet``: convolution form,
+      compute dtype, ...); the default's are the policy's. Same parameters
+      in every set.
   """
 
   num_classes: int = 10
   features: Sequence[int] = (128, 128, 128, 128)
-  conv_impl: str = "auto"
   weight_grads: Sequence[str] | None = None
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -93,11 +90,11 @@ class HFLDDCifarCNN(nn.Module):
                        f"{len(grads)} weight_grads.")
     for i, width in enumerate(self.features):
       for j in (1, 2):
-        x = layers.conv(self.conv_impl, width, (3, 3), padding="SAME",
-                        weight_grad=grads[2 * i + j - 1],
-                        dtype=self.dtype, name=f"conv{i + 1}_{j}")(x)
+        x = self.layers.conv(width, (3, 3), padding="SAME",
+                             weight_grad=grads[2 * i + j - 1],
+                             name=f"conv{i + 1}_{j}")(x)
         x = nn.relu(x)
         x = layers.batch_norm(train, name=f"bn{i + 1}_{j}")(x)
       x = layers.max_pool(x)
     x = layers.flatten(x)
-    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(x)
+    return self.layers.dense(self.num_classes, name="fc")(x)

@@ -5,7 +5,7 @@ style): ``depth`` blocks of ``[conv width 3x3 SAME -> instance norm -> ReLU ->
 avg-pool 2]`` followed by one dense layer.
 """
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from fedjax_dd import policy
 from fedjax_dd.models import fused_block
 from fedjax_dd.models import layers
+from fedjax_dd.models.layers import LayerSet
 
 
 class ConvNet(nn.Module):
@@ -27,9 +28,9 @@ class ConvNet(nn.Module):
   client-step in the engine's CPU layout (changes 1-4 and the kernel
   gradient per tap of experiments/perf_notes.md, "ConvNet-3"). Which forms
   run by default is the policy's (:mod:`fedjax_dd.policy`). On CPU the
-  first block is one function with its own gradient (``fuse_first_block``,
-  :mod:`fedjax_dd.models.fused_block`): the same function and variables,
-  and a faster round again. The
+  first block is one function with its own gradient (the layer set's
+  ``fuse_first_block``, :mod:`fedjax_dd.models.fused_block`): the same
+  function and variables, and a faster round again. The
   convolutions' biases are parameters but are not added: each convolution
   feeds an instance norm, which subtracts the channel's spatial mean, so a
   per-channel bias cancels exactly and its gradient is zero.
@@ -50,30 +51,20 @@ class ConvNet(nn.Module):
     num_classes: Number of output logits.
     width: Channels of every convolution.
     depth: Number of conv blocks (each halves the spatial size).
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy``); same parameters.
-    fuse_first_block: Compute the first block (conv, instance norm, ReLU,
-      pool) with ``fused_block.conv_instance_norm_relu_avg_pool``, whose
-      convolution is a matmul of the input's patches whatever
-      ``conv_impl``; None: the policy's ``fuse_first_block`` (CPU).
-      Same function and variables either way.
     weight_grads: Each convolution's kernel gradient with ``lax``
       (``layers.conv_function``); None: ``policy.kernel_grads`` (on CPU
       one matmul of the patches for the first layer's few input channels,
       one matmul per kernel tap for the others).
-    dtype: The compute dtype of the convolutions and matmuls (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
-      normalisation statistics and the logits' loss stay float32.
+    layers: The layer forms (``layers.LayerSet``: convolution form,
+      compute dtype, fused first block, folded instance norm); the
+      default's are the policy's. Same function and variables in every set.
   """
 
   num_classes: int = 10
   width: int = 128
   depth: int = 3
-  conv_impl: str = "auto"
-  fuse_first_block: bool | None = None
   weight_grads: Sequence[str] | None = None
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -99,10 +90,9 @@ class ConvNet(nn.Module):
       raise ValueError(
           f"ConvNet depth {self.depth} needs H, W >= {2**self.depth}, got "
           f"{x.shape[1:3]}.")
-    row = policy.current()
-    fuse = (row.fuse_first_block if self.fuse_first_block is None
-            else self.fuse_first_block)
-    grads = (policy.kernel_grads("ConvNet", self.depth, row)
+    ls = self.layers
+    fuse = ls.fuses_first_block()
+    grads = (policy.kernel_grads("ConvNet", self.depth)
              if self.weight_grads is None else tuple(self.weight_grads))
     if len(grads) != self.depth:
       raise ValueError(f"ConvNet has {self.depth} convolutions but "
@@ -115,21 +105,18 @@ class ConvNet(nn.Module):
             self.width, (3, 3), name="conv1")(x.shape[-1])
         scale, bias = fused_block.InstanceNormVariables(name="norm1")(
             self.width)
-        x, kernel, scale, bias = nn.dtypes.promote_dtype(
-            x, kernel, scale, bias, dtype=self.dtype)
+        x, kernel, scale, bias = ls.promote(x, kernel, scale, bias)
         x = fused_block.conv_instance_norm_relu_avg_pool(
             x, kernel, scale, bias, epsilon=1e-5)
         continue
       # The bias is a parameter (nn.Conv's variables) but is not added:
       # instance norm subtracts each channel's spatial mean right after, so
       # a per-channel bias cancels exactly and its gradient is zero.
-      x = layers.Conv(self.width, (3, 3), padding="SAME",
-                      conv_impl=self.conv_impl,
-                      weight_grad=grads[i],
-                      apply_bias=False, dtype=self.dtype,
+      x = ls.hot_conv(self.width, (3, 3), padding="SAME",
+                      weight_grad=grads[i], apply_bias=False,
                       name=f"conv{i + 1}")(x)
-      x = layers.InstanceNorm(epsilon=1e-5, name=f"norm{i + 1}")(x)
+      x = ls.instance_norm(epsilon=1e-5, name=f"norm{i + 1}")(x)
       x = nn.relu(x)
       x = layers.avg_pool(x)
     x = layers.flatten(x)
-    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(x)
+    return ls.dense(self.num_classes, name="fc")(x)

@@ -1,11 +1,10 @@
 """Fully connected ReLU network, the finite-width counterpart of KIP's FC."""
 
-from typing import Any
-
 import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_dd.models import layers
+from fedjax_dd.models.layers import LayerSet
 
 
 class FC(nn.Module):
@@ -19,14 +18,14 @@ class FC(nn.Module):
     num_classes: Number of output logits.
     width: Units per hidden layer.
     depth: Number of hidden layers (0 gives a linear model).
-    dtype: The compute dtype of the matmuls (Flax's ``dtype``, e.g.
-      ``jnp.bfloat16``); None: float32. The parameters stay float32.
+    layers: The layer forms (``layers.LayerSet``); only its compute
+      ``dtype`` applies here (no convolutions).
   """
 
   num_classes: int = 10
   width: int = 1024
   depth: int = 1
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -51,5 +50,5 @@ class FC(nn.Module):
           f"Invalid FC depth/width: {self.depth}, {self.width}.")
     x = layers.flatten(x)
     for i in range(self.depth):
-      x = nn.relu(nn.Dense(self.width, dtype=self.dtype, name=f"fc{i + 1}")(x))
-    return nn.Dense(self.num_classes, dtype=self.dtype, name="head")(x)
+      x = nn.relu(self.layers.dense(self.width, name=f"fc{i + 1}")(x))
+    return self.layers.dense(self.num_classes, name="head")(x)

@@ -16,13 +16,14 @@ bias is dropped because BN's learned bias subsumes it. A single dense layer
 maps the flattened features to the logits.
 """
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_dd import policy
 from fedjax_dd.models import layers
+from fedjax_dd.models.layers import LayerSet
 
 
 class ConvBNNet(nn.Module):
@@ -32,24 +33,20 @@ class ConvBNNet(nn.Module):
     num_classes: Number of output logits.
     features: Output channels of each conv block.
     kernel_size: Square kernel size of every convolution.
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy``); same parameters.
     weight_grads: Each convolution's kernel gradient with ``lax``
       (``layers.conv_function``); None: ``policy.kernel_grads`` of the
       class's name (CNN3's are matmuls on CPU, CNN2's lax's); empty:
       ``"lax"`` for all. The same gradient to float rounding, another speed.
-    dtype: The compute dtype of the convolutions and matmuls (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
-      normalisation statistics and the logits' loss stay float32.
+    layers: The layer forms (``layers.LayerSet``); its ``"auto"``
+      convolution form is the class's own (``policy.FORWARD_CONV_MODELS``),
+      the other defaults the policy's. Same parameters in every set.
   """
 
   num_classes: int = 10
   features: Sequence[int] = (32, 64)
   kernel_size: int = 5
   weight_grads: Sequence[str] | None = None
-  conv_impl: str = "auto"
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -82,16 +79,14 @@ class ConvBNNet(nn.Module):
           f"{len(grads)} weight_grads.")
     k = self.kernel_size
     # "auto" is this class's form (policy.FORWARD_CONV_MODELS).
-    impl = layers.resolve_conv_impl(self.conv_impl, model=name)
+    ls = self.layers.for_model(name)
     for i, width in enumerate(self.features):
-      x = layers.conv(impl, width, (k, k), padding="SAME",
-                      weight_grad=grads[i],
-                      use_bias=False, dtype=self.dtype,
-                      name=f"conv{i + 1}")(x)
+      x = ls.conv(width, (k, k), padding="SAME", weight_grad=grads[i],
+                  use_bias=False, name=f"conv{i + 1}")(x)
       x = nn.relu(layers.batch_norm(train, name=f"bn{i + 1}")(x))
       x = layers.max_pool(x)
     x = layers.flatten(x)
-    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(x)
+    return ls.dense(self.num_classes, name="fc")(x)
 
 
 class CNN2(ConvBNNet):

@@ -6,12 +6,13 @@ teachers' BatchNorm running statistics, then distils the teachers into the
 global model on the generated images.
 """
 
-from typing import Any, Optional
+from typing import Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_dd.models import layers
+from fedjax_dd.models.layers import LayerSet
 
 
 class Generator(nn.Module):
@@ -48,13 +49,10 @@ class Generator(nn.Module):
     ngf: Base number of generator channels.
     conditional: Whether ``__call__`` takes labels ``y``.
     num_classes: Number of labels of the conditional variant.
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy.conv_form`` for
-      ``"Generator"``, ``lax`` on every platform); same parameters.
-    dtype: The compute dtype of the convolutions and dense layers (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters and
-      BatchNorm statistics stay float32, and so do the images it returns.
+    layers: The layer forms (``layers.LayerSet``); its ``"auto"``
+      convolution form is ``fedjax_dd.policy.conv_form`` for
+      ``"Generator"`` (``lax`` on every platform). Same parameters in every
+      set; the images it returns are float32 whatever its ``dtype``.
   """
 
   out_shape: tuple = (32, 32, 3)
@@ -62,8 +60,7 @@ class Generator(nn.Module):
   ngf: int = 64
   conditional: bool = False
   num_classes: int = 10
-  conv_impl: str = "auto"
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(
@@ -117,10 +114,9 @@ class Generator(nn.Module):
           "Labels y were passed to an unconditional Generator; build it with "
           "conditional=True.")
 
-    impl = layers.resolve_conv_impl(self.conv_impl,
-                                     model=Generator.__name__)
+    ls = self.layers.for_model(Generator.__name__)
     c0 = 2 * self.ngf
-    x = nn.Dense(h // 4 * (w // 4) * c0, dtype=self.dtype, name="fc")(z)
+    x = ls.dense(h // 4 * (w // 4) * c0, name="fc")(z)
     x = x.reshape(z.shape[0], h // 4, w // 4, c0)
     x = layers.batch_norm(train, name="bn1")(x)
     for i, width in enumerate([c0, self.ngf]):
@@ -128,13 +124,11 @@ class Generator(nn.Module):
         x = nn.leaky_relu(layers.batch_norm(train, name=f"bn{i + 1}")(x),
                           negative_slope=0.2)
       x = _upsample2(x)
-      x = layers.conv(impl, width, (3, 3), padding="SAME",
-                      use_bias=False, dtype=self.dtype,
-                      name=f"conv{i + 1}")(x)
+      x = ls.conv(width, (3, 3), padding="SAME", use_bias=False,
+                  name=f"conv{i + 1}")(x)
     x = nn.leaky_relu(layers.batch_norm(train, name="bn3")(x),
                       negative_slope=0.2)
-    x = layers.conv(impl, ch, (3, 3), padding="SAME", dtype=self.dtype,
-                    name="conv3")(x)
+    x = ls.conv(ch, (3, 3), padding="SAME", name="conv3")(x)
     # At least float32 (a bfloat16 compute dtype's images widened; float64
     # kept, as the float64 gradient checks need).
     return nn.sigmoid(x.astype(jnp.promote_types(x.dtype, jnp.float32)))

@@ -16,10 +16,11 @@ subgradients; after a ReLU the tied entries are zeros whose ReLU gradient is
 zero anyway.
 
 Convolutions can be computed in three formulations, picked per model by its
-``conv_impl`` field (see :func:`conv`): ``"lax"`` (``lax.conv_general_dilated``,
-flax's default), ``"patches"`` (:func:`patches_conv_general_dilated`,
-im2col + one matmul) and ``"forward"`` (:func:`forward_conv_general_dilated`,
-``lax``'s value with both gradients as forward convolutions). All compute
+layer set's ``conv_impl`` (:class:`LayerSet`, :func:`conv`): ``"lax"``
+(``lax.conv_general_dilated``, flax's default), ``"patches"``
+(:func:`patches_conv_general_dilated`, im2col + one matmul) and
+``"forward"`` (:func:`forward_conv_general_dilated`, ``lax``'s value with
+both gradients as forward convolutions). All compute
 the same function with the same parameters; which one is faster depends on
 the platform and the jax version.
 With ``lax`` a layer can also choose how its kernel gradient is computed
@@ -32,6 +33,7 @@ functions in forms measured faster in the engine's CPU layout; ConvNet-3
 trains with them (experiments/perf_notes.md, "ConvNet-3").
 """
 
+import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
@@ -1048,3 +1050,157 @@ def check_images(x: jnp.ndarray, model: str) -> None:
 def flatten(x: jnp.ndarray) -> jnp.ndarray:
   """``[B, ...] -> [B, prod(...)]``."""
   return x.reshape(x.shape[0], -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSet:
+  """The layer forms a model computes with, as one value.
+
+  Every model of this package carries one (its ``layers`` field) and builds
+  its convolutions, dense layers and normalisations through it, instead of
+  holding form fields of its own. Each form computes the same function
+  with the same parameters (names, shapes, initialisers) as flax's plain
+  layer, to float rounding, so variables and checkpoints are
+  interchangeable between sets; only speed and rounding differ. Which
+  forms run by default is :mod:`fedjax_dd.policy`'s, for the platform and
+  jax version: :meth:`from_policy` resolves them all in one place (the
+  registry's ``build`` does so), and a field left at ``"auto"`` or None is
+  the policy's when the model runs. A run records the set
+  (:func:`fedjax_dd.core.definition.forms_of`). Frozen and hashable, so
+  models with equal sets compare equal and share compiled programs
+  (:func:`fedjax_dd.models.init_model`).
+
+  Per-convolution kernel gradients are not here: they depend on a model's
+  layers, so the models that have them keep a ``weight_grads`` field
+  (:func:`fedjax_dd.policy.kernel_grads`).
+
+  Attributes:
+    conv_impl: How convolutions are computed, one of :data:`CONV_IMPLS`:
+      ``"lax"`` (``lax.conv_general_dilated``, flax's), ``"patches"``
+      (:func:`patches_conv_general_dilated`: patch extraction + one
+      matmul), ``"forward"`` (:func:`forward_conv_general_dilated`:
+      ``lax``'s value, both gradients as forward convolutions) or
+      ``"auto"``: the policy's form for the model's class when it runs
+      (:meth:`for_model`, :func:`fedjax_dd.policy.conv_form`).
+    dtype: The compute dtype of the convolutions and matmuls (Flax's
+      ``dtype``, e.g. ``jnp.bfloat16``, kept as a ``jnp.dtype``); None:
+      the inputs' and parameters' (float32). Parameters, normalisation
+      statistics and the losses stay float32.
+    phase_split: LeNet-5's first convolution and its pool computed
+      phase-split (:class:`ConvReluMaxPool`; faster on CPU,
+      experiments/perf_notes.md, "Phase-split first layer"); None: the
+      policy's ``phase_split``.
+    fuse_first_block: ConvNet's first block (convolution, instance norm,
+      ReLU, pool) computed as one function whose convolution is a matmul
+      of the input's patches whatever ``conv_impl``
+      (:mod:`fedjax_dd.models.fused_block`); None: the policy's
+      ``fuse_first_block``.
+    fold_norm: Instance norm with its affine map folded
+      (:class:`InstanceNorm`); None: the policy's ``fold_norm``.
+
+  Example::
+
+    ls = LayerSet.from_policy("auto", "auto", model="LeNet5")
+    module = LeNet5(num_classes=10, layers=ls)
+    plain = LeNet5(num_classes=10, layers=LayerSet(conv_impl="lax",
+                                                   phase_split=False))
+  """
+
+  conv_impl: str = "auto"
+  dtype: Any = None
+  phase_split: bool | None = None
+  fuse_first_block: bool | None = None
+  fold_norm: bool | None = None
+
+  def __post_init__(self):
+    if self.conv_impl not in CONV_IMPLS:
+      raise ValueError(f"Unknown conv_impl {self.conv_impl!r}; expected one "
+                       f"of {CONV_IMPLS}.")
+    if self.dtype is not None:
+      # One spelling per dtype (jnp.bfloat16, "bfloat16"), so equal sets
+      # compare and hash equal.
+      object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
+
+  @classmethod
+  def from_policy(cls, conv_impl: str = "auto", compute_dtype: str = "auto",
+                  model: str | None = None, *, platform: str | None = None,
+                  jax_version: str | None = None) -> "LayerSet":
+    """Every form resolved: explicit arguments, else the policy's row.
+
+    Args:
+      conv_impl: One of :data:`CONV_IMPLS`; ``"auto"``: the row's form for
+        ``model`` (:func:`resolve_conv_impl`).
+      compute_dtype: ``"auto"``, ``"float32"`` or ``"bfloat16"``
+        (:func:`fedjax_dd.policy.resolve_compute_dtype`).
+      model: The class name of the model the set is for; some classes have
+        their own convolution form (:func:`fedjax_dd.policy.conv_form`).
+      platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default
+        backend.
+      jax_version: e.g. ``"0.10.2"``; default the running jax.
+
+    Returns:
+      A set with a concrete ``conv_impl`` and ``dtype`` and the row's
+      ``phase_split``, ``fuse_first_block`` and ``fold_norm``.
+
+    Raises:
+      ValueError: For an unknown ``conv_impl`` or ``compute_dtype``.
+    """
+    row = policy.lookup(platform, jax_version)
+    return cls(
+        conv_impl=resolve_conv_impl(conv_impl, platform, jax_version, model),
+        dtype=jnp.dtype(policy.resolve_compute_dtype(compute_dtype, platform,
+                                                     jax_version)),
+        phase_split=row.phase_split,
+        fuse_first_block=row.fuse_first_block,
+        fold_norm=row.fold_norm)
+
+  def for_model(self, model: str) -> "LayerSet":
+    """This set with ``conv_impl="auto"`` resolved for the class ``model``
+    (:func:`resolve_conv_impl`); what a model whose class has its own
+    form (:data:`fedjax_dd.policy.LAX_CONV_MODELS`,
+    :data:`fedjax_dd.policy.FORWARD_CONV_MODELS`) builds with."""
+    if self.conv_impl != "auto":
+      return self
+    return dataclasses.replace(
+        self, conv_impl=resolve_conv_impl("auto", model=model))
+
+  def conv(self, features: int, kernel_size: Sequence[int],
+           weight_grad: str = "lax", **kwargs: Any) -> nn.Conv:
+    """``nn.Conv(features, kernel_size, **kwargs)`` in this set's form and
+    dtype (:func:`conv`)."""
+    return conv(self.conv_impl, features, kernel_size, weight_grad,
+                dtype=self.dtype, **kwargs)
+
+  def hot_conv(self, features: int, kernel_size: tuple[int, int],
+               **kwargs: Any) -> "Conv":
+    """A stride-1 :class:`Conv` (``nn.Conv``'s parameters; per-layer kernel
+    gradient, optional bias) in this set's form and dtype."""
+    return Conv(features, kernel_size, conv_impl=self.conv_impl,
+                dtype=self.dtype, **kwargs)
+
+  def conv_relu_max_pool(self, features: int, kernel_size: tuple[int, int],
+                         **kwargs: Any) -> "ConvReluMaxPool":
+    """:class:`ConvReluMaxPool` in this set's form, phase split and
+    dtype."""
+    return ConvReluMaxPool(features, kernel_size, conv_impl=self.conv_impl,
+                           phase_split=self.phase_split, dtype=self.dtype,
+                           **kwargs)
+
+  def instance_norm(self, **kwargs: Any) -> "InstanceNorm":
+    """:class:`InstanceNorm` with this set's ``fold_norm``."""
+    return InstanceNorm(fold=self.fold_norm, **kwargs)
+
+  def dense(self, features: int, **kwargs: Any) -> nn.Dense:
+    """``nn.Dense(features, **kwargs)`` in this set's dtype."""
+    return nn.Dense(features, dtype=self.dtype, **kwargs)
+
+  def fuses_first_block(self) -> bool:
+    """``fuse_first_block``, or the policy's when None."""
+    if self.fuse_first_block is None:
+      return policy.current().fuse_first_block
+    return self.fuse_first_block
+
+  def promote(self, *arrays: jax.Array) -> tuple[jax.Array, ...]:
+    """``arrays`` in this set's dtype, as flax's layers promote their
+    inputs and parameters (None: their common dtype)."""
+    return nn.dtypes.promote_dtype(*arrays, dtype=self.dtype)

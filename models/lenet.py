@@ -1,11 +1,10 @@
 """LeNet-5 for 28x28 inputs and a small LeNet-style net for 8x8 digits."""
 
-from typing import Any
-
 import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_dd.models import layers
+from fedjax_dd.models.layers import LayerSet
 
 
 class LeNet5(nn.Module):
@@ -27,22 +26,13 @@ class LeNet5(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy``); same parameters.
-    phase_split: Compute the first convolution and its pool phase-split
-      (``layers.ConvReluMaxPool``; same parameters, same values to
-      rounding), which is faster on CPU (``experiments/perf_notes.md``,
-      "Phase-split first layer"); None: the policy's (``fedjax_dd.policy``).
-    dtype: The compute dtype of the convolutions and matmuls (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
-      normalisation statistics and the logits' loss stay float32.
+    layers: The layer forms (``layers.LayerSet``); its ``phase_split``
+      computes the first convolution and its pool phase-split. The
+      default's are the policy's. Same parameters in every set.
   """
 
   num_classes: int = 10
-  conv_impl: str = "auto"
-  phase_split: bool | None = None
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -57,16 +47,14 @@ class LeNet5(nn.Module):
     """
     del train
     layers.check_images(x, "LeNet5")
-    x = layers.ConvReluMaxPool(6, (5, 5), conv_impl=self.conv_impl,
-                               phase_split=self.phase_split, dtype=self.dtype,
-                               name="conv1")(x)
-    x = nn.relu(layers.conv(self.conv_impl, 16, (5, 5), padding="VALID",
-                            dtype=self.dtype, name="conv2")(x))
+    ls = self.layers
+    x = ls.conv_relu_max_pool(6, (5, 5), name="conv1")(x)
+    x = nn.relu(ls.conv(16, (5, 5), padding="VALID", name="conv2")(x))
     x = layers.max_pool(x)
     x = layers.flatten(x)
-    x = nn.relu(nn.Dense(120, dtype=self.dtype, name="fc1")(x))
-    x = nn.relu(nn.Dense(84, dtype=self.dtype, name="fc2")(x))
-    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc3")(x)
+    x = nn.relu(ls.dense(120, name="fc1")(x))
+    x = nn.relu(ls.dense(84, name="fc2")(x))
+    return ls.dense(self.num_classes, name="fc3")(x)
 
 
 class DigitsCNN(nn.Module):
@@ -85,17 +73,13 @@ class DigitsCNN(nn.Module):
 
   Attributes:
     num_classes: Number of output logits.
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy``); same parameters.
-    dtype: The compute dtype of the convolutions and matmuls (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
-      normalisation statistics and the logits' loss stay float32.
+    layers: The layer forms (``layers.LayerSet``: convolution form,
+      compute dtype, ...); the default's are the policy's. Same parameters
+      in every set.
   """
 
   num_classes: int = 10
-  conv_impl: str = "auto"
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -110,12 +94,11 @@ class DigitsCNN(nn.Module):
     """
     del train
     layers.check_images(x, "DigitsCNN")
-    x = nn.relu(layers.conv(self.conv_impl, 32, (3, 3), padding="SAME",
-                            dtype=self.dtype, name="conv1")(x))
+    ls = self.layers
+    x = nn.relu(ls.conv(32, (3, 3), padding="SAME", name="conv1")(x))
     x = layers.max_pool(x)
-    x = nn.relu(layers.conv(self.conv_impl, 64, (3, 3), padding="SAME",
-                            dtype=self.dtype, name="conv2")(x))
+    x = nn.relu(ls.conv(64, (3, 3), padding="SAME", name="conv2")(x))
     x = layers.max_pool(x)
     x = layers.flatten(x)
-    x = nn.relu(nn.Dense(128, dtype=self.dtype, name="fc1")(x))
-    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc2")(x)
+    x = nn.relu(ls.dense(128, name="fc1")(x))
+    return ls.dense(self.num_classes, name="fc2")(x)

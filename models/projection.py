@@ -25,6 +25,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from fedjax_dd.models.layers import LayerSet
+
 
 class ProjectionNet(nn.Module):
   """``base`` less its output layer, then MOON's projection head and output layer.
@@ -41,15 +43,15 @@ class ProjectionNet(nn.Module):
       base), skipped.
     num_classes: number of output logits.
     proj_dim: the projection's width (MOON: 256).
-    dtype: the head's compute dtype (Flax's ``dtype``), as the base's;
-      None: float32.
+    layers: the head's layer forms (``layers.LayerSet``; only its compute
+      ``dtype`` applies), as the base's.
   """
 
   base: nn.Module
   head: str
   num_classes: int = 10
   proj_dim: int = 256
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   def represent(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
     """The base's representation ``h [B, d]``."""
@@ -63,9 +65,10 @@ class ProjectionNet(nn.Module):
               ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``(z [B, proj_dim], logits [B, num_classes])`` for images ``x``."""
     h = self.represent(x, train=train)
-    z = nn.relu(nn.Dense(h.shape[-1], dtype=self.dtype, name="proj1")(h))
-    z = nn.Dense(self.proj_dim, dtype=self.dtype, name="proj2")(z)
-    return z, nn.Dense(self.num_classes, dtype=self.dtype, name="out")(z)
+    ls = self.layers
+    z = nn.relu(ls.dense(h.shape[-1], name="proj1")(h))
+    z = ls.dense(self.proj_dim, name="proj2")(z)
+    return z, ls.dense(self.num_classes, name="out")(z)
 
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
     """Logits ``[B, num_classes]`` (the package's classifier interface)."""
@@ -90,7 +93,7 @@ def _skip(head: str):
 def projection_builder(base_build: Any, head: str, proj_dim: int = 256):
   """``build(num_classes, conv_impl="auto", proj_dim=proj_dim,
   compute_dtype="auto")`` of a :class:`ProjectionNet` over ``base_build``'s
-  model, its head in the base's compute dtype.
+  model, its head in the base's layer set (compute dtype).
 
   ``proj_dim`` is the head's output width (MOON's ``--out_dim``, 256 in the
   paper's runs); a build call may override it.
@@ -108,6 +111,6 @@ def projection_builder(base_build: Any, head: str, proj_dim: int = 256):
     base = base_build(num_classes, conv_impl=conv_impl,
                       compute_dtype=compute_dtype)
     return ProjectionNet(base=base, head=head, num_classes=num_classes,
-                         proj_dim=int(proj_dim), dtype=base.dtype)
+                         proj_dim=int(proj_dim), layers=base.layers)
 
   return build

@@ -6,12 +6,13 @@ at 4x4. Convolutions have no bias (each is followed by BatchNorm).
 """
 
 import functools
-from typing import Any, Sequence
+from typing import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from fedjax_dd.models import layers
+from fedjax_dd.models.layers import LayerSet
 
 
 class BasicBlock(nn.Module):
@@ -20,24 +21,20 @@ class BasicBlock(nn.Module):
   Attributes:
     features: Output channels.
     stride: Stride of the first convolution (and of the projection).
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy``); same parameters.
-    dtype: The compute dtype of the convolutions and matmuls (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
-      normalisation statistics and the logits' loss stay float32.
+    layers: The layer forms (``layers.LayerSet``: convolution form,
+      compute dtype, ...); the default's are the policy's. Same parameters
+      in every set.
   """
 
   features: int
   stride: int = 1
-  conv_impl: str = "auto"
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
     """Applies the block to ``[B, H, W, Ch]``."""
-    conv = functools.partial(layers.conv, self.conv_impl, self.features,
-                             use_bias=False, dtype=self.dtype)
+    conv = functools.partial(self.layers.conv, self.features,
+                             use_bias=False)
     y = conv((3, 3), strides=self.stride, padding=1, name="conv1")(x)
     y = nn.relu(layers.batch_norm(train, name="bn1")(y))
     y = conv((3, 3), padding=1, name="conv2")(y)
@@ -60,19 +57,15 @@ class ResNet(nn.Module):
     num_classes: Number of output logits.
     stage_sizes: Number of BasicBlocks per stage.
     width: Channels of the stem and the first stage.
-    conv_impl: How the convolutions are computed, one of
-      ``layers.CONV_IMPLS``; ``"auto"`` (the default:
-      ``fedjax_dd.policy``); same parameters.
-    dtype: The compute dtype of the convolutions and matmuls (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``); None: float32. Parameters,
-      normalisation statistics and the logits' loss stay float32.
+    layers: The layer forms (``layers.LayerSet``: convolution form,
+      compute dtype, ...); the default's are the policy's. Same parameters
+      in every set.
   """
 
   num_classes: int = 10
   stage_sizes: Sequence[int] = (2, 2, 2, 2)
   width: int = 64
-  conv_impl: str = "auto"
-  dtype: Any = None
+  layers: LayerSet = LayerSet()
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -87,20 +80,19 @@ class ResNet(nn.Module):
       Logits ``[B, num_classes]``.
     """
     layers.check_images(x, "ResNet")
-    x = layers.conv(self.conv_impl, self.width, (3, 3), padding=1,
-                    use_bias=False, dtype=self.dtype, name="stem_conv")(x)
+    x = self.layers.conv(self.width, (3, 3), padding=1, use_bias=False,
+                         name="stem_conv")(x)
     x = nn.relu(layers.batch_norm(train, name="stem_bn")(x))
     for i, num_blocks in enumerate(self.stage_sizes):
       for j in range(num_blocks):
         stride = 2 if i > 0 and j == 0 else 1
-        x = BasicBlock(self.width * 2**i, stride, conv_impl=self.conv_impl,
-                       dtype=self.dtype, name=f"stage{i + 1}_block{j + 1}")(x, train=train)
+        x = BasicBlock(self.width * 2**i, stride, layers=self.layers,
+                       name=f"stage{i + 1}_block{j + 1}")(x, train=train)
     x = jnp.mean(x, axis=(1, 2))
-    return nn.Dense(self.num_classes, dtype=self.dtype, name="fc")(x)
+    return self.layers.dense(self.num_classes, name="fc")(x)
 
 
-def resnet18(num_classes: int, conv_impl: str = "auto",
-             dtype: Any = None) -> ResNet:
+def resnet18(num_classes: int, layers: LayerSet = LayerSet()) -> ResNet:
   """ResNet-18 (BasicBlocks ``[2, 2, 2, 2]``, widths 64..512)."""
   return ResNet(num_classes=num_classes, stage_sizes=(2, 2, 2, 2), width=64,
-                conv_impl=conv_impl, dtype=dtype)
+                layers=layers)

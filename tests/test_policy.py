@@ -147,8 +147,8 @@ def test_generators_build_auto_as_lax(make, monkeypatch):
   g.init(jax.random.PRNGKey(0), *args, train=False)
   assert seen == ["lax"] * 3
   seen.clear()
-  g.clone(conv_impl="patches").init(jax.random.PRNGKey(0), *args,
-                                     train=False)
+  g.clone(layers=layers.LayerSet(conv_impl="patches")).init(
+      jax.random.PRNGKey(0), *args, train=False)
   assert seen == ["patches"] * 3
 
 
@@ -196,12 +196,12 @@ def test_forward_models_take_forward_where_the_row_says_patches(platform,
 def test_forward_models_build_and_run_their_own_form(name, cls, monkeypatch):
   expected = policy.conv_form(cls)
   spec = models.get_model(name)
-  assert spec.build(10).conv_impl == expected
-  assert spec.build(10, conv_impl="patches").conv_impl == "patches"
+  assert spec.build(10).layers.conv_impl == expected
+  assert spec.build(10, conv_impl="patches").layers.conv_impl == "patches"
   seen = _record_conv_forms(monkeypatch)
   # Built directly with "auto", the class resolves its own form too.
   module = getattr(models, cls)(num_classes=10)
-  assert module.conv_impl == "auto"
+  assert module.layers.conv_impl == "auto"
   module.init(jax.random.PRNGKey(0), jnp.zeros((2, *spec.input_shape)),
               train=False)
   assert seen == [expected] * len(module.features)
@@ -212,7 +212,7 @@ def test_an_explicit_compute_dtype_overrides_the_row(platform):
   for dtype in policy.COMPUTE_DTYPES:
     assert policy.resolve_compute_dtype(dtype, platform) == dtype
   assert models.get_model("lenet5").build(
-      10, compute_dtype="bfloat16").dtype == jnp.bfloat16
+      10, compute_dtype="bfloat16").layers.dtype == jnp.bfloat16
   with pytest.raises(ValueError, match="compute_dtype 'float16'"):
     policy.resolve_compute_dtype("float16")
   with pytest.raises(ValueError, match="compute_dtype 'half'"):
@@ -268,10 +268,9 @@ def test_build_defaults_equal_the_entry_points_model(name, platform,
                      compute_dtype=common.compute_dtype(config))
   public = spec.build(10)
   assert public == entry
-  assert public.dtype == jnp.dtype(policy.current().compute_dtype)
-  if hasattr(public, "conv_impl"):
-    # The row's form, or the model class's own (policy.conv_form).
-    assert public.conv_impl == policy.conv_form(type(public).__name__)
+  assert public.layers.dtype == jnp.dtype(policy.current().compute_dtype)
+  # The row's form, or the model class's own (policy.conv_form).
+  assert public.layers.conv_impl == policy.conv_form(type(public).__name__)
 
 
 def test_public_mapper_equals_the_entry_points_for_lenet5():
@@ -302,9 +301,9 @@ def test_models_take_plain_forms_on_an_accelerator(platform, monkeypatch):
     assert _has_custom_vjp(forward(cpu_model), v)
   monkeypatch.setattr(jax, "default_backend", lambda: platform)
   # bfloat16 by default there; float32 computes the CPU's function.
-  assert models.get_model("convnet3").build(5).dtype == jnp.bfloat16
+  assert models.get_model("convnet3").build(5).layers.dtype == jnp.bfloat16
   model = models.get_model("convnet3").build(5, compute_dtype="float32")
-  assert model.conv_impl == "lax"
+  assert model.layers.conv_impl == "lax"
   model = model.clone(width=8, depth=2)
   # Flax's layers' forms: no custom gradient anywhere, the same function.
   assert not _has_custom_vjp(forward(model), v)
@@ -315,7 +314,8 @@ def test_models_take_plain_forms_on_an_accelerator(platform, monkeypatch):
   lenet = models.get_model("lenet5").build(10, compute_dtype="float32")
   xl = jax.random.normal(jax.random.PRNGKey(2), (2, 28, 28, 1))
   vl = lenet.init(jax.random.PRNGKey(3), xl, train=False)
-  plain = models.LeNet5(10, conv_impl="lax", phase_split=False)
+  plain = models.LeNet5(10, layers=layers.LayerSet(conv_impl="lax",
+                                                   phase_split=False))
   np.testing.assert_array_equal(lenet.apply(vl, xl, train=False),
                                 plain.apply(vl, xl, train=False))
   assert "conv_general_dilated" in str(jax.make_jaxpr(

@@ -183,7 +183,7 @@ def _task(model: str, conv_impl: str, precision: str = "auto"):
   module = models.get_model(name).build(10, conv_impl=conv_impl,
                                         compute_dtype=dtype)
   # The builder resolves "auto" for the model's class (policy.conv_form).
-  conv_impl = getattr(module, "conv_impl",
+  conv_impl = getattr(getattr(module, "layers", module), "conv_impl",
                       models.resolve_conv_impl(conv_impl))
   task = Classifier(module=module, input_shape=shape,
                     preprocess=lambda x: x.astype(jnp.float32) / 255.0,
@@ -294,8 +294,9 @@ def _measure_jax(model, num_clients, backend, *, steps, batch, reps,
       "python": sys.version.split()[0],
       "steps": steps, "batch": batch, "ms_per_client_step": ms,
       "precision": precision,
-      "compute_dtype": np.dtype(getattr(task.module, "dtype", None)
-                                or "float32").name,
+      "compute_dtype": np.dtype(
+          getattr(getattr(task.module, "layers", task.module), "dtype", None)
+          or "float32").name,
       "flops_per_client_step": flops / steps if flops else None,
       "gflops_achieved": flops / steps / (ms * 1e-3) / 1e9 if flops else None,
       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -620,7 +621,7 @@ def measure_round(build: str, *, num_clients: int, steps: int, batch: int,
       "build": build, "model": "lenet5", "num_clients": num_clients,
       "steps": steps, "batch": batch,
       "ms_per_client_step": 1e3 * seconds / (num_clients * steps),
-      "conv_impl": task.module.conv_impl,
+      "conv_impl": task.module.layers.conv_impl,
       "policy": policy.as_dict(policy.current()),
       "jax_version": jax.__version__, "flax_version": flax.__version__,
       "python": sys.version.split()[0], "devices": jax.device_count(),

@@ -33,11 +33,12 @@ from typing import Any
 import numpy as np
 
 FORM_FIELDS = ("conv_impl", "phase_split", "fuse_first_block", "weight_grads",
-               "fold", "dtype")
+               "fold", "fold_norm", "dtype")
 """Model fields that pick how a layer computes, not what: its form and
-its compute dtype. Another value changes rounding (bfloat16: precision),
-so a resume under it is named, not refused (the policy table's forms,
-:func:`fedjax_dd.policy.forms`)."""
+its compute dtype, on the model or on its layer set (its ``layers`` field,
+:class:`fedjax_dd.models.LayerSet`). Another value changes rounding
+(bfloat16: precision), so a resume under it is named, not refused (the
+policy table's forms, :func:`fedjax_dd.policy.forms`)."""
 
 HOW_MODULES = ("fedjax_dd.core.clients",)
 """Modules that decide how a computation is laid out on devices: their
@@ -117,7 +118,8 @@ def _describe(obj: Any, seen: tuple[int, ...], depth: int) -> Any:
     return {"class": _name(type(obj)),
             **{f.name: walk(getattr(obj, f.name, None))
                for f in dataclasses.fields(obj)
-               if f.name not in _SKIPPED_FIELDS}}
+               if f.name not in _SKIPPED_FIELDS
+               and _layer_set(getattr(obj, f.name, None)) is None}}
   if isinstance(obj, functools.partial):
     return {"partial": walk(obj.func), "args": walk(list(obj.args)),
             "keywords": walk(dict(obj.keywords))}
@@ -162,14 +164,26 @@ def flatten(tree: Any, prefix: str) -> dict[str, Any]:
   return out
 
 
+def _layer_set(value: Any) -> Any:
+  """``value`` if it is a model's layer set (its forms, left out of
+  :func:`describe` as :data:`FORM_FIELDS` are), else None."""
+  if (dataclasses.is_dataclass(value) and not isinstance(value, type)
+      and type(value).__name__ == "LayerSet"):
+    return value
+  return None
+
+
 def forms_of(module: Any) -> dict[str, Any]:
-  """The :data:`FORM_FIELDS` a model instance sets, ``{"task.<field>":
-  value}``: what :func:`fedjax_dd.core.workdir.record_environment` records
-  as the run's forms."""
+  """The :data:`FORM_FIELDS` a model instance or its layer set sets,
+  ``{"task.<field>": value}``: what
+  :func:`fedjax_dd.core.workdir.record_environment` records as the run's
+  forms."""
+  layer_set = _layer_set(getattr(module, "layers", None))
   out = {}
   for f in FORM_FIELDS:
-    if hasattr(module, f):
-      value = getattr(module, f)
+    holder = layer_set if hasattr(layer_set, f) else module
+    if hasattr(holder, f):
+      value = getattr(holder, f)
       if f == "dtype" and value is not None:
         value = np.dtype(value).name  # "float32", "bfloat16"
       out[f"task.{f}"] = _describe(value, (), 0)

@@ -16,6 +16,7 @@ from fedjax_dd.core.algorithm import Teachers
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import ensemble
 from fedjax_dd.models.fedhydra_cnn import ConvBNNet
+from fedjax_dd.models.layers import LayerSet
 from tests.conftest import tiny_task
 from tests.core import test_server as ts
 
@@ -111,7 +112,8 @@ def test_permuted_cnn_fuses_back_through_the_flatten():
   # Two conv blocks and a dense layer on the flattened [2, 2, 4] features:
   # conv2's inputs, fc's rows (channel fastest) move with the transports.
   task = Classifier(module=ConvBNNet(num_classes=3, features=(3, 4),
-                                     kernel_size=3, conv_impl="lax"),
+                                     kernel_size=3,
+                                     layers=LayerSet(conv_impl="lax")),
                     input_shape=(8, 8, 1),
                     preprocess=lambda x: x.astype(jnp.float32) / 255.0,
                     num_classes=3)

@@ -128,9 +128,13 @@ def test_fit_resumed_on_other_devices_warns_and_records_them(tmp_path,
   with caplog.at_level("WARNING"):
     fit_lib.fit(algo, p, data, steps, rounds=1, **kw)
   assert "another environment" not in caplog.text
+  ls = p.task.module.layers
   here = dict(workdir_lib.current_environment(),
-              forms={"task.conv_impl": p.task.module.conv_impl,
-             "task.dtype": "float32"})
+              forms={"task.conv_impl": ls.conv_impl,
+                     "task.phase_split": ls.phase_split,
+                     "task.fuse_first_block": ls.fuse_first_block,
+                     "task.fold_norm": ls.fold_norm,
+                     "task.dtype": "float32"})
   record = workdir_lib.read_environment(tmp_path / "w")
   assert record == {"started": here, "resumed": []}
   # As if the first round had run with one more host device.

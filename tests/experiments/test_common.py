@@ -103,10 +103,11 @@ def test_prepared_task_uses_the_resolved_conv_impl():
   from fedjax_dd import models
   c = fedd3_config.get_config("smoke")
   assert c.model.conv_impl == "auto"
-  assert (common.load_and_prepare(c).task.module.conv_impl
+  assert (common.load_and_prepare(c).task.module.layers.conv_impl
           == models.resolve_conv_impl("auto"))
   c.model.conv_impl = "patches"
-  assert common.load_and_prepare(c).task.module.conv_impl == "patches"
+  assert (common.load_and_prepare(c).task.module.layers.conv_impl
+          == "patches")
 
 
 def test_prepared_channel_stats_are_the_floored_train_stats(monkeypatch):

@@ -401,25 +401,29 @@ def test_convnet_training_with_constant_data_compiles_in_the_engine_jit():
 
 # --- every model with convolutions -------------------------------------------
 
+def _impl(impl):
+  return layers.LayerSet(conv_impl=impl)
+
+
 # Registry models, with small stand-ins of the same classes where the
 # registered size only costs time (the code paths are the same).
 _MODELS = {
-    "lenet5": (lambda impl: models.LeNet5(7, conv_impl=impl), (28, 28, 1)),
-    "digits_cnn": (lambda impl: models.DigitsCNN(7, conv_impl=impl),
+    "lenet5": (lambda impl: models.LeNet5(7, layers=_impl(impl)), (28, 28, 1)),
+    "digits_cnn": (lambda impl: models.DigitsCNN(7, layers=_impl(impl)),
                    (8, 8, 1)),
-    "convnet": (lambda impl: models.ConvNet(7, width=16, conv_impl=impl),
+    "convnet": (lambda impl: models.ConvNet(7, width=16, layers=_impl(impl)),
                 (16, 16, 3)),
     "hfldd_cifar_cnn": (lambda impl: models.HFLDDCifarCNN(
-        7, features=(8, 8, 8, 8), conv_impl=impl), (16, 16, 3)),
-    "alexnet": (lambda impl: models.AlexNet(7, hidden=(16,), conv_impl=impl),
+        7, features=(8, 8, 8, 8), layers=_impl(impl)), (16, 16, 3)),
+    "alexnet": (lambda impl: models.AlexNet(7, hidden=(16,), layers=_impl(impl)),
                 (8, 8, 3)),
-    "alexcifarnet": (lambda impl: models.AlexCifarNet(7, conv_impl=impl),
+    "alexcifarnet": (lambda impl: models.AlexCifarNet(7, layers=_impl(impl)),
                      (16, 16, 3)),
     # Strided 3x3 convolutions with explicit padding and 1x1 projections.
     "resnet": (lambda impl: models.ResNet(7, stage_sizes=(1, 1), width=8,
-                                          conv_impl=impl), (16, 16, 3)),
-    "cnn2": (lambda impl: models.CNN2(7, conv_impl=impl), (28, 28, 1)),
-    "cnn3": (lambda impl: models.CNN3(7, conv_impl=impl), (16, 16, 3)),
+                                          layers=_impl(impl)), (16, 16, 3)),
+    "cnn2": (lambda impl: models.CNN2(7, layers=_impl(impl)), (28, 28, 1)),
+    "cnn3": (lambda impl: models.CNN3(7, layers=_impl(impl)), (16, 16, 3)),
 }
 
 
@@ -529,8 +533,8 @@ def test_jitted_training_gradient_equals_the_eager_one_in_float64(name):
                             conditional=True)),
 ])
 def test_generator_outputs_agree(cls, kw):
-  ref_model, ours_model = cls(**kw, conv_impl="lax"), cls(**kw,
-                                                          conv_impl="patches")
+  ref_model, ours_model = (cls(**kw, layers=_impl("lax")),
+                           cls(**kw, layers=_impl("patches")))
   z = _rand((3, 8), 1)
   y = jnp.array([0, 1, 2])
   call = dict(y=y) if kw.get("conditional") else {}
@@ -543,8 +547,8 @@ def test_generator_outputs_agree(cls, kw):
 def test_cgenerator_outputs_agree():
   from fedjax_dd.models.cgenerator import CGeneratorA
   kw = dict(out_shape=(16, 16, 3), nz=8, ngf=8, num_classes=3)
-  ref_model, ours_model = (CGeneratorA(**kw, conv_impl="lax"),
-                           CGeneratorA(**kw, conv_impl="patches"))
+  ref_model, ours_model = (CGeneratorA(**kw, layers=_impl("lax")),
+                           CGeneratorA(**kw, layers=_impl("patches")))
   z, y = _rand((3, 8), 1), jnp.array([0, 1, 2])
   variables = ref_model.init(KEY(0), z, y, train=False)
   _assert_close(ours_model.apply(variables, z, y, train=False),
@@ -554,10 +558,10 @@ def test_cgenerator_outputs_agree():
 def test_registry_builds_with_conv_impl():
   for name, spec in models.MODELS.items():
     module = spec.build(10, conv_impl="patches")
-    assert getattr(module, "conv_impl", "patches") == "patches", name
+    assert module.layers.conv_impl == "patches", name
     assert spec.build(10).__class__ is module.__class__
   auto = models.get_model("lenet5").build(10, conv_impl="auto")
-  assert auto.conv_impl == layers.resolve_conv_impl("auto")  # resolved
+  assert auto.layers.conv_impl == layers.resolve_conv_impl("auto")  # resolved
   assert models.get_model("lenet5").build(10) == auto  # "auto" by default
   resnet = models.get_model("resnet18").build(10, conv_impl="patches")
-  assert resnet.conv_impl == "patches"
+  assert resnet.layers.conv_impl == "patches"

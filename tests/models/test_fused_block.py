@@ -144,7 +144,8 @@ def test_convnet_fused_and_unfused_are_the_same_model(shape):
   # gradients, the input's included, in float64.
   with x64():
     x = jnp.asarray(np.random.default_rng(0).normal(size=shape))
-    ours, ref = (models.ConvNet(5, width=8, fuse_first_block=f)
+    ours, ref = (models.ConvNet(
+        5, width=8, layers=layers.LayerSet(fuse_first_block=f))
                  for f in (True, False))
     v = ours.init(jax.random.PRNGKey(1), x, train=False)
     v_ref = ref.init(jax.random.PRNGKey(1), x, train=False)

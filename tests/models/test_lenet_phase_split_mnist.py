@@ -5,12 +5,13 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_dd.models.layers import LayerSet
 from fedjax_dd.models.lenet import LeNet5
 from tests.conftest import shared_dataset
 
 
 def _train_and_test(phase_split: bool, seed: int, x, y, xt, yt) -> float:
-  module = LeNet5(phase_split=phase_split)
+  module = LeNet5(layers=LayerSet(phase_split=phase_split))
   params = module.init(jax.random.PRNGKey(seed), x[:2], train=True)
   opt = optax.sgd(0.05, momentum=0.9)
   state = opt.init(params)
