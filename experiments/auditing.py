@@ -2,8 +2,9 @@
 
 Glue between a config and :mod:`fedjax_dd.audit.workdir`: the attacker's
 holdout (:func:`attacker_data`), the audit of a FedD3 run's uploads
-(:func:`audit_fedd3`) or of a rounds run's global model
-(:func:`audit_federated`), written to ``WORKDIR/audit.json``, and the
+(:func:`audit_fedd3`), of a rounds run's global model
+(:func:`audit_federated`) or of an HFLDD run's member uploads and final
+model (:func:`audit_hfldd`), written to ``WORKDIR/audit.json``, and the
 headline for ``summary.json["audit"]`` (:func:`audit_run`). The runners
 import this module, and the command that audits a finished workdir
 (``python -m fedjax_dd.experiments.audit``) imports it and the runners,
@@ -119,7 +120,89 @@ def _finish(config, workdir, summary, size):
   return summary
 
 
-AUDITS = {"fedd3": audit_fedd3, "federated": audit_federated}
+def hfldd_uploads(sent, num_clients: int):
+  """HFLDD's member uploads (:class:`fedjax_dd.algorithms.hfldd.SentData`,
+  ``[M, S, ...]`` over senders, with a row mask) as FedD3's padded
+  :class:`~fedjax_dd.algorithms.fedd3.Uploads` over all ``num_clients``:
+  client ``i``'s rows are what it sent its head (its masked rows first),
+  heads and members that sent nothing get ``count`` 0, which the image
+  audits leave out. The sent target rows are label rows
+  (``learned_labels``), read as probability rows by the label leakage."""
+  from fedjax_dd.algorithms import fedd3 as fedd3_lib  # pylint: disable=g-import-not-at-top
+  x = np.asarray(sent.x)
+  y = np.asarray(sent.y, np.float32)
+  mask = np.asarray(sent.mask, bool)
+  ux = np.zeros((num_clients, *x.shape[1:]), x.dtype)
+  uy = np.zeros((num_clients, *y.shape[1:]), np.float32)
+  count = np.zeros((num_clients,), np.int32)
+  for j, c in enumerate(np.asarray(sent.senders, np.int64)):
+    rows = np.flatnonzero(mask[j])
+    ux[c, :rows.size] = x[j, rows]
+    uy[c, :rows.size] = y[j, rows]
+    count[c] = rows.size
+  return fedd3_lib.Uploads(x=ux, y_soft=uy, count=count,
+                           learned_labels=True, centered_labels=False)
+
+
+def audit_hfldd(config: ml_collections.ConfigDict, workdir: str, *,
+                prepared: common.Prepared | None = None, data=None,
+                stages=None, algorithm=None) -> dict[str, Any]:
+  """The audit of an HFLDD run, written to ``workdir/audit.json``: what
+  each member sent its head (the stage cache's ``sent_*``: image MIA in
+  pixels and random features, reconstruction, label leakage of the sent
+  target rows), and the heads' final global model (its checkpoint) against
+  every client's data (loss threshold).
+
+  ``prepared``, ``data`` (all clients' data), ``stages`` and ``algorithm``
+  (the heads' training) as ``run_hfldd.run`` built them; not given, they
+  are rebuilt from the config and the workdir's stage cache (the stages
+  are loaded, never computed).
+  """
+  from fedjax_dd.algorithms import hfldd as hfldd_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.algorithms import hfldd_stages  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core import fit as fit_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core.stage_cache import StageCache  # pylint: disable=g-import-not-at-top
+  if prepared is None or data is None:
+    prepared, data, _, _, _ = common.initialised_clients(config)
+  num_classes = prepared.dataset.num_classes
+  if stages is None:
+    def not_cached():
+      raise common.InputError(
+          f"{workdir} holds no HFLDD stages under this config; audit the "
+          "workdir of a finished HFLDD run.")
+    stages = hfldd_stages.stages_or_load(
+        StageCache.for_workdir(workdir),
+        common.fingerprint(config, "hfldd_stages"), not_cached, data=data,
+        num_classes=num_classes)
+  nonmembers, size = _nonmembers(config, prepared, data)
+  mapper = common.mapper(config)
+  fprs = tuple(config.audit.fprs)
+  summary = audit_lib.audit_image_uploads(
+      data, nonmembers, hfldd_uploads(stages.sent, data.num_clients),
+      num_classes=num_classes,
+      psnr_threshold=float(config.audit.psnr_threshold), fprs=fprs,
+      projection_key=_projection_key(config), mapper=mapper)
+  summary["kind"] = "hfldd"
+  summary["senders"] = np.asarray(stages.sent.senders).tolist()
+  if algorithm is None:
+    head_steps = common.local_steps(config, stages.hybrid.num_examples)
+    algorithm = hfldd_lib.head_training(common.local_training(
+        config, prepared.task, int(np.max(np.asarray(head_steps)))))
+  template = fit_lib.initial_state(algorithm, prepared.task,
+                                   stages.hybrid.num_clients,
+                                   seed=config.seed)
+  params, batch_stats, rounds = audit_lib.load_global_model(workdir,
+                                                            template)
+  model = audit_lib.audit_global_model(
+      prepared.task, params, batch_stats, data, nonmembers, fprs=fprs,
+      mapper=mapper)
+  summary["model_mia_loss"] = model["model_mia_loss"]
+  summary["rounds"] = rounds
+  return _finish(config, workdir, summary, size)
+
+
+AUDITS = {"fedd3": audit_fedd3, "federated": audit_federated,
+          "hfldd": audit_hfldd}
 """The audit of each runner of ``common.AUDIT_RUNNERS``."""
 
 

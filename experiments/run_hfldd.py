@@ -122,6 +122,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         "set --config.hfldd.allow_raw_upload=True")) from None
   # DP-KIP's epsilon at the rate of the client with the fewest examples.
   dp_fields = common.dp_kip_fields(config, data.num_examples)
+  audit = None
+  if "audit" in config and config.audit.enabled:
+    # The audit's glue (experiments/auditing.py): every client's data is
+    # kept for it (the members), and a holdout the test split
+    # cannot give is refused now, before the rounds.
+    from fedjax_dd.experiments import auditing as audit  # pylint: disable=g-import-not-at-top
+    audit.attacker_data(config, prepared)
+    audit_data = data
   data = None  # the heads train on stages.hybrid only
   num_classes = prepared.dataset.num_classes
   ledger0 = hfldd.setup_ledger(
@@ -147,6 +155,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         bytes_by_tag=summary["bytes_by_tag"],
         training_seconds=time.time() - t0, topology_figure_path=figure))
     summary.update(dp_fields)
+    if audit is not None:  # the members' uploads and the final model
+      summary["audit"] = audit.audit_run(
+          config, workdir, prepared=prepared, data=audit_data, stages=stages,
+          algorithm=algorithm)
     summary["config"] = config_dict
     return summary
 

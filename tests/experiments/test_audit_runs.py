@@ -130,6 +130,67 @@ def test_fedavg_global_model_audit_and_standalone(tmp_path):
   assert _read(w / "audit.json") == audit
 
 
+def test_hfldd_member_uploads_audit_standalone_and_in_the_run(tmp_path):
+  """HFLDD's audit: the uploads each member sent its head and the heads'
+  final model, from the command on a finished workdir, and the same file
+  from the runner's own audit (``run_hfldd.run`` with ``audit.enabled``;
+  the command line still refuses it, ``common.AUDIT_RUNNERS``)."""
+  w = tmp_path / "hfldd"
+  proc = _run(w, config="experiments/configs/hfldd.py:smoke")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  proc = _audit(w, "--holdout=200")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  audit = _read(w / "audit.json")
+  summary = _read(w / "summary.json")
+  assert audit["kind"] == "hfldd"
+  assert audit["holdout"] == {"source": "test split", "requested": 200,
+                              "size": 200}
+  # Members only: the heads send nothing, and every member sent its set.
+  assert audit["audited_clients"] == sorted(audit["senders"])
+  assert len(audit["senders"]) < audit["num_clients"]
+  assert all(m > 0 for m in audit["num_uploads"])
+  for group in ("image_mia_pixels", "image_mia_features"):
+    assert len(audit[group]["auc"]) == len(audit["senders"])
+    assert 0.0 <= audit[group]["auc_mean"] <= 1.0
+  assert 0.0 <= audit["label_leakage"]["tv_mean"] <= 1.0
+  assert "fraction_above_mean" in audit["reconstruction"]
+  # The final model against every client's data, heads included.
+  mia = audit["model_mia_loss"]
+  assert len(mia["auc"]) == audit["num_clients"]
+  assert 0.0 <= mia["auc_mean"] <= 1.0
+  assert audit["rounds"] == summary["rounds"]
+  os.rename(w / "audit.json", w / "standalone.json")
+  code = ("from fedjax_dd.experiments.configs import hfldd; "
+          "from fedjax_dd.experiments import run_hfldd; "
+          "c = hfldd.get_config('smoke'); c.audit.enabled = True; "
+          "c.audit.holdout = 200; c.run.progress = False; "
+          f"run_hfldd.run(c, {str(w)!r})")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT,
+                        capture_output=True, text=True, timeout=600,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  again = _read(w / "audit.json")
+  assert again == audit
+  assert _read(w / "summary.json")["audit"] == audit_lib.headline(again)
+
+
+def test_hfldd_uploads_are_each_senders_masked_rows():
+  from fedjax_dd.algorithms.hfldd import SentData  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import auditing  # pylint: disable=g-import-not-at-top
+  x = np.arange(2 * 3 * 2 * 2 * 1, dtype=np.uint8).reshape(2, 3, 2, 2, 1)
+  y = np.eye(3, dtype=np.float32)[np.array([[0, 1, 2], [2, 2, 0]])]
+  mask = np.array([[True, False, True], [False, True, False]])
+  sent = SentData(x=x, y=y, mask=mask, senders=np.array([3, 1]))
+  u = auditing.hfldd_uploads(sent, num_clients=4)
+  assert np.asarray(u.count).tolist() == [0, 1, 0, 2]
+  ux = np.asarray(u.x)
+  np.testing.assert_array_equal(ux[3, :2], x[0, [0, 2]])
+  np.testing.assert_array_equal(ux[1, :1], x[1, [1]])
+  assert not ux[0].any() and not ux[2].any()
+  np.testing.assert_array_equal(np.asarray(u.y_soft)[3, :2], y[0, [0, 2]])
+  assert u.learned_labels and not u.centered_labels
+
+
 def test_audit_settings_are_not_the_runs_identity():
   c = fedd3.get_config("smoke")
   before = common.fingerprint(c)
