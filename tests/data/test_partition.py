@@ -165,15 +165,24 @@ def test_hfldd_single_client_takes_whole_classes():
 # ---------------------------------------------------------------- balanced
 
 
+def _balanced_two_holders(num_clients, classes_per_client, seed):
+  """A balanced split of :data:`LABELS`: every sample placed, each client
+  with its ``classes_per_client`` classes, each class with two holders;
+  its ``[clients, classes]`` counts."""
+  parts = P.pathological(LABELS, num_clients, classes_per_client, _rng(seed),
+                         style="balanced")
+  _covers_all(parts, 20)
+  counts = P.class_counts(LABELS, parts, 4)
+  assert np.all((counts > 0).sum(axis=1) == classes_per_client)
+  np.testing.assert_array_equal((counts > 0).sum(axis=0), [2, 2, 2, 2])
+  return counts
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_balanced_c1_two_clients_per_class_with_equal_shares(seed):
   # 8 clients x 1 class over 4 classes: each class (5 samples) goes to
   # exactly 2 clients, cut 3 + 2.
-  parts = P.pathological(LABELS, 8, 1, _rng(seed), style="balanced")
-  _covers_all(parts, 20)
-  counts = P.class_counts(LABELS, parts, 4)
-  assert np.all((counts > 0).sum(axis=1) == 1)
-  np.testing.assert_array_equal((counts > 0).sum(axis=0), [2, 2, 2, 2])
+  counts = _balanced_two_holders(8, 1, seed)
   for c in range(4):
     assert sorted(counts[:, c][counts[:, c] > 0].tolist()) == [2, 3]
 
@@ -181,11 +190,7 @@ def test_balanced_c1_two_clients_per_class_with_equal_shares(seed):
 @pytest.mark.parametrize("seed", range(10))
 def test_balanced_c2_distinct_classes_and_equal_holders(seed):
   # 4 clients x 2 classes over 4 classes: 8 slots, 2 holders per class.
-  parts = P.pathological(LABELS, 4, 2, _rng(seed), style="balanced")
-  _covers_all(parts, 20)
-  counts = P.class_counts(LABELS, parts, 4)
-  assert np.all((counts > 0).sum(axis=1) == 2)
-  np.testing.assert_array_equal((counts > 0).sum(axis=0), [2, 2, 2, 2])
+  _balanced_two_holders(4, 2, seed)
 
 
 def test_balanced_hfldd_mnist_shape_ten_clients_per_class():

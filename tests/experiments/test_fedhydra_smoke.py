@@ -162,12 +162,18 @@ def _check_hetero(config, summary, workdir):
   assert os.path.isdir(os.path.join(workdir, "r1", "clients"))
 
 
-@pytest.mark.slow
-def test_dense_hetero_smoke(tmp_path):
-  config = dense_config.get_config("smoke_hetero")
-  workdir = str(tmp_path / "de")
+def _hetero_run(config_module, workdir):
+  """``config_module``'s ``smoke_hetero`` run, checked by
+  :func:`_check_hetero`: ``(config, summary)``."""
+  config = config_module.get_config("smoke_hetero")
   summary = run_fedhydra.run(config, workdir)
   _check_hetero(config, summary, workdir)
+  return config, summary
+
+
+@pytest.mark.slow
+def test_dense_hetero_smoke(tmp_path):
+  _, summary = _hetero_run(dense_config, str(tmp_path / "de"))
   assert "U" not in summary
 
 
@@ -189,10 +195,8 @@ def test_hetero_refusals(tmp_path):
 
 @pytest.mark.slow
 def test_fedhydra_hetero_smoke_then_resume(tmp_path):
-  config = fedhydra_config.get_config("smoke_hetero")
   workdir = str(tmp_path / "fh")
-  summary = run_fedhydra.run(config, workdir)
-  _check_hetero(config, summary, workdir)
+  config, summary = _hetero_run(fedhydra_config, workdir)
   c, m = 10, config.data.num_clients
   for k in ("U", "U_r", "U_c"):
     assert np.asarray(summary[k]).shape == (c, m), k

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fedjax_dd.experiments import registry
+from fedjax_dd.experiments.configs import fedftg
 from tests.conftest import REPO_ROOT
 
 def _hparams(name, fields, checked, condition, want):
@@ -188,6 +189,20 @@ def _cli(toys, name, workdir, *flags):
       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
+def _cli_run(toys, name, workdir):
+  """The toy's ``:smoke`` run from the command line: its summary."""
+  proc = _cli(toys, name, workdir)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return _summary(workdir)
+
+
+def _refused_on_resume(toys, name, workdir, key, value):
+  """The toy resumed on ``workdir`` with ``--config.KEY=VALUE``: refused
+  before anything runs, naming the key."""
+  again = _cli(toys, name, workdir, f"--config.{key}={value}")
+  assert again.returncode != 0 and key in again.stderr
+
+
 def _config(name):
   return __import__(name).get_config("smoke")
 
@@ -213,9 +228,7 @@ def test_a_method_declares_its_group_and_runner(toys):
 
 def test_the_rounds_toy_runs_from_the_command_line_and_python(toys):
   workdir = toys / "cli"
-  proc = _cli(toys, "fedavgm", workdir)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  cli = _summary(workdir)
+  cli = _cli_run(toys, "fedavgm", workdir)
   rows = [json.loads(line) for line in
           (workdir / "metrics.jsonl").read_text().splitlines()]
   assert cli["method"] == "fedavgm" and [r["round"] for r in rows] == [1, 2]
@@ -231,9 +244,7 @@ def test_the_rounds_toy_runs_from_the_command_line_and_python(toys):
   fedavg = registry.run(c, str(toys / "fedavg"))
   assert plain["final_test_accuracy"] == fedavg["final_test_accuracy"]
   # Resumed with another momentum: refused before a round runs.
-  again = _cli(toys, "fedavgm", workdir, "--config.fedavgm.momentum=0.5")
-  assert again.returncode != 0
-  assert "fedavgm.momentum" in again.stderr
+  _refused_on_resume(toys, "fedavgm", workdir, "fedavgm.momentum", 0.5)
 
 
 @pytest.mark.parametrize("name, flag, message", [
@@ -262,24 +273,19 @@ def test_a_group_key_that_is_not_a_field_is_refused(toys):
 
 def test_the_server_toy_runs_from_the_command_line_and_python(toys):
   workdir = toys / "mix"
-  proc = _cli(toys, "toy_mix", workdir)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  cli = _summary(workdir)
+  cli = _cli_run(toys, "toy_mix", workdir)
   # mix = 1 is one-shot FedAvg of the same clients, which the runner reports.
   assert cli["final_test_accuracy"] == cli["os_fedavg_test_accuracy"]
   c = _config("toy_mix")
   c.toy_mix.mix = 0.0  # the start itself
   py = registry.run_recorded(c, str(toys / "mix_py"))
   assert py["final_test_accuracy"] != cli["final_test_accuracy"]
-  again = _cli(toys, "toy_mix", workdir, "--config.toy_mix.mix=0.5")
-  assert again.returncode != 0 and "toy_mix.mix" in again.stderr
+  _refused_on_resume(toys, "toy_mix", workdir, "toy_mix.mix", 0.5)
 
 
 def test_the_pipeline_toy_runs_from_the_command_line_and_python(toys):
   workdir = toys / "prior"
-  proc = _cli(toys, "toy_prior", workdir)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  cli = _summary(workdir)
+  cli = _cli_run(toys, "toy_prior", workdir)
   c = _config("toy_prior")
   py = registry.run(c, str(toys / "prior_py"))
   assert py["final_test_accuracy"] == cli["final_test_accuracy"]
@@ -291,9 +297,7 @@ def test_the_pipeline_toy_runs_from_the_command_line_and_python(toys):
   assert py["guess"] == guess
   assert py["final_test_accuracy"] == pytest.approx(
       float(np.mean(ds.y_test == guess)))
-  again = _cli(toys, "toy_prior", workdir,
-               "--config.toy_prior.smoothing=2.0")
-  assert again.returncode != 0 and "toy_prior.smoothing" in again.stderr
+  _refused_on_resume(toys, "toy_prior", workdir, "toy_prior.smoothing", 2.0)
 
 
 def test_a_built_in_method_cannot_be_replaced(toys):
@@ -379,8 +383,6 @@ def test_the_experiments_modules_import_without_a_cycle():
 
 
 def test_a_method_check_runs_before_the_data_loads():
-  # pylint: disable-next=g-import-not-at-top
-  from fedjax_dd.experiments.configs import fedftg
   c = fedftg.get_config("smoke")
   registry.check_method(c)
   c.iga.enabled = False
