@@ -57,6 +57,42 @@ def evaluated_options(task, data, *, clients_per_round: int,
   return evaluate, options
 
 
+def stale_row_resume(tmp_path, alg, state0, data, num_steps, *, evaluate,
+                     clients_per_round, rounds: int, killed_after: int):
+  """A run of ``rounds`` rounds, checkpointed every round, and the same run
+  killed after round ``killed_after`` with a row of the next round written
+  but never checkpointed, then resumed to ``rounds``.
+
+  Returns:
+    ``(full, full_ledger, resumed, full_rows, resumed_rows)``: the final
+    states and rows of both runs and the uninterrupted run's ledger.
+  """
+  opts = dict(clients_per_round=clients_per_round, progress=False,
+              checkpoint_every=1)
+  w_full = MetricsWriter(tmp_path / "full" / "metrics.jsonl")
+  full, full_ledger, _ = rounds_lib.run_rounds(
+      alg, state0, data, num_steps,
+      rounds_lib.RoundsOptions(num_rounds=rounds, **opts), evaluate=evaluate,
+      writer=w_full, store=CheckpointStore(tmp_path / "full" / "ckpt"))
+  part_dir = tmp_path / "part"
+  w_part = MetricsWriter(part_dir / "metrics.jsonl")
+  store = CheckpointStore(part_dir / "ckpt", save_every=killed_after)
+  rounds_lib.run_rounds(alg, state0, data, num_steps,
+                        rounds_lib.RoundsOptions(num_rounds=killed_after,
+                                                 **opts),
+                        evaluate=evaluate, writer=w_part, store=store)
+  w_part.write({"round": killed_after + 1, "test_accuracy": -1.0})  # stale
+  store.close()
+  store = CheckpointStore(part_dir / "ckpt")
+  restored, ledger = rounds_lib.resume(store, state0, w_part)
+  assert int(restored.round) == killed_after
+  resumed, _, _ = rounds_lib.run_rounds(
+      alg, restored, data, num_steps,
+      rounds_lib.RoundsOptions(num_rounds=rounds, **opts), evaluate=evaluate,
+      ledger=ledger, writer=w_part, store=store)
+  return full, full_ledger, resumed, w_full.rows(), w_part.rows()
+
+
 def assert_same_run(full, resumed) -> None:
   """Every row, state leaf and ledger entry of ``resumed`` equals ``full``'s."""
   assert resumed.rows == full.rows

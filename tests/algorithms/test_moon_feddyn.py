@@ -19,16 +19,15 @@ from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import prepare as prepare_lib
 from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
-from fedjax_dd.core.checkpoint import CheckpointStore
 from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.keys import client_keys
 from fedjax_dd.core.local import (LocalTraining, RoundContext, make_local_update,
                                   round_decay, steps_for)
-from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import sources
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.models.projection import ProjectionNet
+from tests.algorithms import kill_resume
 from tests.conftest import (TinyBNNet, TinyNet, rounds_compile_nothing,
                             synthetic_clients, tiny_task)
 
@@ -348,34 +347,12 @@ def test_no_recompilation_between_rounds(caplog, name):
 @pytest.mark.parametrize("name,bn", [("moon", True), ("feddyn", False)])
 def test_resume_is_bit_identical(tmp_path, name, bn):
   alg, state0, data, num_steps, evaluate = _setup(name, bn=bn, lr_decay=0.9)
-  opts = dict(clients_per_round=2, progress=False, checkpoint_every=1)
-
-  w_full = MetricsWriter(tmp_path / "full" / "metrics.jsonl")
-  full, full_ledger, _ = rounds_lib.run_rounds(
-      alg, state0, data, num_steps,
-      rounds_lib.RoundsOptions(num_rounds=4, **opts), evaluate=evaluate,
-      writer=w_full, store=CheckpointStore(tmp_path / "full" / "ckpt"))
-
   # Killed after round 2: a row of round 3 was written, never checkpointed.
-  part_dir = tmp_path / "part"
-  w_part = MetricsWriter(part_dir / "metrics.jsonl")
-  store = CheckpointStore(part_dir / "ckpt", save_every=2)
-  rounds_lib.run_rounds(alg, state0, data, num_steps,
-                        rounds_lib.RoundsOptions(num_rounds=2, **opts),
-                        evaluate=evaluate, writer=w_part, store=store)
-  w_part.write({"round": 3, "test_accuracy": -1.0})  # a stale row
-  store.close()
-
-  store = CheckpointStore(part_dir / "ckpt")
-  restored, ledger = rounds_lib.resume(store, state0, w_part)
-  assert int(restored.round) == 2
-  resumed, _, _ = rounds_lib.run_rounds(
-      alg, restored, data, num_steps,
-      rounds_lib.RoundsOptions(num_rounds=4, **opts), evaluate=evaluate,
-      ledger=ledger, writer=w_part, store=store)
-
-  assert w_part.rows() == w_full.rows()
-  assert len(w_full.rows()) == 4
+  full, full_ledger, resumed, full_rows, rows = kill_resume.stale_row_resume(
+      tmp_path, alg, state0, data, num_steps, evaluate=evaluate,
+      clients_per_round=2, rounds=4, killed_after=2)
+  assert rows == full_rows
+  assert len(full_rows) == 4
   # One model each way per sampled client (the first download is the seed).
   n_bits = ledger_lib.num_params(state0.server.params) * 32
   totals = full_ledger.cumulative()

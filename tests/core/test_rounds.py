@@ -21,6 +21,7 @@ from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.local import LocalTraining, steps_for
 from fedjax_dd.core.metrics import MetricsWriter
 from fedjax_dd.data.stacked import ClientData
+from tests.algorithms import kill_resume
 from tests.conftest import rounds_compile_nothing, synthetic_clients, tiny_task
 
 
@@ -118,34 +119,12 @@ def test_scaffold_ledger_counts_two_models_up():
     ("scaffold", cohorts.BernoulliCohort(0.5))])
 def test_resume_is_bit_identical(tmp_path, algorithm_name, cohort):
   alg, state0, data, num_steps, evaluate = _setup(algorithm_name)
-  opts = dict(clients_per_round=cohort, progress=False, checkpoint_every=1)
-
-  # Uninterrupted run of 5 rounds.
-  w_full = MetricsWriter(tmp_path / "full" / "metrics.jsonl")
-  full, _, _ = rounds_lib.run_rounds(
-      alg, state0, data, num_steps,
-      rounds_lib.RoundsOptions(num_rounds=5, **opts), evaluate=evaluate,
-      writer=w_full, store=CheckpointStore(tmp_path / "full" / "ckpt"))
-
-  # Killed after round 3: rows of round 4 were written but never checkpointed.
-  part_dir = tmp_path / "part"
-  w_part = MetricsWriter(part_dir / "metrics.jsonl")
-  store = CheckpointStore(part_dir / "ckpt", save_every=3)
-  rounds_lib.run_rounds(alg, state0, data, num_steps,
-                        rounds_lib.RoundsOptions(num_rounds=3, **opts),
-                        evaluate=evaluate, writer=w_part, store=store)
-  w_part.write({"round": 4, "test_accuracy": -1.0})  # a stale row
-  store.close()
-
-  store = CheckpointStore(part_dir / "ckpt")
-  restored, ledger = rounds_lib.resume(store, state0, w_part)
-  assert int(restored.round) == 3
-  resumed, _, _ = rounds_lib.run_rounds(
-      alg, restored, data, num_steps,
-      rounds_lib.RoundsOptions(num_rounds=5, **opts), evaluate=evaluate,
-      ledger=ledger, writer=w_part, store=store)
-
-  assert w_part.rows() == w_full.rows()
+  # Against 5 uninterrupted rounds, killed after round 3: rows of round 4
+  # were written but never checkpointed.
+  full, _, resumed, full_rows, rows = kill_resume.stale_row_resume(
+      tmp_path, alg, state0, data, num_steps, evaluate=evaluate,
+      clients_per_round=cohort, rounds=5, killed_after=3)
+  assert rows == full_rows
   for a, b in zip(jax.tree_util.tree_leaves(full),
                   jax.tree_util.tree_leaves(resumed)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
