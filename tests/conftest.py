@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 # The suite runs in two worker processes (pyproject.toml): on a GPU each
@@ -86,6 +87,17 @@ def tiny_task(bn: bool = False, input_shape=(4, 4, 1)) -> Classifier:
   return Classifier(module=module, input_shape=tuple(input_shape),
                     preprocess=lambda x: x.astype(jnp.float32) / 255.0,
                     num_classes=3)
+
+
+def tracing_task(traces: list) -> Classifier:
+  """:func:`tiny_task` whose preprocessing appends to ``traces`` each time
+  it is traced: a test of recompilation counts ``len(traces)``."""
+
+  def preprocess(x):
+    traces.append(1)
+    return x.astype(jnp.float32) / 255.0
+
+  return dataclasses.replace(tiny_task(), preprocess=preprocess)
 
 
 def synthetic_clients(num_clients=4, sizes=(5, 9, 12, 7), n_max=12, seed=0):

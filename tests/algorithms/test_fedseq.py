@@ -1,6 +1,5 @@
 """FedSeq: ring training inside superclients, FedAvg across them, Eq. 19."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,7 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.local import LocalTraining, make_local_update
 from fedjax_dd.data.stacked import ClientData
-from tests.conftest import synthetic_clients, tiny_task
+from tests.conftest import synthetic_clients, tiny_task, tracing_task
 
 LR, B, MAX = 0.1, 4, 3
 
@@ -156,14 +155,7 @@ def test_ledger_counts_eq19_or_physical_handoffs(traffic, transfers):
 
 def test_eq19_ledger_and_no_recompilation():
   traces = []
-  task = tiny_task()
-  base_pre = task.preprocess
-
-  def preprocess(x):
-    traces.append(1)
-    return base_pre(x)
-
-  task = dataclasses.replace(task, preprocess=preprocess)
+  task = tracing_task(traces)
   alg, state, g, steps, opts, params, _ = _ring_state(task, 1, 3)
   marks = []
   state, ledger, rows = rounds_lib.run_rounds(

@@ -17,13 +17,12 @@ from fedjax_dd.core import rounds as rounds_lib
 from fedjax_dd.core.algorithm import Cohort, ExperimentState
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import LocalTraining, steps_for
-from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
 from fedjax_dd.kernels.native import fc_kernel
 from fedjax_dd.utils import figures
 from fedjax_dd.utils import reporting
-from tests.conftest import TinyNet, synthetic_clients, tiny_task
+from tests.conftest import synthetic_clients, tiny_task, tracing_task
 
 # Clients 0..4 (sizes 5, 9, 12, 7, 6); heterogeneous clusters {0,1,2} with
 # head 1 and {3,4} with head 4.
@@ -297,13 +296,7 @@ def test_head_training_on_one_hot_targets_equals_fedavg_on_labels():
 
 def test_eq18_ledger_through_the_rounds_loop_and_no_recompilation():
   traces = []
-
-  def preprocess(x):
-    traces.append(1)
-    return x.astype(jnp.float32) / 255.0
-
-  task = Classifier(module=TinyNet(), input_shape=(4, 4, 1),
-                    preprocess=preprocess, num_classes=3)
+  task = tracing_task(traces)
   data = _data()
   sent = _sent_stub()
   hyb = hfldd.build_hybrid_data(data, TOPO, sent, num_classes=3)

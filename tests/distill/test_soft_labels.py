@@ -12,10 +12,9 @@ import pytest
 from fedjax_dd.core.keys import client_keys
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import LocalTraining, make_local_update
-from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import soft_labels
-from tests.conftest import TinyNet, synthetic_clients, tiny_task
+from tests.conftest import synthetic_clients, tiny_task, tracing_task
 
 
 def _kl_reference(s, eps):
@@ -82,13 +81,7 @@ def test_pretrain_clients_is_one_batched_program_matching_per_client_runs():
 
 def test_soft_labeler_shapes_values_and_no_recompilation():
   traces = []
-
-  def preprocess(x):
-    traces.append(1)
-    return x.astype(jnp.float32) / 255.0
-
-  task = Classifier(module=TinyNet(), input_shape=(4, 4, 1),
-                    preprocess=preprocess, num_classes=3)
+  task = tracing_task(traces)
   keys = jax.random.split(jax.random.PRNGKey(0), 3)
   params = jax.vmap(lambda k: task.init(k)[0])(keys)
   aux = np.random.default_rng(0).integers(0, 255, (7, 4, 4, 1)).astype(np.uint8)
