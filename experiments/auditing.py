@@ -203,7 +203,8 @@ def audit_hfldd(config: ml_collections.ConfigDict, workdir: str, *,
 
 AUDITS = {"fedd3": audit_fedd3, "federated": audit_federated,
           "hfldd": audit_hfldd}
-"""The audit of each runner of ``common.AUDIT_RUNNERS``."""
+"""The audit of each runner: ``--config.audit.enabled`` is refused on the
+others (``common.check_audit``)."""
 
 
 def audit_run(config: ml_collections.ConfigDict, workdir: str,

@@ -740,15 +740,11 @@ def check_personal(config: ml_collections.ConfigDict) -> None:
         "--config.eval.personal.")
 
 
-# The runners whose runs --config.audit.enabled audits
-# (experiments/auditing.py).
-AUDIT_RUNNERS = ("federated", "fedd3")
-
-
 def check_audit(config: ml_collections.ConfigDict) -> None:
   """``audit.*``: the settings
   (:func:`fedjax_dd.audit.workdir.check_settings`) and, with
-  ``audit.enabled``, a runner of :data:`AUDIT_RUNNERS`; an
+  ``audit.enabled``, a runner with an audit
+  (:data:`fedjax_dd.experiments.auditing.AUDITS`); an
   ``audit.holdout`` above the test split is refused once it is loaded.
 
   Raises:
@@ -761,11 +757,15 @@ def check_audit(config: ml_collections.ConfigDict) -> None:
   audit_lib.check_settings(a.holdout, a.psnr_threshold, a.fprs,
                            prefix="config.audit.", fix="set --{name}")
   runner = _lookup(config, "runner")
-  if a.enabled and runner not in AUDIT_RUNNERS:
+  if not a.enabled:
+    return
+  from fedjax_dd.experiments import auditing  # pylint: disable=g-import-not-at-top
+  if runner not in auditing.AUDITS:
     raise ValueError(
         f"config.audit.enabled=True: runner {runner!r} has no audit yet "
-        f"(runners {', '.join(AUDIT_RUNNERS)}: FedD3's uploads, a rounds "
-        "run's global model); drop --config.audit.enabled.")
+        f"(runners {', '.join(auditing.AUDITS)}: FedD3's uploads, HFLDD's "
+        "members' uploads, a rounds run's global model); drop "
+        "--config.audit.enabled.")
 
 
 def check_dp(config: ml_collections.ConfigDict) -> None:

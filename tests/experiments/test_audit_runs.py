@@ -16,7 +16,7 @@ from fedjax_dd.audit import workdir as audit_lib
 from fedjax_dd.core import checks
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.experiments import common
-from fedjax_dd.experiments.configs import fedavg, fedd3, hfldd
+from fedjax_dd.experiments.configs import fedavg, fedd3, fedhydra, hfldd
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -133,8 +133,7 @@ def test_fedavg_global_model_audit_and_standalone(tmp_path):
 def test_hfldd_member_uploads_audit_standalone_and_in_the_run(tmp_path):
   """HFLDD's audit: the uploads each member sent its head and the heads'
   final model, from the command on a finished workdir, and the same file
-  from the runner's own audit (``run_hfldd.run`` with ``audit.enabled``;
-  the command line still refuses it, ``common.AUDIT_RUNNERS``)."""
+  from the runner's own audit (``run_hfldd.run`` with ``audit.enabled``)."""
   w = tmp_path / "hfldd"
   proc = _run(w, config="experiments/configs/hfldd.py:smoke")
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -220,12 +219,16 @@ def test_bad_audit_settings_refused_before_the_data_loads(key, value,
 
 
 def test_audit_of_a_runner_without_one_is_refused():
-  c = hfldd.get_config("smoke")
+  c = fedhydra.get_config("smoke")
   c.audit.enabled = True
   with pytest.raises(ValueError, match=r"^config.audit.enabled=True: runner "
-                     r"'hfldd' has no audit yet"):
+                     r"'fedhydra' has no audit yet \(runners fedd3, "
+                     r"federated, hfldd"):
     common.validate(c)
   c.audit.enabled = False
+  common.validate(c)
+  c = hfldd.get_config("smoke")
+  c.audit.enabled = True
   common.validate(c)
   fedavg.get_config("smoke").audit.enabled = True  # the group is everywhere
 
