@@ -17,8 +17,15 @@ The default sweep is issue 80's: five seeds of
 accelerator's measurement). ``--quick`` is two seeds of ``fedavg.py:smoke``
 (digits, 2 rounds), to check the script on a CPU.
 
-Writes a JSON report: each side's wall seconds and command, the ratio
-``sequential / run_axis``, each side's final test accuracy per seed from
+Both sides run with ``--config.run.max_wall_seconds=0``: a preset's time
+budget (``fmnist_dir0.01`` has 1,800 s) would otherwise stop the slower
+side early on a loaded machine and time fewer rounds; a side whose runs
+did not finish every round is an error, not a measurement.
+
+Writes a JSON report: each side's wall seconds, CPU seconds (user + system
+of the side's processes, which a machine shared with other jobs inflates
+less than wall time) and command, the ratios ``sequential / run_axis`` of
+both, each side's final test accuracy per seed from
 its ``sweep.json`` and the largest difference between the two (the run
 axis rounds differently from per-client programs in the last bits, see
 ``tests/core/test_run_axis.py``), and the environment
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -51,19 +59,38 @@ def command(config: str, seeds: str, rounds: int, workdir: str, *,
   cmd = [sys.executable, "-m", "fedjax_dd.experiments.main",
          f"--config={config}", f"--workdir={workdir}", f"--seeds={seeds}",
          f"--config.rounds={rounds}", "--config.run.progress=False",
-         *extra]
+         "--config.run.max_wall_seconds=0", *extra]
   if run_axis:
     cmd.append("--config.engine.run_axis=True")
   return cmd
 
 
-def finals(workdir: str) -> dict[int, float]:
-  """``{seed: final test accuracy}`` from a sweep's ``sweep.json``."""
+def finals(workdir: str, rounds: int | None = None) -> dict[int, float]:
+  """``{seed: final test accuracy}`` from a sweep's ``sweep.json``.
+
+  Raises:
+    RuntimeError: with ``rounds``, a seed's run finished fewer rounds.
+  """
   with open(os.path.join(workdir, "sweep.json")) as f:
     report = json.load(f)
   (table,) = report["tables"]
+  if rounds is not None:
+    for run in table["runs"]:
+      with open(os.path.join(workdir, f"seed_{int(run['seed'])}",
+                             "summary.json")) as f:
+        done = int(json.load(f)["rounds"])
+      if done < rounds:
+        raise RuntimeError(f"{workdir}: seed {run['seed']} finished {done} "
+                           f"of {rounds} rounds; not a measurement.")
   return {int(run["seed"]): float(run["final_test_accuracy"])
           for run in table["runs"]}
+
+
+def _children_cpu_seconds() -> float:
+  """User + system seconds of this process' finished children (and theirs:
+  a sweep's per-seed processes)."""
+  usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return usage.ru_utime + usage.ru_stime
 
 
 def measure(config: str, seeds: str, rounds: int, workdir: str, *,
@@ -73,16 +100,21 @@ def measure(config: str, seeds: str, rounds: int, workdir: str, *,
   for side, run_axis in (("run_axis", True), ("sequential", False)):
     d = os.path.join(workdir, side)
     cmd = command(config, seeds, rounds, d, run_axis=run_axis, extra=extra)
+    cpu = _children_cpu_seconds()
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True,
                           check=False)
     seconds = time.perf_counter() - start
+    cpu = _children_cpu_seconds() - cpu
     if proc.returncode:
       raise RuntimeError(f"{side} failed (exit {proc.returncode}): "
                          f"{proc.stderr.strip()[-2000:]}")
-    out[side] = {"seconds": seconds, "command": " ".join(cmd[1:]),
-                 "final_test_accuracy": finals(d)}
+    out[side] = {"seconds": seconds, "cpu_seconds": cpu,
+                 "command": " ".join(cmd[1:]),
+                 "final_test_accuracy": finals(d, rounds)}
   out["speedup"] = out["sequential"]["seconds"] / out["run_axis"]["seconds"]
+  out["cpu_speedup"] = (out["sequential"]["cpu_seconds"]
+                        / out["run_axis"]["cpu_seconds"])
   a = out["run_axis"]["final_test_accuracy"]
   b = out["sequential"]["final_test_accuracy"]
   out["max_final_accuracy_difference"] = max(abs(a[s] - b[s]) for s in a)

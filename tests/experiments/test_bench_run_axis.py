@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from fedjax_dd.experiments.bench import bench_run_axis
 
 
@@ -12,10 +14,24 @@ def test_quick_mode_reports_both_sides(tmp_path):
   assert json.loads(out.read_text())["seeds"] == "0,1"
   for side in ("run_axis", "sequential"):
     assert report[side]["seconds"] > 0
+    assert report[side]["cpu_seconds"] > 0
+    # A preset's time budget cannot cut a side short.
+    assert "--config.run.max_wall_seconds=0" in report[side]["command"]
     assert sorted(report[side]["final_test_accuracy"]) == [0, 1]
   assert "--config.engine.run_axis=True" in report["run_axis"]["command"]
   assert "run_axis" not in report["sequential"]["command"]
-  assert report["speedup"] > 0
+  assert report["speedup"] > 0 and report["cpu_speedup"] > 0
   # The same runs: final accuracies agree up to the batched rounding.
   assert report["max_final_accuracy_difference"] <= 0.01
   assert report["environment"]["platform"]
+
+
+def test_a_side_cut_short_is_not_a_measurement(tmp_path):
+  d = tmp_path / "side"
+  (d / "seed_0").mkdir(parents=True)
+  (d / "sweep.json").write_text(json.dumps({"tables": [{"runs": [
+      {"seed": 0, "final_test_accuracy": 0.5}]}]}))
+  (d / "seed_0" / "summary.json").write_text(json.dumps({"rounds": 25}))
+  assert bench_run_axis.finals(str(d)) == {0: 0.5}
+  with pytest.raises(RuntimeError, match="finished 25 of 30 rounds"):
+    bench_run_axis.finals(str(d), 30)
