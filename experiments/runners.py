@@ -49,6 +49,7 @@ from fedjax_dd.experiments import common
 from fedjax_dd.experiments import registry
 from fedjax_dd.experiments import sections
 from fedjax_dd.models.cgenerator import CGeneratorA
+from fedjax_dd.models.layers import LayerSet
 from fedjax_dd import versions
 
 def _iga(config, task: Classifier, *, feddf: bool = False):
@@ -62,9 +63,10 @@ def _iga(config, task: Classifier, *, feddf: bool = False):
     hparams = feddf_hparams(hparams)
   generator = CGeneratorA(out_shape=tuple(task.input_shape), nz=i.nz,
                           ngf=i.ngf, num_classes=task.num_classes,
-                          conv_impl=common.conv_impl(config,
-                                                    CGeneratorA.__name__),
-                          dtype=jnp.dtype(common.compute_dtype(config)))
+                          layers=LayerSet.from_policy(
+                              common.conv_impl(config, CGeneratorA.__name__),
+                              common.compute_dtype(config),
+                              model=CGeneratorA.__name__))
   n = config.data.num_clients
   return make_iga(task, generator,
                   num_teachers_max=common.cohort(config, n).size_bound(n),

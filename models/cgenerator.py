@@ -7,8 +7,7 @@ conditioned on the label ``y``. This is our Flax version of the architecture in
 FedFTG's released code (``models/gan_models.py``, class ``CGeneratorA``).
 """
 
-import dataclasses
-from typing import Any, Optional
+from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -79,9 +78,6 @@ class CGeneratorA(nn.Module):
       convolution form is ``fedjax_dd.policy.conv_form`` for
       ``"CGeneratorA"`` (``lax`` on every platform). Same parameters in
       every set; the images it returns are float32 whatever its ``dtype``.
-    conv_impl: Deprecated: the layer set's ``conv_impl``, for callers that
-      still pass it; None: ``layers``'.
-    dtype: Deprecated: the layer set's ``dtype``; None: ``layers``'.
   """
 
   out_shape: tuple = (32, 32, 3)
@@ -92,8 +88,6 @@ class CGeneratorA(nn.Module):
   output_space: str = "normalised"
   conv_bias: bool = True
   layers: LayerSet = LayerSet()
-  conv_impl: str | None = None
-  dtype: Any = None
 
   @nn.compact
   def __call__(self, z: jnp.ndarray, y: Optional[jnp.ndarray] = None,
@@ -131,12 +125,7 @@ class CGeneratorA(nn.Module):
     if y.shape != (z.shape[0],):
       raise ValueError(f"y must have shape [{z.shape[0]}], got {y.shape}.")
 
-    ls = self.layers
-    if self.conv_impl is not None:
-      ls = dataclasses.replace(ls, conv_impl=self.conv_impl)
-    if self.dtype is not None:
-      ls = dataclasses.replace(ls, dtype=self.dtype)
-    ls = ls.for_model(CGeneratorA.__name__)
+    ls = self.layers.for_model(CGeneratorA.__name__)
     b, h0, w0 = z.shape[0], h // 4, w // 4
     noise = ls.dense(h0 * w0 * self.ngf, name="noise_fc")(z)
     onehot = jax.nn.one_hot(y, self.num_classes, dtype=z.dtype)

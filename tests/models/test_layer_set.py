@@ -227,7 +227,7 @@ def test_a_run_records_the_set_as_forms_not_as_its_definition():
   assert definition.forms_of(proj)["task.dtype"] == "bfloat16"
 
 
-def test_cgenerator_still_takes_the_deprecated_fields(monkeypatch):
+def test_cgenerator_builds_its_convolutions_through_its_set(monkeypatch):
   seen = []
   conv = layers.conv
 
@@ -238,6 +238,7 @@ def test_cgenerator_still_takes_the_deprecated_fields(monkeypatch):
   monkeypatch.setattr(layers, "conv", recording)
   z, y = jnp.zeros((2, 4)), jnp.array([0, 1])
   gen = CGeneratorA(out_shape=(8, 8, 1), nz=4, ngf=2, num_classes=2,
-                    conv_impl="patches", dtype=jnp.bfloat16)
+                    layers=layers.LayerSet(conv_impl="patches",
+                                           dtype=jnp.bfloat16))
   gen.init(jax.random.PRNGKey(0), z, y, train=False)
   assert seen == [("patches", jnp.bfloat16)] * 3
