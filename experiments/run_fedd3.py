@@ -16,7 +16,9 @@ run does not distill again; ``config.fedd3.distilled_from`` names another
 run's workdir to train on its set instead (server-side variants reuse one
 distillation). Either is used only if its fingerprint
 (:func:`distill_fingerprint`) matches; else it is refused, naming the
-differing fields.
+differing fields. While the clients run KIP, its state is saved after each
+segment (stage ``"distilled_kip"``, same fingerprint), so a run stopped there
+continues from its last segment; it is removed once the set is cached.
 
 The one-shot method is :func:`fedjax_dd.algorithms.fedd3.fedd3` on
 :func:`fedjax_dd.core.server.run_server_rounds` (one round of ``rounds``
@@ -61,12 +63,18 @@ def _distill_or_load(config, workdir, prepared, data):
   """:func:`fedjax_dd.algorithms.fedd3_stages.distill_or_load` of the config."""
   source = config.fedd3.distilled_from
   key = keys.stage_key(keys.model_root(config.seed), keys.FEDD3_DISTILL)
+  cache, fingerprint = StageCache.for_workdir(workdir), distill_fingerprint(
+      config)
+  # KIP's state after each segment: a run stopped while the clients distil
+  # continues from its last segment (removed once the set is cached).
+  in_progress = None if source else fedd3_stages.kip_checkpoint(cache,
+                                                                fingerprint)
   try:
     return fedd3_stages.distill_or_load(
         lambda: stage_builders.distiller(
-            config, prepared, prepared.dataset.num_classes)(key, data),
-        cache=StageCache.for_workdir(workdir),
-        fingerprint=distill_fingerprint(config),
+            config, prepared, prepared.dataset.num_classes,
+            in_progress)(key, data),
+        cache=cache, fingerprint=fingerprint, in_progress=in_progress,
         source=StageCache.for_workdir(source) if source else None,
         source_name=f"fedd3.distilled_from: {source!r}",
         diverged_advice=f"Lower --config.kip.lr (now {config.kip.lr:g}).",

@@ -24,7 +24,10 @@ Stages 1-3 are deterministic given the seeds and are cached as the stage
 (``WORKDIR/stages``; its fingerprint is the flattened config without the keys
 marked ``-hfldd_stages`` in ``experiments/configs/base.py``); a resumed run loads them and continues the rounds from
 the newest checkpoint. A cache written under other settings is refused with the
-differing fields.
+differing fields. While the members' KIP runs, its state is saved after each
+segment (``WORKDIR/stages/hfldd_kip``, same fingerprint), so a run stopped
+there continues from its last segment; it is removed once the stages are
+cached.
 """
 
 from __future__ import annotations
@@ -48,8 +51,10 @@ from fedjax_dd.experiments.configs.hfldd import MEMBER_DATA
 from fedjax_dd.utils import figures
 
 
-def _sender(config, prepared, root) -> hfldd_stages.Sender:
-  """Stage 3's uploads named by ``config.hfldd.member_data``."""
+def _sender(config, prepared, root, segment_store=None
+            ) -> hfldd_stages.Sender:
+  """Stage 3's uploads named by ``config.hfldd.member_data`` (KIP keeps its
+  state between segments in ``segment_store`` when given)."""
   h, num_classes = config.hfldd, prepared.dataset.num_classes
   senders = {
       "kip": lambda: hfldd_stages.kip_sender(
@@ -59,7 +64,7 @@ def _sender(config, prepared, root) -> hfldd_stages.Sender:
           support_size=h.support_size, options=common.kip_options(config),
           mapper=common.mapper(config, workload="kip"),
           log_progress=config.run.progress,
-          allow_raw_upload=h.allow_raw_upload),
+          allow_raw_upload=h.allow_raw_upload, segment_store=segment_store),
       "random": lambda: hfldd_stages.random_sender(
           num_classes=num_classes, sample_size=h.support_size,
           rng=keys.numpy_stream(config.seed, keys.Stream.RANDOM_MEMBERS)),
@@ -71,13 +76,14 @@ def _sender(config, prepared, root) -> hfldd_stages.Sender:
   return senders[h.member_data]()
 
 
-def _stages(config, prepared, data, params, batch_stats, root):
+def _stages(config, prepared, data, params, batch_stats, root,
+            segment_store=None):
   """Stages 1-3 computed in memory."""
   return hfldd_stages.run_stages(
       data, num_classes=prepared.dataset.num_classes,
       cluster=lambda: common.label_knowledge_clusters(
           config, prepared, data, params, batch_stats, root),
-      send=_sender(config, prepared, root),
+      send=_sender(config, prepared, root, segment_store),
       topology_rng=keys.numpy_stream(config.seed, keys.Stream.TOPOLOGY))
 
 
@@ -110,12 +116,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   start = time.time()
   prepared, data, root, params, batch_stats = common.initialised_clients(
       config)
+  cache = StageCache.for_workdir(workdir)
+  fingerprint = common.fingerprint(config, "hfldd_stages")
+  # The members' KIP state after each segment: a run stopped during stage 3
+  # continues from its last segment (removed once the stages are cached).
+  in_progress = hfldd_stages.kip_checkpoint(cache, fingerprint)
   try:
     stages = hfldd_stages.stages_or_load(
-        StageCache.for_workdir(workdir), common.fingerprint(config,
-                                                            "hfldd_stages"),
-        lambda: _stages(config, prepared, data, params, batch_stats, root),
-        data=data, num_classes=prepared.dataset.num_classes)
+        cache, fingerprint,
+        lambda: _stages(config, prepared, data, params, batch_stats, root,
+                        in_progress),
+        data=data, num_classes=prepared.dataset.num_classes,
+        in_progress=in_progress)
   except privacy_lib.RawUploadError as e:
     raise common.InputError("hfldd: " + str(e).replace(
         "set allow_raw_upload=True",

@@ -37,9 +37,10 @@ from fedjax_dd.experiments import sections
 
 
 def distiller(config: ml_collections.ConfigDict, prepared: common.Prepared,
-              num_classes: int) -> fedd3.Distiller:
+              num_classes: int, segment_store=None) -> fedd3.Distiller:
   """FedD3's distiller named by ``config.fedd3.distiller`` (kip | gmm |
-  random), with the config's KIP settings and upload budget."""
+  random), with the config's KIP settings and upload budget (KIP keeps its
+  state between segments in ``segment_store`` when given)."""
   options = common.kip_options(config)
   progress = (fedd3_stages.progress_bar(options.max_iterations)
               if config.run.progress else None)
@@ -51,7 +52,7 @@ def distiller(config: ml_collections.ConfigDict, prepared: common.Prepared,
           images_per_class=f.images_per_class, options=options,
           mapper=common.mapper(config, workload="kip"),
           allow_raw_upload=f.allow_raw_upload, float_upload=f.float_upload,
-          progress=progress),
+          progress=progress, segment_store=segment_store),
       "gmm": lambda: fedd3.gmm_distiller(
           num_classes=num_classes, images_per_class=f.images_per_class,
           allow_raw_upload=f.allow_raw_upload),

@@ -367,7 +367,8 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
                   mapper: ClientMapper = ClientMapper(workload="kip"),
                   allow_raw_upload: bool = False,
                   float_upload: bool = False,
-                  progress: Callable[[int, int], None] | None = None
+                  progress: Callable[[int, int], None] | None = None,
+                  segment_store: kip_lib.SegmentStore | None = None
                   ) -> Distiller:
   """KIP on every client at once (FedD3 Sec. 3.2, Eq. 4).
 
@@ -381,6 +382,8 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
   and first/last KIP loss. With ``float_upload`` the support is sent as
   float32 pixels, unquantised (FedD3's code; 32 bits per pixel channel in
   :func:`client_upload_bits`); the guard then checks its rounding.
+  ``segment_store`` keeps KIP's state between segments
+  (:class:`fedjax_dd.distill.kip.SegmentStore`).
   """
 
   def distill(key, data: ClientData) -> DistilledSet:
@@ -389,7 +392,8 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
         key, data.x, data.y, data.num_examples, num_classes=num_classes,
         kernel_fn=kernel_fn, mean=mean, std=std,
         images_per_class=images_per_class, options=options, mapper=mapper,
-        allow_raw_upload=allow_raw_upload, progress=progress)
+        allow_raw_upload=allow_raw_upload, progress=progress,
+        segment_store=segment_store)
     x_float, y_soft, owner = kip_lib.flatten_support(res, quantized=False)
     x = np.asarray(kip_lib.quantize(x_float))
     if not allow_raw_upload:

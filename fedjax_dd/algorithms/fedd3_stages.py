@@ -31,7 +31,7 @@ import numpy as np
 
 from fedjax_dd.algorithms.fedd3 import DistilledSet
 from fedjax_dd.core import loop as loop_lib
-from fedjax_dd.core.stage_cache import StageCache
+from fedjax_dd.core.stage_cache import StageCache, TreeCheckpoint
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip as kip_lib
 from fedjax_dd.distill import privacy as privacy_lib
@@ -40,9 +40,23 @@ from fedjax_dd.kernels import krr as krr_lib
 STAGE = "distilled"
 """The name of the distilled set in a run's stage cache."""
 
+KIP_STAGE = "distilled_kip"
+"""KIP's state between segments in a run's stage cache, while the clients
+distil (:func:`kip_checkpoint`)."""
+
 CACHE_FORMAT = 2
 """Version of what stage :data:`STAGE` holds; part of its fingerprint
 (2: ``data.num_classes`` joined the fingerprint)."""
+
+
+def kip_checkpoint(cache: StageCache, fingerprint: Mapping[str, Any], *,
+                   every: int = 1) -> TreeCheckpoint:
+  """KIP's state between segments, entry :data:`KIP_STAGE` of ``cache``
+  under the set's ``fingerprint`` (one saved under another is refused, as
+  the set is); ``every``: save every ``every``-th segment. It holds each
+  client's support part-way through KIP (derived from the client's images,
+  not yet uploaded) and Adam's moments over it."""
+  return TreeCheckpoint(cache, KIP_STAGE, fingerprint, every=every)
 
 
 def progress_bar(total: int, desc: str = "KIP"
@@ -57,7 +71,8 @@ def distill_or_load(distill: Callable[[], DistilledSet], *,
                     cache: StageCache, fingerprint: Mapping[str, Any],
                     source: StageCache | None = None,
                     source_name: str = "the source",
-                    diverged_advice: str = "", allow_rise: bool = False
+                    diverged_advice: str = "", allow_rise: bool = False,
+                    in_progress: TreeCheckpoint | None = None
                     ) -> tuple[DistilledSet, float, bool]:
   """The distilled set from ``cache`` (or ``source``), else distilled.
 
@@ -73,6 +88,8 @@ def distill_or_load(distill: Callable[[], DistilledSet], *,
       loss rose past its start (:func:`fedjax_dd.core.loop.check_not_diverged`).
     allow_rise: stop only a non-finite KIP loss, not one that rose (DP-KIP,
       whose noised steps may end above the start).
+    in_progress: KIP's checkpoint between segments (:func:`kip_checkpoint`,
+      the one ``distill`` saves to), removed once the set is cached.
 
   Returns:
     ``(distilled, seconds its distillation took, whether it came from a
@@ -102,6 +119,8 @@ def distill_or_load(distill: Callable[[], DistilledSet], *,
                        f"({source.path(STAGE)}).")
   else:
     stage, computed = cache.get_or_compute(STAGE, fingerprint, compute)
+    if in_progress is not None:
+      in_progress.clear()  # superseded by the cached set
   distilled = DistilledSet.from_arrays(
       stage.arrays, learned_labels=stage.info["learned_labels"],
       centered_labels=stage.info["centered_labels"])

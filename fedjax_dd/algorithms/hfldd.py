@@ -108,7 +108,8 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
                     options: kip.KipOptions = HFLDD_KIP,
                     mapper: ClientMapper = ClientMapper(workload="kip"),
                     progress: Callable[[int, int], None] | None = None,
-                    allow_raw_upload: bool = False
+                    allow_raw_upload: bool = False,
+                    segment_store: kip.SegmentStore | None = None
                     ) -> tuple[SentData, kip.KipResult]:
   """Every non-head member distills ``|D~_i|`` images with the batched KIP.
 
@@ -137,6 +138,9 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
       all of them), with a warning. False (the default, as FedD3's): such
       an upload is refused
       (:func:`fedjax_dd.distill.privacy.check_no_raw_upload`).
+    segment_store: optional store of the KIP state between segments
+      (:class:`fedjax_dd.distill.kip.SegmentStore`), so a stopped call
+      continues from its last saved segment.
 
   Returns:
     ``(sent, kip_result)``; ``sent.y`` holds target distributions (see
@@ -153,7 +157,7 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
   res = kip.distill_clients(
       key, x, y, n, num_classes=num_classes, kernel_fn=kernel_fn, mean=mean,
       std=std, support_size=support, options=options, mapper=mapper,
-      progress=progress)
+      progress=progress, segment_store=segment_store)
   res = jax.device_get(res)
   sent = SentData(x=np.asarray(kip.quantize(res.x)),
                   y=labels_to_targets(res.y, centered=options.centered_labels),

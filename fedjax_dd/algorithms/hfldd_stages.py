@@ -48,13 +48,18 @@ from fedjax_dd.core import ledger as ledger_lib
 from fedjax_dd.core import loop as loop_lib
 from fedjax_dd.core.clients import ClientMapper
 from fedjax_dd.core.local import LocalTraining, steps_for
-from fedjax_dd.core.stage_cache import StageCache, StaleStageError
+from fedjax_dd.core.stage_cache import (StageCache, StaleStageError,
+                                        TreeCheckpoint)
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.distill import kip
 from fedjax_dd.distill import soft_labels
 
 STAGE = "hfldd"
 """The name of stages 1-3 in a run's stage cache."""
+
+KIP_STAGE = "hfldd_kip"
+"""The members' KIP state between segments in a run's stage cache (while
+stage 3 runs; :func:`kip_checkpoint`)."""
 
 Sender = Callable[[ClientData, sampling.Topology],
                   tuple[hfldd.SentData, dict[str, Any]]]
@@ -120,10 +125,13 @@ def kip_sender(key: jax.Array, *, kernel_fn: kip.KernelFn, mean, std,
                options: kip.KipOptions = hfldd.HFLDD_KIP,
                mapper: ClientMapper = ClientMapper(workload="kip"),
                log_progress: bool = False,
-               allow_raw_upload: bool = False) -> Sender:
+               allow_raw_upload: bool = False,
+               segment_store: kip.SegmentStore | None = None) -> Sender:
   """Members distil ``support_size`` images each with the batched KIP
   (:func:`fedjax_dd.algorithms.hfldd.distill_members`; an upload
   byte-identical to a raw image is refused unless ``allow_raw_upload``).
+  ``segment_store`` (e.g. :func:`kip_checkpoint`) keeps the KIP state
+  between segments, so a stopped run continues from its last segment.
 
   ``info`` reports the members, support size, iterations, final target
   accuracy and :func:`fedjax_dd.distill.kip.loss_summary`.
@@ -138,7 +146,8 @@ def kip_sender(key: jax.Array, *, kernel_fn: kip.KernelFn, mean, std,
     sent, res = hfldd.distill_members(
         key, data, topology, kernel_fn=kernel_fn, mean=mean, std=std,
         num_classes=num_classes, support_size=support_size, options=options,
-        mapper=mapper, progress=progress, allow_raw_upload=allow_raw_upload)
+        mapper=mapper, progress=progress, allow_raw_upload=allow_raw_upload,
+        segment_store=segment_store)
     return sent, {
         "kip_members": int(sent.senders.size),
         "kip_support_size": int(sent.x.shape[1]),
@@ -150,6 +159,20 @@ def kip_sender(key: jax.Array, *, kernel_fn: kip.KernelFn, mean, std,
     }
 
   return send
+
+
+def kip_checkpoint(cache: StageCache, fingerprint: dict[str, Any], *,
+                   every: int = 1) -> TreeCheckpoint:
+  """The members' KIP state between segments, entry :data:`KIP_STAGE` of
+  ``cache`` under the stages' ``fingerprint`` (a state saved under another
+  is refused, as the stages are): pass it to :func:`kip_sender` and to
+  :func:`stages_or_load`, which removes it once the stages are cached.
+  ``every``: save every ``every``-th segment.
+
+  It holds each member's support part-way through KIP (images derived from
+  the member's data, not yet sent) and Adam's moments over it.
+  """
+  return TreeCheckpoint(cache, KIP_STAGE, fingerprint, every=every)
 
 
 def random_sender(*, num_classes: int, sample_size: int,
@@ -236,7 +259,8 @@ def run_stages(data: ClientData, *, num_classes: int,
 
 def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
                    compute: Callable[[], Stages], *, data: ClientData,
-                   num_classes: int) -> Stages:
+                   num_classes: int,
+                   in_progress: TreeCheckpoint | None = None) -> Stages:
   """Stages 1-3 from ``cache`` (stage :data:`STAGE`), or computed and saved.
 
   The cache keeps the topology and the members' uploads only; the heads'
@@ -250,6 +274,8 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
     compute: ``() -> Stages`` (:func:`run_stages` with its arguments).
     data: all clients' data ``[N, N_max, ...]`` (the heads' own rows).
     num_classes: ``N_c``.
+    in_progress: the members' KIP checkpoint (:func:`kip_checkpoint`),
+      removed once the stages are cached (or found cached).
 
   Raises:
     fedjax_dd.core.stage_cache.StaleStageError: the cache holds stages
@@ -271,6 +297,8 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
             {"times": s.times, "info": s.info})
 
   stage, computed = cache.get_or_compute(STAGE, fingerprint, arrays_and_info)
+  if in_progress is not None:
+    in_progress.clear()  # superseded by the cached stages
   if computed:
     return fresh[0]
   a = stage.arrays

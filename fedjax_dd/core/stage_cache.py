@@ -38,6 +38,12 @@ the template; the arrays are then restored through the store, whose integrity
 check decides whether the entry is usable (a damaged or half-written entry
 is a miss, with the store's warning). Zero-size arrays, which Orbax does not
 save, live in the spec only and come back empty.
+
+In-progress stages. :class:`TreeCheckpoint` keeps the state of a stage
+that is still running (e.g. KIP's state between segments,
+:class:`fedjax_dd.distill.kip.SegmentStore`) as an entry of its own, under
+the stage's fingerprint, so a run stopped mid-stage continues from its
+last saved part; the caller clears it once the stage's output is cached.
 """
 
 from __future__ import annotations
@@ -47,14 +53,16 @@ import json
 import logging
 import os
 import pathlib
+import shutil
 from collections.abc import Mapping
 from typing import Any, Callable
 
+import jax
 import numpy as np
 
 from fedjax_dd.core.checkpoint import COMMIT_MARKER, CheckpointStore
 
-__all__ = ["CachedStage", "StageCache", "StaleStageError"]
+__all__ = ["CachedStage", "StageCache", "StaleStageError", "TreeCheckpoint"]
 
 _log = logging.getLogger(__name__)
 
@@ -251,3 +259,77 @@ class StageCache:
     host = {str(k): np.asarray(v) for k, v in arrays.items()}
     return CachedStage(arrays=host, info=json.loads(json.dumps(dict(info or {})))), True
 
+
+
+class TreeCheckpoint:
+  """A pytree in progress, with the host loop's position, in a stage cache.
+
+  One entry ``name`` of ``cache`` (``<root>/<name>``, the same store and
+  integrity checks as a stage output) holds the tree's leaves (``leaf_<i>``)
+  and ``done`` in its info. :meth:`resume` refuses an entry saved under
+  another fingerprint (:class:`StaleStageError`, as :meth:`StageCache.load`)
+  and ignores, with a warning, one whose tree, shapes or dtypes differ
+  from the template. It implements :class:`fedjax_dd.distill.kip.SegmentStore`.
+
+  Args:
+    cache: the run's stage cache.
+    name: the entry (e.g. ``"hfldd_kip"``).
+    fingerprint: the settings the stage's output depends on.
+    every: save only every ``every``-th call of :meth:`save` (counted from
+      construction); ``1`` saves each.
+  """
+
+  def __init__(self, cache: StageCache, name: str,
+               fingerprint: Mapping[str, Any], *, every: int = 1):
+    if int(every) < 1:
+      raise ValueError(f"every must be >= 1, got {every}.")
+    self._cache, self._name = cache, name
+    self._fingerprint = dict(fingerprint)
+    self._every, self._calls = int(every), 0
+    cache.path(name)  # refuses a bad name now
+
+  @property
+  def path(self) -> pathlib.Path:
+    """The entry's checkpoint directory."""
+    return self._cache.path(self._name)
+
+  def resume(self, template: Any) -> tuple[Any, int] | None:
+    """``(tree, done)`` as last saved, or None (no usable entry).
+
+    Args:
+      template: a tree of arrays or ``jax.ShapeDtypeStruct`` of the saved
+        tree's structure, shapes and dtypes.
+
+    Raises:
+      StaleStageError: the entry was saved under another fingerprint.
+    """
+    hit = self._cache.load(self._name, self._fingerprint)
+    if hit is None:
+      return None
+    leaves, treedef = jax.tree_util.tree_flatten(template)
+    want = {f"leaf_{i}": (tuple(v.shape), np.dtype(v.dtype).name)
+            for i, v in enumerate(leaves)}
+    got = {k: (a.shape, a.dtype.name) for k, a in hit.arrays.items()}
+    if (got != want or hit.info.get("treedef") != str(treedef)
+        or "done" not in hit.info):
+      _log.warning("%s holds a state of another shape; starting the stage "
+                   "from its beginning.", self.path)
+      return None
+    tree = jax.tree_util.tree_unflatten(
+        treedef, [hit.arrays[f"leaf_{i}"] for i in range(len(leaves))])
+    return tree, int(hit.info["done"])
+
+  def save(self, tree: Any, done: int) -> None:
+    """Saves ``tree`` reached at ``done`` (every ``every``-th call)."""
+    self._calls += 1
+    if self._calls % self._every:
+      return
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    arrays = {f"leaf_{i}": np.asarray(jax.device_get(v))
+              for i, v in enumerate(leaves)}
+    self._cache.save(self._name, self._fingerprint, arrays,
+                     {"done": int(done), "treedef": str(treedef)})
+
+  def clear(self) -> None:
+    """Removes the entry (the stage's output is cached)."""
+    shutil.rmtree(self.path, ignore_errors=True)

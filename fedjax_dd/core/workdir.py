@@ -6,6 +6,8 @@ Layout of ``Workdir(directory)``::
     checkpoints/         the rounds loop's CheckpointStore
     r<r>/clients|setup|server/   the server-side driver's stores
     stages/<name>/       cached stage outputs (distilled sets, HFLDD stages)
+                         and, while KIP runs, its state between segments
+                         (``*_kip``, removed once the stage is cached)
     summary.json         written once, at the end, from memory
     tensorboard/         optional scalars
     .lock                held by the one process running in it (WorkdirLock)

@@ -137,7 +137,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import flax
 import jax
@@ -301,6 +301,29 @@ class KipState:
   accuracy: jax.Array
   loss: jax.Array
   first_loss: jax.Array
+
+
+class SegmentStore(Protocol):
+  """Where :func:`distill_clients` keeps its state between segments.
+
+  ``save(state, done)`` is called after every segment with the batched
+  :class:`KipState` (``[C, ...]`` leaves) and the iterations the host loop
+  has reached; the store may keep only some (every k-th). ``resume(template)``
+  is called once before :func:`distill_clients` starts: ``template`` is the
+  state's tree of ``jax.ShapeDtypeStruct``; it returns ``(state, done)`` as
+  saved (same tree, shapes and dtypes) or None to start from iteration 0.
+  Each client's iteration ``t`` draws its target batch from
+  ``fold_in(key_i, t)``, so a call resumed from a saved segment returns
+  what an uninterrupted call returns, bit for bit.
+  :class:`fedjax_dd.core.stage_cache.TreeCheckpoint` keeps it in a run's
+  stage cache.
+  """
+
+  def resume(self, template: KipState) -> tuple[KipState, int] | None:
+    ...
+
+  def save(self, state: KipState, done: int) -> None:
+    ...
 
 
 @flax.struct.dataclass
@@ -896,7 +919,8 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
                     options: KipOptions = KipOptions(),
                     mapper: ClientMapper = ClientMapper(workload="kip"),
                     progress: Callable[[int, int], None] | None = None,
-                    allow_raw_upload: bool | None = None
+                    allow_raw_upload: bool | None = None,
+                    segment_store: SegmentStore | None = None
                     ) -> KipResult:
   """Distills every client's data with KIP; notebook-friendly.
 
@@ -937,6 +961,10 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
       support is those raw images (:func:`check_privacy`): False refuses
       it, True accepts it, None (for callers that ran :func:`check_privacy`
       themselves, like FedD3's distiller) accepts it with a warning.
+    segment_store: optional :class:`SegmentStore`: the state is saved
+      after each segment, and a call whose store holds a saved segment
+      continues from it (the result is bit-identical to an uninterrupted
+      call's). The caller keys the store to these arguments.
 
   Returns:
     A :class:`KipResult` (float pixels; see :func:`quantize`).
@@ -1005,12 +1033,26 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
   ids = jnp.arange(x.shape[0])
   keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
   init_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2**31 - 1))(keys)
-  state = init(init_keys, x, y, n)
-  done = 0
+  saved = None
+  if segment_store is not None:
+    saved = segment_store.resume(
+        jax.eval_shape(init, init_keys, x, y, n))
+  if saved is None:
+    state, done = init(init_keys, x, y, n), 0
+  else:
+    state, done = saved
+    done = int(done)
+    finished = np.asarray(jax.device_get(state.converged | (n == 0)))
+    if progress is not None:
+      progress(done, int(finished.sum()))
+    if done > 0 and finished.all():
+      done = options.max_iterations  # the saved segment was the last
   while done < options.max_iterations:
     done = min(done + options.segment_iterations, options.max_iterations)
     state = segment(state, keys, x, y, n, jnp.asarray(done, jnp.int32))
     finished = np.asarray(jax.device_get(state.converged | (n == 0)))
+    if segment_store is not None:
+      segment_store.save(state, done)
     if progress is not None:
       progress(done, int(finished.sum()))
     if finished.all():
