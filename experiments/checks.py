@@ -102,6 +102,7 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       ("client.mu", "num", (0.0, None, False, False)),
       ("engine.backend", "choice", ("auto", *clients.BACKENDS)),
       ("engine.chunk_size", "int", (0, None)),
+      ("engine.run_chunk_size", "int", (0, None)),
       # 0: no budget; a negative budget is not "none" (core.checks).
       ("run.max_wall_seconds", "num", (0.0, None, False, False)),
       ("server.seed", "int", (-1, keys.SEED_LIMIT - 1)),

@@ -150,6 +150,9 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # vmapped run axis (fedjax_dd.core.run_axis) instead of one process
       # per seed.
       "run_axis": False,
+      # With run_axis: runs vectorised together per round, in chunks run in
+      # sequence, to bound memory; 0: all runs in one vmap.
+      "run_chunk_size": 0,
   })
   c.server = ml_collections.ConfigDict({
       "lr": 1.0,  # SCAFFOLD's server learning rate.

@@ -13,6 +13,10 @@ data and the per-run hyperparameters, around the algorithm's unchanged
 in place (:mod:`fedjax_dd.core.clients`), so a round is ``[R, S, ...]``
 work in one program. The test evaluation of the R global models is one
 vmapped program as well (:func:`fedjax_dd.core.evaluate.make_run_evaluator`).
+Where ``[R, S, ...]`` does not fit in memory, ``run_chunk_size=k`` maps
+the runs in chunks of ``k`` inside the same one program (``lax.map`` over
+``ceil(R / k)`` vmaps of ``k`` runs, :func:`_map_runs`) and says how it
+split; the state, checkpoint and rows keep the ``[R, ...]`` layout.
 
 What each run keeps of its own, exactly as :func:`fedjax_dd.fit` derives
 it (:mod:`fedjax_dd.core.keys`):
@@ -51,8 +55,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import re
+import sys
 import tempfile
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -80,6 +86,7 @@ from fedjax_dd.data.stacked import ClientData
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
+_log = logging.getLogger(__name__)
 
 # ``build(seed, hparams) -> FederatedAlgorithm``: called once per run with
 # concrete values (its ``init``) and once inside the round program with the
@@ -229,10 +236,76 @@ def algorithm_name(algorithm: FederatedAlgorithm) -> str:
       algorithm.apply, "__qualname__", "the algorithm")
 
 
+def check_run_chunk_size(run_chunk_size: int | None) -> int | None:
+  """``run_chunk_size`` if None or a whole number >= 1; one line if not."""
+  if run_chunk_size is None:
+    return None
+  return checks.check_whole(
+      "fit_runs: run_chunk_size", run_chunk_size, 1,
+      fix="give the runs per chunk, or None for one vmap of all runs")
+
+
+def run_chunks(num_runs: int, run_chunk_size: int | None) -> int | None:
+  """The chunk the round program maps the runs in: None (one vmap of all
+  R) when unset or when one chunk holds every run."""
+  if run_chunk_size is None or run_chunk_size >= num_runs:
+    return None
+  return run_chunk_size
+
+
+def split_line(num_runs: int, chunk: int | None) -> str:
+  """How the round program splits the runs, in one line."""
+  if chunk is None:
+    return f"run axis: {num_runs} runs in one vmap per round"
+  count = -(-num_runs // chunk)
+  pad = count * chunk - num_runs
+  return (f"run axis: {num_runs} runs in chunks of {chunk} ({count} chunks "
+          "in sequence per round, one program" +
+          (f"; the last chunk padded with {pad} "
+           f"{'copy' if pad == 1 else 'copies'} of the last run)"
+           if pad else ")"))
+
+
+def _map_runs(fn: Callable[..., Any], axes: tuple[int | None, ...],
+              chunk: int | None) -> Callable[..., Any]:
+  """``fn`` over the leading run axis: one vmap, or ``lax.map`` over
+  chunks of ``chunk`` runs, each chunk a vmap (``chunk == 1``: no vmap).
+
+  A short last chunk is padded with copies of the last run, so every run
+  goes through the same chunk program; the copies' results are dropped.
+  """
+  if chunk is None:
+    return jax.vmap(fn, in_axes=axes)
+
+  def chunked(*args):
+    mapped = [a for a, ax in zip(args, axes) if ax == 0]
+    fixed = [a for a, ax in zip(args, axes) if ax is None]
+
+    def one(mapped_args):
+      it_m, it_f = iter(mapped_args), iter(fixed)
+      return fn(*[next(it_m) if ax == 0 else next(it_f) for ax in axes])
+
+    r_count = jax.tree_util.tree_leaves(mapped)[0].shape[0]
+    padded = -(-r_count // chunk) * chunk
+
+    def pad(a):
+      extra = padded - a.shape[0]
+      if extra == 0:
+        return a
+      return jnp.concatenate([a, jnp.repeat(a[-1:], extra, axis=0)])
+
+    out = jax.lax.map(one, tree_map(pad, mapped),
+                      batch_size=None if chunk == 1 else chunk)
+    return tree_map(lambda a: a[:r_count], out)
+
+  return chunked
+
+
 def round_program(apply_algorithm: Callable[[Mapping[str, Any]],
                                             FederatedAlgorithm],
                   sampler: cohorts.CohortSampler, num_clients: int, *,
-                  shared_data: bool) -> Callable[..., Any]:
+                  shared_data: bool,
+                  run_chunk: int | None = None) -> Callable[..., Any]:
   """One round of R runs as one jitted program.
 
   Per run it is :func:`fedjax_dd.core.rounds.run_rounds`' round: the round
@@ -247,6 +320,9 @@ def round_program(apply_algorithm: Callable[[Mapping[str, Any]],
     num_clients: ``C``.
     shared_data: the clients' data is one ``[C, N_max, ...]`` stack for all
       runs (broadcast) rather than ``[R, C, N_max, ...]``.
+    run_chunk: runs vectorised together (:func:`_map_runs`): the program
+      runs the R runs in ``ceil(R / run_chunk)`` chunks in sequence, which
+      bounds its peak memory to a chunk's; None: one vmap of all R.
 
   Returns:
     ``program(server [R], clients [R, C], keys [R], x, y, num_examples,
@@ -268,9 +344,9 @@ def round_program(apply_algorithm: Callable[[Mapping[str, Any]],
     return server, clients, metrics
 
   data_axis = None if shared_data else 0
-  return jax.jit(jax.vmap(
-      one_run, in_axes=(0, 0, 0, data_axis, data_axis, data_axis, 0, 0,
-                        None)))
+  return jax.jit(_map_runs(
+      one_run, (0, 0, 0, data_axis, data_axis, data_axis, 0, 0, None),
+      run_chunk))
 
 
 def sweep_definition(names: Sequence[str],
@@ -317,7 +393,8 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
              = None,
              wall: loop_lib.WallClock | None = None,
              definition: dict[str, Any] | None = None,
-             name: str | None = None) -> RunsResult:
+             name: str | None = None,
+             run_chunk_size: int | None = None) -> RunsResult:
   """Runs (or resumes) R runs of a rounds algorithm on one run axis.
 
   Each run computes what :func:`fedjax_dd.fit` computes for its seed, data
@@ -374,6 +451,13 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
       default :func:`sweep_definition`.
     name: the algorithm's name in a refusal (default
       :func:`algorithm_name`, the module of its ``apply``).
+    run_chunk_size: runs vectorised together in the round program, to
+      bound its memory: the R runs go through it in chunks of this many,
+      in sequence (``lax.map``), and the split is said in one line (on
+      stderr with ``progress``, else logged at INFO). A
+      setting of speed and memory only: the state, checkpoint and rows
+      keep their ``[R, ...]`` layout, so a sweep may resume with another
+      value. None (or >= R): one vmap of all R runs.
 
   Returns:
     :class:`RunsResult`.
@@ -408,6 +492,7 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
       raise ValueError(f"fit_runs: hparams[{k!r}] has {len(vs)} values for "
                        f"{r_count} runs.")
   rounds = checks.check_whole("fit_runs: rounds", rounds, 1)
+  run_chunk_size = check_run_chunk_size(run_chunk_size)
   eval_every = checks.check_whole("fit_runs: eval_every", eval_every, 1)
   checkpoint_every = checks.check_whole("fit_runs: checkpoint_every",
                                         checkpoint_every, 1)
@@ -491,8 +576,15 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
                                     run_keys)]
     model_size = ledger_lib.num_params(states[0].server.params)
     state = stack_runs(states)
+    run_chunk = run_chunks(r_count, run_chunk_size)
     program = round_program(apply_algorithm, sampler, n,
-                            shared_data=shared_data)
+                            shared_data=shared_data, run_chunk=run_chunk)
+    if run_chunk_size is not None:
+      # With the progress lines on stderr, else in the log.
+      if progress:
+        print(split_line(r_count, run_chunk), file=sys.stderr, flush=True)
+      else:
+        _log.info("%s", split_line(r_count, run_chunk))
     _check_vmappable(program, name, state, data, steps, traced)
 
     store = CheckpointStore(os.path.join(workdir, CHECKPOINTS),

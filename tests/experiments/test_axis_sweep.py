@@ -11,6 +11,7 @@ presets: at most a few ulp after 2 rounds, e.g. SCAFFOLD's test loss
 every row are compared exactly.
 """
 
+import copy
 import json
 import os
 import subprocess
@@ -78,6 +79,27 @@ def test_run_axis_rows_equal_separate_runs(tmp_path, method):
     assert (summary["config"]["seed"],
             summary["config"]["data"]["seed"]) == (seed, seed)
     assert summary["rounds"] == config.rounds
+
+
+def test_run_chunks_are_a_resume_safe_setting(tmp_path):
+  """``engine.run_chunk_size`` splits the runs of a round into chunks
+  (``fit_runs(run_chunk_size=)``); like ``engine.chunk_size`` it is not
+  part of the sweep's fingerprint, so a sweep started in chunks of 1
+  resumes unchunked, to the rows of an unchunked sweep (to RTOL: a vmap of
+  two runs and a chunk of one are different programs)."""
+  config = _config("fedavg")
+  plain = str(tmp_path / "plain")
+  axis_sweep.run_seeds(config, plain, (0, 1), argv=["fedjax-dd"])
+  chunked = str(tmp_path / "chunked")
+  first = copy.deepcopy(config)
+  first.rounds = 1
+  first.engine.run_chunk_size = 1
+  axis_sweep.run_seeds(first, chunked, (0, 1), argv=["fedjax-dd"])
+  axis_sweep.run_seeds(config, chunked, (0, 1), argv=["fedjax-dd"])
+  for seed in (0, 1):
+    rows = _rows(sweep_lib.seed_dir(chunked, seed))
+    assert [r["round"] for r in rows] == list(range(1, config.rounds + 1))
+    _assert_rows_close(rows, _rows(sweep_lib.seed_dir(plain, seed)))
 
 
 def test_check_refuses_what_the_axis_cannot_run():
