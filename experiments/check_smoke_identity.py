@@ -177,10 +177,35 @@ def first_difference(a: Any, b: Any, where: str = "") -> str | None:
   return None
 
 
+# What a run's environment.json records that changes its float results:
+# the host device count follows the process's CPU affinity (a run under
+# `taskset -c 0` has one device, so the clients are laid out differently).
+COMPARABLE = ("platform", "devices", "jax", "jaxlib")
+
+
+def _environment(path: str) -> dict[str, Any]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      started = json.load(f).get("started", {})
+  except (OSError, ValueError):
+    return {}
+  return {k: started.get(k) for k in COMPARABLE}
+
+
 def compare(reference: str, new: str, names: Iterable[str]) -> dict[str, str]:
-  """Each preset whose files differ, with the first difference."""
+  """Each preset whose files differ, with the first difference; runs made
+  on another platform, host device count or jax are named as not
+  comparable instead."""
   out = {}
   for name in names:
+    envs = [_environment(os.path.join(d, name, "environment.json"))
+            for d in (reference, new)]
+    if all(envs) and envs[0] != envs[1]:
+      diff = ", ".join(f"{k} {envs[0][k]} vs {envs[1][k]}" for k in COMPARABLE
+                       if envs[0][k] != envs[1][k])
+      out[name] = (f"not comparable: {diff} (environment.json); run both "
+                   "sides with the same CPU affinity and jax")
+      continue
     for fname in FILES:
       paths = [os.path.join(d, name, fname) for d in (reference, new)]
       missing = [p for p in paths if not os.path.exists(p)]

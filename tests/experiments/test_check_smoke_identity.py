@@ -61,6 +61,18 @@ def test_compare_ignores_wall_time_and_names_a_changed_metric(tmp_path):
       "r": f"missing {os.path.join(ref, 'r', 'metrics.jsonl')}"}
 
 
+def test_runs_on_another_device_count_are_not_comparable(tmp_path):
+  ref, new = str(tmp_path / "ref"), str(tmp_path / "new")
+  for root, devices, acc in ((ref, 2, 0.25), (new, 1, 0.5)):
+    _write(root, "p", [{"round": 1, "test_accuracy": acc}], {})
+    with open(os.path.join(root, "p", "environment.json"), "w") as f:
+      json.dump({"started": {"platform": "cpu", "devices": devices,
+                             "jax": "0.12.1", "jaxlib": "0.12.1"}}, f)
+  assert check.compare(ref, new, ["p"]) == {
+      "p": "not comparable: devices 2 vs 1 (environment.json); run both "
+           "sides with the same CPU affinity and jax"}
+
+
 def _has_base():
   return subprocess.run(["git", "-C", REPO_ROOT, "cat-file", "-e",
                          f"{BASE}^{{commit}}"], capture_output=True,
