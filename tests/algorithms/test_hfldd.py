@@ -114,16 +114,20 @@ def test_raw_members_is_the_wodd_ablation():
   np.testing.assert_array_equal(hyb.y[1, 6:13].argmax(-1), data.y[3, :7])
 
 
-def test_distill_members_with_batched_kip_caps_small_clients():
-  data = _data()
-  sent, res = hfldd.distill_members(
+def _distill_topo(data, options):
+  """``distill_members`` of :data:`TOPO`'s members, 6 images each; a few
+  iterations leave some images raw, which is allowed here."""
+  return hfldd.distill_members(
       jax.random.PRNGKey(0), data, TOPO, kernel_fn=fc_kernel(depth=1),
       mean=np.array([0.3], np.float32), std=np.array([0.3], np.float32),
-      num_classes=3, support_size=6,
-      options=kip.KipOptions(max_iterations=3, segment_iterations=3,
-                             stop_accuracy=2.0),
-      mapper=ClientMapper(backend="vmap"),
-      allow_raw_upload=True)  # 3 iterations leave some images raw
+      num_classes=3, support_size=6, options=options,
+      mapper=ClientMapper(backend="vmap"), allow_raw_upload=True)
+
+
+def test_distill_members_with_batched_kip_caps_small_clients():
+  data = _data()
+  sent, res = _distill_topo(data, kip.KipOptions(
+      max_iterations=3, segment_iterations=3, stop_accuracy=2.0))
   # Members 0, 2, 3 hold 5, 12, 7 examples: client 0 sends only 5.
   np.testing.assert_array_equal(sent.counts, [5, 6, 6])
   assert sent.x.dtype == np.uint8 and sent.x.shape == (3, 6, 4, 4, 1)
@@ -248,14 +252,9 @@ def test_raw_members_privacy_reads_all_identical():
 
 def test_learned_labels_reach_the_heads_and_are_charged_32_bits():
   data = _data()
-  sent, res = hfldd.distill_members(
-      jax.random.PRNGKey(0), data, TOPO, kernel_fn=fc_kernel(depth=1),
-      mean=np.array([0.3], np.float32), std=np.array([0.3], np.float32),
-      num_classes=3, support_size=6,
-      options=dataclasses.replace(hfldd.HFLDD_KIP, max_iterations=5,
-                                  segment_iterations=5, learn_labels=True),
-      mapper=ClientMapper(backend="vmap"),
-      allow_raw_upload=True)  # 5 iterations leave some images raw
+  sent, res = _distill_topo(data, dataclasses.replace(
+      hfldd.HFLDD_KIP, max_iterations=5, segment_iterations=5,
+      learn_labels=True))
   mask = np.asarray(sent.mask)
   learned = np.asarray(res.y)[mask]
   one_hot = np.eye(3)[learned.argmax(-1)]
