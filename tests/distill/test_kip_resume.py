@@ -60,7 +60,10 @@ def _assert_identical(a, b):
 
 @pytest.mark.parametrize("options,kill_after", [
     ({}, 1), ({}, 3),                                # fixed budget
-    ({"stop_accuracy": 0.9, "min_iterations": 3}, 1),  # clients stop early
+    # Clients 1 and 2 stop at iteration 6 (segment 3), client 0 at 7: the
+    # call resumes after segment 3 with one client still running.
+    ({"stop_accuracy": 0.95, "min_iterations": 6, "target_batch_size": 4,
+      "segment_iterations": 2}, 3),
     ({"learn_labels": True, "support_size": 4, "images_per_class": None}, 2),
 ], ids=["budget_1", "budget_3", "early_stop", "labels_support"])
 def test_killed_and_resumed_call_is_bit_identical(options, kill_after):
@@ -69,8 +72,10 @@ def test_killed_and_resumed_call_is_bit_identical(options, kill_after):
   with pytest.raises(_Killed):
     _run(store, **options)
   resumed = _run(store, **options)
-  assert store.resumed == 5 * kill_after
+  assert store.resumed == options.get("segment_iterations", 5) * kill_after
   _assert_identical(whole, resumed)
+  if "min_iterations" in options:
+    np.testing.assert_array_equal(whole.iterations, [7, 6, 6])
 
 
 def test_dp_kip_resumes_bit_identically():
