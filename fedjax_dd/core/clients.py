@@ -350,9 +350,11 @@ def _pad_clients(tree: Any, target: int) -> Any:
   return jax.tree_util.tree_map(pad, tree)
 
 
-def _vectorise(fn: Callable[..., Any], axes: tuple[int | None, ...],
-               chunk: int | None) -> Callable[..., Any]:
-  """``fn`` over the leading client axis: one vmap, or ``lax.map`` in chunks.
+def map_leading_axis(fn: Callable[..., Any], axes: tuple[int | None, ...],
+                     chunk: int | None) -> Callable[..., Any]:
+  """``fn`` over the leading axis of the arguments whose ``axes`` entry is
+  0 (the client axis here, the run axis above it in
+  :mod:`fedjax_dd.core.run_axis`): one vmap, or ``lax.map`` in chunks.
 
   Chunks of one client run ``fn`` unbatched (``lax.map`` with no vmap),
   which the thunk runtime of XLA:CPU runs faster than a vmap of one.
@@ -556,7 +558,7 @@ class ClientMapper:
       per_client = functools.partial(fn, **kwargs)
       k = chunk if cap is None else vmap_chunk_limit(per_client, args, axes,
                                                      cap)
-      return _vectorise(per_client, axes, k)(*args)
+      return map_leading_axis(per_client, axes, k)(*args)
 
     return engine_jit(batched, static_argnames=static_argnames,
                       classic_runtime=self.classic_runtime)
@@ -582,13 +584,13 @@ class ClientMapper:
       axes = _normalise_in_axes(in_axes, len(args))
       per_client = functools.partial(fn, **kwargs)
       if _is_traced(args):
-        return _vectorise(per_client, axes, None)(*args)
+        return map_leading_axis(per_client, axes, None)(*args)
       n = num_clients_of(args, axes)
       padded_n = -(-n // num_devices) * num_devices
       key = (axes, tuple(sorted(kwargs.items())))
       if key not in jitted_cache:
         specs = tuple(P(CLIENT_AXIS) if ax == 0 else P() for ax in axes)
-        body = _shard_map(_vectorise(per_client, axes, chunk), mesh,
+        body = _shard_map(map_leading_axis(per_client, axes, chunk), mesh,
                           specs, P(CLIENT_AXIS))
         jitted_cache[key] = jax.jit(body, compiler_options=options or None,
                                     out_shardings=over_clients)
@@ -691,7 +693,7 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
       every client computes ``max_steps``).
     max_steps: the scan length without ``skip_padding`` (default: the
       largest count).
-    pad_short_chunk: a short last chunk computes a full chunk (``_vectorise``
+    pad_short_chunk: a short last chunk computes a full chunk (``map_leading_axis``
       pads it with copies of its last client); ``False`` counts only its
       clients, as the engine did before bucketing (``lax.map``'s smaller
       remainder vmap).
@@ -717,7 +719,7 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
     size = m if chunk is None else chunk
     for i in range(0, m, size):
       # A vmapped chunk runs to its largest count; a short last chunk is
-      # padded with copies of its last client (``_vectorise``).
+      # padded with copies of its last client (``map_leading_axis``).
       part = lane[i:i + size]
       total += int(part.max()) * (size if pad_short_chunk else part.size)
   return total

@@ -68,6 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dd.core import checks
+from fedjax_dd.core import clients as clients_lib
 from fedjax_dd.core import cohorts
 from fedjax_dd.core import definition as definition_lib
 from fedjax_dd.core import fit as fit_lib
@@ -269,36 +270,11 @@ def split_line(num_runs: int, chunk: int | None) -> str:
 def _map_runs(fn: Callable[..., Any], axes: tuple[int | None, ...],
               chunk: int | None) -> Callable[..., Any]:
   """``fn`` over the leading run axis: one vmap, or ``lax.map`` over
-  chunks of ``chunk`` runs, each chunk a vmap (``chunk == 1``: no vmap).
-
-  A short last chunk is padded with copies of the last run, so every run
-  goes through the same chunk program; the copies' results are dropped.
-  """
-  if chunk is None:
-    return jax.vmap(fn, in_axes=axes)
-
-  def chunked(*args):
-    mapped = [a for a, ax in zip(args, axes) if ax == 0]
-    fixed = [a for a, ax in zip(args, axes) if ax is None]
-
-    def one(mapped_args):
-      it_m, it_f = iter(mapped_args), iter(fixed)
-      return fn(*[next(it_m) if ax == 0 else next(it_f) for ax in axes])
-
-    r_count = jax.tree_util.tree_leaves(mapped)[0].shape[0]
-    padded = -(-r_count // chunk) * chunk
-
-    def pad(a):
-      extra = padded - a.shape[0]
-      if extra == 0:
-        return a
-      return jnp.concatenate([a, jnp.repeat(a[-1:], extra, axis=0)])
-
-    out = jax.lax.map(one, tree_map(pad, mapped),
-                      batch_size=None if chunk == 1 else chunk)
-    return tree_map(lambda a: a[:r_count], out)
-
-  return chunked
+  chunks of ``chunk`` runs, each chunk a vmap (``chunk == 1``: no vmap), a
+  short last chunk padded with copies of the last run whose results are
+  dropped. The client axis's own map
+  (:func:`fedjax_dd.core.clients.map_leading_axis`) does exactly this."""
+  return clients_lib.map_leading_axis(fn, axes, chunk)
 
 
 def round_program(apply_algorithm: Callable[[Mapping[str, Any]],

@@ -203,7 +203,7 @@ def test_chunks_of_one_run_unbatched():
   per_client = lambda w, x: jnp.dot(x, w)  # x [5, 3] for one client.
   outs, contracted = {}, {}
   for chunk in (None, 1, 2):
-    fn = clients._vectorise(per_client, (None, 0), chunk)
+    fn = clients.map_leading_axis(per_client, (None, 0), chunk)
     outs[chunk] = np.asarray(jax.jit(fn)(w, x))
     contracted[chunk] = re.findall(
         r"dimension_numbers=\(\(\[(\d)\]", str(jax.make_jaxpr(fn)(w, x)))
@@ -379,8 +379,8 @@ def test_auto_vmap_chunks_past_the_policy_cap(monkeypatch):
                             backend_devices="vmap", max_vmap_elements=100)
   monkeypatch.setattr(policy, "lookup", lambda *a, **k: row)
   seen = []
-  real = clients._vectorise
-  monkeypatch.setattr(clients, "_vectorise",
+  real = clients.map_leading_axis
+  monkeypatch.setattr(clients, "map_leading_axis",
                       lambda fn, axes, chunk: seen.append(chunk) or real(
                           fn, axes, chunk))
   w = jnp.asarray(np.random.default_rng(0).normal(size=(4, 8)), jnp.float32)
