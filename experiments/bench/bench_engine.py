@@ -78,7 +78,7 @@ alternating in fresh subprocesses, ``--pairs`` times: ``public``, only
 through the public API's defaults (``models.get_model("lenet5").build(10)``,
 ``fedjax_dd.algorithms.fedavg.fedavg`` with its default mapper, ``apply``),
 as a notebook builds it; and ``entry``, as the ``fedjax-dd`` entry point
-builds it (``common.conv_impl`` and ``runners.BUILDERS["fedavg"]`` on
+builds it (``common.conv_impl`` and ``registry.get("fedavg").rounds`` on
 ``fedavg.py:mnist_iid``). Both processes call ``configure_cpu()``. With
 ``--other_python`` both interpreters run each pair. The report gives ms per
 client-step and per interpreter the median ratio public / entry
@@ -587,7 +587,7 @@ def measure_round(build: str, *, num_clients: int, steps: int, batch: int,
                                      max_steps=steps))
   else:
     from fedjax_dd.experiments import common
-    from fedjax_dd.experiments import runners
+    from fedjax_dd.experiments import registry
     from fedjax_dd.experiments.configs import fedavg as fedavg_config
     config = fedavg_config.get_config("mnist_iid")
     config.client.batch_size = batch
@@ -597,7 +597,7 @@ def measure_round(build: str, *, num_clients: int, steps: int, batch: int,
     module = spec.build(10, conv_impl=common.conv_impl(config))
     task = Classifier(module=module, input_shape=spec.input_shape,
                       preprocess=preprocess, num_classes=10)
-    algorithm = runners.BUILDERS["fedavg"](
+    algorithm = registry.get("fedavg").rounds(
         config, common.local_training(config, task, steps))
   rng = np.random.default_rng(0)
   n_max = 10 * batch

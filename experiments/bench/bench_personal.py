@@ -34,7 +34,7 @@ def main(argv=None):
   # pylint: disable=g-import-not-at-top
   from fedjax_dd.core import fit as fit_lib
   from fedjax_dd.core.evaluate import make_evaluator
-  from fedjax_dd.experiments import common, runners
+  from fedjax_dd.experiments import common, registry
   name, _, preset = args.config.partition(":")
   config = importlib.import_module(
       f"fedjax_dd.experiments.configs.{name}").get_config(preset)
@@ -44,8 +44,9 @@ def main(argv=None):
       config, prepared, common.partition(config, prepared.dataset.y_train))
   data = common.client_data(prepared.dataset, parts)
   steps = common.local_steps(config, data.num_examples)
-  algorithm = runners.BUILDERS[config.method](
-      config, common.local_training(config, prepared.task, int(steps.max())))
+  algorithm = registry.build_rounds(
+      config, common.local_training(config, prepared.task, int(steps.max())),
+      data)
   state = fit_lib.initial_state(algorithm, prepared.task, data.num_clients,
                                 seed=0)
 

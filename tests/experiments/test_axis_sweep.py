@@ -49,13 +49,13 @@ def _rows(directory):
     return [json.loads(line) for line in f]
 
 
-def _assert_rows_close(axis_rows, single_rows):
+def _assert_rows_close(axis_rows, single_rows, rtol=RTOL):
   assert len(axis_rows) == len(single_rows)
   for a, b in zip(axis_rows, single_rows):
     assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())
     for k in a:
       if isinstance(b[k], float):
-        assert a[k] == pytest.approx(b[k], rel=RTOL, abs=ATOL), k
+        assert a[k] == pytest.approx(b[k], rel=rtol, abs=ATOL), k
       else:
         assert a[k] == b[k], k
 
@@ -200,13 +200,19 @@ def test_grid_cells_equal_separate_runs(tmp_path):
   assert len(finals) == 4
 
 
-@pytest.mark.parametrize("method,key,values", [
-    ("fedprox", "client.mu", [0.0, 0.5]),
-    ("feddyn", "feddyn.alpha", [0.01, 0.1]),
-    ("scaffold", "server.lr", [0.5, 1.5]),
-    ("scaffold", "client.lr", [0.03, 0.1]),
+@pytest.mark.parametrize("method,key,values,rtol", [
+    ("fedprox", "client.mu", [0.0, 0.5], RTOL),
+    ("feddyn", "feddyn.alpha", [0.01, 0.1], RTOL),
+    ("scaffold", "server.lr", [0.5, 1.5], RTOL),
+    # SCAFFOLD's variate update divides the model change by the client
+    # rate, which magnifies the run axis's last-bit differences: on two
+    # host devices the test loss differed by 3.7e-5 relative and one
+    # training example's prediction flipped (6.6e-4 of train accuracy).
+    # The two rates' runs differ by far more than this.
+    ("scaffold", "client.lr", [0.03, 0.1], 2e-3),
 ])
-def test_traced_grid_keys_equal_separate_runs(tmp_path, method, key, values):
+def test_traced_grid_keys_equal_separate_runs(tmp_path, method, key, values,
+                                             rtol):
   """``--grid=KEY=...`` beyond ``client.lr``: each cell's value reaches the
   method's builder as a tracer through its config
   (``axis_sweep.traced_config``); every row equals a run of that value set
@@ -223,7 +229,7 @@ def test_traced_grid_keys_equal_separate_runs(tmp_path, method, key, values):
     runners.run_federated(c, single)
     d = sweep_lib.seed_dir(os.path.join(axis, f"{key}_{v:g}"), 1)
     rows = _rows(d)
-    _assert_rows_close(rows, _rows(single))
+    _assert_rows_close(rows, _rows(single), rtol=rtol)
     finals.add(rows[-1]["train_loss"])
     with open(os.path.join(d, "command.txt")) as f:
       assert f.read().split()[-1] == f"--config.{key}={v}"
