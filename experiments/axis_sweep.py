@@ -142,6 +142,7 @@ def check(config: ml_collections.ConfigDict,
   Raises:
     ValueError: one line naming the setting and the fix.
   """
+  registry.check_method(config)
   for refused, why in _REFUSED:
     if refused(config):
       raise ValueError(

@@ -149,25 +149,19 @@ _OWNERS: dict[str, str] = {}
 _loaded = False
 
 
-def declare(method: Method, *, owner: str | None = None) -> Method:
+def declare(method: Method) -> Method:
   """Declares ``method`` and returns it.
 
-  Args:
-    method: the declaration.
-    owner: who declares it (default: the calling module); declaring a name
-      again from the same owner (a module or config loaded twice) replaces
-      the earlier declaration, from another owner is refused.
+  Its owner is the module that defines its builder: declaring a name again
+  from the same module (a module or config loaded twice) replaces the
+  earlier declaration, from another module is refused.
 
   Raises:
     ValueError: the name is declared by another module (a built-in method
       cannot be replaced).
   """
-  if owner is None:
-    import inspect  # pylint: disable=g-import-not-at-top
-    frame = inspect.currentframe()
-    caller = frame.f_back if frame is not None else None
-    owner = (caller.f_globals.get("__name__", "?") if caller is not None
-             else "?")
+  owner = next(f for f in (method.rounds, method.server, method.pipeline)
+               if f is not None).__module__
   if method.name in _DECLARED and _OWNERS[method.name] != owner:
     raise ValueError(f"method {method.name!r} is declared by "
                      f"{_OWNERS[method.name]}; declare another name.")
@@ -266,13 +260,26 @@ def hparams(config: ml_collections.ConfigDict,
                      ) from None
 
 
+def _check_declared(config: ml_collections.ConfigDict,
+                    method: Method) -> Any:
+  """The method's hyperparameters (:func:`hparams`), after its own
+  ``check``: what every path to its builder refuses."""
+  built = hparams(config, method)
+  if method.check is not None:
+    method.check(config)
+  return built
+
+
 def build_inputs(config: ml_collections.ConfigDict, method: Method, *,
                  data=None) -> dict[str, Any]:
   """The keyword inputs of ``method``'s builder: ``hparams`` (with a
-  dataclass) and what it ``needs``."""
+  dataclass) and what it ``needs``, after the method's refusals
+  (:func:`check_method`'s), so a builder reached without the entry point
+  (a sweep from Python, an audit) refuses what the entry point does."""
   inputs = {}
+  built = _check_declared(config, method)
   if method.hparams is not None:
-    inputs["hparams"] = hparams(config, method)
+    inputs["hparams"] = built
   if "client_data" in method.needs:
     inputs["data"] = data
   return inputs
@@ -305,10 +312,7 @@ def check_method(config: ml_collections.ConfigDict) -> None:
   method = config.get("method")
   own = methods(config.runner)
   if method in own:
-    declared = get(method)
-    hparams(config, declared)
-    if declared.check is not None:
-      declared.check(config)
+    _check_declared(config, get(method))
     return
   elsewhere = [r for r in runners if method in methods(r)]
   if elsewhere:

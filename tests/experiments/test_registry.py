@@ -13,6 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from fedjax_dd.experiments import axis_sweep
 from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import fedftg
 from tests.conftest import REPO_ROOT
@@ -391,3 +392,8 @@ def test_a_method_check_runs_before_the_data_loads():
     registry.check_method(c)
   with pytest.raises(ValueError, match="iga.enabled must stay True"):
     registry.run(c, "/nonexistent/never/written")
+  # Every path to the builder refuses it: a sweep from Python, a rebuild.
+  with pytest.raises(ValueError, match="iga.enabled must stay True"):
+    axis_sweep.check(c)
+  with pytest.raises(ValueError, match="iga.enabled must stay True"):
+    registry.build_rounds(c, training=None)
