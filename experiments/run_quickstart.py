@@ -15,6 +15,7 @@ member's start is one line on stderr, then its own progress lines.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -23,6 +24,7 @@ from typing import Any, Callable
 
 import ml_collections
 
+from fedjax_dd.core import side_by_side
 from fedjax_dd.core.workdir import Workdir
 from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import base as base_lib
@@ -47,7 +49,20 @@ def member_config(config: ml_collections.ConfigDict,
   for path, value in m.overrides:
     base_lib.set_path(c, path, value)
   c.run.progress = config.run.progress
+  c.run.checkpoint_every = config.run.checkpoint_every
   return c
+
+
+def start_order(config: ml_collections.ConfigDict) -> list[str]:
+  """The members in the order they start: ``config.start_order``'s that
+  run, then the others in ``config.order``."""
+  return ([n for n in config.start_order if n in config.order]
+          + [n for n in config.order if n not in config.start_order])
+
+
+def _check(config: ml_collections.ConfigDict) -> None:
+  side_by_side.check_runs(list(config.order), config.workers,
+                          start_order(config))
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -85,14 +100,24 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   entry point's :func:`fedjax_dd.experiments.registry.run_recorded`), then the
   comparison."""
   start, start_cpu = time.time(), time.process_time()
-  rows = []
-  for i, name in enumerate(config.order):  # one run per method, no loop body
-    member = member_config(config, name)
-    m = config.members[name]
+  members = {name: member_config(config, name) for name in config.order}
+
+  def announce(name: str) -> None:
     if config.run.progress:
-      print(f"[{i + 1}/{len(config.order)}] {name}: {m.get('note', '')}",
-            file=sys.stderr, flush=True)
-    summary = run_member(member, os.path.join(workdir, name))
+      i = list(config.order).index(name)
+      print(f"[{i + 1}/{len(config.order)}] {name}: "
+            f"{config.members[name].get('note', '')}", file=sys.stderr,
+            flush=True)
+
+  summaries = side_by_side.run_side_by_side(
+      {name: functools.partial(run_member, members[name],
+                               os.path.join(workdir, name))
+       for name in config.order},
+      workers=config.workers, on_start=announce,
+      start_order=start_order(config))
+  rows = []
+  for name, summary in summaries.items():  # one row per method, no loop body
+    m = config.members[name]
     rows.append({"method": name,
                  "final_test_accuracy": summary["final_test_accuracy"],
                  "expected": config.expected.get(name),
@@ -126,4 +151,4 @@ def _run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   return run(config, workdir, run_member=registry.run_recorded)
 
 
-registry.declare(registry.Method("quickstart", pipeline=_run))
+registry.declare(registry.Method("quickstart", pipeline=_run, check=_check))

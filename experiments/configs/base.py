@@ -727,6 +727,10 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "engine": _RUN_ONLY,
     "paper_departures": _RUN_ONLY,
     "expected": _RUN_ONLY,  # the quickstart's expected ranges
+    # How many of the quickstart's members run at once, and in which order
+    # they start: each member computes the same either way.
+    "workers": _RUN_ONLY,
+    "start_order": _RUN_ONLY,
     "audit": _RUN_ONLY,  # reads a finished run, changes none of it
     "model.conv_impl": _RUN_ONLY,
     # Personalized evaluation is part of a run (its rows depend on it, and

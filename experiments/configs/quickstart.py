@@ -74,6 +74,11 @@ def get_config(arg: str = ""):
   c = base_lib.base(method="quickstart", dataset="digits",
                     model="digits_cnn", runner="quickstart")
   c.data.num_clients = 20
+  # Every member checkpoints every 5 rounds or epochs (and at its last): its
+  # steps take a fraction of a second, and a save each step cost the
+  # comparison more than a resume could save. It reaches each member, as
+  # run.progress does.
+  c.run.checkpoint_every = 5
   c.data.partition = base_lib.pathological(4, style="balanced")
   # method -> its config file in experiments/configs, preset, and (dotted
   # path, value) overrides.
@@ -104,6 +109,15 @@ def get_config(arg: str = ""):
   })
   # The order of the table and the figure.
   c.order = ("fedavg", "fedd3", "hfldd", "fedhydra", "disue")
+  # Two members at a time (fedjax_dd.core.side_by_side): on 2 cores most of a
+  # member's time is compilation and tracing on one core, which the other
+  # member's compute fills; each member computes what it does alone.
+  # --config.workers=1 runs them one after the other.
+  c.workers = 2
+  # Longest first (the members' wall times in
+  # experiments/results/quickstart_digits.md), so both threads stay busy to
+  # the end; members not named start after these, in c.order.
+  c.start_order = ("fedhydra", "fedd3", "hfldd", "disue", "fedavg")
   # Each row's expected final accuracy (documentation, not part of the
   # run's identity: base.FINGERPRINT_RULES).
   c.expected = ml_collections.ConfigDict(

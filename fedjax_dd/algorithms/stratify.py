@@ -235,13 +235,19 @@ def target_naming_rate(combine: Callable[..., jax.Array], logits: jax.Array,
   Returns:
     The fraction over the ``B · (c − 1)`` (sample, wrong target) pairs.
   """
+  return (_naming_hits(combine, logits, labels, ctx, num_classes)
+          / (labels.shape[0] * (num_classes - 1)))
+
+
+def _naming_hits(combine, logits, labels, ctx, num_classes):
+  """:func:`target_naming_rate`'s numerator: the (sample, wrong target)
+  pairs on which the rule names the target."""
   def named(t):
     target = jnp.full(labels.shape, t, labels.dtype)
     hit = jnp.argmax(combine(logits, target, ctx), -1) == t
     return jnp.sum(jnp.where(labels != t, hit, False))
 
-  hits = jnp.sum(jnp.stack([named(t) for t in range(num_classes)]))
-  return hits / (labels.shape[0] * (num_classes - 1))
+  return jnp.sum(jnp.stack([named(t) for t in range(num_classes)]))
 
 
 def target_naming_rates(groups: Sequence[TeacherGroup],
@@ -274,9 +280,15 @@ def target_naming_rates(groups: Sequence[TeacherGroup],
   rules = {"sa": stratified_ensemble,
            "sa_predicted": stratified_ensemble_predicted,
            "ae": average_ensemble}
-  return {name: float(target_naming_rate(rule, logits, labels, ctx,
-                                         logits.shape[-1]))
-          for name, rule in rules.items()}
+  # The counts in one program for the three rules (run op by op, each
+  # rule's ten targets compiled dozens of small programs); the division as
+  # target_naming_rate's, op by op (a compiled division by a constant may
+  # round differently).
+  hits = jax.jit(lambda logits, labels, ctx: {
+      name: _naming_hits(rule, logits, labels, ctx, logits.shape[-1])
+      for name, rule in rules.items()})(logits, labels, ctx)
+  pairs = labels.shape[0] * (logits.shape[-1] - 1)
+  return {name: float(hits[name] / pairs) for name in rules}
 
 
 def sa_context(s: Stratification, *, average_scale: bool = True

@@ -30,6 +30,8 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import io
 import sys
@@ -85,23 +87,52 @@ class LoopOptions:
 PROGRESS_LINE = "{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 
 
+# The label of the runs in this context (:func:`progress_label`).
+_LABEL: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "fedjax_dd_progress_label", default="")
+
+
+@contextlib.contextmanager
+def progress_label(label: str):
+  """Prefixes this context's progress lines with ``label``.
+
+  For runs that go side by side in one process
+  (:func:`fedjax_dd.core.side_by_side.run_side_by_side`): each line says
+  whose it is, and every run reports in lines, also on a TTY, since two
+  redrawn bars would overwrite each other.
+  """
+  token = _LABEL.set(label)
+  try:
+    yield
+  finally:
+    _LABEL.reset(token)
+
+
 def progress_bar(total: int, desc: str, *, initial: int = 0,
                  show: bool = True) -> tqdm.tqdm:
   """A tqdm bar over ``total`` steps for :func:`report`: drawn on a TTY;
-  elsewhere kept off screen, :func:`report` printing its status as lines."""
-  live = sys.stderr.isatty()
-  return tqdm.tqdm(total=total, initial=initial, desc=desc,
-                   disable=not show, leave=True, dynamic_ncols=True,
-                   file=sys.stderr if live else io.StringIO(),
-                   bar_format=None if live else PROGRESS_LINE)
+  elsewhere (or under :func:`progress_label`) kept off screen, :func:`report`
+  printing its status as lines."""
+  label = _LABEL.get()
+  live = sys.stderr.isatty() and not label
+  desc = f"{label}: {desc}" if label else desc
+  bar = tqdm.tqdm(total=total, initial=initial, desc=desc,
+                  disable=not show, leave=True, dynamic_ncols=True,
+                  file=sys.stderr if live else io.StringIO(),
+                  bar_format=None if live else PROGRESS_LINE)
+  bar.as_lines = not live
+  return bar
 
 
 def report(bar: tqdm.tqdm, steps: int = 1) -> None:
-  """Advances ``bar`` by ``steps``; off a TTY, prints its status as a line
-  (a redrawn bar would fill a log with carriage returns)."""
+  """Advances ``bar`` by ``steps``; off a TTY (or under
+  :func:`progress_label`), prints its status as a line (a redrawn bar would
+  fill a log with carriage returns)."""
   bar.update(steps)
-  if not bar.disable and not sys.stderr.isatty():
-    print(bar, file=sys.stderr, flush=True)
+  if not bar.disable and getattr(bar, "as_lines", not sys.stderr.isatty()):
+    # One write per line: runs side by side may report at the same time.
+    sys.stderr.write(f"{bar}\n")
+    sys.stderr.flush()
 
 
 def progress_counter(total: int, desc: str

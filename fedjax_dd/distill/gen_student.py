@@ -37,6 +37,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import flax.linen as nn
 import jax
 
+from fedjax_dd.core import clients
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import ensemble
 
@@ -181,13 +182,25 @@ def mean_metrics(step_metrics: Sequence[Metrics]) -> dict[str, jax.Array]:
   return {k: v / n for k, v in total.items()}
 
 
+# Programs whose compilation is most of their cost: an epoch's or round's
+# random draws (noise, labels, a fresh generator) run once per epoch and
+# compute little, so they compile as the policy's programs that run once
+# (fedjax_dd.core.clients.once_jit; the same bits where the policy row
+# allows it).
+DRAW_PROGRAMS = ("draw",)
+
+
 def jit_programs(programs: type, loop: Loop, **fns: Callable[..., Any]):
   """The loop's programs, each ``fn(loop, ...)`` jitted once with ``loop`` bound.
+
+  The fields in :data:`DRAW_PROGRAMS` compile as programs that run once
+  (:func:`fedjax_dd.core.clients.once_jit`), the others with XLA's defaults.
 
   Args:
     programs: a ``NamedTuple`` class with one field per program.
     loop: the static settings every program closes over.
     **fns: the programs' pure functions by field name.
   """
-  return programs(**{name: jax.jit(functools.partial(fn, loop))
-                     for name, fn in fns.items()})
+  return programs(**{
+      name: (clients.once_jit if name in DRAW_PROGRAMS else jax.jit)(
+          functools.partial(fn, loop)) for name, fn in fns.items()})
