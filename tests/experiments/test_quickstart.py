@@ -178,3 +178,42 @@ def test_full_quickstart_runs_every_system(tmp_path):
   names = [r["method"] for r in s["methods"]]
   for m in ("fedavg", "fedd3", "hfldd", "fedhydra", "disue"):
     assert m in names
+
+
+def test_start_order_puts_named_members_first_and_keeps_the_rest():
+  c = quickstart.get_config()
+  assert run_quickstart.start_order(c)[0] == "fedhydra"
+  assert sorted(run_quickstart.start_order(c)) == sorted(c.order)
+  c.order = ("fedavg", "disue")
+  c.start_order = ("disue",)
+  assert run_quickstart.start_order(c) == ["disue", "fedavg"]
+
+
+@pytest.mark.parametrize("workers", [0, -1])
+def test_bad_worker_count_is_refused_before_any_member_runs(tmp_path,
+                                                           workers):
+  c = quickstart.get_config()
+  c.workers = workers
+  with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+    registry.run(c, str(tmp_path))
+  assert not os.listdir(tmp_path)
+
+
+@pytest.mark.slow
+def test_members_side_by_side_write_the_rows_of_members_one_at_a_time(
+    tmp_path):
+  # Two members on two threads compute what they compute one after the
+  # other: every metrics row equal.
+  rows = {}
+  for workers in (1, 2):
+    c = quickstart.get_config()
+    c.order = ("fedavg", "fedd3")
+    c.workers = workers
+    registry.run(c, str(tmp_path / str(workers)))
+    for name in c.order:
+      with open(tmp_path / str(workers) / name / "metrics.jsonl") as f:
+        rows[workers, name] = [
+            {k: v for k, v in json.loads(line).items()
+             if "seconds" not in k} for line in f]
+  for name in ("fedavg", "fedd3"):
+    assert rows[1, name] and rows[1, name] == rows[2, name]
