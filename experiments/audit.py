@@ -9,7 +9,12 @@ algorithm), and writes ``WORKDIR/audit.json``:
 
 * runner ``fedd3``: the clients' uploads from the stage cache (the run's
   own, or ``fedd3.distilled_from``'s);
-* runner ``federated``: the final global model from ``WORKDIR/checkpoints``.
+* runner ``federated``: the final global model from ``WORKDIR/checkpoints``;
+* runner ``hfldd``: what each member sent its head and the heads' final
+  model;
+* runner ``fedhydra`` (the one-shot runner): each client's uploaded model
+  and the final global model, by resuming the finished run with the audit
+  on (every stage restores; nothing trains again).
 
 A finished workdir is audited from its ``summary.json``'s config::
 

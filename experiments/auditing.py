@@ -3,8 +3,9 @@
 Glue between a config and :mod:`fedjax_dd.audit.workdir`: the attacker's
 holdout (:func:`attacker_data`), the audit of a FedD3 run's uploads
 (:func:`audit_fedd3`), of a rounds run's global model
-(:func:`audit_federated`) or of an HFLDD run's member uploads and final
-model (:func:`audit_hfldd`), written to ``WORKDIR/audit.json``, and the
+(:func:`audit_federated`), of an HFLDD run's member uploads and final
+model (:func:`audit_hfldd`) or of a one-shot run's client models and final
+model (:func:`audit_one_shot`), written to ``WORKDIR/audit.json``, and the
 headline for ``summary.json["audit"]`` (:func:`audit_run`). The runners
 import this module, and the command that audits a finished workdir
 (``python -m fedjax_dd.experiments.audit``) imports it and the runners,
@@ -201,8 +202,45 @@ def audit_hfldd(config: ml_collections.ConfigDict, workdir: str, *,
   return _finish(config, workdir, summary, size)
 
 
+def audit_one_shot(config: ml_collections.ConfigDict, workdir: str, *,
+                   prepared: common.Prepared | None = None, data=None,
+                   groups=None, result=None) -> dict[str, Any]:
+  """The audit of a one-shot run (FedHydra, DENSE, FedDF, Co-Boosting,
+  one-shot FedAvg), written to ``workdir/audit.json``: each client's
+  uploaded model against its own training data (loss threshold, label
+  leakage; :func:`fedjax_dd.audit.workdir.audit_client_models`) and the
+  final global model against every client's (``global_model_mia_loss``).
+
+  ``prepared``, ``data``, ``groups`` and ``result`` (the
+  :class:`fedjax_dd.core.server.ServerResult`) as ``run_fedhydra.run`` built
+  them. Not given (the audit of a finished workdir), the run is resumed
+  with the audit on: every stage restores from its checkpoints, none is
+  computed again, and the resumed run writes this audit.
+  """
+  if result is None:
+    from fedjax_dd.experiments import run_fedhydra  # pylint: disable=g-import-not-at-top
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.audit.enabled = True
+    run_fedhydra.run(config, workdir)
+    with open(os.path.join(workdir, audit_lib.AUDIT_FILE),
+              encoding="utf-8") as f:
+      return json.load(f)
+  nonmembers, size = _nonmembers(config, prepared, data)
+  probe_x, _, _ = attacker_data(config, prepared)
+  mapper = common.mapper(config)
+  fprs = tuple(config.audit.fprs)
+  summary = audit_lib.audit_client_models(
+      groups, result.teachers, data, nonmembers, probe_x,
+      num_classes=prepared.dataset.num_classes, fprs=fprs, mapper=mapper)
+  summary["global_model_mia_loss"] = audit_lib.audit_global_model(
+      prepared.task, result.params, result.batch_stats, data, nonmembers,
+      fprs=fprs, mapper=mapper)["model_mia_loss"]
+  summary["rounds"] = int(result.rounds)
+  return _finish(config, workdir, summary, size)
+
+
 AUDITS = {"fedd3": audit_fedd3, "federated": audit_federated,
-          "hfldd": audit_hfldd}
+          "hfldd": audit_hfldd, "fedhydra": audit_one_shot}
 """The audit of each runner: ``--config.audit.enabled`` is refused on the
 others (``common.check_audit``)."""
 

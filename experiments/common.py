@@ -764,7 +764,8 @@ def check_audit(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
         f"config.audit.enabled=True: runner {runner!r} has no audit yet "
         f"(runners {', '.join(auditing.AUDITS)}: FedD3's uploads, HFLDD's "
-        "members' uploads, a rounds run's global model); drop "
+        "members' uploads, a rounds run's global model, a one-shot run's "
+        "client models); drop "
         "--config.audit.enabled.")
 
 

@@ -84,6 +84,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                                data.num_clients, input_fn)
   names = tuple(n or config.model.name for n in names)
   mappers = [common.mapper(config, (name,)) for name in names]
+  audit = None
+  if "audit" in config and config.audit.enabled:
+    # The audit's glue; a holdout the test split cannot give is refused
+    # now, before the clients train.
+    from fedjax_dd.experiments import auditing as audit  # pylint: disable=g-import-not-at-top
+    audit.attacker_data(config, prepared)
   init_key, run_key = keys.init_and_run(keys.model_root(config.seed))
   # Each group trains its own model up to its clients' largest count.
   training = common.local_training(config, task,
@@ -139,6 +145,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
             ds.y_test[:PROBE])), "figures": figures.plot_one_shot(
                 report, rows, class_counts=class_counts,
                 num_classes=task.num_classes, directory=work.directory)}
+  if audit is not None and result.client_steps is None:
+    # Each client's uploaded model and the final global model.
+    extra["audit"] = audit.audit_run(config, workdir, prepared=prepared,
+                                     data=data, groups=groups, result=result)
   summary = runners.summarize(
       config, rows=rows, ledger=result.ledger, params=result.params,
       rounds=result.rounds, wall=wall, num_clients=data.num_clients,

@@ -316,6 +316,63 @@ def audit_global_model(task: Classifier, params: Any, batch_stats: Any,
           "model_mia_loss": _mia_fields(results, fprs)}
 
 
+def audit_client_models(groups: Sequence[Any], teachers: Any,
+                        data: ClientData, nonmember_data: ClientData,
+                        probe_x: Any, *, num_classes: int,
+                        fprs: Sequence[float] = FPRS,
+                        mapper: ClientMapper | None = None) -> dict[str, Any]:
+  """What each client's uploaded model reveals to the server: the
+  loss-threshold attack (Yeom et al. 2018) of each client's own model on
+  its own training data against its non-members, and the label leakage of
+  the model (the total-variation distance between its mean softmax over
+  the attacker's probe images and the client's true label histogram).
+
+  Args:
+    groups: the clients' architecture groups
+      (:class:`fedjax_dd.distill.ensemble.TeacherGroup`: ``task`` and
+      ``client_ids``).
+    teachers: the uploads (:class:`fedjax_dd.core.algorithm.Teachers`), per
+      group ``(params, batch_stats)`` stacked ``[m_g, ...]`` in the order of
+      the group's client ids.
+    data: every client's training data, the members.
+    nonmember_data: each client's non-members (:func:`nonmembers`).
+    probe_x: the attacker's images ``[P, H, W, Ch]`` (uint8, as the task's
+      ``preprocess`` takes them).
+    num_classes: ``K``.
+    fprs: FPRs of the reported TPRs.
+    mapper: the client-axis backend (default ``ClientMapper()``).
+
+  Returns:
+    ``{"kind": "client_models", "num_clients", "num_members",
+    "num_nonmembers", "model_mia_loss": {"auc_mean", "tpr_at_fpr_mean",
+    "auc", "tpr_at_fpr"}, "label_leakage": {"tv_mean", "tv"}}``, the
+    per-client lists in client order.
+  """
+  mapper = mapper or ClientMapper()
+  x, y, n = _host(data)
+  nx, ny, nn = _host(nonmember_data)
+  probe_x = np.asarray(probe_x)
+  results: list[Any] = [None] * x.shape[0]
+  model_hist = np.zeros((x.shape[0], num_classes), np.float32)
+  for g, (params, batch_stats) in zip(groups, teachers.vars):
+    ids = np.asarray(g.client_ids, np.int64)
+    for k, r in zip(ids, model_mia_lib.loss_threshold_mia_batched(
+        g.task, params, batch_stats, x[ids], y[ids], n[ids], nx[ids],
+        ny[ids], nn[ids], fprs=fprs, mapper=mapper)):
+      results[k] = r
+    model_hist[ids] = np.asarray(mapper.map(
+        lambda p, s, task=g.task: rc.model_label_histogram(task, p, s,
+                                                           probe_x),
+        in_axes=(0, 0))(params, batch_stats))
+  true_hist = np.stack([np.bincount(y[k, :n[k]], minlength=num_classes)
+                        for k in range(x.shape[0])]).astype(np.float32)
+  tv = np.asarray(rc.tv_distance(model_hist, true_hist)).tolist()
+  return {"kind": "client_models", "num_clients": int(x.shape[0]),
+          "num_members": n.tolist(), "num_nonmembers": nn.tolist(),
+          "model_mia_loss": _mia_fields(results, fprs),
+          "label_leakage": {"tv_mean": float(np.mean(tv)), "tv": tv}}
+
+
 def load_uploads(cache_workdir: str | os.PathLike,
                  fingerprint: Mapping[str, Any], num_clients: int
                  ) -> fedd3_lib.Uploads:
@@ -378,7 +435,8 @@ def load_global_model(workdir: str | os.PathLike, template: Any
 def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
   """The few figures of an audit summary that go into ``summary.json``."""
   out: dict[str, Any] = {"file": AUDIT_FILE, "kind": summary["kind"]}
-  for group in ("image_mia_pixels", "image_mia_features", "model_mia_loss"):
+  for group in ("image_mia_pixels", "image_mia_features", "model_mia_loss",
+                "global_model_mia_loss"):
     if group in summary:
       out[f"{group}_auc"] = summary[group]["auc_mean"]
       for f, v in summary[group]["tpr_at_fpr_mean"].items():
@@ -402,7 +460,8 @@ def write_audit(workdir: str | os.PathLike, summary: Mapping[str, Any]
   return path
 
 
-__all__ = ["AUDIT_FILE", "FEATURE_DIM", "audit_global_model",
+__all__ = ["AUDIT_FILE", "FEATURE_DIM", "audit_client_models",
+           "audit_global_model",
            "audit_image_uploads", "check_settings", "headline",
            "holdout_indices", "load_global_model", "load_uploads",
            "nonmember_parts", "nonmembers", "sent_labels", "ssim_window",

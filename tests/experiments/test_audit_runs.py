@@ -16,7 +16,8 @@ from fedjax_dd.audit import workdir as audit_lib
 from fedjax_dd.core import checks
 from fedjax_dd.data.stacked import ClientData
 from fedjax_dd.experiments import common
-from fedjax_dd.experiments.configs import fedavg, fedd3, fedhydra, hfldd
+from fedjax_dd.experiments.configs import fedavg, fedd3, fedhydra, fedseq
+from fedjax_dd.experiments.configs import hfldd
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -130,6 +131,33 @@ def test_fedavg_global_model_audit_and_standalone(tmp_path):
   assert _read(w / "audit.json") == audit
 
 
+def test_one_shot_client_models_audit_in_the_run_and_standalone(tmp_path):
+  """FedHydra's audit: each client's uploaded model against its own data
+  and the final global model, in the run and from the command on the
+  finished workdir (which resumes the run, every stage restored)."""
+  w = tmp_path / "fedhydra"
+  proc = _run(w, "--config.audit.enabled=True", "--config.audit.holdout=200",
+              config="experiments/configs/fedhydra.py:smoke")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  audit = _read(w / "audit.json")
+  summary = _read(w / "summary.json")
+  assert audit["kind"] == "client_models"
+  assert audit["num_clients"] == len(summary["client_test_accuracy"])
+  for group in ("model_mia_loss", "global_model_mia_loss"):
+    assert len(audit[group]["auc"]) == audit["num_clients"]
+    assert 0.0 <= audit[group]["auc_mean"] <= 1.0
+    assert summary["audit"][f"{group}_auc"] == audit[group]["auc_mean"]
+  tv = audit["label_leakage"]["tv"]
+  assert len(tv) == audit["num_clients"] and all(0 <= t <= 1 for t in tv)
+  metrics = (w / "metrics.jsonl").read_text()
+  os.remove(w / "audit.json")
+  proc = _audit(w, "--holdout=200")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert _read(w / "audit.json") == audit
+  # The resumed run trained nothing again: its rows are the run's.
+  assert (w / "metrics.jsonl").read_text() == metrics
+
+
 def test_hfldd_member_uploads_audit_standalone_and_in_the_run(tmp_path):
   """HFLDD's audit: the uploads each member sent its head and the heads'
   final model, from the command on a finished workdir, and the same file
@@ -219,17 +247,18 @@ def test_bad_audit_settings_refused_before_the_data_loads(key, value,
 
 
 def test_audit_of_a_runner_without_one_is_refused():
-  c = fedhydra.get_config("smoke")
+  c = fedseq.get_config("smoke")
   c.audit.enabled = True
   with pytest.raises(ValueError, match=r"^config.audit.enabled=True: runner "
-                     r"'fedhydra' has no audit yet \(runners fedd3, "
-                     r"federated, hfldd"):
+                     r"'fedseq' has no audit yet \(runners fedd3, "
+                     r"federated, hfldd, fedhydra"):
     common.validate(c)
   c.audit.enabled = False
   common.validate(c)
-  c = hfldd.get_config("smoke")
-  c.audit.enabled = True
-  common.validate(c)
+  for module in (hfldd, fedhydra):
+    c = module.get_config("smoke")
+    c.audit.enabled = True
+    common.validate(c)
   fedavg.get_config("smoke").audit.enabled = True  # the group is everywhere
 
 
