@@ -435,8 +435,12 @@ class CheckpointStore:
       meta: dict | None = None,
       *,
       force: bool = False,
+      replacing: bool = False,
   ) -> bool:
     """Saves ``state`` and ``meta`` as checkpoint ``step``.
+
+    Checkpoints at ``step`` or later are deleted first, with a warning (a
+    run that saves a step it has passed went back).
 
     Args:
       step: step (round) index, >= 0.
@@ -444,6 +448,8 @@ class CheckpointStore:
       meta: JSON-serialisable dict (round-trips through JSON: tuples come
         back as lists, non-string keys as strings); None saves ``{}``.
       force: save even if ``step % save_every != 0``.
+      replacing: the caller replaces ``step`` on purpose (a stage cache's
+        one entry): no warning.
 
     Returns:
       True if a checkpoint was written, False if the step was skipped.
@@ -467,10 +473,11 @@ class CheckpointStore:
 
     for s in self._orbax_steps():
       if s >= step:
-        _log.warning(
-            "Checkpoint step %d in %s is replaced by the new save of step %d; deleting it.",
-            s, self._directory, step,
-        )
+        if not (replacing and s == step):
+          _log.warning(
+              "Checkpoint step %d in %s is replaced by the new save of step "
+              "%d; deleting it.", s, self._directory, step,
+          )
         self._manager.delete(s)
     for s, path in self._tmp_dirs():
       _log.warning(

@@ -231,7 +231,7 @@ class StageCache:
       raise ValueError(f"Stage {name!r} has no non-empty array to save.")
     meta = {"fingerprint": current, "spec": spec, "info": dict(info or {})}
     with CheckpointStore(self.path(name), max_to_keep=1) as store:
-      store.save(_STEP, tree, meta, force=True)
+      store.save(_STEP, tree, meta, force=True, replacing=True)
 
   def get_or_compute(
       self, name: str, fingerprint: Mapping[str, Any],
