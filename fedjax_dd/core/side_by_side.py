@@ -10,8 +10,8 @@ order are its own, and XLA runs a program the same way whatever else runs
 beside it (``tests/core/test_side_by_side.py`` compares a run on its own
 with the same run beside others).
 
-Each run's progress lines carry its name (:func:`fedjax_dd.core.loop.
-progress_label`).
+Each run's progress lines carry its name
+(:func:`fedjax_dd.core.loop.progress_label`).
 """
 
 from __future__ import annotations
