@@ -50,10 +50,13 @@ def attacker_data(config: ml_collections.ConfigDict,
   return ds.x_test[idx], ds.y_test[idx], rng
 
 
-def _nonmembers(config, prepared, data):
+def _nonmembers(config, prepared, data, *, with_holdout: bool = False):
+  """``(nonmembers, holdout size)``, and the holdout images last with
+  ``with_holdout`` (a model audit's probe set)."""
   hx, hy, rng = attacker_data(config, prepared)
   try:
-    return audit_lib.nonmembers(hx, hy, data, rng), int(hy.shape[0])
+    out = audit_lib.nonmembers(hx, hy, data, rng), int(hy.shape[0])
+    return (*out, hx) if with_holdout else out
   except checks.SettingError as e:
     raise common.InputError(
         f"config.audit.{e}".replace("; raise it", "; raise "
@@ -225,13 +228,13 @@ def audit_one_shot(config: ml_collections.ConfigDict, workdir: str, *,
     with open(os.path.join(workdir, audit_lib.AUDIT_FILE),
               encoding="utf-8") as f:
       return json.load(f)
-  nonmembers, size = _nonmembers(config, prepared, data)
-  probe_x, _, _ = attacker_data(config, prepared)
+  nonmembers, size, probe_x = _nonmembers(config, prepared, data,
+                                          with_holdout=True)
   mapper = common.mapper(config)
   fprs = tuple(config.audit.fprs)
   summary = audit_lib.audit_client_models(
-      groups, result.teachers, data, nonmembers, probe_x,
-      num_classes=prepared.dataset.num_classes, fprs=fprs, mapper=mapper)
+      groups, result.teachers, data, nonmembers, probe_x, fprs=fprs,
+      mapper=mapper)
   summary["global_model_mia_loss"] = audit_lib.audit_global_model(
       prepared.task, result.params, result.batch_stats, data, nonmembers,
       fprs=fprs, mapper=mapper)["model_mia_loss"]

@@ -318,14 +318,14 @@ def audit_global_model(task: Classifier, params: Any, batch_stats: Any,
 
 def audit_client_models(groups: Sequence[Any], teachers: Any,
                         data: ClientData, nonmember_data: ClientData,
-                        probe_x: Any, *, num_classes: int,
-                        fprs: Sequence[float] = FPRS,
+                        probe_x: Any, *, fprs: Sequence[float] = FPRS,
                         mapper: ClientMapper | None = None) -> dict[str, Any]:
   """What each client's uploaded model reveals to the server: the
   loss-threshold attack (Yeom et al. 2018) of each client's own model on
   its own training data against its non-members, and the label leakage of
   the model (the total-variation distance between its mean softmax over
-  the attacker's probe images and the client's true label histogram).
+  the attacker's probe images and the client's true label histogram,
+  :func:`fedjax_dd.audit.reconstruction.model_label_leakage_batched`).
 
   Args:
     groups: the clients' architecture groups
@@ -338,7 +338,6 @@ def audit_client_models(groups: Sequence[Any], teachers: Any,
     nonmember_data: each client's non-members (:func:`nonmembers`).
     probe_x: the attacker's images ``[P, H, W, Ch]`` (uint8, as the task's
       ``preprocess`` takes them).
-    num_classes: ``K``.
     fprs: FPRs of the reported TPRs.
     mapper: the client-axis backend (default ``ClientMapper()``).
 
@@ -348,25 +347,19 @@ def audit_client_models(groups: Sequence[Any], teachers: Any,
     "auc", "tpr_at_fpr"}, "label_leakage": {"tv_mean", "tv"}}``, the
     per-client lists in client order.
   """
-  mapper = mapper or ClientMapper()
   x, y, n = _host(data)
   nx, ny, nn = _host(nonmember_data)
-  probe_x = np.asarray(probe_x)
   results: list[Any] = [None] * x.shape[0]
-  model_hist = np.zeros((x.shape[0], num_classes), np.float32)
+  tv = np.zeros(x.shape[0])
   for g, (params, batch_stats) in zip(groups, teachers.vars):
     ids = np.asarray(g.client_ids, np.int64)
     for k, r in zip(ids, model_mia_lib.loss_threshold_mia_batched(
         g.task, params, batch_stats, x[ids], y[ids], n[ids], nx[ids],
         ny[ids], nn[ids], fprs=fprs, mapper=mapper)):
       results[k] = r
-    model_hist[ids] = np.asarray(mapper.map(
-        lambda p, s, task=g.task: rc.model_label_histogram(task, p, s,
-                                                           probe_x),
-        in_axes=(0, 0))(params, batch_stats))
-  true_hist = np.stack([np.bincount(y[k, :n[k]], minlength=num_classes)
-                        for k in range(x.shape[0])]).astype(np.float32)
-  tv = np.asarray(rc.tv_distance(model_hist, true_hist)).tolist()
+    tv[ids] = np.asarray(rc.model_label_leakage_batched(
+        g.task, params, batch_stats, probe_x, y[ids], n[ids], mapper=mapper))
+  tv = tv.tolist()
   return {"kind": "client_models", "num_clients": int(x.shape[0]),
           "num_members": n.tolist(), "num_nonmembers": nn.tolist(),
           "model_mia_loss": _mia_fields(results, fprs),

@@ -70,7 +70,7 @@ def test_label_leakage_of_bias_models_by_hand_and_in_client_order():
       num_examples=data.num_examples)
   probe = rng.integers(0, 256, (5, *SHAPE), dtype=np.uint8)
   out = audit_lib.audit_client_models((g0, g1), teachers, data, nonmembers,
-                                      probe, num_classes=K)
+                                      probe)
   assert out["kind"] == "client_models" and out["num_clients"] == 3
   assert out["num_members"] == [4, 3, 4]
   assert out["num_nonmembers"] == [2, 2, 2]
@@ -91,7 +91,7 @@ def test_each_clients_attack_is_its_own_models_loss_threshold():
   g = types.SimpleNamespace(task=task, client_ids=(0, 1))
   teachers = Teachers(vars=((stacked, {}),), num_examples=data.num_examples)
   out = audit_lib.audit_client_models((g,), teachers, data, nonmembers,
-                                      data.x[0, :2], num_classes=K)
+                                      data.x[0, :2])
   for k in range(2):
     n, m = int(data.num_examples[k]), int(nonmembers.num_examples[k])
     alone = model_mia.loss_threshold_mia(
