@@ -89,22 +89,119 @@ def audit_fedd3(config: ml_collections.ConfigDict, workdir: str, *,
 def audit_federated(config: ml_collections.ConfigDict, workdir: str, *,
                     prepared: common.Prepared, data,
                     algorithm) -> dict[str, Any]:
-  """The audit of a rounds run's final global model (its checkpoint),
-  written to ``workdir/audit.json``; ``prepared``, ``data`` and
-  ``algorithm`` as ``runners.run_federated`` built them (the audit command,
-  ``experiments/audit.py``, builds them again from a finished run's
-  config)."""
+  """The audit of a rounds run, written to ``workdir/audit.json``: its
+  final global model (its checkpoint) against every client's data, and
+  with ``audit.client_uploads`` each client's upload
+  (:func:`fedjax_dd.audit.workdir.client_uploads`: FedAvg's local training
+  from the final global model, the upload of the round after the last;
+  from the initial model for a one-round run, whose uploads it retrains).
+  With ``audit.lira_shadows`` both are also scored by offline LiRA
+  (:func:`lira_shadows`).
+
+  ``prepared``, ``data`` and ``algorithm`` as ``runners.run_federated``
+  built them (the audit command, ``experiments/audit.py``, builds them
+  again from a finished run's config).
+  """
   from fedjax_dd.core import fit as fit_lib  # pylint: disable=g-import-not-at-top
-  nonmembers, size = _nonmembers(config, prepared, data)
+  nonmembers, size, probe_x = _nonmembers(config, prepared, data,
+                                          with_holdout=True)
   template = fit_lib.initial_state(algorithm, prepared.task, data.num_clients,
                                    seed=config.seed)
   params, batch_stats, rounds = audit_lib.load_global_model(workdir,
                                                             template)
+  mapper = common.mapper(config)
+  fprs = tuple(config.audit.fprs)
+  task = prepared.task
   summary = audit_lib.audit_global_model(
-      prepared.task, params, batch_stats, data, nonmembers,
-      fprs=tuple(config.audit.fprs), mapper=common.mapper(config))
+      task, params, batch_stats, data, nonmembers, fprs=fprs, mapper=mapper)
+  a = config.audit
+  shadows = lira_shadows(config, prepared, data) if a.lira_shadows else None
+  if shadows is not None:
+    init = (template.server.params, template.server.batch_stats)
+    summary["model_mia_lira"] = audit_lib.audit_global_lira(
+        task, params, batch_stats, shadows.train(init, 0, rounds), data,
+        nonmembers, fprs=fprs, mapper=mapper)
+  if a.client_uploads:
+    start, round_index = ((template.server.params,
+                           template.server.batch_stats), 0)
+    if rounds > 1:
+      start, round_index = (params, batch_stats), rounds
+    num_steps = common.local_steps(config, data.num_examples)
+    training = common.local_training(config, task, int(np.max(num_steps)))
+    uploads = audit_lib.client_uploads(
+        training, *start, data, num_steps, _audit_key(config, 0),
+        round_index=round_index)
+    summary["client_uploads"] = audit_lib.audit_client_uploads(
+        task, *uploads, data, nonmembers, probe_x, fprs=fprs, mapper=mapper,
+        shadows=None if shadows is None else shadows.train(
+            start, round_index, 1))
+    summary["client_uploads"]["start"] = (
+        "final global model" if rounds > 1 else "initial model")
   summary["rounds"] = rounds
   return _finish(config, workdir, summary, size)
+
+
+class _Shadows:
+  """LiRA's OUT shadows of a rounds run (:func:`lira_shadows`)."""
+
+  def __init__(self, config, task, pool_x, pool_y, size):
+    self.config, self.task = config, task
+    self.pool_x, self.pool_y, self.size = pool_x, pool_y, size
+    self.steps = int(np.asarray(common.local_steps(config, [size]))[0])
+
+  def train(self, start, round_index: int, rounds: int):
+    """``audit.lira_shadows`` shadows from ``start``, each making
+    ``rounds`` times a median client's local steps on ``size`` pool
+    examples."""
+    from fedjax_dd.audit import model_mia  # pylint: disable=g-import-not-at-top
+    steps = max(1, self.steps * max(1, int(rounds)))
+    training = common.local_training(self.config, self.task, steps)
+    return model_mia.train_shadows(
+        training, _audit_key(self.config, 1), self.pool_x, self.pool_y,
+        num_shadows=int(self.config.audit.lira_shadows),
+        shadow_size=self.size, num_steps=steps, start=start,
+        round_index=round_index)
+
+
+def lira_shadows(config: ml_collections.ConfigDict, prepared: common.Prepared,
+                 data) -> _Shadows:
+  """Offline LiRA's shadow pool (Carlini et al. 2022): the test examples
+  outside the attacker's holdout, so disjoint from every member and
+  non-member (``audit.lira_pool`` of them drawn from data.seed's
+  ``AUDIT_SHADOWS`` stream; 0: all). Each shadow trains on a median
+  client's number of examples of the pool.
+
+  Raises:
+    common.InputError: the holdout leaves no test example for the pool, or
+      fewer than ``audit.lira_pool``.
+  """
+  ds = prepared.dataset
+  num_test = int(np.shape(ds.y_test)[0])
+  rng = keys.numpy_stream(config.data.seed, keys.Stream.AUDIT)
+  held = audit_lib.holdout_indices(num_test, config.audit.holdout, rng)
+  rest = np.setdiff1d(np.arange(num_test), held)
+  want = int(config.audit.lira_pool) or rest.size
+  if rest.size < max(2, want):
+    raise common.InputError(
+        f"config.audit.lira_shadows={config.audit.lira_shadows}: the shadow "
+        f"pool holds {rest.size} test examples outside the holdout of "
+        f"{held.size}, not {max(2, want)}; lower --config.audit.holdout or "
+        "--config.audit.lira_pool.")
+  pool_rng = keys.numpy_stream(config.data.seed, keys.Stream.AUDIT_SHADOWS)
+  idx = np.sort(pool_rng.choice(rest, size=want, replace=False))
+  n = np.asarray(data.num_examples)
+  size = int(min(want, max(1, np.median(n[n > 0]))))
+  return _Shadows(config, prepared.task, ds.x_test[idx], ds.y_test[idx],
+                  size)
+
+
+def _audit_key(config, index: int):
+  """The key of the audit's own training (0: retrained uploads, 1:
+  shadows), off ``data.seed``'s ``AUDIT_SHADOWS`` stream."""
+  import jax  # pylint: disable=g-import-not-at-top
+  root = jax.random.fold_in(jax.random.key(int(config.data.seed)),
+                            int(keys.Stream.AUDIT_SHADOWS))
+  return jax.random.fold_in(root, index)
 
 
 def _projection_key(config):

@@ -742,7 +742,8 @@ def check_personal(config: ml_collections.ConfigDict) -> None:
 
 def check_audit(config: ml_collections.ConfigDict) -> None:
   """``audit.*``: the settings
-  (:func:`fedjax_dd.audit.workdir.check_settings`) and, with
+  (:func:`fedjax_dd.audit.workdir.check_settings` and ``check_lira``;
+  LiRA only on a rounds run) and, with
   ``audit.enabled``, a runner with an audit
   (:data:`fedjax_dd.experiments.auditing.AUDITS`); an
   ``audit.holdout`` above the test split is refused once it is loaded.
@@ -756,9 +757,18 @@ def check_audit(config: ml_collections.ConfigDict) -> None:
   from fedjax_dd.audit import workdir as audit_lib  # pylint: disable=g-import-not-at-top
   audit_lib.check_settings(a.holdout, a.psnr_threshold, a.fprs,
                            prefix="config.audit.", fix="set --{name}")
+  shadows, _ = audit_lib.check_lira(a.get("lira_shadows", 0),
+                                    a.get("lira_pool", 0),
+                                    prefix="config.audit.",
+                                    fix="set --{name}")
   runner = _lookup(config, "runner")
   if not a.enabled:
     return
+  if shadows and runner != "federated":
+    raise ValueError(
+        f"config.audit.lira_shadows={shadows}: LiRA runs in the audit of a "
+        f"rounds run (runner federated), not runner {runner!r}; set "
+        "--config.audit.lira_shadows=0.")
   from fedjax_dd.experiments import auditing  # pylint: disable=g-import-not-at-top
   if runner not in auditing.AUDITS:
     raise ValueError(

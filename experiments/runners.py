@@ -353,6 +353,8 @@ def run_federated(config: ml_collections.ConfigDict, workdir: str) -> dict[str, 
     # cannot give is refused now, before the rounds.
     from fedjax_dd.experiments import auditing as audit  # pylint: disable=g-import-not-at-top
     audit.attacker_data(config, prepared)
+    if config.audit.lira_shadows:  # and a shadow pool outside the holdout
+      audit.lira_shadows(config, prepared, data)
 
   def finalize(summary):
     if fields is not None:

@@ -227,6 +227,16 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       "psnr_threshold": 30.0,
       # The false-positive rates of the reported TPRs (Carlini et al. 2022).
       "fprs": (0.01, 0.001),
+      # A rounds run also audits each client's upload: FedAvg's local
+      # training from the final global model (from the initial model in a
+      # one-round run), as the server receives it.
+      "client_uploads": True,
+      # > 0: offline LiRA with this many OUT shadows (>= 2) trained on the
+      # test examples outside the holdout, beside the loss threshold (rounds
+      # runs: the global model and the client uploads).
+      "lira_shadows": 0,
+      # Test examples of the shadow pool; 0: all outside the holdout.
+      "lira_pool": 0,
   })
   return c
 

@@ -242,13 +242,15 @@ def loss_threshold_mia_batched(task: Classifier, params: PyTree,
 
 def train_shadows(training: LocalTraining, key: jax.Array, pool_x: Any,
                   pool_y: Any, *, num_shadows: int, shadow_size: int,
-                  num_steps: int) -> tuple[PyTree, PyTree]:
+                  num_steps: int, start: tuple[PyTree, PyTree] | None = None,
+                  round_index: int = 0) -> tuple[PyTree, PyTree]:
   """Trains LiRA's OUT shadow models on the attacker's population data.
 
   Each shadow draws ``shadow_size`` examples of the pool without
-  replacement and trains from its own initialisation for ``num_steps``
-  local steps of :func:`fedjax_dd.core.local.make_local_update`; the
-  shadows run as a cohort through ``training.mapper``.
+  replacement and trains from its own initialisation (or from ``start``)
+  for ``num_steps`` local steps of
+  :func:`fedjax_dd.core.local.make_local_update`; the shadows run as a
+  cohort through ``training.mapper``.
 
   Args:
     training: the clients' local training (task, optimizer, batch size);
@@ -260,6 +262,12 @@ def train_shadows(training: LocalTraining, key: jax.Array, pool_x: Any,
     num_shadows: ``K >= 2``.
     shadow_size: examples per shadow, ``<= P``.
     num_steps: local steps per shadow, ``<= training.max_steps``.
+    start: ``(params, batch_stats)`` every shadow starts from, as a client
+      starts from the server model it received (the audit of a client's
+      upload); ``None``: each shadow's own initialisation.
+    round_index: the round the shadows train in
+      (:attr:`fedjax_dd.core.local.RoundContext.round`, the schedule's
+      argument).
 
   Returns:
     ``(params, batch_stats)`` with leaves ``[K, ...]``.
@@ -278,11 +286,12 @@ def train_shadows(training: LocalTraining, key: jax.Array, pool_x: Any,
                            fix="raise the LocalTraining's max_steps")
   local = make_local_update(training)
 
-  def one_shadow(shadow_key, x, y):
-    params, batch_stats = task.init(jax.random.fold_in(shadow_key, 0))
+  def one_shadow(shadow_key, x, y, start):
+    params, batch_stats = (task.init(jax.random.fold_in(shadow_key, 0))
+                           if start is None else start)
     idx = jax.random.choice(jax.random.fold_in(shadow_key, 1), x.shape[0],
                             (size,), replace=False)
-    ctx = RoundContext(round=jnp.zeros((), jnp.int32), start_params=params,
+    ctx = RoundContext(round=jnp.int32(round_index), start_params=params,
                        start_batch_stats=batch_stats)
     result = local.run(params, batch_stats, local.optimizer.init(params),
                        x[idx], y[idx], jnp.int32(size), jnp.int32(steps),
@@ -290,8 +299,8 @@ def train_shadows(training: LocalTraining, key: jax.Array, pool_x: Any,
     return result.params, result.batch_stats
 
   keys = jnp.stack([jax.random.fold_in(key, i) for i in range(k)])
-  return training.mapper.map(one_shadow, (0, None, None))(
-      keys, jnp.asarray(pool_x), jnp.asarray(pool_y))
+  return training.mapper.map(one_shadow, (0, None, None, None))(
+      keys, jnp.asarray(pool_x), jnp.asarray(pool_y), start)
 
 
 def _shadow_phi(task, shadows, x, y, mapper):

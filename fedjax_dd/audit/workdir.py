@@ -32,6 +32,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dd.algorithms import fedd3 as fedd3_lib
@@ -41,8 +42,11 @@ from fedjax_dd.audit import model_mia as model_mia_lib
 from fedjax_dd.audit import reconstruction as rc
 from fedjax_dd.audit.membership import FPRS, MIAResult
 from fedjax_dd.core import checks
+from fedjax_dd.core import keys as keys_lib
+from fedjax_dd.core.algorithm import Cohort
 from fedjax_dd.core.checkpoint import CheckpointStore
-from fedjax_dd.core.clients import ClientMapper
+from fedjax_dd.core.clients import ClientMapper, client_stage
+from fedjax_dd.core.local import LocalTraining, make_local_update
 from fedjax_dd.core.metrics import to_jsonable, write_json
 from fedjax_dd.core.stage_cache import StageCache
 from fedjax_dd.core.task import Classifier
@@ -94,6 +98,28 @@ def check_settings(holdout: Any, psnr_threshold: Any, fprs: Any, *,
                                 high_open=True, fix=advice("fprs"))
             for v in fprs)
   return h, t, f
+
+
+def check_lira(shadows: Any, pool: Any, *, prefix: str = "",
+               fix: str | None = None) -> tuple[int, int]:
+  """Offline LiRA's settings: ``shadows`` 0 (no LiRA) or an int ``>= 2``
+  (a variance is fitted over them), ``pool`` an int ``>= 0`` (0: every
+  test example outside the holdout).
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: naming the setting and its value.
+  """
+  def advice(name):
+    return fix.format(name=prefix + name) if fix else None
+
+  k = checks.check_int(prefix + "lira_shadows", shadows, 0,
+                       fix=advice("lira_shadows"))
+  if k == 1:
+    checks.refuse(prefix + "lira_shadows", "0 (no LiRA) or at least 2 "
+                  "shadows (LiRA fits a variance over them)", k,
+                  advice("lira_shadows"))
+  return k, checks.check_int(prefix + "lira_pool", pool, 0,
+                             fix=advice("lira_pool"))
 
 
 def holdout_indices(num_test: int, holdout: int, rng: np.random.Generator, *,
@@ -316,10 +342,51 @@ def audit_global_model(task: Classifier, params: Any, batch_stats: Any,
           "model_mia_loss": _mia_fields(results, fprs)}
 
 
+def _model_audit(task: Classifier, params: Any, batch_stats: Any,
+                 ids: np.ndarray, host: tuple, probe_x: Any, fprs, mapper,
+                 shadows=None):
+  """Loss threshold, label leakage and (with ``shadows``) offline LiRA of
+  the models ``[m, ...]`` of clients ``ids``, each on its own data."""
+  (x, y, n), (nx, ny, nn) = host
+  args = (x[ids], y[ids], n[ids], nx[ids], ny[ids], nn[ids])
+  loss = model_mia_lib.loss_threshold_mia_batched(
+      task, params, batch_stats, *args, fprs=fprs, mapper=mapper)
+  tv = np.asarray(rc.model_label_leakage_batched(
+      task, params, batch_stats, probe_x, y[ids], n[ids], mapper=mapper))
+  lira = None if shadows is None else model_mia_lib.lira_mia_batched(
+      task, params, batch_stats, shadows, *args, fprs=fprs, mapper=mapper)
+  return loss, tv, lira
+
+
+def _client_model_summary(num: int, host: tuple, parts, fprs
+                          ) -> dict[str, Any]:
+  """Per-client results of :func:`_model_audit` over ``parts`` (``(ids,
+  (loss, tv, lira))`` per architecture group) in client order."""
+  loss: list[Any] = [None] * num
+  lira: list[Any] = [None] * num
+  tv = np.zeros(num)
+  for ids, (group_loss, group_tv, group_lira) in parts:
+    for j, k in enumerate(ids):
+      loss[k] = group_loss[j]
+      if group_lira is not None:
+        lira[k] = group_lira[j]
+    tv[ids] = group_tv
+  (_, _, n), (_, _, nn) = host
+  out = {"kind": "client_models", "num_clients": num,
+         "num_members": n.tolist(), "num_nonmembers": nn.tolist(),
+         "model_mia_loss": _mia_fields(loss, fprs),
+         "label_leakage": {"tv_mean": float(np.mean(tv)), "tv": tv.tolist()}}
+  if lira[0] is not None:
+    out["model_mia_lira"] = _mia_fields(lira, fprs)
+  return out
+
+
 def audit_client_models(groups: Sequence[Any], teachers: Any,
                         data: ClientData, nonmember_data: ClientData,
                         probe_x: Any, *, fprs: Sequence[float] = FPRS,
-                        mapper: ClientMapper | None = None) -> dict[str, Any]:
+                        mapper: ClientMapper | None = None,
+                        shadows: Sequence[Any] | None = None
+                        ) -> dict[str, Any]:
   """What each client's uploaded model reveals to the server: the
   loss-threshold attack (Yeom et al. 2018) of each client's own model on
   its own training data against its non-members, and the label leakage of
@@ -340,30 +407,76 @@ def audit_client_models(groups: Sequence[Any], teachers: Any,
       ``preprocess`` takes them).
     fprs: FPRs of the reported TPRs.
     mapper: the client-axis backend (default ``ClientMapper()``).
+    shadows: per group, offline LiRA's OUT shadows of its architecture
+      (:func:`fedjax_dd.audit.model_mia.train_shadows`); ``None``: no LiRA.
 
   Returns:
     ``{"kind": "client_models", "num_clients", "num_members",
     "num_nonmembers", "model_mia_loss": {"auc_mean", "tpr_at_fpr_mean",
     "auc", "tpr_at_fpr"}, "label_leakage": {"tv_mean", "tv"}}``, the
-    per-client lists in client order.
+    per-client lists in client order, and ``"model_mia_lira"`` (as
+    ``"model_mia_loss"``) with ``shadows``.
   """
+  host = (_host(data), _host(nonmember_data))
+  shadows = shadows or (None,) * len(groups)
+  parts = []
+  for g, (params, batch_stats), sh in zip(groups, teachers.vars, shadows):
+    ids = np.asarray(g.client_ids, np.int64)
+    parts.append((ids, _model_audit(g.task, params, batch_stats, ids, host,
+                                    probe_x, fprs, mapper, sh)))
+  return _client_model_summary(host[0][0].shape[0], host, parts, fprs)
+
+
+def audit_client_uploads(task: Classifier, params: Any, batch_stats: Any,
+                         data: ClientData, nonmember_data: ClientData,
+                         probe_x: Any, *, fprs: Sequence[float] = FPRS,
+                         mapper: ClientMapper | None = None,
+                         shadows: Any = None) -> dict[str, Any]:
+  """:func:`audit_client_models` of one architecture's uploads, leaves
+  ``[C, ...]`` in client order (:func:`client_uploads`)."""
+  host = (_host(data), _host(nonmember_data))
+  ids = np.arange(host[0][0].shape[0])
+  parts = [(ids, _model_audit(task, params, batch_stats, ids, host, probe_x,
+                              fprs, mapper, shadows))]
+  return _client_model_summary(ids.size, host, parts, fprs)
+
+
+def client_uploads(training: LocalTraining, params: Any, batch_stats: Any,
+                   data: ClientData, num_steps: Any, key: jax.Array, *,
+                   round_index: int = 0) -> tuple[Any, Any]:
+  """The model each client uploads after FedAvg's local training
+  (McMahan et al. 2017, Alg. 1, ClientUpdate) from the server model
+  ``(params, batch_stats)``: every client of ``data``, ``num_steps [C]``
+  steps of ``training`` each, client ``i`` drawing its batches from
+  ``fold_in(key, i)`` (:func:`fedjax_dd.core.keys.client_keys`).
+
+  Returns:
+    ``(params, batch_stats)`` with leaves ``[C, ...]``.
+  """
+  ids = jnp.arange(np.shape(data.num_examples)[0], dtype=jnp.int32)
+  cohort = Cohort(x=data.x, y=data.y, num_examples=data.num_examples,
+                  num_steps=jnp.asarray(num_steps, jnp.int32),
+                  client_ids=ids, round=jnp.int32(round_index))
+  train = client_stage(make_local_update(training), training.mapper)
+  result = train(params, batch_stats, (), cohort,
+                 keys_lib.client_keys(key, ids))
+  return result.params, result.batch_stats
+
+
+def audit_global_lira(task: Classifier, params: Any, batch_stats: Any,
+                      shadows: Any, data: ClientData,
+                      nonmember_data: ClientData, *,
+                      fprs: Sequence[float] = FPRS,
+                      mapper: ClientMapper | None = None) -> dict[str, Any]:
+  """Offline LiRA (Carlini et al. 2022) on one global model against every
+  client's training data: :func:`audit_global_model`'s fields, scored by
+  :func:`fedjax_dd.audit.model_mia.lira_mia_batched` with ``shadows``."""
   x, y, n = _host(data)
   nx, ny, nn = _host(nonmember_data)
-  results: list[Any] = [None] * x.shape[0]
-  tv = np.zeros(x.shape[0])
-  for g, (params, batch_stats) in zip(groups, teachers.vars):
-    ids = np.asarray(g.client_ids, np.int64)
-    for k, r in zip(ids, model_mia_lib.loss_threshold_mia_batched(
-        g.task, params, batch_stats, x[ids], y[ids], n[ids], nx[ids],
-        ny[ids], nn[ids], fprs=fprs, mapper=mapper)):
-      results[k] = r
-    tv[ids] = np.asarray(rc.model_label_leakage_batched(
-        g.task, params, batch_stats, probe_x, y[ids], n[ids], mapper=mapper))
-  tv = tv.tolist()
-  return {"kind": "client_models", "num_clients": int(x.shape[0]),
-          "num_members": n.tolist(), "num_nonmembers": nn.tolist(),
-          "model_mia_loss": _mia_fields(results, fprs),
-          "label_leakage": {"tv_mean": float(np.mean(tv)), "tv": tv}}
+  results = model_mia_lib.lira_mia_batched(
+      task, params, batch_stats, shadows, x, y, n, nx, ny, nn,
+      shared_model=True, fprs=fprs, mapper=mapper)
+  return _mia_fields(results, fprs)
 
 
 def load_uploads(cache_workdir: str | os.PathLike,
@@ -426,10 +539,12 @@ def load_global_model(workdir: str | os.PathLike, template: Any
 
 
 def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
-  """The few figures of an audit summary that go into ``summary.json``."""
+  """The few figures of an audit summary that go into ``summary.json``
+  (a rounds run's client uploads under ``client_uploads_*``)."""
   out: dict[str, Any] = {"file": AUDIT_FILE, "kind": summary["kind"]}
   for group in ("image_mia_pixels", "image_mia_features", "model_mia_loss",
-                "global_model_mia_loss"):
+                "model_mia_lira", "global_model_mia_loss",
+                "global_model_mia_lira"):
     if group in summary:
       out[f"{group}_auc"] = summary[group]["auc_mean"]
       for f, v in summary[group]["tpr_at_fpr_mean"].items():
@@ -441,6 +556,10 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
     out["best_ssim_mean"] = r["best_ssim_mean"]
   if "label_leakage" in summary:
     out["label_tv"] = summary["label_leakage"]["tv_mean"]
+  if "client_uploads" in summary:
+    inner = headline({"kind": "", **summary["client_uploads"]})
+    out.update({f"client_uploads_{k}": v for k, v in inner.items()
+                if k not in ("file", "kind")})
   return out
 
 
@@ -454,7 +573,8 @@ def write_audit(workdir: str | os.PathLike, summary: Mapping[str, Any]
 
 
 __all__ = ["AUDIT_FILE", "FEATURE_DIM", "audit_client_models",
-           "audit_global_model",
+           "audit_client_uploads", "audit_global_lira", "audit_global_model",
+           "check_lira", "client_uploads",
            "audit_image_uploads", "check_settings", "headline",
            "holdout_indices", "load_global_model", "load_uploads",
            "nonmember_parts", "nonmembers", "sent_labels", "ssim_window",

@@ -67,6 +67,7 @@ class Stream(enum.IntEnum):
   PUBLIC_DATA = 6      # FedDF's public set          (data_seed)
   PERSONAL_TEST = 7    # per-client test sets        (data_seed)
   AUDIT = 8            # an audit's holdout and non-members (data_seed)
+  AUDIT_SHADOWS = 9    # LiRA's shadow pool, shadows and retrained uploads
 
 
 # Server-stage randomness of round r is folded off the round key at this

@@ -98,3 +98,80 @@ def test_each_clients_attack_is_its_own_models_loss_threshold():
         task, params[k], {}, data.x[k, :n], data.y[k, :n],
         nonmembers.x[k, :m], nonmembers.y[k, :m])
     assert abs(out["model_mia_loss"]["auc"][k] - alone.auc) < 1e-9
+
+
+def _sgd_training(task, lr):
+  import optax  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core.local import LocalTraining  # pylint: disable=g-import-not-at-top
+  return LocalTraining(task, optax.sgd(lr), batch_size=2, max_steps=3)
+
+
+def test_client_uploads_are_what_fedavg_averages():
+  from fedjax_dd.algorithms.fedavg import fedavg  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core.algorithm import Cohort  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(2)
+  data = _data(rng, [[0, 1, 2], [3, 3, 2, 1, 0], [1, 2]])
+  task = _task(_Pixel())
+  training = _sgd_training(task, 0.5)
+  params, stats = task.init(jax.random.PRNGKey(7))
+  steps = np.array([3, 2, 1], np.int32)
+  key = jax.random.key(5)
+  uploads, _ = audit_lib.client_uploads(training, params, stats, data, steps,
+                                        key)
+  # FedAvg's server step on the same round key: the example-weighted mean
+  # of exactly these uploads.
+  algorithm = fedavg(training)
+  server, _ = algorithm.init(params, stats, 3)
+  cohort = Cohort(x=data.x, y=data.y, num_examples=data.num_examples,
+                  num_steps=steps, client_ids=np.arange(3, dtype=np.int32))
+  server, _, _ = algorithm.apply(server, (), cohort, key)
+  w = np.asarray(data.num_examples, np.float64) / 10.0
+  for got, each in zip(jax.tree_util.tree_leaves(server.params),
+                       jax.tree_util.tree_leaves(uploads)):
+    np.testing.assert_allclose(got, np.tensordot(w, np.asarray(each), 1),
+                               rtol=1e-5, atol=1e-6)
+  # A client's upload moved from the start: local training ran.
+  moved = [np.abs(np.asarray(u)[0] - np.asarray(p)).max() for u, p in zip(
+      jax.tree_util.tree_leaves(uploads), jax.tree_util.tree_leaves(params))]
+  assert max(moved) > 0
+
+
+def test_shadows_from_a_start_with_a_zero_rate_stay_there():
+  task = _task(_Pixel())
+  params, stats = task.init(jax.random.PRNGKey(8))
+  rng = np.random.default_rng(3)
+  pool = _data(rng, [[0, 1, 2, 3, 0, 1]])
+  shadows = model_mia.train_shadows(
+      _sgd_training(task, 0.0), jax.random.key(1), pool.x[0], pool.y[0],
+      num_shadows=3, shadow_size=4, num_steps=2, start=(params, stats),
+      round_index=4)
+  for got, want in zip(jax.tree_util.tree_leaves(shadows[0]),
+                       jax.tree_util.tree_leaves(params)):
+    assert got.shape == (3, *np.shape(want))
+    np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape))
+
+
+def test_upload_audit_with_lira_is_each_clients_own_and_in_the_headline():
+  rng = np.random.default_rng(4)
+  data = _data(rng, [[0, 1, 2, 3, 0, 1], [3, 3, 2, 2, 1]])
+  nonmembers = _data(rng, [[0, 1, 2, 3], [3, 2, 1]])
+  task = _task(_Pixel())
+  params = [task.init(jax.random.PRNGKey(s))[0] for s in (3, 4)]
+  stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *params)
+  pool = _data(rng, [[0, 1, 2, 3] * 3])
+  shadows = model_mia.train_shadows(
+      _sgd_training(task, 0.1), jax.random.key(2), pool.x[0], pool.y[0],
+      num_shadows=3, shadow_size=6, num_steps=3)
+  out = audit_lib.audit_client_uploads(task, stacked, {}, data, nonmembers,
+                                       data.x[0, :2], shadows=shadows)
+  for k in range(2):
+    n, m = int(data.num_examples[k]), int(nonmembers.num_examples[k])
+    alone = model_mia.lira_mia(task, params[k], {}, shadows, data.x[k, :n],
+                               data.y[k, :n], nonmembers.x[k, :m],
+                               nonmembers.y[k, :m])
+    assert abs(out["model_mia_lira"]["auc"][k] - alone.auc) < 1e-9
+  line = audit_lib.headline({"kind": "global_model", "client_uploads": out})
+  assert line["client_uploads_model_mia_lira_auc"] == (
+      out["model_mia_lira"]["auc_mean"])
+  assert line["client_uploads_label_tv"] == out["label_leakage"]["tv_mean"]
+  assert "client_uploads_kind" not in line

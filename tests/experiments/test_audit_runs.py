@@ -115,7 +115,8 @@ def test_fedd3_kip_upload_reveals_less_than_raw_images(tmp_path):
 
 def test_fedavg_global_model_audit_and_standalone(tmp_path):
   w = tmp_path / "fedavg"
-  proc = _run(w, "--config.audit.enabled=True",
+  proc = _run(w, "--config.audit.enabled=True", "--config.audit.holdout=150",
+              "--config.audit.lira_shadows=2",
               config="experiments/configs/fedavg.py:smoke")
   assert proc.returncode == 0, proc.stderr[-3000:]
   audit = _read(w / "audit.json")
@@ -125,6 +126,15 @@ def test_fedavg_global_model_audit_and_standalone(tmp_path):
   assert len(mia["auc"]) == audit["num_clients"]
   assert 0.0 <= mia["auc_mean"] <= 1.0
   assert set(mia["tpr_at_fpr"]) == {"0.01", "0.001"}
+  uploads = audit["client_uploads"]
+  assert uploads["start"] == "final global model"  # the smoke runs 2 rounds
+  for group in (audit["model_mia_lira"], uploads["model_mia_loss"],
+                uploads["model_mia_lira"]):
+    assert len(group["auc"]) == audit["num_clients"]
+  assert len(uploads["label_leakage"]["tv"]) == audit["num_clients"]
+  headline = _read(w / "summary.json")["audit"]
+  assert headline["client_uploads_model_mia_lira_auc"] == (
+      uploads["model_mia_lira"]["auc_mean"])
   os.remove(w / "audit.json")
   proc = _audit(w)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -236,6 +246,11 @@ def test_audit_settings_are_not_the_runs_identity():
      "finite number, got nan; set --config.audit.psnr_threshold."),
     ("fprs", (0.01, 1.0), "config.audit.fprs must be a finite number > 0 "
      "and < 1, got 1.0; set --config.audit.fprs."),
+    ("lira_shadows", 1, "config.audit.lira_shadows must be 0 (no LiRA) or "
+     "at least 2 shadows (LiRA fits a variance over them), got 1; set "
+     "--config.audit.lira_shadows."),
+    ("lira_pool", -3, "config.audit.lira_pool must be an int >= 0, got -3; "
+     "set --config.audit.lira_pool."),
 ])
 def test_bad_audit_settings_refused_before_the_data_loads(key, value,
                                                           message):
@@ -260,6 +275,22 @@ def test_audit_of_a_runner_without_one_is_refused():
     c.audit.enabled = True
     common.validate(c)
   fedavg.get_config("smoke").audit.enabled = True  # the group is everywhere
+  c = fedd3.get_config("smoke")
+  c.audit.enabled, c.audit.lira_shadows = True, 4
+  with pytest.raises(ValueError, match=r"^config.audit.lira_shadows=4: LiRA "
+                     r"runs in the audit of a rounds run \(runner federated\),"
+                     r" not runner 'fedd3'"):
+    common.validate(c)
+
+
+def test_a_shadow_pool_the_holdout_leaves_empty_is_refused(tmp_path):
+  proc = _run(tmp_path / "w", "--config.audit.enabled=True",
+              "--config.audit.lira_shadows=2",
+              config="experiments/configs/fedavg.py:smoke")
+  assert proc.returncode != 0
+  assert ("config.audit.lira_shadows=2: the shadow pool holds 0 test "
+          "examples outside the holdout") in proc.stderr
+  assert not (tmp_path / "w" / "checkpoints").exists()  # before any round
 
 
 def test_a_holdout_above_the_test_split_is_one_line_before_compute(tmp_path):
