@@ -251,8 +251,10 @@ def audit_hfldd(config: ml_collections.ConfigDict, workdir: str, *,
   """The audit of an HFLDD run, written to ``workdir/audit.json``: what
   each member sent its head (the stage cache's ``sent_*``: image MIA in
   pixels and random features, reconstruction, label leakage of the sent
-  target rows), and the heads' final global model (its checkpoint) against
-  every client's data (loss threshold).
+  target rows), the label leakage of every client's soft labels on ``D_g``
+  (what the server clusters; cached since they were kept), and the heads'
+  final global model (its checkpoint) against every client's data (loss
+  threshold).
 
   ``prepared``, ``data`` (all clients' data), ``stages`` and ``algorithm``
   (the heads' training) as ``run_hfldd.run`` built them; not given, they
@@ -285,6 +287,9 @@ def audit_hfldd(config: ml_collections.ConfigDict, workdir: str, *,
       projection_key=_projection_key(config), mapper=mapper)
   summary["kind"] = "hfldd"
   summary["senders"] = np.asarray(stages.sent.senders).tolist()
+  if stages.soft_labels is not None:
+    summary["soft_labels"] = audit_lib.audit_soft_labels(
+        stages.soft_labels, data, num_classes=num_classes, mapper=mapper)
   if algorithm is None:
     head_steps = common.local_steps(config, stages.hybrid.num_examples)
     algorithm = hfldd_lib.head_training(common.local_training(

@@ -93,8 +93,9 @@ def label_knowledge_clusters(
 
   Returns:
     ``(homogeneous [N], stage_seconds, info)``; ``info`` holds ``aux_size``,
-    ``soft_labels_shape`` and ``kl_mean_offdiag`` (the mean off-diagonal
-    entry of ``M``).
+    ``soft_labels_shape``, ``kl_mean_offdiag`` (the mean off-diagonal
+    entry of ``M``) and ``soft_labels``, the uploads ``[N, M, K]`` (host
+    array), which :func:`run_stages` moves into :attr:`Stages.soft_labels`.
   """
   times = {}
   t0 = time.time()
@@ -116,7 +117,8 @@ def label_knowledge_clusters(
   off_diagonal = max(m_host.size - m_host.shape[0], 1)
   info = {"aux_size": int(x_aux.shape[0]),
           "soft_labels_shape": list(s.shape),
-          "kl_mean_offdiag": float(m_host.sum() / off_diagonal)}
+          "kl_mean_offdiag": float(m_host.sum() / off_diagonal),
+          "soft_labels": np.asarray(jax.device_get(s), np.float32)}
   return homo, times, info
 
 
@@ -200,6 +202,10 @@ class Stages:
     hybrid: the heads' ``D_h``: ``x [H, D_max, H, W, Ch]`` uint8, ``y
       [H, D_max, K]`` targets, ``num_examples [H]``.
     sent: the members' uploads (what :func:`stages_or_load` caches).
+    soft_labels: ``[N, M, K]`` every client's soft labels on ``D_g``, its
+      upload to the server (Eq. 4), cached with the uploads; ``None`` for
+      a cache written before they were kept, or a ``cluster`` that gives
+      none.
     times: seconds per stage.
     info: the stages' statistics (label knowledge, KIP, ``privacy``).
     cached: whether they came from the stage cache.
@@ -211,6 +217,7 @@ class Stages:
   info: dict[str, Any]
   cached: bool = False
   sent: hfldd.SentData | None = None
+  soft_labels: np.ndarray | None = None
 
   @property
   def pixels_per_sample(self) -> int:
@@ -239,6 +246,7 @@ def run_stages(data: ClientData, *, num_classes: int,
     topology_rng: ClusterSampling's draws.
   """
   homo, times, info = cluster()
+  soft = info.pop("soft_labels", None)  # an array: the cache, not the JSON
   t0 = time.time()
   topology = sampling.build_topology(homo, topology_rng)
   times["cluster_sampling"] = time.time() - t0
@@ -254,7 +262,8 @@ def run_stages(data: ClientData, *, num_classes: int,
   hybrid = hfldd.build_hybrid_data(data, topology, sent,
                                    num_classes=num_classes)
   return Stages(topology=topology, counts=sent.counts, hybrid=hybrid,
-                times=times, info={**info, **gen_info}, sent=sent)
+                times=times, info={**info, **gen_info}, sent=sent,
+                soft_labels=soft)
 
 
 def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
@@ -263,7 +272,8 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
                    in_progress: TreeCheckpoint | None = None) -> Stages:
   """Stages 1-3 from ``cache`` (stage :data:`STAGE`), or computed and saved.
 
-  The cache keeps the topology and the members' uploads only; the heads'
+  The cache keeps the topology, the members' uploads and the clients' soft
+  labels, what the server and the heads received; the heads'
   ``D_h`` is rebuilt from them and ``data``
   (:func:`fedjax_dd.algorithms.hfldd.build_hybrid_data`), so no head's raw
   data is written to the workdir.
@@ -293,7 +303,9 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
              "heterogeneous": s.topology.heterogeneous,
              "heads": s.topology.heads, "counts": s.counts,
              "sent_x": s.sent.x, "sent_y": s.sent.y,
-             "sent_mask": s.sent.mask, "senders": s.sent.senders},
+             "sent_mask": s.sent.mask, "senders": s.sent.senders,
+             **({} if s.soft_labels is None
+                else {"soft_labels": s.soft_labels})},
             {"times": s.times, "info": s.info})
 
   stage, computed = cache.get_or_compute(STAGE, fingerprint, arrays_and_info)
@@ -319,7 +331,8 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
                                    num_classes=num_classes)
   return Stages(topology=topology, counts=a["counts"], hybrid=hybrid,
                 times=stage.info["times"], info=stage.info["info"],
-                cached=not computed, sent=sent)
+                cached=not computed, sent=sent,
+                soft_labels=a.get("soft_labels"))
 
 
 def stage_fields(stages: Stages, *, aux_size: int, num_classes: int,

@@ -441,6 +441,35 @@ def audit_client_uploads(task: Classifier, params: Any, batch_stats: Any,
   return _client_model_summary(ids.size, host, parts, fprs)
 
 
+def audit_soft_labels(soft_labels: Any, data: ClientData, *,
+                      num_classes: int,
+                      mapper: ClientMapper | None = None) -> dict[str, Any]:
+  """The label leakage of soft-label uploads (HFLDD's label knowledge on
+  the public set, Eq. 4): per client, the TV distance between its mean
+  soft label and its true label histogram
+  (:func:`fedjax_dd.audit.reconstruction.label_leakage_batched`).
+
+  Args:
+    soft_labels: ``[C, M, K]`` each client's probability rows on the ``M``
+      public images.
+    data: the clients' training data.
+    num_classes: ``K``.
+    mapper: the client-axis backend (default ``ClientMapper()``).
+
+  Returns:
+    ``{"label_leakage": {"tv_mean", "tv"}}``, ``tv`` in client order.
+  """
+  _, y, n = _host(data)
+  s = np.asarray(soft_labels, np.float32)
+  if s.ndim != 3 or s.shape[0] != y.shape[0] or s.shape[2] != num_classes:
+    checks.refuse("soft_labels", f"probability rows [C={y.shape[0]}, M, "
+                  f"K={num_classes}]", s.shape)
+  tv = np.asarray(rc.label_leakage_batched(
+      s, np.full(s.shape[0], s.shape[1], np.int32), y, n, num_classes,
+      mapper=mapper)).tolist()
+  return {"label_leakage": {"tv_mean": float(np.mean(tv)), "tv": tv}}
+
+
 def client_uploads(training: LocalTraining, params: Any, batch_stats: Any,
                    data: ClientData, num_steps: Any, key: jax.Array, *,
                    round_index: int = 0) -> tuple[Any, Any]:
@@ -556,6 +585,8 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
     out["best_ssim_mean"] = r["best_ssim_mean"]
   if "label_leakage" in summary:
     out["label_tv"] = summary["label_leakage"]["tv_mean"]
+  if "soft_labels" in summary:
+    out["soft_label_tv"] = summary["soft_labels"]["label_leakage"]["tv_mean"]
   if "client_uploads" in summary:
     inner = headline({"kind": "", **summary["client_uploads"]})
     out.update({f"client_uploads_{k}": v for k, v in inner.items()
@@ -574,7 +605,7 @@ def write_audit(workdir: str | os.PathLike, summary: Mapping[str, Any]
 
 __all__ = ["AUDIT_FILE", "FEATURE_DIM", "audit_client_models",
            "audit_client_uploads", "audit_global_lira", "audit_global_model",
-           "check_lira", "client_uploads",
+           "audit_soft_labels", "check_lira", "client_uploads",
            "audit_image_uploads", "check_settings", "headline",
            "holdout_indices", "load_global_model", "load_uploads",
            "nonmember_parts", "nonmembers", "sent_labels", "ssim_window",

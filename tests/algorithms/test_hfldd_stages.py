@@ -170,6 +170,30 @@ def test_run_stages_chains_clusters_uploads_and_heads_data():
   assert s.info["privacy"]["identical_to_raw_fraction"] == 1.0
   assert set(s.times) == {"label_knowledge", "cluster_sampling",
                           "dataset_generation", "privacy"}
+  assert s.soft_labels is None  # this cluster step gives none
+
+
+def test_soft_labels_leave_the_info_and_round_trip_through_the_cache(
+    tmp_path):
+  x = np.arange(4 * 3 * 2 * 2 * 1, dtype=np.uint8).reshape(4, 3, 2, 2, 1)
+  data = ClientData(x=x, y=np.array([[0, 1, 0]] * 4, np.int32),
+                    num_examples=np.array([3, 2, 3, 1], np.int32))
+  soft = np.random.default_rng(0).dirichlet([1.0, 1.0], (4, 5)).astype(
+      np.float32)
+  compute = lambda: hfldd_stages.run_stages(  # noqa: E731
+      data, num_classes=2,
+      cluster=lambda: (np.array([0, 0, 1, 1]), {}, {"soft_labels": soft}),
+      send=hfldd_stages.raw_sender(num_classes=2),
+      topology_rng=np.random.default_rng(0))
+  cache = StageCache(tmp_path)
+  fresh = hfldd_stages.stages_or_load(cache, {"k": 1}, compute, data=data,
+                                      num_classes=2)
+  assert "soft_labels" not in fresh.info  # an array, kept out of the JSON
+  np.testing.assert_array_equal(fresh.soft_labels, soft)
+  loaded = hfldd_stages.stages_or_load(cache, {"k": 1}, lambda: None,
+                                       data=data, num_classes=2)
+  assert loaded.cached
+  np.testing.assert_array_equal(loaded.soft_labels, soft)
 
 
 def test_a_cache_of_the_older_layout_is_refused_naming_its_directory(

@@ -6,10 +6,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_dd.audit import model_mia
 from fedjax_dd.audit import workdir as audit_lib
 from fedjax_dd.core.algorithm import Teachers
+from fedjax_dd.core.checks import SettingError
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data.stacked import ClientData
 
@@ -175,3 +177,20 @@ def test_upload_audit_with_lira_is_each_clients_own_and_in_the_headline():
       out["model_mia_lira"]["auc_mean"])
   assert line["client_uploads_label_tv"] == out["label_leakage"]["tv_mean"]
   assert "client_uploads_kind" not in line
+
+
+def test_soft_label_leakage_by_hand():
+  rng = np.random.default_rng(5)
+  data = _data(rng, [[0, 0, 1, 1], [2, 2, 2]])
+  # Client 0's two public rows average to its own histogram (TV 0);
+  # client 1's are uniform against one class: TV = 3/4.
+  soft = np.array([[[1.0, 0, 0, 0], [0, 1.0, 0, 0]],
+                   [[0.25] * 4, [0.25] * 4]], np.float32)
+  out = audit_lib.audit_soft_labels(soft, data, num_classes=K)
+  np.testing.assert_allclose(out["label_leakage"]["tv"], [0.0, 0.75],
+                             atol=1e-6)
+  line = audit_lib.headline({"kind": "hfldd", "soft_labels": out})
+  assert abs(line["soft_label_tv"] - 0.375) < 1e-6
+  with pytest.raises(SettingError, match="soft_labels must be probability "
+                     "rows"):
+    audit_lib.audit_soft_labels(soft[:1], data, num_classes=K)

@@ -191,6 +191,9 @@ def test_hfldd_member_uploads_audit_standalone_and_in_the_run(tmp_path):
     assert 0.0 <= audit[group]["auc_mean"] <= 1.0
   assert 0.0 <= audit["label_leakage"]["tv_mean"] <= 1.0
   assert "fraction_above_mean" in audit["reconstruction"]
+  # Every client's soft labels on D_g, what the server clusters.
+  assert len(audit["soft_labels"]["label_leakage"]["tv"]) == (
+      audit["num_clients"])
   # The final model against every client's data, heads included.
   mia = audit["model_mia_loss"]
   assert len(mia["auc"]) == audit["num_clients"]
