@@ -19,7 +19,6 @@ ranges are the library's, repeated in :data:`_RANGES`.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import ml_collections
@@ -68,7 +67,6 @@ def _choice(path: str, value: Any, choices) -> None:
 def _ranges() -> tuple[tuple[str, str, tuple], ...]:
   # pylint: disable=g-import-not-at-top
   from fedjax_dd.algorithms import disue
-  from fedjax_dd.cluster import principal_angles
   from fedjax_dd.core import clients
   from fedjax_dd.core import keys
   from fedjax_dd.data import partition
@@ -115,25 +113,6 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       ("hfldd.kmeans_n_init", "int", (1, None)),
       ("hfldd.num_groups", "int", (1, None)),
       ("hfldd.sent_label_bits", "int", (-1, None)),
-      ("ifca.num_clusters", "int", (1, None)),
-      ("ifca.global_model", "choice", ("largest", "average")),
-      ("cfl.eps1", "num", (0.0, None, False, False)),
-      ("cfl.eps2", "num", (0.0, None, False, False)),
-      ("cfl.warmup", "int", (0, None)),
-      ("cfl.max_clusters", "int", (1, None)),
-      ("cfl.global_model", "choice", ("largest", "average")),
-      ("cfl_gp.num_clusters", "int", (1, None)),
-      ("cfl_gp.compression", "int", (1, None)),
-      ("cfl_gp.period", "int", (1, None)),
-      ("cfl_gp.stop_round", "int", (0, None)),
-      ("cfl_gp.cluster_seed", "int", (0, None)),
-      ("cfl_gp.global_model", "choice", ("largest", "average")),
-      ("pacfl.rank", "int", (1, None)),
-      ("pacfl.proximity", "choice", principal_angles.PROXIMITIES),
-      ("pacfl.linkage", "choice", principal_angles.LINKAGES),
-      ("pacfl.threshold", "num", (0.0, None, False, False)),
-      ("pacfl.num_clusters", "int", (0, None)),
-      ("pacfl.global_model", "choice", ("largest", "average")),
       ("fedd3.distiller", "choice", ("kip", "gmm", "random")),
       ("dfkd.nz", "int", (1, None)),
       ("dfkd.ngf", "int", (1, None)),
@@ -263,33 +242,18 @@ def _check_sampling(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
         f"config.ifca.num_clusters must be at most config.data.num_clients "
         f"= {num_clients}, got {clusters}; set --config.ifca.num_clusters.")
-  if (_lookup(config, "pacfl.threshold") == 0
-      and not _lookup(config, "pacfl.num_clusters")):
-    raise ValueError(
-        "config.pacfl.num_clusters must be at least 1 when "
-        "config.pacfl.threshold = 0, got 0; set --config.pacfl.num_clusters "
-        "or --config.pacfl.threshold.")
-
-
-_FIELD = re.compile(r"^(?:\w+\.)?(\w+) (must .*)$", re.S)
 
 
 def _options(group: str, section: ml_collections.ConfigDict) -> None:
   """Builds the library's options from the config group ``section``
   (:mod:`fedjax_dd.experiments.sections`; their checks run in
   ``__post_init__``); a refusal names ``config.<group>.<field>``."""
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
   from fedjax_dd.experiments import sections  # pylint: disable=g-import-not-at-top
   try:
     getattr(sections, group)(section)
   except (ValueError, TypeError) as e:
-    text = str(e)
-    m = _FIELD.match(text)
-    if m is None:
-      raise ValueError(f"config.{group}: {text} Set the --config.{group}.* "
-                       "setting it names.") from None
-    field, rest = m.groups()
-    raise ValueError(f"config.{group}.{field} {rest.rstrip('.')}; set "
-                     f"--config.{group}.{field}.") from None
+    raise ValueError(registry.field_message(group, e)) from None
 
 
 def _check_options(config: ml_collections.ConfigDict) -> None:
@@ -299,9 +263,6 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
   k = _lookup(config, "kip")
   if k is not None:
     _options("kip", k)
-  d = _lookup(config, "dynafed")
-  if d is not None:
-    _options("dynafed", d)
   h = _lookup(config, "hfldd")
   if h is not None and h.get("member_data") in ("kip", "random"):
     _int("hfldd.support_size", h.support_size, 1)

@@ -632,7 +632,8 @@ def _lookup(config: ml_collections.ConfigDict, path: str):
 def validate(config: ml_collections.ConfigDict) -> None:
   """Refuses settings no run can use, before any data is loaded.
 
-  Checks the counts and rates of :data:`_POSITIVE` (finite, above their
+  Checks the method's declaration first (:func:`registry.check_method`),
+  then the counts and rates of :data:`_POSITIVE` (finite, above their
   bound), momenta below 1, ``fedd3.images_per_class >= 1`` and
   ``data.num_classes >= 0`` (ints), that local training has work to do
   and decays its rate only where there are rounds to decay over (not
@@ -644,6 +645,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   Raises:
     ValueError: naming the ``--config.<path>`` to change and its value.
   """
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
+  # The runner and method exist, and the method's declared group builds its
+  # dataclass (registry.check_method).
+  registry.check_method(config)
   for path, bound, inclusive in _POSITIVE:
     value = _lookup(config, path)
     if value is None:

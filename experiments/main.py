@@ -428,7 +428,6 @@ def main(argv):
                          "writes to, e.g. --workdir=workdir/run1.")
   config = _CONFIG.value
   try:
-    registry.check_method(config)
     common.validate(config)
   except ValueError as e:
     raise app.UsageError(str(e)) from None

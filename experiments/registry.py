@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import re
 from typing import Any, Callable
 
 import ml_collections
@@ -219,12 +220,14 @@ def hparams_group(cls: type) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(values)
 
 
-def add_group(config: ml_collections.ConfigDict, name: str
-              ) -> ml_collections.ConfigDict:
-  """``config`` with ``method = name`` and method ``name``'s hparams group
-  (:func:`hparams_group`), if it declares one."""
+def add_group(config: ml_collections.ConfigDict, name: str, *,
+              set_method: bool = True) -> ml_collections.ConfigDict:
+  """``config`` with ``method = name`` (unless not ``set_method``) and
+  method ``name``'s hparams group (:func:`hparams_group`), if it declares
+  one."""
   method = get(name)
-  config.method = name
+  if set_method:
+    config.method = name
   if method.config_group is not None:
     config[method.config_group] = hparams_group(method.hparams)
   return config
@@ -256,8 +259,23 @@ def hparams(config: ml_collections.ConfigDict,
   try:
     return method.hparams(**{k: section[k] for k in section.keys()})
   except (TypeError, ValueError) as e:
-    raise ValueError(f"config.{group}: {e} Set --config.{group}.<field>."
-                     ) from None
+    raise ValueError(field_message(group, e)) from None
+
+
+_FIELD = re.compile(r"^(?:\w+\.)?(\w+) (must .*)$", re.S)
+
+
+def field_message(group: str, error: Exception) -> str:
+  """A group's dataclass refusal (``"FIELD must ..."``) as the command
+  line's one line: ``config.GROUP.FIELD must ...; set
+  --config.GROUP.FIELD.``."""
+  text = str(error)
+  m = _FIELD.match(text)
+  if m is None:
+    return f"config.{group}: {text} Set the --config.{group}.* setting it names."
+  field, rest = m.groups()
+  return (f"config.{group}.{field} {rest.rstrip('.')}; set "
+          f"--config.{group}.{field}.")
 
 
 def _check_declared(config: ml_collections.ConfigDict,

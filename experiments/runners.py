@@ -21,19 +21,20 @@ import ml_collections
 import numpy as np
 
 from fedjax_dd.algorithms.centralized import centralized
-from fedjax_dd.algorithms.cfl import cfl
-from fedjax_dd.algorithms.cfl_gp import cfl_gp
+from fedjax_dd.algorithms.cfl import CFLHyperParams, cfl
+from fedjax_dd.algorithms.cfl_gp import CFLGPHyperParams, cfl_gp
 from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms.disue import affinity_grouping, disue
 from fedjax_dd.algorithms.dp_fedavg import dp_fedavg
 from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
-from fedjax_dd.algorithms.dynafed import dynafed
-from fedjax_dd.algorithms.ifca import ifca
-from fedjax_dd.algorithms.pacfl import cluster_clients, pacfl
+from fedjax_dd.algorithms.dynafed import DynaFedHyperParams, dynafed
+from fedjax_dd.algorithms.ifca import IFCAHyperParams, ifca
+from fedjax_dd.algorithms.pacfl import (PACFLHyperParams, cluster_clients,
+                                         pacfl)
 from fedjax_dd.algorithms.fedavg import fedavg
 from fedjax_dd.algorithms.feddyn import feddyn
 from fedjax_dd.algorithms.fednova import fednova
-from fedjax_dd.algorithms.moon import moon
+from fedjax_dd.algorithms.moon import MOONHyperParams, moon
 from fedjax_dd.algorithms.fedprox import fedprox
 from fedjax_dd.algorithms.scaffold import scaffold
 from fedjax_dd.core import fit as fit_lib
@@ -100,30 +101,30 @@ def _fedftg(config, training, *, feddf=False):
                 evaluate_before_iga=bool(config.iga.evaluate_before))
 
 
-def _ifca(config, training):
-  return ifca(training, num_clusters=config.ifca.num_clusters,
+def _ifca(config, training, hparams):
+  return ifca(training, num_clusters=hparams.num_clusters,
               init_key=keys.stage_key(keys.model_root(config.seed),
                                       keys.Stage.CLUSTER_MODELS),
-              serving=_serving(config, config.ifca, training.task))
+              serving=_serving(config, hparams, training.task))
 
 
-def _serving(config, section, task) -> ClusterServing:
-  """The reported model of a clustered baseline: ``section.global_model``,
+def _serving(config, hparams, task) -> ClusterServing:
+  """The reported model of a clustered baseline: ``hparams.global_model``,
   or IGA on its cluster models (``+iga`` presets)."""
-  return ClusterServing(global_model=section.global_model,
+  return ClusterServing(global_model=hparams.global_model,
                         iga=_iga(config, task),
                         generator_key=_generator_key(config))
 
 
-def _cfl(config, training):
-  f = config.cfl
+def _cfl(config, training, hparams):
+  f = hparams
   return cfl(training, eps1=f.eps1, eps2=f.eps2, warmup=f.warmup,
              max_clusters=f.max_clusters,
              serving=_serving(config, f, training.task))
 
 
-def _cfl_gp(config, training):
-  f = config.cfl_gp
+def _cfl_gp(config, training, hparams):
+  f = hparams
   return cfl_gp(training, num_clusters=f.num_clusters,
                 compression=f.compression, period=f.period,
                 stop_round=f.stop_round, cluster_seed=f.cluster_seed,
@@ -133,8 +134,8 @@ def _cfl_gp(config, training):
                 serving=_serving(config, f, training.task))
 
 
-def _pacfl(config, training, data):
-  f = config.pacfl
+def _pacfl(config, training, data, hparams):
+  f = hparams
   clusters = cluster_clients(
       data, num_classes=training.task.num_classes, rank=f.rank,
       threshold=f.threshold if f.threshold > 0 else None,
@@ -143,11 +144,6 @@ def _pacfl(config, training, data):
       mapper=common.mapper(config))
   return pacfl(training, clusters=clusters,
                serving=_serving(config, f, training.task))
-
-
-def _dynafed(config, training):
-  return dynafed(training,
-                 hparams=sections.dynafed(config.dynafed))
 
 
 def _dp_fedavg(config, training):
@@ -164,9 +160,9 @@ for _method in (
     registry.Method("fedftg", rounds=_fedftg, check=_needs_iga),
     registry.Method("feddf_datafree", rounds=lambda c, training: _fedftg(
         c, training, feddf=True), check=_needs_iga),
-    registry.Method("ifca", rounds=_ifca),
-    registry.Method("cfl", rounds=_cfl),
-    registry.Method("cfl_gp", rounds=_cfl_gp),
+    registry.Method("ifca", rounds=_ifca, hparams=IFCAHyperParams),
+    registry.Method("cfl", rounds=_cfl, hparams=CFLHyperParams),
+    registry.Method("cfl_gp", rounds=_cfl_gp, hparams=CFLGPHyperParams),
     registry.Method("centralized",
                     rounds=lambda c, training: centralized(training)),
     registry.Method("fedavg", rounds=lambda c, training: fedavg(training)),
@@ -181,16 +177,21 @@ for _method in (
     registry.Method("scaffold", rounds=lambda c, training: scaffold(
         training, learning_rate=c.client.lr,
         server_learning_rate=c.server.lr)),
-    registry.Method("moon", rounds=lambda c, training: moon(
-        training, mu=c.moon.mu, temperature=c.moon.temperature)),
+    registry.Method("moon", hparams=MOONHyperParams,
+                    rounds=lambda c, training, hparams: moon(
+                        training, mu=hparams.mu,
+                        temperature=hparams.temperature)),
     registry.Method("feddyn", rounds=lambda c, training: feddyn(
         training, alpha=c.feddyn.alpha)),
-    registry.Method("dynafed", rounds=_dynafed),
+    registry.Method("dynafed", hparams=DynaFedHyperParams,
+                    rounds=lambda c, training, hparams: dynafed(
+                        training, hparams=hparams)),
     registry.Method("dp_fedavg", rounds=_dp_fedavg,
                     summary_fields=common.dp_fedavg_fields),
     # PACFL's server sees something of every client's data before round 1
     # (its subspaces).
-    registry.Method("pacfl", rounds=_pacfl, needs=("client_data",)),
+    registry.Method("pacfl", rounds=_pacfl, hparams=PACFLHyperParams,
+                    needs=("client_data",)),
 ):
   registry.declare(_method)
 del _method

@@ -33,7 +33,6 @@ NOT_FIELDS: dict[str, tuple[str, ...]] = {
             "kernel_impl", "dp_delta"),
     # The student's optimiser and whether its schedule is a cosine.
     "coboosting": ("student_weight_decay", "student_clip", "cosine"),
-    "dynafed": (),
 }
 
 
@@ -77,10 +76,3 @@ def coboosting(section: Mapping[str, Any], dfkd_section: Mapping[str, Any]):
       student_steps=d["student_steps"],
       pool_size=d["pool_size"] or d["distill_epochs"],
       num_epochs=d["distill_epochs"] if section["cosine"] else 0)
-
-
-def dynafed(section: Mapping[str, Any]):
-  """:class:`~fedjax_dd.algorithms.dynafed.DynaFedHyperParams` from the
-  ``dynafed`` group, one key per field."""
-  from fedjax_dd.algorithms.dynafed import DynaFedHyperParams  # pylint: disable=g-import-not-at-top
-  return hparams_lib.from_section(DynaFedHyperParams, section)

@@ -26,12 +26,12 @@ final test accuracy 0.281 (experiments/results/smoke_presets.md). Not
 measured yet on the full presets.
 """
 
-from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import disue
 
 
 def get_config(arg: str = "fmnist_dir0.01"):
-  c = base_lib.cfl(disue.clustered_baseline("cfl", arg))
+  c = registry.add_group(disue.clustered_baseline("cfl", arg), "cfl")
   if arg.startswith("smoke"):
     c.rounds = 3
     c.cfl.update({"warmup": 1, "eps1": 1e3, "eps2": 0.0, "max_clusters": 4})

@@ -26,12 +26,12 @@ Expected: final test accuracy about 0.46 (fmnist_dir0.01, seed 0,
 experiments/results/cfl_gp_fmnist_dir0.01_seed0.md.
 """
 
-from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import disue
 
 
 def get_config(arg: str = "fmnist_dir0.01"):
-  c = base_lib.cfl_gp(disue.clustered_baseline("cfl_gp", arg))
+  c = registry.add_group(disue.clustered_baseline("cfl_gp", arg), "cfl_gp")
   if arg.startswith("smoke"):
     c.rounds = 3
     c.cfl_gp.update({"num_clusters": 2, "period": 1, "compression": 1})

@@ -46,6 +46,7 @@ All measured figures: experiments/results/disue_*.md, the summary of this
 docstring's former tables in experiments/results/disue_config_notes.md.
 """
 
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import base as base_lib
 
 CPU_PRESETS = {
@@ -85,7 +86,8 @@ def protocol(method: str, arg: str):
                      f"{sorted(PRESETS)}.")
   c = base_lib.base(method=method, dataset="digits", model="digits_cnn")
   base_lib.disue(c)
-  base_lib.ifca(c)
+  # Every preset of the protocol carries the ifca group (ifca.py reads it).
+  registry.add_group(c, "ifca", set_method=False)
   if arg == "smoke":
     base_lib.disue_protocol(c, dataset="digits", model="digits_cnn",
                             alpha=0.1)

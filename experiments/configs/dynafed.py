@@ -28,7 +28,7 @@ is read at (HFLDD's measured table stops at round 7:
 experiments/results/hfldd_mnist_presets.md).
 """
 
-from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import fedavg as fedavg_config
 
 CPU_TRAJECTORY_ROUNDS = 5
@@ -47,7 +47,7 @@ def get_config(arg: str = "mnist_c1"):
     raise ValueError(f"Unknown preset {arg!r}; expected one of {PRESETS} "
                      "(DynaFed runs the HFLDD presets).")
   c = fedavg_config.federated_preset("dynafed", name)
-  base_lib.dynafed(c)
+  registry.add_group(c, "dynafed")
   d = c.dynafed
   if name == "smoke":
     c.rounds = 3

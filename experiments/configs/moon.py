@@ -24,12 +24,12 @@ has more parameters than the other baselines' and its messages are larger.
 0, the default, keeps 256).
 """
 
-from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import disue
 
 
 def get_config(arg: str = "fmnist_dir0.01"):
-  c = base_lib.moon(disue.protocol("moon", arg))
+  c = registry.add_group(disue.protocol("moon", arg), "moon")
   c.model.name = f"{c.model.name}_proj"
   if arg == "cifar100_gpu":
     c.moon.mu = 5.0

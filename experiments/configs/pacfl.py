@@ -24,12 +24,12 @@ Expected: final test accuracy about 0.23 (fmnist_dir0.01, seed 0,
 experiments/results/pacfl_fmnist_dir0.01_seed0.md.
 """
 
-from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import disue
 
 
 def get_config(arg: str = "fmnist_dir0.01"):
-  c = base_lib.pacfl(disue.clustered_baseline("pacfl", arg))
+  c = registry.add_group(disue.clustered_baseline("pacfl", arg), "pacfl")
   if arg.startswith("smoke"):
     c.pacfl.threshold = 6.0
   return c

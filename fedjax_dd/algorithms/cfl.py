@@ -39,6 +39,7 @@ cluster model of most examples in the round, their average, or, with
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -56,6 +57,35 @@ from fedjax_dd.core.local import LocalTraining
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
+
+
+@dataclasses.dataclass(frozen=True)
+class CFLHyperParams:
+  """CFL's settings (Sattler et al. 2020), the ``cfl`` config group; the
+  defaults are the authors' code.
+
+  Attributes:
+    eps1: ``ε_1``, the mean update norm below which a cluster is stationary.
+    eps2: ``ε_2``, the largest update norm above which it splits.
+    warmup: rounds before the first split may happen.
+    max_clusters: ``K_max >= 1``, the most clusters.
+    global_model: the model reported on the global test split: the
+      largest cluster's (``"largest"``) or the clusters' average
+      (``"average"``; :class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
+  """
+  eps1: float = 0.4
+  eps2: float = 1.6
+  warmup: int = 20
+  max_clusters: int = 8
+  global_model: str = "largest"
+
+  def __post_init__(self):
+    checks.check_number("eps1", self.eps1, 0.0)
+    checks.check_number("eps2", self.eps2, 0.0)
+    checks.check_int("warmup", self.warmup, 0)
+    checks.check_int("max_clusters", self.max_clusters, 1)
+    checks.check_choice("global_model", self.global_model,
+                        cluster_models.GLOBAL_MODELS)
 
 
 class ClusterStats(NamedTuple):

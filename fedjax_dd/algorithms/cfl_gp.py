@@ -55,6 +55,7 @@ iga_round`).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -64,6 +65,7 @@ import numpy as np
 from fedjax_dd.algorithms import cluster_models
 from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms import clustered
+from fedjax_dd.core import checks
 from fedjax_dd.cluster.similarity import flatten_params
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
@@ -71,6 +73,37 @@ from fedjax_dd.core.local import LocalTraining
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
+
+
+@dataclasses.dataclass(frozen=True)
+class CFLGPHyperParams:
+  """CFL-GP's settings (Kim, Kim & de Veciana, ICML 2024), the ``cfl_gp``
+  config group; defaults from the authors' code (``num_clusters``: DisUE's
+  protocol's choice).
+
+  Attributes:
+    num_clusters: ``K >= 1``.
+    compression: ``P / D``: coordinates of each update kept.
+    period: rounds between partitions.
+    stop_round: the last round that may partition; ``0``: none.
+    cluster_seed: K-Means' ``random_state``.
+    global_model: the model reported on the global test split: the
+      largest cluster's (``"largest"``) or the clusters' average
+      (``"average"``; :class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
+  """
+  num_clusters: int = 4
+  compression: int = 100
+  period: int = 2
+  stop_round: int = 10
+  cluster_seed: int = 0
+  global_model: str = "largest"
+
+  def __post_init__(self):
+    for name, low in (("num_clusters", 1), ("compression", 1), ("period", 1),
+                      ("stop_round", 0), ("cluster_seed", 0)):
+      checks.check_int(name, getattr(self, name), low)
+    checks.check_choice("global_model", self.global_model,
+                        cluster_models.GLOBAL_MODELS)
 
 
 def profile_weight(t, num_clusters: int, period: int):

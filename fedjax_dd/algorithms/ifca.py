@@ -36,6 +36,7 @@ Clustered Federated Learning", NeurIPS 2020.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -44,6 +45,7 @@ import jax.numpy as jnp
 from fedjax_dd.algorithms import cluster_models, clustered, stages
 from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.core import keys as keys_lib
+from fedjax_dd.core import checks
 from fedjax_dd.core.algorithm import (CommSpec, Cohort, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.local import (LocalTraining, RoundContext,
@@ -54,6 +56,24 @@ PyTree = Any
 tree_map = jax.tree_util.tree_map
 
 GLOBAL_MODELS = cluster_models.GLOBAL_MODELS
+
+
+@dataclasses.dataclass(frozen=True)
+class IFCAHyperParams:
+  """IFCA's settings (Ghosh et al., NeurIPS 2020), the ``ifca`` config group.
+
+  Attributes:
+    num_clusters: ``K >= 1`` cluster models.
+    global_model: the model reported on the global test split: the
+      largest cluster's (``"largest"``) or the clusters' average
+      (``"average"``; :class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
+  """
+  num_clusters: int = 2
+  global_model: str = "largest"
+
+  def __post_init__(self):
+    checks.check_int("num_clusters", self.num_clusters, 1)
+    checks.check_choice("global_model", self.global_model, GLOBAL_MODELS)
 
 
 def selection_losses(task: Classifier, models: PyTree, batch_stats: PyTree,

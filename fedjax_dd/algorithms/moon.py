@@ -48,6 +48,7 @@ Reference: Li, He, Song, "Model-Contrastive Federated Learning", CVPR 2021.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -57,6 +58,7 @@ import optax
 
 from fedjax_dd.algorithms import stages
 from fedjax_dd.core import keys as keys_lib
+from fedjax_dd.core import checks
 from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
 from fedjax_dd.core.local import LocalTraining, make_local_update
 
@@ -64,6 +66,23 @@ PyTree = Any
 tree_map = jax.tree_util.tree_map
 
 # torch.nn.CosineSimilarity's default eps (the authors' ``sim``).
+@dataclasses.dataclass(frozen=True)
+class MOONHyperParams:
+  """MOON's settings (Li, He & Song, CVPR 2021, Sec. 4.1: ``μ`` 1, or 5 on
+  CIFAR-100; ``τ`` 0.5), the ``moon`` config group.
+
+  Attributes:
+    mu: ``μ >= 0``, the weight of the model-contrastive loss (Eq. 3).
+    temperature: ``τ > 0`` (Eq. 2).
+  """
+  mu: float = 1.0
+  temperature: float = 0.5
+
+  def __post_init__(self):
+    checks.check_number("mu", self.mu, 0.0)
+    checks.check_number("temperature", self.temperature, 0.0, low_open=True)
+
+
 _COS_EPS = 1e-8
 
 

@@ -41,6 +41,7 @@ code github.com/MMorafah/PACFL (read, not copied).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -52,6 +53,7 @@ from fedjax_dd.algorithms import cluster_models
 from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms import clustered
 from fedjax_dd.cluster import principal_angles
+from fedjax_dd.core import checks
 from fedjax_dd.core.algorithm import (CommSpec, FederatedAlgorithm,
                                       ServerState)
 from fedjax_dd.core.clients import ClientMapper
@@ -61,6 +63,44 @@ from fedjax_dd.data.stacked import ClientData
 
 PyTree = Any
 tree_map = jax.tree_util.tree_map
+
+
+@dataclasses.dataclass(frozen=True)
+class PACFLHyperParams:
+  """PACFL's settings (Vahidian et al., AAAI 2023), the ``pacfl`` config
+  group; the defaults are the authors' scripts (p = 3, average linkage).
+
+  Attributes:
+    rank: ``p``, singular vectors per class (or per client).
+    per_class: one SVD per class (the code) or one per client.
+    proximity: ``"basis"`` (the code) or ``"smallest"`` (principal angle).
+    threshold: ``β`` in degrees (the code: 3.5-4.9); ``0``: cut at
+      ``num_clusters`` instead.
+    num_clusters: the clusters when ``threshold`` is 0.
+    linkage: ``"average"``, ``"complete"`` or ``"single"``.
+    global_model: the model reported on the global test split: the
+      largest cluster's (``"largest"``) or the clusters' average
+      (``"average"``; :class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
+  """
+  rank: int = 3
+  per_class: bool = True
+  proximity: str = "basis"
+  threshold: float = 4.9
+  num_clusters: int = 0
+  linkage: str = "average"
+  global_model: str = "largest"
+
+  def __post_init__(self):
+    checks.check_int("rank", self.rank, 1)
+    checks.check_choice("proximity", self.proximity,
+                        principal_angles.PROXIMITIES)
+    checks.check_choice("linkage", self.linkage, principal_angles.LINKAGES)
+    checks.check_number("threshold", self.threshold, 0.0)
+    checks.check_int("num_clusters", self.num_clusters, 0)
+    if self.threshold == 0 and not self.num_clusters:
+      checks.refuse("num_clusters", "at least 1 when threshold = 0", 0)
+    checks.check_choice("global_model", self.global_model,
+                        cluster_models.GLOBAL_MODELS)
 
 
 class PacflClusters(NamedTuple):

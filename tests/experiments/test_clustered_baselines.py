@@ -93,6 +93,11 @@ def test_iga_changes_the_reported_model_not_what_clients_deploy(tmp_path,
     ("pacfl", "pacfl.linkage", "ward", r"config.pacfl.linkage must be one of"),
     ("pacfl", "pacfl.proximity", "cosine", r"pacfl.proximity must be one of"),
     ("pacfl", "pacfl.threshold", 0.0, r"pacfl.num_clusters must be at least 1"),
+    ("ifca", "ifca.global_model", "first", r"^config.ifca.global_model must "
+     r"be one of \['largest', 'average'\], got 'first'; set "
+     r"--config.ifca.global_model.$"),
+    ("ifca", "ifca.num_clusters", 0, r"^config.ifca.num_clusters must be an "
+     r"int >= 1, got 0; set --config.ifca.num_clusters.$"),
 ])
 def test_bad_settings_are_refused_before_the_data_loads(method, path, value,
                                                         message):
@@ -119,3 +124,25 @@ def test_smoke_with_personal_evaluation_writes_its_figures(tmp_path, method,
       last["personal_accuracy_max"]) <= 1.0
   assert s["final_personal_accuracy"] == last["personal_accuracy"]
   assert np.isfinite(s["final_test_accuracy"])
+
+
+@pytest.mark.parametrize("name, flag, value, message", [
+    ("moon", "temperature", 0.0, "config.moon.temperature must be a finite "
+     "number > 0"),
+    ("moon", "mu", -1.0, "config.moon.mu must be a finite number >= 0"),
+    ("dynafed", "expert_rounds", 99, "config.dynafed.expert_rounds must be "
+     "<= trajectory_rounds"),
+])
+def test_declared_groups_refuse_with_their_setting(name, flag, value,
+                                                   message):
+  import importlib  # pylint: disable=g-import-not-at-top
+  c = importlib.import_module(
+      f"fedjax_dd.experiments.configs.{name}").get_config("smoke")
+  c[name][flag] = value
+  with pytest.raises(ValueError, match=message):
+    common.validate(c)
+  c[name].unread = 1
+  del c[name][flag]
+  with pytest.raises(ValueError, match=r"holds \['unread'\], which are not "
+                     "fields"):
+    common.validate(c)

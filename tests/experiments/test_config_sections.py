@@ -8,7 +8,6 @@ import dataclasses
 import ml_collections
 import pytest
 
-from fedjax_dd.algorithms.dynafed import DynaFedHyperParams
 from fedjax_dd.distill.dfkd import DFKDHyperParams
 from fedjax_dd.distill.iga import IGAHyperParams
 from fedjax_dd.distill.kip import KipOptions
@@ -18,7 +17,7 @@ from fedjax_dd.experiments.configs import base
 
 def _groups():
   c = ml_collections.ConfigDict()
-  for add in (base.iga, base.dfkd, base.coboosting, base.dynafed):
+  for add in (base.iga, base.dfkd, base.coboosting):
     add(c)
   base.kip(c, max_iterations=5, stop_accuracy=None)
   return c
@@ -26,7 +25,7 @@ def _groups():
 
 @pytest.mark.parametrize("cls, group", [
     (IGAHyperParams, "iga"), (DFKDHyperParams, "dfkd"),
-    (DynaFedHyperParams, "dynafed"), (KipOptions, "kip")])
+    (KipOptions, "kip")])
 def test_each_key_is_a_field_or_named_elsewhere(cls, group):
   section = _groups()[group]
   hp = getattr(sections, group)(section)
@@ -57,8 +56,7 @@ def test_derived_fields():
     assert getattr(cb, name) == c.coboosting[name], name
 
 
-@pytest.mark.parametrize("group", ["iga", "dfkd", "coboosting", "dynafed",
-                                   "kip"])
+@pytest.mark.parametrize("group", ["iga", "dfkd", "coboosting", "kip"])
 def test_a_new_key_without_a_field_fails(group):
   c = _groups()
   c[group].unread_setting = 1

@@ -249,11 +249,11 @@ def test_the_rounds_toy_runs_from_the_command_line_and_python(toys):
 
 
 @pytest.mark.parametrize("name, flag, message", [
-    ("fedavgm", "--config.fedavgm.momentum=1.5", "config.fedavgm: momentum "
-     "must be in [0, 1), got 1.5. Set --config.fedavgm.<field>."),
-    ("toy_mix", "--config.toy_mix.mix=-1", "config.toy_mix: mix must be in "
+    ("fedavgm", "--config.fedavgm.momentum=1.5", "config.fedavgm.momentum "
+     "must be in [0, 1), got 1.5; set --config.fedavgm.momentum."),
+    ("toy_mix", "--config.toy_mix.mix=-1", "config.toy_mix.mix must be in "
      "[0, 1], got -1"),
-    ("toy_prior", "--config.toy_prior.smoothing=-1", "config.toy_prior: "
+    ("toy_prior", "--config.toy_prior.smoothing=-1", "config.toy_prior."
      "smoothing must be >= 0"),
 ])
 def test_each_toy_is_validated_before_compute(toys, name, flag, message):
