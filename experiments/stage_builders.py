@@ -155,9 +155,9 @@ def _coboosting(config, stage, groups, task, input_fn):
                                    input_fn, hparams, **syn)
 
 
-def _ot_fusion(config, stage, groups, task, input_fn):
+def _ot_fusion(config, stage, groups, task, input_fn, hparams):
   del input_fn
-  o = config.ot_fusion
+  o = hparams
   samples = (_public(config, task, o.num_samples)
              if o.mode == "activations" else None)
   return ot_fusion_lib.ot_fusion(stage, groups, mode=o.mode, samples=samples,
@@ -189,7 +189,8 @@ for _method in (
     registry.Method("os_fedavg", server=_os_fedavg,
                     rounds=_os_fedavg_rounds, check=_one_aggregation),
     registry.Method("coboosting", server=_coboosting, server_epochs=True),
-    registry.Method("ot_fusion", server=_ot_fusion),
+    registry.Method("ot_fusion", server=_ot_fusion,
+                    hparams=ot_fusion_lib.OTFusionHyperParams),
 ):
   registry.declare(_method)
 del _method

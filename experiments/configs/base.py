@@ -523,18 +523,6 @@ def coboosting(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
-def ot_fusion(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds the ``ot_fusion`` group (:func:`fedjax_dd.algorithms.ot_fusion.
-  ot_fusion`; the authors' README commands)."""
-  c.ot_fusion = ml_collections.ConfigDict({
-      "mode": "weights",  # weights | activations
-      "anchor": 0,  # the client every model is aligned to
-      # Activation-based: images of data.public_data (--act-num-samples).
-      "num_samples": 200,
-  })
-  return c
-
-
 def iga(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds the ``iga`` group: DisUE's inter-group aggregation / FedFTG's
   server fine-tuning (:class:`fedjax_dd.distill.iga.IGAHyperParams`; the

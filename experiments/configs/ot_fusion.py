@@ -22,10 +22,10 @@ Every FedHydra preset name works (``<dataset>_<partition>[_gpu]``);
 heterogeneous clients are refused (fusion averages parameters).
 """
 
-from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import fedhydra
 
 
 def get_config(arg: str = "mnist_a0.5"):
   c = fedhydra.preset("ot_fusion", arg)
-  return base_lib.ot_fusion(c)
+  return registry.add_group(c, "ot_fusion")

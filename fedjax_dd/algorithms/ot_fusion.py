@@ -76,6 +76,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_dd.algorithms import stages
+from fedjax_dd.core import checks
 from fedjax_dd.core.algorithm import ServerDistillation, Teachers
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.distill import ensemble
@@ -83,6 +84,28 @@ from fedjax_dd.distill import ensemble
 PyTree = Any
 
 MODES = ("weights", "activations")
+
+
+@dataclasses.dataclass(frozen=True)
+class OTFusionHyperParams:
+  """OT fusion's settings (Singh & Jaggi, NeurIPS 2020; the authors' README
+  commands), the ``ot_fusion`` config group.
+
+  Attributes:
+    mode: ``"weights"`` (transport by incoming weights) or
+      ``"activations"`` (by pre-activations on server-held images).
+    anchor: the client every model is aligned to.
+    num_samples: activation mode's images of the public set
+      (``--act-num-samples``).
+  """
+  mode: str = "weights"
+  anchor: int = 0
+  num_samples: int = 200
+
+  def __post_init__(self):
+    checks.check_choice("mode", self.mode, MODES)
+    checks.check_int("anchor", self.anchor, 0)
+    checks.check_int("num_samples", self.num_samples, 1)
 
 
 @dataclasses.dataclass(frozen=True)
