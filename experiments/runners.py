@@ -32,7 +32,7 @@ from fedjax_dd.algorithms.ifca import IFCAHyperParams, ifca
 from fedjax_dd.algorithms.pacfl import (PACFLHyperParams, cluster_clients,
                                          pacfl)
 from fedjax_dd.algorithms.fedavg import fedavg
-from fedjax_dd.algorithms.feddyn import feddyn
+from fedjax_dd.algorithms.feddyn import FedDynHyperParams, feddyn
 from fedjax_dd.algorithms.fednova import fednova
 from fedjax_dd.algorithms.moon import MOONHyperParams, moon
 from fedjax_dd.algorithms.fedprox import fedprox
@@ -181,8 +181,9 @@ for _method in (
                     rounds=lambda c, training, hparams: moon(
                         training, mu=hparams.mu,
                         temperature=hparams.temperature)),
-    registry.Method("feddyn", rounds=lambda c, training: feddyn(
-        training, alpha=c.feddyn.alpha)),
+    registry.Method("feddyn", hparams=FedDynHyperParams,
+                    rounds=lambda c, training, hparams: feddyn(
+                        training, alpha=hparams.alpha)),
     registry.Method("dynafed", hparams=DynaFedHyperParams,
                     rounds=lambda c, training, hparams: dynafed(
                         training, hparams=hparams)),

@@ -576,13 +576,6 @@ def disue(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return iga(c)
 
 
-def feddyn(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds the ``feddyn`` group (Acar et al., ICLR 2021; alpha = 0.01, the
-  authors' default)."""
-  c.feddyn = ml_collections.ConfigDict({"alpha": 0.01})
-  return c
-
-
 def disue_protocol(c: ml_collections.ConfigDict, *, dataset: str,
                    model: str, alpha: float) -> ml_collections.ConfigDict:
   """DisUE Sec. 5.1's federated protocol, shared by DisUE and its baselines:

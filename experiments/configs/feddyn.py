@@ -20,9 +20,9 @@ decay 1e-3, clip 10, flip and crop) and the presets. FedDyn's own code
 uses the same client learning-rate decay, weight decay 1e-3 and clip 10.
 """
 
-from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import disue
 
 
 def get_config(arg: str = "fmnist_dir0.01"):
-  return base_lib.feddyn(disue.protocol("feddyn", arg))
+  return registry.add_group(disue.protocol("feddyn", arg), "feddyn")

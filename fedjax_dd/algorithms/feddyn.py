@@ -43,6 +43,7 @@ Learning Based on Dynamic Regularization", ICLR 2021.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -56,6 +57,22 @@ from fedjax_dd.core.algorithm import CommSpec, FederatedAlgorithm, ServerState
 from fedjax_dd.core.local import LocalTraining, make_local_update
 
 tree_map = jax.tree_util.tree_map
+
+
+@dataclasses.dataclass(frozen=True)
+class FedDynHyperParams:
+  """FedDyn's settings (Acar et al., ICLR 2021; ``α`` 0.01, the authors'
+  default), the ``feddyn`` config group.
+
+  Attributes:
+    alpha: ``α > 0``, a number, or a traced scalar (a run's value on the
+      run axis, whose values are checked where the grid is read).
+  """
+  alpha: float = 0.01
+
+  def __post_init__(self):
+    if not checks.is_traced(self.alpha):
+      checks.check_number("alpha", self.alpha, 0.0, low_open=True)
 
 
 def dynamic_regularizer(alpha: float):

@@ -133,6 +133,8 @@ def test_smoke_with_personal_evaluation_writes_its_figures(tmp_path, method,
     ("dynafed", "expert_rounds", 99, "config.dynafed.expert_rounds must be "
      "<= trajectory_rounds"),
     ("ot_fusion", "mode", "logits", "config.ot_fusion.mode must be one of "),
+    ("feddyn", "alpha", 0.0, "config.feddyn.alpha must be a finite number > "
+     "0"),
 ])
 def test_declared_groups_refuse_with_their_setting(name, flag, value,
                                                    message):
