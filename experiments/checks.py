@@ -66,7 +66,6 @@ def _choice(path: str, value: Any, choices) -> None:
 # open), "choice" (a callable returning the names, imported on use).
 def _ranges() -> tuple[tuple[str, str, tuple], ...]:
   # pylint: disable=g-import-not-at-top
-  from fedjax_dd.algorithms import disue
   from fedjax_dd.core import clients
   from fedjax_dd.core import keys
   from fedjax_dd.data import partition
@@ -104,9 +103,6 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       # 0: no budget; a negative budget is not "none" (core.checks).
       ("run.max_wall_seconds", "num", (0.0, None, False, False)),
       ("server.seed", "int", (-1, keys.SEED_LIMIT - 1)),
-      ("disue.similarity", "choice", disue.SIMILARITIES),
-      ("disue.similarity_protocol", "choice", disue.PROTOCOLS),
-      ("disue.damping", "num", (0.5, 1.0, False, True)),
       ("iga.nz", "int", (1, None)),
       ("iga.ngf", "int", (1, None)),
       ("hfldd.num_homogeneous", "int", (1, None)),

@@ -47,6 +47,7 @@ import re
 from typing import Any, Callable
 
 import ml_collections
+from ml_collections import config_dict
 
 # The runner of each shape; a pipeline names its own.
 FEDERATED = "federated"
@@ -210,7 +211,10 @@ def hparams_group(cls: type) -> ml_collections.ConfigDict:
   field, its default (a field without one is refused)."""
   values = {}
   for f in dataclasses.fields(cls):
-    if f.default is not dataclasses.MISSING:
+    if f.default is None:
+      # A typed placeholder, so that --config.<group>.<field>=V parses.
+      values[f.name] = config_dict.placeholder(_optional_type(f))
+    elif f.default is not dataclasses.MISSING:
       values[f.name] = f.default
     elif f.default_factory is not dataclasses.MISSING:
       values[f.name] = f.default_factory()
@@ -218,6 +222,17 @@ def hparams_group(cls: type) -> ml_collections.ConfigDict:
       raise ValueError(f"{cls.__name__}.{f.name} has no default; a config "
                        "group needs one per field.")
   return ml_collections.ConfigDict(values)
+
+
+def _optional_type(f: dataclasses.Field) -> type:
+  """``T`` of a field annotated ``T | None`` (``Optional[T]``)."""
+  names = str(f.type).replace("Optional[", "").replace("]", "").split("|")
+  types = {"float": float, "int": int, "str": str, "bool": bool}
+  for name in names:
+    if name.strip() in types:
+      return types[name.strip()]
+  raise ValueError(f"{f.name}: a field whose default is None needs a type "
+                   f"of {sorted(types)} or None, got {f.type!r}.")
 
 
 def add_group(config: ml_collections.ConfigDict, name: str, *,

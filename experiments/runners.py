@@ -24,7 +24,8 @@ from fedjax_dd.algorithms.centralized import centralized
 from fedjax_dd.algorithms.cfl import CFLHyperParams, cfl
 from fedjax_dd.algorithms.cfl_gp import CFLGPHyperParams, cfl_gp
 from fedjax_dd.algorithms.cluster_models import ClusterServing
-from fedjax_dd.algorithms.disue import affinity_grouping, disue
+from fedjax_dd.algorithms.disue import (DisUEHyperParams, affinity_grouping,
+                                        disue)
 from fedjax_dd.algorithms.dp_fedavg import dp_fedavg
 from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
 from fedjax_dd.algorithms.dynafed import DynaFedHyperParams, dynafed
@@ -79,8 +80,8 @@ def _generator_key(config):
   return keys.stage_key(keys.model_root(config.seed), keys.Stage.GENERATOR)
 
 
-def _disue(config, training):
-  d = config.disue
+def _disue(config, training, hparams):
+  d = hparams
   return disue(training, iga=_iga(config, training.task),
                generator_key=_generator_key(config),
                evaluate_before_iga=bool(config.iga.evaluate_before),
@@ -156,7 +157,7 @@ def _dp_fedavg(config, training):
 # The FedAvg-family methods, each declared once (experiments/registry.py):
 # the shared rounds loop drives each (run_federated).
 for _method in (
-    registry.Method("disue", rounds=_disue),
+    registry.Method("disue", rounds=_disue, hparams=DisUEHyperParams),
     registry.Method("fedftg", rounds=_fedftg, check=_needs_iga),
     registry.Method("feddf_datafree", rounds=lambda c, training: _fedftg(
         c, training, feddf=True), check=_needs_iga),

@@ -565,17 +565,6 @@ def iga(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
-def disue(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds the ``disue`` group (CGA-Clustering, DisUE Eqs. 3–4) and ``iga``."""
-  c.disue = ml_collections.ConfigDict({
-      "similarity": "delta",  # delta (updates) | raw (parameters)
-      "similarity_protocol": "plain",  # plain | pcsc (Sec. 4.3)
-      "damping": 0.5,  # Affinity Propagation (scikit-learn's default)
-      "preference": config_dict.placeholder(float),  # None: median similarity
-  })
-  return iga(c)
-
-
 def disue_protocol(c: ml_collections.ConfigDict, *, dataset: str,
                    model: str, alpha: float) -> ml_collections.ConfigDict:
   """DisUE Sec. 5.1's federated protocol, shared by DisUE and its baselines:

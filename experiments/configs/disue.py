@@ -85,8 +85,10 @@ def protocol(method: str, arg: str):
     raise ValueError(f"Unknown preset {arg!r}; expected one of "
                      f"{sorted(PRESETS)}.")
   c = base_lib.base(method=method, dataset="digits", model="digits_cnn")
-  base_lib.disue(c)
-  # Every preset of the protocol carries the ifca group (ifca.py reads it).
+  # Every preset of the protocol carries the disue, iga and ifca groups
+  # (the baselines' configs read the last two).
+  registry.add_group(c, "disue", set_method=False)
+  base_lib.iga(c)
   registry.add_group(c, "ifca", set_method=False)
   if arg == "smoke":
     base_lib.disue_protocol(c, dataset="digits", model="digits_cnn",

@@ -29,9 +29,9 @@ its round. Personalized evaluation scores it on each client's own test data
 
 from __future__ import annotations
 
-from typing import Any
-
+import dataclasses
 import math
+from typing import Any
 
 import jax
 import numpy as np
@@ -41,6 +41,7 @@ from fedjax_dd.algorithms.clustered import clustered_distillation
 from fedjax_dd.cluster import affinity
 from fedjax_dd.cluster import pcsc
 from fedjax_dd.cluster import similarity as similarity_lib
+from fedjax_dd.core import checks
 from fedjax_dd.core.algorithm import FederatedAlgorithm
 from fedjax_dd.core.local import LocalTraining
 from fedjax_dd.distill.iga import IGA
@@ -49,6 +50,33 @@ PyTree = Any
 
 SIMILARITIES = ("delta", "raw")
 PROTOCOLS = ("plain", "pcsc")
+
+
+@dataclasses.dataclass(frozen=True)
+class DisUEHyperParams:
+  """DisUE's CGA-Clustering settings (Eqs. 3-4), the ``disue`` config group
+  (:func:`affinity_grouping`).
+
+  Attributes:
+    similarity: ``"delta"`` (cosine of updates, Sec. 4.1) or ``"raw"``
+      (of the parameters, Eq. 3's literal reading).
+    similarity_protocol: ``"plain"`` or ``"pcsc"`` (Sec. 4.3).
+    damping: Affinity Propagation's damping in ``[0.5, 1)``
+      (scikit-learn's default 0.5).
+    preference: AP's preference; ``None``: the median similarity.
+  """
+  similarity: str = "delta"
+  similarity_protocol: str = "plain"
+  damping: float = 0.5
+  preference: float | None = None
+
+  def __post_init__(self):
+    checks.check_choice("similarity", self.similarity, SIMILARITIES)
+    checks.check_choice("similarity_protocol", self.similarity_protocol,
+                        PROTOCOLS)
+    checks.check_number("damping", self.damping, 0.5, 1.0, high_open=True)
+    if self.preference is not None:
+      checks.check_number("preference", self.preference)
 
 
 def affinity_grouping(*, similarity: str = "delta", protocol: str = "plain",

@@ -397,3 +397,30 @@ def test_a_method_check_runs_before_the_data_loads():
     axis_sweep.check(c)
   with pytest.raises(ValueError, match="iga.enabled must stay True"):
     registry.build_rounds(c, training=None)
+
+
+def test_an_optional_field_is_a_typed_placeholder_the_cli_can_set(tmp_path):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  @dataclasses.dataclass(frozen=True)
+  class Opt:
+    scale: float | None = None
+    steps: int = 3
+
+  group = registry.hparams_group(Opt)
+  assert group.scale is None and group.steps == 3
+  group.scale = 0.5  # typed float: a number is taken ...
+  with pytest.raises(TypeError):
+    group.scale = "big"  # ... a string is not
+  with pytest.raises(ValueError, match="needs a type"):
+    registry.hparams_group(dataclasses.make_dataclass(
+        "Bad", [("x", "list | None", dataclasses.field(default=None))]))
+  # DisUE's preference, None by default, set from the command line.
+  proc = subprocess.run(
+      [sys.executable, "-m", "fedjax_dd.experiments.main",
+       "--config=experiments/configs/disue.py:smoke",
+       f"--workdir={tmp_path / 'w'}", "--config.disue.preference=-5",
+       "--config.disue.damping=1.0"],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode != 0  # the damping, refused after the parse
+  assert "config.disue.damping must be a finite number >= 0.5" in proc.stderr
