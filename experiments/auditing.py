@@ -149,13 +149,14 @@ class _Shadows:
     self.pool_x, self.pool_y, self.size = pool_x, pool_y, size
     self.steps = int(np.asarray(common.local_steps(config, [size]))[0])
 
-  def train(self, start, round_index: int, rounds: int):
-    """``audit.lira_shadows`` shadows from ``start``, each making
+  def train(self, start, round_index: int, rounds: int, task=None):
+    """``audit.lira_shadows`` shadows of ``task`` (default: the run's)
+    from ``start`` (``None``: each its own initialisation), each making
     ``rounds`` times a median client's local steps on ``size`` pool
     examples."""
     from fedjax_dd.audit import model_mia  # pylint: disable=g-import-not-at-top
     steps = max(1, self.steps * max(1, int(rounds)))
-    training = common.local_training(self.config, self.task, steps)
+    training = common.local_training(self.config, task or self.task, steps)
     return model_mia.train_shadows(
         training, _audit_key(self.config, 1), self.pool_x, self.pool_y,
         num_shadows=int(self.config.audit.lira_shadows),
@@ -314,7 +315,9 @@ def audit_one_shot(config: ml_collections.ConfigDict, workdir: str, *,
   one-shot FedAvg), written to ``workdir/audit.json``: each client's
   uploaded model against its own training data (loss threshold, label
   leakage; :func:`fedjax_dd.audit.workdir.audit_client_models`) and the
-  final global model against every client's (``global_model_mia_loss``).
+  final global model against every client's (``global_model_mia_loss``);
+  with ``audit.lira_shadows`` also offline LiRA on the client models
+  (``model_mia_lira``).
 
   ``prepared``, ``data``, ``groups`` and ``result`` (the
   :class:`fedjax_dd.core.server.ServerResult`) as ``run_fedhydra.run`` built
@@ -334,9 +337,18 @@ def audit_one_shot(config: ml_collections.ConfigDict, workdir: str, *,
                                           with_holdout=True)
   mapper = common.mapper(config)
   fprs = tuple(config.audit.fprs)
+  shadows = None
+  if config.audit.lira_shadows:
+    # Shadows train as each group's clients did: from the group's shared
+    # start, or from their own initialisations.
+    pool = lira_shadows(config, prepared, data)
+    init_key, _ = keys.init_and_run(keys.model_root(config.seed))
+    shadows = [pool.train(None if config.client.independent_init
+                          else g.task.init(init_key), 0, 1, task=g.task)
+               for g in groups]
   summary = audit_lib.audit_client_models(
       groups, result.teachers, data, nonmembers, probe_x, fprs=fprs,
-      mapper=mapper)
+      mapper=mapper, shadows=shadows)
   summary["global_model_mia_loss"] = audit_lib.audit_global_model(
       prepared.task, result.params, result.batch_stats, data, nonmembers,
       fprs=fprs, mapper=mapper)["model_mia_loss"]

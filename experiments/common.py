@@ -748,7 +748,7 @@ def check_personal(config: ml_collections.ConfigDict) -> None:
 def check_audit(config: ml_collections.ConfigDict) -> None:
   """``audit.*``: the settings
   (:func:`fedjax_dd.audit.workdir.check_settings` and ``check_lira``;
-  LiRA only on a rounds run) and, with
+  LiRA only on model uploads) and, with
   ``audit.enabled``, a runner with an audit
   (:data:`fedjax_dd.experiments.auditing.AUDITS`); an
   ``audit.holdout`` above the test split is refused once it is loaded.
@@ -769,10 +769,10 @@ def check_audit(config: ml_collections.ConfigDict) -> None:
   runner = _lookup(config, "runner")
   if not a.enabled:
     return
-  if shadows and runner != "federated":
+  if shadows and runner not in ("federated", "fedhydra"):
     raise ValueError(
-        f"config.audit.lira_shadows={shadows}: LiRA runs in the audit of a "
-        f"rounds run (runner federated), not runner {runner!r}; set "
+        f"config.audit.lira_shadows={shadows}: LiRA audits model uploads "
+        f"(runners federated and fedhydra), not runner {runner!r}; set "
         "--config.audit.lira_shadows=0.")
   from fedjax_dd.experiments import auditing  # pylint: disable=g-import-not-at-top
   if runner not in auditing.AUDITS:

@@ -90,6 +90,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     # now, before the clients train.
     from fedjax_dd.experiments import auditing as audit  # pylint: disable=g-import-not-at-top
     audit.attacker_data(config, prepared)
+    if config.audit.lira_shadows:  # and a shadow pool outside the holdout
+      audit.lira_shadows(config, prepared, data)
   init_key, run_key = keys.init_and_run(keys.model_root(config.seed))
   # Each group trains its own model up to its clients' largest count.
   training = common.local_training(config, task,

@@ -233,7 +233,8 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       "client_uploads": True,
       # > 0: offline LiRA with this many OUT shadows (>= 2) trained on the
       # test examples outside the holdout, beside the loss threshold (rounds
-      # runs: the global model and the client uploads).
+      # runs: the global model and the client uploads; one-shot runs: the
+      # client models).
       "lira_shadows": 0,
       # Test examples of the shadow pool; 0: all outside the holdout.
       "lira_pool": 0,

@@ -147,13 +147,14 @@ def test_one_shot_client_models_audit_in_the_run_and_standalone(tmp_path):
   finished workdir (which resumes the run, every stage restored)."""
   w = tmp_path / "fedhydra"
   proc = _run(w, "--config.audit.enabled=True", "--config.audit.holdout=200",
+              "--config.audit.lira_shadows=2",
               config="experiments/configs/fedhydra.py:smoke")
   assert proc.returncode == 0, proc.stderr[-3000:]
   audit = _read(w / "audit.json")
   summary = _read(w / "summary.json")
   assert audit["kind"] == "client_models"
   assert audit["num_clients"] == len(summary["client_test_accuracy"])
-  for group in ("model_mia_loss", "global_model_mia_loss"):
+  for group in ("model_mia_loss", "model_mia_lira", "global_model_mia_loss"):
     assert len(audit[group]["auc"]) == audit["num_clients"]
     assert 0.0 <= audit[group]["auc_mean"] <= 1.0
     assert summary["audit"][f"{group}_auc"] == audit[group]["auc_mean"]
@@ -281,8 +282,8 @@ def test_audit_of_a_runner_without_one_is_refused():
   c = fedd3.get_config("smoke")
   c.audit.enabled, c.audit.lira_shadows = True, 4
   with pytest.raises(ValueError, match=r"^config.audit.lira_shadows=4: LiRA "
-                     r"runs in the audit of a rounds run \(runner federated\),"
-                     r" not runner 'fedd3'"):
+                     r"audits model uploads \(runners federated and "
+                     r"fedhydra\), not runner 'fedd3'"):
     common.validate(c)
 
 
