@@ -69,9 +69,8 @@ class CFLHyperParams:
     eps2: ``ε_2``, the largest update norm above which it splits.
     warmup: rounds before the first split may happen.
     max_clusters: ``K_max >= 1``, the most clusters.
-    global_model: the model reported on the global test split: the
-      largest cluster's (``"largest"``) or the clusters' average
-      (``"average"``; :class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
+    global_model: the reported model, ``"largest"`` or ``"average"``
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
   """
   eps1: float = 0.4
   eps2: float = 1.6

@@ -87,9 +87,8 @@ class CFLGPHyperParams:
     period: rounds between partitions.
     stop_round: the last round that may partition; ``0``: none.
     cluster_seed: K-Means' ``random_state``.
-    global_model: the model reported on the global test split: the
-      largest cluster's (``"largest"``) or the clusters' average
-      (``"average"``; :class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
+    global_model: the reported model, ``"largest"`` or ``"average"``
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
   """
   num_clusters: int = 4
   compression: int = 100

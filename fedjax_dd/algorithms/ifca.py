@@ -64,9 +64,8 @@ class IFCAHyperParams:
 
   Attributes:
     num_clusters: ``K >= 1`` cluster models.
-    global_model: the model reported on the global test split: the
-      largest cluster's (``"largest"``) or the clusters' average
-      (``"average"``; :class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
+    global_model: the reported model, ``"largest"`` or ``"average"``
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
   """
   num_clusters: int = 2
   global_model: str = "largest"

@@ -78,9 +78,8 @@ class PACFLHyperParams:
       ``num_clusters`` instead.
     num_clusters: the clusters when ``threshold`` is 0.
     linkage: ``"average"``, ``"complete"`` or ``"single"``.
-    global_model: the model reported on the global test split: the
-      largest cluster's (``"largest"``) or the clusters' average
-      (``"average"``; :class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
+    global_model: the reported model, ``"largest"`` or ``"average"``
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
   """
   rank: int = 3
   per_class: bool = True

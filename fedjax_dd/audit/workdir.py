@@ -61,6 +61,11 @@ FEATURE_DIM = 2048
 (:func:`fedjax_dd.audit.image_mia.random_projection`)."""
 
 
+def _advisor(prefix: str, fix: str | None):
+  """``name -> fix`` with ``{name}`` filled (``None`` without a fix)."""
+  return lambda name: fix.format(name=prefix + name) if fix else None
+
+
 def check_settings(holdout: Any, psnr_threshold: Any, fprs: Any, *,
                    prefix: str = "", fix: str | None = None
                    ) -> tuple[int, float, tuple[float, ...]]:
@@ -83,9 +88,7 @@ def check_settings(holdout: Any, psnr_threshold: Any, fprs: Any, *,
   Raises:
     fedjax_dd.core.checks.SettingError: naming the setting and its value.
   """
-  def advice(name):
-    return fix.format(name=prefix + name) if fix else None
-
+  advice = _advisor(prefix, fix)
   h = checks.check_int(prefix + "holdout", holdout, 0,
                        fix=advice("holdout"))
   t = checks.check_number(prefix + "psnr_threshold", psnr_threshold,
@@ -109,9 +112,7 @@ def check_lira(shadows: Any, pool: Any, *, prefix: str = "",
   Raises:
     fedjax_dd.core.checks.SettingError: naming the setting and its value.
   """
-  def advice(name):
-    return fix.format(name=prefix + name) if fix else None
-
+  advice = _advisor(prefix, fix)
   k = checks.check_int(prefix + "lira_shadows", shadows, 0,
                        fix=advice("lira_shadows"))
   if k == 1:

@@ -83,13 +83,20 @@ def test_label_leakage_of_bias_models_by_hand_and_in_client_order():
   assert abs(out["label_leakage"]["tv_mean"] - 0.5 / 3) < 1e-6
 
 
-def test_each_clients_attack_is_its_own_models_loss_threshold():
-  rng = np.random.default_rng(1)
+def _two_clients(seed):
+  """Two clients' data and non-members, and their own random models
+  (per client, and stacked)."""
+  rng = np.random.default_rng(seed)
   data = _data(rng, [[0, 1, 2, 3, 0, 1], [3, 3, 2, 2, 1]])
   nonmembers = _data(rng, [[0, 1, 2, 3], [3, 2, 1]])
   task = _task(_Pixel())
   params = [task.init(jax.random.PRNGKey(s))[0] for s in (3, 4)]
   stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *params)
+  return rng, data, nonmembers, task, params, stacked
+
+
+def test_each_clients_attack_is_its_own_models_loss_threshold():
+  _, data, nonmembers, task, params, stacked = _two_clients(1)
   g = types.SimpleNamespace(task=task, client_ids=(0, 1))
   teachers = Teachers(vars=((stacked, {}),), num_examples=data.num_examples)
   out = audit_lib.audit_client_models((g,), teachers, data, nonmembers,
@@ -154,12 +161,7 @@ def test_shadows_from_a_start_with_a_zero_rate_stay_there():
 
 
 def test_upload_audit_with_lira_is_each_clients_own_and_in_the_headline():
-  rng = np.random.default_rng(4)
-  data = _data(rng, [[0, 1, 2, 3, 0, 1], [3, 3, 2, 2, 1]])
-  nonmembers = _data(rng, [[0, 1, 2, 3], [3, 2, 1]])
-  task = _task(_Pixel())
-  params = [task.init(jax.random.PRNGKey(s))[0] for s in (3, 4)]
-  stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *params)
+  rng, data, nonmembers, task, params, stacked = _two_clients(4)
   pool = _data(rng, [[0, 1, 2, 3] * 3])
   shadows = model_mia.train_shadows(
       _sgd_training(task, 0.1), jax.random.key(2), pool.x[0], pool.y[0],
