@@ -76,17 +76,14 @@ _REFUSED = (
 # is a tracer (traced_config).
 GRID_KEYS: dict[str, tuple[str, ...] | None] = {
     "client.lr": None,
+    "client.weight_decay": None,
     "client.mu": ("fedprox",),
     "feddyn.alpha": ("feddyn",),
     "server.lr": ("scaffold",),
 }
 
 # Keys a user may expect on the grid that cannot vary there, and why.
-_NOT_TRACED = {
-    "client.weight_decay": (
-        "the clients' optimizer (common.make_optimizer) reads it as a number "
-        "(whether to add the decay at all)"),
-}
+_NOT_TRACED: dict[str, str] = {}
 
 def parse_grid(text: str | None) -> tuple[str, list[float]] | None:
   """``"client.lr=0.01,0.03,0.1"`` -> ``("client.lr", [0.01, 0.03, 0.1])``.
@@ -197,9 +194,10 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
   def algorithm(seed, hparams):
     c = traced_config(sweep.seed_config(config, seed), hparams)
     t = training
-    if "client.lr" in hparams:
+    if {"client.lr", "client.weight_decay"} & set(hparams):
       t = dataclasses.replace(training, optimizer=common.make_optimizer(
-          c, lr=hparams["client.lr"]))
+          c, lr=hparams.get("client.lr"),
+          weight_decay=hparams.get("client.weight_decay")))
     return method.rounds(c, t, **registry.build_inputs(c, method))
 
   wall = loop_lib.WallClock(start=start)

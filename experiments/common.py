@@ -212,13 +212,16 @@ def compute_dtype(config: ml_collections.ConfigDict) -> str:
       _lookup(config, "model.compute_dtype") or "auto")
 
 
-def make_optimizer(config: ml_collections.ConfigDict, *,
-                   lr: Any = None) -> optax.GradientTransformation:
+def make_optimizer(config: ml_collections.ConfigDict, *, lr: Any = None,
+                   weight_decay: Any = None) -> optax.GradientTransformation:
   """``config.client.optimizer`` in {sgd, adam, adamw} with ``client.lr``,
   ``client.momentum``, ``client.weight_decay`` and ``client.grad_clip``.
 
   ``lr`` (default ``client.lr``) replaces the rate, e.g. by a traced value
-  of a grid cell on the run axis (:mod:`fedjax_dd.experiments.axis_sweep`).
+  of a grid cell on the run axis (:mod:`fedjax_dd.experiments.axis_sweep`);
+  so does ``weight_decay`` for ``client.weight_decay``, whose term is then
+  always in the chain (a decay of 0 adds ``0 * w``, which leaves every
+  gradient bit as it is).
 
   ``client.grad_clip > 0`` clips the raw gradient to that global norm
   first. ``client.weight_decay > 0`` is, for sgd and adam, an L2 term
@@ -231,10 +234,11 @@ def make_optimizer(config: ml_collections.ConfigDict, *,
   c = config.client
   name = c.optimizer
   lr = c.lr if lr is None else lr
+  decay = c.weight_decay if weight_decay is None else weight_decay
   builders: dict[str, Callable[[], optax.GradientTransformation]] = {
       "sgd": lambda: optax.sgd(lr, momentum=c.momentum or None),
       "adam": lambda: optax.adam(lr),
-      "adamw": lambda: optax.adamw(lr, weight_decay=c.weight_decay),
+      "adamw": lambda: optax.adamw(lr, weight_decay=decay),
   }
   if name not in builders:
     raise ValueError(f"Unknown optimizer {name!r}; expected one of {sorted(builders)}.")
@@ -242,8 +246,9 @@ def make_optimizer(config: ml_collections.ConfigDict, *,
   clip = float(_lookup(config, "client.grad_clip") or 0.0)
   if clip > 0:
     chain.append(optax.clip_by_global_norm(clip))
-  if name != "adamw" and c.weight_decay:
-    chain.append(optax.add_decayed_weights(float(c.weight_decay)))
+  if name != "adamw" and (weight_decay is not None or decay):
+    chain.append(optax.add_decayed_weights(
+        decay if weight_decay is not None else float(decay)))
   if not chain:
     return builders[name]()
   return optax.chain(*chain, builders[name]())

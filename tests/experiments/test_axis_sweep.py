@@ -158,11 +158,9 @@ def test_parse_grid():
                      ("client.lr=a", "numbers"), ("client.lr=1,1", "twice")):
     with pytest.raises(ValueError, match=match):
       axis_sweep.parse_grid(bad)
-  # A key that cannot be traced, and a key the method does not read: one
-  # line each, before the data loads.
-  with pytest.raises(ValueError, match=r"client.weight_decay cannot vary on "
-                     r"the run axis: the clients' optimizer"):
-    axis_sweep.parse_grid("client.weight_decay=0,0.001")
+  assert axis_sweep.parse_grid("client.weight_decay=0,0.001") == (
+      "client.weight_decay", [0.0, 0.001])
+  # A key the method does not read: one line, before the data loads.
   with pytest.raises(ValueError,
                      match=r"^--grid: fedavg does not read client.mu \(only "
                      r"fedprox does\)"):
@@ -202,6 +200,9 @@ def test_grid_cells_equal_separate_runs(tmp_path):
 
 @pytest.mark.parametrize("method,key,values,rtol", [
     ("fedprox", "client.mu", [0.0, 0.5], RTOL),
+    # The decay's term is in every cell's chain, so the cell of 0 adds
+    # 0 * w where the run of 0 has no term.
+    ("fedavg", "client.weight_decay", [0.0, 0.05], RTOL),
     ("feddyn", "feddyn.alpha", [0.01, 0.1], RTOL),
     ("scaffold", "server.lr", [0.5, 1.5], RTOL),
     # SCAFFOLD's variate update divides the model change by the client
