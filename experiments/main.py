@@ -121,9 +121,10 @@ _SEEDS = flags.DEFINE_list(
 _GRID = flags.DEFINE_string(
     "grid", None,
     "With --seeds and --config.engine.run_axis=True: KEY=V,V,... runs every "
-    "seed for each value of KEY (client.lr, client.weight_decay; client.mu for FedProx, "
-    "feddyn.alpha for FedDyn, server.lr for SCAFFOLD) on the same run axis, in "
-    "WORKDIR/KEY_V/seed_S, and writes WORKDIR/sweep_against.{md,json,png}.")
+    "seed for each value of KEY (client.lr, client.weight_decay; client.mu "
+    "for FedProx, feddyn.alpha for FedDyn, server.lr for SCAFFOLD) on the "
+    "same run axis, in WORKDIR/KEY_V/seed_S, and writes "
+    "WORKDIR/sweep_against.{md,json,png}.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 _OVERRIDE = re.compile(r"^--?config\.([^=\s]+)")
