@@ -37,6 +37,7 @@ from absl import flags
 from absl import logging
 import ml_collections
 
+from fedjax_dd.core import workdir as workdir_lib
 from fedjax_dd.experiments import auditing
 from fedjax_dd.experiments import common
 
@@ -95,8 +96,12 @@ def main(argv) -> None:
     if f.psnr_threshold is not None:
       config.audit.psnr_threshold = f.psnr_threshold
     common.check_audit(config)
-    headline = auditing.audit_run(config, workdir, **_built(config))
-  except (ValueError, FileNotFoundError) as e:
+    # The run's own lock: the audit writes audit.json, and a one-shot
+    # run's audit resumes the run, so no run may write the workdir now.
+    with workdir_lib.WorkdirLock(workdir):
+      headline = auditing.audit_run(config, workdir, **_built(config))
+  except (ValueError, FileNotFoundError, workdir_lib.WorkdirBusyError,
+          NotADirectoryError, PermissionError) as e:
     # One line (InputError, SettingError, StaleStageError are ValueErrors).
     sys.stderr.write(f"FATAL {e}\n")
     sys.exit(1)

@@ -139,6 +139,14 @@ def test_fedavg_global_model_audit_and_standalone(tmp_path):
   proc = _audit(w)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert _read(w / "audit.json") == audit
+  # While a run holds the workdir, the audit refuses it in one line.
+  from fedjax_dd.core import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  os.remove(w / "audit.json")
+  with workdir_lib.WorkdirLock(w):
+    proc = _audit(w)
+  assert proc.returncode == 1
+  assert proc.stderr.startswith(f"FATAL The workdir {w} is in use by ")
+  assert not (w / "audit.json").exists()
 
 
 def test_one_shot_client_models_audit_in_the_run_and_standalone(tmp_path):
