@@ -604,8 +604,11 @@ def make_dfkd(groups: Sequence[ensemble.TeacherGroup],
                combine=combine, student=student, student_input=student_input,
                generator_optimizer=generator_optimizer,
                student_optimizer=student_optimizer)
+  # An epoch's random draws (noise, labels, a fresh generator) run once per
+  # epoch and compute little: their compilation is most of their cost.
   programs = gen_student.jit_programs(
-      _Programs, loop, draw=_draw, generator_begin=_generator_begin,
+      _Programs, loop, once=("draw",), draw=_draw,
+      generator_begin=_generator_begin,
       generator_step=_generator_step, pool_insert=_pool_insert,
       student_step=_student_step)
   return DataFreeKD(init=functools.partial(_init_state, loop),

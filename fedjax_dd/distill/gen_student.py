@@ -182,25 +182,26 @@ def mean_metrics(step_metrics: Sequence[Metrics]) -> dict[str, jax.Array]:
   return {k: v / n for k, v in total.items()}
 
 
-# Programs whose compilation is most of their cost: an epoch's or round's
-# random draws (noise, labels, a fresh generator) run once per epoch and
-# compute little, so they compile as the policy's programs that run once
-# (fedjax_dd.core.clients.once_jit; the same bits where the policy row
-# allows it).
-DRAW_PROGRAMS = ("draw",)
-
-
-def jit_programs(programs: type, loop: Loop, **fns: Callable[..., Any]):
+def jit_programs(programs: type, loop: Loop, *, once: tuple[str, ...] = (),
+                 **fns: Callable[..., Any]):
   """The loop's programs, each ``fn(loop, ...)`` jitted once with ``loop`` bound.
-
-  The fields in :data:`DRAW_PROGRAMS` compile as programs that run once
-  (:func:`fedjax_dd.core.clients.once_jit`), the others with XLA's defaults.
 
   Args:
     programs: a ``NamedTuple`` class with one field per program.
     loop: the static settings every program closes over.
+    once: the fields that compile as programs that run once
+      (:func:`fedjax_dd.core.clients.once_jit`): those whose compilation is
+      most of their cost, such as an epoch's random draws; the others
+      compile with XLA's defaults.
     **fns: the programs' pure functions by field name.
+
+  Raises:
+    ValueError: a name in ``once`` that is not one of ``fns``.
   """
+  unknown = sorted(set(once) - set(fns))
+  if unknown:
+    raise ValueError(f"jit_programs: once names {unknown}, which are not "
+                     f"programs of {sorted(fns)}.")
   return programs(**{
-      name: (clients.once_jit if name in DRAW_PROGRAMS else jax.jit)(
+      name: (clients.once_jit if name in once else jax.jit)(
           functools.partial(fn, loop)) for name, fn in fns.items()})

@@ -834,8 +834,9 @@ def make_iga(student: Classifier, generator: nn.Module, *,
   loop = _Loop(hp=hparams, generator=generator, student=student, input_fn=fn,
                teachers=ensemble.make_teacher_fn((group,), mapper),
                num_teachers_max=num_teachers_max)
+  # A round's draws run once per round and compute little (as DFKD's).
   programs = gen_student.jit_programs(
-      _Programs, loop, draw=_draw, setup=_setup,
+      _Programs, loop, once=("draw",), draw=_draw, setup=_setup,
       generator_step=_generator_step, student_step=_student_step)
   return IGA(init=functools.partial(_init_state, loop),
              round=functools.partial(_round, loop, programs))

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from fedjax_dd.distill import gen_student
 
@@ -82,3 +83,24 @@ def test_mean_metrics_is_the_mean_and_compiles_once_for_any_step_count(
     six = gen_student.mean_metrics(steps + steps)
   assert (float(four["loss"]), float(six["loss"])) == (2.5, 3.0)
   assert not [r for r in caplog.records if "Compiling" in r.getMessage()]
+
+
+def test_jit_programs_compiles_the_named_ones_to_run_once(monkeypatch):
+  import typing  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.core import clients  # pylint: disable=g-import-not-at-top
+
+  class Programs(typing.NamedTuple):
+    draw: typing.Any
+    step: typing.Any
+
+  once = []
+  plain_once_jit = clients.once_jit
+  monkeypatch.setattr(clients, "once_jit",
+                      lambda fn, **kw: once.append(fn) or plain_once_jit(fn))
+  p = gen_student.jit_programs(Programs, 3, once=("draw",),
+                               draw=lambda k, x: x + k,
+                               step=lambda k, x: x * k)
+  assert len(once) == 1 and once[0].args == (3,)  # draw, with loop bound
+  assert float(p.draw(1.0)) == 4.0 and float(p.step(2.0)) == 6.0
+  with pytest.raises(ValueError, match=r"once names \['drew'\]"):
+    gen_student.jit_programs(Programs, 3, once=("drew",), draw=abs, step=abs)
