@@ -180,18 +180,19 @@ def lira_shadows(config: ml_collections.ConfigDict, prepared: common.Prepared,
   num_test = int(np.shape(ds.y_test)[0])
   rng = keys.numpy_stream(config.data.seed, keys.Stream.AUDIT)
   held = audit_lib.holdout_indices(num_test, config.audit.holdout, rng)
-  rest = np.setdiff1d(np.arange(num_test), held)
-  want = int(config.audit.lira_pool) or rest.size
-  if rest.size < max(2, want):
+  try:
+    idx = audit_lib.shadow_pool_indices(
+        num_test, held, config.audit.lira_pool,
+        keys.numpy_stream(config.data.seed, keys.Stream.AUDIT_SHADOWS))
+  except checks.SettingError:
+    rest = num_test - held.size
     raise common.InputError(
         f"config.audit.lira_shadows={config.audit.lira_shadows}: the shadow "
-        f"pool holds {rest.size} test examples outside the holdout of "
-        f"{held.size}, not {max(2, want)}; lower --config.audit.holdout or "
-        "--config.audit.lira_pool.")
-  pool_rng = keys.numpy_stream(config.data.seed, keys.Stream.AUDIT_SHADOWS)
-  idx = np.sort(pool_rng.choice(rest, size=want, replace=False))
+        f"pool holds {rest} test examples outside the holdout of "
+        f"{held.size}, not {max(2, config.audit.lira_pool or rest)}; lower "
+        "--config.audit.holdout or --config.audit.lira_pool.") from None
   n = np.asarray(data.num_examples)
-  size = int(min(want, max(1, np.median(n[n > 0]))))
+  size = int(min(idx.size, max(1, np.median(n[n > 0]))))
   return _Shadows(config, prepared.task, ds.x_test[idx], ds.y_test[idx],
                   size)
 

@@ -139,6 +139,26 @@ def holdout_indices(num_test: int, holdout: int, rng: np.random.Generator, *,
   return np.sort(rng.choice(num_test, size=h, replace=False))
 
 
+def shadow_pool_indices(num_test: int, holdout: np.ndarray, size: int,
+                        rng: np.random.Generator) -> np.ndarray:
+  """LiRA's shadow pool: ``size`` test indices outside the attacker's
+  ``holdout`` (all of them for ``size=0``), sorted, so that no shadow has
+  seen a member (a client's training example) or a non-member (drawn from
+  the holdout).
+
+  Raises:
+    fedjax_dd.core.checks.SettingError: fewer than 2 indices, or than
+      ``size``, lie outside the holdout.
+  """
+  rest = np.setdiff1d(np.arange(num_test), np.asarray(holdout))
+  want = int(size) or rest.size
+  if rest.size < max(2, want):
+    checks.refuse("lira_pool", f"at most the {rest.size} test examples "
+                  f"outside the holdout of {np.size(holdout)} (and 2 at "
+                  "least)", max(2, want), "lower the holdout or the pool")
+  return np.sort(rng.choice(rest, size=want, replace=False))
+
+
 def nonmember_parts(holdout_y: np.ndarray, data: ClientData,
                     rng: np.random.Generator) -> list[np.ndarray]:
   """Each client's non-members: indices into the holdout in its label mix.
@@ -609,5 +629,6 @@ __all__ = ["AUDIT_FILE", "FEATURE_DIM", "audit_client_models",
            "audit_soft_labels", "check_lira", "client_uploads",
            "audit_image_uploads", "check_settings", "headline",
            "holdout_indices", "load_global_model", "load_uploads",
+           "shadow_pool_indices",
            "nonmember_parts", "nonmembers", "sent_labels", "ssim_window",
            "upload_images", "write_audit"]

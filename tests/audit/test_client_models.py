@@ -196,3 +196,15 @@ def test_soft_label_leakage_by_hand():
   with pytest.raises(SettingError, match="soft_labels must be probability "
                      "rows"):
     audit_lib.audit_soft_labels(soft[:1], data, num_classes=K)
+
+
+def test_shadow_pool_lies_outside_the_holdout():
+  held = np.array([0, 2, 4, 6])
+  idx = audit_lib.shadow_pool_indices(10, held, 0, np.random.default_rng(0))
+  np.testing.assert_array_equal(idx, [1, 3, 5, 7, 8, 9])
+  idx = audit_lib.shadow_pool_indices(10, held, 3, np.random.default_rng(0))
+  assert idx.size == 3 and not set(idx) & set(held)
+  assert list(idx) == sorted(idx)
+  with pytest.raises(SettingError, match="lira_pool must be at most the 6 "
+                     "test examples outside the holdout of 4"):
+    audit_lib.shadow_pool_indices(10, held, 7, np.random.default_rng(0))
