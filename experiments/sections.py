@@ -37,12 +37,11 @@ NOT_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 def iga(section: Mapping[str, Any]):
-  """:class:`~fedjax_dd.distill.iga.IGAHyperParams` from the ``iga`` group
-  (``""`` for ``student_discrepancy`` is ``None``)."""
+  """:class:`~fedjax_dd.distill.iga.IGAHyperParams` from the ``iga``
+  group."""
   from fedjax_dd.distill.iga import IGAHyperParams  # pylint: disable=g-import-not-at-top
   return hparams_lib.from_section(
-      IGAHyperParams, section, other_keys=NOT_FIELDS["iga"],
-      student_discrepancy=section["student_discrepancy"] or None)
+      IGAHyperParams, section, other_keys=NOT_FIELDS["iga"])
 
 
 def dfkd(section: Mapping[str, Any]):

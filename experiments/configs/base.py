@@ -526,39 +526,16 @@ def coboosting(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 def iga(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds the ``iga`` group: DisUE's inter-group aggregation / FedFTG's
-  server fine-tuning (:class:`fedjax_dd.distill.iga.IGAHyperParams`; the
-  defaults are FedFTG's code and DisUE Sec. 5.1)."""
-  c.iga = ml_collections.ConfigDict({
+  server fine-tuning. One key per field of
+  :class:`fedjax_dd.distill.iga.IGAHyperParams` with its default (FedFTG's
+  code and DisUE Sec. 5.1), and the run's own switches."""
+  from fedjax_dd.distill.iga import IGAHyperParams  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
+  c.iga = registry.hparams_group(IGAHyperParams)
+  c.iga.update({
       "enabled": True,  # False: the "−IGA" ablation (FedAvg of the groups).
       # True: also evaluate ω_G before IGA (test_accuracy_before_iga).
       "evaluate_before": False,
-      "iterations": 10,
-      "generator_steps": 1,
-      # True: each generator step is one per real teacher (FedFTG's code).
-      "generator_per_teacher": False,
-      # L_cf's teacher weights: per_sample (Eq. 10) | batch_mean (FedFTG's
-      # code: a teacher's batch-mean CE times its mean weight).
-      "cf_weighting": "per_sample",
-      # False: L_cd's gradient stops at the teachers' logits (FedFTG's code).
-      "cd_through_teachers": True,
-      "student_steps": 5,
-      "batch_size": 50,
-      "generator_lr": 0.01,
-      "student_lr": 0.1,
-      "lr_decay": 0.998,
-      "student_weight_decay": 1e-3,
-      "beta_cf": 1.0,  # 0: "−L_cf"
-      "beta_div": 1.0,  # 0: "−L_div"
-      "discrepancy": "kl",  # kl | l1 | l1_logits (FedFTG's generator term)
-      "student_discrepancy": "",  # "": as discrepancy
-      "diversity": "fedgen",  # fedgen | euclidean (Eq. 12 literally)
-      "temperature": 1.0,
-      "use_gls": True,  # False: "−GLS" (uniform labels)
-      "use_gwf": True,  # False: "−GWF" (equal teacher weights)
-      "fresh_samples": True,
-      # Student's KL averaged over the classes: FedFTG's loss scale, the one
-      # its lr 0.1 was set for (False: summed, 10x the step for C = 10).
-      "student_class_mean": True,
       # The conditional generator (FedFTG's CGeneratorA).
       "nz": 100,  # 256 for CIFAR-100
       "ngf": 64,

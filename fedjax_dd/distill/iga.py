@@ -411,8 +411,8 @@ class IGAHyperParams:
     beta_div: ``β_div`` [1]; 0 is the "−L_div" ablation.
     discrepancy: ``D`` of ``L_cd`` in the generator objective, one of
       :data:`DISCREPANCIES` [``"kl"``, the paper's Eq. 9].
-    student_discrepancy: ``D`` of the student's ``L_cd``; ``None`` for
-      ``discrepancy``.
+    student_discrepancy: ``D`` of the student's ``L_cd``; ``""`` (or
+      ``None``) for ``discrepancy``.
     diversity: form of ``L_div``, one of :data:`DIVERSITY_FORMS`
       [``"fedgen"``].
     temperature: softmax temperature of ``"kl"`` / ``"l1"`` [1; the paper
@@ -452,7 +452,7 @@ class IGAHyperParams:
   beta_cf: float = 1.0
   beta_div: float = 1.0
   discrepancy: str = "kl"
-  student_discrepancy: str | None = None
+  student_discrepancy: str = ""
   diversity: str = "fedgen"
   temperature: float = 1.0
   use_gls: bool = True
@@ -476,7 +476,7 @@ class IGAHyperParams:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
     for name in ("discrepancy", "student_discrepancy"):
       value = getattr(self, name)
-      if value is not None and value not in DISCREPANCIES:
+      if value and value not in DISCREPANCIES:
         raise ValueError(f"{name} must be one of {DISCREPANCIES}, got "
                          f"{value!r}.")
     if self.cf_weighting not in CF_WEIGHTINGS:
