@@ -286,23 +286,19 @@ def dirichlet_client(alpha: float, client_size: int = 0
                                     "client_size": client_size})
 
 
-# The keys of the ``kip`` group set by :func:`kip`: the fields of
-# ``fedjax_dd.distill.kip.KipOptions`` plus the kernel's.
+# The fields of ``fedjax_dd.distill.kip.KipOptions``, the keys :func:`kip`
+# derives from it (named here for the fingerprint rules, without importing
+# the library; tests/experiments/test_config_sections.py compares them).
 KIP_OPTION_KEYS = ("lr", "max_iterations", "target_batch_size", "reg",
                    "learn_labels", "centered_labels", "balanced_targets",
                    "clip_pixels", "client_normalization", "stop_accuracy",
                    "min_iterations", "segment_iterations", "dp_clip",
                    "dp_noise_multiplier")
-KIP_KERNEL_KEYS = ("kernel", "kernel_depth", "kernel_kind", "kernel_batch",
-                   "kernel_impl")
-# DP-KIP's delta: read only for the epsilon the summary reports.
-KIP_DP_KEYS = ("dp_delta",)
 # kip.kernel_impl's default: the native kernels (fedjax_dd.kernels.native;
 # equal to neural-tangents' to rounding, and fedd3.py:mnist_noniid_kip moved
 # within seed noise: experiments/results/fedd3_presets.md); "neural_tangents"
 # needs that package.
 DEFAULT_KERNEL_IMPL = "native"
-KIP_KEYS = KIP_OPTION_KEYS + KIP_KERNEL_KEYS + KIP_DP_KEYS
 
 
 def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
@@ -324,34 +320,25 @@ def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
   times it, a fixed budget); ``summary.json`` then reports its epsilon at
   ``kip.dp_delta``.
   """
+  from fedjax_dd.distill.kip import KipOptions  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
+  options = registry.hparams_group(KipOptions).to_dict()
+  options.update({
+      "max_iterations": max_iterations,
+      "segment_iterations": segment_iterations,
+      # None (a typed placeholder, so --config.kip.stop_accuracy=X parses):
+      # no early stop.
+      "stop_accuracy": (config_dict.placeholder(float) if stop_accuracy is None
+                        else stop_accuracy),
+  })
   c.kip = ml_collections.ConfigDict({
       "kernel": "fc",
       "kernel_depth": kernel_depth,
       "kernel_kind": "ntk",
       "kernel_batch": 0,
       "kernel_impl": DEFAULT_KERNEL_IMPL,
-      "lr": 0.004,
-      "max_iterations": max_iterations,
-      "target_batch_size": 10,
-      "reg": 1e-6,
-      "learn_labels": False,
-      "centered_labels": False,
-      "balanced_targets": False,  # KIP App. A: class-balanced target batches
-      "clip_pixels": False,  # project the support onto [0, 255] every step
-      # Standardise each client by its own channel statistics (FedD3's
-      # code; fedjax_dd.distill.kip.KipOptions.client_normalization).
-      "client_normalization": False,
-      # None (a typed placeholder, so --config.kip.stop_accuracy=X parses):
-      # no early stop.
-      "stop_accuracy": (config_dict.placeholder(float) if stop_accuracy is None
-                        else stop_accuracy),
-      "min_iterations": 0,
-      "segment_iterations": segment_iterations,
-      # DP-KIP (Vinaroz & Park 2023): 0 is plain KIP; > 0 clips each target
-      # example's gradient to this L2 norm (stop_accuracy None or > 1).
-      "dp_clip": 0.0,
-      "dp_noise_multiplier": 0.0,  # noise std on the sum / dp_clip
-      "dp_delta": 1e-5,  # the delta of the reported epsilon
+      **options,
+      "dp_delta": 1e-5,  # DP-KIP: the delta of the reported epsilon
   })
   return c
 

@@ -72,3 +72,10 @@ def test_a_field_without_a_key_fails():
   del c.iga["beta_cf"]
   with pytest.raises(KeyError, match="beta_cf"):
     sections.iga(c.iga)
+
+
+def test_the_kip_option_keys_the_fingerprint_names_are_kipoptions_fields():
+  assert set(base.KIP_OPTION_KEYS) == {
+      f.name for f in dataclasses.fields(KipOptions)}
+  group = _groups().kip
+  assert set(base.KIP_OPTION_KEYS) <= set(group.keys())
