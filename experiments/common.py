@@ -792,9 +792,9 @@ def check_audit(config: ml_collections.ConfigDict) -> None:
 def check_dp(config: ml_collections.ConfigDict) -> None:
   """The differential-privacy settings, before the data loads.
 
-  DP-FedAvg's ``dp`` group: ``dp.clip > 0``, ``dp.noise_multiplier >= 0``,
-  ``dp.delta`` in ``(0, 1)``, method ``dp_fedavg`` (the group's only
-  reader) and a model without BatchNorm (its statistics would be averaged
+  DP-FedAvg's ``dp`` group: method ``dp_fedavg`` (the group's only
+  reader; its values are ``DPFedAvgHyperParams``') and a model without
+  BatchNorm (its statistics would be averaged
   without noise). DP-KIP's ``kip.dp_clip >= 0`` and ``kip.dp_delta`` in
   ``(0, 1)``, and a KIP that runs it (``fedd3.distiller``,
   ``hfldd.member_data``: ``kip``); its other refusals are
@@ -814,9 +814,7 @@ def check_dp(config: ml_collections.ConfigDict) -> None:
 
   private = False
   if _lookup(config, "dp") is not None:
-    number("dp.clip", 0.0, low_open=True)
-    number("dp.noise_multiplier", 0.0)
-    number("dp.delta", 0.0, 1.0, low_open=True, high_open=True)
+    # Its values are DPFedAvgHyperParams' to refuse (registry.check_method).
     method = _lookup(config, "method")
     if method != "dp_fedavg":
       raise ValueError(

@@ -26,7 +26,7 @@ from fedjax_dd.algorithms.cfl_gp import CFLGPHyperParams, cfl_gp
 from fedjax_dd.algorithms.cluster_models import ClusterServing
 from fedjax_dd.algorithms.disue import (DisUEHyperParams, affinity_grouping,
                                         disue)
-from fedjax_dd.algorithms.dp_fedavg import dp_fedavg
+from fedjax_dd.algorithms.dp_fedavg import DPFedAvgHyperParams, dp_fedavg
 from fedjax_dd.algorithms.fedftg import feddf_hparams, fedftg
 from fedjax_dd.algorithms.dynafed import DynaFedHyperParams, dynafed
 from fedjax_dd.algorithms.ifca import IFCAHyperParams, ifca
@@ -147,8 +147,8 @@ def _pacfl(config, training, data, hparams):
                serving=_serving(config, f, training.task))
 
 
-def _dp_fedavg(config, training):
-  d = config.dp
+def _dp_fedavg(config, training, hparams):
+  d = hparams
   return dp_fedavg(training, clip=d.clip, noise_multiplier=d.noise_multiplier,
                    expected_clients=common.expected_clients(
                        config, config.data.num_clients))
@@ -188,7 +188,8 @@ for _method in (
     registry.Method("dynafed", hparams=DynaFedHyperParams,
                     rounds=lambda c, training, hparams: dynafed(
                         training, hparams=hparams)),
-    registry.Method("dp_fedavg", rounds=_dp_fedavg,
+    registry.Method("dp_fedavg", rounds=_dp_fedavg, group="dp",
+                    hparams=DPFedAvgHyperParams,
                     summary_fields=common.dp_fedavg_fields),
     # PACFL's server sees something of every client's data before round 1
     # (its subspaces).

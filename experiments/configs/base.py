@@ -343,25 +343,6 @@ def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
   return c
 
 
-def dp(c: ml_collections.ConfigDict, *, clip: float = 1.0,
-       noise_multiplier: float = 1.0, delta: float = 1e-5
-       ) -> ml_collections.ConfigDict:
-  """Adds the ``dp`` group: DP-FedAvg's client-level differential privacy
-  (``fedjax_dd.algorithms.dp_fedavg``; McMahan et al., ICLR 2018).
-
-  ``dp.clip`` bounds each client's model delta (L2 over all parameters),
-  ``dp.noise_multiplier`` scales the Gaussian noise on the cohort's sum
-  (std ``noise_multiplier * clip``), ``dp.delta`` is the delta of the
-  epsilon ``summary.json`` reports (``fedjax_dd.privacy.accounting``).
-  """
-  c.dp = ml_collections.ConfigDict({
-      "clip": clip,
-      "noise_multiplier": noise_multiplier,
-      "delta": delta,
-  })
-  return c
-
-
 def fedd3(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds the ``fedd3`` group: what each FedD3 client uploads."""
   c.fedd3 = ml_collections.ConfigDict({

@@ -23,7 +23,7 @@ approximation). The DP settings are part of the run: a workdir resumed
 under other ``dp.*`` values is refused.
 """
 
-from fedjax_dd.experiments.configs import base as base_lib
+from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import fedavg as fedavg_config
 
 PRESETS = {"smoke": "smoke", "mnist_noniid": "mnist_fedd3"}
@@ -34,4 +34,4 @@ def get_config(arg: str = "mnist_noniid"):
     raise ValueError(f"Unknown preset {arg!r}; expected one of "
                      f"{sorted(PRESETS)}.")
   c = fedavg_config.federated_preset("dp_fedavg", PRESETS[arg])
-  return base_lib.dp(c, clip=1.0, noise_multiplier=1.0, delta=1e-5)
+  return registry.add_group(c, "dp_fedavg")

@@ -47,6 +47,7 @@ Recurrent Language Models", ICLR 2018.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -63,6 +64,27 @@ PyTree = Any
 
 tree_map = jax.tree_util.tree_map
 
+
+@dataclasses.dataclass(frozen=True)
+class DPFedAvgHyperParams:
+  """DP-FedAvg's settings (McMahan et al., ICLR 2018), the ``dp`` config
+  group.
+
+  Attributes:
+    clip: ``C > 0``, the L2 bound of each client's delta.
+    noise_multiplier: ``z >= 0``; the noise on the sum has std ``z * C``
+      (``0``: clipping only, no guarantee).
+    delta: the ``δ`` in ``(0, 1)`` of the reported ``ε``.
+  """
+  clip: float = 1.0
+  noise_multiplier: float = 1.0
+  delta: float = 1e-5
+
+  def __post_init__(self):
+    checks.check_number("clip", self.clip, 0.0, low_open=True)
+    checks.check_number("noise_multiplier", self.noise_multiplier, 0.0)
+    checks.check_number("delta", self.delta, 0.0, 1.0, low_open=True,
+                        high_open=True)
 
 def dp_aggregator(*, clip: float, noise_multiplier: float,
                   expected_clients: float) -> KeyedAggregator:
