@@ -38,8 +38,19 @@ def attacker_data(config: ml_collections.ConfigDict,
     common.InputError: ``audit.holdout`` above the test split's size.
   """
   ds = prepared.dataset
+  idx, rng = _holdout(config, prepared)
+  return ds.x_test[idx], ds.y_test[idx], rng
+
+
+def _holdout(config, prepared) -> tuple[np.ndarray, np.random.Generator]:
+  """The holdout's test indices, and ``data.seed``'s audit stream after
+  drawing them (the non-members' draws follow).
+
+  Raises:
+    common.InputError: ``audit.holdout`` above the test split's size.
+  """
   rng = keys.numpy_stream(config.data.seed, keys.Stream.AUDIT)
-  num_test = int(np.shape(ds.y_test)[0])
+  num_test = int(np.shape(prepared.dataset.y_test)[0])
   try:
     idx = audit_lib.holdout_indices(
         num_test, config.audit.holdout, rng, name="config.audit.holdout",
@@ -47,7 +58,7 @@ def attacker_data(config: ml_collections.ConfigDict,
         "examples; set --config.audit.holdout (0: all of them)")
   except checks.SettingError as e:
     raise common.InputError(str(e)) from None
-  return ds.x_test[idx], ds.y_test[idx], rng
+  return idx, rng
 
 
 def _nonmembers(config, prepared, data, *, with_holdout: bool = False):
@@ -178,8 +189,7 @@ def lira_shadows(config: ml_collections.ConfigDict, prepared: common.Prepared,
   """
   ds = prepared.dataset
   num_test = int(np.shape(ds.y_test)[0])
-  rng = keys.numpy_stream(config.data.seed, keys.Stream.AUDIT)
-  held = audit_lib.holdout_indices(num_test, config.audit.holdout, rng)
+  held, _ = _holdout(config, prepared)
   try:
     idx = audit_lib.shadow_pool_indices(
         num_test, held, config.audit.lira_pool,

@@ -234,7 +234,8 @@ def make_optimizer(config: ml_collections.ConfigDict, *, lr: Any = None,
   c = config.client
   name = c.optimizer
   lr = c.lr if lr is None else lr
-  decay = c.weight_decay if weight_decay is None else weight_decay
+  traced_decay = weight_decay is not None
+  decay = weight_decay if traced_decay else float(c.weight_decay)
   builders: dict[str, Callable[[], optax.GradientTransformation]] = {
       "sgd": lambda: optax.sgd(lr, momentum=c.momentum or None),
       "adam": lambda: optax.adam(lr),
@@ -246,9 +247,8 @@ def make_optimizer(config: ml_collections.ConfigDict, *, lr: Any = None,
   clip = float(_lookup(config, "client.grad_clip") or 0.0)
   if clip > 0:
     chain.append(optax.clip_by_global_norm(clip))
-  if name != "adamw" and (weight_decay is not None or decay):
-    chain.append(optax.add_decayed_weights(
-        decay if weight_decay is not None else float(decay)))
+  if name != "adamw" and (traced_decay or decay):
+    chain.append(optax.add_decayed_weights(decay))
   if not chain:
     return builders[name]()
   return optax.chain(*chain, builders[name]())

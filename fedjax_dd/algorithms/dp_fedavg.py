@@ -86,6 +86,7 @@ class DPFedAvgHyperParams:
     checks.check_number("delta", self.delta, 0.0, 1.0, low_open=True,
                         high_open=True)
 
+
 def dp_aggregator(*, clip: float, noise_multiplier: float,
                   expected_clients: float) -> KeyedAggregator:
   """DP-FedAvg's server rule as a :class:`~fedjax_dd.algorithms.fedavg.

@@ -65,7 +65,6 @@ from fedjax_dd.core.local import LocalTraining, make_local_update
 PyTree = Any
 tree_map = jax.tree_util.tree_map
 
-# torch.nn.CosineSimilarity's default eps (the authors' ``sim``).
 @dataclasses.dataclass(frozen=True)
 class MOONHyperParams:
   """MOON's settings (Li, He & Song, CVPR 2021, Sec. 4.1: ``μ`` 1, or 5 on
@@ -83,6 +82,7 @@ class MOONHyperParams:
     checks.check_number("temperature", self.temperature, 0.0, low_open=True)
 
 
+# torch.nn.CosineSimilarity's default eps (the authors' ``sim``).
 _COS_EPS = 1e-8
 
 
