@@ -1,15 +1,11 @@
 """The audit of a run, as the runners call it (``--config.audit.enabled``).
 
 Glue between a config and :mod:`fedjax_dd.audit.workdir`: the attacker's
-holdout (:func:`attacker_data`), the audit of a FedD3 run's uploads
-(:func:`audit_fedd3`), of a rounds run's global model
-(:func:`audit_federated`), of an HFLDD run's member uploads and final
-model (:func:`audit_hfldd`) or of a one-shot run's client models and final
-model (:func:`audit_one_shot`), written to ``WORKDIR/audit.json``, and the
-headline for ``summary.json["audit"]`` (:func:`audit_run`). The runners
-import this module, and the command that audits a finished workdir
-(``python -m fedjax_dd.experiments.audit``) imports it and the runners,
-so the imports have no cycle.
+holdout (:func:`attacker_data`), one audit per runner (:data:`AUDITS`),
+written to ``WORKDIR/audit.json``, and the headline for
+``summary.json["audit"]`` (:func:`audit_run`). The runners import this
+module and the audit command (``python -m fedjax_dd.experiments.audit``)
+imports both, so the imports have no cycle.
 """
 
 from __future__ import annotations
@@ -103,15 +99,11 @@ def audit_federated(config: ml_collections.ConfigDict, workdir: str, *,
   """The audit of a rounds run, written to ``workdir/audit.json``: its
   final global model (its checkpoint) against every client's data, and
   with ``audit.client_uploads`` each client's upload
-  (:func:`fedjax_dd.audit.workdir.client_uploads`: FedAvg's local training
-  from the final global model, the upload of the round after the last;
-  from the initial model for a one-round run, whose uploads it retrains).
-  With ``audit.lira_shadows`` both are also scored by offline LiRA
-  (:func:`lira_shadows`).
-
+  (:func:`fedjax_dd.audit.workdir.client_uploads`: local training from the
+  final global model, or the initial one in a one-round run); with
+  ``audit.lira_shadows`` both also by offline LiRA (:func:`lira_shadows`).
   ``prepared``, ``data`` and ``algorithm`` as ``runners.run_federated``
-  built them (the audit command, ``experiments/audit.py``, builds them
-  again from a finished run's config).
+  built them.
   """
   from fedjax_dd.core import fit as fit_lib  # pylint: disable=g-import-not-at-top
   nonmembers, size, probe_x = _nonmembers(config, prepared, data,
@@ -177,11 +169,10 @@ class _Shadows:
 
 def lira_shadows(config: ml_collections.ConfigDict, prepared: common.Prepared,
                  data) -> _Shadows:
-  """Offline LiRA's shadow pool (Carlini et al. 2022): the test examples
-  outside the attacker's holdout, so disjoint from every member and
-  non-member (``audit.lira_pool`` of them drawn from data.seed's
-  ``AUDIT_SHADOWS`` stream; 0: all). Each shadow trains on a median
-  client's number of examples of the pool.
+  """Offline LiRA's shadow pool (Carlini et al. 2022): ``audit.lira_pool``
+  (0: all) test examples outside the attacker's holdout, disjoint from
+  every member and non-member (data.seed's ``AUDIT_SHADOWS`` stream); each
+  shadow trains on a median client's number of them.
 
   Raises:
     common.InputError: the holdout leaves no test example for the pool, or
@@ -237,10 +228,9 @@ def hfldd_uploads(sent, num_clients: int):
   """HFLDD's member uploads (:class:`fedjax_dd.algorithms.hfldd.SentData`,
   ``[M, S, ...]`` over senders, with a row mask) as FedD3's padded
   :class:`~fedjax_dd.algorithms.fedd3.Uploads` over all ``num_clients``:
-  client ``i``'s rows are what it sent its head (its masked rows first),
-  heads and members that sent nothing get ``count`` 0, which the image
-  audits leave out. The sent target rows are label rows
-  (``learned_labels``), read as probability rows by the label leakage."""
+  client ``i``'s rows are what it sent its head; those that sent nothing
+  get ``count`` 0, which the image audits leave out. The target rows count
+  as ``learned_labels`` (probability rows for the label leakage)."""
   from fedjax_dd.algorithms import fedd3 as fedd3_lib  # pylint: disable=g-import-not-at-top
   x = np.asarray(sent.x)
   y = np.asarray(sent.y, np.float32)
@@ -261,17 +251,14 @@ def audit_hfldd(config: ml_collections.ConfigDict, workdir: str, *,
                 prepared: common.Prepared | None = None, data=None,
                 stages=None, algorithm=None) -> dict[str, Any]:
   """The audit of an HFLDD run, written to ``workdir/audit.json``: what
-  each member sent its head (the stage cache's ``sent_*``: image MIA in
-  pixels and random features, reconstruction, label leakage of the sent
-  target rows), the label leakage of every client's soft labels on ``D_g``
-  (what the server clusters; cached since they were kept), and the heads'
-  final global model (its checkpoint) against every client's data (loss
-  threshold).
+  each member sent its head (image MIA in pixels and random features,
+  reconstruction, label leakage of the sent rows), the label leakage of
+  every client's soft labels on ``D_g`` (what the server clusters), and the
+  heads' final global model against every client's data (loss threshold).
 
-  ``prepared``, ``data`` (all clients' data), ``stages`` and ``algorithm``
-  (the heads' training) as ``run_hfldd.run`` built them; not given, they
-  are rebuilt from the config and the workdir's stage cache (the stages
-  are loaded, never computed).
+  ``prepared``, ``data`` (all clients'), ``stages`` and ``algorithm`` as
+  ``run_hfldd.run`` built them; not given, they are rebuilt from the config
+  and the workdir's stage cache (loaded, never computed).
   """
   from fedjax_dd.algorithms import hfldd as hfldd_lib  # pylint: disable=g-import-not-at-top
   from fedjax_dd.algorithms import hfldd_stages  # pylint: disable=g-import-not-at-top
@@ -322,19 +309,17 @@ def audit_hfldd(config: ml_collections.ConfigDict, workdir: str, *,
 def audit_one_shot(config: ml_collections.ConfigDict, workdir: str, *,
                    prepared: common.Prepared | None = None, data=None,
                    groups=None, result=None) -> dict[str, Any]:
-  """The audit of a one-shot run (FedHydra, DENSE, FedDF, Co-Boosting,
-  one-shot FedAvg), written to ``workdir/audit.json``: each client's
-  uploaded model against its own training data (loss threshold, label
-  leakage; :func:`fedjax_dd.audit.workdir.audit_client_models`) and the
-  final global model against every client's (``global_model_mia_loss``);
-  with ``audit.lira_shadows`` also offline LiRA on the client models
-  (``model_mia_lira``).
+  """The audit of a one-shot run, written to ``workdir/audit.json``: each
+  client's uploaded model against its own training data (loss threshold,
+  label leakage; :func:`fedjax_dd.audit.workdir.audit_client_models`) and
+  the final global model against every client's (``global_model_mia_loss``);
+  with ``audit.lira_shadows`` also offline LiRA on both (``model_mia_lira``,
+  ``global_model_mia_lira``).
 
   ``prepared``, ``data``, ``groups`` and ``result`` (the
   :class:`fedjax_dd.core.server.ServerResult`) as ``run_fedhydra.run`` built
-  them. Not given (the audit of a finished workdir), the run is resumed
-  with the audit on: every stage restores from its checkpoints, none is
-  computed again, and the resumed run writes this audit.
+  them. Not given, the run is resumed with the audit on: every stage
+  restores from its checkpoints and the resumed run writes this audit.
   """
   if result is None:
     from fedjax_dd.experiments import run_fedhydra  # pylint: disable=g-import-not-at-top
@@ -363,6 +348,13 @@ def audit_one_shot(config: ml_collections.ConfigDict, workdir: str, *,
   summary["global_model_mia_loss"] = audit_lib.audit_global_model(
       prepared.task, result.params, result.batch_stats, data, nonmembers,
       fprs=fprs, mapper=mapper)["model_mia_loss"]
+  if shadows is not None:
+    # The global model is the server's student, which never saw client data:
+    # its OUT shadows (its architecture, own inits) train as a client does.
+    summary["global_model_mia_lira"] = audit_lib.audit_global_lira(
+        prepared.task, result.params, result.batch_stats,
+        pool.train(None, 0, 1), data, nonmembers, fprs=fprs,
+        mapper=mapper)
   summary["rounds"] = int(result.rounds)
   return _finish(config, workdir, summary, size)
 

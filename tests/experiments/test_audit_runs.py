@@ -162,7 +162,8 @@ def test_one_shot_client_models_audit_in_the_run_and_standalone(tmp_path):
   summary = _read(w / "summary.json")
   assert audit["kind"] == "client_models"
   assert audit["num_clients"] == len(summary["client_test_accuracy"])
-  for group in ("model_mia_loss", "model_mia_lira", "global_model_mia_loss"):
+  for group in ("model_mia_loss", "model_mia_lira", "global_model_mia_loss",
+                "global_model_mia_lira"):
     assert len(audit[group]["auc"]) == audit["num_clients"]
     assert 0.0 <= audit[group]["auc_mean"] <= 1.0
     assert summary["audit"][f"{group}_auc"] == audit[group]["auc_mean"]
