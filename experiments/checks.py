@@ -1,19 +1,14 @@
 """Value checks of a config that run before the dataset loads.
 
 :func:`fedjax_dd.experiments.common.validate` calls :func:`check_values`
-after its own checks. Each check here stands in for a library check that
-would otherwise fire only after the data loaded or after compute started
-(a partition's ``alpha``, ``iga.iterations``, ``disue.damping``, the
-optimizer's name, ...), so a wrong setting costs seconds, not a training
-run, and its message names the ``--config.<path>`` to change. The
-refusals themselves are the library's (:mod:`fedjax_dd.core.checks`), so
-the entry point, ``fit`` and the builders refuse the same values.
-
-Where the library has an options dataclass with its own checks
-(:class:`fedjax_dd.distill.iga.IGAHyperParams`,
-:class:`fedjax_dd.distill.kip.KipOptions`), it is built here from the
-config group and its message is re-worded to name the setting; the other
-ranges are the library's, repeated in :data:`_RANGES`.
+after its own checks. Each check stands in for a library check that would
+fire only after the data loaded (a partition's ``alpha``,
+``iga.iterations``, the optimizer's name, ...), so a wrong setting costs
+seconds and its message names the ``--config.<path>`` to change. The
+refusals are the library's (:mod:`fedjax_dd.core.checks`): an options
+dataclass (:class:`fedjax_dd.distill.iga.IGAHyperParams`,
+:class:`fedjax_dd.distill.kip.KipOptions`) is built from its group, its
+message re-worded; the other ranges are repeated in :func:`_ranges`.
 """
 
 from __future__ import annotations
@@ -105,11 +100,6 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       ("server.seed", "int", (-1, keys.SEED_LIMIT - 1)),
       ("iga.nz", "int", (1, None)),
       ("iga.ngf", "int", (1, None)),
-      ("hfldd.num_homogeneous", "int", (1, None)),
-      ("hfldd.kmeans_n_init", "int", (1, None)),
-      ("hfldd.num_groups", "int", (1, None)),
-      ("hfldd.sent_label_bits", "int", (-1, None)),
-      ("fedd3.distiller", "choice", ("kip", "gmm", "random")),
       ("dfkd.nz", "int", (1, None)),
       ("dfkd.ngf", "int", (1, None)),
       ("dfkd.synthetic_batch_size", "int", (1, None)),
@@ -259,9 +249,6 @@ def _check_options(config: ml_collections.ConfigDict) -> None:
   k = _lookup(config, "kip")
   if k is not None:
     _options("kip", k)
-  h = _lookup(config, "hfldd")
-  if h is not None and h.get("member_data") in ("kip", "random"):
-    _int("hfldd.support_size", h.support_size, 1)
 
 
 def _check_teachers_from(config: ml_collections.ConfigDict) -> None:

@@ -79,13 +79,11 @@ def fingerprint(config: ml_collections.ConfigDict, name: str = "run"
   """Fingerprint ``name`` of ``config`` as ``{dotted path: value}``, by the
   rules of ``base_config.FINGERPRINT_RULES``.
 
-  ``"run"`` (the default) is every leaf except those under
-  :data:`RESUME_SAFE` (so a workdir resumed with more rounds or another
-  ``run.eval_every`` continues, and one with another ``data.num_clients`` is
-  refused; see :func:`fedjax_dd.core.workdir.record_fingerprint`);
-  ``"hfldd_stages"`` is every leaf except those marked out of it; the other
-  fingerprints hold the values (a group's as a dict) of the keys marked
-  into them.
+  ``"run"`` (default): every leaf not under :data:`RESUME_SAFE` (a resume
+  with more rounds continues, one with another ``data.num_clients`` is
+  refused; :func:`fedjax_dd.core.workdir.record_fingerprint`);
+  ``"hfldd_stages"``: every leaf not marked out of it; the others: the
+  values (a group's as a dict) of the keys marked into them.
   """
   paths = base_config.fingerprint_paths(name, config)
   if name in base_config.SUBTRACTIVE_FINGERPRINTS:
@@ -95,10 +93,8 @@ def fingerprint(config: ml_collections.ConfigDict, name: str = "run"
 
 
 def distill_fingerprint(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """FedD3's distillation settings of ``config`` (the keys marked
-  ``+fedd3_distill`` in ``experiments/configs/base.py``) and the cache
-  format: what a cached upload set is checked against (the FedD3 runner
-  and the audit of its workdir)."""
+  """FedD3's distillation settings (the keys marked ``+fedd3_distill``) and
+  the cache format: what a cached upload set is checked against."""
   # pylint: disable-next=g-import-not-at-top
   from fedjax_dd.algorithms import fedd3_stages
   return {**fingerprint(config, "fedd3_distill"),
@@ -113,16 +109,15 @@ def data_dir(config: ml_collections.ConfigDict) -> str | None:
 def load_dataset(config: ml_collections.ConfigDict) -> sources.Dataset:
   """Loads ``config.data.dataset``; re-split when ``data.resplit`` is set.
 
-  ``config.data.num_classes`` (0: inferred) is passed to the loader; an
-  ``npz:`` class count inferred from the labels is logged in one line.
-  ``data.resplit`` (0: keep the dataset's own split) is the train fraction
-  of :func:`fedjax_dd.data.sources.resplit` (HFLDD: 0.8), drawn from the
-  partition seed's :attr:`fedjax_dd.core.keys.Stream.RESPLIT` stream.
+  ``data.num_classes`` (0: inferred, logged for ``npz:``) goes to the
+  loader. ``data.resplit`` (0: the dataset's split) is the train fraction
+  of :func:`fedjax_dd.data.sources.resplit`, drawn from the partition
+  seed's :attr:`fedjax_dd.core.keys.Stream.RESPLIT` stream.
 
   Raises:
-    InputError: the loader refused the data (e.g. labels outside
-      ``[0, data.num_classes)``) or could not load it (e.g. a TFDS name
-      with neither a local copy nor network).
+    InputError: the loader refused the data (labels outside
+      ``[0, data.num_classes)``) or could not load it (a TFDS name with
+      neither a local copy nor network).
   """
   declared = int(_lookup(config, "data.num_classes") or 0) or None
   try:
@@ -162,14 +157,9 @@ def resize(config: ml_collections.ConfigDict, x: np.ndarray,
 
 
 def load_and_prepare(config: ml_collections.ConfigDict) -> Prepared:
-  """Loads ``config.data.dataset``, resizes it for ``config.model.name``,
-  builds the task.
-
-  Loading goes through :func:`load_dataset` (so ``data.resplit`` applies);
-  ``config.data.input_shape`` (if set) overrides the model's input shape.
-  The channel statistics of the (resized) train split, the std floored at
-  :data:`MIN_STD`, normalise the task's inputs.
-  """
+  """:func:`load_dataset`, resized for ``config.model.name`` (or
+  ``data.input_shape``), and the task, whose inputs the train split's
+  channel statistics normalise (std floored at :data:`MIN_STD`)."""
   ds = load_dataset(config)
   try:
     return prepare_lib.prepare(
@@ -203,11 +193,10 @@ def conv_impl(config: ml_collections.ConfigDict,
 
 
 def compute_dtype(config: ml_collections.ConfigDict) -> str:
-  """``config.model.compute_dtype`` (``"auto"`` for configs without the
-  key) resolved for this platform and jax
-  (:func:`fedjax_dd.policy.resolve_compute_dtype`): ``"float32"`` or
-  ``"bfloat16"``, the dtype of every model's and generator's convolutions
-  and matmuls."""
+  """``config.model.compute_dtype`` (``"auto"`` without the key) resolved
+  by :func:`fedjax_dd.policy.resolve_compute_dtype`: ``"float32"`` or
+  ``"bfloat16"``, for every model's and generator's convolutions and
+  matmuls."""
   return policy.resolve_compute_dtype(
       _lookup(config, "model.compute_dtype") or "auto")
 
@@ -217,19 +206,16 @@ def make_optimizer(config: ml_collections.ConfigDict, *, lr: Any = None,
   """``config.client.optimizer`` in {sgd, adam, adamw} with ``client.lr``,
   ``client.momentum``, ``client.weight_decay`` and ``client.grad_clip``.
 
-  ``lr`` (default ``client.lr``) replaces the rate, e.g. by a traced value
-  of a grid cell on the run axis (:mod:`fedjax_dd.experiments.axis_sweep`);
-  so does ``weight_decay`` for ``client.weight_decay``, whose term is then
-  always in the chain (a decay of 0 adds ``0 * w``, which leaves every
-  gradient bit as it is).
+  ``lr`` / ``weight_decay`` replace ``client.lr`` / ``client.weight_decay``
+  (e.g. traced grid values of :mod:`fedjax_dd.experiments.axis_sweep`); a
+  given ``weight_decay`` is always in the chain (0 adds ``0 * w``, which
+  leaves every gradient bit as it is).
 
-  ``client.grad_clip > 0`` clips the raw gradient to that global norm
-  first. ``client.weight_decay > 0`` is, for sgd and adam, an L2 term
-  ``wd * w`` added to the (clipped) gradient, as PyTorch's
-  ``SGD(weight_decay=...)`` does after ``clip_grad_norm_`` (FedFTG's and
-  DisUE's local training: clip 10, weight decay 1e-3, SGD); for adamw it is
-  the decoupled decay. So the chain is clip -> weight decay -> optimizer.
-  With both 0 (the defaults) the optimizer is exactly the bare one.
+  The chain is clip (``client.grad_clip > 0``: to that global norm) ->
+  weight decay (sgd, adam: L2 ``wd * w`` added to the clipped gradient, as
+  PyTorch's ``SGD(weight_decay=...)`` after ``clip_grad_norm_`` in FedFTG's
+  and DisUE's code; adamw: decoupled) -> optimizer. With both 0 (the
+  defaults) the optimizer is exactly the bare one.
   """
   c = config.client
   name = c.optimizer
@@ -273,12 +259,11 @@ def augmentation(config: ml_collections.ConfigDict) -> Callable | None:
 
 def local_training(config: ml_collections.ConfigDict, task,
                    max_steps: int) -> local_lib.LocalTraining:
-  """The clients' local training of ``config.client``, the one value every
-  algorithm factory takes: :func:`make_optimizer`, ``client.batch_size``,
-  :func:`augmentation`, the schedule of ``client.lr_decay``
-  (:func:`fedjax_dd.core.local.round_decay`) and the client :func:`mapper`,
-  with ``task`` and the cohort's step bound ``max_steps`` (the largest of
-  :func:`local_steps`)."""
+  """The clients' local training of ``config.client`` (every algorithm
+  factory takes it): :func:`make_optimizer`, ``client.batch_size``,
+  :func:`augmentation`, ``client.lr_decay``'s schedule
+  (:func:`fedjax_dd.core.local.round_decay`), :func:`mapper`, ``task`` and
+  the step bound ``max_steps`` (the largest of :func:`local_steps`)."""
   return local_lib.LocalTraining(
       task=task, optimizer=make_optimizer(config),
       batch_size=int(config.client.batch_size), max_steps=int(max_steps),
@@ -341,11 +326,9 @@ def partition(config: ml_collections.ConfigDict, labels: np.ndarray) -> list[np.
 def check_coverage(config: ml_collections.ConfigDict, labels: np.ndarray,
                    parts: list[np.ndarray]) -> None:
   """Refuses a partition under which no client holds classes that make up
-  more than half of the training data: the run would train on the rest and
-  be tested on all of it (e.g. ``pathological`` with 2 classes per client
-  and ``data.num_clients=1``: 2 of 10 classes, 80 % of the data unused).
-  A smaller share left out (a pathological split that misses a class by
-  chance) is a logged warning with the same figures.
+  more than half of the training data, which the run would still be tested
+  on (e.g. ``pathological``, 2 classes per client, one client); a smaller
+  share left out is a logged warning.
 
   Raises:
     InputError: naming the classes, the share of the data left out and the
@@ -382,11 +365,9 @@ def check_upload_privacy(config: ml_collections.ConfigDict,
   """FedD3's privacy guard (App. G) on the partition, before any compute.
 
   A client class with at most ``fedd3.images_per_class`` examples would be
-  uploaded raw by KIP (its support holds the whole class) and by the GMM
-  coreset (one component per image):
-  :func:`fedjax_dd.distill.kip.check_privacy`. Applies to the ``fedd3``
-  group's KIP and GMM distillers unless ``fedd3.allow_raw_upload``; the GMM
-  coreset's own guard adds the distinct-image and rounded-mean checks.
+  uploaded raw by KIP and the GMM coreset
+  (:func:`fedjax_dd.distill.kip.check_privacy`); applies to those
+  distillers unless ``fedd3.allow_raw_upload``.
 
   Raises:
     InputError: naming the client, class, class size and
@@ -420,18 +401,15 @@ def client_data(ds: sources.Dataset, parts: list[np.ndarray]) -> ClientData:
   return jax.device_put(stacked)
 
 
-# Models whose training gradient XLA:CPU's classic runtime fails to compile
-# (jax 0.5.3); their programs keep XLA's default runtime. Kept in the policy.
+# Models whose training gradient XLA:CPU's classic runtime fails to compile;
+# their programs keep XLA's default runtime.
 CLASSIC_RUNTIME_UNSAFE = policy.CLASSIC_RUNTIME_UNSAFE
 
 
 def client_models(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   """The client architectures of ``config.model.client_models``
-  (comma-separated).
-
-  Returns ``()`` for homogeneous clients: ``model.client_models`` empty or
-  naming only ``config.model.name``.
-  """
+  (comma-separated); ``()`` for homogeneous clients (empty, or naming only
+  ``config.model.name``)."""
   names = tuple(s.strip() for s in config.model.client_models.split(",")
                 if s.strip())
   return names if set(names) - {config.model.name} else ()
@@ -562,15 +540,13 @@ KIP_KERNELS = ("fc", "conv")
 
 def kip_kernel(config: ml_collections.ConfigDict, *,
                batched: bool = False) -> kip_lib.KernelFn:
-  """The KIP kernel of ``config.kip.kernel`` / ``kernel_depth`` /
-  ``kernel_kind``, computed by ``kernel_impl``.
+  """The KIP kernel of ``config.kip.kernel`` / ``kernel_depth`` (0: the
+  kernel's default, FC 4, conv 3) / ``kernel_kind``, computed by
+  ``kernel_impl``: ``"neural_tangents"`` (:mod:`fedjax_dd.kernels.ntk`) or
+  ``"native"`` (:mod:`fedjax_dd.kernels.native`, pure JAX).
 
-  ``kip.kernel_depth`` 0 keeps the kernel's default depth (FC 4, conv 3).
-  ``batched`` evaluates in blocks of ``config.kip.kernel_batch`` images (if
-  set), for KRR over many test images. ``kip.kernel_impl`` is
-  ``"neural_tangents"`` (:mod:`fedjax_dd.kernels.ntk`) or ``"native"``
-  (:mod:`fedjax_dd.kernels.native`, pure JAX); a config without the key uses
-  :data:`base_config.DEFAULT_KERNEL_IMPL`.
+  ``batched`` evaluates in blocks of ``kip.kernel_batch`` images (if set),
+  for KRR over many test images.
   """
   from fedjax_dd import kernels  # pylint: disable=g-import-not-at-top
   k = config.kip
@@ -614,11 +590,9 @@ _POSITIVE = (
     ("eval.batch_size", 1, True), ("eval.finetune_steps", 0, True),
 )
 
-# Runners whose clients train once, in one round (the one-shot client stage
-# of DENSE, FedDF, Co-Boosting, OT fusion and FedHydra): a schedule over
-# rounds would only ever give round 0's factor, so validate refuses
-# client.lr_decay != 1 for them rather than ignore it. Every rounds method
-# follows it: the engine hands each local update the round.
+# Runners whose clients train once, in one round (the one-shot client
+# stage): a schedule over rounds would only give round 0's factor, so
+# validate refuses client.lr_decay != 1 for them rather than ignore it.
 ONE_ROUND_RUNNERS = ("fedhydra",)
 
 # eval.split: where each client's test data comes from (base.py).
@@ -637,22 +611,16 @@ def _lookup(config: ml_collections.ConfigDict, path: str):
 def validate(config: ml_collections.ConfigDict) -> None:
   """Refuses settings no run can use, before any data is loaded.
 
-  Checks the method's declaration first (:func:`registry.check_method`),
-  then the counts and rates of :data:`_POSITIVE` (finite, above their
-  bound), momenta below 1, ``fedd3.images_per_class >= 1`` and
-  ``data.num_classes >= 0`` (ints), that local training has work to do
-  and decays its rate only where there are rounds to decay over (not
-  :data:`ONE_ROUND_RUNNERS`), the
-  names of ``client.augment``, ``model.conv_impl``,
-  ``model.compute_dtype`` and the partition, and
-  that ``kip.kernel_impl=neural_tangents`` has its optional extra installed.
+  :func:`registry.check_method` first, then :data:`_POSITIVE`, momenta
+  below 1, ``data.num_classes``, that local training has work and decays
+  only over rounds (not :data:`ONE_ROUND_RUNNERS`), the names of
+  ``client.augment``, ``model.conv_impl``, ``model.compute_dtype`` and the
+  partition, and ``kip.kernel_impl=neural_tangents``'s optional extra.
 
   Raises:
     ValueError: naming the ``--config.<path>`` to change and its value.
   """
   from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
-  # The runner and method exist, and the method's declared group builds its
-  # dataclass (registry.check_method).
   registry.check_method(config)
   for path, bound, inclusive in _POSITIVE:
     value = _lookup(config, path)
@@ -672,8 +640,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if value is not None and float(value) >= 1.0:
       raise ValueError(f"config.{path} must be < 1 (SGD momentum), got "
                        f"{value!r}.")
-  for path, minimum in (("fedd3.images_per_class", 1),
-                        ("data.num_classes", 0)):
+  for path, minimum in (("data.num_classes", 0),):
     value = _lookup(config, path)
     if value is not None and (isinstance(value, bool) or not isinstance(
         value, (int, np.integer)) or value < minimum):
@@ -752,11 +719,9 @@ def check_personal(config: ml_collections.ConfigDict) -> None:
 
 def check_audit(config: ml_collections.ConfigDict) -> None:
   """``audit.*``: the settings
-  (:func:`fedjax_dd.audit.workdir.check_settings` and ``check_lira``;
-  LiRA only on model uploads) and, with
-  ``audit.enabled``, a runner with an audit
-  (:data:`fedjax_dd.experiments.auditing.AUDITS`); an
-  ``audit.holdout`` above the test split is refused once it is loaded.
+  (:func:`fedjax_dd.audit.workdir.check_settings` and ``check_lira``; LiRA
+  only on model uploads) and, with ``audit.enabled``, a runner of
+  :data:`fedjax_dd.experiments.auditing.AUDITS`.
 
   Raises:
     ValueError: one line naming the ``--config.audit.<key>`` to change.
@@ -792,15 +757,12 @@ def check_audit(config: ml_collections.ConfigDict) -> None:
 def check_dp(config: ml_collections.ConfigDict) -> None:
   """The differential-privacy settings, before the data loads.
 
-  DP-FedAvg's ``dp`` group: method ``dp_fedavg`` (the group's only
-  reader; its values are ``DPFedAvgHyperParams``') and a model without
-  BatchNorm (its statistics would be averaged
-  without noise). DP-KIP's ``kip.dp_clip >= 0`` and ``kip.dp_delta`` in
-  ``(0, 1)``, and a KIP that runs it (``fedd3.distiller``,
-  ``hfldd.member_data``: ``kip``); its other refusals are
-  :class:`fedjax_dd.distill.kip.KipOptions`'s (``kip.stop_accuracy`` must
-  be None or above 1, ...). Either needs dp-accounting (the ``privacy``
-  extra).
+  DP-FedAvg's ``dp`` group: method ``dp_fedavg`` (its only reader) and a
+  model without BatchNorm (its statistics would be averaged without
+  noise). DP-KIP: ``kip.dp_clip >= 0``, ``kip.dp_delta`` in ``(0, 1)`` and
+  a KIP that runs it (``fedd3.distiller`` / ``hfldd.member_data`` ``kip``);
+  its other refusals are :class:`fedjax_dd.distill.kip.KipOptions`'s.
+  Either needs dp-accounting (the ``privacy`` extra).
 
   Raises:
     ValueError: one line naming the ``--config.<path>`` to change.
@@ -909,12 +871,9 @@ def partition_options(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def check_partition(group: ml_collections.ConfigDict) -> None:
-  """Refuses a ``data.partition`` group whose options do not fit its name.
-
-  A preset's group holds the options of its own partition (e.g.
-  ``num_classes_per_client`` for ``pathological``); overriding only
-  ``data.partition.name`` keeps them, and the partitioner would fail with a
-  TypeError after the data loaded.
+  """Refuses a ``data.partition`` group whose options do not fit its name
+  (overriding only ``data.partition.name`` keeps the preset's options, and
+  the partitioner would fail after the data loaded).
 
   Raises:
     ValueError: one line naming the unknown name, or the options that do not
@@ -960,7 +919,7 @@ def initialised_clients(config: ml_collections.ConfigDict):
 def label_knowledge_clusters(config: ml_collections.ConfigDict,
                              prepared: Prepared, data: ClientData, params,
                              batch_stats, root: jax.Array):
-  """HFLDD's stages 1-2 from the config (shared with FedSeq's grouping):
+  """HFLDD's stages 1-2 (shared with FedSeq's grouping):
   :func:`fedjax_dd.algorithms.hfldd_stages.label_knowledge_clusters` on
   ``data.aux_*``, pretraining from ``stage_key(root, Stage.PRETRAIN)``."""
   from fedjax_dd.algorithms import hfldd_stages  # pylint: disable=g-import-not-at-top
@@ -973,11 +932,9 @@ def label_knowledge_clusters(config: ml_collections.ConfigDict,
     return resize(config, x, prepared.task.input_shape)
 
   c = config.client
-  # HFLDD's pretraining is plain local SGD (Sec. IV-A): the clients' local
-  # training at client.pretrain_batch_size, without the rounds'
-  # client.augment and client.lr_decay. max_steps=1 is only a placeholder:
-  # pretrain_clients replaces it with the largest of the clients' step
-  # counts, which it computes from the data.
+  # HFLDD's pretraining is plain local SGD (Sec. IV-A): without the rounds'
+  # augment and lr_decay. max_steps=1 is a placeholder that
+  # pretrain_clients replaces with the largest client step count.
   pretraining = dataclasses.replace(
       local_training(config, prepared.task, 1),
       batch_size=int(c.pretrain_batch_size), augment=None, schedule=None)

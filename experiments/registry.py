@@ -4,22 +4,13 @@ A method is one :class:`Method`, declared with :func:`declare` next to the
 glue that builds it: its name, its shape (a rounds method, a server-side
 distillation after the shared one-shot client stage, or a host pipeline
 with its own driver), its hyperparameter dataclass and config group, and
-the data its builder needs. Everything else is derived from it:
-
-* the runner that drives it (:func:`run`): the shared rounds loop
-  (``runners.run_federated``) for a rounds method, the one-shot server
-  driver (``run_fedhydra``) for a server method, its own function for a
-  pipeline;
-* the config group of its hyperparameters (:func:`hparams_group`: one key
-  per dataclass field, its default);
-* its validation before the data loads (:func:`check_method`: the method
-  exists for the config's runner, and its group builds the dataclass,
-  whose ``__post_init__`` checks the values);
-* its fingerprint: the group's keys are config leaves, so a resume with
-  other settings is refused like any other change.
+the data its builder needs. From it follow its runner (:func:`run`), its
+config group (:func:`hparams_group`), its validation before the data loads
+(:func:`check_method`) and its fingerprint (the group's keys are config
+leaves, so a resume with other settings is refused).
 
 A method defined outside this package declares itself in its own module,
-which its config file imports; the command line then needs no other file::
+which its config file imports::
 
   # fedavgm.py
   @dataclasses.dataclass(frozen=True)
@@ -34,8 +25,8 @@ which its config file imports; the command line then needs no other file::
                                                momentum=hparams.momentum))))
 
 The built-in declarations live in the modules of :data:`_BUILT_IN`,
-imported on the first lookup. This module imports no runner at import
-time, so every runner module can import it to declare its methods.
+imported on the first lookup; this module imports no runner at import
+time, so every runner module can import it.
 """
 
 from __future__ import annotations
@@ -152,11 +143,8 @@ _loaded = False
 
 
 def declare(method: Method) -> Method:
-  """Declares ``method`` and returns it.
-
-  Its owner is the module that defines its builder: declaring a name again
-  from the same module (a module or config loaded twice) replaces the
-  earlier declaration, from another module is refused.
+  """Declares ``method`` and returns it; declaring its name again from the
+  same module (loaded twice) replaces it, from another module is refused.
 
   Raises:
     ValueError: the name is declared by another module (a built-in method
@@ -206,12 +194,28 @@ def runner_names() -> tuple[str, ...]:
   return tuple(sorted({r for m in _DECLARED.values() for r in m.runners}))
 
 
-def hparams_group(cls: type) -> ml_collections.ConfigDict:
+def hparams_group(cls: type, *, exclude: tuple[str, ...] = (),
+                  **defaults: Any) -> ml_collections.ConfigDict:
   """The config group of hyperparameter dataclass ``cls``: one key per
-  field, its default (a field without one is refused)."""
+  field, its default (a field without one is refused).
+
+  Args:
+    cls: the dataclass.
+    exclude: fields the glue derives from other keys (no key of their own).
+    **defaults: the group's own default of a field, where the config's
+      scale differs from the dataclass's.
+  """
+  unknown = sorted((set(exclude) | set(defaults))
+                   - {f.name for f in dataclasses.fields(cls)})
+  if unknown:
+    raise ValueError(f"{cls.__name__} has no fields {unknown}.")
   values = {}
   for f in dataclasses.fields(cls):
-    if f.default is None:
+    if f.name in exclude:
+      continue
+    if f.name in defaults:
+      values[f.name] = defaults[f.name]
+    elif f.default is None:
       # A typed placeholder, so that --config.<group>.<field>=V parses.
       values[f.name] = config_dict.placeholder(_optional_type(f))
     elif f.default is not dataclasses.MISSING:
@@ -305,10 +309,9 @@ def _check_declared(config: ml_collections.ConfigDict,
 
 def build_inputs(config: ml_collections.ConfigDict, method: Method, *,
                  data=None) -> dict[str, Any]:
-  """The keyword inputs of ``method``'s builder: ``hparams`` (with a
-  dataclass) and what it ``needs``, after the method's refusals
-  (:func:`check_method`'s), so a builder reached without the entry point
-  (a sweep from Python, an audit) refuses what the entry point does."""
+  """The keyword inputs of ``method``'s builder: ``hparams`` and what it
+  ``needs``, after :func:`check_method`'s refusals, so a builder reached
+  without the entry point refuses what the entry point does."""
   inputs = {}
   built = _check_declared(config, method)
   if method.hparams is not None:
@@ -382,11 +385,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 def run_recorded(config: ml_collections.ConfigDict, workdir: str
                  ) -> dict[str, Any]:
-  """:func:`run` after recording what defines the run in ``workdir``, as the
-  entry point does for its own: a member of a comparison resumed with other
-  settings is refused, and one whose runner writes files before its rounds
-  (HFLDD's stage cache) is not taken for a run made before settings were
-  recorded."""
+  """:func:`run` after recording the run's fingerprint in ``workdir``, as
+  the entry point does: a resume with other settings is refused, and
+  files written before the rounds (HFLDD's stage cache) are not taken for
+  an unrecorded run's."""
   # pylint: disable=g-import-not-at-top
   from fedjax_dd.core import workdir as workdir_lib
   from fedjax_dd.experiments import common

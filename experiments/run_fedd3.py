@@ -1,38 +1,30 @@
 """FedD3 runner: distill on every client, upload once, train on the server.
 
-``config.method`` is ``"fedd3"`` (one-shot: the server trains on the union for
-``rounds`` epochs) or ``"fedd3_hybrid"`` (App. F: ``rounds`` FedAvg rounds on
-local plus received distilled data). ``config.fedd3.distiller`` picks KIP, GMM
-or ``"random"`` (random real images at KIP's budget, the control). With
-``kip.learn_labels`` the server (and the hybrid's clients) train on the learned
-soft labels as sent. ``config.fedd3.float_upload`` sends KIP's support as
-float32 pixels (the one-shot method only), which the server reads through
-the same channel statistics
-(:func:`fedjax_dd.algorithms.fedd3.float_pixel_task`).
+``config.method`` is ``"fedd3"`` (one-shot:
+:func:`fedjax_dd.algorithms.fedd3.fedd3` on
+:func:`fedjax_dd.core.server.run_server_rounds`, the server training on the
+union for ``rounds`` epochs) or ``"fedd3_hybrid"`` (App. F: ``rounds`` FedAvg
+rounds on local plus received distilled data). :class:`FedD3Options` picks
+the distiller and the upload's form; learned KIP labels are trained on as
+sent.
 
 The distilled set is the stage ``"distilled"`` of the run's stage cache
 (:func:`fedjax_dd.algorithms.fedd3_stages.distill_or_load`), so a resumed
-run does not distill again; ``config.fedd3.distilled_from`` names another
-run's workdir to train on its set instead (server-side variants reuse one
-distillation). Either is used only if its fingerprint
-(:func:`distill_fingerprint`) matches; else it is refused, naming the
-differing fields. While the clients run KIP, its state is saved after each
-segment (stage ``"distilled_kip"``, same fingerprint), so a run stopped there
-continues from its last segment; it is removed once the set is cached.
+run does not distill again; ``config.fedd3.distilled_from`` trains on
+another run's set instead. Either is used only if its
+:func:`distill_fingerprint` matches, else refused naming the differing
+fields. KIP's state is saved after each segment (stage ``"distilled_kip"``),
+so a run stopped there continues from its last segment.
 
-The one-shot method is :func:`fedjax_dd.algorithms.fedd3.fedd3` on
-:func:`fedjax_dd.core.server.run_server_rounds` (one round of ``rounds``
-server epochs); the hybrid is FedAvg on the rounds loop. The ledger records
-each client's upload as its own message, so ``summary.json["gce"]`` is
-FedD3's Table 2 GCE and ``gce_cohort`` the cohort-total variant; the summary
-adds the upload's ``privacy``, KIP's ``kip_loss`` and ``kip_iterations``
-(:func:`fedjax_dd.algorithms.fedd3_stages.upload_fields`) and, for DP-KIP
-(``kip.dp_clip > 0``), its ``dp_epsilon`` at ``kip.dp_delta`` with the
-other ``dp_*`` fields (:func:`fedjax_dd.experiments.common.dp_kip_fields`).
+Each client's upload is its own ledger message, so ``summary.json["gce"]``
+is FedD3's Table 2 GCE (``gce_cohort``: the cohort total); the summary adds
+:func:`fedjax_dd.algorithms.fedd3_stages.upload_fields` and, for DP-KIP,
+:func:`fedjax_dd.experiments.common.dp_kip_fields`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -43,6 +35,7 @@ import ml_collections
 from fedjax_dd.algorithms import fedd3
 from fedjax_dd.algorithms import fedd3_stages
 from fedjax_dd.algorithms.fedavg import fedavg
+from fedjax_dd.core import checks as core_checks
 from fedjax_dd.core import keys
 from fedjax_dd.core.evaluate import make_evaluator
 from fedjax_dd.core.stage_cache import StageCache
@@ -65,8 +58,7 @@ def _distill_or_load(config, workdir, prepared, data):
   key = keys.stage_key(keys.model_root(config.seed), keys.FEDD3_DISTILL)
   cache, fingerprint = StageCache.for_workdir(workdir), distill_fingerprint(
       config)
-  # KIP's state after each segment: a run stopped while the clients distil
-  # continues from its last segment (removed once the set is cached).
+  # KIP's state after each segment, removed once the set is cached.
   in_progress = None if source else fedd3_stages.kip_checkpoint(cache,
                                                                 fingerprint)
   try:
@@ -157,10 +149,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """``fedd3``: the server trains on the union of the uploads."""
   start, prepared, data, distilled, extra = _uploads(config, workdir)
   ds = prepared.dataset
-  # The server-side method. Its client stage hands over the set distilled
-  # above (the run's "distilled" stage, keyed by keys.FEDD3_DISTILL, so the
-  # one-shot and the hybrid variant of a seed share one upload and
-  # fedd3.distilled_from can reuse another run's).
+  # The client stage hands over the set distilled above (keyed by
+  # keys.FEDD3_DISTILL, so both variants of a seed share one upload).
   task = prepared.task
   float_upload = bool(config.fedd3.float_upload)
   # A float upload is read as pixels by the same preprocessing.
@@ -201,6 +191,40 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   return summary
 
 
-registry.declare(registry.Method("fedd3", pipeline=run))
+DISTILLERS = ("kip", "gmm", "random")
+
+
+@dataclasses.dataclass(frozen=True)
+class FedD3Options:
+  """What each FedD3 client uploads: the ``fedd3`` group.
+
+  Attributes:
+    distiller: ``"kip"`` (FedD3's KIP), ``"gmm"`` (its GMM coreset) or
+      ``"random"`` (random real images, the control).
+    images_per_class: the upload budget of every distiller, images per
+      class per client.
+    allow_raw_upload: send images byte-identical to a raw image (a short
+      KIP budget); False refuses them before any round.
+    distilled_from: another run's workdir: train on its cached distilled set
+      instead of distilling (refused if its distillation settings differ).
+    float_upload: send KIP's support as float32 pixels (FedD3's code)
+      instead of uint8 (the paper's count); the one-shot method only.
+  """
+  distiller: str = "kip"
+  images_per_class: int = 1
+  allow_raw_upload: bool = False
+  distilled_from: str = ""
+  float_upload: bool = False
+
+  def __post_init__(self):
+    if self.distiller not in DISTILLERS:
+      raise ValueError(f"distiller must be one of {list(DISTILLERS)}, got "
+                       f"{self.distiller!r}.")
+    core_checks.check_int("images_per_class", self.images_per_class, 1)
+
+
+registry.declare(registry.Method("fedd3", pipeline=run,
+                                 hparams=FedD3Options))
 registry.declare(registry.Method("fedd3_hybrid", pipeline=run_hybrid,
-                                 runner="fedd3"))
+                                 runner="fedd3", hparams=FedD3Options,
+                                 group="fedd3"))

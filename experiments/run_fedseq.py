@@ -1,17 +1,14 @@
 """Runner ``"fedseq"``: FedSeq superclients through the shared rounds loop.
 
-Clients are grouped into ``config.hfldd.num_groups`` superclients; with
-``config.hfldd.group_by_similarity`` the groups mix the homogeneous clusters of
-HFLDD's label-knowledge stage (same pretraining, ``D_g`` and KMeans), else
-they are random. Traffic follows HFLDD Eq. 19 as printed (``J`` transfers
-per superclient and round; ``config.hfldd.fedseq_traffic="physical"`` counts the
-``J - 1`` hand-offs made); the label-knowledge upload used for grouping is
-not charged, as in Eq. 19. Members train ``config.client.local_steps`` steps
-when set, else ``config.client.local_epochs`` epochs.
+Clients are grouped into superclients (:class:`FedSeqOptions`), mixing the
+homogeneous clusters of HFLDD's label-knowledge stage or at random. Traffic
+follows HFLDD Eq. 19 (``hfldd.fedseq_traffic``); the label-knowledge upload
+used for grouping is not charged, as in Eq. 19.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -22,6 +19,7 @@ import numpy as np
 
 from fedjax_dd.cluster import sampling as clustering
 from fedjax_dd.algorithms import fedseq
+from fedjax_dd.core import checks as core_checks
 from fedjax_dd.core import keys
 from fedjax_dd.experiments import common
 from fedjax_dd.experiments import registry
@@ -83,4 +81,34 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       run_key=keys.stage_key(root, keys.Stage.ROUNDS), finalize=finalize)
 
 
-registry.declare(registry.Method("fedseq", pipeline=run))
+@dataclasses.dataclass(frozen=True)
+class FedSeqOptions:
+  """FedSeq's superclients: the ``hfldd`` group of its presets.
+
+  Attributes:
+    num_homogeneous: ``K``, the KMeans clusters of HFLDD's label-knowledge
+      stage the grouping uses.
+    kmeans_n_init: KMeans restarts.
+    num_groups: ``O`` superclients (``J = data.num_clients / O``).
+    group_by_similarity: group across the homogeneous clusters (else at
+      random).
+    fedseq_traffic: ``"eq19"`` (HFLDD Eq. 19 as printed, ``J`` transfers per
+      superclient and round) or ``"physical"`` (the ``J - 1`` hand-offs the
+      ring makes).
+  """
+  num_homogeneous: int = 10
+  kmeans_n_init: int = 10
+  num_groups: int = 10
+  group_by_similarity: bool = True
+  fedseq_traffic: str = "eq19"
+
+  def __post_init__(self):
+    for name in ("num_homogeneous", "kmeans_n_init", "num_groups"):
+      core_checks.check_int(name, getattr(self, name), 1)
+    if self.fedseq_traffic not in fedseq.TRAFFIC:
+      raise ValueError(f"fedseq_traffic must be one of {list(fedseq.TRAFFIC)}, got "
+                       f"{self.fedseq_traffic!r}.")
+
+
+registry.declare(registry.Method("fedseq", pipeline=run, hparams=FedSeqOptions,
+                                 group="hfldd"))

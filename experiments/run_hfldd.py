@@ -5,33 +5,28 @@ Stages (HFLDD Alg. 2, Shi et al. 2024), each timed in ``summary.json``:
 1. ``label_knowledge``: all clients pretrain from one init, label ``D_g``,
    the server computes ``M`` (Eq. 4);
 2. ``clustering``: KMeans on ``M`` and ClusterSampling (Alg. 1);
-3. ``dataset_generation``: what members send is ``config.hfldd.member_data``:
-   ``"kip"`` (distilled with the batched KIP for a fixed budget of
-   ``config.kip.max_iterations``), ``"random"`` (``config.hfldd.support_size``
-   random raw samples, the control) or ``"raw"`` (all raw data, the "w/o DD"
-   ablation); heads build ``D_h``;
-4. ``training``: FedAvg among the heads through the shared rounds loop
-   (``config.client.local_steps`` or ``client.local_epochs`` per head and
-   round).
+3. ``dataset_generation``: members send ``config.hfldd.member_data``
+   (:class:`HFLDDOptions`; KIP for a fixed ``kip.max_iterations``); heads
+   build ``D_h``;
+4. ``training``: FedAvg among the heads through the shared rounds loop.
 
 ``summary.json`` also holds ``privacy`` (the members' uploads against their
 own raw images, :func:`fedjax_dd.algorithms.hfldd.sent_privacy`) and, for
 KIP, ``kip_loss`` (first / last iteration, min and median over members).
 
-The stages are the library's (:mod:`fedjax_dd.algorithms.hfldd_stages`).
-Stages 1-3 are deterministic given the seeds and are cached as the stage
-``"hfldd"`` of the run's :class:`~fedjax_dd.core.stage_cache.StageCache`
-(``WORKDIR/stages``; its fingerprint is the flattened config without the keys
-marked ``-hfldd_stages`` in ``experiments/configs/base.py``); a resumed run loads them and continues the rounds from
-the newest checkpoint. A cache written under other settings is refused with the
-differing fields. While the members' KIP runs, its state is saved after each
-segment (``WORKDIR/stages/hfldd_kip``, same fingerprint), so a run stopped
-there continues from its last segment; it is removed once the stages are
-cached.
+Stages 1-3 (:mod:`fedjax_dd.algorithms.hfldd_stages`) are deterministic
+given the seeds and cached as stage ``"hfldd"`` of the run's
+:class:`~fedjax_dd.core.stage_cache.StageCache` (fingerprint: the config
+without the keys marked ``-hfldd_stages`` in
+``experiments/configs/base.py``); a resumed run loads them and continues
+from the newest checkpoint, and a cache of other settings is refused with
+the differing fields. The members' KIP state is saved after each segment
+(``WORKDIR/stages/hfldd_kip``), so a run stopped there continues from it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -41,6 +36,7 @@ import ml_collections
 
 from fedjax_dd.algorithms import hfldd
 from fedjax_dd.algorithms import hfldd_stages
+from fedjax_dd.core import checks as core_checks
 from fedjax_dd.core import keys
 from fedjax_dd.core.stage_cache import StageCache
 from fedjax_dd.distill import privacy as privacy_lib
@@ -96,10 +92,8 @@ def sent_label_bits(config: ml_collections.ConfigDict) -> int:
 
 
 def heads_data(config: ml_collections.ConfigDict):
-  """The heads' training data of an HFLDD run (stages 1-3), computed in memory.
-
-  For measurements of the heads' FedAvg workload (``bench_engine
-  --padding``): no workdir, no stage cache.
+  """The heads' training data of an HFLDD run (stages 1-3), computed in
+  memory without a workdir or stage cache (``bench_engine --padding``).
 
   Returns:
     ``(prepared, hybrid)``: the prepared dataset and task, and the heads'
@@ -118,8 +112,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       config)
   cache = StageCache.for_workdir(workdir)
   fingerprint = common.fingerprint(config, "hfldd_stages")
-  # The members' KIP state after each segment: a run stopped during stage 3
-  # continues from its last segment (removed once the stages are cached).
+  # The members' KIP state after each segment, removed once cached.
   in_progress = hfldd_stages.kip_checkpoint(cache, fingerprint)
   try:
     stages = hfldd_stages.stages_or_load(
@@ -136,9 +129,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   dp_fields = common.dp_kip_fields(config, data.num_examples)
   audit = None
   if "audit" in config and config.audit.enabled:
-    # The audit's glue (experiments/auditing.py): every client's data is
-    # kept for it (the members), and a holdout the test split
-    # cannot give is refused now, before the rounds.
+    # Every client's data is kept for the audit (the members); a holdout
+    # the test split cannot give is refused now, before the rounds.
     from fedjax_dd.experiments import auditing as audit  # pylint: disable=g-import-not-at-top
     audit.attacker_data(config, prepared)
     audit_data = data
@@ -183,6 +175,42 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 # HFLDD and its two controls (random raw samples, no distillation) share
 # this pipeline; hfldd.member_data tells them apart.
+@dataclasses.dataclass(frozen=True)
+class HFLDDOptions:
+  """HFLDD's stages (Alg. 2): the ``hfldd`` group of its presets.
+
+  Attributes:
+    num_homogeneous: ``K``, the KMeans clusters of stage 2 (Sec. IV-B).
+    kmeans_n_init: KMeans restarts.
+    member_data: what members send their head (stage 5): ``"kip"`` (HFLDD),
+      ``"random"`` (``support_size`` random raw samples, the control) or
+      ``"raw"`` (all raw data, the "w/o DD" ablation).
+    support_size: ``|D~_i|``, images per member (``kip`` and ``random``).
+    allow_raw_upload: send KIP images byte-identical to a raw image of their
+      member (a short KIP budget); False refuses them.
+    sent_label_bits: bits per label entry of the uploads; -1: what is sent
+      (32 for learned KIP labels, 0 for fixed ones, which Eq. 18 leaves
+      out).
+  """
+  num_homogeneous: int = 10
+  kmeans_n_init: int = 10
+  member_data: str = "kip"
+  support_size: int = 400
+  allow_raw_upload: bool = False
+  sent_label_bits: int = -1
+
+  def __post_init__(self):
+    if self.member_data not in MEMBER_DATA:
+      raise ValueError(f"member_data must be one of {list(MEMBER_DATA)}, "
+                       f"got {self.member_data!r}.")
+    for name, low in (("num_homogeneous", 1), ("kmeans_n_init", 1),
+                      ("sent_label_bits", -1)):
+      core_checks.check_int(name, getattr(self, name), low)
+    if self.member_data != "raw":
+      core_checks.check_int("support_size", self.support_size, 1)
+
+
 for _name in ("hfldd", "hfldd_random", "hfldd_wodd"):
-  registry.declare(registry.Method(_name, pipeline=run, runner="hfldd"))
+  registry.declare(registry.Method(_name, pipeline=run, runner="hfldd",
+                                   hparams=HFLDDOptions, group="hfldd"))
 del _name

@@ -167,10 +167,8 @@ for _method in (
     registry.Method("centralized",
                     rounds=lambda c, training: centralized(training)),
     registry.Method("fedavg", rounds=lambda c, training: fedavg(training)),
-    # One-shot FedAvg in the rounds loop: one FedAvg round (validate
-    # refuses rounds != 1) whose round-1 model travels as a seed, so the
-    # upload is its only traffic. Its server form (the fedhydra runner) is
-    # declared beside the other server methods, stage_builders.
+    # (os_fedavg's rounds form is declared with its server form in
+    # stage_builders.)
     registry.Method("fedprox", rounds=lambda c, training: fedprox(
         training, mu=c.client.mu)),
     registry.Method("fednova", rounds=lambda c, training: fednova(
@@ -247,10 +245,9 @@ def fit_and_summarize(
   recorded before the rounds (e.g. a one-shot upload); it is checkpointed with
   the state. ``initial_model`` (``(params, batch_stats)``) and ``run_key``
   default to a split of the config's model key. With
-  ``config.server.gce_gammas``
-  the summary adds :func:`fedjax_dd.core.ledger.gce_summary` of the final
-  ledger. ``finalize(summary) -> summary`` adds what depends on the finished
-  run (e.g. HFLDD's Eq. 3 traffic) before the one write of ``summary.json``.
+  ``config.server.gce_gammas`` the summary adds the final ledger's GCE.
+  ``finalize(summary) -> summary`` adds what depends on the finished run
+  (e.g. HFLDD's Eq. 3 traffic) before the one write of ``summary.json``.
   ``personal``: the rounds' personalized evaluation
   (:func:`fedjax_dd.experiments.common.personal_evaluation`).
   """
@@ -275,11 +272,6 @@ def fit_and_summarize(
     summary = finalize(summary)
   Workdir(workdir).write_summary(summary)
   return summary
-
-
-def class_accuracy_summary(rows) -> dict[str, Any]:
-  """With ``run.class_accuracy``: the last evaluation's accuracy per class."""
-  return summary_lib.class_accuracy_fields(rows)
 
 
 def summarize(config: ml_collections.ConfigDict, *, rows, ledger, params,

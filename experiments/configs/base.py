@@ -1,32 +1,22 @@
 """Defaults shared by every experiment config (not a runnable config).
 
-A config is nested by concern; every group is built here, once, with all its
-keys and their defaults, so that a misspelled ``--config.<group>.<key>``
-override fails instead of adding a key nobody reads:
-
-* top level: ``runner``, ``method``, ``seed`` (the model seed: init and
-  training), ``rounds``, ``paper_departures``;
-* ``data``: the dataset, its split and partition (``data.seed`` is the
-  partition seed, independent of ``seed``), auxiliary and public sets;
-* ``model``: the server / global architecture (``name``), the clients'
-  (``model.client_models``) and how convolutions are computed
-  (``model.conv_impl``);
-* ``client``: local training (also the single model's training in the
-  centralized runner and FedD3's server training on the distilled union),
-  client sampling, FedProx's ``client.mu`` and HFLDD's pre-training;
-* ``engine``: how client programs run (backend, chunks, hosts);
-* ``server``: server-side settings shared by several runners;
-* ``run``: evaluation, checkpoints, progress, logging and the time budget;
-* ``eval``: personalized evaluation (each client's deployed model on test
-  data drawn like its own);
-* method groups, added by the configs that use them: ``kip`` (:func:`kip`),
-  ``dfkd`` (:func:`dfkd`), ``fedd3`` (:func:`fedd3`), ``hfldd``
-  (:func:`hfldd`), ``dp`` (:func:`dp`, DP-FedAvg);
-* ``audit``: the privacy audits of what the server kept, after a run
-  (``docs/privacy.md``).
+Every group is built here once, with all its keys and defaults, so that a
+misspelled ``--config.<group>.<key>`` override fails instead of adding a key
+nobody reads. Groups: top level (``runner``, ``method``, ``seed``: the model
+seed, ``rounds``, ``paper_departures``); ``data`` (dataset, split,
+partition; ``data.seed`` is the partition seed, independent of ``seed``);
+``model`` (server and client architectures, convolution form); ``client``
+(local training, also the centralized runner's and FedD3's server
+training; sampling; FedProx's ``mu``; HFLDD's pre-training); ``engine``;
+``server``; ``run`` (evaluation, checkpoints, logging, time budget);
+``eval`` (personalized evaluation); ``audit`` (``docs/privacy.md``); and
+method groups added by their configs: :func:`kip`, :func:`dfkd`,
+:func:`fedd3`, :func:`hfldd`, ``dp`` (DP-FedAvg).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import ml_collections
 from ml_collections import config_dict
@@ -39,11 +29,8 @@ TINY_IMAGENET_AUX = "npz:../shared/datasets/tiny_imagenet_val1000_32px.npz"
 
 def base(*, method: str, dataset: str, model: str, runner: str = "federated"
          ) -> ml_collections.ConfigDict:
-  """The common groups; every config overrides what it needs.
-
-  Overridable as ``--config.<key>=...`` (top level, e.g. ``rounds``,
-  ``seed``) or ``--config.<group>.<key>=...`` (e.g. ``data.num_clients``,
-  ``data.dataset``, ``client.lr``).
+  """The common groups; every config overrides what it needs (on the
+  command line ``--config.<key>=...`` or ``--config.<group>.<key>=...``).
   """
   c = ml_collections.ConfigDict()
   c.runner = runner
@@ -63,9 +50,8 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       "input_shape": (),
       # bilinear | pad (fedjax_dd.data.resize_images)
       "resize_method": "bilinear",
-      # > 0: pool train + test and re-split, this fraction to train (HFLDD:
-      # 0.8; fedjax_dd.data.sources.resplit, seeded by data.seed). 0: the
-      # dataset's split.
+      # > 0: pool train + test, re-split with this train fraction (HFLDD:
+      # 0.8; sources.resplit, seeded by data.seed). 0: the dataset's split.
       "resplit": 0.0,
       "partition": ml_collections.ConfigDict({"name": "iid"}),
       "num_clients": 1,
@@ -73,8 +59,7 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # HFLDD's unlabelled D_g: a source and how many images to draw.
       "aux_dataset": "",
       "aux_size": 0,
-      # FedDF's unlabelled public set (first public_size images, drawn with
-      # data.seed).
+      # FedDF's unlabelled public set: public_size images drawn with data.seed.
       "public_data": "",
       "public_size": 1000,
   })
@@ -82,21 +67,17 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       "name": model,
       # Comma-separated client architectures; "": every client uses `name`.
       "client_models": "",
-      # How the convolutions of every model are computed: "lax"
-      # (lax.conv_general_dilated), "patches" (patch extraction + matmul) or
-      # "auto" (the measured-faster one for the platform and jax version,
-      # fedjax_dd.models.layers.resolve_conv_impl). Same parameters, results
-      # equal to float rounding.
+      # Convolutions: "lax" (lax.conv_general_dilated), "patches" (patch
+      # extraction + matmul) or "auto" (the faster for the platform,
+      # models.layers.resolve_conv_impl). Results equal to float rounding.
       "conv_impl": "auto",
-      # The dtype of every model's convolutions and matmuls: "float32",
-      # "bfloat16" or "auto" (the policy's: float32 on CPU, bfloat16 on GPU
-      # and TPU; fedjax_dd.policy.resolve_compute_dtype). Parameters,
-      # optimizer state, BatchNorm statistics and losses stay float32.
+      # Dtype of convolutions and matmuls: "float32", "bfloat16" or "auto"
+      # (float32 on CPU, bfloat16 on GPU/TPU; policy.resolve_compute_dtype).
+      # Parameters, optimizer state, BatchNorm stats, losses stay float32.
       "compute_dtype": "auto",
-      # Parameter initialisation: "" the layers' own (Flax's: LeCun-normal
-      # kernels, zero biases), "torch" PyTorch's defaults (uniform
-      # +-1/sqrt(fan_in) kernels and biases), as a PyTorch reference starts
-      # (fedjax_dd.models.param_init).
+      # Initialisation: "" Flax's (LeCun-normal kernels, zero biases),
+      # "torch" PyTorch's (uniform +-1/sqrt(fan_in)), as a PyTorch reference
+      # starts (fedjax_dd.models.param_init).
       "init": "",
       # Width of MOON's projection head (a "<name>_proj" model only):
       # 0 the model's default, 256 (MOON's --out_dim).
@@ -117,15 +98,13 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # Client learning rate of round t (1-based): lr * lr_decay**(t - 1)
       # (FedFTG/DisUE: 0.998). 1.0: constant. FedAvg family and SCAFFOLD.
       "lr_decay": 1.0,
-      # Local batch augmentation: "" (none) | "flip_crop" (random horizontal
-      # flip and zero-pad-4 random crop; wrong for digits). FedAvg family
-      # and SCAFFOLD.
+      # Batch augmentation: "" | "flip_crop" (random flip, zero-pad-4 random
+      # crop; wrong for digits). FedAvg family and SCAFFOLD.
       "augment": "",
       "clients_per_round": 0,  # > 0: sampled clients per round (seeded) ...
       "client_fraction": 1.0,  # ... else this fraction of all clients.
-      # > 0: instead, each client joins a round independently with this
-      # probability (FedDyn's and FedFTG's act_prob; an empty draw is drawn
-      # again), so the cohort's size varies (fedjax_dd.core.cohorts).
+      # > 0: instead, each client joins a round with this probability
+      # (FedDyn's/FedFTG's act_prob; an empty draw is redrawn; core.cohorts).
       "activity": 0.0,
       "mu": 0.0,  # FedProx's proximal weight.
       # One-shot runner (FedHydra, DENSE, FedDF, Co-Boosting, OT, one-shot
@@ -147,8 +126,7 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # on unless a model is in common.CLASSIC_RUNTIME_UNSAFE.
       "classic_cpu_runtime": config_dict.placeholder(bool),
       # With --seeds (runner federated): the seeds as one program on a
-      # vmapped run axis (fedjax_dd.core.run_axis) instead of one process
-      # per seed.
+      # vmapped run axis (core.run_axis), not one process per seed.
       "run_axis": False,
       # With run_axis: runs vectorised together per round, in chunks run in
       # sequence, to bound memory; 0: all runs in one vmap.
@@ -173,9 +151,8 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       "keep_checkpoints": 2,
       "progress": True,
       "tensorboard": False,  # also write TensorBoard scalars to DIR/tensorboard
-      # Also log each class's test accuracy (metrics.jsonl:
-      # test_class_accuracy, and test_class_accuracy_before_iga with
-      # iga.evaluate_before).
+      # Also log each class's test accuracy (test_class_accuracy, and
+      # test_class_accuracy_before_iga with iga.evaluate_before).
       "class_accuracy": False,
       # > 0: stop after the first round that ends this many seconds after the
       # run's start ("as many rounds as fit"); the summary then says
@@ -184,57 +161,47 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # Stop (exit non-zero, last good checkpoint kept) at the first round or
       # server epoch whose loss is NaN or infinite; False writes it and goes on.
       "stop_on_nonfinite": True,
-      # > 0: the one-shot runner's clients train in spans of this many local
-      # steps, each checkpointed (DIR/r1/client_spans), so a run killed or
-      # stopped by max_wall_seconds inside a long local training resumes
-      # there; the models are those of one call. 0: one call.
+      # > 0: the one-shot runner's clients train in checkpointed spans of
+      # this many local steps (DIR/r1/client_spans), so a stopped run resumes
+      # inside local training; same models as one call. 0: one call.
       "client_span_steps": 0,
   })
-  # Personalized evaluation (fedjax_dd.core.personal; runner "federated"):
-  # on the evaluated rounds every client is also scored with the model it
-  # would deploy (its cluster's for IFCA, CFL, CFL-GP and PACFL; the global
-  # model, DisUE's universal expert, otherwise) on test data drawn like its
-  # own; metrics.jsonl adds personal_accuracy (example-weighted over
-  # clients) and its spread (_sd, _min, _max over clients).
+  # Personalized evaluation (core.personal; runner "federated"): each client
+  # is also scored with the model it would deploy (its cluster's for IFCA,
+  # CFL, CFL-GP, PACFL; else the global one) on test data drawn like its own:
+  # personal_accuracy (example-weighted) and its _sd, _min, _max.
   c.eval = ml_collections.ConfigDict({
       "personal": False,
-      # "test": the test split dealt out to the clients in their training
-      # label proportions (partition.personal_test_split; the training data
-      # unchanged); "client": test_fraction of each client's own examples,
-      # per class (partition.stratified_split; the client trains on the
-      # rest). Both drawn from data.seed.
+      # "test": the test split dealt out in the clients' label proportions
+      # (partition.personal_test_split); "client": test_fraction of each
+      # client's own examples per class, trained on the rest
+      # (partition.stratified_split). Both drawn from data.seed.
       "split": "test",
       "test_fraction": 0.2,
-      # > 0: each client first makes this many local steps (client.batch_size,
-      # client.optimizer and lr) on its training data from its model, the
-      # "fine-tuned" score of FL-bench and pfl-research.
+      # > 0: each client first makes this many local steps (client.*) on its
+      # data, the "fine-tuned" score of FL-bench and pfl-research.
       "finetune_steps": 0,
       "batch_size": 500,  # test examples per evaluated batch of a client
   })
-  # Privacy audits of what the server kept (fedjax_dd.audit.workdir,
-  # docs/privacy.md): with enabled, a FedD3 run audits its clients' uploads
-  # and a rounds run (runner federated) its final global model once the run
-  # ends, writing DIR/audit.json and its headline figures to
-  # summary.json["audit"]; `python -m fedjax_dd.experiments.audit
-  # --workdir=DIR` audits a finished run. Not part of the run's identity.
+  # Privacy audits of what the server kept (audit.workdir, docs/privacy.md),
+  # run after a run with enabled, or on a finished one by `python -m
+  # fedjax_dd.experiments.audit --workdir=DIR`; writes DIR/audit.json and
+  # summary.json["audit"]. Not part of the run's identity.
   c.audit = ml_collections.ConfigDict({
       "enabled": False,
-      # The attacker's population data: this many test-split examples, drawn
-      # from data.seed's audit stream; 0: the whole test split. Not a slice
-      # of the training split, which would change the partition and the run.
+      # The attacker's population data: this many test examples (data.seed's
+      # audit stream; 0: all), not training ones, which would change the run.
       "holdout": 0,
       # dB at or above which a client image counts as reconstructed.
       "psnr_threshold": 30.0,
       # The false-positive rates of the reported TPRs (Carlini et al. 2022).
       "fprs": (0.01, 0.001),
-      # A rounds run also audits each client's upload: FedAvg's local
-      # training from the final global model (from the initial model in a
-      # one-round run), as the server receives it.
+      # A rounds run also audits each client's upload: FedAvg's local training
+      # from the final global model (one-round run: the initial one).
       "client_uploads": True,
-      # > 0: offline LiRA with this many OUT shadows (>= 2) trained on the
-      # test examples outside the holdout, beside the loss threshold (rounds
-      # runs: the global model and the client uploads; one-shot runs: the
-      # client models).
+      # > 0: offline LiRA with this many OUT shadows (>= 2) trained on test
+      # examples outside the holdout, beside the loss threshold (model
+      # uploads and the global model).
       "lira_shadows": 0,
       # Test examples of the shadow pool; 0: all outside the holdout.
       "lira_pool": 0,
@@ -294,10 +261,8 @@ KIP_OPTION_KEYS = ("lr", "max_iterations", "target_batch_size", "reg",
                    "clip_pixels", "client_normalization", "stop_accuracy",
                    "min_iterations", "segment_iterations", "dp_clip",
                    "dp_noise_multiplier")
-# kip.kernel_impl's default: the native kernels (fedjax_dd.kernels.native;
-# equal to neural-tangents' to rounding, and fedd3.py:mnist_noniid_kip moved
-# within seed noise: experiments/results/fedd3_presets.md); "neural_tangents"
-# needs that package.
+# kip.kernel_impl's default: the native kernels (fedjax_dd.kernels.native),
+# equal to neural-tangents' to rounding and needing no extra package.
 DEFAULT_KERNEL_IMPL = "native"
 
 
@@ -308,17 +273,14 @@ def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
 
   ``kip.<name>`` for every field of ``fedjax_dd.distill.kip.KipOptions``
   (FedD3 App. C / HFLDD Sec. V-A: Adam lr 0.004, target batches of 10,
-  ``lambda = 1e-6``, fixed labels) and the kernel: ``kip.kernel`` (fc |
-  conv), ``kip.kernel_depth`` (0: the kernel's default, FC 4 / conv 3),
-  ``kip.kernel_kind`` (ntk | nngp), ``kip.kernel_batch`` (> 0: blocks of
-  that many images when evaluating KRR, FedD3's quantisation check),
-  ``kip.kernel_impl`` (neural_tangents | native: which implementation of
-  the same kernel computes it; :data:`DEFAULT_KERNEL_IMPL`).
-  ``kip.stop_accuracy`` None runs a fixed budget of ``kip.max_iterations``.
-  ``kip.dp_clip`` > 0 runs DP-KIP (``fedjax_dd.distill.kip``: per-example
-  clipping to that norm, Gaussian noise of ``kip.dp_noise_multiplier``
-  times it, a fixed budget); ``summary.json`` then reports its epsilon at
-  ``kip.dp_delta``.
+  ``lambda = 1e-6``, fixed labels) and the kernel: ``kernel`` (fc | conv),
+  ``kernel_depth`` (0: the default, FC 4 / conv 3), ``kernel_kind`` (ntk |
+  nngp), ``kernel_batch`` (> 0: KRR evaluation in blocks of that many
+  images), ``kernel_impl`` (:data:`DEFAULT_KERNEL_IMPL`). ``stop_accuracy``
+  None runs a fixed budget of ``max_iterations``. ``dp_clip`` > 0 runs
+  DP-KIP (per-example clipping to that norm, Gaussian noise of
+  ``dp_noise_multiplier`` times it), whose epsilon at ``dp_delta``
+  ``summary.json`` reports.
   """
   from fedjax_dd.distill.kip import KipOptions  # pylint: disable=g-import-not-at-top
   from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
@@ -344,118 +306,75 @@ def kip(c: ml_collections.ConfigDict, *, max_iterations: int,
 
 
 def fedd3(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds the ``fedd3`` group: what each FedD3 client uploads."""
-  c.fedd3 = ml_collections.ConfigDict({
-      "distiller": "kip",  # kip | gmm | random
-      # The upload budget of every distiller (KIP, GMM and the random
-      # control): images per class per client.
-      "images_per_class": 1,
-      "allow_raw_upload": False,
-      # Workdir of another run: train on its cached distilled set (its
-      # workdir/stages/distilled) instead of distilling (server-side
-      # variants; refused if its distillation settings differ).
-      "distilled_from": "",
-      # Send KIP's support as float32 pixels (32 bits per pixel channel,
-      # FedD3's code) instead of uint8 (8 bits, the paper's count); the
-      # one-shot method only.
-      "float_upload": False,
-  })
+  """Adds the ``fedd3`` group (what each FedD3 client uploads): one key per
+  field of :class:`fedjax_dd.experiments.run_fedd3.FedD3Options`."""
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments.run_fedd3 import FedD3Options  # pylint: disable=g-import-not-at-top
+  c.fedd3 = registry.hparams_group(FedD3Options)
   return c
 
 
-# Keys of the ``hfldd`` group used only by stage 5 (the members' uploads,
-# which FedSeq does not have) and only by FedSeq's grouping.
-MEMBER_STAGE_KEYS = ("member_data", "support_size", "sent_label_bits",
-                     "allow_raw_upload")
-FEDSEQ_KEYS = ("num_groups", "group_by_similarity", "fedseq_traffic")
+def _hfldd_classes():
+  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments.run_fedseq import FedSeqOptions
+  from fedjax_dd.experiments.run_hfldd import HFLDDOptions
+  return HFLDDOptions, FedSeqOptions
+
+
+def hfldd_only_keys() -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """The ``hfldd`` keys only HFLDD reads (stage 5, the members' uploads) and
+  those only FedSeq reads (its grouping)."""
+  hfldd_fields, fedseq_fields = (
+      [f.name for f in dataclasses.fields(cls)] for cls in _hfldd_classes())
+  return (tuple(k for k in hfldd_fields if k not in fedseq_fields),
+          tuple(k for k in fedseq_fields if k not in hfldd_fields))
 
 
 def hfldd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds the ``hfldd`` group: HFLDD's stages and FedSeq's (its baseline).
+  """Adds the ``hfldd`` group: the fields of
+  :class:`~fedjax_dd.experiments.run_hfldd.HFLDDOptions` and of
+  :class:`~fedjax_dd.experiments.run_fedseq.FedSeqOptions` (its baseline).
 
-  A config keeps the keys its runner reads: HFLDD's presets drop
-  :data:`FEDSEQ_KEYS`, FedSeq's :data:`MEMBER_STAGE_KEYS` (and ``kip``).
+  A config keeps the keys its runner reads: HFLDD's presets drop FedSeq's
+  own keys, FedSeq's HFLDD's (and ``kip``); :func:`hfldd_only_keys`.
   """
-  c.hfldd = ml_collections.ConfigDict({
-      # Stages 1-2: label knowledge on data.aux_* and KMeans into K clusters.
-      "num_homogeneous": 10,  # K
-      "kmeans_n_init": 10,
-      # Stage 5: what members send: "kip" (HFLDD), "random" (support_size
-      # random raw samples, the control) or "raw" (all raw data, w/o DD).
-      "member_data": "kip",
-      "support_size": 400,  # |D~_i|: images per member (kip and random)
-      # Send KIP images byte-identical to a raw image of their member (a
-      # short KIP budget); False refuses them, as fedd3.allow_raw_upload.
-      "allow_raw_upload": False,
-      # Bits per label entry of the uploads; -1: what is sent (32 for learned
-      # KIP labels, 0 for fixed ones, which Eq. 18 leaves out).
-      "sent_label_bits": -1,
-      # FedSeq: O superclients (J = data.num_clients / O), grouped across the
-      # homogeneous clusters (else at random); traffic "eq19" (HFLDD Eq. 19
-      # as printed, J transfers per superclient and round) or "physical" (the
-      # J - 1 hand-offs the ring makes).
-      "num_groups": 10,
-      "group_by_similarity": True,
-      "fedseq_traffic": "eq19",
-  })
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
+  hfldd_cls, fedseq_cls = _hfldd_classes()
+  c.hfldd = registry.hparams_group(hfldd_cls)
+  c.hfldd.update(registry.hparams_group(fedseq_cls))
   return c
 
 
 def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Adds the ``dfkd`` group: the one-shot server stage (FedHydra's CPU scale).
 
-  Generator and synthesis (FedHydra, DENSE), the student, FedHydra's
+  One key per field of :class:`fedjax_dd.distill.dfkd.DFKDHyperParams`
+  (``batch_size`` is ``synthetic_batch_size``; ``pool_size`` 0 keeps every
+  epoch's batch), and the generator, the student, FedHydra's
   stratification and aggregation, and FedDF's public-set distillation.
   """
-  c.dfkd = ml_collections.ConfigDict({
+  from fedjax_dd.distill.dfkd import DFKDHyperParams  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
+  # 40 student steps per epoch: one pass over the pool (0, the reference's)
+  # leaves the student at chance in 40 epochs (see
+  # experiments/results/fedhydra_cpu_presets.md).
+  c.dfkd = registry.hparams_group(DFKDHyperParams, exclude=("batch_size",),
+                                  student_steps=40, pool_size=0)
+  c.dfkd.update({
       "nz": 100,
       "ngf": 32,
       "synthetic_batch_size": 64,
-      "generator_steps": 30,  # T_G of HASA.
-      # Student steps per epoch (0: one pass over the pool, as the reference
-      # code does with 200 epochs of batch 256). At the CPU scale one pass
-      # gives only Σ_e e = 820 steps of 64 images over 40 epochs, too few
-      # for the student to leave chance; 40 steps per epoch do
-      # (experiments/results/fedhydra_cpu_presets.md, "From the comments of
-      # the configs").
-      "student_steps": 40,
-      "pool_size": 0,  # 0: keep every epoch's batch (pool of distill_epochs).
       "distill_epochs": 40,  # T_g.
-      # The synthesis loop (fedjax_dd.distill.dfkd.PROTOCOLS): "dense"
-      # (DENSE's released code, which FedHydra's extends; the keys below
-      # from reset_generator to augment_flip, pool_size and student_steps
-      # as set) or "paper" (FedHydra's Alg. 1 as printed: one generator
-      # initialised once, fixed noise, one student step per epoch on the
-      # epoch's batch, no pool, L_AD on every sample, student SGD without
-      # momentum; those keys and student_momentum are then not read).
-      "protocol": "dense",
-      # Synthesis protocol of the authors' released code (dfkd module
-      # docstring).
+      # The generator's Adam (the authors' code).
       "generator_lr": 1e-3,
       "generator_b1": 0.5,
-      "reset_generator": True,
-      "learn_noise": True,
-      "keep_best": True,
-      "adv_mask": "disagree",  # disagree | agree | none
-      # DENSE's code augments the generator's images before the teachers
-      # (random shift with zero fill, mirror); 0 / False: the papers' text.
-      "augment_shift": 0,
-      "augment_flip": False,
-      "lambda_bn": 1.0,
-      "lambda_adv": 1.0,  # FedHydra's λ2; dense.py sets DENSE's own.
-      "beta": 1.0,
-      "temperature": 1.0,
-      # T of L_AD alone (0: temperature); DENSE's code: 1 with its T = 20.
-      "adv_temperature": 0.0,
       "stratify_steps": 30,  # T_G of Alg. 2.
       "stratify_batch_size": 16,
       # sa | ae | sa_predicted (Eq. 10's rows by the plain average's
       # prediction instead of the target label; stratify.py says why).
       "aggregation": "sa",
       # Multiply U_c by c so that SA with uninformative U equals AE instead
-      # of AE / c (stratify.sa_context). False: Eqs. 6-11 literally (a
-      # student far below AE's on mnist_a0.5 at the CPU scale:
-      # experiments/results/fedhydra_cpu_presets.md).
+      # of AE / c (stratify.sa_context); False: Eqs. 6-11 literally.
       "sa_average_scale": True,
       # Paper: student SGD lr 0.01 (momentum unstated); 0.9 is the reference
       # code's KD optimiser (fedhydra.py's docstring).
@@ -468,23 +387,17 @@ def dfkd(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def coboosting(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds the ``coboosting`` group: Co-Boosting's own settings
-  (:class:`fedjax_dd.algorithms.coboosting.CoBoostingHyperParams`; defaults
-  from the authors' code). Generator, batch, pool, epochs and the student's
-  learning rate and momentum come from the ``dfkd`` group, as for DENSE."""
-  c.coboosting = ml_collections.ConfigDict({
-      "hardness": 1.0,  # gamma of L_H (--hs)
-      "lambda_hard": 1.0,  # --ohg
-      "lambda_adv": 1.0,  # beta (--adv)
-      "lambda_bn": 0.0,  # --bn
-      "adv_temperature": 3.0,
-      "temperature": 4.0,  # --kd_T
-      "perturb_temperature": 4.0,
-      "epsilon": 8.0 / 255.0,  # --odseta, on [0, 1] images here
-      "weight_lr": 0.01,  # mu (--mu)
-      "weight_decay": 0.99,  # mu's decay per epoch (--wdc)
-      "weight_passes": 1,  # --wa_steps
-      "generator_clip": 10.0,
+  """Adds the ``coboosting`` group: one key per field of
+  :class:`fedjax_dd.algorithms.coboosting.CoBoostingHyperParams` (defaults
+  from the authors' code) but the batch, step counts, pool and epochs, which
+  come from the ``dfkd`` group as for DENSE; and the student's optimiser."""
+  from fedjax_dd.algorithms.coboosting import CoBoostingHyperParams  # pylint: disable=g-import-not-at-top
+  from fedjax_dd.experiments import registry  # pylint: disable=g-import-not-at-top
+  c.coboosting = registry.hparams_group(
+      CoBoostingHyperParams, exclude=("batch_size", "generator_steps",
+                                      "student_steps", "pool_size",
+                                      "num_epochs"))
+  c.coboosting.update({
       "student_weight_decay": 1e-4,
       "student_clip": 10.0,
       "cosine": True,  # cosine learning-rate schedule over the epochs
@@ -536,30 +449,24 @@ def disue_protocol(c: ml_collections.ConfigDict, *, dataset: str,
 # key (a dotted path; a group stands for all its keys). A fingerprint is
 # ``{path: value}`` (``fedjax_dd.experiments.common.fingerprint``):
 #
-# * ``run``: ``config.json``, checked on every resume (a resumed run must be
-#   the same experiment): every key except those marked ``-run``, which
-#   decide how long and how a run goes (rounds, evaluation, checkpoints,
-#   logging, budget; the client backend, which gives the same results, and
-#   the convolution formulation, equal to rounding), where the TFDS copy
-#   sits, or only document it. The paths server.teachers_from and
-#   fedd3.distilled_from stay in: their contents change the results;
+# * ``run``: ``config.json``, checked on every resume: every key except
+#   those marked ``-run``, which decide how long and how a run goes (rounds,
+#   evaluation, checkpoints, logging, budget, the client backend and the
+#   convolution form, which give the same results), where the data sits, or
+#   only document it. server.teachers_from and fedd3.distilled_from stay in:
+#   their contents change the results;
 # * ``hfldd_stages``: HFLDD's cached stages 1-3: every key except those
-#   marked ``-hfldd_stages``, which change only the heads' rounds (their
-#   local training and sampling; pre-training has its own keys), the
-#   summary (GCE, label bits charged) or which implementation computes the
-#   same KIP kernel;
-# * ``fedd3_distill``: FedD3's cached distilled set (the upload): only the
-#   keys marked ``+fedd3_distill`` (KIP's segment length only paces progress
-#   reports and kip.kernel_impl only picks the implementation of the same
-#   kernel, so neither is);
+#   marked ``-hfldd_stages`` (the heads' rounds, the summary, the KIP kernel
+#   implementation);
+# * ``fedd3_distill``: FedD3's cached upload: only ``+fedd3_distill`` keys
+#   (not KIP's segment length nor kip.kernel_impl, which leave it as is);
 # * ``client_protocol``: the one-shot runner's round-1 client models
-#   (``server.teachers_from`` reuses them): only ``+client_protocol`` keys,
+#   (reused by ``server.teachers_from``): ``+client_protocol`` keys, and
 #   ``+client_protocol?COND`` ones when :data:`FINGERPRINT_CONDITIONS`
-#   ``[COND]`` holds (a homogeneous protocol does not depend on how "every
-#   client uses model.name" is spelled, nor an unresized one on the resize
-#   method), so older runs' clients stay reusable;
-# * ``server_setup``: the one-shot runner's checkpointed server setup (FedHydra's
-#   stratification): only ``+server_setup`` keys.
+#   ``[COND]`` holds (a homogeneous protocol does not depend on how
+#   client_models is spelled, nor an unresized one on the resize method);
+# * ``server_setup``: the one-shot runner's checkpointed server setup
+#   (FedHydra's stratification): only ``+server_setup`` keys.
 _RUN_ONLY = ("-run", "-hfldd_stages")
 _UPLOAD = ("+fedd3_distill", "+client_protocol")
 _CLIENTS = ("-hfldd_stages", "+client_protocol")
@@ -575,9 +482,8 @@ FINGERPRINT_RULES: dict[str, tuple[str, ...]] = {
     "start_order": _RUN_ONLY,
     "audit": _RUN_ONLY,  # reads a finished run, changes none of it
     "model.conv_impl": _RUN_ONLY,
-    # Personalized evaluation is part of a run (its rows depend on it, and
-    # with eval.split=client the clients' training data); HFLDD's cached
-    # stages do not read it; its batch only paces the evaluation.
+    # Part of a run (its rows, with eval.split=client the training data);
+    # HFLDD's cached stages do not read it; its batch only paces it.
     "eval": ("-hfldd_stages",),
     "eval.batch_size": _RUN_ONLY,
     # Another compute dtype on a resume is named (environment.json), not

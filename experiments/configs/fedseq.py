@@ -1,22 +1,20 @@
 r"""FedSeq: O superclients of J clients, sequential ring training inside each.
 
-The HFLDD baseline (Eq. 19 traffic). Superclients mix the homogeneous
-clusters found from label knowledge (as in FedSeq, which groups clients by a
-pretrained model's view of their data) unless
-``hfldd.group_by_similarity=False``, which groups at random.
+The HFLDD baseline. Superclients mix the homogeneous clusters found from
+label knowledge (as FedSeq groups clients by a pretrained model's view of
+their data) unless ``hfldd.group_by_similarity=False`` (random groups).
 
   fedjax-dd --config=experiments/configs/fedseq.py:mnist_c1 --workdir=/tmp/s1
     MNIST, 100 clients, C=1, 10 superclients of 10, LeNet-5, E=2, B=32,
     SGD lr 0.01.
   ...fedseq.py:mnist_c2 / mnist_c10 / cifar10_c1 / cifar10_c2
   ...fedseq.py:<preset>_paper  the paper's protocol (T = 300, 80/20
-    re-split); ``<preset>_gpu`` is its former name, the same config.
+    re-split); ``<preset>_gpu`` is an alias.
   ...fedseq.py:smoke    digits, for tests.
 
-Partitions are those of ``hfldd.py`` (balanced). Traffic is HFLDD Eq. 19 as
-printed, ``O |w| B1 ((2T - 1) + T J)``;
-``--config.hfldd.fedseq_traffic=physical`` counts the ``J - 1`` hand-offs per
-round that the ring makes instead.
+Partitions are those of ``hfldd.py``. Traffic is HFLDD Eq. 19 as printed,
+``O |w| B1 ((2T - 1) + T J)``; ``--config.hfldd.fedseq_traffic=physical``
+counts the ring's ``J - 1`` hand-offs per round instead.
 """
 
 from fedjax_dd.experiments.configs import base as base_lib
@@ -28,9 +26,8 @@ def get_config(arg: str = "mnist_c1"):
   # Stage 5 of the HFLDD presets (the members' uploads and their KIP);
   # FedSeq has no member stage.
   del c.kip
-  for key in base_lib.MEMBER_STAGE_KEYS:
+  for key in base_lib.hfldd_only_keys()[0]:
     del c.hfldd[key]
-  # O superclients, J = data.num_clients / O; grouped by similarity, Eq. 19
-  # traffic (base.hfldd).
+  # O superclients, J = data.num_clients / O.
   c.hfldd.num_groups = 5 if arg == "smoke" else 10
   return c

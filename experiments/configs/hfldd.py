@@ -1,35 +1,26 @@
 """HFLDD (Shi et al., 2024): label knowledge, clustering, KIP, FedAvg on heads.
 
-Presets (``BASES`` x suffix):
-
-  ...hfldd.py:mnist_c1 / mnist_c2 / mnist_c10   MNIST, 100 clients, C classes
-    per client (balanced), K = 10, LeNet-5, |D~_i| = 400, D_g = 1,000
-    Fashion-MNIST images.
+  fedjax-dd --config=experiments/configs/hfldd.py:mnist_c1 --workdir=/tmp/h1
+    MNIST, 100 clients, C classes per client (balanced; also mnist_c2,
+    mnist_c10), K = 10, LeNet-5, |D~_i| = 400, D_g = 1,000 Fashion-MNIST
+    images.
   ...hfldd.py:cifar10_c1 / cifar10_c2   CIFAR-10, HFLDD CIFAR CNN, D_g = 1,000
     Tiny-ImageNet images; as many rounds as fit
     ``--config.run.max_wall_seconds=S`` (a rerun resumes).
   ...hfldd.py:smoke        sklearn digits, 20 clients, 2 rounds, for tests.
   ``<preset>_paper``       the paper's protocol (Sec. VI-A): KIP for 3,000
-    iterations per member, T = 300 rounds, the 80 % / 20 % re-split of the
-    pooled dataset; not GPU-only (a CPU runs it; the KIP budget's cost is
-    in the results file below). Not yet measured.
-  ``<preset>_gpu``         the former name of ``<preset>_paper``: the same
-    config.
-  ...hfldd.py:smoke_paper  the smoke run with the paper's re-split (its KIP
-    budget and rounds stay the smoke's), for tests.
+    iterations per member, T = 300 rounds, the 80 % / 20 % re-split;
+    ``<preset>_gpu`` is an alias. ``smoke_paper`` keeps the smoke's KIP
+    budget and rounds.
 
 Members' data (``hfldd.member_data``): ``"kip"`` (HFLDD), ``"random"``
 (``hfldd_random.py``) or ``"raw"`` (``hfldd_wodd.py``). KIP runs a fixed
-budget (``kip.max_iterations``; no accuracy stop, as the paper): the CPU
-presets use ``CPU_KIP_ITERATIONS`` = 100, from which no upload is
-byte-identical to a raw image. Sweeps: ``--config.hfldd.num_homogeneous=K``,
-``--config.hfldd.support_size``, ``--config.kip.max_iterations``,
-``--config.data.partition.num_classes_per_client``,
-``--config.data.partition.style=hfldd`` (the earlier uneven split).
+budget (``kip.max_iterations``; no accuracy stop, as the paper), on CPU
+``CPU_KIP_ITERATIONS``, from which no upload is byte-identical to a raw
+image.
 
 Expected: test accuracy about 0.97 after round 7 (mnist_c1,
-``--config.rounds=7 --seeds=0,1,2``: 0.9680 ± 0.0017); the KIP budget
-timings, every measured figure and the discussion are in
+``--config.rounds=7 --seeds=0,1,2``); see
 experiments/results/hfldd_mnist_presets.md.
 """
 
@@ -47,7 +38,7 @@ PAPER_RESPLIT = 0.8
 BASES = ("smoke", "mnist_c1", "mnist_c2", "mnist_c10", "cifar10_c1",
          "cifar10_c2")
 PAPER_PRESETS = tuple(f"{b}_paper" for b in BASES)
-# The _paper presets' former names, kept as aliases of the same configs.
+# Aliases of the _paper presets (their former names).
 GPU_ALIASES = tuple(f"{b}_gpu" for b in BASES if b != "smoke")
 PRESETS = BASES + PAPER_PRESETS + GPU_ALIASES
 MEMBER_DATA = ("kip", "random", "raw")
@@ -69,7 +60,7 @@ def hfldd_preset(arg: str, *, method: str = "hfldd",
   c = shared_preset(arg, method=method, runner="hfldd")
   c.hfldd.member_data = member_data
   # FedSeq's grouping keys; HFLDD has no superclients.
-  for key in base_lib.FEDSEQ_KEYS:
+  for key in base_lib.hfldd_only_keys()[1]:
     del c.hfldd[key]
   return c
 
@@ -92,9 +83,8 @@ def shared_preset(arg: str, *, method: str, runner: str):
     c.data.aux_size = 50
     c.hfldd.support_size = 20
     kip_iterations, kip_segment = 4, 2
-    # Four KIP iterations move some images by less than a grey level (2 of
-    # the uploads are byte-identical to raw images): a test preset accepts
-    # that, with a warning; the others keep the guard's refusal.
+    # Four KIP iterations leave some uploads byte-identical to raw images:
+    # a test preset accepts that, with a warning.
     c.hfldd.allow_raw_upload = True
     c.client.pretrain_steps = 3
   else:
@@ -125,16 +115,12 @@ def shared_preset(arg: str, *, method: str, runner: str):
     if name != "smoke":
       kip_iterations, kip_segment = PAPER_KIP_ITERATIONS, 100
       c.rounds = PAPER_ROUNDS
-  # Stage 1: label knowledge (pretrain_steps of batch 64, SGD lr 0.01 =
-  # client.lr; client.pretrain_epochs > 0 overrides the steps).
-  # Stage 5: IID dataset generation (hfldd.member_data).
-  # KIP (member_data="kip", base.kip): a fixed budget of kip.max_iterations,
-  # no early stop; FC NTK (kip.kernel_depth 0: the kernel's default depth,
-  # FC 4, conv 3).
+  # Stage 1: label knowledge (pretrain_steps of batch 64, SGD lr client.lr).
+  # Stage 5: IID dataset generation (hfldd.member_data); KIP: a fixed budget
+  # of kip.max_iterations, no early stop, FC NTK of the default depth.
   base_lib.kip(c, max_iterations=kip_iterations, stop_accuracy=None,
                segment_iterations=kip_segment)
-  # Stage 6: FedAvg among heads, E2 epochs (client.local_steps > 0
-  # overrides), SGD lr 0.01.
+  # Stage 6: FedAvg among heads, E = 2 epochs, SGD lr 0.01.
   c.client.local_epochs = 2.0
   c.client.lr = 0.01
   return c

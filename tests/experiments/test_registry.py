@@ -399,6 +399,23 @@ def test_a_method_check_runs_before_the_data_loads():
     registry.build_rounds(c, training=None)
 
 
+def test_a_group_leaves_out_derived_fields_and_takes_its_own_defaults():
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  @dataclasses.dataclass(frozen=True)
+  class Opt:
+    batch_size: int = 128
+    steps: int = 0
+    lr: float = 0.1
+
+  group = registry.hparams_group(Opt, exclude=("batch_size",), steps=40)
+  assert group.to_dict() == {"steps": 40, "lr": 0.1}
+  with pytest.raises(ValueError, match=r"no fields \['size'\]"):
+    registry.hparams_group(Opt, exclude=("size",))
+  with pytest.raises(ValueError, match=r"no fields \['step'\]"):
+    registry.hparams_group(Opt, step=3)
+
+
 def test_an_optional_field_is_a_typed_placeholder_the_cli_can_set(tmp_path):
   import dataclasses  # pylint: disable=g-import-not-at-top
 
