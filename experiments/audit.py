@@ -1,22 +1,12 @@
 """Privacy audits of a run: ``--config.audit.enabled=True``, or afterwards.
 
-The command: the attacks and their summary are
-:mod:`fedjax_dd.audit.workdir`, the runners' glue to them
-:mod:`fedjax_dd.experiments.auditing`; this module rebuilds what they
-compare against from a finished run's config, as its runner built it (the
-clients' data, the attacker's holdout from the test split, a rounds run's
-algorithm), and writes ``WORKDIR/audit.json``:
-
-* runner ``fedd3``: the clients' uploads from the stage cache (the run's
-  own, or ``fedd3.distilled_from``'s);
-* runner ``federated``: the final global model from ``WORKDIR/checkpoints``;
-* runner ``hfldd``: what each member sent its head and the heads' final
-  model;
-* runner ``fedhydra`` (the one-shot runner): each client's uploaded model
-  and the final global model, by resuming the finished run with the audit
-  on (every stage restores; nothing trains again).
-
-A finished workdir is audited from its ``summary.json``'s config::
+The command: the attacks are :mod:`fedjax_dd.audit.workdir`, the runners'
+glue to them :mod:`fedjax_dd.experiments.auditing` (one audit per runner,
+``AUDITS``); this module rebuilds what they compare against from a finished
+run's config, as its runner built it, and writes ``WORKDIR/audit.json``. A
+one-shot run is audited by resuming it with the audit on (every stage
+restores; nothing trains again). A finished workdir is audited from its
+``summary.json``'s config::
 
   python -m fedjax_dd.experiments.audit --workdir=DIR
   fedjax-dd-audit --workdir=DIR --holdout=200

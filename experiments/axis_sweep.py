@@ -1,14 +1,11 @@
 """``--seeds=... --config.engine.run_axis=True``: a seed sweep as one program.
 
-Glue from a ``federated`` config and its seeds (and ``--grid`` cells) to
-:func:`fedjax_dd.core.run_grid.fit_grid` (the runs of
-:func:`fedjax_dd.core.run_axis.fit_runs`): how one seed's partition is
-built (``data.seed = seed``), how one run's algorithm is built (the
-method's builder of :mod:`fedjax_dd.experiments.registry`, reading the
-cell's traced value from its config, :func:`traced_config`), and what one
-run writes: its ``summary.json`` and ``command.txt`` in ``WORKDIR/seed_S``
-and the sweep's report, as the process-per-seed sweep
-(:func:`fedjax_dd.experiments.sweep.run_seeds`) writes them, so
+Glue from a ``federated`` config, its seeds and ``--grid`` cells to
+:func:`fedjax_dd.core.run_grid.fit_grid`: each seed's partition
+(``data.seed = seed``), each run's algorithm (the method's registry builder,
+reading the cell's traced value, :func:`traced_config`), and each run's
+``summary.json`` and ``command.txt`` in ``WORKDIR/seed_S`` with the sweep's
+report, as :func:`fedjax_dd.experiments.sweep.run_seeds` writes them, so
 ``fedjax-dd-sweep`` reads both alike::
 
   fedjax-dd --config=experiments/configs/fedavg.py:smoke --workdir=/tmp/sw \

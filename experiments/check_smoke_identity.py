@@ -5,25 +5,22 @@ into a dataclass) is checked by running the presets on the tree before it
 and on the tree after, and comparing ``metrics.jsonl`` and ``summary.json``
 field by field::
 
-  python -m fedjax_dd.experiments.check_smoke_identity --base=167b583 \
+  python -m fedjax_dd.experiments.check_smoke_identity --base=COMMIT \
       --out=workdir/identity --presets=fedavg,disue
 
 ``--base=COMMIT`` runs the presets on that commit's tree (``git archive`` of
 this checkout, laid out as the installed package under
 ``OUT/_base_COMMIT``; runs already there are reused) and the current tree
 into ``OUT/<preset>``. A preset ``NAME:ARG`` runs config ``NAME`` with the
-argument ``ARG`` instead of ``smoke`` (``ifca:smoke+iga``). ``--reference=DIR`` compares with runs made earlier
-instead. Without ``--presets`` every config with a ``smoke`` preset runs
-(``ALL_PRESETS``, about half an hour on two cores).
+argument ``ARG`` instead of ``smoke`` (``ifca:smoke+iga``).
+``--reference=DIR`` compares with runs made earlier instead. Without
+``--presets`` every config with a ``smoke`` preset runs (``ALL_PRESETS``).
 
 Fields that differ between two runs of the same code are left out
-(:func:`varies`): wall-clock seconds and the environment record, and what
-a run was given rather than computed (its config, which gains each new
-setting's default, and the commit that ran it); the run's
-own directory in a path (HFLDD's figure) reads ``<workdir>``. Every other
-value, floats included, must be equal as written (JSON floats are written
-with ``repr`` and read back exactly). Exit status 1 names each preset and
-the first field that differs.
+(:func:`varies`), and the run's own directory in a path reads
+``<workdir>``. Every other value, floats included, must be equal as written
+(JSON floats are written with ``repr`` and read back exactly). Exit status 1
+names each preset and the first field that differs.
 """
 
 from __future__ import annotations

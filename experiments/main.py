@@ -24,18 +24,10 @@ setting as ``--config.<group>.<key>=VALUE`` (``--config.client.lr=0.1``,
 one.
 
 ``--seeds=0,1,2`` runs the config once per seed (``seed`` and ``data.seed``
-both set to it) in ``DIR/seed_<S>`` and writes ``DIR/sweep.md``,
-``DIR/sweep.json`` and ``DIR/sweep_curves.png`` (mean ± sd over the seeds);
-see ``fedjax_dd.experiments.sweep``::
-
-  fedjax-dd --config=experiments/configs/fedavg.py:smoke --workdir=/tmp/sw \
-      --seeds=0,1,2
-
-With ``--config.engine.run_axis=True`` (runner ``federated``) the seeds run
-in this process as one program per round on a vmapped run axis
-(``fedjax_dd.experiments.axis_sweep``, ``fedjax_dd.core.run_axis``), with one
-checkpoint of all of them in ``DIR/checkpoints`` and the same ``seed_<S>``
-layout and report.
+both set to it) in ``DIR/seed_<S>`` and writes a mean ± sd report
+(``fedjax_dd.experiments.sweep``); with ``--config.engine.run_axis=True``
+the seeds run in this process as one program on a vmapped run axis
+(``fedjax_dd.experiments.axis_sweep``).
 """
 
 from __future__ import annotations
@@ -265,11 +257,9 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   """absl's flag parsing; an unknown ``--config.<key>`` is a usage error.
 
   ``-h`` / ``--help`` print :func:`usage` and exit 0 (absl's short help
-  names none of this command's flags and exits 1).
-
-  ml_collections raises an AttributeError (with a traceback) for an override
-  of a key the config lacks; this exits with one line naming the nearest
-  valid key instead, as absl does for a flags error.
+  names none of this command's flags and exits 1). An override of a key
+  the config lacks exits with one line naming the nearest valid key,
+  instead of ml_collections' AttributeError traceback.
   """
   if any(arg in HELP_FLAGS for arg in argv[1:]):
     sys.stdout.write(usage())
@@ -394,10 +384,10 @@ def disk_full_message(workdir: str, error: BaseException) -> str:
 def _exit_interrupted(message: str) -> None:
   """Prints ``message`` and exits with :data:`EXIT_INTERRUPTED` at once.
 
-  ``os._exit`` skips the interpreter's teardown: JAX's and Orbax's exit
-  handlers wait for work nobody needs any more (seconds). Checkpoints are
-  written blocking and committed by a marker, so nothing half-saved is
-  trusted on resume.
+  ``os._exit`` skips the interpreter's teardown, whose JAX and Orbax exit
+  handlers wait for work nobody needs any more. Checkpoints are written
+  blocking and committed by a marker, so nothing half-saved is trusted on
+  resume.
   """
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C: same end
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -517,11 +507,9 @@ def main(argv):
                                      defaults=_preset_fingerprint())
     except workdir_lib.FingerprintMismatchError as e:
       raise app.UsageError(str(e)) from None
-    # Another device count, jax, layer form (model.conv_impl) or compute
-    # dtype is allowed on a resume, but not bit-identical: one warning,
-    # before the data loads.
-    # JAX_ENABLE_X64 changes the numbers themselves: recorded, said once,
-    # and a resume that mixes the two modes is refused.
+    # Another device count, jax, layer form or compute dtype is allowed on
+    # a resume, but not bit-identical: one warning, before the data loads.
+    # A resume that mixes JAX_ENABLE_X64 modes is refused.
     try:
       workdir_lib.record_environment(
           _WORKDIR.value,
@@ -542,9 +530,8 @@ def main(argv):
           loop_lib.ResumeRefusedError, common.InputError,
           stage_cache_lib.StaleStageError, checks_lib.SettingError,
           server_lib.TeachersFromError) as e:
-    # One line, not a traceback: the message says which step (or which
-    # input the data cannot serve), why and what to change; the exit status
-    # says the run failed.
+    # One line, not a traceback: the message says which step failed, why
+    # and what to change.
     sys.stderr.write(f"FATAL {e}\n")
     sys.exit(1)
   except (OSError, ValueError) as e:

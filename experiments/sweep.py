@@ -12,18 +12,12 @@ Seed ``S`` runs in ``/tmp/sw/seed_S`` exactly as the command written to
   fedjax-dd --config=experiments/configs/fedavg.py:smoke \
       --workdir=/tmp/sw/seed_S --config.seed=S --config.data.seed=S
 
-so it resumes from its checkpoints like any run, and a seed whose
-``summary.json`` was written under the same config (and not cut short by
-``run.max_wall_seconds``) is not run again. Then ``/tmp/sw/sweep.md``,
-``sweep.json`` (mean ± sd of final/best test accuracy, traffic and wall time,
-the per-seed values and commands, the averaged curves) and
-``sweep_curves.png`` (accuracy against round and against bytes sent, mean ±
-sd band) are written.
-
-``--seeds`` runs each seed as its own process, so every seed's
-``wall_seconds`` includes its own compilation, as a single run's does. A
-seed resumed from a checkpoint reports the wall time of its last invocation
-(as any resumed run's ``summary.json`` does).
+so it resumes from its checkpoints like any run, and a seed finished under
+the same config (not cut short by ``run.max_wall_seconds``) is not run
+again. Then ``/tmp/sw/sweep.md``, ``sweep.json`` (mean ± sd of final/best
+test accuracy, traffic and wall time, the per-seed values and commands, the
+averaged curves) and ``sweep_curves.png`` are written. Each seed is its own
+process, so its ``wall_seconds`` includes its own compilation.
 
 Several methods on one table and one figure: give their sweep workdirs to
 ``fedjax-dd-sweep`` (``python -m fedjax_dd.experiments.sweep``)::
@@ -231,9 +225,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
     argv: the sweep's command line (``sys.argv``).
     runner: ``(config, workdir) -> summary`` to run each seed in this
       process. Default: each seed runs as its own command
-      (``python -m fedjax_dd.experiments.main`` with :func:`seed_args`), so
-      its wall time includes its own compilation like a single run's, and
-      the command recorded is the one that ran.
+      (``python -m fedjax_dd.experiments.main`` with :func:`seed_args`).
 
   Returns:
     The report written by :func:`fedjax_dd.utils.sweep.write_report` to

@@ -9,9 +9,6 @@ device per core, which the engine's default CPU backend shards clients over
   fedjax_dd.configure_cpu()   # first, before any JAX computation
   import jax
 
-The engine's hot per-client programs carry their other measured compiler
-options themselves (:mod:`fedjax_dd.core.clients`).
-
 The public API, as one flat namespace (loaded on first use, so importing the
 package stays cheap)::
 
@@ -29,9 +26,10 @@ package stays cheap)::
   shapes       FederatedAlgorithm, ServerDistillation, ServerState,
                ExperimentState, Cohort, Teachers, CommSpec,
                SpannedClientStage, ClientProgress
-  loops        run_loop (under fit, the one rounds driver), run_server_rounds and
-               their options; CheckpointStore, StageCache, Workdir,
-               run_summary (a finished run's summary.json fields)
+  loops        run_loop (under fit, the one rounds driver),
+               run_server_rounds and their options; CheckpointStore,
+               StageCache, Workdir, run_summary (a finished run's
+               summary.json fields)
   notebook     prepare (dataset + model -> task), local_steps, fit (R rounds
                with a workdir: checkpoints, metrics, resume), fit_runs
                (several seeds as one program on a run axis), plot_history,

@@ -3,39 +3,10 @@
 Every model builder, every layer with a per-platform form and the client
 mapper read their defaults from :data:`TABLE`, keyed by platform and jax
 version range; nothing else picks a form. A model takes its layer forms as
-one value, :class:`fedjax_dd.models.layers.LayerSet`, which
-``LayerSet.from_policy`` fills from a row. A row holds:
-
-* ``conv``: how convolutions are computed, ``"lax"``
-  (``lax.conv_general_dilated``) or ``"patches"`` (patch extraction + one
-  matmul, :func:`fedjax_dd.models.layers.patches_conv_general_dilated`);
-  the generators of :data:`LAX_CONV_MODELS` keep ``lax`` on every row, and
-  the models of :data:`FORWARD_CONV_MODELS` run ``"forward"`` (``lax``'s
-  value, both gradients as forward convolutions,
-  :func:`fedjax_dd.models.layers.forward_conv_general_dilated`) where the
-  row says ``patches`` (:func:`conv_form`);
-* ``kernel_grad``: with ``lax`` convolutions, ``"lax"`` (autodiff's
-  kernel gradient) or ``"matmul"`` (the measured matmul kernel gradients of
-  :data:`MATMUL_KERNEL_GRADS`' models; :func:`kernel_grads`);
-* ``phase_split``: LeNet-5's first convolution and pool computed
-  phase-split (:class:`fedjax_dd.models.layers.ConvReluMaxPool`);
-* ``fuse_first_block``: ConvNet's first block as one function
-  (:mod:`fedjax_dd.models.fused_block`);
-* ``fold_norm``: instance norm with its affine map folded
-  (:class:`fedjax_dd.models.layers.InstanceNorm`);
-* the client mapper's defaults (:mod:`fedjax_dd.core.clients`): the
-  backend on one device and on several, KIP's backend, FedHydra's
-  stratification's backend on one device, the clients per
-  vectorised chunk on XLA:CPU's classic and thunk runtimes, and the
-  compiler options of the engine's hot programs;
-* ``max_vmap_elements``: the largest array an ``"auto"`` vmap over the
-  clients may hold before the mapper splits the cohort into chunks;
-* ``ntk_grad_memory_factor``: the conv-kernel memory model's gradient
-  scale (:mod:`fedjax_dd.kernels.blocking`);
-* ``compute_dtype``: the dtype convolutions and matmuls run in
-  (:func:`resolve_compute_dtype`); parameters, optimizer state, normalisation
-  statistics and losses stay float32;
-* ``measured``: where the row's choices were measured, or "not measured".
+one :class:`fedjax_dd.models.layers.LayerSet`, which
+``LayerSet.from_policy`` fills from a row. A row (:class:`Policy`) holds the
+layer forms, the client mapper's defaults (:mod:`fedjax_dd.core.clients`),
+the conv-kernel memory model's scale and the compute dtype.
 
 A run records what the table makes it compute (:func:`forms`) in its
 ``environment.json``, so a resume under another table is named.
@@ -45,16 +16,11 @@ float rounding), so the table changes only speed. Explicit arguments
 (``build(n, conv_impl="lax")``, a layer's ``weight_grad``, a mapper's
 ``chunk_size``) override it.
 
-The CPU rows are measured on a 2-core CPU with the engine's LeNet-5 and
-ConvNet-3 rounds; each choice's figures are in ``experiments/perf_notes.md``
-("The policy table's measurements"), the comments here give its reason. The GPU and TPU rows hold
-XLA's plain forms (``lax`` convolutions and kernel gradients, no phase
-split, no fused block, no folding, no compiler options, one vmap per
-device), whose convolutions are the platforms' tuned kernels; the CPU forms
-work around XLA:CPU's slow paths. The GPU row for jax >= 0.6 was run on an
-H100 with jax 0.11.2 (``experiments/results/bench_accelerator_h100.md``):
-its plain forms were measured, the CPU forms were not compared there. The
-TPU rows are not measured.
+The CPU rows work around XLA:CPU's slow paths; the comments give each
+choice's reason, ``experiments/perf_notes.md`` its measurements. The GPU and
+TPU rows hold XLA's plain forms (``lax`` convolutions and kernel gradients,
+no phase split, fused block, folding or compiler options, one vmap per
+device); each row's ``measured`` says where it was measured.
 
 Example::
 
@@ -88,10 +54,11 @@ class Policy:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``.
     jax_min: First jax version of the range (inclusive), e.g. ``(0, 10)``.
     jax_below: First jax version past the range; None: no end.
-    conv: :data:`CONV_FORMS` entry for ``conv_impl="auto"``.
+    conv: :data:`CONV_FORMS` entry for ``conv_impl="auto"``, refined per
+      model by :func:`conv_form`.
     kernel_grad: :data:`KERNEL_GRAD_FORMS` entry; ``"matmul"``: the models of
-      :data:`MATMUL_KERNEL_GRADS` compute their ``lax`` convolutions' kernel
-      gradients as matmuls.
+      :data:`MATMUL_KERNEL_GRADS` take matmul kernel gradients
+      (:func:`kernel_grads`).
     phase_split: LeNet-5's first convolution and pool phase-split.
     fuse_first_block: ConvNet's first block as one function.
     fold_norm: Instance norm folds its affine map.
@@ -102,35 +69,30 @@ class Policy:
     stratify_backend: The ``"auto"`` backend of FedHydra's model
       stratification (Alg. 2, :mod:`fedjax_dd.algorithms.stratify`) on one
       device; None, and on several devices: as training.
-    chunk_size: Clients per vectorised chunk per device (``chunked`` and
-      ``sharded``) when the hot programs run on XLA:CPU's classic runtime;
-      None: the whole share as one vmap.
-    thunk_chunk_size: The same where the hot programs run on XLA:CPU's
-      thunk runtime (jax >= 0.6, or programs that opt out of the classic
-      runtime).
+    chunk_size: Clients per vectorised chunk per device (``chunked``,
+      ``sharded``) on XLA:CPU's classic runtime; None: one vmap.
+    thunk_chunk_size: The same on XLA:CPU's thunk runtime.
     compiler_options: ``(name, value)`` pairs for the engine's hot programs
       (:func:`fedjax_dd.core.clients.engine_jit`), each kept only where the
       running XLA accepts it.
     per_core_options: Further pairs for programs running side by side, one
       per device (the ``sharded`` backend over several devices).
-    once_options: ``(name, value)`` pairs for programs that run once or a
-      few times per run, where compilation is most of their cost: model and
-      generator initialisations run as one program each, compiled with
-      them (:func:`fedjax_dd.core.clients.once_jit`). Only where that gives
-      the bits of the initialisers run op by op (``tests/core/
-      test_clients.py`` checks them), so :func:`forms` leaves them out.
-      None: initialisations run op by op, as below jax 0.12, where one
-      program rounded some weights differently.
-    max_vmap_elements: With the ``"auto"`` backend resolved to ``vmap``, the
-      largest array (elements) the vectorised program may hold: a cohort
-      whose largest per-client array times C exceeds it runs in chunks
-      (:func:`fedjax_dd.core.clients.vmap_chunk_limit`). None: no limit.
+    once_options: ``(name, value)`` pairs for programs that run once per
+      run (model and generator initialisations,
+      :func:`fedjax_dd.core.clients.once_jit`). Set only where they give
+      the bits of the op-by-op initialisers (``tests/core/
+      test_clients.py`` checks), so :func:`forms` leaves them out. None:
+      initialisations run op by op.
+    max_vmap_elements: With an ``"auto"`` ``vmap`` backend, the largest
+      array (elements) the vectorised program may hold before the cohort
+      runs in chunks (:func:`fedjax_dd.core.clients.vmap_chunk_limit`).
+      None: no limit.
     ntk_grad_memory_factor: Scale of the conv-kernel memory model's
       gradient coefficients (:func:`fedjax_dd.kernels.blocking.
       estimate_kernel_bytes`).
     compute_dtype: :data:`COMPUTE_DTYPES` entry for ``compute_dtype="auto"``:
-      the dtype of the models' convolutions and matmuls (Flax's ``dtype``;
-      the parameters stay float32).
+      the dtype of the models' convolutions and matmuls; parameters,
+      optimizer state, normalisation statistics and losses stay float32.
     measured: Where these choices were measured, or :data:`NOT_MEASURED`.
   """
 
@@ -162,12 +124,11 @@ class Policy:
             and (self.jax_below is None or version < self.jax_below))
 
 
-# The classic runtime: per-client training several times faster on jax 0.5.x;
-# per program, since its oneDNN rewrites fail to compile some other programs.
+# The classic runtime: per-client training much faster on jax 0.5.x; set per
+# program, since its oneDNN rewrites fail to compile some other programs.
 CLASSIC_RUNTIME_OPTION = "xla_cpu_use_thunk_runtime"
 _CLASSIC_RUNTIME = ((CLASSIC_RUNTIME_OPTION, False),)
-# Single-threaded programs per host device: without it they deadlocked on
-# jax 0.5.3; speed neutral.
+# Single-threaded programs per host device: without it they can deadlock.
 _SINGLE_THREAD = (("xla_cpu_multi_thread_eigen", False),)
 # Programs that run once per run, compiled without LLVM's optimisations.
 _ONCE_UNOPTIMISED = (("xla_backend_optimization_level", 0),)
@@ -177,7 +138,7 @@ _CPU = dict(
     kernel_grad="matmul",
     # Few input channels run far below XLA:CPU's convolution peak.
     phase_split=True,
-    fuse_first_block=True,  # measured faster on jax 0.5.3 and 0.12
+    fuse_first_block=True,  # measured faster
     # A stream of small programs per core beats one vmap over the cohort.
     backend="chunked",
     backend_devices="sharded",
@@ -190,11 +151,8 @@ _CPU = dict(
     thunk_chunk_size=1,
     compiler_options=_CLASSIC_RUNTIME,
     per_core_options=_SINGLE_THREAD,
-    # LLVM's optimisation passes are most of XLA:CPU's compile time: a model
-    # initialisation compiled at level 0 compiles far faster than its
-    # op-by-op programs and, from jax 0.12, gives the same bits
-    # (experiments/perf_notes.md, "Programs that run once"); the rows below
-    # 0.12 keep the op-by-op form.
+    # LLVM's passes are most of XLA:CPU's compile time: level 0 compiles an
+    # initialisation far faster and, from jax 0.12, gives the same bits.
     once_options=_ONCE_UNOPTIMISED,
     # The one-device default is chunked: no vmap over the whole cohort.
     max_vmap_elements=None,
@@ -250,10 +208,8 @@ TABLE: tuple[Policy, ...] = (
            measured="2-core CPU, jax 0.10.2 and 0.12 (conv form: not "
                     "measured between 0.6 and 0.10)"),
     # jax 0.10 on: patches measured faster; XLA refuses the classic
-    # runtime's option, so the row does not ask for it. Before 0.12 an
-    # initialisation compiled at level 0 rounds some weights differently
-    # (experiments/perf_notes.md, "Programs that run once"), so it runs op
-    # by op.
+    # runtime's option. Before 0.12 an initialisation compiled at level 0
+    # rounds some weights differently, so it runs op by op.
     Policy(**{**_CPU, "compiler_options": (), "once_options": None},
            jax_min=(0, 10), jax_below=(0, 12), conv="patches",
            fold_norm=False, ntk_grad_memory_factor=_NEW_XLA_MEMORY,
@@ -275,10 +231,9 @@ TABLE: tuple[Policy, ...] = (
            ntk_grad_memory_factor=_NEW_XLA_MEMORY),
 )
 
-# Per model (class name): the kernel gradients of its ``lax`` convolutions
-# where a row's ``kernel_grad`` is "matmul", as (first convolution, the
-# others), "gemm" or "taps" (models.layers.lax_conv_custom_weight_grad):
-# measured faster for these models; the others keep lax's.
+# Per model (class name), where a row's ``kernel_grad`` is "matmul": its
+# ``lax`` convolutions' kernel gradients (first convolution, the others)
+# (models.layers.lax_conv_custom_weight_grad); measured faster for these.
 MATMUL_KERNEL_GRADS: Mapping[str, tuple[str, str]] = {
     "ConvNet": ("gemm", "taps"),
     "HFLDDCifarCNN": ("gemm", "taps"),
@@ -411,9 +366,8 @@ def as_dict(row: Policy) -> dict[str, Any]:
   return out
 
 
-# Fields of a row that say where it applies or how it was measured, not
-# what a run computes.
-# once_options only changes compile speed: the same bits (a test checks).
+# Fields of a row that are not what a run computes; once_options only
+# changes compile speed (the same bits, a test checks).
 _NOT_FORMS = frozenset({"platform", "jax_min", "jax_below", "measured",
                         "once_options"})
 
@@ -424,18 +378,16 @@ def forms(row: Policy | None = None) -> dict[str, Any]:
   The row's choices (less where it applies and how it was measured) and the
   per-model sets that refine them (:data:`LAX_CONV_MODELS`,
   :data:`FORWARD_CONV_MODELS`, :data:`MATMUL_KERNEL_GRADS`,
-  :data:`CLASSIC_RUNTIME_UNSAFE`). Every form computes the same function,
-  but not with the same float rounding, so a run records these
-  (:func:`fedjax_dd.core.workdir.current_environment`) and a resume under
-  another table, e.g. after an upgrade that moves a model to another
-  convolution form, is named as another environment.
+  :data:`CLASSIC_RUNTIME_UNSAFE`). Forms differ in float rounding, so a run
+  records these (:func:`fedjax_dd.core.workdir.current_environment`) and a
+  resume under another table is named as another environment.
 
   Args:
     row: The policy row; default :func:`current`.
 
   Returns:
     A dict of :func:`as_dict`'s keys less ``platform``, ``jax_min``,
-    ``jax_below`` and ``measured``, plus ``lax_conv_models``,
+    ``jax_below``, ``measured`` and ``once_options``, plus ``lax_conv_models``,
     ``forward_conv_models`` and ``classic_runtime_unsafe`` (sorted lists)
     and ``matmul_kernel_grads`` (model -> two forms).
   """

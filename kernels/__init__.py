@@ -11,14 +11,11 @@ Modules:
 Everything works on ONE client and is pure, jit-able and ``jax.vmap``-able;
 the client axis is added by the caller.
 
-``fedjax_dd.kernels.kip_loss`` is the module, not the function, so both
-``from fedjax_dd.kernels import kip_loss`` (module) and
-``from fedjax_dd.kernels.kip_loss import kip_loss`` (function) keep their usual
-meaning. ``ntk`` is imported lazily: neural-tangents is an optional extra
-(``pip install "fedjax-dd[nt]"``, jax < 0.6 only) and importing it takes
-seconds. ``fc_kernel`` and ``conv_kernel`` at package level are the native
-ones. :func:`kernel_builder` picks an architecture's builder from either
-implementation.
+``fedjax_dd.kernels.kip_loss`` is the module, not the function. ``ntk`` is
+imported lazily: neural-tangents is an optional extra (``pip install
+"fedjax-dd[nt]"``, jax < 0.6 only) and slow to import. ``fc_kernel`` and
+``conv_kernel`` at package level are the native ones; :func:`kernel_builder`
+picks either implementation's.
 """
 
 import importlib
@@ -66,8 +63,7 @@ def kernel_builder(arch: str, impl: str = "native"):
   """``fc_kernel`` or ``conv_kernel`` (``arch`` "fc" | "conv") of ``impl``.
 
   Both implementations take the same arguments and return the same
-  ``k(x1, x2=None) -> [n1, n2]``; "neural_tangents" imports neural-tangents,
-  "native" does not.
+  ``k(x1, x2=None) -> [n1, n2]``; only "neural_tangents" imports it.
 
   Raises:
     ValueError: on an unknown ``arch`` or ``impl``.

@@ -25,29 +25,20 @@ PARAMETERIZATIONS = ("ntk", "standard")
 
 DEFAULT_MEMORY_BUDGET_BYTES = 4 * 2**30
 
-# Calibration of the conv-kernel memory model (see `estimate_kernel_bytes`):
+# Calibration of the conv-kernel memory model (`estimate_kernel_bytes`):
 # peak temporary bytes / (itemsize * (H * W)**2), fitted to XLA's compiled
-# memory analysis on the CPU backend (jax 0.5.3, neural-tangents 0.6.5) for
-# n in {1, 4, 8, 16}, H in {8, 16, 28, 32}, depth in {1, 2, 3}. The pairwise
-# coefficient multiplies n1 * n2, the per-input one n1 + n2 (the
-# per-input spatial covariances `cov1`, `cov2`). Rounded up, so that the
-# estimate over-predicts the measured peak.
-# Per implementation: (forward pair, forward single, gradient pair for
-# depth >= 2, gradient pair for depth 1, gradient single). The native kernel
-# (fedjax_dd.kernels.native; same grid) peaks like neural-tangents forward
-# but its gradient keeps fewer residuals, so its gradient pair coefficient
-# for depth >= 2 is smaller. The fitted figures: experiments/perf_notes.md,
-# "Measurements moved from docstrings".
+# memory analysis on CPU (jax 0.5.3) and rounded up, so the estimate
+# over-predicts. The pairwise coefficient multiplies n1 * n2, the per-input
+# one n1 + n2. Per implementation: (forward pair, forward single, gradient
+# pair for depth >= 2, gradient pair for depth 1, gradient single); the
+# native kernel's gradient keeps fewer residuals. Fit data:
+# experiments/perf_notes.md.
 _COEFS = {
     "neural_tangents": (3.1, 1.5, 8.2, 4.3, 1.7),
     "native": (3.1, 1.5, 5.0, 4.3, 1.7),
 }
-# Newer XLA (jax >= 0.6) keeps more residuals in the backward pass, so the
-# gradient coefficients are scaled there, with margin; the forward peak did
-# not change. The factor per platform and jax version is the policy's
-# ``ntk_grad_memory_factor`` (fedjax_dd.policy: 1.0 before jax 0.6, 2.6 from
-# it; its figures: experiments/perf_notes.md, "The policy table's
-# measurements").
+# Newer XLA keeps more residuals in the backward pass: the gradient
+# coefficients are scaled by the policy's ``ntk_grad_memory_factor``.
 
 
 def _grad_memory_factor() -> float:
@@ -98,15 +89,13 @@ def estimate_kernel_bytes(
   Model: ``itemsize * (H * W)**2 * (a * n1 * n2 + b * (n1 + n2))``. The first
   layer dominates (every AvgPool divides ``(H * W)**2`` by 16), so depth only
   matters through ``a`` for a gradient with ``depth == 1``. The coefficients
-  were fitted to XLA's compiled memory analysis on CPU (module constants)
-  and rounded up, so the estimate over-predicts the peak. On jax >= 0.6 the
-  gradient coefficients are scaled by the policy's
-  ``ntk_grad_memory_factor`` (its backward pass keeps more residuals;
-  :mod:`fedjax_dd.policy`), so the table's gradient blocks are
-  ~1.6x smaller there. Input channels do not enter: the first layer
-  contracts them.
+  are fitted to XLA's memory analysis and rounded up, so the estimate
+  over-predicts the peak; gradient coefficients are scaled by the policy's
+  ``ntk_grad_memory_factor`` (:mod:`fedjax_dd.policy`). Input channels do
+  not enter: the first layer contracts them.
 
-  Largest square blocks under a 4 GiB budget (float32, ``depth=3``):
+  Largest square blocks under a 4 GiB budget (float32, ``depth=3``, factor
+  1; gradient blocks ~1.6x smaller at factor 2.6):
 
   ==========  ==============  ============
   images      with gradients  forward only
@@ -118,8 +107,7 @@ def estimate_kernel_bytes(
   ==========  ==============  ============
 
   A Gram matrix evaluated block by block (``batch_size``) peaks at one
-  block's memory, not the whole matrix's (measured peaks:
-  experiments/perf_notes.md, "Measurements moved from docstrings").
+  block's memory, not the whole matrix's.
 
   Args:
     n1: rows of the block (number of ``x1`` inputs).

@@ -2,12 +2,11 @@
 
 KIP (Nguyen et al., "Dataset Meta-Learning from Kernel Ridge-Regression",
 ICLR 2021; "Dataset Distillation with Infinitely Wide Convolutional
-Networks", NeurIPS 2021) learns a small support set ``(x_s, y_s)`` such that
-kernel ridge regression fitted on it predicts a target set ``(x_t, y_t)``
-well. FedD3 (Song et al., Eq. 4) and HFLDD (Eq. 1) run it on every client's
-local data. :func:`kip_loss` is pure, jit-able, ``jax.vmap``-able over a
-leading client axis and differentiable with respect to ``x_support`` and
-``y_support`` (learned labels).
+Networks", NeurIPS 2021) learns a small support set ``(x_s, y_s)`` whose
+kernel ridge regression predicts a target set ``(x_t, y_t)`` well. FedD3
+(Song et al., Eq. 4) and HFLDD (Eq. 1) run it on every client's data.
+:func:`kip_loss` is pure, jit-able, ``jax.vmap``-able over a client axis
+and differentiable in ``x_support`` and ``y_support`` (learned labels).
 
 Padding. Per-client sets are padded to a common size; ``support_mask`` and
 ``target_mask`` keep padded rows out of the regression and of the loss
@@ -49,11 +48,9 @@ def one_hot_labels(
 ) -> jax.Array:
   """Integer labels to one-hot regression targets.
 
-  With ``centered=True`` the KIP convention is used: ``one_hot - 1 /
-  num_classes``, e.g. for 4 classes label 1 -> ``[-.25, .75, -.25, -.25]``
-  (each row sums to 0). Labels outside ``[0, num_classes)`` give a row of
-  zeros (uncentred) or of ``-1 / num_classes`` (centred); they are not
-  checked, so this stays jit-able.
+  ``centered=True`` is KIP's convention, ``one_hot - 1 / num_classes`` (rows
+  sum to 0). Labels outside ``[0, num_classes)`` are not checked (this stays
+  jit-able) and give rows of zeros, or ``-1 / num_classes`` centred.
 
   Args:
     y: integer labels ``[n]`` (any leading shape ``[...]``).
@@ -107,20 +104,20 @@ def kip_loss(
 
       loss = 0.5 * mean_t ||y_t - pred_t||_2^2,
 
-  the squared error summed over the K label dimensions and averaged over the
-  (unmasked) targets. This is K times the ``0.5 * mean((y - pred)**2)`` over
-  all entries used in the KIP reference code; the minimiser is the same.
+  the squared error summed over the K labels and averaged over the
+  (unmasked) targets: K times the KIP reference code's ``0.5 * mean((y -
+  pred)**2)``, with the same minimiser.
 
   Masks. Masked support points are removed exactly: their rows/columns of
-  ``K_ss`` are replaced by an identity block scaled by the mean valid
-  diagonal (so ``tr(K_ss) / n_s`` equals the unpadded value), their columns
-  of ``K_ts`` and their labels are zeroed. Masked targets get weight 0 in the
-  loss and accuracy. With no valid target the loss and accuracy are 0.
+  ``K_ss`` become an identity block scaled by the mean valid diagonal (so
+  ``tr(K_ss) / n_s`` is the unpadded value), their ``K_ts`` columns and
+  labels are zeroed. Masked targets get weight 0; with no valid target the
+  loss and accuracy are 0.
 
   Args:
     kernel_fn: ``k(x1, x2) -> [n1, n2]``, e.g. from
-      :func:`fedjax_dd.kernels.ntk.fc_kernel`; must be differentiable in
-      ``x1`` and ``x2`` for gradients w.r.t. ``x_support``.
+      :func:`fedjax_dd.kernels.ntk.fc_kernel`; differentiable for
+      gradients w.r.t. ``x_support``.
     x_support: support inputs ``[n_s, ...]`` (e.g. ``[n_s, H, W, Ch]``).
     y_support: support labels ``[n_s, K]`` (one-hot, centred or learned).
     x_target: target inputs ``[n_t, ...]``, same per-example shape.

@@ -11,19 +11,15 @@ a leading client axis and reverse-mode differentiable with respect to
 ``k_ss``, ``k_ts`` and ``y_s``; they work on ONE client.
 
 Ill-conditioning. With duplicate support points and ``reg=0`` (or a tiny
-``reg`` in float32) ``K_ss`` is singular to working precision and the
-Cholesky factorisation returns NaNs. Instead of propagating them silently,
-:func:`krr_predict` walks a fixed ladder of extra relative jitters
-(``DEFAULT_JITTER_LADDER``) and uses the first one whose solve is finite. The
-first rung is factorised outside the loop, so a ``lax.while_loop`` only runs
-(under ``vmap``: for the whole batch) when some solve failed. The chosen
-jitter is treated as a constant, and the solve has a custom VJP that reuses
-the forward Cholesky factor (``ȳ = A⁻¹ḡ``, ``Ā = −ȳ αᵀ``), so a KIP step
-factorises ``K_ss`` once instead of once for the search and once more for
-the gradient. The choice is reported in :class:`KRRInfo`. If every rung
-fails (e.g. ``K_ss`` itself holds NaN or inf) the prediction is non-finite
-and ``info.finite`` is False; the host-side :func:`krr_predict_checked`
-raises in that case.
+``reg`` in float32) ``K_ss`` is singular and Cholesky returns NaNs, so
+:func:`krr_predict` walks a ladder of extra relative jitters
+(``DEFAULT_JITTER_LADDER``) and uses the first finite solve; the
+``lax.while_loop`` runs only when the first rung failed. The chosen jitter is
+a constant, and the solve's custom VJP reuses the forward Cholesky factor
+(``ȳ = A⁻¹ḡ``, ``Ā = −ȳ αᵀ``), so a KIP step factorises ``K_ss`` once. The
+choice is reported in :class:`KRRInfo`. If every rung fails (e.g. ``K_ss``
+holds NaN or inf) ``info.finite`` is False; :func:`krr_predict_checked`
+raises then.
 """
 
 from __future__ import annotations

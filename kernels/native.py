@@ -1,9 +1,9 @@
 """Infinite-width NTK/NNGP kernels in pure JAX (no neural-tangents).
 
-The same two architectures, arguments and call signature as
-:mod:`fedjax_dd.kernels.ntk`, computed with the layer recursions that
-neural-tangents 0.6.5 (``stax``) applies for them, so the values agree to
-rounding (``tests/kernels/test_native.py`` checks float64 golden values):
+The architectures, arguments and call signature of
+:mod:`fedjax_dd.kernels.ntk`, computed with neural-tangents' (``stax``)
+layer recursions, so values agree to rounding (``tests/kernels/
+test_native.py`` checks float64 golden values):
 
 * :func:`fc_kernel`: ``Flatten -> depth x [Dense + ReLU] -> Dense``.
 * :func:`conv_kernel`: ``depth x [Conv(3x3, SAME) + ReLU + AvgPool(2x2,
@@ -27,22 +27,18 @@ Recursions (one client; ``nngp`` is the readout's Gaussian-process kernel,
 * AvgPool 2x2: the mean over the 2x2 windows of both positions.
 * Flatten: the mean over the spatial diagonal ``nngp[..., p, p]``.
 
-Gradients. ``theta`` has an infinite derivative in the correlation at
-``cos = +-1`` (identical inputs, every spatial diagonal entry) and the
-variances vanish on all-zero inputs without biases. :func:`_relu_map` has a
-custom JVP with the analytic derivatives: ``d nngp' = (pi - theta) / (2 pi)
-d nngp + s / (4 pi prod) d prod`` (bounded everywhere) and, for the NTK's
-``(pi - theta) / (2 pi)``, ``d theta = (nngp d prod / (2 prod) - d nngp) /
-s``, which is set to 0 where ``s**2 <= 64 eps prod`` (the symmetric
-subgradient of the kink at coinciding inputs; neural-tangents' ``_sqrt`` /
-``_arctan2`` give the same 0 at ``s = 0`` exactly). Gradients with respect
-to the inputs therefore stay finite for duplicate and all-zero images.
+Gradients. ``theta`` has an infinite derivative at ``cos = +-1`` (identical
+inputs, every spatial diagonal entry) and the variances vanish on all-zero
+inputs without biases. :func:`_relu_map`'s custom JVP uses ``d nngp' = (pi -
+theta) / (2 pi) d nngp + s / (4 pi prod) d prod`` (bounded) and ``d theta =
+(nngp d prod / (2 prod) - d nngp) / s``, set to 0 where ``s**2 <= 64 eps
+prod`` (the symmetric subgradient of the kink, as neural-tangents gives at
+``s = 0``), so input gradients stay finite for duplicate and all-zero
+images.
 
 Memory. The conv kernel keeps ``[n1, n2, H, H, W, W]`` covariances, as
-neural-tangents does (the first layer contracts 3x3 input patches, so the
-raw input covariance is never formed); the memory guard and blocked
-evaluation are the shared ones of :mod:`fedjax_dd.kernels.blocking`, the
-guard with ``estimate_kernel_bytes(..., impl="native")``.
+neural-tangents does; the memory guard and blocked evaluation are
+:mod:`fedjax_dd.kernels.blocking`'s, with ``impl="native"``.
 """
 
 from __future__ import annotations
@@ -312,9 +308,8 @@ def fc_kernel(
 ) -> KernelFn:
   """Infinite-width fully-connected ReLU kernel, pure JAX.
 
-  Same architecture, arguments and return value as
-  :func:`fedjax_dd.kernels.ntk.fc_kernel`: ``Flatten -> depth x [Dense +
-  ReLU] -> Dense`` with width-1 layers (which only matter for the standard
+  As :func:`fedjax_dd.kernels.ntk.fc_kernel`: ``Flatten -> depth x [Dense +
+  ReLU] -> Dense`` with width-1 layers (which matter only for the standard
   parameterisation's NTK).
 
   Args:
@@ -354,9 +349,8 @@ def conv_kernel(
 ) -> KernelFn:
   """Infinite-width ConvNet kernel (KIP-ConvNet), pure JAX.
 
-  Same architecture, arguments, memory guard and return value as
-  :func:`fedjax_dd.kernels.ntk.conv_kernel`: ``depth x [Conv(3x3, stride 1,
-  SAME) + ReLU + AvgPool(2x2, stride 2, VALID)] -> Flatten -> Dense``.
+  As :func:`fedjax_dd.kernels.ntk.conv_kernel`: ``depth x [Conv(3x3, SAME)
+  + ReLU + AvgPool(2x2, stride 2, VALID)] -> Flatten -> Dense``.
 
   Args:
     depth: number of conv blocks, >= 1.
@@ -366,9 +360,8 @@ def conv_kernel(
     parameterization: ``"ntk"`` or ``"standard"``.
     batch_size: if set, compute the Gram matrix in blocks of at most
       ``batch_size`` x ``batch_size`` inputs.
-    memory_budget_bytes: at trace time, raise ``ValueError`` if
-      ``estimate_kernel_bytes(..., impl="native")`` of one block exceeds
-      this; None disables the check.
+    memory_budget_bytes: at trace time, raise ``ValueError`` if one block's
+      estimate (``impl="native"``) exceeds this; None: no check.
     budget_for_grad: estimate the block for a gradient pass (KIP).
 
   Returns:

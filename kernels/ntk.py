@@ -13,18 +13,14 @@ Two architectures are provided:
 :mod:`fedjax_dd.kernels.native` computes the same kernels in pure JAX, with
 the same arguments (golden values: ``tests/kernels/golden_ntk.npz``).
 
-Both factories return a pure function ``k(x1, x2) -> [n1, n2]`` for ONE
-client. It is jit-able, ``jax.vmap``-able over a leading client axis and
-differentiable with respect to both inputs (KIP differentiates through it with
-respect to the support set).
+Both factories return a pure ``k(x1, x2) -> [n1, n2]`` for ONE client:
+jit-able, ``jax.vmap``-able over a client axis and differentiable in both
+inputs (KIP differentiates w.r.t. the support set).
 
-Memory. The infinite-width ConvNet kernel keeps the full spatial covariance of
-every pair of inputs, i.e. arrays of ``n1 * n2 * (H * W)**2`` floats per
-layer. :func:`estimate_kernel_bytes` (shared with the native kernels, in
-:mod:`fedjax_dd.kernels.blocking`) gives a calibrated estimate; the conv
-kernel refuses (``ValueError``, at trace time) a block whose estimate exceeds
-``memory_budget_bytes`` and can evaluate the Gram matrix in blocks of
-``batch_size`` rows and columns with ``jax.lax.map``.
+Memory. The ConvNet kernel keeps ``n1 * n2 * (H * W)**2`` floats per layer;
+it refuses (``ValueError``, at trace time) a block whose
+:func:`estimate_kernel_bytes` exceeds ``memory_budget_bytes`` and can
+evaluate the Gram matrix in blocks of ``batch_size`` (see :func:`conv_kernel`).
 """
 
 from __future__ import annotations
@@ -73,15 +69,10 @@ def fc_kernel(
 ) -> KernelFn:
   """Infinite-width fully-connected ReLU kernel (FedD3 Eq. 4 / KIP FC).
 
-  Architecture: ``Flatten -> depth x [Dense + ReLU] -> Dense`` readout, i.e.
-  ``depth`` counts the hidden (Dense, ReLU) pairs; the readout Dense is extra,
-  so the network has ``depth + 1`` weight layers. ``depth=4`` with
-  ``W_std=sqrt(2)``, ``b_std=0.1`` and NTK parameterisation is the FC kernel
-  of KIP used by FedD3. Layer widths do not enter the infinite-width kernel.
-
-  Memory is ``O(n1 * n2 + (n1 + n2) * D)`` for ``D`` input features, so no
-  budget check is needed; ``batch_size`` is available for very large Gram
-  matrices.
+  Architecture: ``Flatten -> depth x [Dense + ReLU] -> Dense`` readout
+  (``depth + 1`` weight layers). The defaults (NTK parameterisation) are
+  KIP's FC kernel used by FedD3. Memory is ``O(n1 * n2 + (n1 + n2) * D)``,
+  so there is no budget check.
 
   Args:
     depth: number of hidden Dense+ReLU layers, >= 1.
@@ -94,10 +85,9 @@ def fc_kernel(
       ``batch_size`` x ``batch_size`` (see :func:`conv_kernel`).
 
   Returns:
-    ``k(x1, x2=None) -> [n1, n2]`` with ``x1`` of shape ``[n1, ...]`` (NHWC
-    images ``[n1, H, W, Ch]`` or flat ``[n1, D]``; flattened inside) and
-    ``x2`` of shape ``[n2, ...]`` with the same per-example size; ``x2=None``
-    means ``x2 = x1``.
+    ``k(x1, x2=None) -> [n1, n2]`` for ``x1 [n1, ...]`` and ``x2 [n2, ...]``
+    of the same per-example size (flattened inside); ``x2=None`` means
+    ``x2 = x1``.
 
   Raises:
     ValueError: on an invalid argument (at construction) or mismatched input
@@ -134,19 +124,13 @@ def conv_kernel(
   Architecture: ``depth x [Conv(3x3, stride 1, SAME) + ReLU + AvgPool(2x2,
   stride 2, VALID)] -> Flatten -> Dense`` readout. Each block halves the
   spatial size (floor), so ``H >> depth`` and ``W >> depth`` must be >= 1.
-  Channel counts do not enter the infinite-width kernel.
 
-  Memory limits. neural-tangents keeps ``[n1, n2, H, H, W, W]`` covariances;
-  one block of ``n1`` x ``n2`` inputs needs about
-  :func:`estimate_kernel_bytes` bytes: a 4 GiB budget admits blocks of
-  about 14 x 14 28x28 images with gradients (23 x 23 forward only), 10 x 10
-  32x32 images (float32, ``depth=3``; the estimate's table, and measured
-  peaks in experiments/perf_notes.md, "Measurements moved from
-  docstrings"). Use
-  ``batch_size`` to evaluate larger Gram matrices block by block: the peak
-  then stays at one block (plus the ``[n1, n2]`` output), at the cost of
-  sequential blocks. Under ``jax.vmap`` over ``C`` clients the peak is ``C``
-  times the per-client figure; the check below sees one client only.
+  Memory. neural-tangents keeps ``[n1, n2, H, H, W, W]`` covariances; one
+  block needs about :func:`estimate_kernel_bytes` bytes (its table lists the
+  largest blocks under 4 GiB). ``batch_size`` evaluates larger Gram matrices
+  block by block, peaking at one block plus the ``[n1, n2]`` output. Under
+  ``jax.vmap`` over ``C`` clients the peak is ``C`` times larger; the check
+  sees one client only.
 
   Args:
     depth: number of conv blocks, >= 1.
@@ -159,8 +143,7 @@ def conv_kernel(
       last block); if None, one block.
     memory_budget_bytes: at trace time, raise ``ValueError`` if the estimated
       peak of one block exceeds this; None disables the check.
-    budget_for_grad: estimate the block for a gradient pass (KIP) rather than
-      a forward evaluation.
+    budget_for_grad: estimate the block for a gradient pass (KIP).
 
   Returns:
     ``k(x1, x2=None) -> [n1, n2]`` for ``x1 [n1, H, W, Ch]`` and

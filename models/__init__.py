@@ -43,24 +43,13 @@ class ModelSpec:
   Attributes:
     name: Registry key.
     build: ``build(num_classes, conv_impl="auto", compute_dtype="auto")
-      -> nn.Module``.
-      The module's ``layers`` field is the :class:`LayerSet` of
-      ``LayerSet.from_policy(conv_impl, compute_dtype, model=<class>)``:
-      ``conv_impl`` (:data:`CONV_IMPLS`) picks how the model's convolutions
-      are computed; ``"auto"`` (the default, as the ``fedjax-dd`` entry
-      point passes it) is resolved by :mod:`fedjax_dd.policy` for JAX's
-      default backend, the running jax and the model's class
-      (:func:`resolve_conv_impl`), so the set holds ``"lax"``,
-      ``"patches"`` or ``"forward"``, with the row's phase split, fused
-      first block and norm folding; kernel gradients follow the same
-      policy when the model runs. Models without convolutions check the
-      name and ignore it. The parameters do not depend on it.
-      ``compute_dtype`` (``"auto"``, ``"float32"`` or ``"bfloat16"``) is the
-      dtype of the convolutions and matmuls, the set's ``dtype``;
-      ``"auto"`` is the policy's for JAX's default backend and the running
-      jax (:func:`fedjax_dd.policy.resolve_compute_dtype`: float32 on CPU,
-      bfloat16 on GPU and TPU). Parameters, BatchNorm statistics and the
-      losses (:class:`fedjax_dd.core.task.Classifier`) stay float32.
+      -> nn.Module`` whose ``layers`` field is ``LayerSet.from_policy(
+      conv_impl, compute_dtype, model=<class>)``. ``conv_impl``
+      (:data:`CONV_IMPLS`; models without convolutions check and ignore
+      it) and ``compute_dtype`` (``"auto"``, ``"float32"`` or
+      ``"bfloat16"``) do not change the parameters; ``"auto"`` is
+      :mod:`fedjax_dd.policy`'s. Parameters, BatchNorm statistics and the
+      losses stay float32.
     input_shape: Canonical single-example input ``(H, W, Ch)``.
     has_batch_stats: Whether the model keeps a ``batch_stats`` collection
       (and so needs ``mutable=['batch_stats']`` when ``train=True``).
@@ -144,9 +133,8 @@ _SPECS = (
 MODELS: Mapping[str, ModelSpec] = types.MappingProxyType(
     {spec.name: spec for spec in _SPECS})
 
-# MOON's networks (models/projection.py), ``<name>_proj``: every model less
-# its output layer, with a 2-layer projection head to 256 and an output layer
-# on it. Kept apart from MODELS, whose every entry the model tests run.
+# MOON's networks (models/projection.py), ``<name>_proj``. Kept apart from
+# MODELS, whose every entry the model tests run.
 PROJECTED: Mapping[str, ModelSpec] = types.MappingProxyType({
     f"{spec.name}_proj": ModelSpec(
         f"{spec.name}_proj", projection_builder(spec.build, spec.head),
@@ -177,8 +165,7 @@ def _init(module, key, input_shape, call_kwargs):
 
 
 # Compiled once per (module config, input shape): flax modules with hashable
-# fields compare by value, so re-initialising an equal module (every client,
-# every test) reuses the executable instead of re-tracing a fresh closure.
+# fields compare by value, so an equal module reuses the executable.
 _init_jit = jax.jit(_init, static_argnums=(0, 2))
 
 

@@ -1,19 +1,11 @@
 """AlexNet variants for 32x32 inputs.
 
-Two models live here:
-
-* ``AlexNet`` -- the five-conv AlexNet (64-192-384-256-256 channels) scaled
-  down to CIFAR resolution, as used for the FedD3 CIFAR-10 baselines: 3x3
-  stride-1 SAME convolutions, 2x2 max-pools after conv1, conv2 and conv5
-  (32 -> 16 -> 8 -> 4), then a ReLU MLP classifier. The 4096-4096 classifier
-  of the ImageNet model is replaced by 384-192 (the classifier of FedD3's
-  ``AlexCifarNet``), which keeps the model trainable per client on a CPU.
-  Dropout is omitted so that ``train=True`` needs no RNG stream; FL local
-  training is short and regularised by averaging.
-* ``AlexCifarNet`` -- the two-conv "AlexNet customised for CIFAR-10" that the
-  FedD3 reference code ships (1,756,426 parameters): conv 64 5x5 -> ReLU ->
-  max-pool 3/2 -> LRN -> conv 64 5x5 -> ReLU -> LRN -> max-pool 3/2 ->
-  dense 384 -> dense 192 -> dense classes.
+* :class:`AlexNet` -- the five-conv AlexNet scaled down to CIFAR, as used for
+  the FedD3 CIFAR-10 baselines. The ImageNet 4096-4096 classifier is
+  replaced by 384-192 (FedD3's ``AlexCifarNet``'s) to keep it trainable per
+  client on a CPU; dropout is omitted so ``train=True`` needs no RNG stream.
+* :class:`AlexCifarNet` -- the two-conv "AlexNet customised for CIFAR-10"
+  of the FedD3 reference code.
 """
 
 from typing import Sequence
@@ -37,20 +29,13 @@ class AlexNet(nn.Module):
     conv 256 -> ReLU -> max-pool 2    # 8 -> 4
     dense 384 -> ReLU -> dense 192 -> ReLU -> dense num_classes
 
-  All convolutions are 3x3 SAME with bias. Parameters with 3 input channels
-  and 10 classes::
-
-    convs 1,792 + 110,784 + 663,936 + 884,992 + 590,080 = 2,251,584
-    dense 4*4*256*384 + 384 = 1,573,248; 384*192 + 192 = 73,920;
-          192*10 + 10 = 1,930
-    total 3,900,682
+  All convolutions are 3x3 SAME with bias; 3,900,682 parameters with 3
+  input channels and 10 classes.
 
   Attributes:
     num_classes: Number of output logits.
     hidden: Widths of the hidden dense layers of the classifier.
-    layers: The layer forms (``layers.LayerSet``: convolution form,
-      compute dtype, ...); the default's are the policy's. Same parameters
-      in every set.
+    layers: The layer forms (``layers.LayerSet``); default: the policy's.
   """
 
   num_classes: int = 10
@@ -88,21 +73,15 @@ class AlexNet(nn.Module):
 class AlexCifarNet(nn.Module):
   """FedD3's two-conv ``AlexCifarNet`` for ``[B, 32, 32, Ch]`` inputs.
 
-  Max-pools are 3x3, stride 2, padding 1 (32 -> 16 -> 8), so the flattened
-  feature has 8*8*64 = 4096 entries. LRN uses size 4, alpha 0.001/9,
-  beta 0.75, k 1 (PyTorch semantics, see ``layers.local_response_norm``).
-  Parameters with 3 input channels and 10 classes::
-
-    conv1 5*5*3*64 + 64 = 4,864;  conv2 5*5*64*64 + 64 = 102,464
-    dense 4096*384 + 384 = 1,573,248; 384*192 + 192 = 73,920;
-          192*10 + 10 = 1,930
-    total 1,756,426
+  ``conv 64 5x5 -> ReLU -> max-pool -> LRN -> conv 64 5x5 -> ReLU -> LRN ->
+  max-pool -> dense 384 -> dense 192 -> dense num_classes``. Max-pools are
+  3x3, stride 2, padding 1 (32 -> 16 -> 8); LRN uses size 4, alpha 0.001/9,
+  beta 0.75, k 1 (``layers.local_response_norm``). 1,756,426 parameters
+  with 3 input channels and 10 classes.
 
   Attributes:
     num_classes: Number of output logits.
-    layers: The layer forms (``layers.LayerSet``: convolution form,
-      compute dtype, ...); the default's are the policy's. Same parameters
-      in every set.
+    layers: The layer forms (``layers.LayerSet``); default: the policy's.
   """
 
   num_classes: int = 10

@@ -18,7 +18,7 @@ from fedjax_dd.models.layers import LayerSet
 
 
 class CGeneratorA(nn.Module):
-  """Noise ``z [B, nz]`` and labels ``y [B]`` -> normalised images ``[B, H, W, Ch]``.
+  """Noise ``z [B, nz]``, labels ``y [B]`` -> normalised ``[B, H, W, Ch]``.
 
   Layout for ``out_shape = (H, W, Ch)``, ``s = (H/4, W/4)`` (FedFTG's
   ``init_size = img_size // 4``)::
@@ -30,40 +30,26 @@ class CGeneratorA(nn.Module):
     nearest-upsample x2 -> conv 3x3 ngf  -> BN -> LeakyReLU(0.2)
     conv 3x3 Ch -> tanh -> BN without scale and bias
 
-  So 28x28x1 output starts from a 7x7 map, 32x32x3 from 8x8 and 8x8x1 from
-  2x2. The label enters as a one-hot vector through its own dense layer, as in
-  FedFTG (equivalently, a learned ``[num_classes, s·ngf]`` embedding plus a
-  bias), and its feature map is concatenated with the noise's; this differs
-  from :class:`fedjax_dd.models.Generator`'s conditional variant, which
-  multiplies a label embedding into ``z``.
+  The label enters as a one-hot vector through its own dense layer, as in
+  FedFTG, and its feature map is concatenated with the noise's (unlike
+  :class:`fedjax_dd.models.Generator`, which multiplies a label embedding
+  into ``z``).
 
   **Output space.** The last layer is FedFTG's ``BatchNorm2d(Ch,
-  affine=False)`` after the ``tanh``: the images are standardised per channel
-  (by the batch statistics in training mode, by the running statistics in
-  inference mode) and are fed to the classifiers *as they are*, with no
-  ``[0, 1]`` range and no further normalisation. The attribute
-  ``output_space = "normalised"`` says so; the distillation loops resolve the
-  classifiers' input function with
-  :func:`fedjax_dd.distill.ensemble.generator_input_fn`, which is the identity
-  for such a generator (generators whose output lies in ``[0, 1]`` keep the
-  default ``output_space = "unit"`` and get the data normaliser).
-
-  BatchNorm uses PyTorch's momentum/epsilon (:func:`layers.batch_norm`), as
-  the reference does.
+  affine=False)`` after the ``tanh``: images are standardised per channel
+  and fed to the classifiers as they are, with no ``[0, 1]`` range.
+  ``output_space = "normalised"`` says so, and
+  :func:`fedjax_dd.distill.ensemble.generator_input_fn` is then the
+  identity. BatchNorm uses PyTorch's momentum/epsilon
+  (:func:`layers.batch_norm`), as the reference does.
 
   **Biases before BatchNorm (``conv_bias``).** As in FedFTG's code, ``conv1``
-  and ``conv2`` have a bias by default, although each is followed by a
-  per-channel BatchNorm that subtracts it again: its exact gradient is zero
-  and the computed one is rounding noise (about 1e-8). Adam divides by the
-  gradient's own size, so that noise moves the bias by up to the learning
-  rate per step, in a direction set by the order of floating-point
-  reductions. The training-mode output does not see it; the inference-mode
-  output, on which the student is distilled, does (it subtracts running
-  means taken at older biases). ``conv_bias=False`` removes these biases
-  (the training-mode function is the same). We keep the reference's default
-  because DisUE on Fashion-MNIST Dir(0.01) did better with the biases than
-  without (experiments/perf_notes.md, "Measurements moved from
-  docstrings").
+  and ``conv2`` have a bias by default, although the following BatchNorm
+  subtracts it: its exact gradient is zero, but Adam scales the rounding
+  noise up to steps of the learning rate, which the inference-mode output
+  (running means at older biases) sees. ``conv_bias=False`` removes them
+  (same training-mode function). The default keeps the reference's biases,
+  which did better in DisUE (experiments/perf_notes.md).
 
   Attributes:
     out_shape: output image shape ``(H, W, Ch)``; ``H, W`` divisible by 4.
@@ -74,10 +60,8 @@ class CGeneratorA(nn.Module):
     output_space: always ``"normalised"`` (see above).
     conv_bias: whether ``conv1`` and ``conv2`` (each before a BatchNorm)
       have a bias, as in FedFTG's code (see above).
-    layers: The layer forms (``layers.LayerSet``); its ``"auto"``
-      convolution form is ``fedjax_dd.policy.conv_form`` for
-      ``"CGeneratorA"`` (``lax`` on every platform). Same parameters in
-      every set; the images it returns are float32 whatever its ``dtype``.
+    layers: The layer forms (``layers.LayerSet``; ``"auto"`` convolutions
+      are ``lax`` here). The images are float32 whatever its ``dtype``.
   """
 
   out_shape: tuple = (32, 32, 3)

@@ -2,10 +2,9 @@
 
 The HFLDD paper describes its CIFAR-10 model as four blocks of ``[conv, ReLU,
 BN, conv, ReLU, BN, max-pool]`` followed by a single dense layer, with
-1,020,160 parameters, but does not list the widths. We searched width
-patterns with 3x3 SAME convolutions (conv biases counted, since ReLU sits
-between conv and BN; BN scale + bias counted; running statistics not counted;
-32 -> 16 -> 8 -> 4 -> 2 spatial, dense from 2*2*C to 10 classes):
+1,020,160 parameters, but does not list the widths. Counts of width patterns
+with 3x3 SAME convolutions (conv biases and BN scale + bias counted, 10
+classes):
 
 ================================  ==========  ==========
 widths (both convs of a block)     params      vs paper
@@ -16,16 +15,8 @@ widths (both convs of a block)     params      vs paper
 32, 64, 128, 256 (doubling)        1,184,426   +16.1%
 ================================  ==========  ==========
 
-Constant width 128 is both the closest natural pattern and the width of the
-ConvNet used throughout the dataset-distillation literature, so it is the
-default. (Only irregular patterns such as per-conv widths 32-32-32-32-64-128-
-256-256 come closer, 1,018,154.) Exact count for the default with 10
-classes, per block ``conv + BN + conv + BN``::
-
-  block1 (3*9*128 + 128) + 256 + (128*9*128 + 128) + 256 =   151,680
-  block2..4 each 2 * (147,584 + 256)                     =   295,680
-  dense 2*2*128*10 + 10                                  =     5,130
-  total 151,680 + 3 * 295,680 + 5,130                    = 1,043,850
+Constant width 128, the closest regular pattern and the width of the
+dataset-distillation ConvNet, is the default.
 """
 
 from typing import Sequence
@@ -48,13 +39,8 @@ class HFLDDCifarCNN(nn.Module):
     num_classes: Number of output logits.
     features: Output channels of the two convolutions of each block.
     weight_grads: Each convolution's kernel gradient with ``lax``
-      (``layers.conv_function``), in order; None: ``policy.kernel_grads``
-      (on CPU one matmul of the patches for the 3-channel input, one matmul
-      per tap for the rest, which train faster than lax's;
-      experiments/perf_notes.md, "Kernel gradient per tap").
-    layers: The layer forms (``layers.LayerSet``: convolution form,
-      compute dtype, ...); the default's are the policy's. Same parameters
-      in every set.
+      (``layers.conv_function``), in order; None: ``policy.kernel_grads``.
+    layers: The layer forms (``layers.LayerSet``); default: the policy's.
   """
 
   num_classes: int = 10

@@ -22,42 +22,24 @@ class ConvNet(nn.Module):
   Instance norm has a learned per-channel scale and bias (2 * width params per
   block) and no running statistics, so the model keeps no ``batch_stats``.
 
-  The layers are ``layers.Conv`` and ``layers.InstanceNorm``: the parameters
-  (names, shapes, initial values) of ``nn.Conv`` and ``nn.InstanceNorm``, the
-  same function to float rounding, in forms that train faster per
-  client-step in the engine's CPU layout (changes 1-4 and the kernel
-  gradient per tap of experiments/perf_notes.md, "ConvNet-3"). Which forms
-  run by default is the policy's (:mod:`fedjax_dd.policy`). On CPU the
-  first block is one function with its own gradient (the layer set's
-  ``fuse_first_block``, :mod:`fedjax_dd.models.fused_block`): the same
-  function and variables, and a faster round again. The
-  convolutions' biases are parameters but are not added: each convolution
-  feeds an instance norm, which subtracts the channel's spatial mean, so a
-  per-channel bias cancels exactly and its gradient is zero.
+  The layers are ``layers.Conv`` and ``layers.InstanceNorm``: the
+  parameters of ``nn.Conv`` and ``nn.InstanceNorm``, the same function to
+  float rounding, in forms faster on CPU; the first block may be one
+  function (the layer set's ``fuse_first_block``,
+  :mod:`fedjax_dd.models.fused_block`). The convolutions' biases are
+  parameters but are not added: instance norm cancels them exactly.
 
-  Parameter count for ``[B, 32, 32, 3]`` input, 10 classes, width 128,
-  depth 3 (spatial 32 -> 16 -> 8 -> 4)::
-
-    conv1 3*3*3*128 + 128 = 3,584     norm 256
-    conv2 3*3*128*128 + 128 = 147,584 norm 256
-    conv3 147,584                     norm 256
-    dense 4*4*128*10 + 10 = 20,490
-    total 320,010
-
-  On ``[B, 28, 28, 1]`` the spatial sizes are 28 -> 14 -> 7 -> 3 (VALID
-  pooling drops the last row/column at 7 -> 3), giving 308,746 parameters.
+  320,010 parameters for ``[B, 32, 32, 3]`` input, 10 classes, width 128,
+  depth 3; 308,746 on ``[B, 28, 28, 1]`` (VALID pooling: 28 -> 14 -> 7 ->
+  3).
 
   Attributes:
     num_classes: Number of output logits.
     width: Channels of every convolution.
     depth: Number of conv blocks (each halves the spatial size).
     weight_grads: Each convolution's kernel gradient with ``lax``
-      (``layers.conv_function``); None: ``policy.kernel_grads`` (on CPU
-      one matmul of the patches for the first layer's few input channels,
-      one matmul per kernel tap for the others).
-    layers: The layer forms (``layers.LayerSet``: convolution form,
-      compute dtype, fused first block, folded instance norm); the
-      default's are the policy's. Same function and variables in every set.
+      (``layers.conv_function``); None: ``policy.kernel_grads``.
+    layers: The layer forms (``layers.LayerSet``); default: the policy's.
   """
 
   num_classes: int = 10
@@ -109,9 +91,8 @@ class ConvNet(nn.Module):
         x = fused_block.conv_instance_norm_relu_avg_pool(
             x, kernel, scale, bias, epsilon=1e-5)
         continue
-      # The bias is a parameter (nn.Conv's variables) but is not added:
-      # instance norm subtracts each channel's spatial mean right after, so
-      # a per-channel bias cancels exactly and its gradient is zero.
+      # The bias is declared (nn.Conv's variables) but not added: the
+      # instance norm right after cancels it exactly.
       x = ls.hot_conv(self.width, (3, 3), padding="SAME",
                       weight_grad=grads[i], apply_bias=False,
                       name=f"conv{i + 1}")(x)

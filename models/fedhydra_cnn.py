@@ -1,19 +1,15 @@
 """FedHydra's client CNNs: ``CNN2`` (MNIST/FMNIST) and ``CNN3`` (SVHN/CIFAR).
 
-FedHydra (data-free one-shot FL with model and data stratification) trains a
-server model by data-free knowledge distillation from the client models. The
-generator is trained to match the BatchNorm running statistics of the client
-models, so both CNNs put BatchNorm after every convolution.
-
-The paper gives only the layer structure; the widths are ours and follow the
-common small-CNN choices of the data-free FL literature:
+FedHydra's generator matches the client models' BatchNorm running
+statistics, so both CNNs put BatchNorm after every convolution. The paper
+gives only the layer structure; the widths are ours (common small-CNN
+choices of the data-free FL literature):
 
 * ``CNN2``: 5x5 convs with 32 and 64 channels (28 -> 14 -> 7).
 * ``CNN3``: 3x3 convs with 32, 64 and 128 channels (32 -> 16 -> 8 -> 4).
 
-Each conv block is ``conv (no bias) -> BN -> ReLU -> max-pool 2``; the conv
-bias is dropped because BN's learned bias subsumes it. A single dense layer
-maps the flattened features to the logits.
+Each conv block is ``conv (no bias, BN's bias subsumes it) -> BN -> ReLU ->
+max-pool 2``; one dense layer maps the flattened features to the logits.
 """
 
 from typing import Sequence
@@ -35,11 +31,10 @@ class ConvBNNet(nn.Module):
     kernel_size: Square kernel size of every convolution.
     weight_grads: Each convolution's kernel gradient with ``lax``
       (``layers.conv_function``); None: ``policy.kernel_grads`` of the
-      class's name (CNN3's are matmuls on CPU, CNN2's lax's); empty:
-      ``"lax"`` for all. The same gradient to float rounding, another speed.
-    layers: The layer forms (``layers.LayerSet``); its ``"auto"``
-      convolution form is the class's own (``policy.FORWARD_CONV_MODELS``),
-      the other defaults the policy's. Same parameters in every set.
+      class's name; empty: ``"lax"`` for all.
+    layers: The layer forms (``layers.LayerSet``); ``"auto"`` convolutions
+      are the class's own (``policy.FORWARD_CONV_MODELS``), the rest the
+      policy's.
   """
 
   num_classes: int = 10
@@ -92,12 +87,7 @@ class ConvBNNet(nn.Module):
 class CNN2(ConvBNNet):
   """Two-block CNN for ``[B, 28, 28, 1]`` (MNIST, FMNIST).
 
-  Parameters with 10 classes::
-
-    conv1 5*5*1*32 = 800     bn1 64
-    conv2 5*5*32*64 = 51,200 bn2 128
-    dense 7*7*64*10 + 10 = 31,370
-    total 83,562
+  83,562 parameters with 10 classes.
   """
 
   features: Sequence[int] = (32, 64)
@@ -107,13 +97,7 @@ class CNN2(ConvBNNet):
 class CNN3(ConvBNNet):
   """Three-block CNN for ``[B, 32, 32, 3]`` (SVHN, CIFAR-10).
 
-  Parameters with 10 classes::
-
-    conv1 3*3*3*32 = 864      bn1 64
-    conv2 3*3*32*64 = 18,432  bn2 128
-    conv3 3*3*64*128 = 73,728 bn3 256
-    dense 4*4*128*10 + 10 = 20,490
-    total 113,962
+  113,962 parameters with 10 classes.
   """
 
   features: Sequence[int] = (32, 64, 128)

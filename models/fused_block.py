@@ -1,15 +1,13 @@
 """A first convolution block computed as one function with its own gradient.
 
 ``avg_pool(relu(instance_norm(conv(x))))`` for a convolution with few input
-channels (ConvNet's first block: 3 -> 128 channels on 32x32 images), the
-same function as the four layers (:class:`layers.Conv` without its bias,
+channels (ConvNet's first block, 3 -> 128 channels), the same function as
+the four layers (:class:`layers.Conv` without its bias,
 :class:`layers.InstanceNorm`, ReLU, :func:`layers.avg_pool`) to float
-rounding, with the same variables. Why: on XLA:CPU these layers' gradient
-writes and re-reads the block's full-size activations (``[B, 32, 32, 128]``,
-33.5 MB per client at batch 64) about nine times. XLA:CPU does not fuse an
-element-wise producer into a reduction that keeps the minor (channel) axis,
-so every instance-norm statistic materialises its operand first, and
-autodiff keeps the ReLU's output for the pool's gradient. Here:
+rounding, with the same variables. Why: XLA:CPU does not fuse an
+element-wise producer into a reduction that keeps the channel axis, so the
+four layers' gradient writes and re-reads the full-size activations
+``[B, H, W, O]`` many times. Here:
 
 * the statistics come from the receptive fields ``P [B, N, K]`` (``N = H *
   W`` pixels, ``K = kh * kw * Ch``, 27 for RGB) and the kernel ``W [K, O]``,
@@ -22,12 +20,8 @@ autodiff keeps the ReLU's output for the pool's gradient. Here:
   through the ReLU, ``g_z``), sums it over space, and contracts it with
   ``P`` per example (``M = P^T g_z``); the kernel's gradient ``P^T dy`` is
   assembled from ``M``, ``sum_n P`` and ``P^T P W`` without forming the
-  norm's input gradient ``dy`` (which is formed only when the input's
-  gradient is used, e.g. by data-free distillation through the model).
-
-The first block's element-wise work shrinks to a fraction, and the
-engine's round runs faster on XLA:CPU's classic and thunk runtimes alike
-(experiments/perf_notes.md, "The first block as one function").
+  norm's input gradient ``dy`` (formed only when the input's gradient
+  is used, e.g. by data-free distillation through the model).
 """
 
 from __future__ import annotations
@@ -48,10 +42,8 @@ def fuses_first_block(platform: str | None = None) -> bool:
   :func:`conv_instance_norm_relu_avg_pool` by default: the policy's
   ``fuse_first_block`` (:func:`fedjax_dd.policy.lookup`).
 
-  True on CPU, where it trains faster (experiments/perf_notes.md, "The
-  first block as one function"). GPU and TPU keep the four layers: their
-  compilers fuse element-wise producers into reductions, the problem this
-  works around, and nothing was measured there.
+  True on CPU only: GPU and TPU compilers fuse element-wise producers into
+  reductions, the problem this works around.
 
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default
@@ -87,11 +79,9 @@ def conv_instance_norm_relu_avg_pool(x: jax.Array, kernel: jax.Array,
                                      epsilon: float = 1e-5) -> jax.Array:
   """``avg_pool(relu(instance_norm(conv(x, kernel))))`` with a custom VJP.
 
-  The convolution is stride 1 with SAME padding and no bias (instance norm
-  cancels one); the instance norm has the variance ``mean(y^2) - mean(y)^2``
-  clipped at 0, as flax computes it; the pool is 2x2 with stride 2, VALID
-  (an odd last row or column is dropped). See the module docstring for how
-  and why.
+  A stride-1 SAME convolution without bias (instance norm cancels one),
+  flax's instance norm and a 2x2 stride-2 VALID pool. See the module
+  docstring.
 
   Args:
     x: Images ``[B, H, W, Ch]``.
@@ -181,9 +171,8 @@ def _block_bwd(epsilon, res, g):
   # The pool's and the ReLU's gradient (z is recomputed, not stored).
   g_z = jnp.where(y * k[:, None, None] + c[:, None, None] > 0,
                   _unpool(g, y.shape), 0.0)                   # [B, H, W, O]
-  # Summed over space; the barrier keeps XLA from merging this with the
-  # sum over the batch below into one reduction that keeps only the channel
-  # axis, which XLA:CPU runs several times slower.
+  # The barrier keeps XLA from merging this with the batch sum below into
+  # one channel-only reduction, which XLA:CPU runs much slower.
   s_g = lax.optimization_barrier(jnp.sum(g_z, axis=(1, 2)))  # [B, O]
   m = lax.dot_general(p, g_z.reshape(b, n, o),
                       (((1,), (1,)), ((0,), (0,))))           # [B, K, O]
@@ -193,9 +182,8 @@ def _block_bwd(epsilon, res, g):
   # at 0 (a tie), 0 below.
   through_var = jnp.where(var_raw > 0, 1.0,
                           jnp.where(var_raw == 0, 0.5, 0.0))
-  # The norm's input gradient is dy = k g_z - a1 - a2 (y - mean) (instance
-  # norm's backward with the mean and variance paths), per example and
-  # channel:
+  # The norm's input gradient, dy = k g_z - a1 - a2 (y - mean), with per
+  # example and channel (the mean's and the variance's paths):
   a1 = k * s_g / n
   a2 = k * rstd * through_var * s_gx / n
   # dW = sum_b P_b^T dy_b, with P^T y = P^T P W (gram_w):

@@ -27,20 +27,15 @@ class Generator(nn.Module):
     BN -> LeakyReLU(0.2) -> conv 3x3 Ch                    # H -> H
     sigmoid
 
-  So 28x28x1 output starts from a 7x7 map and 32x32x3 from 8x8. Upsampling
-  followed by a 3x3 convolution avoids the checkerboard pattern of uneven
-  transposed-convolution overlap, and on XLA:CPU its gradient is much
-  cheaper than that of stride-2 transposed convolutions
-  (experiments/perf_notes.md, "XLA:CPU while loops and the data-free KD
-  epoch"). The sigmoid yields
-  images in ``(0, 1)``, i.e. the range of un-normalised pixel data; callers
-  apply the same normalisation as to real data before feeding a classifier.
+  Upsampling + 3x3 convolution avoids transposed convolutions' checkerboard
+  pattern, and its gradient is much cheaper on XLA:CPU. The sigmoid yields
+  the range of un-normalised pixel data; callers normalise as for real
+  data before feeding a classifier.
 
   Conditional variant (``conditional=True``): a learned label embedding
   ``[num_classes, nz]`` (initialised N(0, 1)) is multiplied element-wise into
-  ``z`` before the dense layer, as in FedGen/ACGAN-style generators. Unlike
-  concatenation this keeps the dense layer's input size at ``nz`` and lets
-  each class rescale every noise direction.
+  ``z`` before the dense layer (FedGen/ACGAN-style), keeping the dense
+  layer's input size at ``nz``.
 
   Attributes:
     out_shape: Output image shape ``(H, W, Ch)``, e.g. ``(28, 28, 1)`` or
@@ -49,10 +44,8 @@ class Generator(nn.Module):
     ngf: Base number of generator channels.
     conditional: Whether ``__call__`` takes labels ``y``.
     num_classes: Number of labels of the conditional variant.
-    layers: The layer forms (``layers.LayerSet``); its ``"auto"``
-      convolution form is ``fedjax_dd.policy.conv_form`` for
-      ``"Generator"`` (``lax`` on every platform). Same parameters in every
-      set; the images it returns are float32 whatever its ``dtype``.
+    layers: The layer forms (``layers.LayerSet``; ``"auto"`` convolutions
+      are ``lax`` here). The images are float32 whatever its ``dtype``.
   """
 
   out_shape: tuple = (32, 32, 3)
@@ -129,8 +122,7 @@ class Generator(nn.Module):
     x = nn.leaky_relu(layers.batch_norm(train, name="bn3")(x),
                       negative_slope=0.2)
     x = ls.conv(ch, (3, 3), padding="SAME", name="conv3")(x)
-    # At least float32 (a bfloat16 compute dtype's images widened; float64
-    # kept, as the float64 gradient checks need).
+    # At least float32; float64 kept for the float64 gradient checks.
     return nn.sigmoid(x.astype(jnp.promote_types(x.dtype, jnp.float32)))
 
 

@@ -1,36 +1,24 @@
 """Shared building blocks for the model zoo.
 
-Pooling is written as reshape + reduction rather than ``nn.max_pool`` /
-``nn.avg_pool`` (``lax.reduce_window``) whenever the window equals the stride.
-On the CPU backend the gradient of ``reduce_window`` max pooling lowers to
-select-and-scatter, which dominates the backward pass of small conv nets; the
-reshape form differentiates to plain element-wise ops and trains faster
-(experiments/perf_notes.md, "Measurements moved from docstrings"). The
-forward values are identical to VALID pooling: trailing rows/columns that do
-not fill a window are cropped.
+Pooling with window equal to stride is reshape + reduction rather than
+``lax.reduce_window``, whose max-pool gradient (select-and-scatter) is slow
+on CPU (experiments/perf_notes.md). Values equal VALID pooling: trailing
+rows/columns that do not fill a window are cropped.
 
-One difference is intentional and harmless: where a max-pool window holds
-several equal maxima, ``jnp.max`` splits the incoming gradient evenly among
-them while select-and-scatter gives all of it to the first one. Both are valid
-subgradients; after a ReLU the tied entries are zeros whose ReLU gradient is
-zero anyway.
-
-Convolutions can be computed in three formulations, picked per model by its
-layer set's ``conv_impl`` (:class:`LayerSet`, :func:`conv`): ``"lax"``
+Convolutions have three formulations, picked by a model's layer set's
+``conv_impl`` (:class:`LayerSet`, :func:`conv`): ``"lax"``
 (``lax.conv_general_dilated``, flax's default), ``"patches"``
 (:func:`patches_conv_general_dilated`, im2col + one matmul) and
-``"forward"`` (:func:`forward_conv_general_dilated`, ``lax``'s value with
-both gradients as forward convolutions). All compute
-the same function with the same parameters; which one is faster depends on
-the platform and the jax version.
-With ``lax`` a layer can also choose how its kernel gradient is computed
-(:func:`lax_conv_custom_weight_grad`). Which form runs by default (``"auto"``
-and the ``None`` fields here) is decided only by :mod:`fedjax_dd.policy`.
+``"forward"`` (:func:`forward_conv_general_dilated`, both gradients as
+forward convolutions). All compute the same function with the same
+parameters; which is faster depends on platform and jax version. With
+``lax`` a layer can also choose its kernel gradient
+(:func:`lax_conv_custom_weight_grad`). Defaults (``"auto"`` and the
+``None`` fields here) are decided only by :mod:`fedjax_dd.policy`.
 
 :class:`Conv` and :class:`InstanceNorm` have the parameters of ``nn.Conv``
 and ``nn.InstanceNorm`` (names, shapes, initial values) and compute the same
-functions in forms measured faster in the engine's CPU layout; ConvNet-3
-trains with them (experiments/perf_notes.md, "ConvNet-3").
+functions in forms faster on CPU.
 """
 
 import dataclasses
@@ -64,8 +52,7 @@ def resolve_conv_impl(conv_impl: str = "auto",
                       platform: str | None = None,
                       jax_version: str | None = None,
                       model: str | None = None) -> str:
-  """The concrete convolution formulation ``"lax"``, ``"patches"`` or
-  ``"forward"``.
+  """The concrete convolution formulation for ``conv_impl``.
 
   Args:
     conv_impl: One of :data:`CONV_IMPLS`; all but ``"auto"`` are returned
@@ -77,9 +64,8 @@ def resolve_conv_impl(conv_impl: str = "auto",
       models have their own form (:func:`fedjax_dd.policy.conv_form`).
 
   Returns:
-    ``"lax"``, ``"patches"`` or ``"forward"``: for ``"auto"`` the policy's
-    form for the platform, jax version and model
-    (:func:`fedjax_dd.policy.conv_form`).
+    ``"lax"``, ``"patches"`` or ``"forward"``; for ``"auto"`` the policy's
+    form.
 
   Raises:
     ValueError: If ``conv_impl`` is not one of :data:`CONV_IMPLS`.
@@ -107,17 +93,11 @@ def patches_conv_general_dilated(
 ) -> jax.Array:
   """``lax.conv_general_dilated`` as patch extraction + one matmul (im2col).
 
-  A drop-in for the NHWC/HWIO convolutions of this package (flax's
-  ``nn.Conv(conv_general_dilated=...)`` calls it with flax's arguments):
-  every receptive field is gathered into ``[B, Ho, Wo, kh * kw * Ch]`` (from
-  shifted strided slices of the padded input; with input dilation by
-  ``lax.conv_general_dilated_patches``) and a dot with the reshaped kernel
-  ``[kh * kw * Ch, O]`` gives the output. Why: on XLA:CPU of newer jax the
-  direct convolution, and above all its vmapped form with one kernel per
-  client (a grouped convolution), is several times slower than a matmul of
-  the same FLOPs; the patches form turns a vmapped kernel into a batched
-  matmul. It computes the same sums in another order, so results agree with
-  ``lax.conv_general_dilated`` to float rounding.
+  A drop-in for flax's ``nn.Conv(conv_general_dilated=...)``: receptive
+  fields ``[B, Ho, Wo, kh * kw * Ch]`` dotted with the kernel
+  ``[kh * kw * Ch, O]``. Why: on XLA:CPU of newer jax the direct (above all
+  the vmapped, grouped) convolution is much slower than a matmul of the same
+  FLOPs. Agrees with ``lax.conv_general_dilated`` to float rounding.
 
   Args:
     lhs: Input ``[B, H, W, Ch]`` (NHWC).
@@ -127,9 +107,8 @@ def patches_conv_general_dilated(
       ``((lo_h, hi_h), (lo_w, hi_w))``.
     lhs_dilation: Input dilation ``(dh, dw)`` or None (1).
     rhs_dilation: Kernel dilation ``(dh, dw)`` or None (1).
-    dimension_numbers: A ``lax.ConvDimensionNumbers`` or string triple
-      describing NHWC input, HWIO kernel and NHWC output, as flax passes for
-      2-D convolutions (None, lax's NCHW default, is refused).
+    dimension_numbers: NHWC/HWIO/NHWC, as flax passes (None, lax's NCHW
+      default, is refused).
     feature_group_count: Must be 1.
     batch_group_count: Must be 1.
     precision: ``lax.Precision`` of the matmul.
@@ -168,10 +147,8 @@ def patches_conv_general_dilated(
     # Features ordered [kh, kw, Ch], as HWIO flattens.
     kernel = rhs.reshape(kh * kw * ch, out)
   else:
-    # Input dilation (transposed convolutions; no model here uses it): XLA's
-    # own patch extraction, a convolution with a one-hot kernel. HIGHEST
-    # keeps it an exact copy on accelerators, whose default precision would
-    # round the inputs to bfloat16.
+    # Input dilation (unused by the models here). HIGHEST keeps the one-hot
+    # patch convolution an exact copy on accelerators (default: bfloat16).
     patches = lax.conv_general_dilated_patches(
         lhs, (kh, kw), strides, padding,
         lhs_dilation=lhs_dilation, rhs_dilation=kdil,
@@ -180,8 +157,7 @@ def patches_conv_general_dilated(
     # Its features are ordered channel-major, [Ch, kh, kw].
     kernel = jnp.transpose(rhs, (2, 0, 1, 3)).reshape(ch * kh * kw, out)
   if preferred_element_type is None and _low_precision(patches, kernel):
-    # Low-precision inputs (a bfloat16 compute dtype): sum in float32,
-    # return the inputs' dtype, as XLA's own convolution does.
+    # bfloat16 inputs: sum in float32, as XLA's own convolution does.
     return jnp.dot(patches, kernel, precision=precision,
                    preferred_element_type=jnp.float32).astype(
                        jnp.result_type(patches, kernel))
@@ -226,8 +202,7 @@ def _tap_slices(x: jax.Array, window: tuple[int, int],
   """The padded input's ``kh * kw`` shifted slices, each ``[B, Ho, Wo, Ch]``.
 
   Slice ``i * kw + j`` holds, at output pixel ``(p, q)``, the input that
-  kernel tap ``(i, j)`` multiplies there: one strided slice of the padded
-  input per tap, pure data movement.
+  kernel tap ``(i, j)`` multiplies there.
   """
   (kh, kw), (sh, sw), (dh, dw) = window, strides, rhs_dilation
   pads = _explicit_pads(x.shape[1:3], window, strides, padding, rhs_dilation)
@@ -249,11 +224,9 @@ def slice_patches(x: jax.Array, window: tuple[int, int],
                   rhs_dilation: tuple[int, int]) -> jax.Array:
   """Receptive fields ``[B, Ho, Wo, kh * kw * Ch]`` from shifted slices.
 
-  The taps' slices (:func:`_tap_slices`) concatenated on the channel axis
-  ([kh, kw, Ch] order). Unlike ``conv_general_dilated_patches`` (a
-  convolution with a one-hot kernel, which XLA:CPU of newer jax runs on its
-  slow convolution path) this is pure data movement, exact on every
-  platform, and its gradient is a sum of pads.
+  :func:`_tap_slices` concatenated in [kh, kw, Ch] order. Unlike
+  ``conv_general_dilated_patches`` (a one-hot convolution, slow on XLA:CPU)
+  this is pure data movement, exact on every platform.
   """
   return jnp.concatenate(
       _tap_slices(x, window, strides, padding, rhs_dilation), axis=-1)
@@ -266,12 +239,8 @@ def conv(
     weight_grad: str = "lax",
     **kwargs: Any,
 ) -> nn.Conv:
-  """``nn.Conv`` computed with the formulation ``conv_impl``.
-
-  The parameters (names, shapes, initialisers) are those of a plain
-  ``nn.Conv(features, kernel_size, **kwargs)``; only the function computing
-  the convolution changes, so checkpoints and variables are interchangeable
-  between formulations.
+  """``nn.Conv`` computed with the formulation ``conv_impl`` (same
+  parameters in every formulation).
 
   Args:
     conv_impl: One of :data:`CONV_IMPLS` (resolved now with
@@ -279,9 +248,8 @@ def conv(
     features: Output channels.
     kernel_size: ``(kh, kw)``.
     weight_grad: How the kernel's gradient is computed with ``lax``
-      (:func:`conv_function`); the same gradient to float rounding.
-    **kwargs: Other ``nn.Conv`` fields (``padding``, ``strides``, ``name``,
-      ...).
+      (:func:`conv_function`).
+    **kwargs: Other ``nn.Conv`` fields (``padding``, ``strides``, ...).
 
   Returns:
     The ``nn.Conv`` module.
@@ -309,11 +277,8 @@ def conv_function(conv_impl: str,
     conv_impl: One of :data:`CONV_IMPLS` (:func:`resolve_conv_impl`).
     weight_grad: Where ``conv_impl`` resolves to ``"lax"``, how the
       kernel's gradient is computed (:func:`lax_conv_custom_weight_grad`):
-      ``"lax"`` (autodiff's convolution), ``"gemm"`` (one matmul of the
-      input's patches) or ``"taps"`` (one matmul per kernel tap). The
-      ``patches`` form's gradient is a matmul already, the ``forward``
-      form's a forward convolution. Models take theirs from
-      :func:`fedjax_dd.policy.kernel_grads` (``"lax"`` but on CPU).
+      ``"lax"``, ``"gemm"`` or ``"taps"``. Models take theirs from
+      :func:`fedjax_dd.policy.kernel_grads`.
 
   Returns:
     ``lax.conv_general_dilated``, :func:`patches_conv_general_dilated`,
@@ -357,32 +322,19 @@ def lax_conv_custom_weight_grad(
   is, by ``weight_grad``:
 
   * ``"gemm"``: ``dW [kh * kw * Ch, O] = patches(x)^T dy``, the receptive
-    fields ``[B, Ho, Wo, kh * kw * Ch]`` (:func:`slice_patches`) contracted
-    with the output's gradient ``[B, Ho, Wo, O]`` over space by a matmul per
-    example, then summed over the batch. Why: with few input channels and
-    many output channels (ConvNet-3's first layer, 3 -> 128 on 32x32
-    images) XLA:CPU's weight-gradient convolution runs far below the
-    core's matmul rate, and the matmul of the patches does not
-    (experiments/perf_notes.md, "Where a ConvNet-3 client-step went").
-    With many input channels the convolution is faster.
-  * ``"taps"``: ``dW[i, j] = x_ij^T dy``, one matmul per kernel tap
-    ``(i, j)``, where ``x_ij [B * Ho * Wo, Ch]`` is the padded input's
-    slice that the tap multiplies (:func:`_tap_slices`) and ``dy [B * Ho *
-    Wo, O]``; the sum over the batch and space is the matmul's contraction.
-    Under vmap each becomes a batched matmul. Why: with many channels
-    (ConvNet-3's 128 -> 128 layers) the nine ``[Ch, B*Ho*Wo] x [B*Ho*Wo,
-    O]`` matmuls run near the core's matmul peak, where XLA:CPU's
-    weight-gradient convolution does not; the slices are copies of the
-    input's size each, not the 9x larger receptive fields that ``"gemm"``
-    writes. The engine's ConvNet-3 round runs faster than with autodiff's
-    kernel gradient run one client at a time (experiments/perf_notes.md,
-    "Kernel gradient per tap").
+    fields (:func:`slice_patches`) contracted with ``dy [B, Ho, Wo, O]`` by
+    a matmul per example, summed over the batch. Why: with few input and
+    many output channels (ConvNet-3's first layer) XLA:CPU's
+    weight-gradient convolution runs far below matmul rate.
+  * ``"taps"``: ``dW[i, j] = x_ij^T dy``, one matmul per kernel tap, where
+    ``x_ij [B * Ho * Wo, Ch]`` is the slice the tap multiplies
+    (:func:`_tap_slices`). Why: with many channels these matmuls run near
+    peak, and the slices are 9x smaller than ``"gemm"``'s receptive fields
+    (experiments/perf_notes.md).
 
-  Same values as ``lax``'s to float rounding (the same sums in another
-  order).
-  Args and returns are those of ``lax.conv_general_dilated``; inputs other
-  than 2-D NHWC/HWIO convolutions without input dilation or
-  groups are computed by ``lax.conv_general_dilated`` unchanged.
+  Same values as ``lax``'s to float rounding. Args and returns are those of
+  ``lax.conv_general_dilated``; inputs other than 2-D NHWC/HWIO
+  convolutions without input dilation or groups go to it unchanged.
   """
   _check_weight_grad(weight_grad)
   if (weight_grad == "lax" or not _is_nhwc(lhs, rhs, dimension_numbers)
@@ -433,12 +385,9 @@ def _custom_wgrad_conv_bwd(strides, padding, rhs_dilation, precision,
     kh, kw, _, _ = rhs.shape
     patches = slice_patches(lhs, (kh, kw), strides, padding, rhs_dilation)
     # [B, Ho, Wo, kh*kw*Ch] x [B, Ho, Wo, O] -> [B, kh*kw*Ch, O] -> summed
-    # over B, in HWIO order. One batched matmul per example rather than one
-    # matmul over all of them: jax 0.5.3's oneDNN rewrite tries to
-    # pre-evaluate the right operand of every 2-D matmul as constant
-    # weights, and on this one (whose operands come from a random batch
-    # draw) that aborted the process (tested); a batched matmul is not
-    # pre-evaluated.
+    # over B, in HWIO order. Batched rather than one 2-D matmul: oneDNN on
+    # old jax tries to pre-evaluate a 2-D matmul's operand as constant
+    # weights, which aborted the process here.
     drhs = jnp.sum(lax.dot_general(
         patches, dy, (((1, 2), (1, 2)), ((0,), (0,))), precision=precision),
                    axis=0).reshape(rhs.shape)
@@ -466,32 +415,19 @@ def forward_conv_general_dilated(
 ) -> jax.Array:
   """``lax.conv_general_dilated`` whose gradients are forward convolutions.
 
-  The value is ``lax``'s. For a stride-1 convolution ``y = x * W`` with
-  explicit pads ``(lo, hi)`` per spatial axis and kernel dilation ``d``:
+  For a stride-1 convolution with pads ``(lo, hi)`` per axis and kernel
+  dilation ``d``, the input's gradient convolves ``dy [B, Ho, Wo, O]`` with
+  the flipped kernel ``[kh, kw, O, Ch]``, padded ``((k-1)d - lo, (k-1)d -
+  hi)``; the kernel's gradient convolves the padded input ``[Ch, Hp, Wp,
+  B]`` with ``dy`` as kernel ``[Ho, Wo, B, O]``, window stride ``d``.
 
-  * the input's gradient is the forward convolution of the output's
-    gradient ``dy [B, Ho, Wo, O]`` with the kernel flipped in space and its
-    channels swapped (``[kh, kw, O, Ch]``), padded ``((k-1)d - lo,
-    (k-1)d - hi)``, dilation ``d``;
-  * the kernel's gradient is the forward convolution of the padded input
-    with batch and channels swapped (``[Ch, Hp, Wp, B]``) and ``dy`` as the
-    kernel (``[Ho, Wo, B, O]``), window stride ``d``, giving ``[Ch, kh, kw,
-    O]``.
+  Why: on XLA:CPU of jax >= 0.10 autodiff's transposed convolutions run on
+  a slow path inside loops (the engine's local steps), forward ones do not
+  (experiments/perf_notes.md).
 
-  Why: on XLA:CPU of jax >= 0.10 autodiff's transposed convolutions (the
-  input gradient and the kernel gradient) run on a slow path when they sit
-  in a loop, as the engine's local steps do, while forward convolutions
-  run at the same speed in and out of loops. Written as forward
-  convolutions, both gradients keep that speed, and no receptive fields
-  are written (most of the ``patches`` form's forward pass is their
-  extraction). The figures are in ``experiments/perf_notes.md``
-  ("Gradients as forward convolutions").
-
-  The same values as ``lax``'s to float rounding (the same sums, possibly
-  in another order). Args and returns are those of
+  Same values as ``lax``'s to float rounding. Args and returns are those of
   ``lax.conv_general_dilated``; other convolutions (strided, input
-  dilation, groups, layouts other than NHWC/HWIO/NHWC, a
-  ``preferred_element_type``) are computed by ``lax.conv_general_dilated``
+  dilation, groups, other layouts, a ``preferred_element_type``) go to it
   with its own gradients.
   """
   strides = tuple(int(v) for v in window_strides)
@@ -569,15 +505,11 @@ def _taps_weight_grad(x: jax.Array, dy: jax.Array,
 def add_bias(y: jax.Array, bias: jax.Array) -> jax.Array:
   """``y + bias`` over the last axis, its bias gradient reduced in two steps.
 
-  ``y [B, ..., O]``, ``bias [O]``. The bias gradient sums the output's
-  gradient over every axis but the last: first over the middle axes
-  (``[B, O]``), then over the batch, with an optimization barrier between
-  so that XLA does not merge them back into one reduction. Why: XLA:CPU
-  runs a reduction that keeps only the minor axis much slower than the two
-  steps, and with vmapped clients that reduction was a visible part of a
-  ConvNet-3 step (experiments/perf_notes.md, "Where a ConvNet-3
-  client-step went"). Same value as ``y + bias``; the gradient to
-  rounding.
+  ``y [B, ..., O]``, ``bias [O]``. The bias gradient sums over the middle
+  axes, then (after an optimization barrier, so XLA does not merge them)
+  over the batch. Why: XLA:CPU runs the one reduction keeping only the
+  minor axis much slower than the two steps. Same value as ``y + bias``;
+  the gradient to rounding.
   """
   return y + bias
 
@@ -609,12 +541,11 @@ def conv_params(module: nn.Module, kernel_size: tuple[int, int],
 class Conv(nn.Module):
   """A 2-D convolution with ``nn.Conv``'s parameters, for the hot models.
 
-  Parameters ``kernel [kh, kw, Ch, O]`` (LeCun normal) and ``bias [O]``
-  (zeros): the names, shapes and initial values of ``nn.Conv(features,
-  kernel_size, padding=padding)``, so variables and checkpoints are
-  interchangeable with it. Computed by :func:`conv_function` (so the
-  formulation and the kernel gradient can be chosen per layer) and
-  :func:`add_bias`. Stride 1, inputs ``[B, H, W, Ch]``.
+  Parameters ``kernel [kh, kw, Ch, O]`` and ``bias [O]`` are those of
+  ``nn.Conv(features, kernel_size, padding=padding)``, so variables are
+  interchangeable with it. Computed by :func:`conv_function` (formulation
+  and kernel gradient per layer) and :func:`add_bias`. Stride 1, inputs
+  ``[B, H, W, Ch]``.
 
   Attributes:
     features: Output channels ``O``.
@@ -623,13 +554,9 @@ class Conv(nn.Module):
     conv_impl: One of :data:`CONV_IMPLS` (``"auto"``: the policy's).
     weight_grad: How the kernel's gradient is computed with ``lax``:
       ``"lax"``, ``"gemm"`` or ``"taps"`` (:func:`conv_function`).
-    apply_bias: False declares the bias (so the variables stay
-      ``nn.Conv``'s) but does not add it. Only for a convolution whose
-      output goes straight into a normalisation that subtracts each
-      channel's mean over space, such as instance norm: there a per-channel
-      bias cancels exactly, so the model computes the same function and the
-      bias's gradient is zero, and adding it and reducing its gradient is
-      wasted work (experiments/perf_notes.md, "Four changes", change 4).
+    apply_bias: False declares the bias (variables stay ``nn.Conv``'s) but
+      does not add it. Only for a convolution followed by a per-channel
+      mean subtraction (instance norm), where the bias cancels exactly.
     dtype: The compute dtype (Flax's ``dtype``); None: the inputs' and
       parameters' common dtype. The parameters are float32.
   """
@@ -670,12 +597,6 @@ def instance_norm_folds(platform: str | None = None,
   """Whether :class:`InstanceNorm` folds its affine map by default: the
   policy's ``fold_norm`` (:func:`fedjax_dd.policy.lookup`).
 
-  True on CPU before jax 0.6, whose XLA:CPU classic runtime the engine uses:
-  there the folded form trains ConvNet-3 faster per client-step. On the
-  thunk runtime of newer jax the same change slows the round, so newer jax
-  and other platforms keep flax's form (experiments/perf_notes.md,
-  "ConvNet-3").
-
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; default JAX's default
       backend.
@@ -687,20 +608,12 @@ def instance_norm_folds(platform: str | None = None,
 class InstanceNorm(nn.Module):
   """Instance normalisation with ``nn.InstanceNorm``'s parameters.
 
-  ``y = (x - mean) / sqrt(var + eps) * scale + bias`` with the mean and
-  variance of each example and channel over the spatial axes; the variance
-  is ``mean(x^2) - mean(x)^2`` clipped at 0, as flax computes it by default
-  (``use_fast_variance``). Parameters ``scale [Ch]`` (ones) and ``bias
-  [Ch]`` (zeros), as ``nn.InstanceNorm`` names and initialises them.
-
-  Unfolded, computed as flax computes it, ``(x - mean) * (rsqrt(var + eps)
-  * scale) + bias``. Folded, as ``x * k + (bias - mean * k)`` with ``k =
-  scale * rsqrt(var + eps)`` of shape ``[B, 1, 1, Ch]``: the same values
-  to rounding, and a backward pass without the full-size centred input,
-  which makes the layer's forward and backward faster on XLA:CPU's classic
-  runtime; in the engine's round the gain holds there and reverses on the
-  thunk runtime (:func:`instance_norm_folds`; experiments/perf_notes.md,
-  "Where a ConvNet-3 client-step went").
+  ``y = (x - mean) * k + bias``, ``k = scale * rsqrt(var + eps)`` ``[B, 1,
+  1, Ch]``, with each example's and channel's spatial mean and variance
+  ``mean(x^2) - mean(x)^2`` clipped at 0, as flax computes them. Folded,
+  ``x * k + (bias - mean * k)``: the same values to rounding, and a
+  backward pass without the full-size centred input (faster on XLA:CPU's
+  classic runtime only).
 
   Attributes:
     epsilon: Added to the variance.
@@ -770,10 +683,8 @@ def phase_split_conv_max_pool(
   gradient reaches ``kernel`` through it): output channel group ``(r, s)``
   holds the convolution's pixels ``(2I + r, 2J + s)``, and the pool is a max
   over the four groups. Same values as ``max_pool(conv(x))`` to float
-  rounding (the sums run in another order). Why: with one or three input
-  channels (LeNet-5's first layer) XLA:CPU's convolution kernels run far
-  below their peak; four times the channels (and about 1.4x the
-  multiply-adds) run faster, and the pool needs no window reshape.
+  rounding. Why: with 1 or 3 input channels (LeNet-5's first layer)
+  XLA:CPU's convolutions run far below peak; 4x the channels run faster.
 
   Args:
     x: ``[B, H, W, Ch]``, ``H`` and ``W`` even.
@@ -808,13 +719,11 @@ class ConvReluMaxPool(nn.Module):
   """``max_pool(relu(conv(x)))``: a VALID convolution, ReLU, 2x2 max-pool.
 
   The parameters are those of ``nn.Conv(features, kernel_size,
-  padding="VALID")`` (``kernel``, ``bias``; same initialisers and names), so
-  variables and checkpoints are interchangeable with a plain ``nn.Conv``
-  followed by :func:`max_pool`. With ``phase_split`` (and even input sizes,
-  odd kernel sizes) the convolution and pool are computed by
-  :func:`phase_split_conv_max_pool` and the ReLU and bias follow the pool
-  (both commute with a max: the same values, and the same gradients but
-  for rounding and exact ties); otherwise as written.
+  padding="VALID")``, so variables are interchangeable with ``nn.Conv`` +
+  :func:`max_pool`. With ``phase_split`` (where it applies) the convolution
+  and pool are :func:`phase_split_conv_max_pool` and the ReLU and bias
+  follow the pool (both commute with a max: same values, same gradients
+  but for rounding and exact ties).
 
   Attributes:
     features: Output channels.
@@ -890,10 +799,9 @@ def max_pool(x: jnp.ndarray, window: int = 2, stride: int = 2) -> jnp.ndarray:
   Args:
     x: Input ``[..., H, W, Ch]`` (usually ``[B, H, W, Ch]``).
     window: Square window size.
-    stride: Stride in both spatial axes. When equal to ``window`` (the common
-      case) pooling is a reshape + max whose gradient goes to the first
-      maximum of each window; otherwise it falls back to ``nn.max_pool``
-      with VALID padding.
+    stride: Stride in both spatial axes. When equal to ``window``, a
+      reshape + max whose gradient goes to each window's first maximum;
+      otherwise ``nn.max_pool`` with VALID padding.
 
   Returns:
     ``[..., (H - window) // stride + 1, (W - window) // stride + 1, Ch]``.
@@ -906,12 +814,8 @@ def max_pool(x: jnp.ndarray, window: int = 2, stride: int = 2) -> jnp.ndarray:
   if window != stride:
     return nn.max_pool(x, (window, window), strides=(stride, stride),
                        padding="VALID")
-  # A reshape exposes the window entries; the max and its gradient are our
-  # own (_window_max: reduce-max's gradient was computed wrongly under jit).
-  # Reshape + jnp.max trained LeNet-5 faster per client-step than two
-  # pairwise jnp.maximum of strided halves with autodiff's gradient
-  # ("Max-pool form"), and _window_max as fast as reshape + jnp.max
-  # ("Max-pool gradient", experiments/perf_notes.md).
+  # Our own max and gradient: reduce-max's gradient was wrong under jit
+  # (see _window_max).
   return _window_max(_crop_to_windows(x, window), window)
 
 
@@ -921,17 +825,12 @@ def _window_max(x: jnp.ndarray, window: int) -> jnp.ndarray:
   (``H``, ``W`` multiples of ``window``), its gradient routed to the first
   maximum of each window.
 
-  Why not reduce-max's own gradient: it marks the window entries equal to
-  the max (``x == broadcast(max)``) in a separate computation, and XLA:CPU
-  got that comparison wrong under jit when ``x``'s producer was fused into it
-  (a BatchNorm before the pool, jax 0.5.3 and 0.12): in whole windows no
-  entry matched, and the jitted gradients of CNN2, CNN3 and HFLDD's CIFAR
-  CNN were far off (float64; experiments/perf_notes.md, "Max-pool
-  gradient") while the eager ones were exact. Here the forward pass
-  records which entry won, as an int8 per window, in the same comparisons
-  that pick it, and the backward pass only places ``g`` there. A tie goes
-  to the first entry in row-major window order (as PyTorch's and lax's
-  ``reduce_window`` max-pool gradients do) instead of being split.
+  Why not reduce-max's own gradient: its ``x == broadcast(max)`` mask was
+  computed wrongly by XLA:CPU under jit when ``x``'s producer (a BatchNorm)
+  was fused into it, so no entry matched (experiments/perf_notes.md). Here
+  the forward pass records the winner as an int8 per window and the
+  backward pass places ``g`` there. A tie goes to the first entry in
+  row-major order, as PyTorch's and ``reduce_window``'s gradients do.
   """
   return _window_max_fwd(x, window)[0]
 
@@ -1056,47 +955,34 @@ def flatten(x: jnp.ndarray) -> jnp.ndarray:
 class LayerSet:
   """The layer forms a model computes with, as one value.
 
-  Every model of this package carries one (its ``layers`` field) and builds
-  its convolutions, dense layers and normalisations through it, instead of
-  holding form fields of its own. Each form computes the same function
-  with the same parameters (names, shapes, initialisers) as flax's plain
-  layer, to float rounding, so variables and checkpoints are
-  interchangeable between sets; only speed and rounding differ. Which
-  forms run by default is :mod:`fedjax_dd.policy`'s, for the platform and
-  jax version: :meth:`from_policy` resolves them all in one place (the
-  registry's ``build`` does so), and a field left at ``"auto"`` or None is
-  the policy's when the model runs. A run records the set
+  Every model carries one (its ``layers`` field) and builds its
+  convolutions, dense layers and normalisations through it. Each form
+  computes flax's plain layer's function with its parameters, to float
+  rounding, so variables are interchangeable between sets. Defaults are
+  :mod:`fedjax_dd.policy`'s: :meth:`from_policy` resolves them all (the
+  registry's ``build`` does so); a field left ``"auto"`` or None is the
+  policy's when the model runs. A run records the set
   (:func:`fedjax_dd.core.definition.forms_of`). Frozen and hashable, so
-  models with equal sets compare equal and share compiled programs
+  models with equal sets share compiled programs
   (:func:`fedjax_dd.models.init_model`).
 
-  Per-convolution kernel gradients are not here: they depend on a model's
-  layers, so the models that have them keep a ``weight_grads`` field
-  (:func:`fedjax_dd.policy.kernel_grads`).
+  Per-convolution kernel gradients depend on a model's layers, so they are
+  a model's ``weight_grads`` field (:func:`fedjax_dd.policy.kernel_grads`).
 
   Attributes:
-    conv_impl: How convolutions are computed, one of :data:`CONV_IMPLS`:
-      ``"lax"`` (``lax.conv_general_dilated``, flax's), ``"patches"``
-      (:func:`patches_conv_general_dilated`: patch extraction + one
-      matmul), ``"forward"`` (:func:`forward_conv_general_dilated`:
-      ``lax``'s value, both gradients as forward convolutions) or
-      ``"auto"``: the policy's form for the model's class when it runs
-      (:meth:`for_model`, :func:`fedjax_dd.policy.conv_form`).
+    conv_impl: How convolutions are computed, one of :data:`CONV_IMPLS`
+      (module docstring); ``"auto"``: the policy's form for the model's
+      class when it runs (:meth:`for_model`).
     dtype: The compute dtype of the convolutions and matmuls (Flax's
-      ``dtype``, e.g. ``jnp.bfloat16``, kept as a ``jnp.dtype``); None:
-      the inputs' and parameters' (float32). Parameters, normalisation
-      statistics and the losses stay float32.
+      ``dtype``, kept as a ``jnp.dtype``); None: the inputs' and
+      parameters'. Parameters, statistics and losses stay float32.
     phase_split: LeNet-5's first convolution and its pool computed
-      phase-split (:class:`ConvReluMaxPool`; faster on CPU,
-      experiments/perf_notes.md, "Phase-split first layer"); None: the
-      policy's ``phase_split``.
-    fuse_first_block: ConvNet's first block (convolution, instance norm,
-      ReLU, pool) computed as one function whose convolution is a matmul
-      of the input's patches whatever ``conv_impl``
-      (:mod:`fedjax_dd.models.fused_block`); None: the policy's
-      ``fuse_first_block``.
+      phase-split (:class:`ConvReluMaxPool`); None: the policy's.
+    fuse_first_block: ConvNet's first block computed as one function
+      (:mod:`fedjax_dd.models.fused_block`, whatever ``conv_impl``); None:
+      the policy's.
     fold_norm: Instance norm with its affine map folded
-      (:class:`InstanceNorm`); None: the policy's ``fold_norm``.
+      (:class:`InstanceNorm`); None: the policy's.
 
   Example::
 

@@ -16,19 +16,15 @@ class LeNet5(nn.Module):
     conv 16 5x5 -> ReLU -> max-pool 2  # 12 -> 8 -> 4
     dense 120 -> ReLU -> dense 84 -> ReLU -> dense num_classes
 
-  The original used tanh/sigmoid units and trainable sub-sampling; like the
-  FL/dataset-distillation literature we use ReLU and max-pooling, which train
-  faster and are what the reported baselines were run with.
-
-  With one input channel and 10 classes this has exactly 44,426 parameters:
-  conv1 156 + conv2 2,416 + dense 30,840 + 10,164 + 850. Other square inputs
-  work as long as both convolutions fit; the first dense layer adapts.
+  ReLU and max-pooling replace the original's tanh/sigmoid and trainable
+  sub-sampling, as in the FL/dataset-distillation baselines. 44,426
+  parameters with one input channel and 10 classes; other inputs work if
+  both convolutions fit.
 
   Attributes:
     num_classes: Number of output logits.
-    layers: The layer forms (``layers.LayerSet``); its ``phase_split``
-      computes the first convolution and its pool phase-split. The
-      default's are the policy's. Same parameters in every set.
+    layers: The layer forms (``layers.LayerSet``; ``phase_split`` applies
+      to the first convolution and its pool); default: the policy's.
   """
 
   num_classes: int = 10
@@ -66,16 +62,12 @@ class DigitsCNN(nn.Module):
     conv 64 3x3 -> ReLU -> max-pool 2  # 4 -> 2
     dense 128 -> ReLU -> dense num_classes
 
-  53,002 parameters for 10 classes: 320 + 18,496 + 32,896 + 1,290. Trained
-  centrally with Adam it is the digits preset's model
-  (``experiments/configs/centralized.py:digits``, whose docstring gives the
-  expected accuracy).
+  53,002 parameters for 10 classes; the model of the digits preset
+  (``experiments/configs/centralized.py:digits``).
 
   Attributes:
     num_classes: Number of output logits.
-    layers: The layer forms (``layers.LayerSet``: convolution form,
-      compute dtype, ...); the default's are the policy's. Same parameters
-      in every set.
+    layers: The layer forms (``layers.LayerSet``); default: the policy's.
   """
 
   num_classes: int = 10

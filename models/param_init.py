@@ -5,11 +5,9 @@ variance ``1 / fan_in``) and set biases to zero. PyTorch's ``nn.Linear`` and
 ``nn.Conv2d`` (``reset_parameters``) draw both kernel and bias uniformly on
 ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]`` (Kaiming-uniform with ``a = sqrt(5)``,
 whose bound ``gain * sqrt(3 / fan_in)`` is ``1 / sqrt(fan_in)``). The two
-start federated training from visibly different places: on Fashion-MNIST
-Dir(0.01) with LeNet-5, FedFTG's released PyTorch code has the first
-FedAvg models predict one class where the same code with Flax's
-initialisation does not (``experiments/results/fedftg_reference_fmnist.md``).
-:func:`torch_default` lets a run start as a PyTorch reference does.
+start federated training visibly differently
+(``experiments/results/fedftg_reference_fmnist.md``); :func:`torch_default`
+lets a run start as a PyTorch reference does.
 """
 
 from __future__ import annotations
@@ -34,13 +32,11 @@ def _layer_key(key: jax.Array, path: tuple[str, ...]) -> jax.Array:
 def torch_default(params: PyTree, key: jax.Array) -> PyTree:
   """Re-draws every kernel and its bias as PyTorch's defaults do.
 
-  A layer is a dict holding a ``kernel`` of rank >= 2 (Flax's Dense
-  ``[in, out]``, Conv ``[kh, kw, in / groups, out]``), so
-  ``fan_in = prod(kernel.shape[:-1])`` is PyTorch's ``fan_in`` for
-  ``nn.Linear`` and ``nn.Conv2d`` alike. Its kernel and its ``bias`` (if
-  any) become ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``; everything else
-  (BatchNorm's scale 1 and bias 0, which PyTorch also uses) is returned
-  unchanged.
+  A layer is a dict holding a ``kernel`` of rank >= 2 (Dense ``[in, out]``,
+  Conv ``[kh, kw, in / groups, out]``); ``fan_in = prod(kernel.shape[:-1])``.
+  Its kernel and ``bias`` (if any) become ``U(-1/sqrt(fan_in),
+  1/sqrt(fan_in))``; everything else (BatchNorm's scale 1 and bias 0, as in
+  PyTorch) is unchanged.
 
   Args:
     params: a model's ``params`` tree (as from ``module.init(...)["params"]``).

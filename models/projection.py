@@ -1,21 +1,17 @@
 """A registered classifier split into representation, projection head and
 output layer, for MOON's model-contrastive loss.
 
-MOON (Li, He, Song, CVPR 2021, Sec. 3.2) builds its network from three parts:
-a base encoder, a projection head (a 2-layer MLP mapping the representation
-to ``out_dim``) and an output layer on the projection. The authors' code
-(``model.py``, ``ModelFedCon``) takes the base encoder to be a classifier
-without its last linear layer, the head to be ``Linear(d, d) -> ReLU ->
-Linear(d, out_dim)`` with ``out_dim = 256`` (``--out_dim``), and the output
-layer to be ``Linear(out_dim, num_classes)``; the contrastive loss reads the
-projection ``z`` and the cross-entropy the output layer's logits.
+MOON (Li, He, Song, CVPR 2021, Sec. 3.2; the authors' ``ModelFedCon``) is a
+base encoder (a classifier without its last linear layer), a projection head
+``Linear(d, d) -> ReLU -> Linear(d, out_dim)`` (``out_dim = 256``) and an
+output layer ``Linear(out_dim, num_classes)``; the contrastive loss reads
+the projection ``z``, the cross-entropy the logits.
 
 :class:`ProjectionNet` builds that from any model of this package without
-changing it: the base model runs with its last ``Dense`` (named by
-``ModelSpec.head``) skipped through ``flax.linen.intercept_methods``, so the
-base returns the input of that layer, its penultimate representation ``h``.
-The base's parameters are then those of the registered model less its
-output layer; the registered model itself is untouched.
+changing it: the base's last ``Dense`` (``ModelSpec.head``) is skipped
+through ``flax.linen.intercept_methods``, so the base returns its
+penultimate representation ``h`` and has the registered model's parameters
+less its output layer.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ from fedjax_dd.models.layers import LayerSet
 
 
 class ProjectionNet(nn.Module):
-  """``base`` less its output layer, then MOON's projection head and output layer.
+  """``base`` less its output layer, then MOON's head and output layer.
 
   Layout (``d`` the base's representation width)::
 
@@ -95,8 +91,8 @@ def projection_builder(base_build: Any, head: str, proj_dim: int = 256):
   compute_dtype="auto")`` of a :class:`ProjectionNet` over ``base_build``'s
   model, its head in the base's layer set (compute dtype).
 
-  ``proj_dim`` is the head's output width (MOON's ``--out_dim``, 256 in the
-  paper's runs); a build call may override it.
+  ``proj_dim`` is the head's output width (MOON's ``--out_dim``); a build
+  call may override it.
 
   Raises:
     ValueError: (from the build) a ``proj_dim`` below 1, before any layer

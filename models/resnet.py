@@ -21,9 +21,7 @@ class BasicBlock(nn.Module):
   Attributes:
     features: Output channels.
     stride: Stride of the first convolution (and of the projection).
-    layers: The layer forms (``layers.LayerSet``: convolution form,
-      compute dtype, ...); the default's are the policy's. Same parameters
-      in every set.
+    layers: The layer forms (``layers.LayerSet``); default: the policy's.
   """
 
   features: int
@@ -57,9 +55,7 @@ class ResNet(nn.Module):
     num_classes: Number of output logits.
     stage_sizes: Number of BasicBlocks per stage.
     width: Channels of the stem and the first stage.
-    layers: The layer forms (``layers.LayerSet``: convolution form,
-      compute dtype, ...); the default's are the policy's. Same parameters
-      in every set.
+    layers: The layer forms (``layers.LayerSet``); default: the policy's.
   """
 
   num_classes: int = 10

@@ -8,27 +8,19 @@ r"""Accelerator benchmark: one command, one JSON file, on JAX's default backend.
 Measures, on whatever ``jax.default_backend()`` is (a GPU, a TPU or the
 CPU), in this order (``--sections`` picks and orders them):
 
-* ``engine``: one FedAvg round (the engine's client stage:
-  ``bench_engine.measure_jax``) of LeNet-5 (28x28x1) and ConvNet-3
-  (32x32x3), ``--steps`` local steps of batch ``--batch``, at each of
+* ``engine``: one FedAvg round (``bench_engine.measure_jax``) of LeNet-5
+  and ConvNet-3, ``--steps`` local steps of batch ``--batch``, at each of
   ``--clients``, with the default client backend; ms per client-step and
-  the device's peak memory (``device.memory_stats()``, where the platform
-  reports it). ``--conv_impls lax,patches`` times each convolution form
-  (default: the policy's, ``auto``); ``--precisions float32,tf32,bfloat16``
-  each compute precision (``bench_engine.PRECISIONS``; default ``auto``,
-  the policy's compute dtype at jax's default precision). Each row also
-  gives the achieved TFLOP/s (XLA's FLOP count of one client's update over
-  the measured time) and, on a card of :data:`PEAK_TFLOPS`, the fraction of
-  its dense peak at that precision. ``--models papers`` names every model
-  the papers use (:data:`PAPER_MODELS`). Where the clients share one set
-  of weights (evaluating the global model on every client's data) ``vmap``
-  already folds the client axis into the batch, so training, where each
-  client has its own weights, has only the grouped (``lax``) and batched
-  matmul (``patches``) forms to compare.
-* ``vs_torch``: the PyTorch reference loops of ``bench_engine --vs_torch``
-  (``measure_torch``: plain and lean in float32, and lean under bfloat16
-  autocast, ``torch_bf16``; on CUDA when torch sees a GPU)
-  alternating with the engine, ``--torch_pairs`` times, at
+  the device's peak memory where the platform reports it. ``--conv_impls``
+  times each convolution form of training (grouped ``lax`` or batched
+  matmul ``patches``; default: the policy's), ``--precisions`` each compute
+  precision (``bench_engine.PRECISIONS``). Each row also gives the achieved
+  TFLOP/s (XLA's FLOP count over the measured time) and, on a card of
+  :data:`PEAK_TFLOPS`, the fraction of its dense peak. ``--models papers``
+  names every model the papers use (:data:`PAPER_MODELS`).
+* ``vs_torch``: ``bench_engine.measure_torch``'s loops (plain and lean in
+  float32, lean under bfloat16 autocast, ``torch_bf16``; on CUDA when torch
+  sees a GPU) alternating with the engine, ``--torch_pairs`` times, at
   ``--torch_clients``; the figure is PyTorch ms / engine ms (> 1: the engine
   is faster). Without torch the rows say so.
 * ``kip``: ``bench_kip.measure`` for ``--kip_clients`` clients, FC-NTK, at
@@ -50,18 +42,16 @@ CPU), in this order (``--sections`` picks and orders them):
 Every measurement also gives a ``compile`` row: its program's first call
 (compilation included) against the warm calls.
 
-Each measurement runs in a fresh subprocess (its own peak memory, its own
-compilations), under a time limit: ``--budget_s`` bounds the whole command;
-a measurement gets at most the time left, and once too little is left the
-remaining rows are written as skipped with a note. The JSON is rewritten
-after every row, so a killed run keeps what it measured.
+Each measurement runs in a fresh subprocess (its own peak memory and
+compilations) under ``--budget_s``, the whole command's limit: once too
+little is left the remaining rows are written as skipped with a note. The
+JSON is rewritten after every row, so a killed run keeps what it measured.
 
-``--plan`` runs nothing: it walks the same rows with each measurement's
-time taken from an earlier report of the same rows (``--plan_from``,
-e.g. ``experiments/results/bench_accelerator_h100_run1.json``) or, for rows
-no report has, its time cap, and writes ``{"meta": ..., "plan": [...]}``:
-every measurement in order with its estimate, the running total and
-whether it fits ``--budget_s``.
+``--plan`` runs nothing: it estimates each measurement's time from earlier
+reports (``--plan_from``, e.g.
+``experiments/results/bench_accelerator_h100_run1.json``) or its time cap,
+and writes ``{"meta": ..., "plan": [...]}`` with the running total and
+whether each fits ``--budget_s``.
 
 The report is ``{"meta": {...}, "rows": [...]}``; every row has ``section``,
 ``name``, ``status`` (``ok``, ``skipped``, ``error``), ``note``,

@@ -1,5 +1,5 @@
 r"""Audit benchmark: the audit of a finished FedD3 run against its own
-distillation time (issue 79's speed target: at most twice as long).
+distillation time (the target: at most twice as long).
 
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_noniid_kip --workdir=workdir/d3
   python -m fedjax_dd.experiments.bench.bench_audit --workdir=workdir/d3 \

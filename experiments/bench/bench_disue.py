@@ -22,61 +22,27 @@ into the stages the round runs, each timed to ``block_until_ready``:
   generator step and 5 student steps, batch 50) and the cohort's 15 teacher
   slots.
 
-The stages are the library's own: the programs come from
-:func:`fedjax_dd.algorithms.clustered.clustered_programs` and the IGA from
-the runner's ``_iga`` builder, with the arguments the ``disue`` runner passes;
-similarity and AP are called with the arguments of
-:func:`fedjax_dd.algorithms.disue.affinity_grouping`. A warm-up round
-compiles; the report holds the median of ``--rounds`` rounds after it, and IGA
-steps per second (generator + student steps over the IGA seconds).
+The stages are the library's own (:func:`fedjax_dd.algorithms.clustered.
+clustered_programs`, the runner's ``_iga``, the arguments of
+:func:`fedjax_dd.algorithms.disue.affinity_grouping`). A warm-up round
+compiles; the report holds the median of ``--rounds`` rounds after it, and
+IGA steps per second.
 
-Recompiles: after the warm-up, the timed rounds (whose AP finds its own K)
-and a sweep of K = 1, 3, 7, 15 groups (``labels = arange(S) % K``: the
-aggregation with other segment ids, then IGA with K real teachers and zero
-class-count rows for the rest) run inside ``jax.log_compiles(True)`` with a
-logging handler counting "Compiling" records. ``recompile_count`` must be 0;
-``compiles_in_warmup`` shows the counter sees compiles at all.
+Recompiles: the timed rounds (whose AP finds its own K) and a sweep of K =
+1, 3, 7, 15 groups (``labels = arange(S) % K``) run inside
+``jax.log_compiles(True)``, counting "Compiling" records.
+``recompile_count`` must be 0; ``compiles_in_warmup`` shows the counter
+sees compiles at all. IGA evaluates all S teacher slots (the padded ones as
+copies of the first real teacher), so its cost should not change with K.
 
-Data: by default synthetic, shaped like Fashion-MNIST (the model's input
-shape, 10 classes, ``--examples_per_client`` 600 per client: a class template
-plus noise, uniform labels, split by the preset's ``dirichlet_client``
-partition), written to a temporary npz and loaded through the project's
-loaders, so no dataset is needed. ``--dataset fmnist`` / ``cifar10`` load
-``../shared/datasets/*.npz``. ``--model`` takes a comma-separated list
-(``lenet5``: 28x28x1; ``cnn3``: FedHydra's CNN3, 32x32x3; ``digits_cnn``:
-8x8x1); ``--set KEY=VALUE`` overrides any config field (e.g.
-``--set iga.iterations=1``). With ``--set client.activity=P`` each round
-draws its cohort as the rounds loop does (each client joins with
-probability P; ``cohort_by_round``), and every new cohort size compiles the
-client programs once, so ``recompile_count`` counts them.
-
-Measured once on a machine of 2 CPU cores shared with other jobs (jax 0.5.3,
-2 host devices, ``sharded`` client backend), synthetic data in the model's input shape, median of 3 rounds after
-the warm-up, seconds (the first command, and ``--model cnn3``):
-
-  model   params  local_training  similarity  ap     aggregation  iga    round  IGA steps/s
-  lenet5  44,426  2.486           0.0028      0.0023 0.0032       5.930  8.44   10.1
-  cnn3    113,962 65.30           0.0077      0.0023 0.0048       23.82  89.06  2.5
-
-LeNet-5: 15 clients x 60 local steps of batch 50; AP found 4, 5 and 4 groups
-(all converged); the warm-up round took 23.0 s, compilation included (local
-training 10.3 s, IGA 11.5 s). IGA is 70% of a round, and its cost does not
-depend on K: the sweep's IGA rounds took 6.00, 5.97, 5.90 and 5.89 s at K =
-1, 3, 7, 15, because all S = 15 teacher slots are evaluated, the padded ones
-as copies of the first real teacher. Recompiles after the warm-up: 0 in the
-timed rounds and 0 in the K = 1, 3, 7, 15 sweep (87 compiles counted in the
-warm-up).
-
-CNN3 (32x32x3): the same 60 local steps per client cost 72 ms per
-client-step against LeNet-5's 2.8 ms, so local training is 73% of its round;
-AP found 5, 4 and 4 groups; the warm-up took 108.5 s (local training 74.3 s,
-IGA 32.8 s); the sweep's IGA rounds took 24.0 to 24.4 s at every K; 0
-recompiles after the warm-up (83 in it); peak RSS 2.8 GB (LeNet-5: 1.2 GB).
-Similarity, AP and aggregation stay under 10 ms per round for both models.
-
-Real Fashion-MNIST (``--dataset fmnist --rounds 1 --ks 1,15``, LeNet-5): one
-timed round of 7.97 s (local training 2.21 s, IGA 5.75 s, 10.4 IGA steps/s),
-AP found 5 groups, 0 recompiles: the synthetic data costs the same.
+Data: by default synthetic in the model's input shape (10 classes,
+``--examples_per_client`` per client: a class template plus noise, split by
+the preset's partition), written to a temporary npz, so no dataset is
+needed; ``--dataset fmnist`` / ``cifar10`` load ``../shared/datasets/*.npz``.
+``--model`` takes a comma-separated list (``lenet5``, ``cnn3``,
+``digits_cnn``); ``--set KEY=VALUE`` overrides any config field. With
+``--set client.activity=P`` each round draws its cohort as the rounds loop
+does, and ``recompile_count`` counts the compile of each new cohort size.
 """
 
 from __future__ import annotations
@@ -456,7 +422,7 @@ def _peak_rss_mb() -> float:
 
 
 def format_table(report: dict) -> str:
-  """The docstring's table of a report."""
+  """A report as a table: one row per model, seconds per stage."""
   head = (f"{'model':<10} {'params':>9} " +
           " ".join(f"{st:>14}" for st in STAGES) +
           f" {'round':>7} {'IGA steps/s':>11} {'recompiles':>10}")

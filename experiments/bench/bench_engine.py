@@ -20,10 +20,9 @@ r"""Engine benchmark: ms per client-step for every client backend.
 
 Every backend runs with the package's defaults: on CPU ``configure_cpu()``
 exposes one host device per core, ``sharded`` splits the clients over them
-and ``chunked``/``sharded`` use the measured chunk size unless
-``--chunk_size`` is given. The HFLDD CIFAR CNN (about 0.5 s per client-step
-on 2 cores) and ConvNet-3 (``--models convnet3``) run at ``--cifar_clients``
-only.
+and ``chunked``/``sharded`` use the default chunk size unless
+``--chunk_size`` is given. The HFLDD CIFAR CNN and ConvNet-3 (``--models
+convnet3``), slow on a CPU, run at ``--cifar_clients`` only.
 
 Measures the engine's real cohort path (``stages.client_stage``: broadcast
 model, fresh SGD state, ``lax.scan`` of ``--steps`` local steps with batch
@@ -46,61 +45,33 @@ the report also holds the three sections below with their defaults:
 ``vs_torch`` (LeNet-5 at 10 and 100 clients), ``padding``
 (:data:`FULL_PADDING_PRESETS`, local epochs scaled by
 :data:`FULL_PADDING_SCALE` for the wall times) and ``scale`` (500, 2,000 and
-10,000 clients). The full report takes hours on a 2-core CPU; each section
-alone is its flag below.
+10,000 clients). Each section alone is its flag below.
 
-``--vs_torch COUNTS`` (e.g. ``10,100``): the comparison the README quotes.
-Rounds of ``--vs_torch_model`` (``lenet5``, or ``convnet3`` against a
-PyTorch ConvNet-3 of the same 320,010 parameters) of the engine (default
-backend and formulation), PyTorch's reference loop and the lean PyTorch loop, alternating in fresh subprocesses,
-``--pairs`` times; the median ratio PyTorch / engine with its min and max
-(:func:`measure_vs_torch`).
+Modes, each instead of the grid and with its own report:
 
-``--scale COUNTS``: FedAvg over populations of that many MNIST-sized
-clients whose data stays in host memory, 1 % participation, each cohort
-streamed to the device; seconds per round and peak RSS, each population in
-its own subprocess (:func:`measure_scale`).
+* ``--vs_torch COUNTS``: the engine against PyTorch's reference and lean
+  loops on ``--vs_torch_model``, the median ratio PyTorch / engine
+  (:func:`measure_vs_torch`);
+* ``--scale COUNTS``: FedAvg over that many MNIST-sized clients streamed
+  from host memory, 1 % participation (:func:`measure_scale`);
+* ``--padding PRESETS``: each ``CONFIG.py:ARG`` preset's local training,
+  masked against bucketed (:func:`measure_padding`);
+* ``--layouts``: one LeNet-5 client-step in NHWC and NCHW, with and without
+  donated buffers (:func:`measure_layouts`);
+* ``--forms`` and ``--profile``: one LeNet-5 client's update in four jitted
+  forms (:func:`measure_forms`) and split into its parts
+  (:func:`measure_profile`);
+* ``--public_round``: a FedAvg round built through the public API's
+  defaults against the entry point's (:func:`measure_public_round`);
+* ``--other_python=PY``: one LeNet-5 round alternately on this interpreter
+  and on ``PY`` (another virtualenv with this package importable) for each
+  ``--conv_impl`` (:func:`measure_ends`).
 
-``--padding PRESETS``: for each ``CONFIG.py:ARG`` preset, every client of
-its partition (every head of an HFLDD preset: its heads' FedAvg round)
-trains once, with the local epochs scaled by ``--padding_epochs_scale``,
-alternately with every client computing the largest step count (masked; the engine before bucketing) and with the
-default bucketed, per-client loop; the report gives real and computed
-client-steps, both wall times per pair and whether the results were the same
-bits (:func:`measure_padding`).
-
-``--layouts``: one LeNet-5 client-step in NHWC and NCHW, each with and
-without donated parameter buffers (:func:`measure_layouts`).
-
-``--public_round``: one FedAvg round of ``--ends_clients`` LeNet-5 clients
-(``--steps`` local steps of batch ``--batch``, SGD 0.01) built two ways,
-alternating in fresh subprocesses, ``--pairs`` times: ``public``, only
-through the public API's defaults (``models.get_model("lenet5").build(10)``,
-``fedjax_dd.algorithms.fedavg.fedavg`` with its default mapper, ``apply``),
-as a notebook builds it; and ``entry``, as the ``fedjax-dd`` entry point
-builds it (``common.conv_impl`` and ``registry.get("fedavg").rounds`` on
-``fedavg.py:mnist_iid``). Both processes call ``configure_cpu()``. With
-``--other_python`` both interpreters run each pair. The report gives ms per
-client-step and per interpreter the median ratio public / entry
-(:func:`measure_public_round`).
-
-``--conv_impl`` (``auto`` | ``lax`` | ``patches``, several comma-separated)
-picks the models' convolution formulation
-(``fedjax_dd.models.layers.resolve_conv_impl``); every result records the
-resolved one and the jax version.
-
-Two jax installations side by side (``--other_python``): instead of the grid
-above, one FedAvg round of ``--ends_clients`` LeNet-5 clients (``--steps``
-local steps of batch ``--batch``, through the public client stage, the
-default backend) is measured alternately on this interpreter and on
-``--other_python`` (another virtualenv with this package importable, e.g.
-through ``PYTHONPATH``), for each ``--conv_impl``, ``--pairs`` times; each
-measurement in its own subprocess. Alternating within a pair keeps slow
-drifts of a shared machine's load out of the ratios. The report's ``ends``
-holds both interpreters and their jax/flax versions, every pair's figures
-(ms per client-step) and per conv_impl the medians over pairs and the median
-of the per-pair ratios other / this; ``conv_impl_ratio`` gives per
-interpreter the median of patches / lax.
+Paired modes alternate their sides in fresh subprocesses ``--pairs`` times,
+so a shared machine's load drifts stay out of the ratios. ``--conv_impl``
+(``auto`` | ``lax`` | ``patches``, comma-separated) picks the models'
+convolution formulation (``fedjax_dd.models.layers.resolve_conv_impl``);
+every result records the resolved one and the jax version.
 """
 
 from __future__ import annotations
@@ -141,13 +112,10 @@ def _min_time(fn, reps: int) -> float:
   return best
 
 
-# Compute precisions a measurement may ask for: a model compute dtype
-# (``policy.COMPUTE_DTYPES``, or ``auto``, the policy's), or ``tf32``: a
-# float32 model whose convolutions and matmuls run at TensorFloat-32
-# (``jax.default_matmul_precision("tensorfloat32")``). ``float32`` runs at
-# full float32 precision (``"float32"``, which on XLA:GPU turns TF32 off);
-# ``auto`` keeps jax's default precision, which is TF32 on recent NVIDIA
-# GPUs for float32 models.
+# Compute precisions a measurement may ask for: ``auto`` (the policy's
+# compute dtype at jax's default precision, TF32 on recent NVIDIA GPUs for
+# float32 models), ``float32`` at full precision (TF32 off), ``tf32`` (a
+# float32 model at TensorFloat-32) or ``bfloat16``.
 PRECISIONS = ("auto", "float32", "tf32", "bfloat16")
 
 
@@ -313,12 +281,10 @@ def measure_profile(*, steps: int, batch: int, reps: int,
                     conv_impl: str = "auto") -> dict:
   """Where one LeNet-5 client-step spends its time, by subtraction.
 
-  One chunk of the default chunk size (a vmap of 2 clients on jax 0.5.3's
-  classic runtime, one unbatched client on newer jax), one host device,
-  single-threaded (as each core runs it under the default backend),
-  ``steps`` training steps of batch ``batch``
-  in a ``lax.scan`` that carries the parameters; each program adds one part
-  to the previous one:
+  One chunk of the default chunk size, one host device, single-threaded
+  (as each core runs it under the default backend), ``steps`` training
+  steps of batch ``batch`` in a ``lax.scan`` that carries the parameters;
+  each program adds one part to the previous one:
 
   * ``sample``: draw the batch and add a function of it to the carry;
   * ``forward``: + the forward pass and the loss;
@@ -396,10 +362,9 @@ def measure_profile(*, steps: int, batch: int, reps: int,
                                     n_max, steps, key, ()).params,
   }
   # Each core runs its clients in vmapped chunks of ``chunk`` (unbatched
-  # when 1), so the programs are timed in that layout: an unbatched
-  # convolutional scan is the slow path of jax 0.5.3's XLA:CPU
-  # (perf_notes.md, "a convolutional scan that is not vmapped"), which
-  # the engine never runs there.
+  # when 1), so the programs are timed in that layout, which is not the
+  # same cost as an unbatched scan (perf_notes.md, "a convolutional scan
+  # that is not vmapped").
   chunk = clients.default_chunk_size() or 1
   if chunk > 1:
     params = jax.tree_util.tree_map(lambda a: jnp.stack([a] * chunk), params)
@@ -424,11 +389,9 @@ def measure_layouts(*, steps: int, batch: int, reps: int) -> dict:
   """One LeNet-5 client-step in two memory layouts, with and without
   buffer donation.
 
-  A plain-``lax`` LeNet-5 (VALID 5x5 convs 6 and 16, ReLU, 2x2 max pool,
-  dense 120-84-10; the library model's layers) trained by plain SGD for
-  ``steps`` steps of batch ``batch`` in a ``lax.scan``, one client,
-  unbatched, on one host device with the per-core compiler options. The
-  variants:
+  A plain-``lax`` LeNet-5 (the library model's layers) trained by plain SGD
+  for ``steps`` steps of batch ``batch`` in a ``lax.scan``, one client,
+  unbatched, on one host device with the per-core compiler options:
 
   * ``nhwc``: images ``[N, H, W, Ch]``, kernels ``[kh, kw, in, out]`` (the
     library's layout, flax's);
@@ -703,20 +666,15 @@ def measure_torch(model: str, num_clients: int, *, steps: int, batch: int,
   without torch (or for another model).
 
   ``device`` is the torch device of the models and data (e.g. ``cuda``;
-  each timed run then ends with a synchronisation).
-
-  ``lean=False`` gathers and converts every batch from uint8 inside the loop
-  (as the papers' reference code's data loaders do). ``lean=True`` is the
-  loop a PyTorch user would write for speed: the data converted to float
-  once, outside the timing, each client a fresh copy of the global model,
-  SGD, and the mean of the client models at the end (FedAvg's server step).
-  The PyTorch models mirror ``models.LeNet5`` and ``models.ConvNet`` (width
-  128, depth 3, instance norm with a learned scale and bias, average pool).
-
+  each timed run then ends with a synchronisation). ``lean=False`` converts
+  every batch from uint8 inside the loop (as the papers' reference code's
+  data loaders do); ``lean=True`` is the loop a PyTorch user would write
+  for speed: the data converted once, outside the timing, and the mean of
+  the client models at the end (FedAvg's server step). The PyTorch models
+  mirror ``models.LeNet5`` and ``models.ConvNet`` (width 128, depth 3).
   ``autocast=True`` runs the lean loop's forward pass and loss under
-  ``torch.autocast(dtype=torch.bfloat16)`` (PyTorch's mixed precision: the
-  convolutions and matmuls in bfloat16, the weights and the SGD step in
-  float32), the counterpart of the engine's ``compute_dtype="bfloat16"``.
+  ``torch.autocast(dtype=torch.bfloat16)``, the counterpart of the engine's
+  ``compute_dtype="bfloat16"``.
   """
   try:
     import torch
@@ -811,11 +769,9 @@ def measure_vs_torch(*, pairs: int, client_counts: list[int], steps: int,
   """The engine against both PyTorch loops, alternating, on ``model``
   (``lenet5`` or ``convnet3``).
 
-  Each pair runs, for every client count, the engine (``client_stage``, the
-  default backend and conv formulation) and the two PyTorch loops
-  (:func:`measure_torch` with and without ``lean``), each in a fresh
-  subprocess, in an order rotated every pair, so drifts of the machine's
-  speed fall on all three alike.
+  Each pair runs, for every client count, the engine (default backend and
+  conv formulation) and both loops of :func:`measure_torch`, each in a
+  fresh subprocess, in an order rotated every pair.
 
   Returns:
     ``{"pairs": [...], "summary": {clients: {"engine_ms", "torch_ms",
@@ -860,8 +816,7 @@ def measure_vs_torch(*, pairs: int, client_counts: list[int], steps: int,
 
 
 # The full report's padding workloads and the scale of their local epochs
-# for the wall times (the full FedHydra CIFAR-10 workload trains ~36,500
-# CNN3 client-steps per pair on a CPU).
+# for the wall times (the full workloads are long on a CPU).
 FULL_PADDING_PRESETS = ("fedhydra.py:cifar10_a0.1", "hfldd_random.py:cifar10_c1")
 FULL_PADDING_SCALE = 0.1
 
@@ -914,8 +869,10 @@ def measure_ends(other_python: str, *, conv_impls: list[str], pairs: int,
   first), each in a fresh subprocess.
 
   Returns:
-    ``{"interpreters", "pairs", "median", "conv_impl_ratio"}`` as described
-    in the module docstring.
+    ``{"interpreters", "pairs", "median", "conv_impl_ratio"}``: both
+    interpreters' versions, every pair's ms per client-step, per conv_impl
+    the medians and the median ratio other / this, and per interpreter the
+    median patches / lax.
   """
   ends = {"this": sys.executable, "other": other_python}
   common = dict(model="lenet5", num_clients=num_clients, backend=backend,
@@ -978,19 +935,14 @@ def measure_padding(preset: str, *, pairs: int,
   """Padded local steps of a real workload, before and after bucketing.
 
   ``preset`` is ``CONFIG.py:ARG`` of ``experiments/configs`` (e.g.
-  ``fedhydra.py:cifar10_a0.1``): its dataset, partition, model, optimizer,
-  batch and local epochs. For an HFLDD preset (``hfldd*.py``) the workload
-  is its heads' FedAvg round: the heads' data (own data plus the members'
-  uploads, ``run_hfldd.heads_data``) instead of the clients'. Every client
-  (head) trains once from the initial model through
-  ``clients.client_stage`` with the preset's mapper, alternately in the
-  former form (``bucket=False``, ``skip_padding=False``: every client
-  computes the cohort's largest step count) and the default; ``pairs``
-  times.
-
-  ``epochs_scale`` multiplies the preset's local epochs for the timed runs
-  only (e.g. 0.1 where the full workload takes an hour on a CPU); the
-  ``full`` counts are the preset's own.
+  ``fedhydra.py:cifar10_a0.1``); for an HFLDD preset the workload is its
+  heads' FedAvg round (``run_hfldd.heads_data``). Every client trains once
+  from the initial model through ``clients.client_stage`` with the preset's
+  mapper, alternately in the masked form (``bucket=False``,
+  ``skip_padding=False``: every client computes the cohort's largest step
+  count) and the default; ``pairs`` times. ``epochs_scale`` multiplies the
+  preset's local epochs for the timed runs only; the ``full`` counts are
+  the preset's own.
 
   Returns:
     ``{"preset", "clients", "real_steps", "computed_before",
@@ -1060,8 +1012,8 @@ def measure_padding(preset: str, *, pairs: int,
 
   def counts(steps):
     return {"steps": steps.tolist(), "real_steps": int(steps.sum()),
-            # The masked form as timed here, and as the engine ran it
-            # before bucketing (its short last chunk a smaller vmap).
+            # The masked form as timed here, and with its short last chunk
+            # a smaller vmap.
             "computed_before": clients_lib.computed_steps(
                 steps, chunk=chunk, lanes=lanes, bucket=False,
                 skip_padding=False),
@@ -1086,12 +1038,11 @@ def measure_scale(num_clients: int, *, participation: float, examples: int,
                   rounds: int, batch: int) -> dict:
   """FedAvg over a large population whose data stays in host memory.
 
-  ``num_clients`` MNIST-sized clients (``examples`` random 28x28x1 uint8
-  images each, NumPy in host memory), LeNet-5, one local epoch of batch
-  ``batch``, ``participation`` of the clients per round. The rounds loop
-  streams each cohort to the device (``rounds.gather_cohort``). One round
-  compiles; the next ``rounds`` are timed. Run in a fresh subprocess so that
-  the peak RSS is this measurement's.
+  ``num_clients`` MNIST-sized clients (``examples`` random uint8 images
+  each, in host memory), LeNet-5, one local epoch of batch ``batch``,
+  ``participation`` of the clients per round, each cohort streamed to the
+  device. One round compiles; the next ``rounds`` are timed. Run in a fresh
+  subprocess so that the peak RSS is this measurement's.
 
   Returns:
     ``{"num_clients", "clients_per_round", "data_mb", "seconds_per_round",
@@ -1365,9 +1316,8 @@ def main(argv=None) -> dict:
       if mine and torch_ms:
         report["speedup_vs_torch"][f"{model}/{c}"] = torch_ms / mine
   if not args.grid_only:
-    # The full report (the issue's "done means"): the alternating PyTorch
-    # ratios, the padding before/after on the FedHydra CIFAR-10 workload
-    # (local epochs scaled by FULL_PADDING_SCALE for the wall times) and the
+    # The full report: the alternating PyTorch ratios, the padding
+    # before/after (local epochs scaled by FULL_PADDING_SCALE) and the
     # streamed-population rows.
     report["vs_torch"] = measure_vs_torch(
         pairs=args.pairs, client_counts=[10, 100], steps=args.steps,

@@ -12,12 +12,11 @@ non-IID split), reports ms per KIP iteration per client for:
   vmap on CPU, sharded over the devices elsewhere);
 * ``vmap``: the same program as one plain vmap over all clients;
 * ``sharded``: the client axis over the host devices, in the engine's
-  training chunks (the KIP default before it was measured slower);
+  training chunks;
 * ``loop``: a Python loop over clients calling one jitted per-client program
   (the ``loop`` backend);
 * ``rejit``: a loop that builds and jits a fresh per-client program for every
-  client, as the reference implementation does (its compile time is part of
-  the cost, which is the point of the comparison).
+  client, as the reference implementation does (compile time included).
 
 ``speedup_vs_loop`` per client count is ``loop / batched`` at the first
 ``--ipc`` value; ``speedup_vs_loop_by_ipc`` holds every value. Peak resident

@@ -19,22 +19,8 @@ server-relayed pair of DisUE's Algorithm 1 (upload + download).
 
 ``per_round`` scales a pair to one DisUE round of ``--cohort`` clients (Sec.
 5.1: 100 clients, active fraction 0.15, so 15 clients and 105 pairs), run
-sequentially on one core.
-
-Measured once with the command above (2 CPU cores shared with other jobs,
-one core used, Python 3.11 integers):
-
-  model     P           s/pair  bytes/pair (2-party)  bytes/pair (relayed)
-  lenet5    44,426      0.233   2,843,545             5,687,094
-  resnet18  11,173,962  30.0    715,133,849           1,430,267,702
-
-ResNet-18's seconds are extrapolated from a 1,000,000-element slice timed
-at 2.73 s (masking 1.67 s, Bob's response 0.88 s, key generation 0.05 s).
-The registry's LeNet-5 on 28x28x1 has 44,426 parameters (61,706 is the
-classic LeNet-5 on 32x32 inputs). Bytes grow as ``k1 = 512`` bits per
-parameter, 16x a float32 upload. A 15-client round (105 pairs, relayed)
-costs about 24.5 s and 597 MB for LeNet-5, and 53 min and 150 GB for
-ResNet-18.
+sequentially on one core. Bytes grow as ``k1 = 512`` bits per parameter,
+16x a float32 upload.
 """
 
 from __future__ import annotations

@@ -12,24 +12,21 @@ Runs the same sweep twice through the entry point, each as its own command
 * ``sequential``: ``fedjax-dd --seeds=S,...``, one process per seed
   (:func:`fedjax_dd.experiments.sweep.run_seeds`).
 
-The default sweep is issue 80's: five seeds of
-``fedavg.py:fmnist_dir0.01`` at 30 rounds (the full FMNIST dataset; an
-accelerator's measurement). ``--quick`` is two seeds of ``fedavg.py:smoke``
-(digits, 2 rounds), to check the script on a CPU.
+The default sweep is five seeds of ``fedavg.py:fmnist_dir0.01`` at 30
+rounds (the full FMNIST dataset; meant for an accelerator). ``--quick`` is
+two seeds of ``fedavg.py:smoke`` (digits, 2 rounds), to check the script on
+a CPU.
 
 Both sides run with ``--config.run.max_wall_seconds=0``: a preset's time
-budget (``fmnist_dir0.01`` has 1,800 s) would otherwise stop the slower
-side early on a loaded machine and time fewer rounds; a side whose runs
-did not finish every round is an error, not a measurement.
+budget would otherwise stop the slower side early on a loaded machine; a
+side whose runs did not finish every round is an error, not a measurement.
 
-Writes a JSON report: each side's wall seconds, CPU seconds (user + system
-of the side's processes, which a machine shared with other jobs inflates
-less than wall time) and command, the ratios ``sequential / run_axis`` of
-both, each side's final test accuracy per seed from
-its ``sweep.json`` and the largest difference between the two (the run
-axis rounds differently from per-client programs in the last bits, see
-``tests/core/test_run_axis.py``), and the environment
-(:func:`fedjax_dd.core.workdir.current_environment`).
+Writes a JSON report: each side's wall seconds, CPU seconds (user + system,
+which other jobs on the machine inflate less than wall time) and command,
+the ratios ``sequential / run_axis`` of both, each side's final test
+accuracy per seed and the largest difference between the two (the run axis
+rounds differently in the last bits, ``tests/core/test_run_axis.py``), and
+the environment (:func:`fedjax_dd.core.workdir.current_environment`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 r"""Centralized training: one model on the whole training set (upper bound).
 
-Commands and expected results (CPU, 2 cores):
+Commands (CPU, 2 cores):
 
   fedjax-dd --config=experiments/configs/centralized.py:digits --workdir=/tmp/c
-    sklearn digits, small CNN, 20 epochs: >= 0.90 test accuracy.
+    sklearn digits, small CNN, 20 epochs.
   fedjax-dd --config=experiments/configs/centralized.py:mnist --workdir=/tmp/m
-    MNIST (npz:../shared/datasets/mnist.npz), LeNet-5, Adam, 4 epochs:
-    >= 0.985 test accuracy.
+    MNIST (npz:../shared/datasets/mnist.npz), LeNet-5, Adam, 4 epochs.
   fedjax-dd --config=experiments/configs/centralized.py:cifar10 --workdir=/tmp/cc
     CIFAR-10, HFLDD's CIFAR CNN (``--config.model.name=convnet3`` for the CPU
     runs next to HFLDD), Adam, 20 epochs; the upper bound of hfldd.py:cifar10_*.
@@ -15,8 +14,8 @@ Commands and expected results (CPU, 2 cores):
 HFLDD's centralized baseline (Shi et al., 2024, Sec. V-A: "For centralized
 learning, the training batch size is 64, and the learning rate is 0.01";
 "all other configurations are consistent with the pretraining phase", which
-uses SGD) is a separate preset so that the measured Adam presets above keep
-their settings:
+uses SGD) is a separate preset so that the Adam presets above keep their
+settings:
 
   ...centralized.py:mnist_hfldd / cifar10_hfldd   SGD (no momentum), lr
     0.01, batch 64, LeNet-5 / HFLDD CIFAR CNN, the dataset's own split (as
@@ -25,11 +24,13 @@ their settings:
   ...centralized.py:mnist_hfldd_paper / cifar10_hfldd_paper   as above on
     the paper's 80 % / 20 % re-split of the pooled dataset
     (``data.resplit = 0.8``, as hfldd.py's ``_paper`` presets), 300 epochs
-    (T of the paper); ``mnist_hfldd_gpu`` / ``cifar10_hfldd_gpu`` are their
-    former names, the same configs.
+    (T of the paper); ``mnist_hfldd_gpu`` / ``cifar10_hfldd_gpu`` are
+    aliases.
 
 One round is one epoch over the pooled data. ``--config.data.dataset=...``
 points any of these at another source.
+
+Expected: test accuracy >= 0.985 (mnist).
 """
 
 from fedjax_dd.experiments.configs import base as base_lib
@@ -59,7 +60,7 @@ def get_config(arg: str = "digits"):
                                   model="hfldd_cifar_cnn", rounds=300,
                                   resplit=0.8, **hfldd_cl),
   })
-  # The former names of the _paper presets.
+  # Aliases of the _paper presets.
   presets["mnist_hfldd_gpu"] = presets["mnist_hfldd_paper"]
   presets["cifar10_hfldd_gpu"] = presets["cifar10_hfldd_paper"]
   if arg not in presets:

@@ -8,9 +8,7 @@ Commands (CPU, 2 cores)::
   ...cfl.py:<any of them>+iga   IGA plugged into the cluster models
     (DisUE Tab. 2): the evaluated model is distilled from them every round.
 
-See experiments/configs/disue.py for the protocol (N = 100, Act = 0.15,
-FedFTG's Dirichlet, 5 local epochs, batch 50, SGD lr 0.1·0.998^t, weight
-decay 1e-3, clip 10, flip and crop) and the presets.
+See experiments/configs/disue.py for the protocol and the presets.
 CFL (Sattler et al., IEEE TNNLS 2020; :mod:`fedjax_dd.algorithms.cfl`): one
 cluster at first; a cluster whose mean update norm is below ``cfl.eps1``
 while its largest is above ``cfl.eps2`` splits in two by the cosines of its
@@ -21,9 +19,8 @@ are the authors' EMNIST values; ``num_clusters_by_round`` in
 round 2 (warm-up 1, ``eps1`` large, ``eps2 = 0``) so that it exercises the
 tree.
 
-Expected: ``cfl.py:smoke`` splits 1 -> 2 -> 4 clusters in its 3 rounds,
-final test accuracy 0.281 (experiments/results/smoke_presets.md). Not
-measured yet on the full presets.
+Expected: ``cfl.py:smoke`` splits 1 -> 2 -> 4 clusters in its 3 rounds
+(experiments/results/smoke_presets.md).
 """
 
 from fedjax_dd.experiments import registry

@@ -16,8 +16,8 @@ coordinates, is averaged into its row of the gradient profile; in rounds
 1, 1 + ``cfl_gp.period``, ... up to ``cfl_gp.stop_round`` the server
 partitions the clients into ``cfl_gp.num_clusters`` by K-Means on the
 profile's top singular vectors. Period 2, stop at round 10 and 1/100 of the
-coordinates are the authors' code's defaults (the paper's algorithm text
-was not reachable); K = 4 is this library's choice. The smoke preset keeps
+coordinates are the authors' code's defaults; K = 4 is this library's
+choice. The smoke preset keeps
 every coordinate and partitions every round into 2.
 
 Expected: final test accuracy about 0.46 (fmnist_dir0.01, seed 0,

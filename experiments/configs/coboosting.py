@@ -5,25 +5,21 @@ there for the CPU and ``_gpu`` scales), so ``--config.server.teachers_from``
 reuses FedHydra's client models. The generator, synthetic batch, pool,
 ``T_G``, epochs and the student's SGD (lr 0.01, momentum 0.9) are the shared
 ``dfkd`` group's, as for DENSE; the ``coboosting`` group holds Co-Boosting's
-own settings, the defaults of the authors' code (``rong-dai/Co-Boosting``:
-hardness γ = 1, adversarial weight 1 at τ = 3, no BatchNorm term, KD at
-τ = 4, enhancement ε = 8/255, ensemble step μ = 0.01 decaying by 0.99 per
-epoch, student weight decay 1e-4 and gradient clip 10, cosine schedule).
-See ``fedjax_dd.algorithms.coboosting`` for the algorithm and its departures
-from that code.
+own settings, the defaults of the authors' code (``rong-dai/Co-Boosting``;
+listed in ``fedjax_dd.algorithms.coboosting.CoBoostingHyperParams``, with
+the algorithm and its departures from that code).
 
   fedjax-dd --config=experiments/configs/coboosting.py:mnist_a0.5 --workdir=/tmp/cb5 \
       --config.server.teachers_from=/tmp/fh5
     MNIST, Dirichlet α = 0.5, on the clients of fedhydra.py:mnist_a0.5.
     Results: experiments/results/oneshot_baselines_mnist.md.
   ...coboosting.py:mnist_a0.1   Dirichlet α = 0.1.
-  ...coboosting.py:smoke        sklearn digits, 3 clients, seconds; it only
-    checks that the loop runs (experiments/results/smoke_presets.md).
+  ...coboosting.py:smoke        sklearn digits, 3 clients; only checks that
+    the loop runs.
 
-Every FedHydra preset name works (``<dataset>_<partition>[_hetero][_gpu]``).
-The authors' example command (``co_boosting.sh``: CIFAR-10, 10 clients,
-Dir(0.6), 200 epochs of 30 generator steps, batch 128) is at the scale of
-the ``_gpu`` presets.
+Every FedHydra preset name works (``<dataset>_<partition>[_hetero][_gpu]``);
+the authors' example command (``co_boosting.sh``) is at the scale of the
+``_gpu`` presets.
 """
 
 from fedjax_dd.experiments.configs import base as base_lib

@@ -4,19 +4,17 @@ Same presets, partitions, seeds and client protocol as ``fedhydra.py`` (see
 there for the CPU vs ``_gpu`` scales), so under one seed DENSE and FedHydra
 distil identical client models. The one other difference: DENSE's own
 adversarial weight ``dfkd.lambda_adv`` (λ2) = 0.5 (:data:`LAMBDA_ADV`), not
-FedHydra's 1; ``--config.dfkd.lambda_adv=1`` gives FedHydra's weight (and
-reproduces the DENSE figures measured before the preset took 0.5). Sources
-for 0.5: experiments/results/dense_presets.md.
+FedHydra's 1; ``--config.dfkd.lambda_adv=1`` gives FedHydra's weight.
+Sources for 0.5: experiments/results/dense_presets.md.
 
   fedjax-dd --config=experiments/configs/dense.py:mnist_a0.5 --workdir=/tmp/de5
-    MNIST, Dirichlet α = 0.5 (paper Tab. 1: DENSE 77.86 %).
+    MNIST, Dirichlet α = 0.5.
   ... --config.server.teachers_from=/tmp/fh5  reuses the clients of a FedHydra
     run of the same protocol (checked) instead of training them again.
   ...dense.py:mnist_a0.5_hetero / smoke / smoke_hetero   as in fedhydra.py.
 
-Expected: final test accuracy about 0.93 (mnist_a0.5, seeds 0-2 on
-FedHydra's clients, 0.9301 ± 0.0024; experiments/results/
-fedhydra_cpu_presets.md).
+Expected: final test accuracy about 0.93 (mnist_a0.5 on FedHydra's
+clients; experiments/results/fedhydra_cpu_presets.md).
 """
 
 from fedjax_dd.experiments.configs import fedhydra

@@ -18,11 +18,11 @@ Commands (CPU, 2 cores):
   ...disue.py:cifar10_dir0.01 / cifar10_dir0.1   CIFAR-10, CNN3, same budget.
   ...disue.py:smoke   digits, 10 clients, 4 per round, 2 rounds, a tiny IGA.
   ...disue.py:svhn_gpu / cifar10_gpu / cifar100_gpu   the paper's scale
-    (500 rounds, ResNet-18, TFDS datasets); not measured.
+    (500 rounds, ResNet-18, TFDS datasets).
   ...disue.py:cifar10_dir0.01_paper   the paper's CIFAR-10 Dir(0.01) run on
     one GPU from the shared npz (ResNet-18, 500 rounds, a checkpoint every
     5 rounds, so a run that a GPU window cuts short resumes in the next);
-    fedavg.py and fedftg.py take the same preset. Not yet run.
+    fedavg.py and fedftg.py take the same preset.
 
 Ablations (Tab. 3): ``--config.iga.use_gls=False``, ``use_gwf=False``,
 ``enabled=False``, ``beta_cf=0``, ``beta_div=0``;
@@ -40,10 +40,9 @@ The baselines on the same protocol: ``fedavg.py``, ``fedftg.py``,
 ``pacfl.py`` with the same presets.
 
 Expected: final test accuracy about 0.68 (fmnist_dir0.01, 30 rounds
-``--config.rounds=30 --config.run.max_wall_seconds=0``, seeds 0-2,
-0.684 ± 0.058; experiments/results/disue_fmnist_dir0.01_generator_term.md).
-All measured figures: experiments/results/disue_*.md, the summary of this
-docstring's former tables in experiments/results/disue_config_notes.md.
+``--config.rounds=30 --config.run.max_wall_seconds=0``, seeds 0-2;
+experiments/results/disue_fmnist_dir0.01_generator_term.md). Other results:
+experiments/results/disue_*.md.
 """
 
 from fedjax_dd.experiments import registry
@@ -129,14 +128,12 @@ def protocol(method: str, arg: str):
 
 
 # DisUE's generator term: FedFTG's mean absolute logit difference in the
-# generator's L_cd (its train_gan_fn.py), the KL in the student's. Measured
-# above Eq. 9's KL on fmnist_dir0.01 (issue 38; experiments/results/
-# disue_fmnist_dir0.01_generator_term.md): with the KL the generator ascends
-# the very loss the student descends. --config.iga.discrepancy=kl is Eq. 9.
-# Its gradient reaches the generator through the teachers and the student,
-# as Eq. 13 is written (FedFTG's code detaches the teachers:
-# --config.iga.cd_through_teachers=False; on DisUE it lowered the model more
-# per round, same results file).
+# generator's L_cd (its train_gan_fn.py), the KL in the student's; with the
+# KL the generator ascends the very loss the student descends, and the L1
+# scored higher (experiments/results/disue_fmnist_dir0.01_generator_term.md).
+# --config.iga.discrepancy=kl is Eq. 9. Its gradient reaches the generator
+# through the teachers and the student, as Eq. 13 is written (FedFTG's code
+# detaches the teachers: --config.iga.cd_through_teachers=False).
 GENERATOR_TERM = {"discrepancy": "l1_logits", "student_discrepancy": "kl"}
 DEPARTURE_GENERATOR_TERM = (
     "The generator's L_cd is FedFTG's mean absolute logit difference, not "

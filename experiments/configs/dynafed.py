@@ -6,15 +6,14 @@ matching on the server after ``L`` rounds, then fine-tuning every aggregate.
     LeNet-5, E = 2, B = 32, SGD lr 0.01 (the FedAvg presets of fedavg.py,
     which HFLDD's Fig. 3 compares it beside); 15 images per class, 20
     fine-tuning epochs of batch 256 (HFLDD Sec. V-A). Expected with
-    --config.rounds=7 (seed 0): 0.2278 at round 7 (FedAvg's level; details
-    and why in experiments/results/dynafed_mnist_c1.md).
+    --config.rounds=7 (seed 0): about 0.23 at round 7
+    (experiments/results/dynafed_mnist_c1.md).
   ...dynafed.py:mnist_c2 / mnist_c10 / cifar10_c1 / cifar10_c2
   ...dynafed.py:<preset>_paper   the authors' synthesis budget (I = 3,000
     matching steps, L = 24 stored rounds, M = 3) and HFLDD's T = 300 rounds
-    on its 80 / 20 re-split (HFLDD Sec. VI-A); ``<preset>_gpu`` is its
-    former name, the same config.
+    on its 80 / 20 re-split (HFLDD Sec. VI-A); ``<preset>_gpu`` is an alias.
   ...dynafed.py:smoke   digits, 8 clients, 3 rounds (synthesis at round 2,
-    fine-tuning in round 3); seconds.
+    fine-tuning in round 3).
 
 The settings HFLDD does not give come from the authors' code
 (``fedjax_dd.algorithms.dynafed``'s docstring): Adam on the images (lr 5e-2)
@@ -24,8 +23,7 @@ fine-tuning by Adam at lr 1e-4.
 CPU presets (departures, in ``paper_departures``): synthesis after L = 5
 rounds with M = 2 and I = 200 matching steps (the authors: 24 rounds, M = 3,
 3,000 steps), so that it fits the CPU and the first rounds HFLDD's Fig. 3
-is read at (HFLDD's measured table stops at round 7:
-experiments/results/hfldd_mnist_presets.md).
+is read at.
 """
 
 from fedjax_dd.experiments import registry
@@ -34,7 +32,7 @@ from fedjax_dd.experiments.configs import fedavg as fedavg_config
 CPU_TRAJECTORY_ROUNDS = 5
 CPU_EXPERT_ROUNDS = 2
 CPU_ITERATIONS = 200
-# The HFLDD presets, each also _paper (and its former name _gpu), and smoke.
+# The HFLDD presets, each also _paper (alias _gpu), and smoke.
 _HFLDD = ("mnist_c1", "mnist_c2", "mnist_c10", "cifar10_c1", "cifar10_c2")
 PRESETS = ("smoke", *_HFLDD, *(f"{p}_paper" for p in _HFLDD),
            *(f"{p}_gpu" for p in _HFLDD))

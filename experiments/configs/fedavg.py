@@ -18,9 +18,8 @@ The baseline of three protocols; presets by protocol (CPU, 2 cores):
 FedD3- and HFLDD-protocol presets set ``server.gce_gammas``, so
 ``summary.json`` reports ``gce``, ``gce_best`` and ``gce_cohort``.
 
-Expected: test accuracy >= 0.97 (mnist_iid, seed 0). Other measured figures
-and notes: experiments/results/fedavg_presets.md (and the results of the
-systems whose baseline a preset is).
+Expected: test accuracy >= 0.97 (mnist_iid, seed 0;
+experiments/results/fedavg_presets.md).
 """
 
 from fedjax_dd.experiments.configs import base as base_lib

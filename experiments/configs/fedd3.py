@@ -11,7 +11,7 @@ Commands (CPU, 2 cores):
 
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_noniid_kip --workdir=/tmp/d3
     MNIST, 500 clients, C_k = 2, 1 image per class per client, 4-layer FC
-    NTK, LeNet-5 server (paper Tab. 2: 94.74 %).
+    NTK, LeNet-5 server.
   ...fedd3.py:mnist_noniid_kip_full    no early stop (all 3000 iterations).
   ...fedd3.py:mnist_noniid_kip_labels  KIP also learns soft labels.
   ...fedd3.py:mnist_iid_kip / mnist_noniid_gmm / cifar10_noniid_kip
@@ -20,32 +20,26 @@ Commands (CPU, 2 cores):
   ...fedd3.py:mnist_noniid_hybrid   multi-shot hybrid (App. F).
   ...fedd3.py:smoke   digits, 10 clients, 20 KIP iterations.
 
-FedD3 as its authors run it (``rruisong/FedD3``: ``fedd3_main.py``, the
-README's non-IID MNIST command, ``utils/dd_kip.py``,
-``fedd3/fedd3_server.py``), every setting their code uses that the paper
-does not state (:data:`AUTHORS`): KIP with centred one-hot labels and
-class-balanced target batches of 10, each client standardised by its own
-channel statistics and its support sent unquantised as float32; the server
-trained by Adam (lr 1e-3, weight decay 1e-4, batch 50) for 500 epochs.
-Measured on MNIST (3 seeds, experiments/results/fedd3_authors_mnist.md):
-KIP 0.9483 ± 0.0028, the random control 0.9541 ± 0.0041; CIFAR-10 not yet:
+FedD3 as its authors run it (``rruisong/FedD3``, the README's non-IID
+MNIST command): every setting their code uses that the paper does not
+state (:data:`AUTHORS`: centred one-hot labels, class-balanced KIP target
+batches, per-client standardisation, float32 uploads, a server trained by
+Adam for 500 epochs; results: experiments/results/fedd3_authors_mnist.md):
 
   fedjax-dd --config=experiments/configs/fedd3.py:mnist_noniid_kip_authors --workdir=/tmp/d3a
   ...fedd3.py:cifar10_noniid_kip_authors   the same switches on CIFAR-10
     (the README gives no CIFAR-10 command; its server code is the one above).
   ...fedd3.py:mnist_noniid_random_authors / cifar10_noniid_random_authors
-    the random-image control under the same settings: KIP's own start (one
-    random real image per class, standardised per client, sent as float32)
-    with no KIP iteration (``kip.max_iterations=0``), so it differs from
-    the KIP preset by the distillation only.
-  ...fedd3.py:smoke_authors   digits, seconds, with the same switches on.
+    the random-image control under the same settings: KIP's own start with
+    no KIP iteration (``kip.max_iterations=0``), so it differs from the KIP
+    preset by the distillation only.
+  ...fedd3.py:smoke_authors   digits, with the same switches on.
 
 ``--config.fedd3.distilled_from=DIR`` trains on the distilled set of the run
 in DIR (cached in ``WORKDIR/stages/distilled``).
 
 Expected: final test accuracy about 0.94 (mnist_noniid_kip, seeds 0-2,
-0.9405 ± 0.0016, ``--seeds=0,1,2``); every measured figure, the baselines
-and the discussion are in experiments/results/fedd3_presets.md.
+``--seeds=0,1,2``; experiments/results/fedd3_presets.md).
 """
 
 from fedjax_dd.experiments.configs import base as base_lib
@@ -94,14 +88,13 @@ def get_config(arg: str = "mnist_noniid_kip"):
   # target-batch accuracy 0.999, no minimum, at most 3000 iterations.
   # kip.stop_accuracy None runs every client for kip.max_iterations.
   base_lib.kip(c, max_iterations=3000, stop_accuracy=0.999, kernel_depth=4)
-  # App. C's early stop leaves some uploads byte-identical to raw images
-  # (mnist_noniid_kip: 168 of 1,000), which the privacy guard refuses; the
-  # paper sends them, so its presets accept them (summary.json["privacy"]
-  # reports how many). Presets that run KIP to a fixed budget keep the guard.
+  # App. C's early stop leaves some uploads byte-identical to raw images,
+  # which the privacy guard refuses; the paper sends them, so its presets
+  # accept them (summary.json["privacy"] reports how many). Presets that run
+  # KIP to a fixed budget keep the guard.
   c.fedd3.allow_raw_upload = True
   # Server training on the union (paper App. C: SGD, momentum 0.9, batch 50;
-  # lr only "from {0.001, 0.025}", not per dataset; see
-  # experiments/results/fedd3_presets.md).
+  # lr only "from {0.001, 0.025}", not per dataset).
   c.client.optimizer = "sgd"
   c.client.lr = 0.01
   c.client.momentum = 0.9

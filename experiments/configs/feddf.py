@@ -11,8 +11,8 @@ unlabeled set of the same image shape from another domain, since the clients'
 own domain is private.
 
   fedjax-dd --config=experiments/configs/feddf.py:mnist_a0.5 --workdir=/tmp/df5
-    Expected: final test accuracy about 0.94 (seed 0, the E = 10 clients of
-    fedhydra.py:mnist_a0.5 via --config.server.teachers_from: 0.9371;
+    Expected: final test accuracy about 0.94 (seed 0, the clients of
+    fedhydra.py:mnist_a0.5 via --config.server.teachers_from;
     experiments/results/fedhydra_cpu_presets.md).
 
 With heterogeneous clients (``*_hetero`` presets, ``model.client_models``) there
@@ -21,9 +21,7 @@ is no average to start from: the student starts from a fresh init of
 
 FedDF has no generator and its own student optimiser (``dfkd.feddf_lr``, Adam),
 so the data-free keys of the shared presets (``dfkd.lambda_adv``,
-``dfkd.lambda_bn``, ``dfkd.student_lr``, ``dfkd.student_momentum``, ...) are
-unused here; the FedHydra/DENSE choices about them (``fedhydra.py``,
-``dense.py``) do not affect FedDF.
+``dfkd.lambda_bn``, ``dfkd.student_lr``, ...) are unused here.
 """
 
 from fedjax_dd.experiments.configs import fedhydra

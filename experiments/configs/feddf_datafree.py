@@ -5,13 +5,10 @@ Commands (CPU, 2 cores)::
   fedjax-dd --config=experiments/configs/feddf_datafree.py:fmnist_dir0.01 --workdir=/tmp/feddf_datafree
   ...feddf_datafree.py:cifar10_dir0.01 / cifar10_dir0.1 / smoke / *_gpu
 
-See experiments/configs/disue.py for the protocol (N = 100, Act = 0.15,
-FedFTG's Dirichlet, 5 local epochs, batch 50, SGD lr 0.1·0.998^t, weight
-decay 1e-3, clip 10, flip and crop) and the presets.
+See experiments/configs/disue.py for the protocol and the presets.
 Data-free FedDF, as DisUE's Tab. 1 runs FedDF: FedAvg of the cohort,
 then distillation of the plain client ensemble (uniform labels, equal teacher
 weights) on samples of the same conditional generator.
-Measured: not yet.
 """
 
 from fedjax_dd.experiments.configs import disue

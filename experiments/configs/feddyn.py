@@ -4,20 +4,17 @@ disue.py's Tab. 1; same presets), alpha = 0.01.
 Commands (CPU, 2 cores)::
 
   fedjax-dd --config=experiments/configs/feddyn.py:smoke --workdir=/tmp/fd
-    digits, 10 clients, 4 a round, 2 rounds, a plumbing check
-    (experiments/results/smoke_presets.md).
+    digits, 10 clients, 4 a round, 2 rounds, a plumbing check.
   fedjax-dd --config=experiments/configs/feddyn.py:fmnist_dir0.01 --workdir=/tmp/fd \
       --config.rounds=30
     Fashion-MNIST Dir(0.01), LeNet-5, 30 rounds. Expected: final test
-    accuracy about 0.76 (seed 0, 0.756;
+    accuracy about 0.76 (seed 0;
     experiments/results/moon_feddyn_fmnist_dir0.01_seed0.md).
   ...feddyn.py:cifar10_dir0.01 / cifar10_dir0.1 / svhn_gpu / cifar10_gpu /
     cifar100_gpu
 
-See experiments/configs/disue.py for the protocol (N = 100, Act = 0.15,
-FedFTG's Dirichlet, 5 local epochs, batch 50, SGD lr 0.1·0.998^t, weight
-decay 1e-3, clip 10, flip and crop) and the presets. FedDyn's own code
-uses the same client learning-rate decay, weight decay 1e-3 and clip 10.
+See experiments/configs/disue.py for the protocol and the presets; FedDyn's
+own code uses the same client learning-rate decay, weight decay and clip.
 """
 
 from fedjax_dd.experiments import registry

@@ -9,23 +9,15 @@ See experiments/configs/disue.py for the protocol and the presets.
 FedFTG (Zhang et al., CVPR 2022): FedAvg of the cohort, then IGA with
 the cohort's clients as teachers (labels from their class counts, per-class
 teacher weights), with FedFTG's code choices (``FEDFTG_CODE`` below, where
-IGA's defaults follow DisUE's paper): the generator's ``L_cd`` is the mean
-absolute logit difference, its gradient stopped at the teachers' logits,
-and the student's the weighted ensemble's
-cross-entropy averaged over the classes; one generator step per client per
-iteration; one ``(z, y)`` per iteration reused by the generator and student
-steps; ``L_cf`` a client's batch-mean cross-entropy times its mean class
-weight. Each stays selectable (``--config.iga.discrepancy=kl``,
-``cd_through_teachers=True``,
+IGA's defaults follow DisUE's paper). Each stays selectable
+(``--config.iga.discrepancy=kl``, ``cd_through_teachers=True``,
 ``generator_per_teacher=False``, ``fresh_samples=True``,
-``cf_weighting=per_sample``).
+``cf_weighting=per_sample``). ``--config.model.init=torch`` starts from
+PyTorch's initialisation, as the released code does.
 
 Expected: test accuracy about 0.69 after round 30 (fmnist_dir0.01
---config.rounds=30, seeds 0-2, 0.689 ± 0.052); against FedFTG's released
-code on the same clients: experiments/results/fedftg_reference_fmnist.md.
-``--config.model.init=torch`` starts from PyTorch's initialisation, as
-that code does; with it the gain per round and the accuracy curve match the
-released code's (same results file).
+--config.rounds=30, seeds 0-2); against FedFTG's released code:
+experiments/results/fedftg_reference_fmnist.md.
 """
 
 from fedjax_dd.experiments.configs import disue

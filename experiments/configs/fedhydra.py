@@ -11,13 +11,12 @@ start of DENSE's released code; ``<preset>_paper`` the paper's protocol at
 that scale: every client from its own initialisation
 (``client.independent_init``; Alg. 1 creates the global model after the
 local updates), Tab. 1 at E = 200 on one GPU (``mnist_a0.01_paper``,
-``mnist_a0.1_paper``; not yet measured). Every preset runs DENSE's synthesis
-loop (``dfkd.protocol="dense"``, the default, which keeps the measured
-presets' results); ``--config.dfkd.protocol=paper`` runs Alg. 1's plain
-loop instead (one generator initialised once, fixed noise, one student step
-per epoch; ``fedjax_dd.distill.dfkd``), ``_paper`` with it the closest to
-the paper (not yet measured). ``--config.dfkd.sa_average_scale=False`` takes
-Eqs. 6-11's ``U_c`` literally.
+``mnist_a0.1_paper``). Every preset runs DENSE's synthesis loop
+(``dfkd.protocol="dense"``, the default); ``--config.dfkd.protocol=paper``
+runs Alg. 1's plain loop instead (one generator initialised once, fixed
+noise, one student step per epoch; ``fedjax_dd.distill.dfkd``), ``_paper``
+with it the closest to the paper. ``--config.dfkd.sa_average_scale=False``
+takes Eqs. 6-11's ``U_c`` literally.
 
 Commands:
 
@@ -26,7 +25,7 @@ Commands:
     fmnist, cifar10; partition in a0.5, a0.3, a0.1, a0.01 (Dirichlet α),
     2cc (2 disjoint classes per client); e.g. mnist_a0.1, mnist_2cc,
     fmnist_a0.5, cifar10_a0.1, mnist_a0.5_hetero.
-  ...fedhydra.py:smoke / smoke_hetero   sklearn digits, 3 clients, seconds.
+  ...fedhydra.py:smoke / smoke_hetero   sklearn digits, 3 clients.
 
 ``_hetero``: clients cnn2,lenet5,cnn2,lenet5,resnet18 (``model.client_models``,
 client k uses entry k % len), server resnet18; one-shot FedAvg is then
@@ -36,12 +35,10 @@ Ablations: ``--config.dfkd.lambda_bn``, ``--config.dfkd.lambda_adv``,
 ``--config.dfkd.aggregation=ae`` (or ``sa_predicted``: Eq. 10's rows from
 the ensemble's prediction, not the target label), ``--config.rounds=R``
 (Tab. 5). ``--config.client.independent_init=True``: clients that share no
-initialisation (Alg. 1 creates the global model after the local updates).
+initialisation (as the ``_paper`` presets).
 
-Expected: final test accuracy about 0.92 (mnist_a0.5, mean of seeds 0-2,
-0.9247 ± 0.0207; paper Tab. 1: 88.75 %); every measured figure, the
-per-seed table and the discussion are in
-experiments/results/fedhydra_cpu_presets.md.
+Expected: final test accuracy about 0.92 (mnist_a0.5, mean of seeds 0-2;
+experiments/results/fedhydra_cpu_presets.md).
 """
 
 import ml_collections
@@ -128,11 +125,10 @@ def preset(method: str, arg: str) -> ml_collections.ConfigDict:
   c.data.partition = _PARTITIONS[part]()
   c.client.batch_size = 128
   c.client.lr = 0.01
-  # Paper: E = 200 (clients trained to convergence). E = 2 kept the clients
-  # so close to their common init that one-shot FedAvg of them beat every
-  # client and the paper's FedAvg on mnist_a0.5 (experiments/results/
-  # fedhydra_cpu_presets.md, "From the comments of the configs"); E = 10 is
-  # the CPU compromise.
+  # Paper: E = 200 (clients trained to convergence). E = 10 is the CPU
+  # compromise: fewer epochs leave the clients so close to their common init
+  # that their plain average wins (experiments/results/
+  # fedhydra_cpu_presets.md).
   c.client.local_epochs = 10.0
   c.rounds = 1
   _server_defaults(c)

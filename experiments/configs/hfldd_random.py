@@ -5,8 +5,8 @@ each member sends ``hfldd.support_size`` (400) of its raw images drawn at
 random (``hfldd.member_data="random"``) instead of 400 KIP images: the same
 upload budget and traffic, so HFLDD's gain over this run is what KIP adds
 beyond sending that many real samples. ``summary.json["privacy"]`` reads 1.0
-identical to raw. Presets are those of ``hfldd.py``, the paper's
-protocol included (``<preset>_paper``; ``<preset>_gpu`` its former name).
+identical to raw. Presets are those of ``hfldd.py`` (``<preset>_paper``;
+``<preset>_gpu`` is an alias).
 
   fedjax-dd --config=experiments/configs/hfldd_random.py:mnist_c1 --workdir=/tmp/r1
   ...hfldd_random.py:smoke    digits, for tests.

@@ -2,10 +2,9 @@ r"""HFLDD w/o DD (paper Fig. 5): members send raw data instead of KIP data.
 
 Same partitions, seeds, clustering and head training as ``hfldd.py``
 (``hfldd.member_data="raw"``); only stage 5 changes, so the gap to HFLDD
-isolates the effect of distillation (and the traffic: every member's raw images
-instead of 400 distilled ones). ``summary.json["privacy"]`` reads 1.0
-identical to raw. Presets are those of ``hfldd.py``, the paper's
-protocol included (``<preset>_paper``; ``<preset>_gpu`` its former name).
+isolates the effect of distillation. ``summary.json["privacy"]`` reads 1.0
+identical to raw. Presets are those of ``hfldd.py`` (``<preset>_paper``;
+``<preset>_gpu`` is an alias).
 
   fedjax-dd --config=experiments/configs/hfldd_wodd.py:mnist_c1 --workdir=/tmp/w1
   ...hfldd_wodd.py:smoke    digits, for tests.

@@ -7,14 +7,11 @@ Commands (CPU, 2 cores)::
   ...ifca.py:<any of them>+iga   IGA plugged into the cluster models
     (DisUE Tab. 2): the evaluated model is distilled from them every round.
 
-See experiments/configs/disue.py for the protocol (N = 100, Act = 0.15,
-FedFTG's Dirichlet, 5 local epochs, batch 50, SGD lr 0.1·0.998^t, weight
-decay 1e-3, clip 10, flip and crop) and the presets.
+See experiments/configs/disue.py for the protocol and the presets.
 IFCA (Ghosh et al., NeurIPS 2020): ``ifca.num_clusters`` models; each
 client trains the one with the lowest loss on its data, and the server
 averages per cluster. The evaluated model is the one most training examples
 chose (``ifca.global_model``).
-Measured: not yet.
 """
 
 from fedjax_dd.experiments.configs import disue

@@ -4,22 +4,19 @@ disue.py's Tab. 1; same presets).
 Commands (CPU, 2 cores)::
 
   fedjax-dd --config=experiments/configs/moon.py:smoke --workdir=/tmp/moon
-    digits, 10 clients, 4 a round, 2 rounds, a plumbing check
-    (experiments/results/smoke_presets.md).
+    digits, 10 clients, 4 a round, 2 rounds, a plumbing check.
   fedjax-dd --config=experiments/configs/moon.py:fmnist_dir0.01 --workdir=/tmp/moon \
       --config.rounds=30
     Fashion-MNIST Dir(0.01), LeNet-5, 30 rounds. Expected: final test
-    accuracy about 0.62 (seed 0, 0.621;
+    accuracy about 0.62 (seed 0;
     experiments/results/moon_feddyn_fmnist_dir0.01_seed0.md).
   ...moon.py:cifar10_dir0.01 / cifar10_dir0.1 / svhn_gpu / cifar10_gpu /
     cifar100_gpu   (mu = 5 on CIFAR-100, MOON Sec. 4.1)
 
-See experiments/configs/disue.py for the protocol (N = 100, Act = 0.15,
-FedFTG's Dirichlet, 5 local epochs, batch 50, SGD lr 0.1·0.998^t, weight
-decay 1e-3, clip 10, flip and crop) and the presets. The model is the
-preset's with MOON's projection head (``<model>_proj``: the model less its
-output layer, ``d -> d -> 256``, an output layer on the projection), so it
-has more parameters than the other baselines' and its messages are larger.
+See experiments/configs/disue.py for the protocol and the presets. The
+model is the preset's with MOON's projection head (``<model>_proj``: the
+model less its output layer, ``d -> d -> 256``, an output layer on the
+projection), so its messages are larger than the other baselines'.
 ``--config.model.proj_dim=W`` sets the head's width (MOON's ``--out_dim``;
 0, the default, keeps 256).
 """

@@ -3,14 +3,13 @@ r"""One-shot FedAvg: E local epochs on every client, one aggregation.
   fedjax-dd --config=experiments/configs/os_fedavg.py:mnist_noniid --workdir=/tmp/os
     FedD3's non-IID MNIST split (500 clients, C_k = 2, FedD3 style: the
     partition of fedd3.py:mnist_noniid_kip and fedavg.py:mnist_fedd3),
-    LeNet-5, E = 10, SGD momentum 0.9, batch 50, lr 0.01 (App. C; the lr as
-    in fedd3.py). Tab. 2's OSFL baseline, with two departures: the paper
-    picks the best of E in {1, 10, 50, 100, 150} over seeds (here one E),
-    and on non-IID MNIST runs "one pre-aggregation for all clients before
-    the OSFL" (here none: a pure one-shot). GCE charges one round of one
-    client's model upload, ``log2(|w|·32 + 1)``, as Tab. 2 does.
+    LeNet-5, E = 10, SGD momentum 0.9, batch 50, lr 0.01 (App. C). Tab.
+    2's OSFL baseline, with two departures: the paper picks the best of E
+    in {1, 10, 50, 100, 150} (here one E), and on non-IID MNIST runs "one
+    pre-aggregation for all clients before the OSFL" (here a pure
+    one-shot). GCE charges one client's model upload, as Tab. 2 does.
   ...os_fedavg.py:cifar10_noniid   the same on CIFAR-10 with the paper's
-    AlexNet (``alexcifarnet``, 1,756,426 parameters).
+    AlexNet (``alexcifarnet``).
   fedjax-dd --config=experiments/configs/os_fedavg.py:mnist_a0.5 --workdir=/tmp/os5
     FedHydra's protocol (5 clients, Dirichlet alpha = 0.5, CNN2, batch 128,
     SGD lr 0.01, seeds 0/0, E = 10 as the CPU presets of fedhydra.py): the

@@ -20,8 +20,8 @@ full presets keep their 4.9 degrees, the smoke preset uses 6.
 
 Expected: final test accuracy about 0.23 (fmnist_dir0.01, seed 0,
 ``--config.rounds=20 --config.run.eval_every=1
---config.run.max_wall_seconds=0``: 0.226);
-experiments/results/pacfl_fmnist_dir0.01_seed0.md.
+--config.run.max_wall_seconds=0``;
+experiments/results/pacfl_fmnist_dir0.01_seed0.md).
 """
 
 from fedjax_dd.experiments import registry

@@ -6,17 +6,14 @@ On the embedded digits data (scikit-learn, offline), one partition (20
 clients, 4 classes each) and one seed, it runs FedAvg, FedD3 (one-shot KIP
 upload), HFLDD (KIP members, head FedAvg), FedHydra (one-shot, data-free) and
 DisUE (clustered FL with IGA), each with the small settings of its
-``:smoke`` preset. It reports its progress on stderr (a line per method,
-then its rounds, epochs or KIP iterations; ``--config.run.progress=False``:
-none), prints one table (method, final accuracy, expected range, bytes
-sent, wall time, note) and the whole run's time, and writes
-``comparison.png``, ``summary.json`` and every method's own run in
-``WORKDIR/<method>`` (re-running resumes each). The note column says what
-each row shows, or why a system cannot show it in this budget.
+``:smoke`` preset. It reports its progress on stderr
+(``--config.run.progress=False``: none), prints one table (method, final
+accuracy, expected range, bytes sent, wall time, a note on what the row
+shows) and writes ``comparison.png``, ``summary.json`` and every method's
+own run in ``WORKDIR/<method>`` (re-running resumes each).
 
-Expected: each row's final accuracy within its range (``EXPECTED`` below).
-Every row, timing and the jax versions they were measured on:
-experiments/results/quickstart_digits.md.
+Expected: each row's final accuracy within its range (``EXPECTED`` below;
+experiments/results/quickstart_digits.md).
 """
 
 import ml_collections
@@ -24,19 +21,12 @@ import ml_collections
 from fedjax_dd.experiments.configs import base as base_lib
 
 
-# FedHydra's server in the budget (the smoke preset's T_G = 2 on a fresh
-# generator each epoch left the images those of a random generator, its
-# student at chance): the generator initialised once (Alg. 1) and trained
-# 10 steps per epoch, 12 epochs, the student one pass over the pool per epoch
-# (the reference code) with lr 0.05. 12 epochs, not the former 24, keep the
-# row's meaning (the student far above its bar, the clients' average at
-# chance) at half the server's steps: its curve left chance at epoch 10-12
-# (experiments/results/quickstart_digits.md); 8 epochs of 30 steps, or
-# clients of 1 local epoch, stayed at chance. The clients start from their own inits:
-# one-shot FL's clients share no round before the upload, the regime where
-# the paper's one-shot FedAvg collapses (Tab. 1: 10.10 % at alpha = 0.01) and
-# where FedHydra claims its gain. With a shared start their plain average
-# beats 24 server epochs (experiments/results/quickstart_digits.md).
+# FedHydra's server in the budget: the generator initialised once (Alg. 1)
+# and trained 10 steps per epoch, 12 epochs (the fewest whose student leaves
+# chance, experiments/results/quickstart_digits.md), the student one pass
+# over the pool per epoch (the reference code) with lr 0.05. The clients
+# start from their own inits: one-shot FL's clients share no round before
+# the upload, the regime where FedHydra claims its gain over one-shot FedAvg.
 FEDHYDRA_OVERRIDES = (("client.local_epochs", 5.0),
                       ("client.independent_init", True),
                       ("dfkd.distill_epochs", 12),
@@ -54,11 +44,10 @@ FEDHYDRA_BASELINE_NOTE = ("the bar for FedHydra: its own clients' "
                           "parameters averaged once, which clients with no "
                           "common start leave near chance")
 
-# Each row's expected final accuracy: the range measured over three seeds on
-# the oldest and the newest supported jax, widened to whole hundredths; every
-# measured row, with its commit, jax and machine, is in the table "Expected
-# ranges" of experiments/results/quickstart_digits.md. "fedhydra_baseline": the
-# one-shot FedAvg of FedHydra's clients.
+# Each row's expected final accuracy: the range over three seeds on the
+# oldest and newest supported jax, widened to whole hundredths (table
+# "Expected ranges" of experiments/results/quickstart_digits.md).
+# "fedhydra_baseline": the one-shot FedAvg of FedHydra's clients.
 EXPECTED = {"fedavg": (0.46, 0.67), "fedd3": (0.61, 0.71),
             "hfldd": (0.63, 0.78), "fedhydra": (0.23, 0.42),
             "fedhydra_baseline": (0.10, 0.16), "disue": (0.80, 0.90)}
@@ -75,9 +64,7 @@ def get_config(arg: str = ""):
                     model="digits_cnn", runner="quickstart")
   c.data.num_clients = 20
   # Every member checkpoints every 5 rounds or epochs (and at its last): its
-  # steps take a fraction of a second, and a save each step cost the
-  # comparison more than a resume could save. It reaches each member, as
-  # run.progress does.
+  # steps are short, so a save each step would cost more than a resume saves.
   c.run.checkpoint_every = 5
   c.data.partition = base_lib.pathological(4, style="balanced")
   # method -> its config file in experiments/configs, preset, and (dotted
@@ -114,9 +101,8 @@ def get_config(arg: str = ""):
   # member's compute fills; each member computes what it does alone.
   # --config.workers=1 runs them one after the other.
   c.workers = 2
-  # Longest first (the members' wall times in
-  # experiments/results/quickstart_digits.md), so both threads stay busy to
-  # the end; members not named start after these, in c.order.
+  # Longest first, so both threads stay busy to the end; members not named
+  # start after these, in c.order.
   c.start_order = ("fedhydra", "fedd3", "hfldd", "disue", "fedavg")
   # Each row's expected final accuracy (documentation, not part of the
   # run's identity: base.FINGERPRINT_RULES).

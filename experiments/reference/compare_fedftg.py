@@ -8,7 +8,7 @@ against ours (``metrics.jsonl`` with ``iga.evaluate_before=True``).
 Prints Markdown: per seed the mean fine-tuning gain per round (test accuracy
 of the global model just after fine-tuning minus just before) and the final
 accuracy; the per-round accuracy (after fine-tuning) as mean ± sd over the
-seeds for each side; and the issue's bar (our mean gain within the
+seeds for each side; and the bar (our mean gain within the
 reference's seed range or within 0.01 of its mean; the per-round curves
 overlap within one sd of each side):
 :func:`fedftg_report`.

@@ -22,13 +22,11 @@ Defaults: the README's distillation command (``--lr=0.005 --batch_size 256
 What the adapter supplies (nothing in ``--ref_dir`` is edited):
 
 1. **Teachers.** ``local_weights`` is the list of state dicts in
-   ``--teachers`` (the script would ``torch.load`` its own
-   ``{dataset}_{m}clients_{beta}.pkl``); each model is our architecture
+   ``--teachers``; each model is our architecture
    (``torch_export.build_torch``) behind our normalisation
    (``torch_export.normalized``), so it reads images in ``[0, 1]`` as
    DENSE's MNIST pipeline feeds them. As in the script, every teacher is a
-   ``copy.deepcopy`` of the global model after ``global_model.train()``
-   with the client's weights loaded.
+   ``copy.deepcopy`` of the global model with the client's weights loaded.
 2. **Student.** ``get_model(args)`` is replaced by a fresh model of the same
    architecture (PyTorch's default initialisation), as the script's student
    is a fresh ``CNNMnist``.
@@ -36,31 +34,21 @@ What the adapter supplies (nothing in ``--ref_dir`` is edited):
    ``[0, 1]`` NCHW, batches of 256 in order, for the script's ``test``.
 4. **CPU.** ``Tensor.cuda`` and ``Module.cuda`` return the object unchanged
    when no GPU exists.
-5. **Unused or unavailable imports.** ``wandb`` (logging), ``ipdb``,
-   ``models.vit`` (imports ``torch._six``, gone from torch 2) and
-   ``torchvision`` are replaced by stand-ins. Of ``torchvision`` the
-   synthesizer uses ``transforms.Compose`` (applies its list in order),
-   ``transforms.RandomHorizontalFlip`` (on the pool's PIL images, p = 0.5),
-   ``transforms.ToTensor`` (8-bit PIL -> float ``[0, 1]`` CHW) and
-   ``utils.save_image`` (a debug image; a no-op here): the stand-ins do
-   exactly that. ``kornia`` (the generator's augmentation) is the real one.
+5. **Unused or unavailable imports.** ``wandb``, ``ipdb``, ``models.vit``
+   (imports ``torch._six``, gone from torch 2) and ``torchvision`` are
+   replaced by stand-ins; those of ``torchvision`` do exactly what the
+   synthesizer uses (``Compose``, ``RandomHorizontalFlip``, ``ToTensor``;
+   ``save_image`` a no-op). ``kornia`` is the real one.
 6. **Logging.** One JSON line per epoch to ``--out`` (``epoch``,
-   ``test_accuracy``, ``seconds``), and on the first line what the run
-   found about the reference's loop: how many BatchNorm hooks its
-   synthesizer registered and whether the teachers are in training mode.
+   ``test_accuracy``, ``seconds``, the BatchNorm hooks its synthesizer
+   registered, whether the teachers are in training mode).
 
-What the run shows about the reference (its JSON lines): the ensembles
-(``Ensemble`` in ``loop_df_fl.py``, ``Ensemble_A`` in ``synthesizers.py``)
-keep the teachers in a plain Python list, which ``torch.nn.Module`` does not
-register as submodules, so the synthesizer's ``for m in net.modules()``
-finds no BatchNorm layer, registers no ``DeepInversionHook``, and
-``loss_bn = sum([]) = 0``: ``--bn`` has no effect (``bn_hooks: 0``). The
-teachers are in inference mode, since the script tests ``global_model``
-(``.eval()``) before copying it into them. ``--module_list`` (a diagnostic
-of ours, off by default) passes the same teachers as a
-``torch.nn.ModuleList``: the hooks are registered (10 more each epoch, as
-``synthesize`` never removes them; only the current epoch's enter the loss)
-and ``L_BN`` takes effect, as the code reads.
+The reference's ensembles keep the teachers in a plain Python list, which
+``torch.nn.Module`` does not register as submodules, so its synthesizer
+registers no BatchNorm hook and ``--bn`` has no effect (``bn_hooks: 0``).
+``--module_list`` (a diagnostic of ours, off by default) passes the same
+teachers as a ``torch.nn.ModuleList``, so that ``L_BN`` takes effect as the
+code reads.
 """
 
 from __future__ import annotations

@@ -15,56 +15,40 @@ setting, and calls its FedFTG loop (``methods/FedFTG.py`` ->
 What the adapter supplies (nothing in ``--ref_dir`` is edited):
 
 1. **Data.** ``utils/util_dataset.DatasetObject`` only knows CIFAR-10/100
-   (downloaded through torchvision) and makes its own split. The adapter
-   passes an object with the same attributes (``n_client``, ``n_cls``,
-   ``clnt_x``/``clnt_y`` per client, ``tst_x``/``tst_y``, ``dataset``,
-   ``name``, ``channels``/``width``/``height``) built from ``--data`` (an
-   ``x_train/y_train/x_test/y_test`` uint8 NHWC npz) and the client index
-   sets of ``--partition`` (written by ``export_partition.py``), normalised
-   with the partition file's ``mean``/``std`` as our task does, in NCHW.
-   ``dataset`` is ``"mnist"``, the name under which the reference's
-   fine-tuning uses ``nz = 100`` (its other branch is CIFAR-100's 256).
-2. **Client augmentation.** The reference's ``utils.util_dataset.Dataset``
-   hard-codes ``3x32x32`` images in its random crop. The adapter's
-   ``Dataset`` is the same code (horizontal flip with probability 0.5, then
-   with probability 0.5 a zero-pad-4 random crop, after normalisation, numpy
-   RNG per sample) for the images' own ``C x H x W``.
+   and makes its own split. The adapter passes an object with the same
+   attributes built from ``--data`` (an ``x_train/y_train/x_test/y_test``
+   uint8 NHWC npz) and the client index sets of ``--partition`` (written by
+   ``export_partition.py``), normalised with the partition file's
+   ``mean``/``std`` as our task does, in NCHW. ``dataset`` is ``"mnist"``,
+   the name under which the reference's fine-tuning uses ``nz = 100``.
+2. **Client augmentation.** The reference's ``Dataset`` hard-codes
+   ``3x32x32`` images in its random crop; the adapter's is the same code
+   (flip, then a zero-pad-4 random crop, each with probability 0.5) for the
+   images' own ``C x H x W``.
 3. **Models.** ``models/model_choose_fn.py`` imports modules the repository
-   lacks (``simple_models``, ``vgg``) and ``choose_g_model`` knows only
-   ``GeneratorA``; the adapter does not import it. It builds the classifier
-   itself: LeNet-5 with the layers of ``models/lenet.py`` (conv 6 5x5 VALID
-   -> ReLU -> max-pool 2 -> conv 16 5x5 -> ReLU -> max-pool 2 -> dense 120
-   -> ReLU -> dense 84 -> ReLU -> dense 10; 44,426 parameters), with
-   PyTorch's default initialisation and the ``forward(x, flag, flag_2)``
-   signature the reference calls. The generator is the reference's own
-   ``models/gan_models.CGeneratorA(nz=100, ngf=64, nc=1, img_size=28,
-   n_cls=10)``, as its ``train.py`` builds it (``nz=100``, default ``ngf``).
-4. **CPU.** The reference calls ``.cuda()`` on losses and tensors; on a
-   CPU-only torch those raise, so ``Tensor.cuda`` and ``Module.cuda`` return
-   the object unchanged when no GPU exists.
-5. **Unused imports.** ``torchvision`` (only ``transforms.ToTensor`` is used,
-   on float arrays: HWC -> CHW without scaling), ``torch.utils.tensorboard``
-   (``SummaryWriter``, a no-op here), ``PIL`` and ``matplotlib`` (plots) are
-   replaced by minimal stand-ins in ``sys.modules``.
+   lacks, so the adapter builds LeNet-5 itself with the layers of
+   ``models/lenet.py``, PyTorch's default initialisation and the
+   ``forward(x, flag, flag_2)`` signature the reference calls. The
+   generator is the reference's ``CGeneratorA`` as its ``train.py`` builds
+   it (``nz=100``, default ``ngf``).
+4. **CPU.** ``Tensor.cuda`` and ``Module.cuda`` return the object unchanged
+   when no GPU exists.
+5. **Unused imports.** ``torchvision`` (only ``transforms.ToTensor``, HWC ->
+   CHW without scaling), ``torch.utils.tensorboard``, ``PIL`` and
+   ``matplotlib`` are replaced by minimal stand-ins in ``sys.modules``.
 6. **Logging.** A wrapper around the server fine-tuning evaluates the
-   global model on the test set just before it (the cohort's FedAvg) and
-   just after, and writes one JSON line per round to ``--out``
-   (``round``, ``test_accuracy_before_ft``, ``test_accuracy``, ``gain``,
-   ``clients``, ``seconds``). With ``--skip_train_eval`` (default) every
-   evaluation of the reference's on anything but the test set (the pooled
-   train set, six per round, and each client's train set before its local
-   training; only printed and sent to TensorBoard) returns NaN instead, so
-   its log prints ``nan`` there; they draw no random numbers, so training is
-   unchanged. ``print_per`` is set beyond the run, so the reference prints
-   no per-epoch evaluations either.
-
+   global model on the test set just before and just after it, and writes
+   one JSON line per round to ``--out`` (``round``,
+   ``test_accuracy_before_ft``, ``test_accuracy``, ``gain``, ``clients``,
+   ``seconds``). With ``--skip_train_eval`` (default) the reference's
+   evaluations on anything but the test set return NaN instead; they draw
+   no random numbers, so training is unchanged.
 7. **Dumps** (``--dump_dir``, off by default). Before each server
-   fine-tuning the adapter saves its inputs to ``round_RRR.pt``: the
-   global model (the cohort's FedAvg) and the generator as state dicts
-   (the generator's BatchNorm statistics included), the clients' flat
-   parameter vectors ``[K, P]`` and class counts ``[K, C]``, and the two
-   learning rates. It only copies, so the run is the same with or without
-   it. ``fedftg_server_swap.py`` runs both servers on these inputs.
+   fine-tuning the adapter saves its inputs to ``round_RRR.pt``: the global
+   model and the generator as state dicts, the clients' flat parameter
+   vectors ``[K, P]`` and class counts ``[K, C]``, and the two learning
+   rates. It only copies, so the run is unchanged.
+   ``fedftg_server_swap.py`` runs both servers on these inputs.
 
 ``--init=flax`` (a diagnostic of ours, off by default) initialises LeNet-5
 as our Flax model is (LeCun-normal truncated weights, zero biases).

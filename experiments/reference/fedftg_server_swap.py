@@ -20,20 +20,16 @@ difference in the fine-tuning gain is the server's own.
 ``TORCHENV`` has torch and this project installed (both sides read the
 dumps with torch). ``--side=reference`` calls the reference's
 ``train_global_model_cgan_bs_weight_iloop_fz_dis`` unchanged, seeding
-``torch`` and ``numpy`` with ``1000 · round + rep`` first (its labels are
-shuffled by ``numpy``). ``--side=ours`` converts the inputs to our Flax
-models (:func:`lenet_to_flax`, :func:`generator_to_flax`; the conversion is
-checked against the PyTorch models' outputs before anything runs) and calls
-one round of our IGA (:func:`fedjax_dd.distill.iga.make_iga`) built from
-``experiments/configs/fedftg.py:fmnist_dir0.01``'s settings, with
-``--set name=value`` overriding any of its ``IGAHyperParams`` (to measure
-one departure at a time; ``name=None`` sets None). Its round counter is
-``round − 1``, so both use the learning rates ``0.1 · 0.998^(round−1)`` and
-``0.01 · 0.998^(round−1)``; its key is ``1000 · round + rep``.
-
-Both are evaluated on the test set as the adapter normalises it (the
-partition file's mean and std), so ``before`` is the same number on both
-sides.
+``torch`` and ``numpy`` with ``1000 · round + rep`` first. ``--side=ours``
+converts the inputs to our Flax models (:func:`lenet_to_flax`,
+:func:`generator_to_flax`; checked against the PyTorch models' outputs
+first) and runs one round of our IGA (:func:`fedjax_dd.distill.iga.make_iga`)
+with ``experiments/configs/fedftg.py:fmnist_dir0.01``'s settings; ``--set
+name=value`` overrides any ``IGAHyperParams`` field (``name=None`` sets
+None), to measure one departure at a time. Both sides use the learning
+rates ``0.1 · 0.998^(round−1)`` and ``0.01 · 0.998^(round−1)`` and the key
+``1000 · round + rep``, and evaluate on the test set as the adapter
+normalises it, so ``before`` is the same on both.
 
 ``--lockstep=DIR`` feeds both sides the same random inputs: the noise of
 :func:`lockstep_noise` (the reference's ``torch.randn`` is replaced for the

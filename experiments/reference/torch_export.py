@@ -2,7 +2,7 @@ r"""Exports a run's client models (our Flax CNNs) as PyTorch state dicts.
 
 For running a reference implementation on exactly our teachers (DENSE's
 server distillation, ``dense_adapter.py``). Runs in the project's
-environment with torch installed (``.venv``: torch 2.13.0+cpu):
+environment with torch installed:
 
   .venv/bin/python experiments/reference/torch_export.py \
       --workdir=TEACHERS --preset=mnist_a0.5 --out=teachers.pt

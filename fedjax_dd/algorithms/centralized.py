@@ -6,10 +6,8 @@ persists across rounds, where one round is one epoch. Nothing is
 communicated (``CommSpec(0, 0)``).
 
 The one client still goes through the client axis (a vmap over a stack of
-one). XLA:CPU runs an un-vmapped local scan of a convolutional model many
-times slower per step than the same step outside a loop, while the vmapped
-scan runs at the stand-alone speed (``experiments/perf_notes.md``, "XLA:CPU:
-a convolutional scan that is not vmapped").
+one): XLA:CPU runs an un-vmapped convolutional scan far slower
+(``experiments/perf_notes.md``).
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ def centralized(training: LocalTraining) -> FederatedAlgorithm:
     training: the one client's training: ``training.optimizer``'s state
       persists across rounds (epochs); ``max_steps`` is the steps of a
       round (one epoch: ``ceil(N / B)``); of ``training.mapper`` only the
-      compile settings count (the one client is always vmapped). Its
-      schedule scales the rate by round (epoch).
+      compile settings count (the one client is always vmapped).
 
   Returns:
     A :class:`FederatedAlgorithm`; ``apply`` expects a one-client cohort.

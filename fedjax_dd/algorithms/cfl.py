@@ -11,30 +11,23 @@ round every sampled client trains its cluster's model and uploads its update
 * some client is far from its own, ``max_{i∈c} ‖Δθ_i‖ > ε_2`` (Eq. 31),
 
 and the cluster has more than 2 members; then it splits ``c`` in two by the
-cosine similarity of the members' updates, ``α_ij = <Δθ_i, Δθ_j> /
-(‖Δθ_i‖ ‖Δθ_j‖)`` (Eq. 25), with the optimal bi-partition of Sec. III-C
-computed as complete-linkage agglomerative clustering into 2 clusters
-(scikit-learn, as in the authors' code). Both children start from the
-parent's model; then every cluster's model moves by the example-weighted
-mean of its members' updates of the round (Alg. 1).
+cosines of the members' updates (Eq. 25; :func:`bipartition`, Sec. III-C).
+Both children start from the parent's model; then every cluster's model
+moves by the example-weighted mean of its members' updates (Alg. 1).
 
 From the authors' code (github.com/felisat/clustered-federated-learning):
-the criterion is checked from round ``warmup + 1`` on (their ``c_round >
-20``), and ``ε_1 = 0.4``, ``ε_2 = 1.6`` are their EMNIST values. The paper
-and that code have every client in every round; with a sampled cohort the
-server keeps each client's latest update (``extra["updates"]`` ``[N, P]``,
-zero until the client is first sampled), as PACFL's CFL baseline does, and
-evaluates the criterion and the cosines over the members that have one;
-members without one follow the first child. ``max_clusters`` bounds the
-number of clusters, so the state has one shape for the checkpoint.
+the criterion is checked from round ``warmup + 1`` on, and ``ε_1 = 0.4``,
+``ε_2 = 1.6`` are their EMNIST values. That code has every client in every
+round; with a sampled cohort the server keeps each client's latest update
+(``extra["updates"]`` ``[N, P]``), as PACFL's CFL baseline does, and judges
+the members that have one; members without one follow the first child.
+``max_clusters`` bounds the clusters, so the checkpointed state has one
+shape.
 
-The cluster tree is in the server state, checkpointed with it:
-``extra["clusters"]`` ``[N]`` (each client's leaf), ``extra["parent"]``
-``[K_max]`` (the cluster a cluster split from, ``-1`` for the root and unused
-slots) and ``extra["split_round"]`` ``[K_max]``. The evaluated model is the
-cluster model of most examples in the round, their average, or, with
-``iga``, the model DisUE's IGA distils from the round's cluster models
-(DisUE Tab. 2; :func:`fedjax_dd.algorithms.cluster_models.iga_round`).
+The cluster tree is in the server state: ``extra["clusters"]`` ``[N]``
+(each client's leaf), ``extra["parent"]`` ``[K_max]`` (``-1`` for the root
+and unused slots) and ``extra["split_round"]`` ``[K_max]``. The evaluated
+model is chosen as in :mod:`fedjax_dd.algorithms.cluster_models`.
 """
 
 from __future__ import annotations
@@ -61,8 +54,8 @@ tree_map = jax.tree_util.tree_map
 
 @dataclasses.dataclass(frozen=True)
 class CFLHyperParams:
-  """CFL's settings (Sattler et al. 2020), the ``cfl`` config group; the
-  defaults are the authors' code.
+  """CFL's settings, the ``cfl`` config group; defaults from the authors'
+  code.
 
   Attributes:
     eps1: ``ε_1``, the mean update norm below which a cluster is stationary.
@@ -138,7 +131,8 @@ def statistics(updates: jax.Array, has: jax.Array, weights: jax.Array,
 
 def bipartition(similarity: np.ndarray) -> np.ndarray:
   """CFL's optimal bi-partition (Sec. III-C): complete-linkage
-  agglomerative clustering of ``1 − α`` into 2 clusters.
+  agglomerative clustering of ``1 − α`` into 2 clusters (as the authors'
+  code), ``α_ij`` the cosine of updates ``i`` and ``j``.
 
   Args:
     similarity: ``[M, M]`` cosines, ``M >= 2``.
@@ -196,16 +190,12 @@ def cfl(training: LocalTraining,
   """Builds CFL (module doc).
 
   Args:
-    training: the clients' local training (``training.task`` is the
-      classifier of every cluster; optimizer re-initialised every round;
-      its schedule scales the rate by round).
-    eps1: ``ε_1``, the mean update norm below which a cluster is stationary.
-    eps2: ``ε_2``, the largest update norm above which it splits.
-    warmup: rounds before the first split may happen.
+    training: the clients' local training (``training.task`` is every
+      cluster's classifier; optimizer re-initialised every round).
+    eps1, eps2, warmup: as in :class:`CFLHyperParams`.
     max_clusters: ``K_max >= 1``, the most clusters (static).
     serving: the model reported on the global test split
-      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`: the
-      largest cluster's, their average, or IGA's).
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
 
   Returns:
     A :class:`FederatedAlgorithm`; metrics add ``num_clusters``,
@@ -255,9 +245,8 @@ def cfl(training: LocalTraining,
   @jax.jit
   def apply_splits(extra, sources, clusters, num_clusters, parent,
                    split_round):
-    # Slot j takes the model of cluster sources[j] (itself when unsplit).
-    # One program, so that every array of the new tree lands where the
-    # state's are (host arrays would change the next programs' signature).
+    # Slot j takes cluster sources[j]'s model. One program, so the new
+    # arrays land where the state's are (keeps later programs' signature).
     return {**extra,
             "models": tree_map(lambda m: m[sources], extra["models"]),
             "batch_stats": tree_map(lambda s: s[sources],

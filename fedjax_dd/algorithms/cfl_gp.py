@@ -3,54 +3,40 @@
 Kim, Kim, de Veciana, "Clustered Federated Learning via Gradient-based
 Partitioning", ICML 2024: the server accumulates the updates clients compute
 for the cluster models into a gradient profile matrix ``G`` and partitions
-the clients periodically by spectral clustering of ``G``. The paper's
-algorithm box and equations were not reachable when this module was
-written (only its abstract and introduction); the steps below follow the
-authors' released code (github.com/Heasung-Kim/clustered-federated-learning-
-via-gradient-based-partitioning, ``run_CFLGP`` and
-``spectral_clustering_and_matching``; read, not copied), and every constant
-is an argument and a config value (``cfl_gp.*``):
+the clients periodically by spectral clustering of ``G``. The steps follow
+the authors' released code (github.com/Heasung-Kim/clustered-federated-
+learning-via-gradient-based-partitioning, ``run_CFLGP`` and
+``spectral_clustering_and_matching``), not the paper's equations, so none
+are cited; every constant is a config value (``cfl_gp.*``):
 
 * Profile. Each sampled client's update ``Δθ_i`` (returned model minus its
-  cluster's model) is reduced to ``D = max(P // compression, 1)`` of its
-  ``P`` coordinates, one fixed random subset for the run (the code's
-  ``random_G_indices``, ``P / 100``), and averaged into its column of ``G``
-  (here a row ``g_i`` of ``features [N, D]``) with the code's cumulative
-  weight: ``g_i ← (1 − β_t) g_i + β_t Δθ_i[idx]``,
+  cluster's model) is reduced to a fixed random subset of
+  ``D = max(P // compression, 1)`` of its ``P`` coordinates and averaged
+  into its row ``g_i`` of ``features [N, D]`` (``G^T``) with the code's
+  cumulative weight: ``g_i ← (1 − β_t) g_i + β_t Δθ_i[idx]``,
   ``β_t = 1 / (⌊t / (K·period)⌋ + 1)`` in round ``t``.
 * Schedule. The server partitions in rounds ``t`` with
-  ``(t − 1) % period == 0`` while ``t <= stop_round`` (the code's rounds
-  ``c_round % period == 0`` below ``clustering_termination_threshold``;
-  defaults 2 and 10); ``stop_round = 0`` never stops.
-* Partition. ``G`` is projected on its top ``K`` left singular vectors
-  (``U_K Σ_K`` of the SVD of ``features``) and the projections are
-  clustered by K-Means (k-means++, ``cluster_seed``; scikit-learn), as the
-  code does. The new clusters take the ids of the old ones they overlap
-  most (the code's permutation matching, here the Hungarian algorithm).
-  Clients without an update keep their cluster.
+  ``(t − 1) % period == 0`` while ``t <= stop_round``; ``stop_round = 0``
+  never stops.
+* Partition. K-Means of the projections of ``G`` on its top ``K`` singular
+  vectors (:func:`partition`), as the code does. The new clusters take the
+  ids of the old ones they overlap most (Hungarian matching). Clients
+  without an update keep their cluster.
 * Models. New cluster ``j`` starts from the model of the old cluster that
-  holds most of its members (ties: the lowest id), so a cluster split off
-  cluster 0 starts from cluster 0's model and not an untrained slot (in
-  the code every model starts equal and keeps its id). Before the first
-  partition every client is in cluster 0, as in the code's round 0.
+  holds most of its members (ties: the lowest id), so a split-off cluster
+  does not start from an untrained slot. Before the first partition every
+  client is in cluster 0, as in the code's round 0.
 
-Departures, because the DisUE protocol samples a cohort each round where
+Departure, because the DisUE protocol samples a cohort each round where
 the code queries every client: the profile takes a client's update in
-every round it is sampled (the code, in partition rounds only), and a
-client's update is of its own cluster's model (as the code's query loop
-computes it). The server reads ``Δθ_i`` off the uploaded model, so the
-profile costs no message beyond the models (CommSpec's ledger entries).
+every round it is sampled (the code, in partition rounds only). The server
+reads ``Δθ_i`` off the uploaded model, so the profile costs no extra message.
 
-Training and aggregation are the shared stages of
-:mod:`fedjax_dd.algorithms.cluster_models`: each sampled client trains its
-cluster's model, each cluster's model becomes the example-weighted FedAvg of
-its clients'. The state (``extra``) holds the ``K`` models, ``clusters``
-``[N]``, ``features`` ``[N, D]``, ``has_feature`` ``[N]``, the coordinate
-subset and the round, so a checkpoint resumes bit-identically. The
-evaluated model is the cluster model of most examples this round, their
-average, or, with ``iga``, the model DisUE's IGA distils from the round's
-cluster models (DisUE Tab. 2; :func:`fedjax_dd.algorithms.cluster_models.
-iga_round`).
+Training, aggregation and the evaluated model are the shared stages of
+:mod:`fedjax_dd.algorithms.cluster_models`. The state (``extra``) holds the
+``K`` models, ``clusters`` ``[N]``, ``features`` ``[N, D]``, ``has_feature``
+``[N]``, the coordinate subset and the round, so a checkpoint resumes
+bit-identically.
 """
 
 from __future__ import annotations
@@ -77,9 +63,8 @@ tree_map = jax.tree_util.tree_map
 
 @dataclasses.dataclass(frozen=True)
 class CFLGPHyperParams:
-  """CFL-GP's settings (Kim, Kim & de Veciana, ICML 2024), the ``cfl_gp``
-  config group; defaults from the authors' code (``num_clusters``: DisUE's
-  protocol's choice).
+  """CFL-GP's settings, the ``cfl_gp`` config group; defaults from the
+  authors' code (``num_clusters``: DisUE's protocol's choice).
 
   Attributes:
     num_clusters: ``K >= 1``.
@@ -113,8 +98,8 @@ def profile_weight(t, num_clusters: int, period: int):
 
 def partition(features: np.ndarray, num_clusters: int, *,
               seed: int = 0, n_init: int = 10) -> np.ndarray:
-  """The code's spectral clustering of the profile (host): K-Means of the
-  clients' coordinates on the top ``K`` singular vectors.
+  """The code's spectral clustering of the profile (host): K-Means
+  (k-means++) of ``U_K Σ_K`` of the SVD of ``features``.
 
   Args:
     features: ``[M, D]`` rows ``g_i`` (``G^T``), ``M > K``.
@@ -179,9 +164,8 @@ def cfl_gp(training: LocalTraining,
   """Builds CFL-GP (module doc; defaults from the authors' code).
 
   Args:
-    training: the clients' local training (``training.task`` is the
-      classifier of every cluster; optimizer re-initialised every round;
-      its schedule scales the rate by round).
+    training: the clients' local training (``training.task`` is every
+      cluster's classifier; optimizer re-initialised every round).
     num_clusters: ``K >= 1`` (static).
     subset_key: the key of the fixed coordinate subset of the profile.
     compression: ``P / D``: the profile keeps ``max(P // compression, 1)``
@@ -190,8 +174,7 @@ def cfl_gp(training: LocalTraining,
     stop_round: the last round that may partition; ``0``: no last round.
     cluster_seed: K-Means' ``random_state``.
     serving: the model reported on the global test split
-      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`: the
-      largest cluster's, their average, or IGA's).
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
 
   Returns:
     A :class:`FederatedAlgorithm`; metrics add ``num_clusters`` (``K``),

@@ -10,18 +10,12 @@ updates; PACFL: principal angles of the data).
 
 Each client deploys its cluster's model (:func:`deploy_assigned`; IFCA:
 the model of lowest loss on its data), which personalized evaluation
-scores (:mod:`fedjax_dd.core.personal`). The evaluated global model
-(``ServerState.params``) is the model picked by
-the most training examples this round or the example-weighted average of the
-cluster models (:func:`global_model`), unless IGA is plugged in
+scores (:mod:`fedjax_dd.core.personal`). The evaluated global model is
+:func:`global_model` of the cluster models, unless IGA is plugged in
 (:func:`iga_round`, DisUE Tab. 2): then the round's trained cluster models
-teach the global model through DisUE's inter-group aggregation
-(:mod:`fedjax_dd.distill.iga`). As in DisUE's round (:mod:`fedjax_dd.
-algorithms.clustered`), the student starts from the example-weighted mean of
-the round's teachers (the cohort's FedAvg) and the teachers are weighted by
-the class counts their clients reported (once, the first time each is
-sampled; ``traffic/upload/class_counts``). The clients keep training their
-cluster models; only the evaluated model changes.
+teach it as in DisUE's round (:mod:`fedjax_dd.algorithms.clustered`). The
+clients keep training their cluster models; only the evaluated model
+changes.
 
 References: Ghosh et al., "An Efficient Framework for Clustered Federated
 Learning", NeurIPS 2020; Leng et al., "Distilling A Universal Expert from
@@ -59,8 +53,7 @@ def check_global_model(global_model: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class ClusterServing:
   """Which model a method with cluster models reports on the global test
-  split (IFCA, CFL, CFL-GP, PACFL; each client still deploys its own
-  cluster's model, :mod:`fedjax_dd.core.personal`).
+  split (each client still deploys its own cluster's model).
 
   Attributes:
     global_model: ``"largest"``, the cluster model holding the most
@@ -170,7 +163,7 @@ def deploy_assigned(server: ServerState, data: Any
   """What each client deploys in a method that assigns clusters (CFL,
   CFL-GP, PACFL): its cluster's model, ``extra["models"][extra["clusters"]
   [i]]`` (a :data:`fedjax_dd.core.algorithm.Deploy`; ``data`` must hold the
-  run's clients in their order). The papers score each client with it."""
+  run's clients in their order)."""
   clusters = server.extra["clusters"]
   if clusters.shape[0] != data.num_clients:
     raise ValueError(f"deploy: the server assigned {clusters.shape[0]} "
@@ -220,10 +213,8 @@ def make_trainer(training: LocalTraining) -> Callable[..., Any]:
 
 
 def make_aggregate(num_models: int, mode: str) -> Callable[..., Any]:
-  """The server's step after training (jitted): each cluster's model is the
-  example-weighted mean of its clients' (:func:`aggregate`, models and batch
-  statistics), the evaluated model is :func:`global_model` of them (``mode``
-  ``"largest"`` or ``"average"``).
+  """The server's jitted step after training: :func:`aggregate` of models
+  and batch statistics, then :func:`global_model` of them (``mode``).
 
   Returns:
     ``aggregate(server, result, picks, cohort) -> (server, metrics)``;
@@ -251,9 +242,9 @@ def make_aggregate(num_models: int, mode: str) -> Callable[..., Any]:
 def iga_round(iga: IGA, server: ServerState, result, picks: jax.Array,
               num_clusters: int, cohort: Cohort, *, num_classes: int
               ) -> tuple[ServerState, dict[str, Any]]:
-  """IGA on the round's cluster models (module doc; DisUE Tab. 2):
-  :func:`fedjax_dd.algorithms.clustered.iga_round` with the clusters the
-  cohort trained as the groups, after :func:`make_aggregate`.
+  """IGA on the round's cluster models (DisUE Tab. 2):
+  :func:`fedjax_dd.algorithms.clustered.iga_round` with the trained
+  clusters as the groups, after :func:`make_aggregate`.
 
   Args:
     iga: the IGA; its state is ``server.extra["iga"]`` (and

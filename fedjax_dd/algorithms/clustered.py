@@ -1,37 +1,28 @@
 """Clustered FL with data-free inter-group distillation (DisUE's round).
 
-One round on the sampled cohort of ``S`` clients (DisUE, Leng et al.,
-Algorithm 1):
+One round on a cohort of ``S`` clients (DisUE, Leng et al., Alg. 1):
 
-1. **L-phase.** Every client trains from the global model ``ω_G`` (one mapped
-   program through :mod:`fedjax_dd.core.clients`).
+1. **L-phase.** Every client trains from the global model ``ω_G``.
 2. **Grouping** (host). A :data:`Grouping` splits the cohort into ``K``
-   groups: DisUE's Affinity Propagation on update similarity
-   (:func:`fedjax_dd.algorithms.disue.affinity_grouping`, Eqs. 3–4), every
-   client on its own (FedFTG, :func:`singletons`), or any other clustering
-   (paper Tab. 2) with the same signature.
+   groups (DisUE: :func:`fedjax_dd.algorithms.disue.affinity_grouping`,
+   Eqs. 3–4; FedFTG: :func:`singletons`; any clustering, Tab. 2).
 3. **Intra-group aggregation** (Eq. 2). ``ω_{C_k}`` is the sample-weighted
-   FedAvg inside group ``k``: one segment-weighted mean on the device over a
-   static ``S`` segments, so nothing recompiles when ``K`` changes.
-4. **G-phase.** ``ω_G`` is the FedAvg of the group models weighted by their
-   sample counts, which equals the FedAvg of the cohort.
+   FedAvg inside group ``k``, over a static ``S`` segments so nothing
+   recompiles when ``K`` changes.
+4. **G-phase.** ``ω_G`` is the sample-weighted FedAvg of the group models
+   (the FedAvg of the cohort).
 5. **IGA** (Eqs. 5–13, optional). The group models, padded to ``S`` with
    zero class counts, teach ``ω_G`` through a persistent conditional
-   generator (:mod:`fedjax_dd.distill.iga`). Without it (ablation "−IGA")
-   ``ω_G`` stays the FedAvg of step 4.
+   generator (:mod:`fedjax_dd.distill.iga`); without it ("−IGA") ``ω_G``
+   stays step 4's.
 
 Clients report their class counts once, the first time they are sampled
-(GLS and GWF need them; ``traffic/upload/class_counts`` in the ledger);
-a grouping may report its own traffic (e.g. secure-similarity ciphertexts).
-The server state's ``extra`` holds the last group of every client (``-1``:
-never sampled), which clients reported their counts, and the IGA state (the
-generator), so a checkpoint of the :class:`~fedjax_dd.core.algorithm.
-ExperimentState` resumes the run bit-identically. With
-``evaluate_before_iga`` it also holds the round's ``ω_G`` of step 4, which
-the rounds loop evaluates beside the global model
-(:data:`fedjax_dd.core.rounds.EVAL_MODELS`: ``test_accuracy_before_iga``):
-FedFTG's code logs its model before and after fine-tuning every round, and
-the difference is what IGA adds.
+(``traffic/upload/class_counts``); a grouping may report its own traffic.
+The server state's ``extra`` holds every client's last group (``-1``: never
+sampled), who reported counts, and the IGA generator, so a checkpoint
+resumes bit-identically. With ``evaluate_before_iga`` it also holds step 4's
+``ω_G``, which the rounds loop evaluates as ``test_accuracy_before_iga``
+(:data:`fedjax_dd.core.rounds.EVAL_MODELS`), to show what IGA adds.
 """
 
 from __future__ import annotations
@@ -116,14 +107,12 @@ def group_models(params: PyTree, batch_stats: PyTree, labels: jax.Array,
 
 @jax.jit
 def fedavg_of_groups(gp: PyTree, gs: PyTree, gw: jax.Array):
-  """The G-phase: the FedAvg of the group models weighted by their samples
-  (the FedAvg of the cohort)."""
+  """The G-phase: the sample-weighted FedAvg of the group models."""
   return stages.weighted_mean(gp, gw), stages.weighted_mean(gs, gw)
 
 
 def check_iga(iga: IGA | None, generator_key: jax.Array | None) -> None:
-  """Raises ValueError for ``iga`` without ``generator_key`` (at build time,
-  before any compute)."""
+  """Raises ValueError for ``iga`` without ``generator_key`` (build time)."""
   if iga is not None and generator_key is None:
     raise ValueError("IGA needs generator_key to initialise its generator.")
 
@@ -133,9 +122,7 @@ def init_iga(iga: IGA | None, generator_key: jax.Array | None,
              num_clients: int) -> dict[str, Any]:
   """The server-``extra`` entries :func:`iga_round` reads: ``"reported"``
   (``[N]`` clients that sent their class counts) and, with ``iga``,
-  ``"iga"`` (the generator, whose ``rounds`` is the ``t`` of IGA's
-  learning-rate decays; :func:`check_iga` first).
-  """
+  ``"iga"`` (the generator state; :func:`check_iga` first)."""
   extra = {"reported": jnp.zeros((num_clients,), bool)}
   if iga is not None:
     extra["iga"] = iga.init(generator_key, params, batch_stats)
@@ -148,11 +135,9 @@ def iga_round(iga: IGA | None, server: ServerState, result: LocalResult,
               ) -> tuple[ServerState, dict[str, Any], tuple[PyTree, PyTree]]:
   """Steps 3–5 of the module doc on the round's grouped cohort.
 
-  The group models (Eq. 2) of the cohort's returned models teach their
-  FedAvg through IGA (Eqs. 5–13), weighted by the class counts their
-  clients reported. DisUE's and FedFTG's round calls it with its grouping;
-  IFCA, CFL, CFL-GP and PACFL with IGA plugged in (DisUE Tab. 2) with
-  their cluster assignments (:mod:`fedjax_dd.algorithms.cluster_models`).
+  The group models (Eq. 2) teach their FedAvg through IGA (Eqs. 5–13),
+  weighted by their clients' class counts. Also used by IFCA, CFL, CFL-GP
+  and PACFL with IGA plugged in (DisUE Tab. 2).
 
   Args:
     iga: the IGA (``num_teachers_max`` = the cohort size), or ``None``:
@@ -168,9 +153,8 @@ def iga_round(iga: IGA | None, server: ServerState, result: LocalResult,
 
   Returns:
     ``(server, metrics, fedavg)``: the server with the new global model
-    and ``extra`` entries; the ``iga_*`` metrics and the class counts'
-    traffic (clients report once, the first time they are sampled); and
-    the G-phase model ``(params, batch_stats)`` before IGA.
+    and ``extra``; the ``iga_*`` metrics and the class counts' traffic; the
+    G-phase model ``(params, batch_stats)`` before IGA.
   """
   counts = stages.class_counts(cohort, num_classes)
   gp, gs, gw, group_counts = group_models(result.params, result.batch_stats,
@@ -197,8 +181,7 @@ class ClusteredPrograms(NamedTuple):
 
   Attributes:
     train: the L-phase, :func:`fedjax_dd.algorithms.stages.client_stage`:
-      ``(params, batch_stats, (), cohort, keys [S]) ->`` the stacked client
-      results (the schedule follows ``cohort.round``).
+      ``(params, batch_stats, (), cohort, keys [S]) ->`` stacked results.
     group_models: Eq. 2, :func:`group_models`.
     fedavg_of_groups: the G-phase, :func:`fedavg_of_groups`.
   """
@@ -210,8 +193,7 @@ class ClusteredPrograms(NamedTuple):
 def clustered_programs(training: LocalTraining) -> ClusteredPrograms:
   """The jitted stages :func:`clustered_distillation` runs every round.
 
-  ``training`` as in :func:`clustered_distillation` (the benchmarks time
-  the stages one by one through this builder).
+  ``training`` as in :func:`clustered_distillation`.
   """
   local = make_local_update(training)
   return ClusteredPrograms(train=stages.client_stage(local, training.mapper),
@@ -231,10 +213,9 @@ def clustered_distillation(
   """Builds the clustered-FL round with optional IGA (see module doc).
 
   Args:
-    training: the L-phase: the clients' local training from ``ω_G``
-      (``training.task`` is also the model the server distils into; the
-      optimizer is re-initialised every round; its schedule scales the rate
-      by round, e.g. :func:`fedjax_dd.core.local.round_decay` ``(0.998)``,
+    training: the clients' local training from ``ω_G`` (``training.task``
+      is also the server's model; the optimizer is re-initialised every
+      round; e.g. :func:`fedjax_dd.core.local.round_decay` ``(0.998)``,
       DisUE Sec. 5.1).
     grouping: how the cohort is split into groups (host side).
     iga: the inter-group distillation (:func:`fedjax_dd.distill.iga.
@@ -244,8 +225,7 @@ def clustered_distillation(
       ``iga``).
     bits_per_count: bits of one reported class count in the ledger.
     evaluate_before_iga: keep the round's ``ω_G`` before IGA in the state
-      for the rounds loop to evaluate (``test_accuracy_before_iga``; one
-      more model in every checkpoint).
+      for the rounds loop to evaluate (one more model per checkpoint).
 
   Returns:
     A :class:`~fedjax_dd.core.algorithm.FederatedAlgorithm` (one model down

@@ -1,64 +1,45 @@
-"""Co-Boosting: hard synthetic samples and a re-weighted ensemble, boosted together.
+"""Co-Boosting: hard synthetic samples and a re-weighted ensemble, co-boosted.
 
 DENSE's one-shot server (a generator against the client ensemble, the
 ensemble distilled into the global model on a pool of synthetic batches),
 with the data and the ensemble improving each other every epoch ``e``:
 
-1. **Hard-sample synthesis**: a freshly initialised
-   generator and its noise are optimised for ``T_G`` steps (Adam) on
-   ``L_G = L_H + β·L_A (+ λ_BN·L_BN)`` with the weighted ensemble
-   ``A_w(x̂) = Σ_k w_k f_k(x̂) / Σ_k w_k``:
-   ``L_H = mean_i (1 − p_{y_i}(x̂_i))^γ · CE(A_w(x̂_i), y_i)`` (the confidence
-   ``p`` held constant: hard samples weigh more) and
-   ``L_A = −KL(σ(A_w/τ_A) ‖ σ(S/τ_A))`` over all samples (the student ``S`` in
-   inference mode). The batch of lowest ``L_G`` joins the pool.
-2. **Ensemble re-weighting**: from the second epoch on,
-   before the new batch joins, one pass of signed gradient descent over the
-   pool on the ensemble's cross-entropy with the generator's labels,
-   ``w ← clip(w − μ·δ^e·sign(∇_w CE(A_w(x̂), y)), 0, 1)``, ``δ`` the decay.
-3. **Hard-sample enhancement**: every pool batch the
-   student sees is first pushed by one signed step along a random direction
-   of the ensemble's softened output, ``x̂' = x̂ + ε·sign(∇_x Σ r ⊙
-   σ(A_w(x̂)/4))`` with ``r ~ U(−1, 1)^K`` (output-diversified sampling).
-4. **Distillation**: the student minimises ``KL(σ(A_w(x̂')/τ) ‖ σ(S(x̂')/τ))·τ²``
-   over the pool (SGD with momentum, weight decay, gradients clipped at norm
-   10, the learning rate cosine-annealed over the epochs).
+1. **Hard-sample synthesis**: a fresh generator and its noise are optimised
+   for ``T_G`` Adam steps on ``L_G = L_H + β·L_A (+ λ_BN·L_BN)`` with the
+   weighted ensemble ``A_w(x̂) = Σ_k w_k f_k(x̂) / Σ_k w_k``:
+   ``L_H = mean_i (1 − p_{y_i}(x̂_i))^γ · CE(A_w(x̂_i), y_i)`` (``p`` held
+   constant: hard samples weigh more) and ``L_A = −KL(σ(A_w/τ_A) ‖
+   σ(S/τ_A))`` (the student ``S`` in inference mode). The batch of lowest
+   ``L_G`` joins the pool.
+2. **Ensemble re-weighting**: from the second epoch on, before the new batch
+   joins, one signed-gradient pass over the pool,
+   ``w ← clip(w − μ·δ^e·sign(∇_w CE(A_w(x̂), y)), 0, 1)``.
+3. **Hard-sample enhancement**: every pool batch the student sees is first
+   pushed by ``x̂' = x̂ + ε·sign(∇_x Σ r ⊙ σ(A_w(x̂)/4))`` with
+   ``r ~ U(−1, 1)^K`` (output-diversified sampling).
+4. **Distillation**: the student minimises
+   ``KL(σ(A_w(x̂')/τ) ‖ σ(S(x̂')/τ))·τ²`` over the pool, the learning rate
+   cosine-annealed over the epochs.
 
-Details from the authors' code (``rong-dai/Co-Boosting``, read at commit
-b95d715; ``datafree/synthesis/coboost.py``, ``datafree_kd.py``): ``γ = 1``
-(``--hs``), ``β = 1`` (``--adv``), ``τ_A = 3``, the KD temperature
-``τ = 4`` (``--kd_T``), ``ε = 8/255`` (``--odseta``), ``μ = 0.01``
-(``--mu``), ``δ = 0.99`` (``--wdc``), one re-weighting pass per epoch
-(``--wa_steps``), no BatchNorm term by default (``--bn 0``), the generator
-re-initialised every epoch with learned noise (Adam lr 1e-3, β1 = 0.5), its
-gradients clipped at norm 10, the ensemble weights starting at ``1/m``; the
-student optimiser SGD momentum 0.9, weight decay 1e-4, cosine schedule;
-the re-weighting pass runs over the pool *before* the epoch's batch is
-added, and the student pass *after*.
+Defaults follow the authors' code (``rong-dai/Co-Boosting`` at b95d715;
+:class:`CoBoostingHyperParams`): the generator is re-initialised every epoch
+with learned noise and the ensemble weights start at ``1/m``.
 
 Departures from that code: the ε step is taken on images in ``[0, 1]``
-(the code adds ε to normalised tensors; on MNIST that is ε·σ ≈ 0.3·ε in
-pixel units); the fresh generator has Flax's default initialisers (the code
-re-draws N(0, 0.02) weights), as in :mod:`fedjax_dd.distill.dfkd`; the
-re-weighting's clamp to ``w_start ± 1`` is dropped (with ``w`` in ``[0, 1]``
-it never binds); the pool is a ring buffer of ``S`` batches (``S = T_g``
-keeps every batch, as the code does); and the teachers' logits of a pooled
-batch are stored with it, so the re-weighting pass needs no teacher
-forward passes (the same numbers: the teachers are frozen).
+(the code adds ε to normalised tensors); the fresh generator has Flax's
+default initialisers, as in :mod:`fedjax_dd.distill.dfkd`; the
+re-weighting's clamp to ``w_start ± 1`` is dropped (it never binds for
+``w`` in ``[0, 1]``); the pool is a ring buffer of ``S`` batches (``S = T_g``
+keeps every batch, as the code does); and a pooled batch stores the frozen
+teachers' logits, so re-weighting needs no teacher forward passes.
 
-One epoch is a host loop over jitted programs, each compiled once (as in
-:mod:`fedjax_dd.distill.dfkd`, whose generator protocol this follows and
-whose building blocks in :mod:`fedjax_dd.distill.ensemble` it uses):
-``_draw``, ``T_G`` × ``_generator_step``, the re-weighting steps, the pool
-insert and the student steps. The random inputs (noise, labels, pool
-orders, the fresh generator, the enhancement directions ``r``) are drawn
-from ``fold_in(key, e)`` by a separate program, so a resumed epoch draws
-what an uninterrupted one does. The only messages are the clients' model
-uploads.
+One epoch is a host loop over jitted programs, each compiled once, following
+:mod:`fedjax_dd.distill.dfkd`'s generator protocol. The random inputs are
+drawn from ``fold_in(key, e)`` by a separate program, so a resumed epoch
+draws what an uninterrupted one does.
 
-The paper's text is not among ``../shared/papers``: the formulas above are
-written from the authors' code, which they match term by term, and the step
-names are the paper's; its equation numbers are not cited for that reason.
+The formulas are written from the authors' code, which they match term by
+term, with the paper's step names; no equation numbers are cited.
 
 Reference: Dai et al., "Enhancing One-Shot Federated Learning Through Data
 and Ensemble Co-Boosting", ICLR 2024; compared against in FedHydra (Bai et
@@ -244,14 +225,14 @@ def coboosting(client_stage: Callable[..., Teachers],
     student: the global model.
     student_input: maps images in ``[0, 1]`` to the student's input.
     hparams: see :class:`CoBoostingHyperParams`.
-    generator_optimizer: optimises the generator and its noise, fresh every
-      epoch [Adam lr 1e-3, β1 = 0.5].
+    generator_optimizer: the generator's and its noise's, fresh every epoch
+      [Adam lr 1e-3, β1 = 0.5].
     student_optimizer: the student's [clip 10, weight decay 1e-4, SGD lr
-      0.01 momentum 0.9]; its updates are scaled by the cosine schedule.
+      0.01 momentum 0.9], scaled by the cosine schedule.
     mapper: how each architecture's teachers are batched.
 
   Returns:
-    A :class:`~fedjax_dd.core.algorithm.ServerDistillation` whose state is a
+    A :class:`~fedjax_dd.core.algorithm.ServerDistillation` with state
     :class:`CoBoostingState`; ``report`` gives the ensemble weights and the
     last synthetic batch.
   """

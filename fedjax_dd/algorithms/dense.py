@@ -2,8 +2,8 @@
 
 DENSE trains a generator against the *plain average* of the client models'
 logits (with the BatchNorm-statistics and adversarial terms) and distils that
-ensemble into the global model. It is FedHydra's pipeline without model
-stratification, with average aggregation ("AE") in place of SA; both share
+ensemble into the global model: FedHydra's pipeline without stratification
+and with average aggregation ("AE") for SA, on the shared
 :mod:`fedjax_dd.distill.dfkd`, so the comparison isolates SA.
 
 Reference: Zhang et al., "DENSE: Data-Free One-Shot Federated Learning",

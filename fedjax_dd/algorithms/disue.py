@@ -5,26 +5,19 @@ Federated Learning" (DisUE), Algorithm 1.
 
 DisUE is the clustered round of :mod:`fedjax_dd.algorithms.clustered` with
 its grouping, :func:`affinity_grouping`: the cosine similarity of the
-cohort's updates (Eq. 3; :mod:`fedjax_dd.cluster.similarity`), computed in
-the clear or through the PCSC protocol (Sec. 4.3; :mod:`fedjax_dd.cluster.
-pcsc`), then Affinity Propagation (Eq. 4; :mod:`fedjax_dd.cluster.affinity`)
-with scikit-learn's defaults (damping 0.5, preference = the median
-similarity). ``K`` is AP's, and changes every round; if AP does not converge
-the round uses one group and counts it (``clustering_converged = 0``). The
-group models then teach the global model through IGA
-(:mod:`fedjax_dd.distill.iga`).
+cohort's updates (Eq. 3), computed in the clear or through the PCSC protocol
+(Sec. 4.3), then Affinity Propagation (Eq. 4) with scikit-learn's defaults.
+``K`` is AP's, and changes every round; if AP does not converge the round
+uses one group and counts it (``clustering_converged = 0``).
 
-Reading of Eq. 3: it names the parameter vectors ``ω_u``, but every client
-starts the round from the same ``ω_G``, so raw parameters have cosines near
-1; Sec. 4.1 speaks of "gradient updates", so the default compares updates
+Eq. 3 names the parameter vectors ``ω_u``, but every client starts the
+round from the same ``ω_G``, so raw parameters have cosines near 1; Sec. 4.1
+speaks of "gradient updates", so the default compares updates
 ``Δ_u = ω_u − ω_G`` (``similarity="delta"``); ``"raw"`` is the literal
 reading.
 
-What a client deploys is the universal expert ``ω_G``, the model the server
-sends every client as its start (the algorithm's default ``deploy``): the
-groups are re-formed from each round's cohort, so no cluster model outlives
-its round. Personalized evaluation scores it on each client's own test data
-(:mod:`fedjax_dd.core.personal`), optionally after local fine-tuning.
+A client deploys the universal expert ``ω_G`` (the default ``deploy``): the
+groups are re-formed every round, so no cluster model outlives its round.
 """
 
 from __future__ import annotations
@@ -88,11 +81,11 @@ def affinity_grouping(*, similarity: str = "delta", protocol: str = "plain",
     similarity: ``"delta"`` (updates ``ω_u − ω_G``) or ``"raw"``
       (parameters ``ω_u``); parameters only, never BatchNorm statistics.
     protocol: ``"plain"`` (the server computes the cosines from the uploaded
-      models, one device matmul) or ``"pcsc"`` (the protocol of Sec. 4.3,
-      relayed by the server; its ciphertexts go to the ledger under the tag
-      ``pcsc``). PCSC hides nothing from the server, which learns ``Sim``
-      anyway, and leaks the key holder's update to its partner (see
-      :mod:`fedjax_dd.cluster.pcsc`); it is here to measure its cost.
+      models) or ``"pcsc"`` (Sec. 4.3, relayed by the server; its
+      ciphertexts go to the ledger under the tag ``pcsc``). PCSC hides
+      nothing from the server and leaks the key holder's update to its
+      partner (:mod:`fedjax_dd.cluster.pcsc`); it is here to measure its
+      cost.
     damping: AP damping in ``[0.5, 1)``.
     preference: AP preference; ``None`` is the median similarity.
 
@@ -118,8 +111,7 @@ def affinity_grouping(*, similarity: str = "delta", protocol: str = "plain",
       vectors = np.asarray(jax.device_get(similarity_lib.update_vectors(
           client_params, global_params, mode=similarity)))
       sim, _, _ = pcsc.pcsc_similarity_matrix(vectors, rng=rng)
-      # Every pair runs through the server (pcsc module doc): its relayed
-      # ciphertexts count as uploads and downloads.
+      # Every pair is relayed by the server: uploads and downloads.
       pairs = math.comb(vectors.shape[0], 2)
       pair_bits = pcsc.PCSCParams().relayed_pair_bits(vectors.shape[1])
       for kind in ("upload", "download"):

@@ -8,38 +8,32 @@ divides by the expected cohort size ``qN``::
     Delta = (sum_k Delta_k * min(1, C / ||Delta_k||) + N(0, z^2 C^2 I)) / qN
 
 This is Alg. 1 of McMahan et al. with the fixed-denominator estimator
-``f~_f`` of Sec. 2 and equal user weights ``w_k = 1`` (so ``qW = qN``, the
-expected number of clients in a round, and the noise ``sigma = z S / (qW)``
-of Alg. 1 is ``z * C`` on the sum). Adding or removing one client moves the
-sum by at most ``C``, so a round is the subsampled Gaussian mechanism with
-noise multiplier ``z`` and a run of ``T`` rounds is accounted by
-:func:`fedjax_dd.privacy.accounting.epsilon` ``(z, q, T, delta)``.
+``f~_f`` of Sec. 2 and equal user weights ``w_k = 1`` (so ``qW = qN``).
+One client moves the sum by at most ``C``, so a round is the subsampled
+Gaussian mechanism with noise multiplier ``z``, and ``T`` rounds are
+accounted by :func:`fedjax_dd.privacy.accounting.epsilon` ``(z, q, T,
+delta)``.
 
 What the guarantee covers, and what it does not:
 
 * the unit of privacy is a client (all its examples together);
-* the server step is ``x <- x + Delta`` with ``sgd(1.0)`` (any server
-  optimizer only post-processes the noised ``Delta``);
+* any server optimizer only post-processes the noised ``Delta``;
 * the cohort: the accountant assumes each client joins a round
   independently with probability ``q`` (:class:`fedjax_dd.core.cohorts.
-  BernoulliCohort`, ``client.activity``; its redraw of an empty round is a
-  small departure). The engine's default draws ``S`` clients without
-  replacement (:class:`~fedjax_dd.core.cohorts.FixedCohort`); its epsilon
-  at ``q = S / N`` is the customary approximation, not a proof;
-* BatchNorm statistics would be averaged without noise: a model with
-  ``batch_stats`` is refused at ``init``;
-* the training metrics of the rows (``train_loss``, ...) are the
-  simulation's diagnostics, not part of what is released.
+  BernoulliCohort`, up to its redraw of an empty round). For the default
+  :class:`~fedjax_dd.core.cohorts.FixedCohort` of ``S`` clients, epsilon at
+  ``q = S / N`` is the customary approximation, not a proof;
+* BatchNorm statistics would be averaged without noise: such a model is
+  refused at ``init``;
+* training metrics are simulation diagnostics, not released.
 
-The noise of round ``r`` is drawn from ``keys.server_key`` of the key its
-``apply`` receives (:class:`fedjax_dd.algorithms.fedavg.KeyedAggregator`),
-apart from every client's key, so a killed and resumed run draws the same
-noise as an uninterrupted one.
+The noise is drawn from the round's ``keys.server_key``
+(:class:`fedjax_dd.algorithms.fedavg.KeyedAggregator`), apart from every
+client's key, so a resumed run draws the same noise as an uninterrupted one.
 
 With ``z = 0`` and ``C`` above every delta's norm the aggregate is the
-unweighted mean ``sum_k Delta_k / qN``; with a fixed cohort (``qN = S``)
-that is FedAvg's example-weighted mean when every client holds as many
-examples, and the uniform mean otherwise.
+unweighted mean ``sum_k Delta_k / qN`` (FedAvg's only when a fixed cohort's
+clients hold equally many examples).
 
 Reference: McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private
 Recurrent Language Models", ICLR 2018.
@@ -67,8 +61,7 @@ tree_map = jax.tree_util.tree_map
 
 @dataclasses.dataclass(frozen=True)
 class DPFedAvgHyperParams:
-  """DP-FedAvg's settings (McMahan et al., ICLR 2018), the ``dp`` config
-  group.
+  """DP-FedAvg's settings, the ``dp`` config group.
 
   Attributes:
     clip: ``C > 0``, the L2 bound of each client's delta.
@@ -132,19 +125,15 @@ def dp_fedavg(training: LocalTraining,
   Args:
     training: the clients' local training (as :func:`~fedjax_dd.algorithms.
       fedavg.fedavg`'s).
-    clip: ``C > 0``, the L2 bound of each client's delta.
-    noise_multiplier: ``z >= 0``; the noise on the sum has std ``z * C``
-      (``0``: clipping only, no guarantee).
+    clip, noise_multiplier: as in :class:`DPFedAvgHyperParams`.
     expected_clients: ``qN > 0``, the expected cohort size the sum is
-      divided by (``S`` for ``FixedCohort(S)``, ``p N`` for
-      ``BernoulliCohort(p)``).
+      divided by (as :func:`dp_aggregator`).
     server_optimizer: applied to the noised delta; ``sgd(1.0)`` is the
       paper's ``x <- x + Delta``.
     comm: model-sized tensors per client per round, for the ledger.
 
   Returns:
-    A :class:`FederatedAlgorithm`; its ``init`` refuses a model with
-    BatchNorm statistics (they would be averaged without noise).
+    A :class:`FederatedAlgorithm`; its ``init`` refuses BatchNorm models.
 
   Raises:
     fedjax_dd.core.checks.SettingError: ``clip <= 0``, ``noise_multiplier

@@ -5,14 +5,11 @@ Reference: Pi et al., "DYNAFED: Tackling Client Data Heterogeneity with
 Global Dynamics", CVPR 2023 (arXiv 2211.10878); the matching objective is
 MTT's (Cazenavette et al., "Dataset Distillation by Matching Training
 Trajectories", CVPR 2022, Eqs. 1-2), which DynaFed applies to the global
-model's trajectory (DynaFed Sec. 3, Fig. 1). HFLDD (Shi et al., Sec. V-A)
-runs it as a baseline with 15 synthetic images per class and 20 epochs of
-fine-tuning at batch 256.
+model's trajectory (DynaFed Sec. 3, Fig. 1); a baseline of HFLDD (Sec. V-A).
 
 Round ``t`` (1-based) of :func:`dynafed`:
 
-1. FedAvg: ``θ_t = Σ_i n_i θ_i / Σ_i n_i`` over the cohort (the shared
-   client stage and :func:`fedjax_dd.algorithms.fedavg.example_weighted`).
+1. FedAvg: ``θ_t = Σ_i n_i θ_i / Σ_i n_i`` over the cohort.
 2. ``t ≤ L``: ``θ_t`` joins the trajectory buffer ``[θ_0, ..., θ_L]``
    (``θ_0`` the initial model).
 3. ``t = L``: the server synthesises ``D_syn`` (``ipc`` images per class,
@@ -25,17 +22,12 @@ Round ``t`` (1-based) of :func:`dynafed`:
 
        L_match = ‖θ̂_N − θ_{s+M}‖² / ‖θ_s − θ_{s+M}‖².
 
-4. ``t > L``: ``θ_t`` is fine-tuned on ``D_syn`` for ``E`` epochs
-   (Adam, cross-entropy; the shared local update on the synthetic set).
+4. ``t > L``: ``θ_t`` is fine-tuned on ``D_syn`` for ``E`` epochs (Adam).
 
-Details from the authors' code (``image_synthesizer.py``, ``server.py``,
-``run_end2end.py`` of github.com/pipilurj/DynaFed): synthesis runs once
-(``maximum_distill_round = 1``) after ``minimum_trajectory_length``
-snapshots, and fine-tuning starts the round after; images start as
-``N(0, 1)`` noise in the model's input space (``pix_init noise``); images
-and ``α`` are learned by Adam (``lr_img``, ``lr_lr``, ``α`` starts at
-``lr_teacher``); the student's steps use the whole synthetic set
-(``batch_syn`` unset); fine-tuning is Adam at ``distill_lr``.
+From the authors' code (github.com/pipilurj/DynaFed): synthesis runs once,
+and fine-tuning starts the round after; images start as ``N(0, 1)`` noise
+in the model's input space; the student's steps use the whole synthetic
+set; images, ``α`` and fine-tuning use Adam (:class:`DynaFedHyperParams`).
 
 Departures, each a simplification kept on purpose:
 
@@ -48,9 +40,8 @@ Departures, each a simplification kept on purpose:
 * fine-tuning draws ``E · ⌈|D_syn| / B⌉`` batches of ``min(B, |D_syn|)``
   with replacement (the shared local update) instead of reshuffled epochs.
 
-Traffic is FedAvg's (HFLDD Sec. V-C: "the communication costs of FedProx
-and DynaFed over T rounds are the same as those of FedAvg", Eq. 3): the
-synthesis and fine-tuning use only what the server holds.
+Traffic is FedAvg's (HFLDD Sec. V-C, Eq. 3): synthesis and fine-tuning use
+only what the server holds.
 """
 
 from __future__ import annotations
@@ -178,17 +169,16 @@ def dynafed(training: LocalTraining,
 
   Args:
     training: the clients' local training (optimizer re-initialised every
-      round; its schedule scales the rate by round).
+      round).
     hparams: the server's settings (:class:`DynaFedHyperParams`).
 
   Returns:
     A :class:`FederatedAlgorithm` whose server ``extra`` holds
     ``trajectory`` (``[L + 1, ...]`` per parameter),
     ``images`` (``D_syn``, ``[K · ipc, H, W, Ch]`` float32; zeros before
-    round ``L``) and ``syn_lr`` (``α``): all checkpointed with the state.
-    Each round's metrics add ``match_loss_first`` / ``match_loss_last``
-    (the first and last matching step's loss; 0 outside round ``L``),
-    ``finetune_loss`` (0 up to round ``L``) and ``syn_lr``.
+    round ``L``) and ``syn_lr`` (``α``). Metrics add ``match_loss_first`` /
+    ``match_loss_last`` (0 outside round ``L``), ``finetune_loss`` (0 up to
+    round ``L``) and ``syn_lr``.
   """
   h = hparams
   task = training.task

@@ -27,9 +27,8 @@ class KeyedAggregator(NamedTuple):
   """An aggregator that draws randomness (DP-FedAvg's noise).
 
   ``fn(deltas [S, ...], cohort, result, key) -> delta``: :func:`fedavg`
-  hands it ``keys.server_key`` of the key its ``apply`` receives, a key of
-  the round apart from every client's, so a resumed run draws the noise of
-  an uninterrupted one.
+  hands it the round's ``keys.server_key``, apart from every client's, so a
+  resumed run draws the noise of an uninterrupted one.
   """
   fn: Callable[[PyTree, Cohort, LocalResult, jax.Array], PyTree]
 
@@ -49,10 +48,8 @@ def fedavg(training: LocalTraining,
   """Builds FedAvg (and, through the hooks, FedProx / FedNova / FedOpt).
 
   Args:
-    training: the clients' local training (task, optimizer re-initialised
-      every round, batch size, step bound, mapper, augmentation, and the
-      schedule of the client rate over rounds, which the engine's round
-      index drives).
+    training: the clients' local training (optimizer re-initialised every
+      round; its schedule follows the engine's round index).
     server_optimizer: applied to the aggregated delta; ``sgd(1.0)`` is FedAvg.
     regularizer: ``(params, ctx) -> scalar`` added to every local loss;
       ``ctx`` is the client's :class:`~fedjax_dd.core.local.RoundContext`

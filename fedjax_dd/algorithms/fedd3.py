@@ -2,31 +2,18 @@
 
 Every client distills its local data (KIP on an infinite-width kernel, or a
 Gaussian-mixture coreset), uploads the distilled set once, and the server
-trains a model on the union. :func:`random_distiller` is the control that
-dataset-distillation papers report: random real images at the same upload
-budget. The multi-shot hybrid (paper App. F) instead runs
-FedAvg where each client trains on its own data plus everyone else's distilled
-data, received once in round 1.
+trains a model on the union. The multi-shot hybrid (paper App. F) instead
+runs FedAvg where each client trains on its own data plus everyone else's
+distilled data, received once in round 1.
 
 Reference: Song et al., "Federated Learning via Decentralized Dataset
 Distillation in Resource-Constrained Edge Environments", IJCNN 2023 (FedD3).
 
-Stages, each a function over explicit arrays:
-
-* a *distiller* ``(key, ClientData) -> DistilledSet`` (:func:`kip_distiller`
-  runs all clients in one batched program; :func:`gmm_distiller` is the
-  host-side scikit-learn coreset; :func:`random_distiller` the random-real
-  control);
-* :func:`client_upload_bits` / :func:`upload_bits`, the single upload the
-  ledger counts, per client and in total;
-* :func:`fedd3`, the method as a
-  :class:`~fedjax_dd.core.algorithm.ServerDistillation`: the client stage
-  distils and pads every client's message to :class:`Uploads`
-  ``[C, K·ipc, ...]`` with counts, and the server trains on the union, one
-  epoch per ``epoch`` call (on the learned soft labels ``[M, K]`` when KIP
-  learned them, Sec. 3.2). :func:`fedjax_dd.core.server.run_server_rounds`
-  drives it (checkpoints, ledger, metrics), as it drives FedHydra;
-* :func:`hybrid_client_data` for the multi-shot variant.
+A *distiller* ``(key, ClientData) -> DistilledSet`` (:func:`kip_distiller`,
+:func:`gmm_distiller`, or the random-real control :func:`random_distiller`)
+feeds :func:`fedd3`, a :class:`~fedjax_dd.core.algorithm.ServerDistillation`;
+:func:`client_upload_bits` counts the single upload and
+:func:`hybrid_client_data` builds the multi-shot variant's data.
 """
 
 from __future__ import annotations
@@ -60,20 +47,16 @@ class DistilledSet:
   """What the server receives from all clients (host arrays).
 
   Attributes:
-    x: ``[M, H, W, Ch]`` images as transmitted: uint8, or float32 pixels
-      (unquantised, possibly outside ``[0, 255]``) for a float upload
-      (:func:`kip_distiller`'s ``float_upload``).
+    x: ``[M, H, W, Ch]`` images as transmitted: uint8, or unquantised
+      float32 pixels for a float upload.
     y: ``[M]`` int32 hard labels (argmax of ``y_soft``).
     y_soft: ``[M, K]`` float32 support labels in KIP's label space (learned
-      labels when KIP learns them, else one-hot; centred when
-      ``centered_labels``). :meth:`targets` maps them to distributions.
+      or one-hot); :meth:`targets` maps them to distributions.
     owner: ``[M]`` index of the client that sent each image.
     learned_labels: whether ``y_soft`` was optimised (then it is transmitted
       and the server trains on it).
-    centered_labels: whether ``y_soft`` uses KIP's centred convention
-      (one-hot minus ``1/K``).
-    x_float: ``[M, H, W, Ch]`` float32 pixels before quantisation (KIP only),
-      to measure what quantisation costs.
+    centered_labels: whether ``y_soft`` is centred (one-hot minus ``1/K``).
+    x_float: ``[M, H, W, Ch]`` float32 pixels before quantisation (KIP only).
     iterations: ``[C]`` KIP iterations each client ran (KIP only).
     converged: ``[C]`` whether each client met the early stop (KIP only).
     first_loss: ``[C]`` KIP loss at each client's first iteration (KIP only).
@@ -98,15 +81,14 @@ class DistilledSet:
   def targets(self) -> np.ndarray:
     """``[M, K]`` float32 training targets on the simplex.
 
-    Learned labels are what the server trains on (FedD3 Sec. 3.2 sends
-    them), mapped from KIP's label space by
-    :func:`~fedjax_dd.distill.kip.labels_to_targets`; fixed labels
-    give their one-hot rows.
+    Learned labels (FedD3 Sec. 3.2) are mapped by
+    :func:`~fedjax_dd.distill.kip.labels_to_targets`; fixed labels give
+    their one-hot rows.
     """
     return kip_lib.labels_to_targets(self.y_soft, centered=self.centered_labels)
 
   def train_labels(self) -> np.ndarray:
-    """What the server trains on: ``targets() [M, K]`` if learned, else ``y [M]``."""
+    """Server targets: ``targets() [M, K]`` if learned, else ``y [M]``."""
     return self.targets() if self.learned_labels else self.y
 
   def arrays(self) -> dict[str, np.ndarray]:
@@ -134,9 +116,8 @@ class Uploads:
 
   Attributes:
     x: ``[C, S, H, W, Ch]`` uint8 images (float32 pixels for a float
-      upload); client ``i`` sent ``x[i, :count[i]]`` (``S = K ·
-      images_per_class``, the most a client sends; the rest is padding,
-      which never reaches a loss).
+      upload); client ``i`` sent ``x[i, :count[i]]``, ``S = K ·
+      images_per_class``; the rest is padding.
     y_soft: ``[C, S, K]`` float32 labels in KIP's label space, as in
       :class:`DistilledSet`.
     count: ``[C]`` int32 images each client sent.
@@ -179,8 +160,7 @@ def pad_uploads(distilled: DistilledSet, num_clients: int,
   if count.size and count.max() > size:
     raise ValueError(f"Client {int(count.argmax())} sent {int(count.max())} "
                      f"images, more than the padded size {size}.")
-  # Row of each image inside its client's block (images come client by
-  # client, as every distiller returns them).
+  # Row of each image inside its client's block.
   order = np.argsort(owner, kind="stable")
   starts = np.concatenate([[0], np.cumsum(count)[:-1]])
   slot = np.empty_like(owner)
@@ -205,8 +185,7 @@ class ServerTrainState:
     key: the epochs' key; epoch ``e`` shuffles with ``fold_in(key, e)``.
     epoch: epochs done.
     index: ``[M]`` int32 rows of the flattened ``[C · S]`` uploads that
-      hold an image (``M`` = images received; static, so one compiled
-      epoch serves the run).
+      hold an image (static, so one compiled epoch serves the run).
     y: ``[M]`` int32 hard labels, or ``[M, K]`` float32 targets when the
       labels were learned (:meth:`DistilledSet.train_labels`).
   """
@@ -226,10 +205,9 @@ def fedd3(distiller: Distiller, task: Classifier,
           mapper: ClientMapper = ClientMapper()) -> ServerDistillation:
   """FedD3 (Song et al., Alg. 1) as a server-side method.
 
-  Per round (FedD3 runs one): every client distils with ``distiller`` and
-  sends its set once (:class:`Uploads`); the server trains ``task`` on the
-  union, one pass of ``local_epochs`` (or ``local_steps`` steps) per
-  ``epoch`` call, with the engine's centralized update.
+  Every client distils with ``distiller`` and sends its set once
+  (:class:`Uploads`); the server trains ``task`` on the union, ``local_epochs``
+  passes (or ``local_steps`` steps) per ``epoch`` call.
 
   Args:
     distiller: ``(key, ClientData) -> DistilledSet`` (:func:`kip_distiller`,
@@ -237,19 +215,17 @@ def fedd3(distiller: Distiller, task: Classifier,
     task: the server model.
     optimizer: the server's optimiser.
     num_classes: ``K``.
-    images_per_class: the distiller's images per class per client (sets
-      the padded size ``S = K · images_per_class``).
+    images_per_class: the distiller's images per class per client
+      (``S = K · images_per_class``).
     batch_size: server batch size.
     local_epochs: passes over the union per ``epoch`` call.
     local_steps: fixed steps per ``epoch`` call instead (overrides
       ``local_epochs``).
     learned_labels, centered_labels: how the distiller's labels are sent
       (:class:`DistilledSet`); they fix the upload's checkpoint layout.
-    float_upload: the images arrive as float32 pixels (FedD3's code sends
-      its support unquantised), not uint8; ``task`` must then take float32
-      pixels (:func:`float_pixel_task`).
-    mapper: the engine's compile settings (the one server "client" is
-      vmapped).
+    float_upload: the images arrive as unquantised float32 pixels (FedD3's
+      code), not uint8; ``task`` must take them (:func:`float_pixel_task`).
+    mapper: the engine's compile settings.
 
   Returns:
     A :class:`~fedjax_dd.core.algorithm.ServerDistillation` whose
@@ -288,8 +264,7 @@ def fedd3(distiller: Distiller, task: Classifier,
                                                 int(uploads.x.shape[0]))
 
   def setup(uploads: Uploads, key) -> dict[str, jax.Array]:
-    # Which padded rows hold an image, found once on the host: the union's
-    # size M then is a static shape of the server state.
+    # Found once on the host, so the union's size M is a static shape.
     del key
     count = np.asarray(jax.device_get(uploads.count))
     s = int(uploads.x.shape[1])
@@ -342,8 +317,7 @@ Distiller = Callable[[jax.Array, ClientData], DistilledSet]
 def float_pixel_task(task: Classifier, mean, std) -> Classifier:
   """``task`` reading float32 pixels: ``(x / 255 - mean) / std``.
 
-  The server's model for a float upload (FedD3's code trains its server on
-  the support as optimised, never quantised). ``mean`` and ``std`` are the
+  The server's model for a float upload. ``mean`` and ``std`` are the
   channel statistics of ``task``'s own preprocessing, so the same
   parameters score uint8 test images through ``task``.
 
@@ -374,15 +348,14 @@ def kip_distiller(kernel_fn, *, num_classes: int, mean, std,
 
   See :func:`fedjax_dd.distill.kip.distill_clients` for the arguments
   (``options.stop_accuracy=None``: every client runs
-  ``options.max_iterations``). The privacy guard (paper App. G) runs first
-  on the host: a client class with at most ``images_per_class`` examples
-  would be uploaded raw, and is refused unless ``allow_raw_upload``; after
-  distillation, so is any quantised image byte-identical to a raw image of
-  its sender (:func:`fedjax_dd.distill.privacy.check_no_raw_upload`). The result carries each client's iterations, early-stop flag
-  and first/last KIP loss. With ``float_upload`` the support is sent as
-  float32 pixels, unquantised (FedD3's code; 32 bits per pixel channel in
-  :func:`client_upload_bits`); the guard then checks its rounding.
-  ``segment_store`` keeps KIP's state between segments
+  ``options.max_iterations``). The privacy guard (paper App. G) refuses,
+  unless ``allow_raw_upload``, a client class with at most
+  ``images_per_class`` examples (it would be uploaded raw) and, after
+  distillation, any quantised image byte-identical to a raw image of its
+  sender (:func:`fedjax_dd.distill.privacy.check_no_raw_upload`). With
+  ``float_upload`` the support is sent as unquantised float32 pixels
+  (FedD3's code); the guard then checks its rounding. ``segment_store``
+  keeps KIP's state between segments
   (:class:`fedjax_dd.distill.kip.SegmentStore`).
   """
 
@@ -449,15 +422,11 @@ def random_distiller(*, num_classes: int, images_per_class: int
   """Random real images at KIP's upload budget: the distillation control.
 
   Each client sends, for every class it holds, ``min(images_per_class,
-  n_class)`` of its own images of that class drawn without replacement,
-  as uint8 with hard labels: the same images per class per client that
-  :func:`kip_distiller` sends, so the server trains on an upload of the
-  same size and only distillation differs. FedD3's privacy guard (App. G)
-  does not apply: the control sends raw images by construction.
-
-  The NumPy generator is seeded by the JAX key's bits
-  (:func:`fedjax_dd.core.keys.numpy_from_key`; no global state);
-  images come out client by client, classes in increasing order, as KIP's.
+  n_class)`` of its own images of that class drawn without replacement, as
+  uint8 with hard labels, so only distillation differs from
+  :func:`kip_distiller`. The privacy guard (App. G) does not apply. The NumPy
+  generator is seeded by :func:`fedjax_dd.core.keys.numpy_from_key`; images
+  come out client by client, classes in increasing order, as KIP's.
   """
 
   def distill(key, data: ClientData) -> DistilledSet:
@@ -493,11 +462,9 @@ def client_upload_bits(
     bits_per_soft_label: int = ledger_lib.BITS_PER_SOFT_LABEL) -> np.ndarray:
   """``[C]`` bits of each client's one-shot message (0: sent nothing).
 
-  An image counts ``bits_per_pixel_channel`` per pixel channel (None: what
-  ``distilled.x`` holds, 8 for uint8 and 32 for float32 pixels) plus its
-  label as sent: a hard label ``bits_per_hard_label`` (a class index fits a
-  byte), a learned label its ``K`` soft entries at ``bits_per_soft_label``
-  each.
+  An image counts ``bits_per_pixel_channel`` per pixel channel (None: 8 for
+  uint8, 32 for float32 pixels) plus its label: ``bits_per_hard_label``, or
+  ``K · bits_per_soft_label`` for a learned label.
   """
   if bits_per_pixel_channel is None:
     bits_per_pixel_channel = (
@@ -555,7 +522,7 @@ def hybrid_client_data(data: ClientData, distilled: DistilledSet) -> ClientData:
 
 def hybrid_client_download_bits(distilled: DistilledSet, num_clients: int,
                                 **widths) -> np.ndarray:
-  """``[C]`` round-1 download of the hybrid: client ``i`` receives ``M − M_i`` images.
+  """``[C]`` hybrid round-1 download: client ``i`` receives ``M − M_i`` images.
 
   Every image (with its label) has the size it had on upload
   (:func:`client_upload_bits`; ``widths`` are its bit widths).
@@ -576,9 +543,8 @@ def hybrid_ledger(distilled: DistilledSet, num_clients: int,
   """The hybrid's round-1 traffic before its FedAvg rounds (App. F).
 
   Each client uploads its distilled set once (one message per client, so
-  the ledger's GCE sees each one) and receives everyone else's
-  (:func:`hybrid_client_download_bits`); ``widths`` are the bit widths of
-  :func:`client_upload_bits`.
+  the ledger's GCE sees each) and receives everyone else's; ``widths`` are
+  :func:`client_upload_bits`'s bit widths.
   """
   return ledger_lib.Ledger().record_messages(
       1, kind="upload", tag="distilled_data",

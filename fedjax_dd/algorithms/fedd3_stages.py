@@ -3,21 +3,10 @@
 Reference: Song et al., "Federated Learning via Decentralized Dataset
 Distillation in Resource-Constrained Edge Environments", IJCNN 2023.
 :mod:`fedjax_dd.algorithms.fedd3` holds the distillers and the method; this
-module holds what a run adds around them, so a notebook gets the entry
-point's figures (the grid of the upload is drawn by the caller,
-:func:`fedjax_dd.utils.image_grid.save_image_grid`):
-
-* :func:`distill_or_load`: the distilled set, kept in a run's
-  :class:`~fedjax_dd.core.stage_cache.StageCache` (stage :data:`STAGE`), so
-  a resumed run (or a server-side variant reading another run's cache) does
-  not distil again; a KIP set whose loss rose past its start is refused;
-* :func:`kip_statistics`: KIP's loss and iterations over clients;
-* :func:`quantisation_cost`: kernel ridge regression (KIP's own predictor,
-  FedD3 Eq. 4) on the test split from the union support before and after
-  the uint8 quantisation of the upload;
-* :func:`upload_fields`: the upload, its privacy
-  (:func:`fedjax_dd.distill.privacy.upload_privacy`, App. G) and the KIP
-  figures.
+module caches the distilled set (:func:`distill_or_load`, so a resumed run
+or a variant reading another run's cache does not distil again) and reports
+on it (:func:`kip_statistics`, :func:`quantisation_cost`,
+:func:`upload_fields`).
 """
 
 from __future__ import annotations
@@ -54,8 +43,7 @@ def kip_checkpoint(cache: StageCache, fingerprint: Mapping[str, Any], *,
   """KIP's state between segments, entry :data:`KIP_STAGE` of ``cache``
   under the set's ``fingerprint`` (one saved under another is refused, as
   the set is); ``every``: save every ``every``-th segment. It holds each
-  client's support part-way through KIP (derived from the client's images,
-  not yet uploaded) and Adam's moments over it."""
+  client's unsent, part-distilled support and Adam's moments over it."""
   return TreeCheckpoint(cache, KIP_STAGE, fingerprint, every=every)
 
 
@@ -169,9 +157,8 @@ def quantisation_cost(distilled: DistilledSet, *,
                       ) -> dict[str, float]:
   """KRR test accuracy of the union support before and after quantisation.
 
-  Kernel ridge regression (FedD3 Eq. 4 with KIP's regulariser ``reg``) from
-  the float support and from the uint8 upload, each normalised as KIP saw
-  it (``(x / 255 - mean) / std``), predicts ``x_test``.
+  Kernel ridge regression (FedD3 Eq. 4) from the float support and from the
+  uint8 upload, each normalised as KIP saw it.
 
   Args:
     distilled: the set (``x_float`` present: KIP only; else ``{}``).

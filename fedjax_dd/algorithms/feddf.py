@@ -1,15 +1,11 @@
 """FedDF: ensemble distillation of the client models on unlabeled public data.
 
-The server initialises the global model with the (example-weighted) average
-of the client models, i.e. one-shot FedAvg, and then fine-tunes it to match
-the averaged client logits on an unlabeled public set it holds:
-``min KL(σ(mean_k P_k(x)/T) ‖ σ(F_g(x)/T))`` with Adam. In the one-shot
-setting the only traffic is each client's single upload; the public set never
-leaves the server.
-
-The distillation loss is :func:`fedjax_dd.distill.ensemble.make_student_loss`
-with ``β = 0`` and the plain average, so FedDF differs from DENSE only in
-where the inputs come from (a real public set instead of a generator).
+The server initialises the global model with one-shot FedAvg and then
+fine-tunes it to match the averaged client logits on an unlabeled public set
+it holds: ``min KL(σ(mean_k P_k(x)/T) ‖ σ(F_g(x)/T))`` with Adam. The
+public set never leaves the server. The loss is
+:func:`fedjax_dd.distill.ensemble.make_student_loss` with ``β = 0``, so
+FedDF differs from DENSE only in its inputs (a public set, not a generator).
 
 Reference: Lin et al., "Ensemble Distillation for Robust Model Fusion in
 Federated Learning", NeurIPS 2020 (Alg. 1, the server's ensemble
@@ -131,10 +127,8 @@ def feddf(client_stage: Callable[..., Teachers],
   def epoch(state: FedDFState, teachers: Teachers):
     key = jax.random.fold_in(state.key, state.epoch)
     p, s, o = state.params, state.batch_stats, state.opt_state
-    # A host loop over one jitted step, as in ``dfkd.make_dfkd``: XLA:CPU
-    # runs these conv steps much slower inside a rolled while loop
-    # (lax.scan) than as separate programs (experiments/perf_notes.md,
-    # "Measurements moved from docstrings").
+    # A host loop over one jitted step: XLA:CPU runs conv steps slower in a
+    # lax.scan (experiments/perf_notes.md).
     step_metrics = []
     for t in range(steps_per_epoch):
       p, s, o, m = step(p, s, o, teachers.vars, public_x, key,

@@ -18,22 +18,13 @@ default (the authors' ``example_cifar_10.py``, ``alpha_coef = 1e-2``).
 
 Per-client state: the linear terms ``∇L_k`` of all ``N`` clients stacked
 ``[N, ...]`` in ``ExperimentState.clients`` (``{"grad": ...}``), zero at the
-start and checkpointed; only the sampled clients' change. ``N`` models of
-memory: 17.8 MB with LeNet-5 (44,426 float32 parameters) at ``N = 100``,
-1.78 GB at ``N = 10,000`` (``tests/algorithms/test_moon_feddyn.py``
-computes both). ``h`` lives in the server state. Messages: one model down,
-one up per sampled client (``CommSpec(1, 1)``); neither ``∇L_k`` nor ``h``
-travels.
+start; ``N`` models of memory. ``h`` lives in the server state. Messages:
+``CommSpec(1, 1)``; neither ``∇L_k`` nor ``h`` travels.
 
-The authors' code (``utils_general.train_feddyn_mdl``,
-``utils_methods.train_FedDyn``) computes the same client loss as
-``α ⟨θ, −θ^{t-1} + λ_k⟩`` plus ``α/2 ‖θ‖²`` through SGD's weight decay, with
-``λ_k = Σ (θ_k − θ^{t-1}) = −∇L_k/α``, and the server model as the mean of
-the sampled models plus the mean of ``λ`` over all clients (equal to the
-above). Departures from it: its ``α`` is divided per client by the client's
-share of the data (``alpha_coef / weight_list[clnt]``, equal to ``α`` on
-equal-size clients such as DisUE's partitions), and its gradient is clipped
-to norm 10 there always (here the config's ``client.grad_clip``). Its
+The authors' code computes the same client loss and server model in another
+parametrisation. Departures from it: its ``α`` is divided per client by the
+client's data share (equal to ``α`` on equal-size clients), and its
+gradient is always clipped to norm 10 (here ``client.grad_clip``). Its
 models have no BatchNorm; here running statistics are averaged by ``|D_k|``
 as FedAvg's.
 
@@ -61,8 +52,7 @@ tree_map = jax.tree_util.tree_map
 
 @dataclasses.dataclass(frozen=True)
 class FedDynHyperParams:
-  """FedDyn's settings (Acar et al., ICLR 2021; ``α`` 0.01, the authors'
-  default), the ``feddyn`` config group.
+  """FedDyn's settings, the ``feddyn`` config group.
 
   Attributes:
     alpha: ``α > 0``, a number, or a traced scalar (a run's value on the
@@ -96,7 +86,7 @@ def feddyn(training: LocalTraining,
 
   Args:
     training: the clients' local training (optimizer re-initialised every
-      round; its schedule scales the rate by round, as :func:`fedavg`).
+      round).
     alpha: ``α`` > 0: a number, or a traced scalar (a per-run value on the
       run axis, :func:`fedjax_dd.fit_runs`).
 

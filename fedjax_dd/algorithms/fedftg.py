@@ -17,9 +17,8 @@ singletons`): the FedAvg of the cohort is fine-tuned by IGA
   (``IGAHyperParams()`` defaults).
 * **Data-free FedDF**, as DisUE's Tab. 1 runs FedDF without public data: the
   student distils the *plain* ensemble of the clients on samples of the same
-  conditional generator, i.e. uniform labels and equal teacher weights
-  (:func:`feddf_hparams`). FedDF's own server (public unlabelled data, Adam,
-  one-shot here) stays in :mod:`fedjax_dd.algorithms.feddf`.
+  conditional generator (:func:`feddf_hparams`). FedDF's own server with
+  public data is :mod:`fedjax_dd.algorithms.feddf`.
 """
 
 from __future__ import annotations

@@ -4,21 +4,18 @@ Pipeline (Alg. 1), in the :class:`~fedjax_dd.core.algorithm.ServerDistillation`
 shape:
 
 1. **Local training** (``client_stage``): every client trains its model once
-   to convergence (SGD lr 0.01, batch 128, ``E`` local epochs) and uploads it;
-   the shared one-shot client stage (:mod:`fedjax_dd.algorithms.one_shot`),
-   so FedHydra, DENSE, FedDF and one-shot FedAvg see bit-identical clients.
+   to convergence and uploads it (:mod:`fedjax_dd.algorithms.one_shot`).
 2. **Model stratification** (``setup``, Alg. 2,
    :mod:`fedjax_dd.algorithms.stratify`): the loss curves ``L_kj`` of
-   ``m · c`` short generator trainings, one mapped program per architecture;
-   ``U``, ``U_r``, ``U_c`` follow from them (Eqs. 2–7).
+   ``m · c`` short generator trainings give ``U``, ``U_r``, ``U_c``
+   (Eqs. 2–7).
 3. **HASA** (``init`` / ``epoch``, Alg. 1): ``T_g`` epochs of ``T_G``
    generator steps and a student phase, the teachers combined by stratified
    aggregation (Alg. 3, Eqs. 8–11) instead of DENSE's plain average
    (:mod:`fedjax_dd.distill.dfkd`).
 
-Multi-round FedHydra (paper Tab. 5) repeats the stages for ``T`` rounds, the
-clients restarting from the distilled model; the library's driver
-(:func:`fedjax_dd.core.server.run_server_rounds`) runs it.
+Multi-round FedHydra (paper Tab. 5) repeats the stages for ``T`` rounds from
+the distilled model (:func:`fedjax_dd.core.server.run_server_rounds`).
 
 Reference: Bai et al., "A Unified Solution to Diverse Heterogeneities in
 One-Shot Federated Learning" (FedHydra), Algs. 1–3, Eqs. 1–19.
@@ -91,8 +88,7 @@ def fedhydra(client_stage: Callable[..., Teachers],
     student_optimizer: [SGD, lr 0.01].
     mapper: batching of the teachers.
     stratify_mapper: batching of Alg. 2's (client, class) pairs; None:
-      ``mapper`` with ``workload="stratify"`` (the policy's backend for the
-      stratification, :func:`fedjax_dd.core.clients.default_backend`).
+      ``mapper`` with ``workload="stratify"``.
 
   Returns:
     A :class:`~fedjax_dd.core.algorithm.ServerDistillation`; ``setup`` is

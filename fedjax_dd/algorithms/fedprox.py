@@ -1,4 +1,4 @@
-"""FedProx: FedAvg with a proximal term ``μ/2 ‖w − w_global‖²`` in every local loss.
+"""FedProx: FedAvg with a proximal term ``μ/2 ‖w − w_global‖²`` in local losses.
 
 Reference: Li et al., "Federated Optimization in Heterogeneous Networks",
 MLSys 2020.

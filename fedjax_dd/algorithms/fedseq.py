@@ -15,24 +15,16 @@ Data layout: a superclient is one "client" of the rounds loop whose arrays
 carry a member axis, ``x [O, J, N_max, H, W, Ch]``, ``y [O, J, N_max]``,
 ``num_examples [O, J]`` (:func:`group_data`); groups smaller than ``J`` are
 padded with empty members (zero examples, zero steps), which leave the model
-unchanged. The per-superclient ring is a ``lax.scan`` over members of the
-engine's local update, written for ONE superclient and mapped over
-superclients by ``fedjax_dd.core.clients``.
+unchanged. The ring is a ``lax.scan`` over members, written for ONE
+superclient and mapped over superclients.
 
 The ring starts at member ``(r - 1) mod J`` in round ``r`` (1-based) so
-that, over ``J`` rounds, every member is once the last to train (the
-engine's round index, :attr:`fedjax_dd.core.algorithm.Cohort.round`).
+that, over ``J`` rounds, every member is once the last to train.
 
-Communication. HFLDD Eq. 19 as printed, ``C_FedSeq = O |w| B1 ((2T - 1) +
-T J)`` (``O`` superclients of ``J`` clients, ``T`` rounds), is the default
-(``traffic="eq19"``): per round each superclient downloads the model (not in
-round 1, whose model is regenerated from a seed), uploads it once, and makes
-``J`` client-to-client transfers -- a closed ring, the model coming back to
-the member that talks to the server. ``traffic="physical"`` counts what
-this implementation moves: the last member of the ring uploads directly, so
-``J - 1`` hand-offs per round, ``O |w| B1 ((2T - 1) + T (J - 1))``. The
-hand-offs are counted as uploads by their sender (``CommSpec(upload=J + 1)``
-or ``CommSpec(upload=J)``), which is how the ledger counts peer traffic.
+Communication: HFLDD Eq. 19 as printed (``traffic="eq19"``, a closed ring of
+``J`` transfers; :func:`eq19_bits`) or what this implementation moves
+(``"physical"``: ``J - 1`` hand-offs); a hand-off counts as its sender's
+upload.
 """
 
 from __future__ import annotations
@@ -92,11 +84,8 @@ TRAFFIC = ("eq19", "physical")
 
 
 def handoffs_per_round(group_size: int, traffic: str = "eq19") -> int:
-  """Client-to-client model transfers per superclient and round.
-
-  ``J`` for HFLDD Eq. 19 as printed (a closed ring), ``J - 1`` for the
-  hand-offs this implementation makes (``traffic="physical"``).
-  """
+  """Client-to-client transfers per superclient and round: ``J``
+  (``"eq19"``) or ``J - 1`` (``"physical"``)."""
   if traffic not in TRAFFIC:
     raise ValueError(f"traffic must be one of {TRAFFIC}, got {traffic!r}.")
   return group_size if traffic == "eq19" else group_size - 1
@@ -110,12 +99,11 @@ def fedseq(training: LocalTraining, *, group_size: int,
   Args:
     training: each member's local training (the optimizer fresh at every
       hand-off, ``max_steps`` per member; ``mapper``: the backend of the
-      superclient axis). Its schedule scales the rate by round.
+      superclient axis).
     group_size: ``J``, members per superclient (the member axis length).
     server_optimizer: applied to the aggregated delta (``sgd(1.0)``: FedAvg).
-    traffic: ``"eq19"`` (HFLDD Eq. 19, ``J`` transfers per superclient and
-      round) or ``"physical"`` (``J - 1``); see the module docstring. Only
-      the ledger's count changes.
+    traffic: ``"eq19"`` (``J`` transfers per superclient and round) or
+      ``"physical"`` (``J - 1``); only the ledger's count changes.
 
   Returns:
     A :class:`FederatedAlgorithm` whose ``apply`` takes a :class:`Cohort` of

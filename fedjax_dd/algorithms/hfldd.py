@@ -7,33 +7,21 @@ on Non-IID Data", 2024 (Alg. 2). The pipeline is a chain of separate stages:
    :mod:`fedjax_dd.distill.soft_labels`;
 2. homogeneous KMeans clustering and ClusterSampling (Alg. 1):
    :mod:`fedjax_dd.cluster.sampling`;
-3. IID dataset generation (this module): every non-head member distills its
-   data with the batched KIP for a fixed iteration budget
-   (:func:`distill_members`; Sec. V-A: learning rate 0.004, at most 3,000
-   iterations, target batches of 10, ``lambda = 1e-6``) -- or, for the
-   paper's "w/o DD" ablation (Fig. 5), sends its raw data
-   (:func:`raw_members`), or, as a control, sends ``|D~_i|`` random raw
-   samples (:func:`random_members`, the same upload budget as KIP) -- and
-   each head's hybrid dataset is its raw data plus everything it received
-   (:func:`build_hybrid_data`). :func:`sent_privacy` measures how close the
-   uploads are to each member's raw images;
+3. IID dataset generation (this module): every non-head member sends KIP
+   distilled data (:func:`distill_members`), its raw data (Fig. 5 ablation,
+   :func:`raw_members`) or random raw samples (:func:`random_members`); each
+   head's hybrid dataset is its raw data plus what it received
+   (:func:`build_hybrid_data`);
 4. model training: FedAvg between the server and the ``H`` heads only,
    weighted by ``|D_h|`` (:func:`head_training`).
 
-Distilled labels may be centred (``one_hot - 1/K``) or learned, so the heads
-train on target vectors ``[N_max, K]`` rather than class ids:
-:meth:`fedjax_dd.core.task.Classifier.loss` takes them directly, and every
-other piece of the engine (local update, client stage, FedAvg,
-rounds loop) is used unchanged.
+Distilled labels may be centred or learned, so the heads train on target
+vectors ``[N_max, K]``, which :meth:`fedjax_dd.core.task.Classifier.loss`
+takes directly; the rest of the engine is used unchanged.
 
-Communication follows Eq. 18 (:func:`eq18_bits`, :func:`setup_ledger`):
-``N |D_g| N_c B1`` for the soft labels, ``sum_i |D~_i| B2`` for the distilled
-images (``|D~_i|`` counted in pixel channels) and ``H |w| (2T - 1) B1`` for
-the model exchange, which the rounds loop records. Eq. 18 does not charge
-the labels of the sent data: fixed labels are implied by the class, but
-learned KIP labels are ``|D~_i| x N_c`` float32 values that must travel
-too, so :func:`setup_ledger` charges them when given
-``bits_per_sent_label=32`` (tag ``distilled_labels``).
+Communication follows Eq. 18 (:func:`eq18_bits`, :func:`setup_ledger`); the
+rounds loop records the model exchange. Eq. 18 does not charge the labels of
+the sent data; :func:`setup_ledger` can (``bits_per_sent_label``).
 """
 
 from __future__ import annotations
@@ -113,7 +101,6 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
                     ) -> tuple[SentData, kip.KipResult]:
   """Every non-head member distills ``|D~_i|`` images with the batched KIP.
 
-  All members run in one batched KIP program (``fedjax_dd.distill.kip``).
   Members holding fewer than ``support_size`` examples send their local
   count (KIP warns); the images are quantised to uint8 for transmission.
 
@@ -122,29 +109,20 @@ def distill_members(key: jax.Array, data: ClientData, topology: Topology, *,
     data: all clients' data ``[N, N_max, ...]``.
     topology: clusters and heads.
     kernel_fn: KIP kernel, e.g. ``fedjax_dd.kernels.native.fc_kernel()``.
-    mean: per-channel mean on the ``[0, 1]`` scale (KIP's normalised space).
+    mean: per-channel mean on the ``[0, 1]`` scale.
     std: per-channel standard deviation.
     num_classes: ``N_c``.
     support_size: ``|D~_i|`` per member (HFLDD: 400).
-    options: KIP's settings; :data:`HFLDD_KIP` by default (a fixed budget of
-      ``max_iterations``). With FedD3's ``stop_accuracy`` a member holding
-      one class never meets the stop (a one-class target batch fits any
-      support; :func:`fedjax_dd.distill.kip.distill_clients`).
+    options: KIP's settings; :data:`HFLDD_KIP` by default (a fixed budget;
+      with FedD3's ``stop_accuracy`` a one-class member never stops).
     mapper: client-axis backend.
     progress: optional KIP progress callback.
-    allow_raw_upload: send quantised images byte-identical to a raw image
-      of their member (a short KIP budget moves some by less than a grey
-      level; a member with at most ``support_size`` examples starts from
-      all of them), with a warning. False (the default, as FedD3's): such
-      an upload is refused
-      (:func:`fedjax_dd.distill.privacy.check_no_raw_upload`).
-    segment_store: optional store of the KIP state between segments
-      (:class:`fedjax_dd.distill.kip.SegmentStore`), so a stopped call
-      continues from its last saved segment.
+    allow_raw_upload: send, with a warning, quantised images byte-identical
+      to a raw image of their member; False (default, as FedD3): refused.
+    segment_store: optional :class:`fedjax_dd.distill.kip.SegmentStore`.
 
   Returns:
-    ``(sent, kip_result)``; ``sent.y`` holds target distributions (see
-    :func:`labels_to_targets`).
+    ``(sent, kip_result)``; ``sent.y`` holds target distributions.
 
   Raises:
     fedjax_dd.distill.privacy.RawUploadError: an upload is a raw image and
@@ -196,9 +174,8 @@ def random_members(data: ClientData, topology: Topology, *, num_classes: int,
   """Control for the distillation: members send random raw samples.
 
   Each member sends ``min(sample_size, n_i)`` of its raw examples drawn
-  without replacement -- the upload budget of :func:`distill_members` with
-  ``support_size=sample_size`` -- so HFLDD's gain over this control is what
-  KIP adds beyond sending that many real images.
+  without replacement: :func:`distill_members`'s upload budget, so only
+  distillation differs.
 
   Args:
     data: all clients' data ``[N, N_max, ...]``.
@@ -235,9 +212,7 @@ def sent_privacy(data: ClientData, sent: SentData) -> dict[str, Any]:
   """How close each member's upload is to its own raw images.
 
   :func:`fedjax_dd.distill.privacy.upload_privacy` over the rows actually
-  sent (uint8): the share byte-identical to one of the sender's raw images
-  (1.0 for the "w/o DD" ablation and the random-samples control) and the
-  nearest-raw L2 distance in ``[0, 1]`` pixel space.
+  sent (uint8).
   """
   mask = np.asarray(sent.mask, bool)
   owner = np.broadcast_to(np.asarray(sent.senders)[:, None], mask.shape)
@@ -249,8 +224,6 @@ def sent_privacy(data: ClientData, sent: SentData) -> dict[str, Any]:
 def build_hybrid_data(data: ClientData, topology: Topology, sent: SentData, *,
                       num_classes: int) -> ClientData:
   """Each head's ``D_h``: its raw data plus all data its members sent.
-
-  Host-side assembly (one concatenation per head, once per run).
 
   Args:
     data: all clients' data ``[N, N_max, ...]`` with integer labels.
@@ -298,11 +271,7 @@ def build_hybrid_data(data: ClientData, topology: Topology, sent: SentData, *,
 def head_training(training: LocalTraining, *,
                   server_optimizer: optax.GradientTransformation = optax.sgd(1.0)
                   ) -> FederatedAlgorithm:
-  """FedAvg between the server and the heads on their hybrid datasets.
-
-  The heads' data carry target vectors ``[D_max, K]``; aggregation is
-  weighted by ``|D_h|`` (FedAvg's ``num_examples`` rule), padding is masked
-  by the engine's local update.
+  """FedAvg between the server and the heads, weighted by ``|D_h|``.
 
   Args:
     training: the heads' local training (``training.task``'s loss takes
@@ -312,7 +281,7 @@ def head_training(training: LocalTraining, *,
     server_optimizer: ``sgd(1.0)`` is plain averaging.
 
   Returns:
-    A :class:`FederatedAlgorithm` for :func:`fedjax_dd.core.rounds.run_rounds`.
+    A :class:`FederatedAlgorithm` for the rounds loop.
   """
   return fedavg(training, server_optimizer=server_optimizer)
 
@@ -332,10 +301,8 @@ def eq18_bits(*, num_clients: int, aux_size: int, num_classes: int,
   """HFLDD Eq. 18 in bits.
 
   ``N |D_g| N_c B1 + sum_i |D~_i| B2 + H |w| (2T - 1) B1`` with ``|D~_i|`` in
-  pixel channels (``samples * H * W * Ch``). Eq. 18's ``B1`` is both the
-  soft labels' width (``bits_per_soft_label``, as :func:`setup_ledger`
-  charges them) and the parameters' (``bits_per_param``); ``B2`` is
-  ``bits_per_pixel_channel``.
+  pixel channels. ``B1`` is both ``bits_per_soft_label`` and
+  ``bits_per_param``; ``B2`` is ``bits_per_pixel_channel``.
   """
   soft = num_clients * aux_size * num_classes * bits_per_soft_label
   data = distilled_samples * pixels_per_sample * bits_per_pixel_channel
@@ -347,9 +314,8 @@ def sent_label_bits(override: int = -1, *, learned_labels: bool) -> int:
   """Bits charged per label entry of the members' uploads.
 
   ``override >= 0`` is used as given (``0``: Eq. 18 to the letter); ``-1``
-  counts what is transmitted: learned KIP labels travel as
-  :data:`~fedjax_dd.core.ledger.BITS_PER_SOFT_LABEL`-bit floats, fixed labels
-  are implied by the class and cost 0, as in Eq. 18.
+  counts what is transmitted: learned labels at
+  :data:`~fedjax_dd.core.ledger.BITS_PER_SOFT_LABEL` bits, fixed labels 0.
   """
   if int(override) >= 0:
     return int(override)
@@ -369,10 +335,9 @@ def setup_ledger(topology: Topology, sent_counts: np.ndarray, *, aux_size: int,
     ``bits_per_pixel_channel`` per pixel channel (tag ``distilled_data``).
 
   Eq. 18 does not charge the labels of the sent data; ``bits_per_sent_label``
-  (default 0) charges each of the ``|D~_i| x N_c`` label entries. Learned
-  KIP labels are sent as float32 vectors: pass 32 to count exactly what
-  is transmitted (tag ``distilled_labels``); fixed labels are implied by
-  the class and Eq. 18 leaves them out.
+  (default 0) charges each of the ``|D~_i| x N_c`` label entries (tag
+  ``distilled_labels``): pass 32 for learned KIP labels
+  (:func:`sent_label_bits`).
 
   Args:
     topology: clusters and heads (``N`` clients upload soft labels).
@@ -382,7 +347,7 @@ def setup_ledger(topology: Topology, sent_counts: np.ndarray, *, aux_size: int,
     pixels_per_sample: ``H * W * Ch``.
     bits_per_soft_label: ``B1``.
     bits_per_pixel_channel: ``B2``.
-    bits_per_sent_label: see above.
+    bits_per_sent_label: bits per sent label entry (see above).
     ledger: ledger to extend (new if None).
 
   Returns:

@@ -2,34 +2,22 @@
 
 Reference: Shi et al., "Dataset Distillation-based Hybrid Federated Learning
 on Non-IID Data", 2024 (Alg. 2). :mod:`fedjax_dd.algorithms.hfldd` holds each
-stage over explicit arrays; this module chains them the way a run does, so a
-notebook gets the entry point's stages:
+stage over explicit arrays; this module chains them the way a run does:
 
 1. :func:`label_knowledge_clusters`: every client pretrains from one init
    and labels ``D_g``, the server computes ``M`` (Eq. 4) and KMeans groups
-   the rows of ``M`` into homogeneous clusters (Sec. IV-B). FedSeq's
-   similarity grouping uses the same two steps;
+   the rows of ``M`` into homogeneous clusters (Sec. IV-B);
 2. ClusterSampling (Alg. 1) builds the heterogeneous clusters and heads;
 3. the members send what a :data:`Sender` makes of their data
-   (:func:`kip_sender`: KIP for a fixed budget; :func:`random_sender`: the
-   random-samples control; :func:`raw_sender`: the "w/o DD" ablation of
-   Fig. 5), :func:`fedjax_dd.algorithms.hfldd.sent_privacy` measures the
-   uploads, and every head builds ``D_h``.
+   (:func:`kip_sender`, :func:`random_sender`, :func:`raw_sender`), the
+   uploads' privacy is measured, and every head builds ``D_h``.
 
 :func:`run_stages` returns them as :class:`Stages`, each stage timed;
-:func:`stages_or_load` keeps them in a run's
-:class:`~fedjax_dd.core.stage_cache.StageCache` (stage :data:`STAGE`), so a
-resumed run does not compute them again. The cache holds what was sent,
-not a client's own data: the clusters and heads, and the members' uploads
-as their heads received them (``sent_*``). Each head's ``D_h`` is rebuilt
-from them and the head's own data, which the run loads anyway; so a
-workdir holds no raw image the heads did not receive.
-:func:`fedjax_dd.algorithms.hfldd.setup_ledger` records their Eq. 18
-traffic before the rounds (from ``topology``, ``counts`` and
-``pixels_per_sample``) and :func:`stage_fields` reports them (with Eq. 18 in
-bytes) after.
+:func:`stages_or_load` caches them (stage :data:`STAGE`, no raw image a head
+did not receive) so a resumed run does not compute them again;
+:func:`stage_fields` reports them after the run.
 
-Host-side: KMeans is scikit-learn, so this module is kept apart from
+Host-side (KMeans is scikit-learn), hence apart from
 :mod:`fedjax_dd.algorithms.hfldd`.
 """
 
@@ -75,14 +63,13 @@ def label_knowledge_clusters(
   """Label knowledge (Eq. 4) and homogeneous KMeans (Sec. IV-B).
 
   Args:
-    training: the clients' pretraining (task, optimizer, batch size,
-      mapper); its ``max_steps`` is set from the step counts below
-      (:func:`fedjax_dd.distill.soft_labels.pretrain_clients`).
+    training: the clients' pretraining; its ``max_steps`` is set from the
+      step counts below.
     params: the common initial parameters every client pretrains from.
     batch_stats: their BatchNorm statistics.
     data: all clients' data ``[N, N_max, ...]``.
-    load_aux: ``() -> D_g`` images ``[M, H, W, Ch]`` uint8 in the task's
-      input shape (loaded here, so that its time counts in the stage).
+    load_aux: ``() -> D_g`` images ``[M, H, W, Ch]`` uint8 (called here so
+      its time counts in the stage).
     key: the pretraining key.
     num_homogeneous: ``K`` clusters.
     kmeans_seed: KMeans' ``random_state``.
@@ -93,9 +80,8 @@ def label_knowledge_clusters(
 
   Returns:
     ``(homogeneous [N], stage_seconds, info)``; ``info`` holds ``aux_size``,
-    ``soft_labels_shape``, ``kl_mean_offdiag`` (the mean off-diagonal
-    entry of ``M``) and ``soft_labels``, the uploads ``[N, M, K]`` (host
-    array), which :func:`run_stages` moves into :attr:`Stages.soft_labels`.
+    ``soft_labels_shape``, ``kl_mean_offdiag`` (mean off-diagonal ``M``)
+    and ``soft_labels`` ``[N, M, K]`` (moved to :attr:`Stages.soft_labels`).
   """
   times = {}
   t0 = time.time()
@@ -130,10 +116,8 @@ def kip_sender(key: jax.Array, *, kernel_fn: kip.KernelFn, mean, std,
                allow_raw_upload: bool = False,
                segment_store: kip.SegmentStore | None = None) -> Sender:
   """Members distil ``support_size`` images each with the batched KIP
-  (:func:`fedjax_dd.algorithms.hfldd.distill_members`; an upload
-  byte-identical to a raw image is refused unless ``allow_raw_upload``).
-  ``segment_store`` (e.g. :func:`kip_checkpoint`) keeps the KIP state
-  between segments, so a stopped run continues from its last segment.
+  (:func:`fedjax_dd.algorithms.hfldd.distill_members`, which documents the
+  arguments; ``segment_store`` e.g. :func:`kip_checkpoint`).
 
   ``info`` reports the members, support size, iterations, final target
   accuracy and :func:`fedjax_dd.distill.kip.loss_summary`.
@@ -169,10 +153,8 @@ def kip_checkpoint(cache: StageCache, fingerprint: dict[str, Any], *,
   ``cache`` under the stages' ``fingerprint`` (a state saved under another
   is refused, as the stages are): pass it to :func:`kip_sender` and to
   :func:`stages_or_load`, which removes it once the stages are cached.
-  ``every``: save every ``every``-th segment.
-
-  It holds each member's support part-way through KIP (images derived from
-  the member's data, not yet sent) and Adam's moments over it.
+  ``every``: save every ``every``-th segment. It holds each member's
+  unsent, part-distilled support and Adam's moments over it.
   """
   return TreeCheckpoint(cache, KIP_STAGE, fingerprint, every=every)
 
@@ -202,10 +184,8 @@ class Stages:
     hybrid: the heads' ``D_h``: ``x [H, D_max, H, W, Ch]`` uint8, ``y
       [H, D_max, K]`` targets, ``num_examples [H]``.
     sent: the members' uploads (what :func:`stages_or_load` caches).
-    soft_labels: ``[N, M, K]`` every client's soft labels on ``D_g``, its
-      upload to the server (Eq. 4), cached with the uploads; ``None`` for
-      a cache written before they were kept, or a ``cluster`` that gives
-      none.
+    soft_labels: ``[N, M, K]`` every client's soft labels on ``D_g`` (its
+      Eq. 4 upload); ``None`` if the cache or ``cluster`` lacks them.
     times: seconds per stage.
     info: the stages' statistics (label knowledge, KIP, ``privacy``).
     cached: whether they came from the stage cache.
@@ -254,8 +234,7 @@ def run_stages(data: ClientData, *, num_classes: int,
   sent, gen_info = send(data, topology)
   times["dataset_generation"] = time.time() - t0
   t0 = time.time()
-  # The stage cache stores exactly these uploads (stages_or_load), so the
-  # count covers every image the workdir holds.
+  # The stage cache stores exactly these uploads: every image in the workdir.
   gen_info["privacy"] = dict(hfldd.sent_privacy(data, sent),
                              stored_in_workdir=int(np.sum(sent.mask)))
   times["privacy"] = time.time() - t0
@@ -272,10 +251,8 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
                    in_progress: TreeCheckpoint | None = None) -> Stages:
   """Stages 1-3 from ``cache`` (stage :data:`STAGE`), or computed and saved.
 
-  The cache keeps the topology, the members' uploads and the clients' soft
-  labels, what the server and the heads received; the heads'
-  ``D_h`` is rebuilt from them and ``data``
-  (:func:`fedjax_dd.algorithms.hfldd.build_hybrid_data`), so no head's raw
+  The cache keeps what the server and heads received (topology, uploads,
+  soft labels); ``D_h`` is rebuilt from them and ``data``, so no head's raw
   data is written to the workdir.
 
   Args:
@@ -318,8 +295,7 @@ def stages_or_load(cache: StageCache, fingerprint: dict[str, Any],
                                heterogeneous=a["heterogeneous"],
                                heads=a["heads"])
   if "sent_x" not in a:
-    # A cache written before the uploads were kept apart holds each head's
-    # D_h, its own raw images included.
+    # An old-format cache holds each head's D_h, raw images included.
     raise StaleStageError(
         f"{cache.path(STAGE)} was written by an older fedjax-dd and holds "
         "the heads' own raw images; delete that directory to have the "
@@ -342,11 +318,9 @@ def stage_fields(stages: Stages, *, aux_size: int, num_classes: int,
   """HFLDD's own fields of a finished run's summary (``topology_figure_path``:
   the caller's :func:`fedjax_dd.utils.figures.plot_topology`).
 
-  ``stage_seconds`` adds ``training`` (the rounds' seconds) to the stages'.
-
-  ``eq18_bytes`` is Eq. 18 (:func:`fedjax_dd.algorithms.hfldd.eq18_bits`)
-  for the ``rounds`` run, in bytes; ``sent_label_bytes`` what the ledger
-  charged for the uploads' labels (tag ``distilled_labels``).
+  ``stage_seconds`` adds ``training`` (the rounds' seconds) to the stages';
+  ``eq18_bytes`` is :func:`fedjax_dd.algorithms.hfldd.eq18_bits` in bytes;
+  ``sent_label_bytes`` is the ledger's ``distilled_labels`` charge.
   """
   t = stages.topology
   return {

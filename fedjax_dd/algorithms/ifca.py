@@ -1,34 +1,24 @@
 """IFCA: K cluster models; each client trains the one that fits it best.
 
 Every round the server sends all ``K`` models to the sampled clients. A
-client evaluates each model's loss on its own training data (masked mean
-over its valid examples, BatchNorm in evaluation mode), picks the argmin
-``ĵ_i`` (ties: the lowest index), trains that model with the engine's local
-update and returns it (model averaging, IFCA's Alg. 2 "option II"). The
-server sets model ``j`` to the example-weighted mean of the models returned
-by the clients that picked ``j``; a model nobody picked keeps its weights.
-Downloads are ``K`` models per client, uploads one (``CommSpec(K, 1)``).
+client picks the model of lowest loss on its own training data
+(:func:`selection_losses`; ties: the lowest index), trains it and returns it
+(model averaging, IFCA's Alg. 2 "option II"); the server aggregates per
+model (:func:`fedjax_dd.algorithms.cluster_models.aggregate`).
+Communication: ``CommSpec(K, 1)``.
 
-The ``K`` models start from different initialisations (IFCA initialises
-them at random; with equal starts every client would pick model 0): model
-0 is the ``params`` given to ``init`` and model ``j > 0`` is
-``task.init(fold_in(init_key, j))``.
+The ``K`` models start from different initialisations (with equal starts
+every client would pick model 0): model 0 is the ``params`` given to
+``init`` and model ``j > 0`` is ``task.init(fold_in(init_key, j))``.
 
-The global model (``ServerState.params``, what the rounds loop evaluates):
-the IFCA paper evaluates each test group with the cluster model of lowest
-loss on it, which needs test data grouped like the clients; a single global
-test split has no groups. So ``ServerState.params`` is the model picked by
-the most training examples in the latest round (``global_model="largest"``,
-ties: lowest index), or, with ``global_model="average"``, the
-example-weighted average of the cluster models by those counts (meaningful
-only while the models stay close, e.g. from a shared start). All ``K``
+The paper evaluates each test group with its lowest-loss cluster model; a
+single global test split has no groups, so the evaluated global model is
+chosen by :class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`
+(``"average"`` is meaningful only while the models stay close). All ``K``
 models are in ``ServerState.extra["models"]`` (``[K, ...]``, with
 ``extra["batch_stats"]``); each client deploys the one of lowest loss on
-its own training data (the algorithm's ``deploy``), which personalized
-evaluation scores on the client's test data, as the paper does
-(:mod:`fedjax_dd.core.personal`). With ``iga`` the
-global model is instead distilled from the round's cluster models
-(:func:`fedjax_dd.algorithms.cluster_models.iga_round`, DisUE Tab. 2).
+its own training data, which personalized evaluation scores, as the paper
+does (:mod:`fedjax_dd.core.personal`).
 
 Reference: Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for
 Clustered Federated Learning", NeurIPS 2020.
@@ -60,7 +50,7 @@ GLOBAL_MODELS = cluster_models.GLOBAL_MODELS
 
 @dataclasses.dataclass(frozen=True)
 class IFCAHyperParams:
-  """IFCA's settings (Ghosh et al., NeurIPS 2020), the ``ifca`` config group.
+  """IFCA's settings, the ``ifca`` config group.
 
   Attributes:
     num_clusters: ``K >= 1`` cluster models.
@@ -77,7 +67,8 @@ class IFCAHyperParams:
 
 def selection_losses(task: Classifier, models: PyTree, batch_stats: PyTree,
                      x: jax.Array, y: jax.Array, n: jax.Array) -> jax.Array:
-  """``[K]`` losses of ``K`` stacked models on ONE client's padded data.
+  """``[K]`` losses of ``K`` stacked models on ONE client's padded data
+  (masked mean, BatchNorm in evaluation mode).
 
   Args:
     task: the classifier.
@@ -104,23 +95,19 @@ def ifca(training: LocalTraining,
   """Builds IFCA with ``K = num_clusters`` models.
 
   Args:
-    training: the clients' local training (``training.task`` is the
-      classifier of every cluster; optimizer re-initialised every round;
-      its schedule scales the rate by round, as :func:`fedjax_dd.algorithms.
-      fedavg.fedavg`).
+    training: the clients' local training (``training.task`` is every
+      cluster's classifier; optimizer re-initialised every round).
     num_clusters: ``K >= 1`` (static).
     init_key: key of the initialisations of models ``1 .. K-1``.
     serving: the model reported on the global test split
-      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`: the
-      largest cluster's, their average, or IGA's).
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
 
   Returns:
     A :class:`FederatedAlgorithm`; its server state keeps
     ``extra["models"]`` and ``extra["batch_stats"]`` ``[K, ...]``,
     ``extra["sizes"]`` ``[K]`` (examples that picked each model in the
-    latest round). Metrics add
-    ``cluster_<j>_clients`` (clients that picked model ``j`` this round)
-    and ``selection_loss`` (mean over clients of their smallest loss).
+    latest round). Metrics add ``cluster_<j>_clients`` (clients that picked
+    model ``j``) and ``selection_loss`` (mean of the clients' smallest loss).
   """
   if not isinstance(num_clusters, int) or num_clusters < 1:
     raise ValueError(f"num_clusters must be an int >= 1, got {num_clusters}.")

@@ -12,35 +12,21 @@ with the model-contrastive loss on the projections ``z = R_w(x)``,
 
 ``sim`` the cosine similarity, ``τ`` the temperature. The server averages the
 clients' models weighted by ``|D_i|`` as FedAvg (Alg. 1). Defaults follow
-the paper (Sec. 4.1): ``μ = 1`` (5 on CIFAR-100, the preset's choice),
-``τ = 0.5``, a projection head to 256 dimensions.
+the paper (Sec. 4.1): ``μ = 1`` (5 on CIFAR-100), ``τ = 0.5``.
 
-From the authors' code (``main.py``, ``train_net_fedcon``; ``model.py``,
-``ModelFedCon``), where the paper leaves it open:
+From the authors' code, where the paper leaves it open: ``R_w`` is a
+projection head to 256 dimensions on the base model less its output layer,
+and the logits come from an output layer on ``z`` (a ``<name>_proj``
+model); the global and previous models run in evaluation mode without
+gradient; a client keeps its last local model until it is sampled again.
 
-* ``R_w`` is the projection head's output (``models/projection.py``: the
-  base model less its output layer, ``Linear(d, d) → ReLU →
-  Linear(d, 256)``) and the logits come from an output layer on ``z``; the
-  model is a ``<name>_proj`` of ``fedjax_dd.models.get_model``.
-* The global and previous models compute ``z_glob`` and ``z_prev`` in
-  evaluation mode (``.eval()``: BatchNorm's running statistics) and receive
-  no gradient; the loss is the cross-entropy of ``[sim_glob, sim_prev]/τ``
-  against class 0, i.e. Eq. 2; one previous model (``model_buffer_size=1``).
-* A client keeps its last local model until it is sampled again.
-
-A client that was never sampled has no previous local model; here it starts
-from the initial global model (the authors' code, ``--load_first_net``,
-copies each party's network as it stands before round 1, initialised
-separately from the global model), so its first ``ℓ_con`` has zero gradient
-(``z_prev = z_glob``) and its first round is FedAvg's.
+A never-sampled client's previous model is the initial global model (the
+authors' code initialises it separately), so its first ``ℓ_con`` has zero
+gradient and its first round is FedAvg's.
 
 Per-client state: the previous local model ``(params, batch_stats)`` of all
-``N`` clients, stacked ``[N, ...]`` in ``ExperimentState.clients`` and
-checkpointed with it; only the sampled clients' entries change. It costs
-``N`` models of memory (``client_state_bytes``): with LeNet-5 and the head
-(75,046 float32 parameters) 30.0 MB at ``N = 100`` and 3.00 GB at
-``N = 10,000`` (``tests/algorithms/test_moon_feddyn.py`` computes both).
-Messages are FedAvg's: one model down, one up per sampled client
+``N`` clients, stacked ``[N, ...]`` in ``ExperimentState.clients``: ``N``
+models of memory (:func:`client_state_bytes`). Messages are FedAvg's
 (``CommSpec(1, 1)``); the previous model never travels.
 
 Reference: Li, He, Song, "Model-Contrastive Federated Learning", CVPR 2021.
@@ -67,8 +53,7 @@ tree_map = jax.tree_util.tree_map
 
 @dataclasses.dataclass(frozen=True)
 class MOONHyperParams:
-  """MOON's settings (Li, He & Song, CVPR 2021, Sec. 4.1: ``μ`` 1, or 5 on
-  CIFAR-100; ``τ`` 0.5), the ``moon`` config group.
+  """MOON's settings (Sec. 4.1), the ``moon`` config group.
 
   Attributes:
     mu: ``μ >= 0``, the weight of the model-contrastive loss (Eq. 3).
@@ -94,7 +79,7 @@ def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
 
 def contrastive_loss(z: jax.Array, z_glob: jax.Array, z_prev: jax.Array,
                      temperature: float) -> jax.Array:
-  """MOON's ``ℓ_con`` (Eq. 2) per example, ``[B]``, for projections ``[B, D]``."""
+  """MOON's ``ℓ_con`` (Eq. 2) per example ``[B]``, projections ``[B, D]``."""
   logits = jnp.stack([cosine(z, z_glob), cosine(z, z_prev)], -1) / temperature
   return -jax.nn.log_softmax(logits, axis=-1)[:, 0]
 
@@ -118,8 +103,7 @@ def moon(training: LocalTraining,
   Args:
     training: the clients' local training; ``training.task`` is a
       classifier whose module has ``project(x, train) -> (z, logits)`` (a
-      ``<name>_proj`` model, :class:`fedjax_dd.models.ProjectionNet`). Its
-      schedule scales the rate by round, as :func:`fedavg`.
+      ``<name>_proj`` model, :class:`fedjax_dd.models.ProjectionNet`).
     mu: weight ``μ`` of ``ℓ_con`` (Eq. 3), >= 0.
     temperature: ``τ`` (Eq. 2), > 0.
 
@@ -139,8 +123,7 @@ def moon(training: LocalTraining,
         f"{type(task.module).__name__} has no project method.")
 
   def local_loss(params, batch_stats, xb, yb, ctx):
-    # The global model is the client's start; its own previous model is
-    # its per-client context.
+    # The client's start is the global model; ctx.client its previous one.
     g_params, g_stats = ctx.start_params, ctx.start_batch_stats
     p_params, p_stats = ctx.client
     x = task.preprocess(xb)

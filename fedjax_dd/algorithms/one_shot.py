@@ -3,13 +3,9 @@
 FedHydra, DENSE, FedDF and one-shot FedAvg share their client stage: every
 client trains once, from the global model, to convergence and uploads its
 model. :func:`client_stage` is that stage for any number of architecture
-groups (heterogeneous clients); client ``i`` keys from its id, so with the
-rounds loop's round key the models equal one round of FedAvg's clients, and
-the four methods are compared on bit-identical clients.
-
-:func:`os_fedavg` is the simplest server of the
-:class:`~fedjax_dd.core.algorithm.ServerDistillation` shape: the example-
-weighted average of the uploads, no epochs.
+groups; client ``i`` keys from its id, so the models equal one round of
+FedAvg's clients and the methods are compared on bit-identical clients.
+:func:`os_fedavg` is the example-weighted average of the uploads.
 
 Reference: Guha et al., "One-Shot Federated Learning", 2019 (one-shot
 averaging); FedHydra (Bai et al.) Alg. 1 line 2-5 (local training).
@@ -55,9 +51,9 @@ def local_stage(training: LocalTraining,
       ``[S, ...]`` (:func:`independent_starts`).
 
   Returns:
-    ``train(params, batch_stats, cohort, key) -> LocalResult [S, ...]``.
-    Client ``i`` uses ``keys.client_keys(key, ids)[i]``, so with the rounds
-    loop's train key the result equals one-shot FedAvg's client models.
+    ``train(params, batch_stats, cohort, key) -> LocalResult [S, ...]``;
+    client ``i`` uses ``keys.client_keys(key, ids)[i]``, so with the rounds
+    loop's train key it equals one-shot FedAvg's client models.
   """
   local = make_local_update(training)
   train_all = stages.client_stage(local, training.mapper,
@@ -75,8 +71,7 @@ def independent_starts(task: Classifier, init_key: jax.Array,
   """One fresh initialisation per client, ``[S, ...]``.
 
   Client ``k`` starts from ``task.init(fold_in(init_key, k))``
-  (:func:`fedjax_dd.core.keys.client_keys`), so its start depends on its id
-  alone, not on the other clients.
+  (:func:`fedjax_dd.core.keys.client_keys`): its id alone fixes its start.
 
   Args:
     task: the client model.
@@ -102,31 +97,26 @@ def client_stage(groups: Sequence[ensemble.TeacherGroup],
 
   Args:
     groups: one group per architecture (``group.task`` is the client model).
-    training: the clients' local training (optimizer fresh per client,
-      batch size, augmentation; one round: round 0 of its schedule). Each
-      group trains its
-      own ``group.task`` up to the largest of its clients' ``num_steps``:
-      those replace ``training.task`` and ``training.max_steps``.
+    training: the clients' local training (optimizer fresh per client;
+      round 0 of its schedule). Each group trains its own ``group.task`` up
+      to the largest of its clients' ``num_steps``, which replace
+      ``training.task`` and ``training.max_steps``.
     num_steps: ``[m]`` local steps per client (client order).
     mappers: one client mapper per group (default: ``training.mapper``).
     independent_init: an init key: every client starts from its own
       initialisation (:func:`independent_starts`) and ``starts`` is ignored.
       ``None`` (default): all clients of a group start from its ``starts``
-      entry, one-shot FedAvg's protocol. FedHydra's Alg. 1 creates the
-      global model only after the local updates (lines 4–11), which reads as
-      clients that share no start.
+      entry, one-shot FedAvg's protocol (FedHydra's Alg. 1, lines 4–11,
+      reads as clients that share no start).
 
   Returns:
-    A :class:`~fedjax_dd.core.algorithm.SpannedClientStage`. Called as
-    ``stage(starts, data, key) -> Teachers``: ``starts`` holds per group the
-    ``(params, batch_stats)`` every client of the group starts from; ``data``
-    is every client's padded data (``x [m, N_max, H, W, Ch]`` uint8,
-    ``y [m, N_max]`` integer, ``num_examples [m]``); ``key`` is the round's
-    train key. Its ``begin`` checks ``data`` (shapes and dtypes; count ranges
-    of host arrays) before training and raises ``ValueError`` naming the
-    field. Its ``advance`` runs a span of local steps, so the driver can
-    checkpoint a long local training (``ServerOptions.client_span_steps``);
-    the models equal those of one call.
+    A :class:`~fedjax_dd.core.algorithm.SpannedClientStage`, called as
+    ``stage(starts, data, key) -> Teachers``: ``starts`` per group the
+    clients' start ``(params, batch_stats)``; ``data`` padded
+    (``x [m, N_max, H, W, Ch]`` uint8, ``y [m, N_max]``, ``num_examples
+    [m]``); ``key`` the round's train key. ``begin`` validates ``data``
+    (``ValueError`` naming the field); ``advance`` runs a span of local
+    steps for checkpointing, with the same models as one call.
 
   Raises:
     ValueError: ``num_steps`` not ``[m]`` integer step counts ``>= 0``
@@ -306,21 +296,17 @@ def server_diagnostics(report: Mapping[str, Any], class_counts: np.ndarray
 
   Args:
     report: ``algorithm.report(state, setup)`` (``{}`` for a server without
-      one): ``U``, ``U_r``, ``U_c``, ``ensemble_weights``,
-      ``transport_off_permutation``, ``transport_off_identity`` as it has
-      them.
+      one).
     class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
 
   Returns:
-    ``{"U": ..., "U_r": ..., "U_c": ..., "U_r_vs_class_share": ...}`` (the
-    ``U`` fields as the report has them;
-    :func:`fedjax_dd.algorithms.stratify.agreement_with_class_shares`).
+    The report's ``U``, ``U_r``, ``U_c``, ``ensemble_weights`` and
+    ``transport_off_*`` fields it has, and ``U_r_vs_class_share``
+    (:func:`fedjax_dd.algorithms.stratify.agreement_with_class_shares`).
   """
   from fedjax_dd.algorithms import stratify  # pylint: disable=g-import-not-at-top
   out: dict[str, Any] = {}
-  # FedHydra's U; Co-Boosting's final ensemble weights; OT fusion's
-  # distance of each layer's transports from permutations and from the
-  # identity.
+  # FedHydra's U; Co-Boosting's ensemble weights; OT fusion's transports.
   for k in ("U", "U_r", "U_c", "ensemble_weights",
             "transport_off_permutation", "transport_off_identity"):
     if k in report:
@@ -344,17 +330,14 @@ def run_fields(result, *, names: Sequence[str],
     num_examples: ``[m]`` examples per client.
     class_counts: ``[m, c]`` examples of class ``j`` held by client ``k``.
     report: ``algorithm.report(state, setup)`` (``{}`` without one).
-    probe: real labelled images ``(x01 [P, H, W, Ch] in [0, 1], labels [P])``;
-      with a report that has ``U_r`` and ``U_c`` (FedHydra), the summary gets
-      ``sa_target_naming``
-      (:func:`fedjax_dd.algorithms.stratify.target_naming_rates`): how often
-      SA names a wrong target label, against the plain average.
+    probe: real labelled images ``(x01 [P, H, W, Ch] in [0, 1], labels [P])``
+      for ``sa_target_naming`` when the report has ``U_r`` and ``U_c``
+      (:func:`fedjax_dd.algorithms.stratify.target_naming_rates`).
 
   Returns:
     Each client's architecture and test accuracy, one-shot FedAvg's
-    accuracy, the per-round records, the clients' sizes and class counts,
-    the ledger, the seconds of the client, setup and server stages, and
-    :func:`server_diagnostics`'s fields.
+    accuracy, the per-round records, client sizes and class counts, the
+    ledger, stage seconds and :func:`server_diagnostics`'s fields.
   """
   arch_of = {k: n for n, g in zip(names, groups) for k in g.client_ids}
   last = result.per_round[-1]

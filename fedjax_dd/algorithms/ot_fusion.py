@@ -1,65 +1,45 @@
-"""OT fusion: align the client models' neurons by optimal transport, then average.
+"""OT fusion: align the client models' neurons by optimal transport, average.
 
-One-shot FedAvg averages the ``m`` client models coordinate by coordinate,
-although two networks that compute the same function may order their hidden
-units differently. OT fusion (Singh and Jaggi) first aligns every client
-model to an anchor model, layer by layer from the input, and averages the
-aligned models. For a layer ``ℓ`` with weights ``W_k^{(ℓ)}`` (neurons on the
-output axis) and the previous layer's transport ``T^{(ℓ−1)}``:
+Two networks that compute the same function may order their hidden units
+differently, which coordinate-wise averaging ignores. OT fusion (Singh and
+Jaggi) first aligns every client model to an anchor model, layer by layer
+from the input, and averages the aligned models. For a layer ``ℓ`` with
+weights ``W_k^{(ℓ)}`` (neurons on the output axis) and the previous layer's
+transport ``T^{(ℓ−1)}``:
 
 1. **input alignment** (the incoming edges):
    ``Ŵ_k^{(ℓ)} = W_k^{(ℓ)} T^{(ℓ−1)} diag(1/β^{(ℓ−1)})``, so that ``Ŵ_k``'s
    inputs are ordered as the anchor's;
 2. **neuron transport**: the ground cost ``C_ij = ‖a_i − b_j‖₂`` between
-   neuron ``i`` of client ``k`` and neuron ``j`` of the anchor, where ``a, b``
-   are the neurons' incoming weights (``Ŵ_k``'s rows, bias included;
-   "weight-based") or their pre-activations on a batch of samples
-   ("activation-based"); the exact OT plan ``T^{(ℓ)} = argmin ⟨T, C⟩`` with
-   uniform marginals ``α = 1/n``, ``β = 1/n`` (``ot.emd`` of POT);
-3. **aligned weights**: ``W̃_k^{(ℓ)} = diag(1/β^{(ℓ)}) T^{(ℓ)ᵀ} Ŵ_k^{(ℓ)}``,
-   i.e. client ``k``'s neurons transported onto the anchor's (a permutation
-   for models of equal width). Biases and the neurons' BatchNorm scale,
-   offset and running statistics move with their neuron;
+   neuron ``i`` of client ``k`` and neuron ``j`` of the anchor, ``a, b``
+   their incoming weights (bias included; "weight-based") or
+   pre-activations on samples ("activation-based"); the exact OT plan
+   ``T^{(ℓ)} = argmin ⟨T, C⟩`` with uniform marginals ``α = β = 1/n``;
+3. **aligned weights**: ``W̃_k^{(ℓ)} = diag(1/β^{(ℓ)}) T^{(ℓ)ᵀ} Ŵ_k^{(ℓ)}``
+   (a permutation for models of equal width); biases and BatchNorm
+   parameters and statistics move with their neuron;
 4. **fusion**: ``W_F = Σ_k ω_k W̃_k``.
 
 The output layer is not transported (its neurons are the classes).
 
-Choices (where the paper leaves them open, the authors' code
-``sidak/otfusion``, its README commands, fixes them): exact OT (``--exact``),
-the unsquared Euclidean ground metric without normalisation
-(``--not-squared --ground-metric-normalize none``), the ``diag(1/β)``
-correction (``--correction``) and the previous layer's transport applied to
-the incoming weights before the cost is computed (``--past-correction``);
-activation-based transport on 200 samples of pre-activations
-(``--act-num-samples 200 --prelu-acts``). Departures: the anchor is client
-0 (the code aligns model 0 onto model 1 for two models; the paper aligns
-several models onto one) and ``ω_k`` are the clients' example shares, as
-one-shot FedAvg weights them (the code: equal weights); the activation
-samples are an unlabeled public set held by the server (the code draws them
-from the training data, which a federated server does not hold); BatchNorm
-layers, which the code's models do not have, are transported with their
-preceding convolution or dense layer. No fine-tuning after fusion (one-shot,
-data-free).
+Choices the paper leaves open follow the authors' code (``sidak/otfusion``
+README commands): exact OT, unnormalised unsquared Euclidean cost, the
+``diag(1/β)`` and past corrections, 200 activation samples. Departures:
+``ω_k`` are the clients' example shares, as one-shot FedAvg's (the code:
+equal); the activation samples are an unlabeled server-held public set (a
+federated server holds no training data); BatchNorm layers move with their
+preceding kernel layer. No fine-tuning after fusion (one-shot, data-free).
 
-Structure: ``setup`` solves the transports on the host with POT (the
-optional ``ot`` extra, imported when a fusion is built) and caches them as
-``transport_<ℓ>`` ``[m, n_ℓ, n_ℓ]`` (the matrices ``diag(1/β) Tᵀ``); ``init``
-applies them to the stacked client models and averages (traceable, so the
-server state restores like any other). One-shot: no server epochs. The only
-messages are the clients' model uploads (the driver's default ledger).
+``setup`` solves the transports on the host with POT (the optional ``ot``
+extra) and caches them as ``transport_<ℓ>`` ``[m, n_ℓ, n_ℓ]`` (the matrices
+``diag(1/β) Tᵀ``); ``init`` applies them to the stacked client models and
+averages (traceable, so the server state restores like any other).
 
-Layers are discovered by running the model once and recording, in call
-order, every module holding a ``kernel`` (convolution or dense: neurons on
-the last axis, inputs on the second-to-last) and every ``nn.BatchNorm``
-(attached to the preceding kernel layer); a dense layer after a flatten
-takes the previous transport on its channel axis (NHWC flattening). Only
-sequential networks (FedHydra's CNN2 / CNN3, LeNet-5, the digits CNN) are
-supported; a residual or branching model is refused.
+Only sequential networks are supported (:func:`layer_chain`); a dense layer
+after a flatten takes the previous transport on its channel axis (NHWC).
 
-The paper's text is not among ``../shared/papers``: the steps above follow
-its Sec. 4 ("Proposed algorithm") as written in the authors' code
-(``wasserstein_ensemble.py``, ``ground_metric.py``), and its equation
-numbers are not cited for that reason.
+The steps follow Sec. 4 of the paper as written in the authors' code, so no
+equation numbers are cited.
 
 Reference: Singh and Jaggi, "Model Fusion via Optimal Transport", NeurIPS
 2020; the "OT" baseline of FedHydra (Bai et al.), Tabs. 1, 2, 4 and 5.
@@ -88,8 +68,7 @@ MODES = ("weights", "activations")
 
 @dataclasses.dataclass(frozen=True)
 class OTFusionHyperParams:
-  """OT fusion's settings (Singh & Jaggi, NeurIPS 2020; the authors' README
-  commands), the ``ot_fusion`` config group.
+  """OT fusion's settings, the ``ot_fusion`` config group.
 
   Attributes:
     mode: ``"weights"`` (transport by incoming weights) or
@@ -162,6 +141,9 @@ def _record_calls(task: Classifier, params: PyTree, batch_stats: PyTree,
 def layer_chain(task: Classifier, params: PyTree, batch_stats: PyTree
                 ) -> tuple[Layer, ...]:
   """The kernel layers of a sequential model in call order.
+
+  Found by running the model once and recording every module holding a
+  ``kernel`` (neurons on the last axis) and every ``nn.BatchNorm``.
 
   Args:
     task: the model.
@@ -268,7 +250,7 @@ def _neuron_features(layer: Layer, mod: dict, m_prev) -> np.ndarray:
 
 
 def transport(cost: np.ndarray) -> np.ndarray:
-  """``diag(1/β) Tᵀ`` ``[n_b, n_a]`` of the exact OT plan with uniform marginals.
+  """``diag(1/β) Tᵀ`` ``[n_b, n_a]`` of the exact uniform-marginal OT plan.
 
   Args:
     cost: ``[n_a, n_b]`` ground cost between the neurons of the model to
@@ -412,11 +394,9 @@ def ot_fusion(client_stage: Callable[..., Teachers],
 
   def report(state, setup) -> dict[str, Any]:
     del state
-    # Per layer. How far each client is from a permutation of the anchor's
-    # neurons: the share of transported mass off the plan's largest entry
-    # per row. How far it is from the identity, over the clients other than
-    # the anchor: the share of mass that moves to another neuron; 0 when
-    # the clients share their initialisation and fusion is plain averaging.
+    # Per layer: the share of mass off each row's largest entry (distance
+    # from a permutation), and, over the non-anchor clients, the share that
+    # moves to another neuron (0: fusion is plain averaging).
     ts = [np.asarray(setup[f"transport_{i}"]) for i in range(len(setup))]
     others = [k for k in range(m) if k != anchor_pos]
     return {

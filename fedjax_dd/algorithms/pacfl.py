@@ -1,42 +1,30 @@
 """PACFL: clusters of clients from the principal angles of their data.
 
 Before training, every client sends once the top-``p`` left singular vectors
-of its data (:func:`client_signatures`: one mapped program over the client
-axis; the authors' code takes ``p`` vectors of every class it holds, see
-:mod:`fedjax_dd.cluster.principal_angles`). The server builds the proximity
-matrix of principal angles between the clients' subspaces (PACFL Eq. 2,
-``A_ij = Θ_1(U_i, U_j)``) and clusters it hierarchically with a stopping
-threshold ``β`` (Sec. 3, "the number of clusters is found by the threshold";
-scikit-learn's ``AgglomerativeClustering``): :func:`cluster_clients`. Then
-it keeps one model per cluster (all ``K`` start from the same model, as in
-the code's ``w_glob_per_cluster``); each sampled client trains its
-cluster's model and the server sets each cluster's model to the
-example-weighted FedAvg of its clients' models (Alg. 1;
-:func:`fedjax_dd.algorithms.cluster_models.aggregate`). A client that
-joins later is placed by the same angles
+of its data, per class as in the authors' code (:func:`client_signatures`).
+The server builds the proximity matrix of principal angles between the
+clients' subspaces (PACFL Eq. 2, ``A_ij = Θ_1(U_i, U_j)``) and clusters it
+hierarchically with a stopping threshold ``β`` (Sec. 3):
+:func:`cluster_clients`. Then it keeps one model per cluster, all starting
+from the same model; training and aggregation are
+:mod:`fedjax_dd.algorithms.cluster_models`' (Alg. 1). A client that joins
+later is placed by the same angles
 (:func:`fedjax_dd.cluster.principal_angles.assign`).
 
 The signatures are the only traffic beyond the models: ``D`` numbers per
 valid column of each client's ``U``, recorded once, in round 1, under
 ``traffic/upload/pacfl_subspace``. The server state holds the clusters
-(``extra["clusters"]`` ``[N]``), the ``K`` models and whether the
-signatures were sent, so a checkpoint resumes the run bit-identically. The
-evaluated global model is the cluster model of most examples this round (or
-their average; ``global_model``), or, with ``iga``, the model DisUE's IGA
-distils from the round's cluster models (DisUE Tab. 2; :func:`fedjax_dd.
-algorithms.cluster_models.iga_round`). The paper evaluates every client on
-its own test data with its cluster's model: each client deploys it
-(:func:`fedjax_dd.algorithms.cluster_models.deploy_assigned`), which
-personalized evaluation scores (:mod:`fedjax_dd.core.personal`).
+(``extra["clusters"]`` ``[N]``) and the ``K`` models, so a checkpoint
+resumes bit-identically. As in the paper, each client deploys its cluster's
+model (:func:`fedjax_dd.algorithms.cluster_models.deploy_assigned`).
 
-Defaults from the authors' code (``scripts/pacfl.sh``): ``p = 3`` vectors,
-``"average"`` linkage, ``β`` between 3.5° and 4.9° for label-skew CIFAR-10
-with the code's ``"basis"`` angle.
+Defaults from the authors' code (``scripts/pacfl.sh``; ``β`` 3.5°-4.9° for
+label-skew CIFAR-10 with the ``"basis"`` angle).
 
 Reference: Vahidian, Morafah, Wang, Kungurtsev, Chen, Shah, Lin,
 "Efficient Distribution Similarity Identification in Clustered Federated
 Learning via Principal Angles Between Client Data Subspaces", AAAI 2023;
-code github.com/MMorafah/PACFL (read, not copied).
+code github.com/MMorafah/PACFL.
 """
 
 from __future__ import annotations
@@ -67,8 +55,8 @@ tree_map = jax.tree_util.tree_map
 
 @dataclasses.dataclass(frozen=True)
 class PACFLHyperParams:
-  """PACFL's settings (Vahidian et al., AAAI 2023), the ``pacfl`` config
-  group; the defaults are the authors' scripts (p = 3, average linkage).
+  """PACFL's settings, the ``pacfl`` config group; defaults from the
+  authors' scripts.
 
   Attributes:
     rank: ``p``, singular vectors per class (or per client).
@@ -177,13 +165,11 @@ def pacfl(training: LocalTraining,
   """Builds PACFL's rounds over the clusters of :func:`cluster_clients`.
 
   Args:
-    training: the clients' local training (``training.task`` is the
-      classifier of every cluster; optimizer re-initialised every round;
-      its schedule scales the rate by round).
+    training: the clients' local training (``training.task`` is every
+      cluster's classifier; optimizer re-initialised every round).
     clusters: the clustering (its ``labels`` cover all ``N`` clients).
     serving: the model reported on the global test split
-      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`: the
-      largest cluster's, their average, or IGA's).
+      (:class:`~fedjax_dd.algorithms.cluster_models.ClusterServing`).
 
   Returns:
     A :class:`FederatedAlgorithm`; metrics add ``num_clusters`` (``K``),

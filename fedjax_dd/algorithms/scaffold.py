@@ -3,9 +3,8 @@
 Local steps use ``g − c_i + c``. After ``K_i`` steps with learning rate ``η``
 a client updates ``c_i⁺ = c_i − c + (x − y_i)/(K_i η)`` (option II) and sends
 ``(Δy_i, Δc_i)``; the server sets ``x ← x + η_g · mean(Δy)`` and
-``c ← c + (S/N) · mean(Δc)``. Client variates persist across rounds in the
-stacked client state ``[N, ...]``; only sampled clients change theirs. Both
-directions carry two model-sized tensors (``CommSpec(2, 2)``).
+``c ← c + (S/N) · mean(Δc)``. Client variates persist in the stacked client
+state ``[N, ...]``. Communication: ``CommSpec(2, 2)``.
 
 Reference: Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for
 Federated Learning", ICML 2020.
@@ -40,14 +39,12 @@ def scaffold(training: LocalTraining,
   Args:
     training: the clients' local training. Its optimizer is fed the
       corrected gradient ``g − c_i + c``: ``optax.sgd(learning_rate)`` is
-      the paper's; a chain that clips the gradient and adds weight decay
-      before SGD at ``learning_rate`` (``client.grad_clip``,
-      ``client.weight_decay``) follows FedFTG's released SCAFFOLD
-      (``methods/local_fn.py``, commit ``1e6347c``), the baseline of
-      DisUE's protocol: the correction enters the loss, so clipping and
-      decay act on the corrected gradient. With a ``schedule``, round ``i``
-      (0-based) trains at ``learning_rate * schedule(i)`` and the variate
-      update divides by that round's ``K_i * eta_i``.
+      the paper's; clipping and weight decay before SGD
+      (``client.grad_clip``, ``client.weight_decay``) act on the corrected
+      gradient, as in FedFTG's released SCAFFOLD (``methods/local_fn.py``
+      at ``1e6347c``), DisUE's baseline. With a ``schedule``, round ``i``
+      trains at ``learning_rate * schedule(i)`` and the variate update
+      divides by that round's ``K_i * eta_i``.
     learning_rate: the local step size ``η`` of ``training.optimizer``,
       which the variate update divides by (``K_i · η``).
     server_learning_rate: ``η_g``.
@@ -61,8 +58,7 @@ def scaffold(training: LocalTraining,
 
   Raises:
     fedjax_dd.core.checks.SettingError: ``learning_rate`` or
-      ``server_learning_rate`` not a finite number > 0 (the variate update
-      divides by ``K_i · η``).
+      ``server_learning_rate`` not a finite number > 0.
   """
   learning_rate = checks.check_scalar("SCAFFOLD learning_rate", learning_rate,
                                       0.0, low_open=True)

@@ -20,10 +20,6 @@ samples with target labels ``y``:
 
     ``P̂_k = P_k ⊙ U_c[:, k]``  and  ``P_i = Σ_k U_r[y_i, k] · P̂_k[i]``.
 
-All ``m · c`` generator trainings are written for ONE (client, class) pair
-and mapped over the pairs with :class:`~fedjax_dd.core.clients.ClientMapper`:
-one jitted program per teacher architecture.
-
 Reference: Bai et al., "A Unified Solution to Diverse Heterogeneities in
 One-Shot Federated Learning" (FedHydra), Sec. 3.2–3.3, Algs. 2–3, Eqs. 2–11.
 """
@@ -133,9 +129,7 @@ def agreement_with_class_shares(u_r: np.ndarray, class_counts: np.ndarray
                                  ) -> dict[str, float]:
   """How well ``U_r`` recovers the clients' true class shares (host side).
 
-  Stratification never sees the clients' labels; on a simulated partition
-  they are known, so :func:`class_shares` gives the ``U_r`` an oracle would
-  give. A diagnostic for ``summary.json``, not part of the algorithm.
+  A diagnostic on simulated partitions, against :func:`class_shares`.
 
   Args:
     u_r: ``[c, m]`` from :func:`normalise_rows`.
@@ -172,14 +166,13 @@ def stratified_ensemble(logits: jax.Array, y: jax.Array,
     ctx: ``(U_r [c, m], U_c [c, m])``.
 
   Returns:
-    Ensemble logits ``[B, c]``: ``P_i = Σ_k U_r[y_i, k] · (P_k ⊙ U_c[:, k])[i]``.
+    Ensemble logits ``[B, c]`` (module doc).
   """
   u_r, u_c = ctx
   scaled = logits * jnp.transpose(u_c)[:, None, :]  # P̂_k [m, B, c]
   weights = jnp.transpose(u_r[y])                   # [m, B]
-  # A weighted sum rather than an einsum: XLA:CPU's oneDNN rewriter tries to
-  # constant-fold the weight operand of a dot and crashes when it depends on
-  # random labels drawn inside the program.
+  # A weighted sum, not an einsum: XLA:CPU's oneDNN rewriter crashes
+  # constant-folding a dot operand that depends on in-program random labels.
   return jnp.sum(weights[:, :, None] * scaled, axis=0)
 
 
@@ -188,13 +181,11 @@ def stratified_ensemble_predicted(logits: jax.Array, y: jax.Array,
                                   ) -> jax.Array:
   """SA whose Eq. 10 rows follow the ensemble's prediction, not the target.
 
-  Eq. 10 weights client ``k`` on sample ``i`` by ``U_r(y(i), k)``, the row of
-  the generator's *target* label, so the ensemble is told the answer it is
-  asked for: at Dirichlet α = 0.01 that row (with Eq. 8's per-class scales)
-  can name ``y(i)`` whatever the image, and the generator then needs no
-  class content (``experiments/results/fedhydra_tab1_mnist_a0.01_gpu.md``).
-  Here the row is the mix of ``U_r``'s rows by the plain average's class
-  probabilities, ``V(i) = σ(mean_k P_k(i)) · U_r`` (held constant like the
+  Eq. 10 weights client ``k`` by ``U_r(y(i), k)``, the row of the
+  generator's *target* label, so under strong skew the ensemble can name
+  ``y(i)`` whatever the image and the generator needs no class content
+  (``experiments/results/fedhydra_tab1_mnist_a0.01_gpu.md``).
+  Here the row is ``V(i) = σ(mean_k P_k(i)) · U_r`` (held constant like the
   paper's ``U_r(y(i))``), so nothing reads ``y``. Not the paper's rule:
   ``dfkd.aggregation=sa_predicted``.
 
@@ -220,10 +211,9 @@ def target_naming_rate(combine: Callable[..., jax.Array], logits: jax.Array,
                        ) -> jax.Array:
   """How often an ensemble rule names a target label that is not the truth.
 
-  For every sample ``i`` and every target ``t != labels[i]``, whether
-  ``argmax combine(logits, t) == t``: a rule that ignores the target names
-  it as often as it mistakes the sample for class ``t``; a rule that reads
-  the target (Eq. 10's rows) names it more often.
+  For every sample ``i`` and target ``t != labels[i]``, whether
+  ``argmax combine(logits, t) == t``; a rule that reads the target (Eq. 10's
+  rows) names it more often than one that ignores it.
 
   Args:
     combine: an ensemble rule ``(logits [m, B, c], y [B], ctx) -> [B, c]``.
@@ -255,9 +245,7 @@ def target_naming_rates(groups: Sequence[TeacherGroup],
                         x01: jax.Array, labels: jax.Array,
                         mapper: ClientMapper = ClientMapper()
                         ) -> dict[str, float]:
-  """:func:`target_naming_rate` of SA (Eqs. 8–11), of
-  :func:`stratified_ensemble_predicted` and of the plain average, on real
-  labelled images.
+  """:func:`target_naming_rate` of SA, SA-predicted and the plain average.
 
   Args:
     groups: the teachers' architecture groups.
@@ -270,8 +258,7 @@ def target_naming_rates(groups: Sequence[TeacherGroup],
     mapper: batching of the teachers.
 
   Returns:
-    ``{"sa": ..., "sa_predicted": ..., "ae": ...}``, each the fraction of
-    (image, wrong target) pairs on which the rule names the target.
+    ``{"sa": ..., "sa_predicted": ..., "ae": ...}``.
   """
   logits, _ = jax.jit(make_teacher_fn(groups, mapper))(
       teacher_vars, jnp.asarray(x01))
@@ -280,10 +267,9 @@ def target_naming_rates(groups: Sequence[TeacherGroup],
   rules = {"sa": stratified_ensemble,
            "sa_predicted": stratified_ensemble_predicted,
            "ae": average_ensemble}
-  # The counts in one program for the three rules (run op by op, each
-  # rule's ten targets compiled dozens of small programs); the division as
-  # target_naming_rate's, op by op (a compiled division by a constant may
-  # round differently).
+  # The counts in one program (op by op compiles dozens of small ones); the
+  # division op by op as in target_naming_rate (a compiled division by a
+  # constant may round differently).
   hits = jax.jit(lambda logits, labels, ctx: {
       name: _naming_hits(rule, logits, labels, ctx, logits.shape[-1])
       for name, rule in rules.items()})(logits, labels, ctx)
@@ -295,17 +281,12 @@ def sa_context(s: Stratification, *, average_scale: bool = True
                ) -> tuple[jax.Array, jax.Array]:
   """The ``ctx`` of :func:`stratified_ensemble` for a stratification.
 
-  Taken literally, Eqs. 6–11 shrink the ensemble logits by about ``c``:
-  ``U_c``'s columns sum to 1 over the ``c`` classes, so with uninformative
-  ``U`` (all entries equal) SA returns the plain average divided by ``c``,
-  i.e. the average at temperature ``c``. With ``average_scale`` (default)
-  ``U_c`` is multiplied by ``c`` (its columns then average 1): a uniform
-  rescale of SA's output that keeps every ratio and arg-max of Eqs. 8–11,
-  and makes SA equal the plain average (AE) when ``U`` is uninformative.
-
-  With the literal scale the generator's ``CE(P, y)`` stays high and the
-  student falls far short of AE's on ``fedhydra.py:mnist_a0.5``
-  (``experiments/results/fedhydra_cpu_presets.md``).
+  Taken literally, Eqs. 6–11 shrink the ensemble logits by about ``c``
+  (``U_c``'s columns sum to 1), which keeps the generator's ``CE(P, y)``
+  high (``experiments/results/fedhydra_cpu_presets.md``). With
+  ``average_scale`` (default) ``U_c`` is multiplied by ``c``: a
+  uniform rescale that keeps every ratio and arg-max of Eqs. 8–11 and makes
+  SA equal the plain average when ``U`` is uninformative.
 
   Args:
     s: the result of Alg. 2.
@@ -332,13 +313,9 @@ def make_stratifier(groups: Sequence[TeacherGroup],
   For each pair a generator is initialised from its own key, one noise batch
   ``z [batch_size, nz]`` is drawn, and ``steps`` Adam steps minimise
   ``CE(F_k(G(z)), j)``; the loss before each step is recorded. Each step of
-  all pairs of one architecture is ONE mapped program, called ``steps`` times
-  from the host. The ``"auto"`` backend is the policy's for
-  ``workload="stratify"`` (:func:`fedjax_dd.core.clients.default_backend`:
-  one vmap over the pairs on one CPU device, where ``chunked`` would run them
-  one at a time; as training elsewhere); the ``"loop"`` backend gives the
-  sequential reference (one per-pair program per pair and step). Every
-  backend computes the same curves, up to float rounding.
+  all pairs of one architecture is ONE mapped program, called ``steps``
+  times from the host. Every backend computes the same curves, up to float
+  rounding.
 
   Args:
     groups: the client models, one :class:`TeacherGroup` per architecture.
@@ -374,9 +351,8 @@ def make_stratifier(groups: Sequence[TeacherGroup],
     variables = generator.init(init_key, z[:1], train=False)
     return z, variables["params"], variables.get("batch_stats", {})
 
-  # Noise and fresh generators come from a separate program (see
-  # ``dfkd.make_dfkd``: XLA:CPU's oneDNN rewriter aborts on dot operands
-  # computed from PRNG bits in the same program).
+  # Noise and fresh generators come from a separate program: XLA:CPU's
+  # oneDNN rewriter aborts on dot operands computed from PRNG bits.
   draw_all = once_jit(jax.vmap(draw))
 
   def pair_step(params, batch_stats, label, z, gp, gs, opt_state, task,
@@ -395,11 +371,8 @@ def make_stratifier(groups: Sequence[TeacherGroup],
     updates, opt_state = optimizer.update(g, opt_state, gp)
     return optax.apply_updates(gp, updates), gs, opt_state, loss
 
-  # One mapped program per architecture makes ONE step of all its pairs; the
-  # T_G steps are a host loop around it. XLA:CPU runs generator steps much
-  # slower inside a rolled while loop (lax.scan) than as separate programs,
-  # and unrolling T_G steps is slow to compile (experiments/perf_notes.md,
-  # "XLA:CPU while loops and the data-free KD epoch").
+  # The T_G steps are a host loop: XLA:CPU runs generator steps slower in a
+  # lax.scan and unrolling is slow to compile (experiments/perf_notes.md).
   mapped = tuple(
       mapper.map(lambda p, s, j, z, gp, gs, o, g=g: pair_step(
           p, s, j, z, gp, gs, o, g.task, g.input_fn),

@@ -1,25 +1,19 @@
 """Membership inference on image uploads: the nearest upload of the class.
 
-Threat model (``docs/privacy.md``): the server is honest but curious and
-keeps every upload; it also holds population data from the clients'
-distribution, disjoint from every client's. An image upload (FedD3's and
-HFLDD's KIP images) leaks membership when a client's own training images lie
-closer to it than other images of the same classes do. The attack scores a
-candidate by minus its distance to the nearest uploaded image of its class,
-and is judged as Carlini et al. 2022 ("Membership Inference Attacks From
-First Principles") judge an attack (:mod:`fedjax_dd.audit.membership`):
-members are the client's training images, non-members held-out images of
-the same classes.
+Threat model (``docs/privacy.md``): an honest-but-curious server keeps
+every upload and holds population data disjoint from every client's. An
+image upload (FedD3's and HFLDD's KIP images) leaks membership when a
+client's training images lie closer to it than other images of the same
+classes. A candidate scores minus its distance to the nearest upload of its
+class, judged as in Carlini et al. 2022 (:mod:`fedjax_dd.audit.membership`)
+against held-out non-members of the same classes.
 
-Distances are taken in two spaces: pixels in ``[0, 1]``, and a fixed random
-feature space, ``sqrt(2 / F) relu(x W)`` with ``W [D, F] ~ N(0, 1)`` drawn
-from a key (:func:`random_projection`): the arc-cosine features of Cho & Saul
-2009, "Kernel Methods for Deep Learning", whose inner products approach the
-NNGP kernel of a one-hidden-layer ReLU network, the kind of kernel KIP
-distils with.
-
-The per-client functions are written for one client; the ``*_batched``
-forms add the client axis through :class:`fedjax_dd.core.clients.ClientMapper`.
+Distances are taken in pixels in ``[0, 1]`` and in a fixed random feature
+space ``sqrt(2 / F) relu(x W)``, ``W [D, F] ~ N(0, 1)``
+(:func:`random_projection`): Cho & Saul's 2009 arc-cosine features, whose
+inner products approach the one-hidden-layer ReLU NNGP kernel KIP distils
+with. The ``*_batched`` forms add the client axis through
+:class:`fedjax_dd.core.clients.ClientMapper`.
 """
 
 from __future__ import annotations
@@ -99,9 +93,8 @@ def nearest_upload_distance(x: jax.Array, y: jax.Array, upload_x: jax.Array,
     ``[N]`` float32 distances; ``inf`` where no upload has the class.
   """
   a, b = embed(x, projection), embed(upload_x, projection)
-  # Differences, not |a|^2 + |b|^2 - 2ab: a copy is at 0 exactly, and a
-  # near-copy's few grey levels are not lost to float32 rounding. Rows of
-  # candidates per step keep each step's array near 2^24 elements.
+  # Differences, not |a|^2 + |b|^2 - 2ab: a copy is at 0 exactly and a
+  # near-copy survives float32 rounding. Steps hold about 2^24 elements.
   rows = max(1, min(a.shape[0], 2 ** 24 // max(b.size, 1)))
   d2 = jax.lax.map(lambda ai: jnp.sum((ai - b) ** 2, -1), a, batch_size=rows)
   same = ((upload_classes(upload_y)[None, :] == y[:, None])

@@ -2,11 +2,10 @@
 
 Every attack in :mod:`fedjax_dd.audit` gives each candidate a score, higher
 meaning "more likely a member". Following Carlini et al. 2022 ("Membership
-Inference Attacks From First Principles"), an attack is judged by
-its ROC curve, and above all by its true-positive rate at a low
-false-positive rate (1 % and 0.1 %), read as the largest TPR among the
-curve's points whose FPR is at most the target; the AUC is reported beside
-it. The curves come from scikit-learn (``roc_curve``, ``roc_auc_score``).
+Inference Attacks From First Principles"), an attack is judged above all
+by its true-positive rate at a low false-positive rate (1 % and 0.1 %), the
+largest TPR among the ROC points with FPR at most the target, with the AUC
+beside it (scikit-learn's ``roc_curve``, ``roc_auc_score``).
 """
 
 from __future__ import annotations
@@ -92,10 +91,8 @@ def mia_metrics(member_scores: Any, nonmember_scores: Any, *,
 def mia_metrics_batched(member_scores: Any, num_members: Any,
                         nonmember_scores: Any, num_nonmembers: Any, *,
                         fprs: Sequence[float] = FPRS) -> list[MIAResult]:
-  """:func:`mia_metrics` of each client of padded score stacks.
-
-  The scores are computed batched (the attacks' ``*_batched`` forms); the
-  curves are host-side scikit-learn, one per client.
+  """:func:`mia_metrics` of each client of padded score stacks (host-side
+  curves, one per client).
 
   Args:
     member_scores: ``[C, N_max]`` members' scores; rows past

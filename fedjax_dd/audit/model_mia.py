@@ -1,31 +1,20 @@
 """Membership inference on model uploads: loss threshold and offline LiRA.
 
 Threat model (``docs/privacy.md``): the server holds every uploaded model
-(a client's model in FedHydra, DisUE and the FedAvg family; the global model
-after aggregation) and population data disjoint from every client's.
+and population data disjoint from every client's.
 
-* Loss threshold (Yeom, Giacomelli, Fredrikson & Jha 2018, "Privacy Risk in
-  Machine Learning: Analyzing the Connection to Overfitting"): a candidate is
-  called a member when the model's cross-entropy on it is below a threshold;
-  sweeping the threshold gives the ROC curve of the score ``-loss``.
-* Offline LiRA (Carlini et al. 2022, "Membership Inference Attacks From First
-  Principles", the offline variant): shadow models are trained, with the
-  engine's own local update, on random subsets of the attacker's population
-  data, so none has seen a candidate ("OUT" models). A candidate's score is
-  how far the target model's logit-scaled confidence
-  ``phi = log p_y - log(1 - p_y)`` lies above the OUT distribution
-  ``N(mu_out, sigma_out^2)`` fitted over the shadows: the standardised
-  ``(phi - mu_out) / sigma_out``, which ranks as the paper's one-sided test
-  ``1 - Pr[Z > phi]`` does. With few shadows the paper fits one global
-  ``sigma_out`` (``global_variance=True``).
+* Loss threshold (Yeom et al. 2018): a candidate is a member when the
+  model's cross-entropy on it is below a threshold; the score is ``-loss``.
+* Offline LiRA (Carlini et al. 2022): "OUT" shadow models are trained with the
+  engine's local update on random subsets of the attacker's population data,
+  which must be disjoint from the candidates. A candidate's score is the
+  standardised ``(phi - mu_out) / sigma_out`` of the target's logit-scaled
+  confidence ``phi = log p_y - log(1 - p_y)`` under the shadows' fitted
+  ``N(mu_out, sigma_out^2)``; it ranks as the paper's one-sided test does.
+  With few shadows the paper fits one global ``sigma_out``.
 
-The shadow pool must be disjoint from the candidates (members and
-non-members), or the shadows are not OUT models for them.
-
-Per-client functions are written for one model and one client's candidates;
-the ``*_batched`` forms add the client axis through
-:class:`fedjax_dd.core.clients.ClientMapper`, and the shadows train as a
-cohort through the ``LocalTraining``'s own mapper.
+The ``*_batched`` forms add the client axis through
+:class:`fedjax_dd.core.clients.ClientMapper`.
 """
 
 from __future__ import annotations
@@ -111,9 +100,9 @@ def lira_offline_scores(target_phi: jax.Array, shadow_phi: jax.Array,
     shadow_phi: ``[K, N]`` the same under ``K >= 2`` OUT shadow models.
     valid: ``[N]`` bool, the candidates that pool into the global variance
       (default: all); padding rows.
-    global_variance: one ``sigma_out`` for all candidates (the root mean of
-      their per-candidate variances), as Carlini et al. do with few
-      shadows; else each candidate's own.
+    global_variance: one ``sigma_out`` for all candidates (from the mean
+      of their variances), as Carlini et al. do with few shadows; else
+      each candidate's own.
 
   Returns:
     ``[N]`` scores, higher meaning more likely a member.
@@ -206,8 +195,7 @@ def loss_threshold_mia_batched(task: Classifier, params: PyTree,
   Args:
     task: the classifier.
     params: the clients' uploaded models, leaves ``[C, ...]``; with
-      ``shared_model``, one model (the global one) audited against every
-      client's members.
+      ``shared_model``, one (global) model audited for every client.
     batch_stats: as ``params`` (``{}`` without BN).
     members_x: ``[C, N_max, H, W, Ch]`` the clients' training images.
     members_y: ``[C, N_max]`` their labels.
@@ -246,11 +234,10 @@ def train_shadows(training: LocalTraining, key: jax.Array, pool_x: Any,
                   round_index: int = 0) -> tuple[PyTree, PyTree]:
   """Trains LiRA's OUT shadow models on the attacker's population data.
 
-  Each shadow draws ``shadow_size`` examples of the pool without
-  replacement and trains from its own initialisation (or from ``start``)
-  for ``num_steps`` local steps of
-  :func:`fedjax_dd.core.local.make_local_update`; the shadows run as a
-  cohort through ``training.mapper``.
+  Each shadow trains on ``shadow_size`` pool examples drawn without
+  replacement, for ``num_steps`` steps of
+  :func:`fedjax_dd.core.local.make_local_update`, as a cohort through
+  ``training.mapper``.
 
   Args:
     training: the clients' local training (task, optimizer, batch size);
@@ -263,11 +250,8 @@ def train_shadows(training: LocalTraining, key: jax.Array, pool_x: Any,
     shadow_size: examples per shadow, ``<= P``.
     num_steps: local steps per shadow, ``<= training.max_steps``.
     start: ``(params, batch_stats)`` every shadow starts from, as a client
-      starts from the server model it received (the audit of a client's
-      upload); ``None``: each shadow's own initialisation.
-    round_index: the round the shadows train in
-      (:attr:`fedjax_dd.core.local.RoundContext.round`, the schedule's
-      argument).
+      starts from the server model; ``None``: each shadow's own init.
+    round_index: the round the shadows train in (the schedule's argument).
 
   Returns:
     ``(params, batch_stats)`` with leaves ``[K, ...]``.

@@ -1,17 +1,14 @@
 """Reconstruction and label leakage of an upload.
 
-Reconstruction: for each of a client's images, the best match among what it
-uploaded, by PSNR and by SSIM (Wang, Bovik, Sheikh & Simoncelli 2004, "Image
-Quality Assessment: From Error Visibility to Structural Similarity": an
-11 x 11 Gaussian window of standard deviation 1.5, ``K1 = 0.01``,
-``K2 = 0.03``, the map averaged over its valid positions and channels), and
-the fraction of the client's images matched at or above a PSNR threshold.
-Images are compared in ``[0, 1]`` (uint8 pixels divided by 255).
+Reconstruction: for each of a client's images (in ``[0, 1]``), the best
+match among its upload by PSNR and by SSIM (Wang, Bovik, Sheikh & Simoncelli
+2004: 11 x 11 Gaussian window, sigma 1.5, ``K1 = 0.01``, ``K2 = 0.03``, map
+averaged over valid positions and channels), and the fraction matched at or
+above a PSNR threshold.
 
-Label leakage: the client's label histogram as the server can read it from
-the upload (hard labels, soft or KIP label rows, or a model's mean softmax on
-a probe set), against the true histogram, as a total-variation distance
-``0.5 * sum_k |p_k - q_k|`` (0: the histogram leaks whole; 1: disjoint).
+Label leakage: the total-variation distance between the label histogram the
+server reads from the upload (hard labels, label rows, or a model's mean
+softmax on a probe set) and the true one (0: it leaks whole; 1: disjoint).
 
 Each function is written for one client; the ``*_batched`` forms add the
 client axis through :class:`fedjax_dd.core.clients.ClientMapper`.
@@ -108,8 +105,7 @@ def reconstruction(x: jax.Array, num_examples: jax.Array, upload_x: jax.Array,
   """Each of one client's images against its best-matching upload.
 
   Args:
-    x: ``[N, H, W, Ch]`` the client's images (uint8, or floats in
-      ``[0, 1]``), padded.
+    x: ``[N, H, W, Ch]`` the client's padded images (uint8 or ``[0, 1]``).
     num_examples: ``[]`` valid rows of ``x``.
     upload_x: ``[M, H, W, Ch]`` its upload, padded.
     num_uploads: ``[]`` valid rows of ``upload_x``.
@@ -118,8 +114,7 @@ def reconstruction(x: jax.Array, num_examples: jax.Array, upload_x: jax.Array,
     sigma: SSIM's window standard deviation.
 
   Returns:
-    A :class:`Reconstruction` (PSNR and SSIM are maxima over the valid
-    uploads, each taken on its own).
+    A :class:`Reconstruction` (PSNR and SSIM maximised separately).
   """
   shape = x.shape[1:]
   a = unit_pixels(x).reshape(x.shape[0], *shape)
@@ -248,10 +243,9 @@ def upload_label_histogram(upload_y: jax.Array, num_uploads: jax.Array,
                            num_classes: int) -> jax.Array:
   """``[K]`` the label histogram an upload shows.
 
-  Hard labels ``[M]`` count once each. Label rows ``[M, K]`` (soft labels,
-  KIP's learned or mean-centred labels) are read as probability rows: the
-  negative entries are clipped to 0, each row is scaled to sum 1 (a row
-  with nothing left counts for nothing), and the rows are averaged.
+  Hard labels ``[M]`` count once each. Label rows ``[M, K]`` (soft, or
+  KIP's learned or mean-centred labels) are clipped at 0, scaled to sum 1
+  (an all-zero row counts for nothing) and averaged.
   """
   if upload_y.ndim == 1:
     return label_histogram(upload_y, num_uploads, num_classes)
@@ -282,9 +276,8 @@ def tv_distance(p: jax.Array, q: jax.Array) -> jax.Array:
 
 def label_leakage(upload_y: jax.Array, num_uploads: jax.Array, y: jax.Array,
                   num_examples: jax.Array, num_classes: int) -> jax.Array:
-  """``[]`` TV distance between the histogram one client's upload shows
-  (:func:`upload_label_histogram`) and its true one (:func:`label_histogram`
-  of ``y [N]`` with ``num_examples`` valid rows)."""
+  """``[]`` TV distance between :func:`upload_label_histogram` and the
+  client's :func:`label_histogram` of ``y [N]``."""
   return tv_distance(upload_label_histogram(upload_y, num_uploads,
                                             num_classes),
                      label_histogram(y, num_examples, num_classes))
@@ -351,8 +344,7 @@ def model_label_leakage_batched(task: Classifier, params: Any,
   Args:
     task: the clients' classifier.
     params: the uploaded models' parameters, leaves ``[C, ...]``.
-    batch_stats: their BatchNorm statistics, leaves ``[C, ...]`` (``{}``
-      without BN).
+    batch_stats: their BatchNorm statistics, ``[C, ...]`` (``{}``: no BN).
     probe_x: ``[P, H, W, Ch]`` uint8 probe images, the server's own, shared.
     y: ``[C, N_max]`` the clients' true labels (padded).
     num_examples: ``[C]`` valid rows of ``y``.

@@ -1,29 +1,22 @@
 """The audits of a finished run: what the server kept, attacked at once.
 
-A run's workdir keeps what its server saw (``docs/privacy.md``, "What a
-workdir holds"): FedD3's clients' uploads in the stage cache
-(:data:`fedjax_dd.algorithms.fedd3_stages.STAGE`), a rounds run's final
-global model in its checkpoint. This module runs the audits of
-:mod:`fedjax_dd.audit` on them for every client at once and returns a
-JSON-ready summary (means over clients and per-client arrays), which
-:func:`write_audit` writes to ``WORKDIR/audit.json``:
+A run's workdir keeps what its server saw (``docs/privacy.md``): FedD3's
+uploads in the stage cache (:data:`fedjax_dd.algorithms.fedd3_stages.STAGE`),
+a rounds run's final global model in its checkpoint. This module audits them
+for every client at once and returns a JSON-ready summary (means over
+clients and per-client arrays) for :func:`write_audit`:
 
 * :func:`audit_image_uploads` (FedD3): image membership inference in pixel
-  and random-feature space, reconstruction (best PSNR and SSIM of each
-  client image among its upload) and label leakage, per client;
-* :func:`audit_global_model` (the FedAvg family): the loss-threshold
-  membership inference of the final global model against each client's
-  training data.
+  and random-feature space, reconstruction and label leakage, per client;
+* :func:`audit_global_model` (the FedAvg family): loss-threshold membership
+  inference of the final global model on each client's training data.
 
 The attacker's population data is a held-out slice of the **test** split
-(:func:`holdout_indices`): every training example belongs to some client
-under most partitions, and carving a slice out of the training split would
-change the partition and so the run. Each client's non-members are drawn
-from that slice in the client's own label mix (:func:`nonmember_parts`).
-
-The clients' data is the caller's (the entry point rebuilds it from the
-run's config as its runner did, ``fedjax_dd.experiments.audit``); the
-library reads only what the server kept.
+(:func:`holdout_indices`), since carving one out of the training split
+would change the partition and so the run. Each client's non-members are
+drawn from it in the client's label mix (:func:`nonmember_parts`). The
+clients' data is the caller's (``fedjax_dd.experiments.audit`` rebuilds it);
+the library reads only what the server kept.
 """
 
 from __future__ import annotations
@@ -73,10 +66,9 @@ def check_settings(holdout: Any, psnr_threshold: Any, fprs: Any, *,
 
   Args:
     holdout: test examples the attacker holds, an int ``>= 0`` (0: the
-      whole test split); its upper bound, the test split's size, is checked
-      by :func:`holdout_indices` once the data is loaded.
-    psnr_threshold: dB at or above which an image counts as reconstructed
-      (finite).
+      whole test split; the upper bound is checked by
+      :func:`holdout_indices`).
+    psnr_threshold: finite dB at or above which an image is reconstructed.
     fprs: the FPRs of the reported TPRs, a non-empty sequence in ``(0, 1)``.
     prefix: how the names are spelled in a refusal (``"config.audit."``).
     fix: the advice that ends a refusal, with ``{name}`` for the setting's
@@ -141,10 +133,9 @@ def holdout_indices(num_test: int, holdout: int, rng: np.random.Generator, *,
 
 def shadow_pool_indices(num_test: int, holdout: np.ndarray, size: int,
                         rng: np.random.Generator) -> np.ndarray:
-  """LiRA's shadow pool: ``size`` test indices outside the attacker's
-  ``holdout`` (all of them for ``size=0``), sorted, so that no shadow has
-  seen a member (a client's training example) or a non-member (drawn from
-  the holdout).
+  """LiRA's shadow pool: ``size`` sorted test indices outside the
+  attacker's ``holdout`` (all for ``size=0``), so no shadow has seen a
+  member or a non-member.
 
   Raises:
     fedjax_dd.core.checks.SettingError: fewer than 2 indices, or than
@@ -163,10 +154,9 @@ def nonmember_parts(holdout_y: np.ndarray, data: ClientData,
                     rng: np.random.Generator) -> list[np.ndarray]:
   """Each client's non-members: indices into the holdout in its label mix.
 
-  For each class ``k`` a client holds ``n_k`` examples of, it gets
-  ``min(n_k, H_k)`` of the holdout's ``H_k`` examples of ``k``, drawn for
-  it without replacement; clients draw independently, so two clients may
-  share a non-member (it is a non-member of both).
+  For each class ``k`` with ``n_k`` client examples it gets ``min(n_k,
+  H_k)`` of the holdout's ``H_k`` examples of ``k``, without replacement;
+  clients draw independently, so two may share a non-member.
 
   Args:
     holdout_y: ``[H]`` the holdout's labels.
@@ -257,8 +247,7 @@ def audit_image_uploads(data: ClientData, nonmember_data: ClientData,
                         ) -> dict[str, Any]:
   """Every client's image upload audited, batched over clients.
 
-  Clients that uploaded nothing are left out (``audited_clients`` says
-  which). SSIM uses :func:`ssim_window`.
+  Clients that uploaded nothing are left out (see ``audited_clients``).
 
   Args:
     data: the clients' training data, the members.
@@ -409,11 +398,9 @@ def audit_client_models(groups: Sequence[Any], teachers: Any,
                         shadows: Sequence[Any] | None = None
                         ) -> dict[str, Any]:
   """What each client's uploaded model reveals to the server: the
-  loss-threshold attack (Yeom et al. 2018) of each client's own model on
-  its own training data against its non-members, and the label leakage of
-  the model (the total-variation distance between its mean softmax over
-  the attacker's probe images and the client's true label histogram,
-  :func:`fedjax_dd.audit.reconstruction.model_label_leakage_batched`).
+  loss-threshold attack (Yeom et al. 2018) of its model on its own data
+  against its non-members, and the model's label leakage
+  (:func:`fedjax_dd.audit.reconstruction.model_label_leakage_batched`).
 
   Args:
     groups: the clients' architecture groups
@@ -465,9 +452,7 @@ def audit_client_uploads(task: Classifier, params: Any, batch_stats: Any,
 def audit_soft_labels(soft_labels: Any, data: ClientData, *,
                       num_classes: int,
                       mapper: ClientMapper | None = None) -> dict[str, Any]:
-  """The label leakage of soft-label uploads (HFLDD's label knowledge on
-  the public set, Eq. 4): per client, the TV distance between its mean
-  soft label and its true label histogram
+  """The label leakage of soft-label uploads (HFLDD Eq. 4), per client
   (:func:`fedjax_dd.audit.reconstruction.label_leakage_batched`).
 
   Args:
@@ -495,10 +480,9 @@ def client_uploads(training: LocalTraining, params: Any, batch_stats: Any,
                    data: ClientData, num_steps: Any, key: jax.Array, *,
                    round_index: int = 0) -> tuple[Any, Any]:
   """The model each client uploads after FedAvg's local training
-  (McMahan et al. 2017, Alg. 1, ClientUpdate) from the server model
-  ``(params, batch_stats)``: every client of ``data``, ``num_steps [C]``
-  steps of ``training`` each, client ``i`` drawing its batches from
-  ``fold_in(key, i)`` (:func:`fedjax_dd.core.keys.client_keys`).
+  (McMahan et al. 2017, Alg. 1, ClientUpdate) from ``(params,
+  batch_stats)``: ``num_steps [C]`` steps of ``training``, client ``i``'s
+  batches from :func:`fedjax_dd.core.keys.client_keys`.
 
   Returns:
     ``(params, batch_stats)`` with leaves ``[C, ...]``.

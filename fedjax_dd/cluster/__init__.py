@@ -2,27 +2,18 @@
 
 DisUE (Leng et al., Sec. 4.1 and 4.3):
 
-* :mod:`~fedjax_dd.cluster.similarity` (device): update vectors and their
-  cosine matrix, Eq. 3.
-* :mod:`~fedjax_dd.cluster.affinity` (host, scikit-learn): affinity
-  propagation on the cosine matrix, Eq. 4.
+* :mod:`~fedjax_dd.cluster.similarity` (device): update cosines, Eq. 3.
+* :mod:`~fedjax_dd.cluster.affinity` (host): affinity propagation, Eq. 4.
 * :mod:`~fedjax_dd.cluster.pcsc` (host, exact integers): the PCSC protocol
   of the secure similarity computation, Sec. 4.3.
 
 The cluster models themselves (Eq. 2) are
 :func:`fedjax_dd.core.aggregate.segment_weighted_mean`.
 
-HFLDD (Shi et al., Sec. IV-B and Alg. 1) and FedSeq's superclients:
-
-* :mod:`~fedjax_dd.cluster.sampling` (host, scikit-learn): homogeneous
-  K-Means on the label-knowledge similarity, ClusterSampling into
-  heterogeneous clusters with heads, and FedSeq's diverse groups.
-
-PACFL (Vahidian et al., AAAI 2023):
-
-* :mod:`~fedjax_dd.cluster.principal_angles` (device, then host
-  scikit-learn): each client's top singular vectors, the matrix of angles
-  between them, agglomerative clustering and the assignment of new clients.
+* :mod:`~fedjax_dd.cluster.sampling` (host): HFLDD's homogeneous K-Means and
+  ClusterSampling (Shi et al., Sec. IV-B, Alg. 1), and FedSeq's groups.
+* :mod:`~fedjax_dd.cluster.principal_angles`: PACFL's (Vahidian et al.,
+  AAAI 2023) subspace angles, agglomerative clustering and assignment.
 
 Names load on first use, so importing the package imports neither JAX nor
 scikit-learn.

@@ -2,37 +2,26 @@
 
 DisUE (Leng et al., "Distilling A Universal Expert from Clustered Federated
 Learning") partitions a round's clients by ``C = {C_1, ..., C_K} = AP(Sim)``
-(Eq. 4), affinity propagation (Frey and Dueck, "Clustering by passing
-messages between data points", Science 2007) on the cosine matrix of Eq. 3.
-AP chooses ``K`` itself: each client's preference to be an exemplar plays
-the role of the number of clusters.
+(Eq. 4), affinity propagation (Frey and Dueck, Science 2007) on the cosine
+matrix of Eq. 3. AP chooses ``K`` itself through each client's preference
+to be an exemplar.
 
 Defaults, and why:
 
-* ``damping = 0.5``: scikit-learn's default and the smallest value it
-  accepts; messages are averaged half with their previous value, which
-  damps the oscillations of undamped AP.
-* ``preference = None``: the median of the off-diagonal similarities, Frey
-  and Dueck's recommendation ("a moderate number of clusters").
-  scikit-learn's own default is ``np.median(S)`` over the whole matrix; a
-  cosine matrix's diagonal of ones would raise that median (AP overwrites
-  the diagonal with the preference anyway), so the median is taken here
-  over ``s(i, k), i != k`` and passed explicitly.
-* ``max_iter = 200``, ``convergence_iter = 15``: scikit-learn's defaults
-  (stop once the exemplars are unchanged for 15 iterations).
+* ``damping = 0.5``: scikit-learn's default and smallest accepted value,
+  damping the oscillations of undamped AP.
+* ``preference = None``: the median of the *off-diagonal* similarities,
+  Frey and Dueck's recommendation; scikit-learn's ``np.median(S)`` would be
+  raised by a cosine matrix's diagonal of ones.
+* ``max_iter = 200``, ``convergence_iter = 15``: scikit-learn's defaults.
 
-Edge cases: one client is its own cluster; with all off-diagonal
-similarities equal to the preference (e.g. two clients under the default
-preference, or identical rows) scikit-learn returns one cluster, or one per
-client when the preference is larger. If AP does not converge within
-``max_iter`` (scikit-learn warns and labels every client -1), the result
-falls back to a single cluster, logs a warning and reports
+If AP does not converge within ``max_iter`` (scikit-learn labels every
+client -1), the result falls back to a single cluster with a warning and
 ``converged=False``, so a round always has at least one cluster model.
 
-Host-side module: the input is a NumPy array (``jax.device_get`` the
-similarity first); randomness is an int drawn from the caller's
-``np.random.Generator`` and passed as scikit-learn's ``random_state`` (AP
-adds tiny noise to break ties).
+Host-side: the input is a NumPy array; an int drawn from the caller's
+``np.random.Generator`` is scikit-learn's ``random_state`` (AP adds tiny
+noise to break ties).
 """
 
 from __future__ import annotations
@@ -138,21 +127,18 @@ def affinity_propagation(sim: np.ndarray, *, rng: np.random.Generator,
   """``C = AP(Sim)`` (Eq. 4) with scikit-learn's ``AffinityPropagation``.
 
   Args:
-    sim: ``[S, S]`` host array of similarities (e.g. the cosines of Eq. 3),
-      finite; larger means more similar. Only the off-diagonal entries
-      matter: AP replaces the diagonal with the preference.
+    sim: ``[S, S]`` finite host similarities (e.g. Eq. 3's cosines); the
+      diagonal is ignored (AP replaces it with the preference).
     rng: draws scikit-learn's ``random_state``.
     damping: in ``[0.5, 1)``.
-    preference: every client's exemplar preference; ``None`` for the median
-      of the off-diagonal similarities (see the module docstring). Larger
-      gives more clusters.
+    preference: every client's exemplar preference (larger: more
+      clusters); ``None``: the off-diagonal median (module docstring).
     max_iter: AP iterations at most.
     convergence_iter: iterations with unchanged exemplars that stop AP.
 
   Returns:
-    :class:`Clusters`. If AP did not converge: one cluster (all labels 0)
-    whose exemplar is the client with the largest total similarity to the
-    others, ``converged=False``.
+    :class:`Clusters`. If AP did not converge: one cluster, exemplar the
+    client most similar to the others in total, ``converged=False``.
 
   Raises:
     ValueError: ``sim`` not square, empty or not finite, or a bad option.

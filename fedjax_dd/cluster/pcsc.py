@@ -1,24 +1,18 @@
 """PCSC: the privacy-preserving cosine similarity protocol of DisUE's SSC.
 
-DisUE (Leng et al., "Distilling A Universal Expert from Clustered Federated
-Learning", Sec. 4.3 "Secure Similarity Computation" and Algorithm 1, lines
-10-17) computes the cosine matrix of Eq. 3 with the "lightweight
-Privacy-Preserving Cosine Similarity Computing (PCSC) protocol" of Lu et al.
-(R. Lu, H. Zhu, X. Liu, J. K. Liu, J. Shao, "Toward efficient and
-privacy-preserving computing in big data era", IEEE Network 28(4):46-50,
-2014). This module implements it on the host with exact integers.
+DisUE (Leng et al., Sec. 4.3 "Secure Similarity Computation", Algorithm 1,
+lines 10-17) computes the cosine matrix of Eq. 3 with the PCSC protocol of
+Lu et al. ("Toward efficient and privacy-preserving computing in big data
+era", IEEE Network 28(4), 2014). This module implements it on the host with
+exact integers.
 
 Source followed
 ---------------
-The IEEE Network article itself was not available to us (its abstract
-announces "an efficient and privacy-preserving cosine similarity computing
-protocol"). We followed the protocol as implemented step by step in a public
-Java demonstration program on GitHub titled "An Efficient and
-Privacy-Preserving Cosine Similarity Computing Protocol" (class ``PPCGUI``,
-security parameters ``k1..k4``), which matches the published outline: a
-random-masking scheme with large primes ``p``, ``α`` and a secret ``s``.
-For vectors ``a`` (Alice) and ``b`` (Bob) of length ``n``, both extended by
-two zeros (``a_{n+1} = a_{n+2} = b_{n+1} = b_{n+2} = 0``):
+A public Java implementation of the protocol ("An Efficient and
+Privacy-Preserving Cosine Similarity Computing Protocol", class ``PPCGUI``,
+parameters ``k1..k4``), which matches the article's outline: random masking
+with large primes ``p``, ``α`` and a secret ``s``. For vectors ``a`` (Alice)
+and ``b`` (Bob) of length ``n``, both extended by two zeros:
 
 1. Alice draws primes ``p`` (``k1`` bits) and ``α`` (``k2`` bits), a secret
    ``s ∈ [1, p)`` and ``c_i`` (``k3`` bits) for ``i = 1..n+2``; sends
@@ -33,66 +27,43 @@ two zeros (``a_{n+1} = a_{n+2} = b_{n+1} = b_{n+2} = 0``):
 Our changes, each needed for DisUE's vectors and each exact:
 
 * **Signed entries.** Updates are signed, so the remainder ``R = α(Σ_{b_i≠0}
-  b_i c_i + Σ_{b_i=0} r_i a_i) + Σ_{b_i=0} r_i c_i`` can be negative and the
-  floor of step 3 would be off by one. Alice lifts ``E`` to ``(−p/2, p/2]``
-  and rounds: ``a·b = ⌊(E + ⌊α²/2⌋) / α²⌋``, exact when ``|R| < α²/2`` and
-  ``|α² a·b + R| < p/2``; :meth:`PCSCParams.check` enforces both from the
-  public bounds below before any arithmetic.
-* **Fixed point, unit length.** Each party normalises its float vector to
-  unit length and quantises it, ``a_q = round(2^f a / ‖a‖)`` with ``f =
-  frac_bits`` (default 24), so ``|a_q,i| <= 2^f`` and ``a_q · b_q / 2^{2f}``
-  is the cosine to within ``√n · 2^{-f}`` in the worst case (about
-  ``2^{-f}`` typically). No norm is exchanged (the source has Bob's norm
-  reach Alice); a zero vector quantises to zeros and has cosine 0.
-  Everything after quantisation is Python-integer arithmetic (NumPy object
-  arrays); the only float is the final cosine.
+  b_i c_i + Σ_{b_i=0} r_i a_i) + Σ_{b_i=0} r_i c_i`` can be negative. Alice
+  lifts ``E`` to ``(−p/2, p/2]`` and rounds: ``a·b = ⌊(E + ⌊α²/2⌋) / α²⌋``,
+  exact when ``|R| < α²/2`` and ``|α² a·b + R| < p/2``, which
+  :meth:`PCSCParams.check` enforces before any arithmetic.
+* **Fixed point, unit length.** Each party quantises its unit-length
+  vector, ``a_q = round(2^f a / ‖a‖)`` with ``f = frac_bits`` (see
+  :func:`quantize`), so ``a_q · b_q / 2^{2f}`` is the cosine to within
+  ``√n · 2^{-f}``; no norm is exchanged. Everything after quantisation is
+  Python-integer arithmetic.
 
-Randomness comes from the caller's ``np.random.Generator`` so runs are
-reproducible; a deployment would draw ``s``, ``c_i``, ``r_i`` and the primes
-from a cryptographic source (``secrets``).
+Randomness comes from the caller's ``np.random.Generator`` for
+reproducibility; a deployment would use a cryptographic source.
 
 Threat model and how Algorithm 1 is realised
 --------------------------------------------
-PCSC is a two-party protocol: the party that draws ``s`` (Alice) is the only
-one able to unmask ``D``. Algorithm 1 has every client upload ``E(ω_i)`` and
-the server compute ``Sim_{u,v} = SSC.Compute(E(ω_u), E(ω_v))``, which a
-two-party protocol cannot do (the server would need ``s``). We resolve it as
-follows, for every pair ``u < v`` of the round's cohort:
+Only Alice, who draws ``s``, can unmask ``D``, so the server cannot compute
+Algorithm 1's ``Sim_{u,v} = SSC.Compute(E(ω_u), E(ω_v))`` itself. For every
+pair ``u < v`` of the round's cohort, client ``u`` is Alice with ``a = Δ_u``
+and client ``v`` is Bob with ``b = Δ_v`` (fresh ``p, α, s`` per pair); the
+server relays ``(α, p, C)`` to ``v`` and ``D`` to ``u``, and ``u`` reports
+the cosine, since the server needs ``Sim`` to run AP (Eq. 4).
 
-* client ``u`` is Alice (key holder) with ``a = Δ_u`` and client ``v`` is Bob
-  with ``b = Δ_v``; fresh ``p, α, s`` per pair;
-* the server relays: ``u → server → v``: ``(α, p, C)``; ``v → server → u``:
-  ``D``; then ``u → server``: the cosine (``cosine_bits``, 32), since the
-  server needs ``Sim`` to run AP (Eq. 4).
+With honest-but-curious parties, the server learns ``C``, ``D`` and ``Sim``
+(so, unlike Sec. 4.3's claim, it sees the similarities; PCSC hides only the
+update vectors); client ``u`` learns ``cos(Δ_u, Δ_v)``; client ``v`` learns
+``α``, ``p`` and ``C``, whose secrecy rests on ``s``.
 
-Parties are honest-but-curious (they follow the protocol). What each learns:
+Caveat (ours): the masking is not semantically secure. Each ``x_i = s^{-1}
+C_i mod p = a_i α + c_i`` is below about ``2^{k2+f+1}`` while correctness
+needs ``p > 2 α² n 2^{2f}``, so ``x_1 x_2 < p`` and ``(x_1, x_2)`` is almost
+surely the shortest vector of the lattice ``{(u, w): C_1 w ≡ C_2 u (mod
+p)}``; Gauss reduction of two ciphertexts gives Bob ``s``, hence ``a`` (see
+``tests/cluster/test_pcsc.py``). Use this module to reproduce the paper's
+pipeline and count its traffic, not as a privacy guarantee.
 
-* the server: the ciphertexts ``C`` and ``D`` it relays and the cosine
-  matrix ``Sim``. So, unlike what Sec. 4.3 says ("prevents server access to
-  raw similarity values"), the server that clusters sees the similarities;
-  PCSC keeps the *update vectors* from the comparison, not ``Sim`` from the
-  server.
-* client ``u`` (Alice): ``cos(Δ_u, Δ_v)`` for each ``v > u`` and ``D``.
-  This is the protocol's intended leakage to the decrypting party.
-* client ``v`` (Bob): ``α``, ``p`` and ``C``, whose secrecy rests on ``s``.
-
-Caveat (ours): the masking is not semantically secure. Every ``x_i = s^{-1}
-C_i mod p = a_i α + c_i`` is below about ``2^{k2+f+1}``, while correctness
-needs ``p > 2 α² n 2^{2f}``, so ``x_1 x_2 < p``: ``(x_1, x_2)`` (divided
-by its gcd) is then, with overwhelming probability, the shortest vector of
-the 2-D lattice ``{(u, w): C_1 w ≡ C_2 u (mod p)}`` of determinant ``p``,
-and Gauss reduction of two ciphertexts gives ``s``, hence all of ``a``, to
-Bob (``tests/cluster/test_pcsc.py`` does it for the default parameters). Any parameters that keep
-the protocol correct allow this, so use this module to reproduce the
-paper's pipeline and to count its traffic, not as a privacy guarantee.
-
-Traffic (exact bit counts; every element mod ``p`` costs ``⌈log2 p⌉ = k1``
-bits because ``p`` is a ``k1``-bit prime, ``α`` costs ``k2``): the two-party
-transcript of one pair of length-``n`` vectors is ``T = k2 + k1 + (n+2) k1``
-(Alice's message) ``+ k1`` (Bob's ``D``) ``= k2 + (n+4) k1``. Relayed, a pair
-costs ``T + cosine_bits`` uploaded (``u``'s and ``v``'s messages and the
-cosine) and ``T`` downloaded (the server's relays); see
-:meth:`PCSCParams.relayed_pair_bits`.
+Traffic: every element mod ``p`` costs ``k1`` bits, ``α`` costs ``k2``; see
+:meth:`PCSCParams.transcript_bits` and :meth:`PCSCParams.relayed_pair_bits`.
 """
 
 from __future__ import annotations
@@ -114,9 +85,8 @@ _SMALL_PRIMES = tuple(q for q in range(3, 2000)
 class PCSCParams:
   """Security and precision parameters of PCSC.
 
-  The defaults are ours (the source leaves ``k1..k4`` to the user): they
-  keep the protocol exact for vectors up to about ``2^40`` entries at
-  ``f = 24`` (see :meth:`check`).
+  The defaults are ours (the source leaves ``k1..k4`` open): exact for
+  vectors up to about ``2^40`` entries at ``f = 24`` (see :meth:`check`).
 
   Attributes:
     k1: bits of the modulus ``p`` (and of every element of ``C`` and ``D``).
@@ -191,8 +161,7 @@ class PCSCParams:
   def transcript_bits(self, n: int) -> int:
     """Two-party transcript for length-``n`` vectors: ``k2 + (n + 4) k1``.
 
-    Alice sends ``α`` (``k2``), ``p`` (``k1``) and ``n + 2`` elements of
-    ``C``; Bob sends ``D`` (``k1``).
+    Alice sends ``α``, ``p`` and ``n + 2`` elements of ``C``; Bob ``D``.
     """
     return self.k2 + self.k1 + (n + 2) * self.element_bits + self.element_bits
 
@@ -200,11 +169,8 @@ class PCSCParams:
     """One pair through the server: ``{"upload", "download"}`` bits.
 
     ``upload = T + cosine_bits`` (``u`` sends ``(α, p, C)``, ``v`` sends
-    ``D``, ``u`` reports the cosine), ``download = T`` (the server forwards
-    ``(α, p, C)`` to ``v`` and ``D`` to ``u``), ``T`` =
-    :meth:`transcript_bits`. A round's ``M`` pairs go to the ledger as
-    ``ledger.record(r, kind="upload", bits=up, count=M, tag="pcsc")`` and
-    the same with ``"download"``.
+    ``D``, ``u`` reports the cosine), ``download = T`` (the server's
+    relays), ``T`` = :meth:`transcript_bits`.
     """
     t = self.transcript_bits(n)
     return {"upload": t + self.cosine_bits, "download": t}
@@ -282,8 +248,7 @@ def _check_rng(rng: Any) -> None:
 def quantize(v: np.ndarray, frac_bits: int) -> np.ndarray:
   """``round(2^f v / ‖v‖)`` as ``[n]`` int64 (zeros for a zero vector).
 
-  Runs on each party's own vector before the protocol; float64 keeps the
-  rounding exact to well below ``2^-f`` for ``f <= 40``.
+  Float64 keeps the rounding exact to well below ``2^-f`` for ``f <= 40``.
 
   Raises:
     ValueError: ``v`` not 1-D or not finite.
@@ -391,8 +356,8 @@ def pcsc_cosine(a: np.ndarray, b: np.ndarray, *, rng: np.random.Generator,
   Returns:
     ``(cosine, transcript_bits)``: the cosine of the unit-length quantised
     vectors, ``a_q · b_q / 2^{2f}`` (within ``√n 2^{-f}`` of the float
-    cosine, about ``2^{-f}`` typically; 0 if either vector is zero), and the
-    two-party transcript ``params.transcript_bits(n)``.
+    cosine; 0 if either vector is zero), and
+    ``params.transcript_bits(n)``.
 
   Raises:
     ValueError: vectors not 1-D, of different lengths, not finite, or too
@@ -413,8 +378,7 @@ def pcsc_similarity_matrix(vectors: np.ndarray, *, rng: np.random.Generator,
   """``Sim`` of Eq. 3 over all pairs through PCSC, relayed by the server.
 
   Pair ``(u, v)``, ``u < v``, runs :func:`pcsc_cosine` with client ``u`` as
-  key holder (see the module docstring); pairs run in row-major order, so
-  the result is a function of ``rng``'s state.
+  key holder, in row-major order (the result depends on ``rng``'s state).
 
   Args:
     vectors: ``[S, P]`` host array, row ``i`` client ``i``'s update

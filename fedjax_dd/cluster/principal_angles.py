@@ -5,32 +5,23 @@ data matrix (Vahidian et al., PACFL, AAAI 2023, Sec. 3 "the clients' data
 subspaces"); the server measures how far two clients' subspaces are apart by
 the angles between them and clusters the proximity matrix hierarchically.
 
-* :func:`client_subspace` is written for ONE client (the client axis is
-  added by :mod:`fedjax_dd.core.clients`): for each class present in the
-  client's data (the authors' code, ``main_pacfl.py``, takes the SVD of every
-  class's ``[D, n_c]`` matrix of raw pixels separately and stacks the ``p``
-  vectors of every class; ``per_class=False`` is one SVD of all the data,
-  the paper's wording), ``U_c = svd(X_c^T)[:, :p]``. Columns beyond a class's
-  rank, of absent classes and of padding are zero, with a mask.
-* :func:`proximity` is the ``[N, N]`` matrix of angles in degrees between
-  two clients' signatures. ``"basis"`` is the authors' code
-  (``calculating_adjacency``): the smallest angle between any two of the
-  clients' singular vectors, ``min arccos |U_iᵀ U_j|`` over entries (we take
-  the absolute value, since the sign of a singular vector is arbitrary: the
-  code's ``arccos`` of a negative entry gives an angle over 90° for the same
-  direction). ``"smallest"`` is the smallest principal angle between the
-  spans, ``Θ_1 = arccos σ_max(Q_iᵀ Q_j)`` with ``Q`` an orthonormal basis of
-  the client's vectors (PACFL Eq. 2's ``A_ij = Θ_1``). With one subspace per
-  class the spans of two clients share the directions common to all images
-  (e.g. the first singular vector of raw pixels, close to the mean image),
-  so ``"smallest"`` is near 0 for every pair (digits: all 0); ``"basis"``
-  separates them (digits: 3-13°).
-* :func:`agglomerative` is scikit-learn's ``AgglomerativeClustering`` on the
-  precomputed matrix with a distance threshold ``β`` (the paper's stopping
-  threshold) or a fixed number of clusters. The authors' code merges by its
-  own loop, whose ``"average"`` replaces a merged row by the mean of the two
-  rows (WPGMA); scikit-learn's ``"average"`` is the size-weighted mean
-  (UPGMA), so a threshold can give different clusters on the same matrix.
+* :func:`client_subspace` (ONE client): ``U_c = svd(X_c^T)[:, :p]`` for
+  each class present, stacked, as the authors' ``main_pacfl.py`` does on
+  raw pixels (``per_class=False``: one SVD of all the data, the paper's
+  wording). Columns beyond a class's rank, of absent classes and of padding
+  are zero, with a mask.
+* :func:`proximity`: the ``[N, N]`` angles in degrees between signatures.
+  ``"basis"`` is the authors' ``calculating_adjacency``, ``min arccos
+  |U_iᵀ U_j|`` over entries (the absolute value because a singular vector's
+  sign is arbitrary). ``"smallest"`` is PACFL Eq. 2's smallest principal
+  angle ``Θ_1 = arccos σ_max(Q_iᵀ Q_j)``, ``Q`` an orthonormal basis. With
+  one subspace per class, two clients' spans share directions common to
+  all images (e.g. near the mean image), so ``"smallest"`` is near 0 for
+  every pair, while ``"basis"`` separates them.
+* :func:`agglomerative`: scikit-learn's ``AgglomerativeClustering`` on the
+  matrix with a distance threshold ``β`` (the paper's) or a fixed number of
+  clusters. Its ``"average"`` is UPGMA, while the authors' own loop is
+  WPGMA, so a threshold can give different clusters on the same matrix.
 * :func:`assign` places new clients by the same angles: the cluster of the
   lowest linkage distance (average / complete / single over its members).
 """
@@ -54,12 +45,9 @@ def _top_left_vectors(mat: jax.Array, rank: int, iterations: int,
 
   ``iterations < 0``: LAPACK's full SVD. Otherwise randomized subspace
   iteration (Halko, Martinsson, Tropp 2011, Alg. 4.4) on ``rank +
-  oversample`` columns, whose error in the top vectors shrinks as
-  ``(σ_{k+1}/σ_j)^(2q+1)``; its Gaussian test matrix is fixed, so the
-  result is a function of the data alone. For a Fashion-MNIST client
-  (``[784, 600]`` per class, 10 classes) the iteration is far cheaper than
-  the full SVDs (experiments/perf_notes.md, "Measurements moved from
-  docstrings").
+  oversample`` columns, error shrinking as ``(σ_{k+1}/σ_j)^(2q+1)``, with a
+  fixed Gaussian test matrix so the result depends on the data alone; it
+  is far cheaper than full SVDs (see experiments/perf_notes.md).
   """
   if iterations < 0:
     u, s, _ = jnp.linalg.svd(mat, full_matrices=False)
@@ -81,15 +69,13 @@ def client_subspace(x: jax.Array, y: jax.Array, n: jax.Array, *,
   """ONE client's signature: top-``rank`` left singular vectors per class.
 
   Args:
-    x: ``[N_max, H, W, Ch]`` images (raw pixels; angles do not depend on
-      their scale).
+    x: ``[N_max, H, W, Ch]`` images (raw pixels; angles are scale-free).
     y: ``[N_max]`` labels.
     n: valid examples; rows ``>= n`` are padding.
     num_classes: ``C`` (static).
     rank: ``p`` (static).
     per_class: one SVD per class (the authors' code) or of all the data.
-    iterations: power iterations of the randomized SVD; ``-1``: the full
-      SVD (:func:`_top_left_vectors`).
+    iterations: randomized SVD power iterations; ``-1``: full SVD.
     oversample: extra columns of the randomized SVD.
 
   Returns:
@@ -170,8 +156,7 @@ def agglomerative(a: np.ndarray, *, threshold: float | None = None,
   """Hierarchical clustering of a precomputed proximity matrix.
 
   Args:
-    a: ``[N, N]`` symmetric distances (host array; ``jax.device_get`` it
-      first).
+    a: ``[N, N]`` symmetric distances (host array).
     threshold: ``β``: clusters at a linkage distance ``>= β`` are not merged.
     num_clusters: a fixed ``K`` instead (exactly one of the two).
     linkage: ``"average"``, ``"complete"`` or ``"single"``.
@@ -207,7 +192,7 @@ def assign(a_new: np.ndarray, labels: np.ndarray, num_clusters: int,
 
   Args:
     a_new: ``[M, N]`` angles of ``M`` new clients to the ``N`` clustered
-      clients (:func:`proximity` of the stacked signatures, the new rows).
+      ones (:func:`proximity`'s new rows).
     labels: ``[N]`` clusters of the clustered clients.
     num_clusters: ``K``.
     linkage: the distance of a client to a cluster: the mean

@@ -3,20 +3,15 @@
 HFLDD (Shi et al., "Dataset Distillation-based Hybrid Federated Learning on
 Non-IID Data", 2024) groups clients in two steps:
 
-1. **Homogeneous clusters** (Sec. IV-B): KMeans on the rows of the
-   label-knowledge similarity matrix ``M`` (Eq. 4), so that clients with
-   similar label distributions share a cluster.
-2. **Heterogeneous clusters** (Alg. 1, ClusterSampling): each heterogeneous
-   cluster takes one random client from every non-empty homogeneous cluster,
-   until at most one homogeneous cluster still has clients; each of those
-   becomes a singleton heterogeneous cluster. A random member of every
-   heterogeneous cluster is its head.
+1. **Homogeneous clusters** (Sec. IV-B, :func:`homogeneous_clusters`):
+   KMeans on the rows of the label-knowledge similarity matrix ``M``
+   (Eq. 4), so clients with similar label distributions share a cluster.
+2. **Heterogeneous clusters** (Alg. 1, :func:`cluster_sampling`): each
+   takes one client from every homogeneous cluster, and gets a random head
+   (:func:`choose_heads`).
 
-FedSeq's superclients (:func:`diverse_groups`) reuse the homogeneous clusters
-to build fixed-size groups that each mix as many clusters as possible.
-
-This is a host-side module: inputs are NumPy arrays (call ``jax.device_get``
-first), randomness comes from a ``np.random.Generator``.
+FedSeq's superclients (:func:`diverse_groups`) mix the homogeneous clusters
+in fixed-size groups. Host-side: NumPy inputs, a ``np.random.Generator``.
 """
 
 from __future__ import annotations
@@ -43,11 +38,10 @@ def homogeneous_clusters(features: np.ndarray, num_clusters: int, *, seed: int,
                          n_init: int = 10) -> np.ndarray:
   """KMeans on the rows of ``features`` (HFLDD: the rows of ``M``).
 
-  ``num_clusters`` is capped by the number of distinct rows (with a warning):
-  asking for more clusters than distinct label patterns would otherwise leave
-  KMeans with duplicate centres. Cluster ids are relabelled ``0..K'-1`` in
-  order of each cluster's smallest client id, so equal partitions give equal
-  labels.
+  ``num_clusters`` is capped by the number of distinct rows (with a warning),
+  since KMeans would otherwise get duplicate centres. Ids are relabelled
+  ``0..K'-1`` by each cluster's smallest client id, so equal partitions
+  give equal labels.
 
   Args:
     features: ``[N, D]`` host array, e.g. ``jax.device_get(M)``.
@@ -191,11 +185,11 @@ def diverse_groups(homogeneous: np.ndarray, num_groups: int,
                    rng: np.random.Generator) -> list[np.ndarray]:
   """Fixed-size groups that each mix the homogeneous clusters (FedSeq).
 
-  The clients are dealt into one sequence by repeatedly drawing a random
-  client from every non-empty homogeneous cluster (clusters in random order
-  each pass); the sequence is then cut into ``num_groups`` consecutive
-  pieces whose sizes differ by at most one. With ``K`` balanced clusters and
-  groups of ``J <= K`` clients, every group holds ``J`` different clusters.
+  The clients are dealt into one sequence, each pass drawing a random
+  client from every non-empty homogeneous cluster (in random order), then
+  cut into ``num_groups`` near-equal consecutive pieces. With ``K``
+  balanced clusters and groups of ``J <= K``, every group holds ``J``
+  different clusters.
 
   Args:
     homogeneous: ``[N]`` cluster ids (all zeros gives random groups).

@@ -6,18 +6,13 @@ models, ``Sim(u, v) = ω_u · ω_v / (‖ω_u‖ ‖ω_v‖)`` (Eq. 3), then run
 affinity propagation on ``Sim`` (Eq. 4, :mod:`fedjax_dd.cluster.affinity`).
 
 Eq. 3 names the parameter vectors ``ω_u``, but every client of a round starts
-from the same global model ``ω_G``, so the raw parameters of two clients
-differ by a few local steps and their cosine sits near 1 whatever the
-clients learned. Sec. 4.1 itself speaks of "cosine similarity between
-gradient updates". The default here is therefore the update ``Δ_i = ω_i −
-ω_G`` (``mode="delta"``); ``mode="raw"`` gives Eq. 3 read literally.
+from the same ``ω_G``, so raw-parameter cosines sit near 1 whatever the
+clients learned; Sec. 4.1 speaks of "gradient updates". The default is
+therefore the update ``Δ_i = ω_i − ω_G`` (``mode="delta"``); ``mode="raw"``
+is Eq. 3 read literally.
 
 Callers pass parameters only, never BatchNorm ``batch_stats`` (running
 statistics are not updates of a loss and would dominate the norms).
-
-Everything here is a pure device function; :func:`update_similarity` is
-jitted and the result goes to the host (``jax.device_get``) before
-clustering.
 """
 
 from __future__ import annotations
@@ -77,8 +72,7 @@ def update_vectors(client_params: Any, global_params: Any, *,
     return flatten_params(client_params)
   if mode != "delta":
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
-  # Subtract before casting: float32 leaves stay float32 and the difference
-  # of two nearby parameters is computed once, not after a reshape.
+  # Subtract before casting: the difference is taken in the leaves' dtype.
   delta = jax.tree_util.tree_map(lambda c, g: c - g[None], client_params,
                                  global_params)
   return flatten_params(delta)
@@ -105,8 +99,7 @@ def cosine_matrix(v: jax.Array) -> jax.Array:
   # would cost cosines their third decimal.
   sim = jnp.matmul(unit, unit.T, precision=jax.lax.Precision.HIGHEST)
   sim = jnp.clip(sim, -1.0, 1.0)
-  # Rounding leaves the diagonal a few ulp off 1; clusters should not
-  # depend on that.
+  # Exact diagonal: rounding leaves it a few ulp off 1.
   eye = jnp.eye(v.shape[0], dtype=bool)
   return jnp.where(eye, nonzero.astype(jnp.float32)[:, None], sim)
 
@@ -116,12 +109,7 @@ def update_similarity(client_params: Any, global_params: Any, *,
                       mode: Mode = "delta") -> jax.Array:
   """``Sim`` of Eq. 3 for one round's cohort, as one jitted program.
 
-  Eq. 3 names parameter vectors ``ω_u``; but all clients start the round
-  from the same ``ω_G``, so raw-parameter cosines sit near 1 and carry
-  little signal (two clients trained in opposite directions from a large
-  shared ``ω_G`` have raw cosine > 0.99 and update cosine ≈ −1). Sec. 4.1
-  speaks of "gradient updates", so ``mode="delta"`` (``ω_i − ω_G``) is the
-  default and ``mode="raw"`` is the literal option.
+  ``mode="delta"`` by default; see the module docstring for why.
 
   Args:
     client_params: parameters stacked ``[S, ...]`` (no ``batch_stats``).

@@ -4,16 +4,12 @@ DisUE (Leng et al., "Distilling A Universal Expert from Clustered Federated
 Learning") aggregates the members of each cluster ``C_k`` by FedAvg (Eq. 2,
 Sec. 4.1 "Intra-group Aggregation"): ``ω_Ck = Σ_{i∈C_k} n_i ω_i / Σ_{i∈C_k}
 n_i``. :func:`segment_weighted_mean` computes every cluster's average in one
-jitted device program whose output has a fixed number of segments (the
-largest possible ``K``, e.g. the cohort size ``S``), so a round with a
-different number of clusters, or different memberships, reuses the compiled
-program.
+jitted program with a fixed number of segments, so other cluster counts or
+memberships reuse it.
 
-Weights are the clients' sample counts ``n_i`` (any non-negative numbers
-work). A client with weight 0, e.g. a padding row of a cohort padded to a
-fixed size, contributes nothing, even if its parameters are garbage
-(NaN/Inf): its rows are zeroed before the products, because ``0 · NaN`` is
-NaN.
+Weights are the clients' sample counts ``n_i`` (any non-negative numbers).
+A client with weight 0 (e.g. a padding row) contributes nothing, even with
+NaN/Inf parameters: its rows are zeroed first, because ``0 · NaN`` is NaN.
 """
 
 from __future__ import annotations

@@ -9,10 +9,8 @@ An algorithm is a pair of pure-ish functions, as in fedjax's
   (SCAFFOLD's control variates) or ``{}``;
 * ``apply(server, client_states[S], cohort, key) -> (server, client_states[S],
   metrics)`` runs one round on the sampled cohort of ``S`` clients. Model
-  traffic follows from ``comm``; other traffic of the round (e.g. class
-  counts, secure-similarity ciphertexts) is returned as metrics named
-  ``"traffic/<kind>/<tag>"`` (total bits), which the rounds loop records in
-  the ledger (:data:`fedjax_dd.core.rounds.TRAFFIC_PREFIX`).
+  traffic follows from ``comm``; other traffic is returned as metrics named
+  ``"traffic/<kind>/<tag>"`` (:data:`fedjax_dd.core.rounds.TRAFFIC_PREFIX`).
 
 ``apply`` is called from the host; inside it the per-client work is one
 batched program built through :mod:`fedjax_dd.core.clients`.
@@ -54,12 +52,11 @@ class Cohort:
     num_examples: ``[S]`` valid examples per client.
     num_steps: ``[S]`` active local steps per client.
     client_ids: ``[S]`` indices of the sampled clients.
-    round: ``[]`` int32, the round's 0-based index: the rounds completed
-      before it (rows and logs number it ``round + 1``). The engine sets
-      it (:func:`fedjax_dd.core.rounds.round_cohort`); algorithms read it
-      instead of counting rounds, and the client stage hands it to every
-      local update (:class:`fedjax_dd.core.clients.RoundContext`). ``0`` for
-      a cohort built by hand.
+    round: ``[]`` int32, the round's 0-based index (rows number it
+      ``round + 1``), set by :func:`fedjax_dd.core.rounds.round_cohort` and
+      handed to every local update
+      (:class:`fedjax_dd.core.clients.RoundContext`); ``0`` for a cohort
+      built by hand.
   """
   x: jax.Array
   y: jax.Array
@@ -100,12 +97,10 @@ Deploy = Callable[[ServerState, Any], tuple[PyTree, PyTree, jax.Array]]
 class FederatedAlgorithm(NamedTuple):
   """A federated algorithm: ``init`` and ``apply`` plus its message sizes.
 
-  ``deploy`` (a :data:`Deploy`) says which model each client would use:
-  ``None`` is the global model ``server.params`` for every client (FedAvg
-  and its family; DisUE and FedFTG, whose universal expert is the model the
-  server sends every client); the clustered methods give their cluster
-  models and each client's cluster (:func:`deployed`). Personalized
-  evaluation (:mod:`fedjax_dd.core.personal`) scores each client with it.
+  ``deploy`` (a :data:`Deploy`) says which model each client would use, for
+  personalized evaluation (:mod:`fedjax_dd.core.personal`): ``None`` is the
+  global model for every client; the clustered methods give their cluster
+  models and each client's cluster (:func:`deployed`).
   """
   init: Callable[..., tuple[ServerState, PyTree]]
   apply: Callable[..., tuple[ServerState, PyTree, dict[str, jax.Array]]]
@@ -160,13 +155,10 @@ class ClientProgress:
 class SpannedClientStage(NamedTuple):
   """A client stage that can run in spans of local steps.
 
-  Called as ``stage(starts, data, key) -> Teachers`` it is an ordinary
-  ``client_stage``, run as one span. The driver
-  (:func:`fedjax_dd.core.server.run_server_rounds`, with
-  ``ServerOptions.client_span_steps``) instead runs ``advance`` span by span
-  and checkpoints the :class:`ClientProgress` between spans, so a run killed
-  during a long local training (FedHydra's 200 epochs) resumes inside it.
-  The models are those of one span (``tests/core/test_server.py``).
+  Called as ``stage(starts, data, key) -> Teachers`` it runs as one span.
+  :func:`fedjax_dd.core.server.run_server_rounds` (with
+  ``ServerOptions.client_span_steps``) instead checkpoints the
+  :class:`ClientProgress` between spans; the models are the same.
 
   Attributes:
     begin: ``(starts, data) -> ClientProgress`` at step 0 (validates
@@ -190,26 +182,22 @@ class SpannedClientStage(NamedTuple):
 class ServerDistillation(NamedTuple):
   """A one-shot or server-side-distillation method as pure functions.
 
-  The library's driver (:func:`fedjax_dd.core.server.run_server_rounds`)
-  runs, per round, ``client_stage → setup → init → epoch × E`` and owns
-  checkpoints, metrics, the ledger and the time budget; a notebook can call
-  the same functions itself.
+  :func:`fedjax_dd.core.server.run_server_rounds` runs, per round,
+  ``client_stage → setup → init → epoch × E`` and owns checkpoints, metrics,
+  the ledger and the budget; a notebook can call the functions itself.
 
   Attributes:
     client_stage: ``(starts, cohort, key) -> Teachers``: every client trains
-      once from ``starts`` (per group ``(params, batch_stats)``) on its data
-      (the mapped client program; client ``i`` keys from its id). A
-      :class:`SpannedClientStage` can also be run and checkpointed in spans
-      of local steps.
-    setup: ``(teachers, key) -> dict[str, Array]``: a one-off server
-      computation before the epochs (FedHydra's stratification, Alg. 2),
-      cached with the round's checkpoints; ``{}`` when there is none. May
-      run host loops.
+      once from ``starts`` (per group ``(params, batch_stats)``), keyed by
+      its id; may be a :class:`SpannedClientStage`.
+    setup: ``(teachers, key) -> dict[str, Array]``: a one-off, cached server
+      computation before the epochs (FedHydra's stratification, Alg. 2);
+      ``{}`` when there is none. May run host loops.
     init: ``(key, setup, teachers, params, batch_stats) -> state``: the
       server state, a pytree; cheap and traceable (its shapes are read with
       ``jax.eval_shape`` to restore a checkpoint).
-    epoch: ``(state, teachers) -> (state, metrics)``: one server epoch; the
-      one signature of every method (DENSE, FedHydra's HASA, FedDF).
+    epoch: ``(state, teachers) -> (state, metrics)``: one server epoch
+      (DENSE, FedHydra's HASA, FedDF).
     model: ``state -> (params, batch_stats)``: the global model.
     report: ``(state, setup) -> dict`` of host values for the summary and
       figures (e.g. ``U_r``, sample images); ``None`` for nothing.

@@ -1,11 +1,9 @@
 """Experiment checkpoints: one state pytree plus JSON metadata per step.
 
 :class:`CheckpointStore` wraps an Orbax ``CheckpointManager``. Each checkpoint
-holds the whole experiment state as ONE pytree (server state, stacked client
-state, RNG key, round, sampler state, algorithm extras; ``flax.struct``
-dataclasses, dicts, lists, arrays, Python scalars, ``None``) under the item
-``state``, and a JSON-able dict (e.g. the ledger's ``to_dict()`` and the
-config) under the item ``meta``.
+holds the whole experiment state as ONE pytree (``flax.struct`` dataclasses,
+dicts, lists, arrays, Python scalars, ``None``) under the item ``state``, and
+a JSON-able dict (e.g. the ledger's ``to_dict()``) under the item ``meta``.
 
 Layout of ``directory``::
 
@@ -13,27 +11,17 @@ Layout of ``directory``::
     <step>/meta/metadata          the metadata dict as JSON
     <step>/fedjax_dd_commit.json  commit marker: size and SHA-256 of every file
 
-Integrity. Orbax renames a step directory into place only when it is
-complete, but on a local file system it has no way to tell later damage
-(a truncated or overwritten file) from a good checkpoint, and a flipped byte
-inside an array chunk can even restore silently with wrong values. The store
-therefore writes a commit marker once Orbax has finished, listing the size and
-SHA-256 of every file of the step. A step is *committed* when its marker
+Integrity. Orbax cannot tell later damage (a truncated file, a flipped byte
+that restores silently with wrong values) from a good checkpoint, so the
+store writes a commit marker after Orbax, a step being *committed* once it
 exists. :meth:`CheckpointStore.restore` checks a step against its marker
-before reading it; a step without a marker (the save was cut short), with a
-missing, resized or altered file, or an unreadable marker is reported with
-``logging.warning`` and skipped in favour of the next older step. Leftover
-Orbax temporary directories (``<step>.orbax-checkpoint-tmp-*``) are reported the
-same way. A step that passes the check but does not fit the template is a
-caller error and raises ``ValueError`` instead of silently falling back to an
-older step.
+first; a step that fails (or an Orbax temporary directory) is reported with
+``logging.warning`` and skipped for the next older one. A step that passes
+but does not fit the template raises ``ValueError`` instead.
 
-PRNG keys. Raw ``uint32`` keys (``jax.random.PRNGKey``) are stored as they
-are, and are the recommended form in states. Typed key arrays
-(``jax.random.key``) are stored as their ``jax.random.key_data`` and wrapped
-again with ``jax.random.wrap_key_data`` on restore, using the implementation
-of the matching template leaf; so a checkpoint saved with typed keys restores
-into a template with raw keys and vice versa, as long as the shapes agree.
+PRNG keys. Raw ``uint32`` keys (recommended) are stored as they are; typed
+keys (``jax.random.key``) as their ``key_data``, rewrapped on restore with
+the template leaf's implementation.
 
 Single writer. The store assumes one process writes to ``directory``: it
 deletes steps and temporary directories it finds stale.
@@ -117,9 +105,8 @@ _META = "meta"
 _TMP_DIR_RE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 _HASH_CHUNK = 1 << 20
 
-# Step directories this process found committed but damaged (a restore
-# skipped them): a later message naming "the newest checkpoint" must not
-# name one of them (it reads only the markers).
+# Committed step directories a restore of this process skipped as damaged,
+# so that messages naming "the newest checkpoint" skip them too.
 _damaged_steps: set[str] = set()
 
 
@@ -139,17 +126,10 @@ def as_restored(tree: PyTree) -> PyTree:
   """``tree``'s one-device arrays as a restore hands them back: same buffers,
   their own abstract value.
 
-  An array moved onto one device by ``jax.device_put`` keeps the abstract
-  value (aval) of its source, and with it the source's device mesh: the
-  client mapper's results, gathered from the ``clients`` mesh onto the first
-  device, still carry that mesh, and so does everything computed from them
-  (jax 0.5.3 and 0.12). JAX traces an inner function once per distinct
-  aval, so a program fed such arrays holds more copies of the same inner
-  function than one fed restored arrays, and XLA:CPU fused the two HLO
-  modules differently: a fresh FedHydra, DENSE or FedDF run rounded
-  differently from the same run resumed from its client checkpoint (jax
-  0.5.3). Re-wrapping the buffers (no copy) gives them a fresh aval, the one
-  a restore gives, so both paths compile the same programs.
+  An array moved onto one device by ``jax.device_put`` keeps its source's
+  abstract value, device mesh included, so it compiles other programs than
+  a restored one and a fresh run can round differently from a resumed one.
+  Re-wrapping the buffers (no copy) gives them a restore's abstract value.
 
   Args:
     tree: a pytree; leaves that are not one-device ``jax.Array`` s with a
@@ -205,9 +185,7 @@ def _restore_target(leaf: Any) -> Any:
     data = jax.eval_shape(jax.random.key_data, leaf)
     return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=_default_sharding())
   if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None:
-    # Without a sharding Orbax reads the saved one, which is only valid on the
-    # topology it was saved on; abstract templates restore to the default
-    # device instead.
+    # Orbax would read the saved sharding, valid only on its own topology.
     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=_default_sharding())
   return leaf
 
@@ -324,14 +302,10 @@ class CheckpointStore:
           state = run_round(state, r)
           store.save(r, state, {"ledger": ledger.to_dict()})
 
-  Saves are blocking: when :meth:`save` returns the checkpoint is complete on
-  disk (commit marker included), so killing the process afterwards loses
-  nothing. Only the ``max_to_keep`` newest committed steps are kept; older
-  steps are deleted after a new one is committed, never before.
-
-  Saving step ``s`` first deletes every existing step ``>= s``: they belong to
-  an abandoned run (e.g. steps that failed to restore, or later steps of a run
-  resumed from an older checkpoint) and would otherwise shadow the new one.
+  Saves are blocking: when :meth:`save` returns the checkpoint is committed
+  on disk. Only the ``max_to_keep`` newest committed steps are kept, older
+  ones deleted after a new commit, never before. Saving step ``s`` first
+  deletes every step ``>= s`` (an abandoned run's, which would shadow it).
 
   Args:
     directory: root directory of the checkpoints; created if missing.
@@ -368,8 +342,8 @@ class CheckpointStore:
   @property
   def damaged_steps(self) -> list[int]:
     """Committed steps the last :meth:`restore` skipped because a file no
-    longer matched its commit marker, newest first: the run had saved them,
-    so what they held is lost (an uncommitted save is not listed)."""
+    longer matched its commit marker, newest first (their contents are
+    lost)."""
     return list(self._damaged)
 
   @property
@@ -439,8 +413,7 @@ class CheckpointStore:
   ) -> bool:
     """Saves ``state`` and ``meta`` as checkpoint ``step``.
 
-    Checkpoints at ``step`` or later are deleted first, with a warning (a
-    run that saves a step it has passed went back).
+    Checkpoints at ``step`` or later are deleted first, with a warning.
 
     Args:
       step: step (round) index, >= 0.
@@ -544,16 +517,12 @@ class CheckpointStore:
     """Restores a checkpoint into the structure and dtypes of ``template``.
 
     Args:
-      template: pytree with the structure of the saved state (e.g. the freshly
-        initialised state, or its ``jax.eval_shape``). Restored leaves take
-        the template leaves' types: numpy leaves come back as numpy arrays,
-        jax arrays with the template's sharding, ``ShapeDtypeStruct`` leaves
-        (without sharding) on the default device, dataclass nodes as the same
-        dataclasses; array dtypes are cast to the template's. Typed key
-        leaves are rebuilt with the template leaf's PRNG implementation.
-      step: step to restore; None walks from the newest step to the oldest
-        and returns the first one that passes the integrity check, warning
-        about each one skipped.
+      template: pytree with the structure of the saved state (e.g. the fresh
+        state, or its ``jax.eval_shape``). Restored leaves take the template
+        leaves' types, shardings and dtypes (``ShapeDtypeStruct`` without
+        sharding: the default device).
+      step: step to restore; None: the newest that passes the integrity
+        check, warning about each one skipped.
 
     Returns:
       ``(step, state, meta)``, or None if ``step`` is None and no checkpoint

@@ -3,11 +3,9 @@
 The library's public builders (:func:`fedjax_dd.fit`,
 :func:`fedjax_dd.local_steps`, :class:`fedjax_dd.LocalTraining`, the loops'
 options) and the entry point's config checks
-(``fedjax_dd.experiments.checks``, which the ``--seeds`` sweep runs for each
-seed) refuse a value through these functions, so the two surfaces refuse
-the same things with the same words. The entry point only names the setting
-differently: ``config.client.batch_size`` and the flag to set, where a
-Python caller reads ``batch_size``.
+(``fedjax_dd.experiments.checks``) refuse values through these functions, so
+both refuse the same things with the same words (the entry point naming
+``config.client.batch_size`` where a Python caller reads ``batch_size``).
 
 Each check returns the value in its plain Python type, so a caller can use
 what it checked.

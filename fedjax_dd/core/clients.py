@@ -1,33 +1,25 @@
 """The client axis: the one module that turns per-client code into cohort code.
 
-Every per-client function in fedjax-dd (local training, KIP, soft-label
-inference, generator training) is written for ONE client. This module adds the
-leading client axis ``[C, ...]`` with one of four backends:
+Every per-client function (local training, KIP, soft-label inference,
+generator training) is written for ONE client; this module adds the leading
+client axis ``[C, ...]`` with one of four backends:
 
 * ``vmap``: the whole cohort as one jitted, vectorised program.
 * ``chunked``: ``lax.map(..., batch_size=k)``; vectorised over chunks of ``k``
   clients and sequential over chunks, to bound peak memory and keep each
   chunk's activations in cache (``k = 1``: a plain ``lax.map``, no vmap).
 * ``sharded``: the client axis laid over a 1-D device mesh (``jit`` of a
-  ``shard_map`` with ``NamedSharding`` inputs); each device runs its share of
-  the clients in chunks of ``chunk_size`` (``None``: one vmap). With several
-  hosts, call ``jax.distributed.initialize()`` first (see
-  :func:`initialize_multihost`); the mesh then spans every process's devices.
-* ``loop``: a Python loop over clients calling one jitted per-client function.
-  For debugging and as the sequential reference of the benchmarks.
+  ``shard_map``); each device runs its share of the clients in chunks of
+  ``chunk_size`` (``None``: one vmap). For several hosts see
+  :func:`initialize_multihost`.
+* ``loop``: a Python loop over clients calling one jitted per-client function,
+  for debugging and as the sequential reference.
 
-The default backend and chunk size per platform are chosen by measurement
-(``experiments/bench/bench_engine.py``) and kept in one table,
-:mod:`fedjax_dd.policy`, see :func:`default_backend` and
-:func:`default_chunk_size`. On CPU, ``fedjax_dd.configure_cpu()`` (called by
-the entry point) exposes one XLA host device per core, and the default is
-``sharded`` with chunks of 2 clients per device on XLA's classic CPU runtime
-(jax 0.5.x) and of 1 (run unbatched, no vmap) on its thunk runtime (newer
-jax): each core then runs its own stream of small programs, which beats one
-vmap over the whole cohort (whose activations fall out of cache) and XLA's
-intra-op threading of tiny convolutions. KIP
-(``workload="kip"``) is the measured exception: one vmap on CPU; so is
-FedHydra's model stratification (``workload="stratify"``) on one CPU device.
+The default backend and chunk size per platform and workload come from the
+measured table :mod:`fedjax_dd.policy` (see :func:`default_backend` and
+:func:`default_chunk_size`). On CPU, ``fedjax_dd.configure_cpu()`` exposes
+one XLA host device per core, so that ``sharded`` runs one stream of small
+programs per core.
 
 A mapped function called *inside* another traced program (e.g. the teacher
 ensemble inside a jitted generator step) is vectorised in place with
@@ -58,12 +50,9 @@ PyTree = Any
 
 
 def _shard_map(f, mesh, in_specs, out_specs):
-  """``shard_map`` without the replication check, on either end of jax.
+  """``shard_map`` without the replication check, on old and new jax.
 
-  ``jax.shard_map`` (``check_vma``) from jax 0.7 on, where the experimental
-  one is deprecated; jax 0.5.3 has only ``jax.experimental.shard_map``
-  (``check_rep``). Per-client programs replicate nothing, so the check only
-  costs tracing time.
+  Per-client programs replicate nothing, so the check only costs tracing.
   """
   if hasattr(jax, "shard_map"):
     return jax.shard_map(f, mesh=mesh, in_specs=in_specs,
@@ -82,9 +71,7 @@ BACKENDS: tuple[str, ...] = ("vmap", "chunked", "sharded", "loop")
 CLIENT_AXIS = "clients"
 
 
-# The defaults below (backend, chunk size, the hot programs' compiler
-# options) come from one table, fedjax_dd.policy, by platform and jax
-# version, with the measurements behind them.
+# Defaults (backend, chunk size, compiler options) come from fedjax_dd.policy.
 _CLASSIC_RUNTIME_OPTION = policy.CLASSIC_RUNTIME_OPTION
 WORKLOADS: tuple[str, ...] = ("train", "kip", "stratify")
 
@@ -93,10 +80,8 @@ WORKLOADS: tuple[str, ...] = ("train", "kip", "stratify")
 def option_supported(name: str, value: Any, platform: str) -> bool:
   """Whether the running XLA accepts compile option ``name`` on ``platform``.
 
-  Options come and go between jax releases (jax 0.10 removed
-  ``xla_cpu_use_thunk_runtime``, and passing it fails every compilation with
-  ``INVALID_ARGUMENT: No such compile option``), so each one is probed once by
-  compiling a trivial program with it.
+  Options come and go between jax releases and an unknown one fails every
+  compilation, so each is probed once by compiling a trivial program.
   """
   try:
     device = jax.local_devices(backend=platform)[0]
@@ -121,14 +106,13 @@ def hot_program_options(classic_runtime: bool = True,
   """XLA compiler options for the engine's hot jitted programs.
 
   The policy row's ``compiler_options`` and ``per_core_options``
-  (:mod:`fedjax_dd.policy`): only CPU programs get options (GPU and TPU
-  programs compile with XLA's defaults).
+  (:mod:`fedjax_dd.policy`); only CPU programs get options.
 
   Args:
     classic_runtime: include the classic-runtime option (see
       :func:`engine_jit`).
-    per_core: the program is one of several running side by side, one per
-      host device, so it gets the single-threaded options.
+    per_core: the program runs beside others, one per host device (the
+      single-threaded options).
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
   """
   if _xla_setup.no_xla_flags():
@@ -149,8 +133,7 @@ def once_program_options(platform: str | None = None
   """XLA compiler options for programs that run once per run: the policy
   row's ``once_options`` (:mod:`fedjax_dd.policy`), each kept only where the
   running XLA accepts it. None where the row has none, and with
-  ``FEDJAX_DD_NO_XLA_FLAGS=1``: run-once programs then run as they did
-  before the option (:func:`once_jit`)."""
+  ``FEDJAX_DD_NO_XLA_FLAGS=1`` (see :func:`once_jit`)."""
   if _xla_setup.no_xla_flags():
     return None
   platform = policy.platform_of(platform)
@@ -165,21 +148,15 @@ def once_jit(fn: Callable[..., Any], *, op_by_op: bool = False,
   """``jax.jit`` with :func:`once_program_options`, for programs whose
   compilation is most of their cost (initialisations, one-off draws).
 
-  On XLA:CPU an initialisation run op by op compiles one program per
-  initialiser shape; as one program at LLVM's level 0 it compiles in a
-  fraction of that and computes the same bits. Called with traced
-  arguments (inside ``jax.jit`` or ``jax.vmap``), it is a plain ``jax.jit``
-  traced into the outer program, since jax accepts compiler options on
-  top-level programs only.
-
-  Where :func:`once_program_options` is None the program runs as it did
-  before: ``fn`` itself when ``op_by_op`` (initialisations, whose
-  initialisers then each run as their own program), else a plain
-  ``jax.jit``.
+  On XLA:CPU one program at LLVM's level 0 compiles faster than an
+  initialisation op by op, with the same bits. With traced arguments, or
+  where :func:`once_program_options` is None, a plain ``jax.jit`` (``fn``
+  itself when ``op_by_op`` and None).
 
   Args:
     fn: the function.
-    op_by_op: ``fn`` ran unjitted before (an initialisation).
+    op_by_op: ``fn`` runs unjitted where there are no options (an
+      initialisation).
     **kwargs: forwarded to ``jax.jit``.
   """
   options = once_program_options()
@@ -203,9 +180,8 @@ def engine_jit(fn: Callable[..., Any], *, classic_runtime: bool = True,
 
   Args:
     fn: the function.
-    classic_runtime: use the measured CPU options; pass False for programs
-      that XLA:CPU's classic runtime fails to compile (e.g. ResNet-18's
-      training gradient with jax 0.5.3).
+    classic_runtime: use the policy's CPU options; False for programs that
+      XLA:CPU's classic runtime fails to compile (e.g. ResNet-18's gradient).
     **kwargs: forwarded to ``jax.jit``.
   """
   options = hot_program_options(classic_runtime)
@@ -218,18 +194,14 @@ def default_backend(platform: str | None = None,
   """The policy's backend for a platform and workload
   (:func:`fedjax_dd.policy.lookup`).
 
-  With more than one device, ``sharded`` (on CPU these are the per-core host
-  devices that ``fedjax_dd`` sets up). With one device, ``chunked`` on CPU
-  (small chunks stay in cache) and ``vmap`` on accelerators (not
-  measured). KIP on CPU is the measured exception: ``vmap``; so is the
-  stratification (``"stratify"``) on one CPU device, whose (client, class)
-  pairs ``chunked`` runs one at a time.
+  With more than one device, ``sharded``; with one, ``chunked`` on CPU and
+  ``vmap`` on accelerators. The exceptions are KIP on CPU (``vmap``) and
+  the stratification on one CPU device.
 
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
-    workload: one of :data:`WORKLOADS`: ``"train"`` (per-client training and
-      generator steps, the default), ``"kip"`` or ``"stratify"`` (FedHydra's
-      Alg. 2, :mod:`fedjax_dd.algorithms.stratify`).
+    workload: one of :data:`WORKLOADS`: ``"train"`` (the default), ``"kip"``
+      or ``"stratify"`` (FedHydra's Alg. 2).
     num_devices: devices of ``platform``; defaults to JAX's device count.
 
   Returns:
@@ -252,11 +224,10 @@ def default_chunk_size(platform: str | None = None,
                        classic_runtime: bool = True) -> int | None:
   """Clients per vectorised chunk (per device) for a platform; None: all.
 
-  The policy row's (:func:`fedjax_dd.policy.lookup`). On CPU it depends on
-  XLA's runtime: ``chunk_size`` (2) where the engine's hot programs run on
-  the classic runtime (jax 0.5.x), ``thunk_chunk_size`` (1, run unbatched)
-  where they run on the thunk runtime (newer jax, ``classic_runtime=False``
-  or ``FEDJAX_DD_NO_XLA_FLAGS=1``). None on GPU and TPU (not measured).
+  The policy row's (:func:`fedjax_dd.policy.lookup`): on CPU
+  ``chunk_size`` where the hot programs run on XLA's classic runtime,
+  ``thunk_chunk_size`` where they run on the thunk runtime
+  (``classic_runtime=False`` or ``FEDJAX_DD_NO_XLA_FLAGS=1``).
 
   Args:
     platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``; defaults to JAX's backend.
@@ -281,19 +252,13 @@ def classic_runtime_in_effect(classic_runtime: bool = True) -> bool:
 def initialize_multihost(**kwargs: Any) -> None:
   """Initialises multi-host JAX (``jax.distributed.initialize``).
 
-  Launch one process per host with the same command, e.g. on a cluster
-  managed by SLURM or on Cloud TPU pods the arguments are discovered
-  automatically; elsewhere pass ``coordinator_address``, ``num_processes`` and
-  ``process_id``. Afterwards the ``sharded`` backend's mesh covers the devices
-  of every process.
-
-  On CPU the processes exchange results through Gloo collectives (the
-  ``jax_cpu_collectives_implementation`` option, set here before
-  initialisation where this jax has it). Each process keeps its own copy of
-  the server state: the ``sharded`` backend runs each process's share of the
-  cohort and all-gathers the results, so every process then takes the same
-  server step (tested against a single process in
-  ``tests/core/test_multiprocess.py``).
+  Launch one process per host with the same command; under SLURM or on
+  Cloud TPU pods the arguments are discovered, elsewhere pass
+  ``coordinator_address``, ``num_processes`` and ``process_id``. The
+  ``sharded`` backend's mesh then covers every process's devices; on CPU
+  they exchange results through Gloo collectives. Each process keeps its
+  own server state and the ``sharded`` backend all-gathers the cohort's
+  results, so every process takes the same server step.
 
   Args:
     **kwargs: forwarded to ``jax.distributed.initialize``.
@@ -353,11 +318,9 @@ def _pad_clients(tree: Any, target: int) -> Any:
 def map_leading_axis(fn: Callable[..., Any], axes: tuple[int | None, ...],
                      chunk: int | None) -> Callable[..., Any]:
   """``fn`` over the leading axis of the arguments whose ``axes`` entry is
-  0 (the client axis here, the run axis above it in
-  :mod:`fedjax_dd.core.run_axis`): one vmap, or ``lax.map`` in chunks.
-
-  Chunks of one client run ``fn`` unbatched (``lax.map`` with no vmap),
-  which the thunk runtime of XLA:CPU runs faster than a vmap of one.
+  0 (clients, or runs in :mod:`fedjax_dd.core.run_axis`): one vmap, or
+  ``lax.map`` in chunks; chunks of one run unbatched (faster on XLA:CPU's
+  thunk runtime than a vmap of one).
   """
   if chunk is None:
     return jax.vmap(fn, in_axes=axes)
@@ -372,10 +335,9 @@ def map_leading_axis(fn: Callable[..., Any], axes: tuple[int | None, ...],
 
     if chunk == 1:
       return jax.lax.map(one, mapped)
-    # A short last chunk is padded with copies of the last client rather
-    # than run as lax.map's smaller remainder vmap: every client then runs in
-    # the same program, so its result does not depend on where the order
-    # puts it (a vmap of 1 and of 2 round differently in the last bit).
+    # Pad a short last chunk instead of lax.map's remainder vmap: every
+    # client then runs in the same program, so its bits do not depend on its
+    # position (vmaps of 1 and 2 round differently).
     n = jax.tree_util.tree_leaves(mapped)[0].shape[0]
     padded = -(-n // chunk) * chunk
     out = jax.lax.map(one, _pad_clients(mapped, padded), batch_size=chunk)
@@ -407,17 +369,15 @@ def vmap_chunk_limit(fn: Callable[..., Any], args: Sequence[Any],
   """Clients per vectorised program so that no array exceeds
   ``max_elements``; None when one vmap over all of them stays within it.
 
-  Traces ``fn`` for one client (abstractly, nothing runs) and finds its
-  largest intermediate array, E elements; a vmap over C clients holds
-  C x E. Past the limit the cohort runs in chunks of the largest power of
-  two k with k x E <= ``max_elements`` (at least 1). XLA:GPU indexes some
-  kernels' arrays with 32-bit integers, so its policy row
-  (:data:`fedjax_dd.policy.TABLE`) caps arrays at 2^31 - 1 elements.
+  Traces ``fn`` abstractly for one client to find its largest intermediate,
+  E elements; a vmap over C clients holds C x E. Past the cap the cohort
+  runs in chunks of the largest power of two k with k x E <=
+  ``max_elements`` (at least 1). XLA:GPU indexes some arrays with 32-bit
+  integers, hence its policy row's cap (:data:`fedjax_dd.policy.TABLE`).
 
   Args:
     fn: the per-client function.
-    args: the stacked arguments (arrays or tracers), client axis first where
-      ``axes`` is 0.
+    args: the stacked arguments (arrays or tracers).
     axes: ``0`` (mapped) or ``None`` (broadcast) per argument.
     max_elements: the cap; None: no cap.
 
@@ -449,18 +409,16 @@ class ClientMapper:
   Attributes:
     backend: one of :data:`BACKENDS`, or ``"auto"`` for
       :func:`default_backend` of ``workload``.
-    chunk_size: clients per vectorised chunk for ``chunked`` and, per
-      device, for ``sharded``; ``None`` for :func:`default_chunk_size`
-      (``sharded`` on accelerators: one vmap per device).
+    chunk_size: clients per vectorised chunk (per device for ``sharded``);
+      ``None`` for :func:`default_chunk_size`.
     devices: devices of the ``sharded`` backend's mesh (default: all).
     classic_runtime: compile with :func:`hot_program_options` (see
       :func:`engine_jit`).
     workload: what is mapped (:data:`WORKLOADS`); only picks the ``"auto"``
       backend.
-    bucket: when :meth:`map` is told which argument holds each client's work
-      (``work_argnum``), order the clients by it so that each chunk holds
-      similar amounts and each device a similar total (:func:`bucket_order`);
-      results come back in the caller's order and are the same bits.
+    bucket: order the clients by :meth:`map`'s ``work_argnum``
+      (:func:`bucket_order`); results come back in the caller's order and
+      are the same bits.
   """
   backend: str = "auto"
   chunk_size: int | None = None
@@ -513,20 +471,18 @@ class ClientMapper:
           work_argnum: int | None = None) -> Callable[..., Any]:
     """Returns ``fn`` mapped over the leading client axis of its arguments.
 
-    The result is called from the host with stacked arguments and returns
-    stacked outputs ``[C, ...]``. It is jitted (all backends but ``loop``
-    compile the whole cohort as one program; ``loop`` jits ``fn`` once and
-    calls it per client).
+    The result takes stacked arguments and returns stacked outputs
+    ``[C, ...]``; all backends but ``loop`` (which jits ``fn`` per client)
+    compile the whole cohort as one program.
 
     Args:
       fn: a pure per-client function of positional arguments.
       in_axes: ``0`` (mapped) or ``None`` (broadcast) per positional argument.
       static_argnames: keyword arguments of ``fn`` treated as static.
       work_argnum: a mapped positional argument ``[C]`` holding each
-        client's amount of work (e.g. its local step count). With ``bucket``
-        on, and a backend where the order matters (``chunked`` with chunks
-        of several clients, ``sharded``), the clients run in
-        :func:`bucket_order` of it.
+        client's work (e.g. its local steps); with ``bucket``, ``chunked``
+        (chunks > 1) and ``sharded`` run the clients in its
+        :func:`bucket_order`.
 
     Returns:
       The batched function.
@@ -594,13 +550,11 @@ class ClientMapper:
                           specs, P(CLIENT_AXIS))
         jitted_cache[key] = jax.jit(body, compiler_options=options or None,
                                     out_shardings=over_clients)
-      # device_put reshards from any layout (arguments may come committed to
-      # one device, e.g. restored from a checkpoint); already placed arrays
-      # are not copied.
+      # device_put reshards from any layout (e.g. arrays committed to one
+      # device by a checkpoint restore); placed arrays are not copied.
       multi = jax.process_count() > 1
       if multi:
-        # Every process holds the same host values (the replicated server
-        # of a multi-controller run); each places its own shards.
+        # Every process holds the same host values; each places its shards.
         args = jax.device_get(args)
       args = [
           jax.device_put(_pad_clients(a, padded_n), over_clients) if ax == 0
@@ -608,16 +562,14 @@ class ClientMapper:
       ]
       out = jitted_cache[key](*args)
       if multi:
-        # Each process gets the whole cohort's results back (an all-gather)
-        # and runs the server step itself, identically.
+        # Every process gets the whole cohort's results for its server step.
         from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
         out = multihost_utils.process_allgather(out, tiled=True)
       if padded_n != n:
         out = jax.tree_util.tree_map(lambda x: x[:n], out)
-      # Hand results back on this process's first device, where the server
-      # state lives: jitted code that mixes arrays committed to different
-      # device sets fails, and a changing input layout would recompile the
-      # aggregation every round.
+      # Results go to the first local device, where the server state lives:
+      # mixing device sets fails in jit, and a changing layout would
+      # recompile the aggregation every round.
       return jax.device_put(out, jax.local_devices()[0])
 
     return batched
@@ -644,12 +596,10 @@ class ClientMapper:
 def bucket_order(work: np.ndarray, *, lanes: int = 1) -> np.ndarray:
   """A client order for mapped programs that skip padded work.
 
-  A chunk of clients run together (a vmap) costs its largest member's work,
-  and the ``sharded`` backend gives device ``d`` the contiguous block
-  ``[d·m, (d+1)·m)`` of the order, ``m = ceil(C / lanes)``. Clients are taken
-  in decreasing work and each goes to the lane with the least work so far
-  that still has room (longest-processing-time scheduling); inside a lane they
-  keep decreasing order, so its chunks hold similar amounts.
+  A vmapped chunk costs its largest member's work, and ``sharded`` gives
+  device ``d`` the block ``[d·m, (d+1)·m)``, ``m = ceil(C / lanes)``.
+  Longest-processing-time scheduling: clients in decreasing work, each to
+  the open lane with the least work so far, kept in decreasing order.
 
   Args:
     work: ``[C]`` each client's work (e.g. local steps).
@@ -679,8 +629,8 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
                    lanes: int = 1, bucket: bool = True,
                    skip_padding: bool = True, max_steps: int | None = None,
                    pad_short_chunk: bool = True) -> int:
-  """Client-steps a mapped local-training program computes (padding
-  included), for reporting real-to-computed ratios.
+  """Client-steps a mapped local-training program computes, padding
+  included.
 
   Args:
     num_steps: ``[C]`` each client's real steps.
@@ -693,10 +643,8 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
       every client computes ``max_steps``).
     max_steps: the scan length without ``skip_padding`` (default: the
       largest count).
-    pad_short_chunk: a short last chunk computes a full chunk (``map_leading_axis``
-      pads it with copies of its last client); ``False`` counts only its
-      clients, as the engine did before bucketing (``lax.map``'s smaller
-      remainder vmap).
+    pad_short_chunk: a short last chunk computes a full chunk
+      (:func:`map_leading_axis`); ``False`` counts only its clients.
   """
   steps = np.asarray(num_steps, np.int64).reshape(-1)
   c = steps.shape[0]
@@ -718,8 +666,7 @@ def computed_steps(num_steps: np.ndarray, *, chunk: int | None,
   for lane in steps.reshape(lanes, m):
     size = m if chunk is None else chunk
     for i in range(0, m, size):
-      # A vmapped chunk runs to its largest count; a short last chunk is
-      # padded with copies of its last client (``map_leading_axis``).
+      # A vmapped chunk runs to its largest count.
       part = lane[i:i + size]
       total += int(part.max()) * (size if pad_short_chunk else part.size)
   return total
@@ -731,10 +678,9 @@ def _in_bucket_order(batched: Callable[..., Any],
   """``batched`` run with its clients in :func:`bucket_order` of argument
   ``work_argnum``; outputs are returned in the caller's order.
 
-  Over several lanes the cohort is first padded to a multiple of ``lanes``
-  with clients of zero work (copies of a real client whose work entry is 0;
-  for local training, zero steps), so every device gets the same number of
-  slots and no real client is computed twice.
+  Over several lanes the cohort is padded to a multiple of ``lanes`` with
+  copies of a client whose work is set to 0, so no real client is computed
+  twice.
   """
 
   def call(*args, **kwargs):
@@ -746,17 +692,14 @@ def _in_bucket_order(batched: Callable[..., Any],
         getattr(x, "is_fully_addressable", True) for x in leaves):
       # Inside a trace, or a multi-host global array: the given order.
       return batched(*args, **kwargs)
-    # The host reads C integers to choose the order; the cohort's data is
-    # permuted on the device.
+    # Only C integers go to the host; the data is permuted on the device.
     work = np.asarray(jax.device_get(args[work_argnum]))
     n = work.shape[0]
     slots = -(-n // lanes) * lanes
     padded_work = np.concatenate([work, np.zeros(slots - n, work.dtype)])
     order = bucket_order(padded_work, lanes=lanes)
     real = order < n
-    # Permuted even when the order is the identity, so that the permutation
-    # programs compile in the first round, not whenever the order first
-    # changes.
+    # Permuted even in identity order, so these programs compile in round 1.
     mapped = [a for a, ax in zip(args, axes) if ax == 0]
     work_index = sum(1 for ax in axes[:work_argnum] if ax == 0)
     permuted = _permute_padded(mapped, jnp.asarray(np.where(real, order, 0),
@@ -806,15 +749,11 @@ def map_clients(fn: Callable[..., Any],
 class RoundContext:
   """What one client's local update sees of its round.
 
-  Built by the client stage (:func:`client_stage`)
-  for every client; the local hooks receive it whole.
-
   Attributes:
     round: ``[]`` int32, the round's 0-based index
       (:attr:`fedjax_dd.core.algorithm.Cohort.round`).
-    start_params: the parameters the client starts from: the broadcast
-      server model (FedProx's proximal centre, MOON's global model), or the
-      client's own start where starts are per client.
+    start_params: the parameters the client starts from (FedProx's
+      proximal centre, MOON's global model).
     start_batch_stats: the BatchNorm statistics it starts from.
     shared: the algorithm's value broadcast to every client (SCAFFOLD's
       server variate ``c``; ``()`` when there is none).
@@ -833,24 +772,20 @@ def client_stage(local: LocalUpdate,
                  per_client_start: bool = False) -> Callable[..., LocalResult]:
   """Local training of a cohort from the broadcast server model.
 
-  Each client starts a fresh local optimizer from the server parameters; the
-  per-client :class:`~fedjax_dd.core.local.LocalUpdate` is mapped over the
-  cohort's client axis with ``mapper``.
+  Each client starts a fresh local optimizer from the server parameters.
 
   Args:
     local: the per-client local update.
     mapper: the client-axis backend.
-    per_client_start: ``params`` and ``batch_stats`` are stacked ``[S, ...]``,
-      one start per client (one-shot clients initialised independently),
-      instead of one model broadcast to all.
+    per_client_start: ``params`` and ``batch_stats`` are stacked
+      ``[S, ...]``, one start per client, not broadcast.
 
   Returns:
     ``train(params, batch_stats, shared_ctx, cohort, keys [S],
     client_ctx=())`` returning a :class:`~fedjax_dd.core.local.LocalResult`
-    stacked ``[S, ...]``. ``shared_ctx`` is broadcast to every client,
-    ``client_ctx`` is per client (leaves ``[S, ...]``); the local hooks
-    receive a :class:`~fedjax_dd.core.local.RoundContext` holding both,
-    ``cohort.round`` and the client's start.
+    stacked ``[S, ...]``; ``shared_ctx`` is broadcast, ``client_ctx`` per
+    client (leaves ``[S, ...]``), both handed to the hooks in a
+    :class:`RoundContext`.
   """
 
   def one_client(params, batch_stats, round_index, shared_ctx, x, y, n,
@@ -862,8 +797,7 @@ def client_stage(local: LocalUpdate,
     return local.run(params, batch_stats, opt_state, x, y, n, num_steps, key,
                      ctx)
 
-  # Argument 7 is num_steps: with bucketing, chunks hold similar step counts
-  # and the per-client loop (``skip_padding``) stops at each one's own.
+  # Argument 7 is num_steps: bucketed chunks hold similar step counts.
   start_axis = 0 if per_client_start else None
   mapped = mapper.map(one_client,
                       in_axes=(start_axis, start_axis, None, None, 0, 0, 0, 0,
@@ -889,12 +823,10 @@ def client_span_stage(local: LocalUpdate,
 
   The resumable form of :func:`client_stage`: every client continues from
   its own ``(params, batch_stats, opt_state)`` and makes its steps
-  ``[first, min(num_steps, stop))``. Spans run one after another
-  (``[0, s1)``, ``[s1, s2)``, …) compute the same steps as one span
-  ``[0, max)``: step ``t`` draws its batch from ``fold_in(key, t)``, and the
-  clients are ordered by their full ``num_steps`` in every span, so each
-  vmapped chunk holds the same clients as in one call. A long local training
-  (FedHydra's 200 epochs) can so be checkpointed between spans.
+  ``[first, min(num_steps, stop))``. Consecutive spans compute the same
+  bits as one span ``[0, max)`` (step ``t`` draws from ``fold_in(key, t)``
+  and the bucket order uses the full ``num_steps``), so a long local
+  training (FedHydra's 200 epochs) can be checkpointed between spans.
 
   Args:
     local: the per-client local update.
@@ -902,13 +834,11 @@ def client_span_stage(local: LocalUpdate,
 
   Returns:
     ``train(params, batch_stats, opt_state, shared_ctx, cohort, keys [S],
-    client_ctx, first, stop)``: ``params``, ``batch_stats`` and
-    ``opt_state`` stacked ``[S, ...]``; ``first`` and ``stop`` scalar step
-    indices (traced: every span runs one compiled program). The hooks'
-    :class:`~fedjax_dd.core.local.RoundContext` holds each client's span
-    start as its start. Returns a :class:`~fedjax_dd.core.local.LocalResult`
-    stacked ``[S, ...]`` whose ``loss``, ``accuracy`` and ``steps`` cover
-    the span.
+    client_ctx, first, stop)``: states stacked ``[S, ...]``, ``first`` and
+    ``stop`` traced scalar step indices (one compiled program for all
+    spans); the :class:`RoundContext` start is the span's. Returns a
+    :class:`~fedjax_dd.core.local.LocalResult` ``[S, ...]`` covering the
+    span.
   """
 
   def one_client(params, batch_stats, opt_state, round_index, shared_ctx, x,
@@ -919,8 +849,7 @@ def client_span_stage(local: LocalUpdate,
     return local.run(params, batch_stats, opt_state, x, y, n, num_steps, key,
                      ctx, first_step=first, stop_step=stop)
 
-  # Argument 8 is num_steps, the client's whole count: the bucket order
-  # (and so each chunk's members) is that of one call, whatever the span.
+  # Argument 8 is the whole num_steps: the bucket order of one call.
   mapped = mapper.map(one_client,
                       in_axes=(0, 0, 0, None, None, 0, 0, 0, 0, 0, 0, None,
                                None),

@@ -4,18 +4,15 @@ Two draws, both functions of the round's sampling key only, so a resumed run
 draws the cohorts of an uninterrupted one:
 
 * :class:`FixedCohort`: ``S`` clients uniformly without replacement (the
-  engine's default; FedAvg's ``C·N``, DisUE's "Act" read as a fixed
-  fraction).
+  default; FedAvg's ``C·N``, DisUE's "Act" as a fixed fraction).
 * :class:`BernoulliCohort`: each client joins independently with
   probability ``p``, as FedDyn's and FedFTG's released code draw their
-  active clients (``act_prob``; a round with nobody is drawn again). The
-  cohort's size varies from round to round: each new size compiles the
-  round's programs once, and a size is bounded (``size_bound``) so that
-  stages with a static cohort axis (IGA's teacher stack) can pad to it.
+  active clients (``act_prob``). Each new cohort size compiles the round's
+  programs once; the size is bounded (``size_bound``) so that stages with a
+  static cohort axis (IGA's teacher stack) can pad to it.
 
-A fixed draw stays on the device; a Bernoulli draw is made on the host
-(NumPy, from the key), where the loop needs its size to gather the cohort
-and to charge the ledger.
+A fixed draw stays on the device; a Bernoulli draw is made on the host, where
+the loop needs its size.
 """
 
 from __future__ import annotations
@@ -93,9 +90,8 @@ def binomial_bound(num_clients: int, probability: float,
   if p >= 1.0:
     return n
   log_p, log_q = math.log(p), math.log1p(-p)
-  # Sizes more than 40 sds above the mean carry less than 1e-300 together:
-  # the upper tail is summed from there down, in log space (C(N, k)
-  # overflows a float for large N).
+  # The tail past 40 sds is below 1e-300: sum down from there, in log space
+  # (C(N, k) overflows a float for large N).
   top = min(n, math.ceil(n * p + 40.0 * math.sqrt(n * p * (1 - p)) + 40))
   above = 0.0  # P(X > k) at the top of each iteration.
   for k in range(top, -1, -1):
@@ -110,16 +106,13 @@ def binomial_bound(num_clients: int, probability: float,
 class BernoulliCohort:
   """Each client joins a round independently with probability ``p``.
 
-  FedDyn's and FedFTG's released code draw their active clients this way
-  (``act_prob``), and draw again while nobody is active. Here a draw with
-  no client, or with more than ``max_size``, is drawn again from the next
-  key (``fold_in(key, attempt)``).
+  As FedDyn's and FedFTG's code (``act_prob``); a draw with no client, or
+  with more than ``max_size``, is drawn again from ``fold_in(key, attempt)``.
 
   Attributes:
     probability: ``p`` in ``(0, 1]``.
-    max_size: the largest cohort; ``0`` takes :func:`binomial_bound` of
-      ``N`` and ``p`` (the size exceeded with probability at most
-      :data:`DEFAULT_TAIL`).
+    max_size: the largest cohort; ``0``: :func:`binomial_bound` of ``N``
+      and ``p`` at :data:`DEFAULT_TAIL`.
   """
   probability: float
   max_size: int = 0

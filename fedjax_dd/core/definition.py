@@ -1,23 +1,18 @@
 """What defines a run built from Python objects, as a flat JSON record.
 
-The entry point records a run's defining settings from its config
-(``config.json``, :func:`fedjax_dd.core.workdir.record_fingerprint`). A
-notebook run (:func:`fedjax_dd.fit`) has no config: its algorithm is a pair
+A notebook run (:func:`fedjax_dd.fit`) has no config to fingerprint
+(:func:`fedjax_dd.core.workdir.record_fingerprint`): its algorithm is a pair
 of closures, its data arrays. :func:`describe` turns such objects into the
-values they were built from (the floats, ints and strings their closures,
-dataclasses and named tuples hold, arrays by digest), and :func:`flatten`
-into ``{dotted path: value}``, so that a resume with another learning rate
-is refused naming ``algorithm.apply.train.local.optimizer...`` like a config
+values they were built from (arrays by digest), and :func:`flatten` into
+``{dotted path: value}``, so that a resume with another learning rate is
+refused naming ``algorithm.apply.train.local.optimizer...`` like a config
 key.
 
-Left out: how the client axis is laid out (the ``ClientMapper``, its
-backend, chunks and devices: :data:`HOW_MODULES` keep only the functions
-they map, without their numbers and caches) and the layer-form fields of
-models (:data:`FORM_FIELDS`), which change the rounding of a result, not
-what it computes (:func:`fedjax_dd.core.workdir.record_environment` records
-and warns of them instead); dicts keyed by anything but strings, and empty
-ones (program caches, filled as the run goes); objects of other classes,
-recorded by their class only.
+Left out: the client axis's layout (:data:`HOW_MODULES`) and the models'
+layer forms (:data:`FORM_FIELDS`), which change rounding, not what is
+computed (:func:`fedjax_dd.core.workdir.record_environment` warns of them
+instead); dicts keyed by anything but strings, and empty ones (program
+caches); objects of other classes, recorded by their class only.
 """
 
 from __future__ import annotations
@@ -108,8 +103,7 @@ def _describe(obj: Any, seen: tuple[int, ...], depth: int) -> Any:
     return [walk(v) for v in obj]
   if isinstance(obj, dict):
     if not obj or not all(isinstance(k, str) for k in obj):
-      # Keyed by shapes or arguments (or empty, as a cache starts): a cache
-      # a call fills, not a setting.
+      # A cache a call fills, not a setting.
       return "<cache>"
     return {k: walk(obj[k]) for k in sorted(obj)}
   if type(obj).__module__ in HOW_MODULES:

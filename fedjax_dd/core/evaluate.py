@@ -101,22 +101,20 @@ def make_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
                    ) -> Callable[[PyTree, PyTree], dict[str, Any]]:
   """Returns ``evaluate(params, batch_stats) -> {"accuracy", "loss"}``.
 
-  The split is padded to whole batches once and kept on the device; padded
-  rows carry zero weight.
+  The split is padded to whole batches once (zero weight) and kept on the
+  device.
 
   Args:
     task: the classifier.
     x, y: the split, ``[N, H, W, Ch]`` uint8 and ``[N]`` int labels.
     batch_size: examples per evaluated batch.
     per_class: also return ``"class_accuracy"``, a list of ``C`` accuracies
-      on each true class's examples (``None`` for a class with none). In
-      strongly non-IID runs a round can swap whole classes at a steady mean
-      accuracy; this shows it.
+      on each true class's examples (``None`` for a class with none); shows
+      non-IID rounds that swap whole classes at a steady mean.
 
   Raises:
-    ValueError: ``x`` not uint8 images of ``task.input_shape``, ``y`` not
-      ``[N]`` class indices in ``[0, task.num_classes)``, or a different
-      ``N``.
+    ValueError: ``x`` not uint8 images of ``task.input_shape``, or ``y``
+      not ``x``'s ``[N]`` class indices in ``[0, task.num_classes)``.
   """
   validate.split(x, y, num_classes=task.num_classes,
                  input_shape=task.input_shape)
@@ -140,22 +138,17 @@ def make_run_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
                        ) -> Callable[[PyTree, PyTree], list[dict[str, Any]]]:
   """Evaluates R runs' global models ``[R, ...]`` on one split in one program.
 
-  The run axis' evaluation (:func:`fedjax_dd.fit_runs`): the evaluation of
-  :func:`make_evaluator`, ``jax.vmap``-ed over the leading run axis of the
-  parameters, so the R models are scored by one compiled program rather
-  than R calls.
+  :func:`make_evaluator` vmapped over the run axis (:func:`fedjax_dd.fit_runs`).
 
   Args:
     task: the classifier.
     x, y: the split, ``[N, H, W, Ch]`` uint8 and ``[N]`` int labels.
     batch_size: examples per evaluated batch.
-    per_class: also return each run's ``"class_accuracy"``, as
-      :func:`make_evaluator`.
+    per_class: as :func:`make_evaluator`'s.
 
   Returns:
-    ``evaluate(params [R, ...], batch_stats [R, ...]) -> [R dicts]``, run
-    ``i``'s as :func:`make_evaluator`'s ``evaluate`` of run ``i``'s model
-    gives it (up to the rounding of the batched program).
+    ``evaluate(params [R, ...], batch_stats [R, ...]) -> [R dicts]``, as
+    :func:`make_evaluator` gives them (up to the batched rounding).
 
   Raises:
     ValueError: as :func:`make_evaluator`.

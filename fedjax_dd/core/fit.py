@@ -1,12 +1,10 @@
 """Train any :class:`FederatedAlgorithm` for R rounds from a notebook.
 
-The same loop the ``fedjax-dd`` entry point runs (:func:`fedjax_dd.core.rounds.resume_and_run`):
-with a ``workdir`` every round is checkpointed with Orbax and logged to
-``metrics.jsonl``, and calling :func:`fit` again on the same directory
-resumes where the last call stopped, bit-identically. As with the entry
-point, the directory records what defines the run (``config.json``:
-:func:`run_definition`) and refuses a call that would continue it with
-another algorithm, data, cohort or seed, and one call at a time holds it
+The entry point's loop (:func:`fedjax_dd.core.rounds.resume_and_run`): with a
+``workdir`` every round is checkpointed and logged to ``metrics.jsonl``, and
+calling :func:`fit` again on it resumes bit-identically. The directory
+records what defines the run (:func:`run_definition`), refusing another
+algorithm, data, cohort or seed, and is held by one call at a time
 (:class:`fedjax_dd.core.workdir.WorkdirLock`)::
 
   import optax, fedjax_dd
@@ -93,15 +91,13 @@ def run_definition(algorithm: FederatedAlgorithm, prepared: Prepared,
                    run_key: jax.Array | None = None) -> dict[str, Any]:
   """What defines a :func:`fit` run, as ``{name: JSON value}``.
 
-  The algorithm and the task as
-  :func:`fedjax_dd.core.definition.describe` gives them (the hyperparameters their closures hold: learning rates,
-  ``mu``, batch size, ...), digests of the clients' data (images, labels and
-  counts, which fix the partition), of the step counts and of the test
-  split, the cohort draw, the seed and any initial model or rounds' key.
-  Settings a resume may change (``rounds``, ``eval_every``, checkpointing,
-  the time budget, ``progress``, ``class_accuracy``) and the layer forms
-  (recorded by :func:`fedjax_dd.core.workdir.record_environment`) are not in
-  it.
+  The algorithm and the task as :func:`fedjax_dd.core.definition.describe`
+  gives them (the hyperparameters their closures hold), digests of the
+  clients' data, the step counts and the test split, the cohort draw, the
+  seed and any initial model or rounds' key. Settings a resume may change
+  (``rounds``, ``eval_every``, checkpointing, the budget, ``progress``,
+  ``class_accuracy``) and the layer forms
+  (:func:`fedjax_dd.core.workdir.record_environment`) are not in it.
   """
   digest = definition_lib.array_digest
   record: dict[str, Any] = {
@@ -144,7 +140,7 @@ def _check_step_counts(num_steps: Any) -> None:
 def _check_max_steps(record: dict[str, Any], num_steps: jax.Array) -> None:
   """Refuses step counts above the local update's static ``max_steps``, as
   :func:`run_definition` read it from the algorithm (the local loop would
-  clip them: 6 steps run where 43 were asked)."""
+  silently clip them)."""
   bounds = [v for k, v in record.items()
             if k.endswith(".max_steps") and isinstance(v, int)
             and not isinstance(v, bool)]
@@ -193,13 +189,11 @@ def fit(algorithm: FederatedAlgorithm,
     rounds: total rounds; a resumed run continues to this.
     clients_per_round: sampled clients per round, in ``[1, N]``, or a
       cohort sampler (:class:`fedjax_dd.core.cohorts.BernoulliCohort`).
-    workdir: where checkpoints and ``metrics.jsonl`` go; a second call with
-      the same directory resumes from its last checkpoint, if it defines
-      the same run (:func:`run_definition`). None: a temporary directory,
-      removed on return.
-    seed: the model seed: initial model and the rounds' key
-      (:func:`fedjax_dd.core.keys.init_and_run`), as the entry point's
-      ``--config.seed``.
+    workdir: where checkpoints and ``metrics.jsonl`` go; a second call
+      resumes the same run (:func:`run_definition`). None: a temporary
+      directory, removed on return.
+    seed: the model seed (:func:`fedjax_dd.core.keys.init_and_run`), as the
+      entry point's ``--config.seed``.
     eval_every, checkpoint_every, keep_checkpoints, max_seconds, progress:
       as :class:`fedjax_dd.core.rounds.RoundsOptions` (``max_seconds`` 0:
       no budget).
@@ -211,17 +205,13 @@ def fit(algorithm: FederatedAlgorithm,
     stop_on_nonfinite, initial_model_as_seed: as
       :class:`fedjax_dd.core.rounds.RoundsOptions`.
     tensorboard: also write the metrics as TensorBoard scalars.
-    wall: the run's wall clock (default: started now); each checkpoint
-      records its total.
+    wall: the run's wall clock (default: started now).
     personal: personalized evaluation on the same rounds
-      (:func:`fedjax_dd.core.personal.personal_evaluation`): each client
-      scored with the model it deploys on its own test data; the rows add
-      ``personal_accuracy`` and its spread over clients.
+      (:func:`fedjax_dd.core.personal.personal_evaluation`).
     definition: what defines the run, ``{name: JSON value}``, recorded in
       the workdir's ``config.json`` and compared on a resume
       (:func:`fedjax_dd.core.workdir.record_fingerprint`); default
-      :func:`run_definition`. The entry point passes its config's
-      fingerprint, which it recorded already.
+      :func:`run_definition`.
 
   Returns:
     :class:`fedjax_dd.core.rounds.TrainResult`: the final state, the ledger
@@ -253,17 +243,13 @@ def fit(algorithm: FederatedAlgorithm,
   with contextlib.ExitStack() as stack:
     if workdir is None:
       workdir = stack.enter_context(tempfile.TemporaryDirectory())
-    # One writer per workdir, as the entry point: two calls on one
-    # directory would write every row twice. (The processes of a multi-host
-    # run share one directory; the entry point does not lock them either.)
+    # One writer per workdir (the processes of a multi-host run share one).
     if jax.process_count() == 1:
       stack.enter_context(workdir_lib.WorkdirLock(workdir, flag="workdir="))
     wall = wall or loop_lib.WallClock(start=time.time())
     task = prepared.task
-    # The clients' labels against the task's classes and their images
-    # against its input, once: an out-of-range label otherwise surfaces as
-    # a non-finite loss blamed on the learning rate.
-    # Grouped layouts (FedSeq's [G, M, N_max, ...]) lead with more axes.
+    # An out-of-range label would surface as a non-finite loss. Grouped
+    # layouts (FedSeq's [G, M, N_max, ...]) lead with more axes.
     lead = max(1, np.ndim(data.num_examples))
     validate.image_shape("data.x", data.x, task.input_shape,
                          leading=lead + 1)
@@ -280,10 +266,8 @@ def fit(algorithm: FederatedAlgorithm,
     state = initial_state(algorithm, task, n, seed=seed,
                           initial_model=initial_model, run_key=run_key)
     work = workdir_lib.Workdir(workdir, tensorboard=tensorboard)
-    # Another run in this directory: refused, naming what differs.
     workdir_lib.record_fingerprint(work.directory, definition,
                                    flag="workdir=")
-    # A resume on other devices, jax or layer forms: warned, not refused.
     workdir_lib.record_environment(
         work.directory, forms=definition_lib.forms_of(task.module))
     options = rounds_lib.RoundsOptions(

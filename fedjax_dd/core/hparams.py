@@ -1,11 +1,9 @@
 """Hyper-parameter dataclasses built from a config section in one call.
 
-:func:`from_section` builds a dataclass from a mapping: every field is read
-from the key of its name, except those the caller derives (``given``), and
-every key of the section is a field or one the caller names as read
-elsewhere (``other_keys``). A key without a field or a field without a key
-raises, so a setting added on one side only fails at once. The library
-names no config key; the experiments' glue knows each group's layout.
+:func:`from_section` reads every field from the key of its name; a key
+without a field or a field without a key raises, so a setting added on one
+side only fails at once. The library names no config key; the experiments'
+glue knows each group's layout.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ def from_section(cls: type[T], section: Mapping[str, Any], *,
     section: a config section (a ``ConfigDict`` or a mapping), one key per
       field.
     other_keys: keys of ``section`` that are not fields (read by the caller).
-    **given: fields derived by the caller instead of
-      read under their own name.
+    **given: fields derived by the caller instead of read.
 
   Raises:
     KeyError: naming a key of ``section`` that is neither a field nor in

@@ -1,11 +1,9 @@
 """Named random-key derivations: every stream of a run comes from two seeds.
 
-A run has two roots, kept apart so that the same partition can be trained
-under several model seeds (and the reverse):
-
-* the **model seed** ``seed`` gives the JAX root key :func:`model_root`;
-* the **partition seed** ``data_seed`` gives every NumPy stream of the data
-  side (the partition, the 80/20 re-split, public and auxiliary sets).
+Two roots, kept apart so that one partition can be trained under several
+model seeds: the **model seed** ``seed`` gives the JAX root key
+:func:`model_root`; the **partition seed** ``data_seed`` every NumPy stream of
+the data side (the partition, the 80/20 re-split, public and auxiliary sets).
 
 JAX streams, all derived by ``fold_in`` / ``split`` from the model root::
 
@@ -19,14 +17,11 @@ JAX streams, all derived by ``fold_in`` / ``split`` from the model root::
                                                             └─ finetune_key(round_key)
     stage_key(model_root, Stage.X) ........ a one-off stage (pre-training, KIP)
 
-NumPy streams are ``np.random.Generator`` objects from
-:func:`numpy_stream` (``default_rng([seed, stream])``), one number per use,
-listed in :class:`Stream`. Nothing here touches NumPy's or Python's global
-random state.
+NumPy streams come from :func:`numpy_stream`, one number per use
+(:class:`Stream`); no global random state is touched.
 
-The derivations are the ones the engine has always used (they are named
-here, not changed), so results of earlier runs are reproduced; the changes
-made when they were gathered are listed in ``docs/architecture.md``.
+The derivations are fixed, so that earlier runs' results reproduce (see
+``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -120,8 +115,7 @@ def sample_and_train(round_key_: jax.Array) -> tuple[jax.Array, jax.Array]:
 def client_keys(train_key: jax.Array, client_ids: jax.Array) -> jax.Array:
   """``[S]`` keys, one per client, from its id (not its cohort position).
 
-  Deriving from the id keeps a client's randomness the same whatever the
-  cohort composition or the client-axis backend.
+  So a client's randomness does not depend on the cohort or the backend.
   """
   return jax.vmap(lambda i: jax.random.fold_in(train_key, i))(
       jnp.asarray(client_ids))

@@ -1,47 +1,32 @@
 """Communication ledger: what is actually sent between server and clients.
 
-Every message is recorded by the size of what it carries, under the
-conventions below, which follow FedD3 and HFLDD:
+Every message is recorded by its size, under FedD3's and HFLDD's conventions:
 
 * model parameters count :data:`BITS_PER_PARAM` (32) bits each;
-* images sent as data count :data:`BITS_PER_PIXEL_CHANNEL` (8) bits per pixel
-  channel, i.e. after uint8 quantisation;
+* images sent as data count :data:`BITS_PER_PIXEL_CHANNEL` (8, uint8) bits
+  per pixel channel;
 * soft labels count :data:`BITS_PER_SOFT_LABEL` (32) bits each;
 * hard labels (class indices) count :data:`BITS_PER_HARD_LABEL` (8) bits each.
 
 Every size function here and in the algorithm modules (FedD3's upload,
 HFLDD's Eq. 18, FedSeq's Eq. 19) takes these widths as keyword arguments,
-defaulting to the constants, so a run can override them per call.
-:func:`bits_to_bytes` is the one bits-to-bytes conversion.
+defaulting to the constants.
 
-Three kinds of traffic are recorded:
+Traffic kinds: ``"upload"`` (client -> server), ``"download"`` (server ->
+client) and ``"peer"`` (client -> client, e.g. HFLDD members -> cluster
+heads). Peer traffic counts as uploaded by its sender and is also reported
+alone as ``bytes_peer``; every message is counted once, so
+``bytes_total == bytes_uploaded + bytes_downloaded``.
 
-* ``"upload"``: client -> server;
-* ``"download"``: server -> client;
-* ``"peer"``: client -> client (e.g. HFLDD members -> cluster heads).
-
-Peer traffic is counted as uploaded by its sender: it is included in
-``bytes_uploaded`` and ``bytes_total`` and is also reported on its own as
-``bytes_peer``. Every message is counted once, so
-``bytes_total == bytes_uploaded + bytes_downloaded`` and
-``bytes_peer <= bytes_uploaded``.
-
-:class:`Ledger` is an immutable host-side value; it round-trips through
-:meth:`Ledger.to_dict` / :meth:`Ledger.from_dict` (plain JSON types) so it can be
-stored as checkpoint metadata.
+:class:`Ledger` is an immutable host-side value that round-trips through
+plain JSON (:meth:`Ledger.to_dict`, :meth:`Ledger.from_dict`) as checkpoint
+metadata.
 
 The module also holds the closed-form FedAvg/SCAFFOLD exchange sizes
 (:func:`fedavg_round_bits`, HFLDD Eq. 3), FedD3's gamma communication
-efficiency (:func:`gce`, :func:`gce_table`) and :func:`traffic_to_target`,
-which reads the bytes needed to reach a target accuracy off any run's
-``metrics.jsonl`` rows.
-
-FedD3's GCE (Eq. 6) charges ``V_t``, the bits of ONE client's message in
-round ``t`` (Table 2: ``log2(12,544 + 1)`` for two 28x28 uint8 images, and
-``log2(|w|·32 + 1)`` per round for a model upload, Tab. 1), not the traffic
-of the whole cohort. :meth:`Ledger.message_bits` reads that per-client size
-off the ledger, which records every exchange as ``count`` messages of one
-client's size (the rounds loop included).
+efficiency (:func:`gce`, :func:`gce_summary`, Eq. 6, charged per client
+message: :meth:`Ledger.message_bits`) and :func:`traffic_to_target`, the
+bytes a run's ``metrics.jsonl`` rows need to reach a target accuracy.
 
 References:
   FedD3: Song et al., "Federated Learning via Decentralized Dataset
@@ -137,9 +122,8 @@ def bits_to_bytes(bits: int) -> int | float:
 def num_params(tree: Any) -> int:
   """Number of scalar entries in a pytree of arrays (``|w|``).
 
-  Leaves are jax/numpy arrays or ``jax.ShapeDtypeStruct`` (only shapes are
-  read, so abstract trees from ``jax.eval_shape`` work); ``None`` subtrees
-  are empty. This is the library's one parameter counter.
+  Leaves are arrays or ``jax.ShapeDtypeStruct`` (only shapes are read);
+  ``None`` subtrees are empty.
 
   Raises:
     ValueError: if a leaf has no shape (e.g. a Python number).
@@ -223,9 +207,8 @@ class Ledger:
       ledger.cumulative()["bytes_total"]
 
   Totals are reported with the keys ``bits_uploaded``, ``bits_downloaded``,
-  ``bits_peer``, ``bits_total`` (ints) and the same with ``bytes_`` (int when
-  the bit count is a multiple of 8, float otherwise). Peer traffic is part of
-  ``*_uploaded`` and ``*_total`` and is also reported alone as ``*_peer``.
+  ``bits_peer``, ``bits_total`` (ints) and the same with ``bytes_``
+  (:func:`bits_to_bytes`); peer traffic counts as in the module docstring.
 
   Attributes:
     entries: the recorded exchanges in recording order.
@@ -363,19 +346,14 @@ class Ledger:
   ) -> float:
     """Bits one client sends in ``round``: FedD3's ``V_t`` (Eq. 6).
 
-    Each ``(kind, tag)`` group of the round is one message per sender (e.g.
-    a SCAFFOLD client sends a ``"model"`` and a ``"control_variate"``
-    message); the group contributes the mean size of its messages
-    (``total bits / count``) or the largest (``reduce="max"``), and the
-    groups add up. With equal messages (the paper's setting) both give the
-    one message size. Zero-bit messages count as nothing sent.
+    Each ``(kind, tag)`` group of the round (e.g. SCAFFOLD's ``"model"``
+    and ``"control_variate"``) adds the mean size of its messages, or the
+    largest (``reduce="max"``); zero-bit messages count as nothing sent.
 
     Args:
       round: the round.
-      kinds: traffic that counts. The default is what a client sends
-        (uploads, and peer messages it sends); FedD3 counts uploads only
-        (Sec. 4.2: "we consider the communication volume only for
-        uploading").
+      kinds: traffic that counts; by default what a client sends (uploads
+        and peer messages; FedD3 Sec. 4.2 counts uploads only).
       reduce: ``"mean"`` or ``"max"`` over a group's messages.
 
     Returns:
@@ -406,9 +384,8 @@ class Ledger:
   ) -> list[tuple[int, float]]:
     """``[(round, V_t)]`` of :meth:`message_bits` for rounds with traffic.
 
-    Rounds where no client sends anything (``V_t = 0``, e.g. a one-shot
-    method's server epochs) are left out; they add ``log2(0 + 1) = 0`` to
-    the GCE denominator anyway.
+    Rounds where no client sends anything are left out: ``V_t = 0`` adds
+    nothing to the GCE denominator.
     """
     out = []
     for r in self.rounds:
@@ -483,25 +460,21 @@ def fedavg_round_bits(
 ) -> tuple[int, int]:
   """Download and upload bits of one FedAvg-style round.
 
-  Each of the ``num_sampled`` clients receives the global model and sends
-  back its update. Summed over ``T`` rounds with all ``N`` clients sampled this
-  gives HFLDD Eq. 3: ``N (2T - 1) |w| B1`` bits with
-  ``initial_model_as_seed=True`` and ``N 2T |w| B1`` with ``False``.
+  Summed over ``T`` rounds with all ``N`` clients sampled this gives HFLDD
+  Eq. 3: ``N (2T - 1) |w| B1`` bits (``N 2T |w| B1`` without
+  ``initial_model_as_seed``).
 
   Args:
     num_params: ``|w|``, scalar parameters per model.
     num_sampled: clients taking part in the round.
     round_index: 1-based round number.
     bits_per_param: ``B1``, bits per parameter.
-    initial_model_as_seed: if True, the round-1 model is not transmitted:
-      clients rebuild it from a shared seed, so round 1 has no download.
-      If False, every round including the first downloads the model.
+    initial_model_as_seed: round 1 has no download (clients rebuild the
+      model from a shared seed).
     upload_multiplier: model-sized payloads each client uploads (SCAFFOLD: 2,
       model delta and control-variate delta).
-    download_multiplier: model-sized payloads each client downloads after
-      round 1 (SCAFFOLD as published also broadcasts the server control
-      variate, i.e. 2; HFLDD Eq. 3 uses 1). With ``initial_model_as_seed``
-      round 1 downloads nothing whatever this value.
+    download_multiplier: model-sized payloads each client downloads (SCAFFOLD
+      as published: 2, with the server control variate; HFLDD Eq. 3: 1).
 
   Returns:
     ``(down_bits, up_bits)``, totals over all sampled clients.
@@ -532,15 +505,11 @@ def fedavg_round_bits(
 def gce(accuracy: float, bits_per_round: Sequence[int], gamma: float) -> float:
   """FedD3's gamma communication efficiency (Song et al., Eq. 6).
 
-  ``GCE = ACC / ((1 - ACC)^gamma * sum_t log2(V_t + 1))``. In the paper
-  (Table 2) ``V_t`` is the bits of one client's message in round ``t``
-  (:meth:`Ledger.message_bits`): FedD3 on non-IID MNIST sends 2 images of
-  784 uint8 pixels, ``V_1 = 12,544``, so 94.74 % gives
-  ``0.9474 / (0.0526^0.01 · log2(12,545)) = 7.17 %``; a multi-shot method
-  adds ``log2(|w|·32 + 1)`` for every round. Passing the cohort's total per
-  round (``ledger.round_totals(t)["bits_total"]``) gives the cohort
-  variant. Higher is better; ``gamma`` sets how strongly accuracy is
-  rewarded against traffic.
+  ``GCE = ACC / ((1 - ACC)^gamma * sum_t log2(V_t + 1))``, where ``V_t`` is
+  the bits of one client's message in round ``t`` (Table 2,
+  :meth:`Ledger.message_bits`; e.g. FedD3's two 28x28 uint8 MNIST images,
+  ``V_1 = 12,544``). The cohort's total per round gives the cohort variant.
+  Higher is better; ``gamma`` sets how strongly accuracy is rewarded.
 
   Args:
     accuracy: final accuracy in ``[0, 1)``.
@@ -592,23 +561,15 @@ def gce_summary(ledger: Ledger, *, final_accuracy: float | None,
                 ) -> dict[str, Any]:
   """FedD3's GCE (Eq. 6) of a run, from its in-memory ledger.
 
-  ``gce`` is the paper's Table 2 definition: ``V_t`` is the bits ONE client
-  uploads in round ``t`` (:meth:`Ledger.message_bits`
-  over uploads and peer messages, downloads excluded as in FedD3 Sec. 4.2):
-  a model upload per round for the FedAvg family, the distilled upload once
-  for FedD3. When clients' messages differ in size (e.g. a client holding
-  fewer classes sends fewer distilled images) the mean message is taken, so
-  that ``V_t`` times the senders is the round's upload; the paper's clients
-  all send the same size, where mean and max agree.
+  ``V_t`` is as in Table 2: the bits ONE client sends in round ``t``
+  (:meth:`Ledger.message_bits`, the mean message where sizes differ).
 
   Returns:
     ``{"gce", "gce_best", "gce_cohort", "gce_message_bits"}``: ``gce`` with
-    the final accuracy; ``gce_best`` with the best accuracy over the same
-    rounds (Table 2's multi-shot footnote: the best result of the first 18 /
-    6 rounds, charged for all of them); ``gce_cohort`` with ``V_t`` = all
-    traffic of round ``t`` (every client, uploads and downloads);
-    ``gce_message_bits`` the ``[[round, V_t]]`` used by ``gce``. Values are
-    ``None`` where Eq. 6 is undefined (see :func:`gce_table`).
+    the final accuracy; ``gce_best`` with the best one (Table 2's
+    multi-shot footnote); ``gce_cohort`` with ``V_t`` = all traffic of
+    round ``t``; ``gce_message_bits`` the ``[[round, V_t]]`` used. Values
+    are ``None`` where Eq. 6 is undefined (:func:`gce_table`).
   """
   volumes = ledger.message_bits_per_round(kinds=("upload", "peer"))
   v = [bits for _, bits in volumes]
@@ -631,9 +592,8 @@ def traffic_to_target(
 ) -> dict[str, Any] | None:
   """Round and cumulative traffic at which a run first reaches an accuracy.
 
-  Rows are scanned in the given order (the order of ``metrics.jsonl``); rows
-  without ``accuracy_key`` or with a ``None``/NaN accuracy (rounds that were
-  not evaluated) are skipped.
+  Rows are scanned in order; rows without an accuracy (``None``/NaN, not
+  evaluated) are skipped.
 
   Args:
     metrics: metric rows, e.g. from :func:`load_metrics`.
@@ -672,9 +632,8 @@ def traffic_to_target(
 def load_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
   """Reads a JSONL metrics file into a list of dicts.
 
-  Blank lines are ignored. A malformed final line that lacks its trailing
-  newline is the mark of a write cut short (the run was killed); it is skipped
-  with a warning. Any other malformed line is an error.
+  Blank lines are ignored. A malformed final line without its newline (a
+  write cut short) is skipped with a warning; any other is an error.
 
   Args:
     path: path of the ``.jsonl`` file.

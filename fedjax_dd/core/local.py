@@ -1,41 +1,29 @@
 """Local update for ONE client: a ``lax.scan`` of SGD-family steps.
 
-The client axis is added elsewhere (``fedjax_dd.core.clients``). Here a client
-owns padded data ``x [N_max, H, W, Ch]``, ``y [N_max]`` with ``num_examples``
-valid rows, and makes ``num_steps <= max_steps`` steps, so clients with
-different amounts of data get their own number of steps per epoch inside one
-program and never train on padding (batches are drawn modulo
-``num_examples``).
+The client axis is added by ``fedjax_dd.core.clients``. A client owns padded
+data ``x [N_max, H, W, Ch]``, ``y [N_max]`` with ``num_examples`` valid rows
+and makes its own ``num_steps <= max_steps`` steps, never training on
+padding (batches are drawn modulo ``num_examples``).
 
 The steps run in a ``lax.while_loop`` that stops after the client's own
-``num_steps`` (``skip_padding=True``, the default). Run unbatched (a chunk of
-one client) it computes exactly the client's steps; under ``vmap`` JAX runs the
-loop until the chunk's largest count and masks the finished clients, so a
-chunk costs its own maximum, not the cohort's (``clients.client_stage`` sorts
-the cohort by step count so that chunks hold similar counts).
-``skip_padding=False`` is the former form: a ``lax.scan`` of ``max_steps``
-iterations whose steps past ``num_steps`` are computed and masked. Both give
-the same bits (``tests/core/test_local.py``).
+``num_steps`` (``skip_padding=True``, the default); under ``vmap`` it runs to
+the chunk's largest count and masks finished clients, so a chunk costs its own
+maximum (``clients.client_stage`` buckets clients by step count).
+``skip_padding=False`` is a ``lax.scan`` of ``max_steps`` masked steps; both
+give the same bits.
 
-What every algorithm's clients share (the task, optimizer, batch size, step
-bound, augmentation, the learning-rate schedule over rounds and the client
-mapper) is one value, :class:`LocalTraining`, built once (from a config by
-``fedjax_dd.experiments.common.local_training``) and handed whole to every
-algorithm factory and from there to :func:`make_local_update`.
-
-The engine owns the round: every local update receives a typed
-:class:`RoundContext` (the round's index, the model the client starts from,
-and the algorithm's own broadcast and per-client values), and the update
-scales the optimizer's steps by ``training.schedule(ctx.round)`` itself. No
-algorithm counts rounds or packs the factor into its context.
+What every algorithm's clients share is one value, :class:`LocalTraining`,
+handed whole to every algorithm factory and from there to
+:func:`make_local_update`. Every local update receives a
+:class:`RoundContext` and scales its steps by
+``training.schedule(ctx.round)`` itself: no algorithm counts rounds.
 
 Algorithms customise the update through pure hooks of the context:
 
 * ``regularizer(params, ctx) -> scalar`` added to the loss (FedProx);
 * ``grad_correction(grads, ctx) -> grads`` (SCAFFOLD's control variates);
 * ``loss(params, batch_stats, xb, yb, ctx) -> (loss, (new_stats, accuracy))``
-  in place of the task's cross-entropy, for a loss that needs the batch
-  beyond the logits (MOON's model-contrastive term on the projection).
+  in place of the task's cross-entropy (MOON's model-contrastive term).
 """
 
 from __future__ import annotations
@@ -62,9 +50,8 @@ _log = logging.getLogger(__name__)
 # (batch_size, N_max) pairs whose capped batch was already logged.
 _capped_logged: set[tuple[int, int]] = set()
 
-# The augmentation key of a step is folded off its batch key at this index;
-# the batch key itself is unchanged, so runs without augmentation keep their
-# batches.
+# The augmentation key is folded off the batch key at this index, leaving the
+# batch key (and a run without augmentation's batches) unchanged.
 _AUGMENT_STREAM = 1
 
 
@@ -98,11 +85,9 @@ class LocalUpdate(NamedTuple):
 def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
   """``params + updates``, written as ``params − (−updates)``.
 
-  Same values as ``optax.apply_updates``. XLA:CPU's classic runtime (jax
-  0.5.x) rewrites ``p + (−lr · conv_weight_grad)`` into a oneDNN
-  convolution with a fused sum that runs much slower than the plain
-  convolution; the subtraction form keeps the fast convolution
-  (experiments/perf_notes.md, "Measurements moved from docstrings").
+  Same values as ``optax.apply_updates``; the subtraction keeps XLA:CPU's
+  classic runtime from fusing the sum into a slower oneDNN convolution
+  (see experiments/perf_notes.md).
   """
   return jax.tree_util.tree_map(
       lambda p, u: (p - (-u)).astype(p.dtype), params, updates)
@@ -112,45 +97,33 @@ def apply_updates(params: PyTree, updates: PyTree) -> PyTree:
 class LocalTraining:
   """How every client of an algorithm trains locally, as one value.
 
-  Built once (a notebook by hand, the entry point from the config's
-  ``client`` and ``engine`` groups) and handed whole to an algorithm
-  factory, which passes it on to :func:`make_local_update` with only its
-  own hooks (a regulariser, a gradient correction, a loss). Frozen, and
-  hashable when its callables are; :func:`dataclasses.replace` gives a
-  variant.
+  Handed to an algorithm factory, which passes it to
+  :func:`make_local_update` with its own hooks. Frozen, and hashable when
+  its callables are.
 
   Attributes:
     task: the classifier every client trains.
     optimizer: the local optax optimizer, fresh per client (the entry
       point's: clip -> weight decay -> SGD / Adam(W), ``client.*``).
-    batch_size: examples per step ``B``. A batch never holds more draws
-      than the largest client has examples (``N_max``, the padded length):
-      with ``B > N_max`` each step draws ``N_max`` (one log line), since
-      every draw past the data repeats an example at the cost of a larger
-      program (``B / N_max`` times the work). Below ``N_max`` nothing
-      changes.
-    max_steps: the largest step count a client may be given (the cohort's
-      largest); ``num_steps`` is clipped to it (:func:`fedjax_dd.fit`
-      refuses larger counts).
+    batch_size: examples per step ``B``, capped to the padded length
+      ``N_max`` (:func:`effective_batch_size`): draws past the data would
+      only repeat examples at a larger program's cost.
+    max_steps: the largest step count a client may be given; ``num_steps``
+      is clipped to it (:func:`fedjax_dd.fit` refuses larger counts).
     mapper: how the cohort's clients are laid out on the devices
-      (:class:`~fedjax_dd.core.clients.ClientMapper`): the layout, not
-      what each client computes.
+      (:class:`~fedjax_dd.core.clients.ClientMapper`).
     augment: optional ``(key, xb [B, H, W, Ch] uint8) -> xb`` applied to
       each sampled batch before the loss (:func:`flip_and_crop`). Its key is
-      folded off the batch key, so the batches (and every result without
-      augmentation) are those of a run without it.
-    schedule: an optax schedule of the round: the round of 0-based index
-      ``i`` (:attr:`RoundContext.round`) trains at the optimizer's learning
-      rate times ``schedule(i)``, the factor multiplying its updates (exact
-      for SGD with or without momentum and weight decay, and Adam(W)).
-      :func:`round_decay` ``(gamma)`` is FedFTG's ``lr *
+      folded off the batch key, so the batches are those of a run without it.
+    schedule: an optax schedule of the 0-based round ``i``
+      (:attr:`RoundContext.round`): the optimizer's updates are multiplied
+      by ``schedule(i)`` (exact for SGD, momentum, weight decay and
+      Adam(W)). :func:`round_decay` is FedFTG's ``lr *
       lr_decay_per_round**i`` (DisUE Sec. 5.1: 0.998). ``None`` (default):
-      a constant rate, and states and results are exactly those without a
-      schedule.
+      a constant rate.
     unroll: ``lax.scan`` unroll factor (``skip_padding=False`` only).
-    skip_padding: stop each client's loop after its own ``num_steps``
-      (``lax.while_loop``) instead of computing and masking ``max_steps``
-      steps (``lax.scan``); the results are the same.
+    skip_padding: a ``lax.while_loop`` to each client's own ``num_steps``
+      instead of a masked ``lax.scan`` of ``max_steps``; same results.
 
   Raises:
     fedjax_dd.core.checks.SettingError: ``optimizer`` not an optax
@@ -189,7 +162,7 @@ class RoundDecay:
   the client rate, ``lr * lr_decay_per_round**i`` (DisUE Sec. 5.1).
 
   A frozen value rather than a closure, so that two :class:`LocalTraining`
-  of one config are equal (a cache key) and print their setting.
+  of one config are equal (a cache key).
 
   Attributes:
     gamma: the per-round factor, a finite number > 0.
@@ -225,11 +198,9 @@ def make_local_update(
   """Builds ``run(params, batch_stats, opt_state, x, y, n, num_steps, key, ctx)``.
 
   Args:
-    training: the clients' local training (:class:`LocalTraining`). With a
-      ``schedule``, the optimizer's updates are multiplied by
-      ``training.schedule(ctx.round)``.
+    training: the clients' local training (:class:`LocalTraining`).
     regularizer: optional ``(params, ctx) -> scalar`` added to the loss;
-      ``ctx`` is the client's :class:`RoundContext`, as for the hooks below.
+      ``ctx`` is the client's :class:`RoundContext`.
     grad_correction: optional ``(grads, ctx) -> grads``.
     loss: optional ``(params, batch_stats, xb, yb, ctx) -> (loss,
       (new_batch_stats, accuracy))`` replacing ``task.loss`` (in training
@@ -241,13 +212,11 @@ def make_local_update(
     ``y [N_max]``, ``n`` (valid examples), ``num_steps`` (active steps,
     ``<= max_steps``), ``key`` and ``ctx`` (a :class:`RoundContext`), and
     returns a :class:`LocalResult`.
-    Optional ``first_step`` and ``stop_step`` (ints or traced scalars) make
-    it run only the steps ``[first_step, min(num_steps, stop_step))`` from
-    the given state: spans run one after another, each from the last one's
-    ``params``, ``batch_stats`` and ``opt_state``, compute the steps of one
-    call (step ``t`` draws its batch from ``fold_in(key, t)``), so a long
-    local training can be checkpointed between spans. ``loss``, ``accuracy``
-    and ``steps`` then cover the span.
+    Optional ``first_step`` and ``stop_step`` (ints or traced scalars) run
+    only the steps ``[first_step, min(num_steps, stop_step))``; consecutive
+    spans compute the steps of one call
+    (:func:`fedjax_dd.core.clients.client_span_stage`). ``loss``,
+    ``accuracy`` and ``steps`` then cover the span.
   """
   task, optimizer = training.task, training.optimizer
   schedule = training.schedule
@@ -301,16 +270,13 @@ def make_local_update(
     zero = jnp.zeros((), jnp.float32)
     init = (params, batch_stats, opt_state, zero, zero)
     first = jnp.asarray(first_step, jnp.int32)
-    # Steps [first_step, limit): a span of the client's own count, so that
-    # spans run one after another give the steps of one call (each step's
-    # batch key is folded from its global index t).
+    # Steps [first_step, limit); batch keys fold the global index t, so
+    # consecutive spans give the steps of one call.
     limit = jnp.minimum(num_steps, max_steps)
     if stop_step is not None:
       limit = jnp.minimum(limit, stop_step)
     if skip_padding:
-      # The same step body as the scan below (its mask is then always on,
-      # except for clients a vmap carries past their own count), so both
-      # forms compute the same values.
+      # The scan's step body, so both forms compute the same values.
 
       def body(loop_carry):
         t, carry = loop_carry
@@ -357,8 +323,7 @@ def steps_for(num_examples: jax.Array, batch_size: int, *,
   """
   if (epochs is None) == (steps is None):
     raise ValueError("Give exactly one of `epochs` and `steps`.")
-  # A zero, fractional or negative batch gives step counts that look
-  # plausible ([2 2 2 2] at batch_size=0) or negative: refused here.
+  # A bad batch gives plausible-looking or negative step counts: refused.
   batch_size = checks.check_int("batch_size", batch_size, 1)
   if epochs is not None:
     epochs = checks.check_number("epochs", epochs, 0.0, low_open=True)
@@ -376,17 +341,12 @@ def flip_and_crop(pad: int = 4, *, flip_prob: float = 0.5,
                   ) -> Callable[[jax.Array, jax.Array], jax.Array]:
   """Random horizontal flip and zero-padded random crop, per example.
 
-  The CIFAR augmentation of FedFTG's client training (``utils/util_dataset.py``
-  ``Dataset.__getitem__``, followed by DisUE Sec. 5.1): each image is
-  flipped left-right with probability ``flip_prob`` and, with probability
-  ``crop_prob`` (FedFTG: 0.5; torchvision's ``RandomCrop(padding=4)``: 1),
-  zero-padded by ``pad`` on each side and cropped back to ``H x W`` at a
-  uniform offset in ``[0, 2 * pad]``. FedFTG pads with zeros after
-  normalisation (the mean colour); here the padding is a zero pixel of the
-  raw image (black), before normalisation.
-
-  Flips are wrong for digits and text (a mirrored 2 or 7 is not a digit):
-  the presets decide whether to augment; nothing turns it on by default.
+  The CIFAR augmentation of FedFTG's client training (followed by DisUE
+  Sec. 5.1): a left-right flip with probability ``flip_prob`` and, with
+  probability ``crop_prob`` (FedFTG: 0.5; torchvision's
+  ``RandomCrop(padding=4)``: 1), a crop at a uniform offset of the image
+  zero-padded by ``pad`` (black raw pixels, unlike FedFTG's mean colour).
+  Off by default: flips are wrong for digits and text.
 
   Args:
     pad: padding per side in pixels, >= 0.

@@ -5,27 +5,20 @@ of the FedAvg family (:func:`fedjax_dd.core.rounds.run_rounds`) and the server
 epochs of the distillation methods (:func:`fedjax_dd.core.server.run_server`).
 A stage supplies only ``step(carry, t) -> (carry, row)``; the loop adds
 
-* the row of step ``t`` (the stage's index keys, its metrics fetched from the
-  device, the test accuracy every ``eval_every`` steps and at the last);
-* one :class:`~fedjax_dd.core.metrics.MetricsWriter` line per step;
-* a checkpoint through ``save(t, carry, force)`` (the stage decides what one
-  unit of its state is; the store writes every ``checkpoint_every`` steps and
-  always at the last);
-* progress (``LoopOptions.progress``): a tqdm bar on a TTY, and elsewhere
-  (a pipe, a log file, a notebook) the same tqdm status as one line per step:
-  the step of the total, elapsed and estimated time, the last test accuracy;
-* a wall-clock budget: the loop stops after the first step that ends past
-  it and treats that step as the last (evaluated, checkpointed), so a resumed
-  run continues from it;
-* a divergence stop: a step whose row holds a non-finite number (a NaN
-  loss, an infinite test loss) raises :class:`NonFiniteError` before it is
-  written or checkpointed, so the last checkpoint stays the last good step
-  (``LoopOptions.stop_on_nonfinite=False`` keeps going instead).
+* the row of step ``t`` (index keys, metrics fetched from the device, the
+  test accuracy every ``eval_every`` steps and at the last), written by a
+  :class:`~fedjax_dd.core.metrics.MetricsWriter`;
+* a checkpoint through ``save(t, carry, force)`` (forced at the last step);
+* progress (``LoopOptions.progress``): a tqdm bar on a TTY, elsewhere one
+  line per step (:data:`PROGRESS_LINE`);
+* a wall-clock budget: the first step that ends past it is treated as the
+  last (evaluated, checkpointed), so a resumed run continues from it;
+* a divergence stop: a row with a non-finite number raises
+  :class:`NonFiniteError` before it is written or checkpointed.
 
-Resume is the caller's: restore ``carry`` and the completed step ``start``
-from the same store, and :meth:`MetricsWriter.truncate_after` drops rows
-written after that checkpoint, so a resumed loop writes exactly the rows of an
-uninterrupted one.
+Resume is the caller's: restore ``carry`` and ``start`` from the store, and
+:meth:`MetricsWriter.truncate_after` drops the rows written after it, so a
+resumed loop writes exactly the rows of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -48,9 +41,8 @@ from fedjax_dd.core.metrics import MetricsFileError, MetricsWriter
 Carry = TypeVar("Carry")
 Row = dict[str, Any]
 
-# Evaluated figures named with one of these prefixes are not of the test
-# split and go into the row under their own names (personalized
-# evaluation's, fedjax_dd.core.personal).
+# Evaluated figures with these prefixes are not of the test split and keep
+# their own names in the row (fedjax_dd.core.personal).
 ROW_PREFIXES = ("personal_",)
 
 
@@ -96,10 +88,9 @@ _LABEL: contextvars.ContextVar[str] = contextvars.ContextVar(
 def progress_label(label: str):
   """Prefixes this context's progress lines with ``label``.
 
-  For runs that go side by side in one process
-  (:func:`fedjax_dd.core.side_by_side.run_side_by_side`): each line says
-  whose it is, and every run reports in lines, also on a TTY, since two
-  redrawn bars would overwrite each other.
+  For runs side by side in one process
+  (:func:`fedjax_dd.core.side_by_side.run_side_by_side`), which then report
+  in lines, also on a TTY (redrawn bars would overwrite each other).
   """
   token = _LABEL.set(label)
   try:
@@ -171,9 +162,8 @@ def check_rows(writer: MetricsWriter | None, last: int, *,
   """After a resume: the rows of steps ``first .. last`` are all there.
 
   A checkpoint at step ``last`` means those rows were written before it; a
-  ``metrics.jsonl`` deleted or cut since then would otherwise be rewritten
-  from the resumed step on, and the summary would describe only part of the
-  run.
+  ``metrics.jsonl`` cut since would otherwise leave the summary describing
+  only part of the run.
 
   Raises:
     MetricsFileError: rows are missing or repeated (one line, naming the
@@ -218,17 +208,15 @@ def check_not_diverged(first_loss, last_loss, *, what: str,
   """Stops a distillation whose loss rose past its start, as
   :func:`run_loop` stops training at a non-finite metric.
 
-  Per run (e.g. per client) ``first_loss`` is the loss of its first
-  iteration and ``last_loss`` of its last; runs with both 0 (no iteration
-  ran, as KIP reports them) are left out.
+  Runs (e.g. clients) with both losses 0 (no iteration ran) are left out.
 
   Args:
-    first_loss, last_loss: ``[C]`` host arrays.
+    first_loss, last_loss: ``[C]`` host arrays, each run's first and last
+      iteration's loss.
     what: the stage's name for the message (e.g. ``"fedd3: KIP"``).
     advice: what to change, appended to the message.
-    allow_rise: check only that the losses are finite: a differentially
-      private distillation's noised steps may end above its start without
-      diverging (DP-KIP).
+    allow_rise: check only that the losses are finite (DP-KIP's noised
+      steps may end above the start without diverging).
 
   Raises:
     DivergedError: a last loss is not finite, or (unless ``allow_rise``)
@@ -263,10 +251,9 @@ def _non_finite(row: Mapping[str, Any]) -> list[str]:
 class WallClock:
   """Wall time of this process and of the whole run across resumes.
 
-  A run killed and resumed spends time in several processes. Each checkpoint
-  stores :meth:`total` in its meta; a resumed run calls :meth:`resumed_from`
-  with it, so the summary can report both this process's seconds and the
-  run's (the time between the last checkpoint and a kill is not counted).
+  Each checkpoint stores :meth:`total` in its meta and a resumed run calls
+  :meth:`resumed_from` with it (time after the last checkpoint of a killed
+  process is not counted).
 
   Attributes:
     start: this process's start (``time.time()``).
@@ -369,9 +356,7 @@ def run_loop(
       ev = evaluate(carry)
       row["test_accuracy"] = ev["accuracy"]
       row["test_loss"] = ev["loss"]
-      # Further models' figures (e.g. "accuracy_before_iga") keep their
-      # names after "test_"; figures that are not of the test split
-      # (personalized evaluation's) are written as they are named.
+      # Further keys as documented under ``evaluate`` above.
       row.update({k if k.startswith(ROW_PREFIXES) else f"test_{k}": v
                   for k, v in ev.items() if k not in ("accuracy", "loss")})
       bar.set_postfix(acc=f"{ev['accuracy']:.4f}", refresh=False)

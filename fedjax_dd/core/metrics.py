@@ -30,11 +30,9 @@ class MetricsWriter:
   """Appends rows to ``DIR/metrics.jsonl``; truncates on resume.
 
   Args:
-    path: the JSONL file; a symbolic link is refused (a run would write
-      through it to whatever it names).
+    path: the JSONL file; a symbolic link is refused.
     tensorboard_dir: if set, numeric fields are also written as TensorBoard
-      scalars (step = the row's ``round``) with ``tensorboardX`` (the
-      ``tensorboard`` extra), imported only then.
+      scalars (step = the row's ``round``) with ``tensorboardX``.
     invalidates: files that describe the rows as they were (a finished
       run's ``summary.json``): removed before the first new row is written.
 
@@ -91,7 +89,7 @@ class MetricsWriter:
   def truncate_after(self, round_index: int, key: str = "round") -> None:
     """Drops rows past ``round_index`` (written after the last checkpoint),
     and a last line cut short by a kill while it was written."""
-    # Nothing to keep before the first step: what the file holds is not read.
+    # Nothing to keep before the first step: the file is not read.
     kept = [] if round_index <= 0 else [
         r for r in self._read(torn_tail_ok=True)
         if r.get(key, 0) <= round_index]
@@ -102,14 +100,11 @@ class MetricsWriter:
   def start_fresh(self, store: Any = None) -> None:
     """Empties the file for a run that starts at its first step.
 
-    This is the only call that drops rows a checkpoint vouched for, so it
-    refuses (keeping every row) when they belong to a run the workdir can
-    no longer resume: a finished run (a file of ``invalidates``, its
-    ``summary.json``, is still there) or a run whose committed checkpoints
-    were all found damaged (``store``'s
+    The only call that drops rows a checkpoint vouched for, so it refuses
+    (keeping every row) when they belong to a run the workdir can no longer
+    resume: a finished run (a file of ``invalidates`` is still there) or one
+    whose committed checkpoints were all damaged (``store``'s
     :attr:`~fedjax_dd.core.checkpoint.CheckpointStore.damaged_steps`).
-    Rows without either (a run killed before its first checkpoint) are the
-    rows the fresh start writes again.
 
     Raises:
       MetricsFileError: the rows are a finished or damaged run's.

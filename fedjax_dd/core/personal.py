@@ -1,31 +1,23 @@
 """Personalized evaluation: every client scored with the model it deploys.
 
-A single global test split scores one model. The clustered methods' papers
-(IFCA, CFL, PACFL) and the pFL benchmarks (FL-bench, PFLlib, pfl-research)
-score each client instead, with the model that client would use, on test
-data drawn like its own training data, and report the example-weighted mean
-over clients. Here:
+As the clustered methods' papers (IFCA, CFL, PACFL) and the pFL benchmarks
+(FL-bench, PFLlib, pfl-research) do, each client is scored with the model it
+would use, on test data drawn like its own training data, and the
+example-weighted mean over clients is reported:
 
-* the test data: :func:`fedjax_dd.data.partition.personal_test_split` (the
-  test split dealt out in each client's training label proportions) or
-  :func:`fedjax_dd.data.partition.stratified_split` (a per-class split of
-  each client's own examples), stacked ``[C, T_max, ...]`` with counts
-  (:func:`fedjax_dd.data.stacked.stack_clients`); padding never reaches a
-  figure;
+* the test data: :func:`fedjax_dd.data.partition.personal_test_split` or
+  :func:`fedjax_dd.data.partition.stratified_split`, stacked
+  ``[C, T_max, ...]`` with counts; padding never reaches a figure;
 * the model: the algorithm's ``deploy`` (:func:`fedjax_dd.core.algorithm.
-  deployed`): the global model for the FedAvg family, DisUE and FedFTG (the
-  universal expert the server sends every client); the client's cluster
-  model for CFL, CFL-GP and PACFL, and for IFCA the model of lowest loss on
-  the client's training data;
+  deployed`): the global model for the FedAvg family, DisUE and FedFTG; the
+  client's cluster model for CFL, CFL-GP and PACFL, and for IFCA the model
+  of lowest loss on the client's training data;
 * optionally ``k`` local fine-tuning steps on the client's training data
-  from that model first (the "fine-tuned" column of FL-bench and
-  pfl-research), with the engine's local update and keys of their own
-  (:func:`fedjax_dd.core.keys.finetune_key`).
+  first (the "fine-tuned" column of FL-bench and pfl-research), with keys
+  of their own (:func:`fedjax_dd.core.keys.finetune_key`).
 
-All ``C`` clients are scored in one program per model set: the ``[K, ...]``
-models are broadcast, each client gathers its own by its ``[C]`` pick, and
-the per-client function is mapped over the client axis
-(:class:`fedjax_dd.core.clients.ClientMapper`).
+All ``C`` clients are scored in one program: the ``[K, ...]`` models are
+broadcast and each client gathers its own by its ``[C]`` pick.
 """
 
 from __future__ import annotations
@@ -119,9 +111,8 @@ def make_personal_evaluator(
 
   Raises:
     ValueError: ``test`` not a client stack of the task's images, no test
-      example at all, ``finetune_steps < 0``, or fine-tuning without
-      ``train`` and ``finetune_optimizer`` (or with ``train`` of another
-      client count).
+      example, ``finetune_steps < 0``, or fine-tuning without a matching
+      ``train`` and a ``finetune_optimizer``.
   """
   validate.image_shape("test.x", test.x, task.input_shape, leading=2)
   validate.client_stack(test.x, test.y, test.num_examples,
@@ -139,8 +130,6 @@ def make_personal_evaluator(
     raise ValueError(f"personal evaluation: train holds {train.num_clients} "
                      f"clients, test {test.num_clients}.")
   counts = np.asarray(jax.device_get(test.num_examples))
-  # Batches of B = min(batch_size, T_max) (at least 1); the mask is 0 on
-  # padding and past each client's count.
   xs, ys, masks = batched(
       test.x, test.y, max(1, min(int(batch_size), test.y.shape[1])), counts)
   local = (make_local_update(LocalTraining(
@@ -204,10 +193,8 @@ def personal_evaluation(
 
   Returns:
     ``evaluate(state) -> {"personal_accuracy", ...}``
-    (:meth:`PersonalScores.figures`) of the state after ``state.round``
-    rounds; fine-tuning keys come from that round
-    (:func:`fedjax_dd.core.keys.finetune_key`), so a resumed run repeats
-    the figures.
+    (:meth:`PersonalScores.figures`); fine-tuning keys come from
+    ``state.round``, so a resume repeats the figures.
   """
   if train.num_clients != test.num_clients:
     raise ValueError(f"personal evaluation: train holds {train.num_clients} "

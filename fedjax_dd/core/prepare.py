@@ -1,9 +1,7 @@
 """A dataset made ready for a model: resized, normalised, and its task built.
 
-The one place a run's data and classifier are put together, used by the
-``fedjax-dd`` entry point and by a notebook alike, so both get the same
-normalisation and the same layer forms (the model's builder reads
-:mod:`fedjax_dd.policy`)::
+Used by the entry point and notebooks alike, so both get the same
+normalisation and layer forms::
 
   prepared = fedjax_dd.prepare("digits", "digits_cnn")
   prepared.task          # Classifier: module, input shape, preprocessing
@@ -70,14 +68,13 @@ def prepare(dataset: sources.Dataset | str, model: str, *,
     init: the parameter initialisation
       (:data:`fedjax_dd.models.param_init.INIT_SCHEMES`): ``""`` the layers'
       own (Flax's), ``"torch"`` PyTorch's defaults.
-    proj_dim: the projection head's width of a MOON model (a ``<name>_proj``
-      of :data:`fedjax_dd.models.PROJECTED`); ``0`` its default (256, MOON's
+    proj_dim: the projection head's width of a MOON model
+      (:data:`fedjax_dd.models.PROJECTED`); ``0`` its default (256, MOON's
       ``--out_dim``).
 
   Returns:
-    The resized dataset, the :class:`Classifier` (inputs normalised by the
-    train split's channel statistics, std floored at :data:`MIN_STD`), the
-    model spec and the statistics.
+    A :class:`Prepared`; inputs are normalised by the train split's channel
+    statistics, std floored at :data:`MIN_STD`.
 
   Raises:
     ValueError: an unknown model name or dataset, or a ``proj_dim`` for a

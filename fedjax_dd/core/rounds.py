@@ -1,9 +1,9 @@
 """The one rounds loop shared by every multi-round method.
 
 Round ``r`` (1-based) derives all its randomness from
-``fold_in(state.key, r)``: client sampling and local training. So the whole
-run is a function of the :class:`ExperimentState` at any round boundary, and a
-run resumed from a checkpoint reproduces an uninterrupted one bit for bit.
+``fold_in(state.key, r)``, so a run resumed from the
+:class:`ExperimentState` at a round boundary reproduces an uninterrupted one
+bit for bit.
 """
 
 from __future__ import annotations
@@ -38,26 +38,19 @@ class RoundsOptions:
   Attributes:
     num_rounds: total rounds of the run (a resumed run continues to this).
     clients_per_round: sampled clients ``S`` per round (``<= N``), or a
-      cohort sampler (:mod:`fedjax_dd.core.cohorts`; e.g.
-      ``BernoulliCohort(0.15)``, each client joining with probability
-      0.15, whose rows then carry ``cohort_size``).
-    eval_every: evaluate the global model every this many rounds (and at the
-      last round); ``0`` disables evaluation.
-    checkpoint_every: save every this many rounds (and at the last round).
-    progress: report each round on stderr
-      (:func:`fedjax_dd.core.loop.progress_bar`).
+      cohort sampler (:mod:`fedjax_dd.core.cohorts`; a Bernoulli cohort's
+      rows carry ``cohort_size``).
+    eval_every, checkpoint_every, progress: as
+      :class:`fedjax_dd.core.loop.LoopOptions` (evaluate / save every this
+      many rounds and at the last; ``eval_every=0``: never evaluate).
     bits_per_param: ledger size of one model parameter.
-    initial_model_as_seed: if True the round-1 model download is not counted
-      (clients regenerate the initial model from a shared seed), giving HFLDD
-      Eq. 3's ``N·(2T−1)·|ω|``.
-    max_seconds: wall-clock budget of this call; ``0`` means none. The loop
-      stops after the first round that ends past it, and treats that round as
-      the last one (evaluated and checkpointed), so a resumed run with a new
-      budget continues from it. At least one round always runs.
+    initial_model_as_seed: the round-1 download is not counted (HFLDD
+      Eq. 3's ``N·(2T−1)·|ω|``).
+    max_seconds: wall-clock budget of this call; ``0`` means none
+      (:class:`fedjax_dd.core.loop.LoopOptions`).
     clock: the clock the budget is read from (injectable for tests).
     stop_on_nonfinite: stop with :class:`fedjax_dd.core.loop.NonFiniteError`
-      at the first round whose metrics (train or test loss) are not finite;
-      the last checkpoint stays the last good round.
+      at the first round whose metrics are not finite.
   """
   num_rounds: int
   clients_per_round: int | cohorts.CohortSampler
@@ -82,8 +75,7 @@ TRAFFIC_PREFIX = "traffic/"
 # Models beside the global one that the loop evaluates on the same schedule:
 # ``server.extra[EVAL_MODELS] = {name: {"params", "batch_stats"}}`` adds
 # ``test_accuracy_<name>`` and ``test_loss_<name>`` to the evaluated rows
-# (e.g. DisUE's ω_G before IGA, as FedFTG's code logs its model before and
-# after fine-tuning).
+# (e.g. DisUE's ω_G before IGA).
 EVAL_MODELS = "eval_models"
 
 
@@ -92,9 +84,8 @@ def evaluate_server(evaluate: Callable[[PyTree, PyTree], dict[str, Any]],
   """``evaluate`` on the global model and on every ``extra[EVAL_MODELS]``.
 
   Returns:
-    ``evaluate``'s figures of the global model (``{"accuracy", "loss"}``,
-    and ``"class_accuracy"`` from a per-class evaluator), plus each figure
-    suffixed ``_<name>`` for each extra model (``accuracy_<name>``, ...).
+    ``evaluate``'s figures of the global model, plus each extra model's
+    suffixed ``_<name>`` (``accuracy_<name>``, ...).
   """
   out = dict(evaluate(server.params, server.batch_stats))
   extra = server.extra if isinstance(server.extra, dict) else {}
@@ -113,11 +104,9 @@ def gather_cohort(data: ClientData, num_steps: jax.Array,
                   ids: jax.Array) -> Cohort:
   """The sampled clients' rows, on the device.
 
-  Device-resident ``data`` (``jax.Array``) is gathered on the device. Data
-  held in host memory (NumPy, e.g. a population too large for the device)
-  is streamed: the cohort's rows are gathered on the host and only they are
-  copied to the device, so device memory is bounded by the cohort, not the
-  population. Both give the same values.
+  Device-resident ``data`` is gathered on the device; NumPy ``data`` (a
+  population too large for the device) is gathered on the host and only the
+  cohort is copied over. Both give the same values.
   """
   if isinstance(data.x, np.ndarray):
     host_ids = np.asarray(jax.device_get(ids))
@@ -139,12 +128,9 @@ def record_round(ledger: ledger_lib.Ledger, r: int, s: int,
 
   The models' traffic of a cohort of ``s`` (:func:`fedjax_dd.core.ledger.
   fedavg_round_bits`, scaled by the algorithm's ``comm``) is one entry per
-  direction: ``s`` messages of one client's size, so that FedD3's
-  per-message GCE (Eq. 6) reads ``V_t`` off the ledger directly. Metrics
-  named ``"traffic/<kind>/<tag>"`` (class counts, secure-similarity
-  ciphertexts: traffic beyond the models) hold the round's total bits; they
-  go to the ledger, not to the row. The row gains the ledger's cumulative
-  and this round's ``bytes_*`` counts.
+  direction of ``s`` one-client messages (FedD3's ``V_t``, Eq. 6). Metrics
+  under :data:`TRAFFIC_PREFIX` go to the ledger, not the row. The row gains
+  the cumulative and this round's ``bytes_*`` counts.
 
   Returns:
     ``(ledger, row)``.
@@ -233,9 +219,8 @@ def run_rounds(
   Args:
     algorithm: the federated algorithm.
     state: the state after ``state.round`` completed rounds.
-    data: all clients' padded data ``[N, N_max, ...]``: device-resident, or
-      NumPy arrays in host memory, from which each round's cohort is
-      streamed (:func:`gather_cohort`).
+    data: all clients' padded data ``[N, N_max, ...]``, on the device or in
+      host memory (:func:`gather_cohort`).
     num_steps: ``[N]`` active local steps per client.
     options: loop options.
     evaluate: ``(params, batch_stats) -> {"accuracy", "loss"}`` on the test
@@ -252,8 +237,7 @@ def run_rounds(
     ``(state, ledger, rows)``: final state, ledger and the rows written.
   """
   n = data.num_clients
-  # Once, before anything compiles: a negative step count, or counts past
-  # the padded length, would train on padding or report nonsense.
+  # Bad step counts would train on padding: checked before compiling.
   validate.client_fields(data.x, data.y, data.num_examples, fetch=True)
   validate.step_counts("num_steps", num_steps,
                        tuple(np.shape(data.num_examples)), fetch=True)
@@ -261,9 +245,7 @@ def run_rounds(
   sampler.validate(n)
   ledger = ledger if ledger is not None else ledger_lib.Ledger()
   model_size = ledger_lib.num_params(state.server.params)
-  # One layout for every round: the client mapper hands results back
-  # committed to the default device, so a state that starts uncommitted (fresh
-  # init) would make round 2's eager gathers/scatters compile again.
+  # One layout for every round, so that round 2's gathers do not recompile.
   state = as_restored(jax.device_put(state, jax.local_devices()[0]))
 
   def step(carry, r):
@@ -274,9 +256,7 @@ def run_rounds(
     server, client_slice, metrics = algorithm.apply(
         state.server, _gather(state.clients, ids), cohort, train_key)
     clients = _scatter(state.clients, ids, client_slice)
-    # The next round sees the state as a resumed run restores it: results of
-    # the client mapper carry its device mesh in their avals, which changes
-    # the compiled programs of the next round (as_restored).
+    # The next round sees the state as a resume restores it (as_restored).
     state = as_restored(ExperimentState(
         server=server, clients=clients, key=state.key,
         round=jnp.asarray(r, jnp.int32)))
@@ -362,8 +342,7 @@ class TrainResult:
   Attributes:
     state: the final state.
     ledger: the final ledger.
-    rows: every row of the run, including those of earlier (resumed)
-      processes.
+    rows: every row of the run, earlier processes' included.
     out_of_time: the time budget stopped the rounds early.
   """
   state: ExperimentState
@@ -388,11 +367,10 @@ def resume_and_run(
 ) -> TrainResult:
   """Resumes from ``store`` if it holds a checkpoint, then :func:`run_rounds`.
 
-  A fresh run (nothing to resume) starts from ``state`` and ``ledger`` (the
-  traffic of stages before the rounds, e.g. a one-shot upload) and clears
-  ``writer``'s rows; a resumed run continues from the checkpoint's state and
-  ledger, with the rows written after it dropped. ``store`` is closed on
-  return.
+  A fresh run starts from ``state`` and ``ledger`` (traffic before the
+  rounds, e.g. a one-shot upload) and clears ``writer``'s rows; a resumed
+  run continues from the checkpoint, rows after it dropped. ``store`` is
+  closed on return.
 
   Raises:
     fedjax_dd.core.loop.ResumeRefusedError: the checkpoint has finished more

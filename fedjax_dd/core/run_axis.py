@@ -1,54 +1,41 @@
 """A run axis ``[R, ...]`` above the client axis: R runs as one program.
 
-A seed sweep (or a grid of hyperparameters that can be traced values)
-normally runs each of its R runs as its own process: R compilations of the
-same round program and R programs too small to fill an accelerator.
-:func:`fit_runs` runs them side by side instead (issue 80): every leaf of
-the :class:`~fedjax_dd.core.algorithm.ExperimentState` gains a leading run
-axis (server ``[R, ...]``, client states ``[R, C, ...]``, keys ``[R, 2]``,
-rounds ``[R]``), and one round of all R runs is ONE jitted program,
-``jax.vmap`` over the run axis of the state, the cohort draw, the clients'
-data and the per-run hyperparameters, around the algorithm's unchanged
-``apply``. Inside that trace the client mapper vectorises the client axis
-in place (:mod:`fedjax_dd.core.clients`), so a round is ``[R, S, ...]``
-work in one program. The test evaluation of the R global models is one
-vmapped program as well (:func:`fedjax_dd.core.evaluate.make_run_evaluator`).
-Where ``[R, S, ...]`` does not fit in memory, ``run_chunk_size=k`` maps
-the runs in chunks of ``k`` inside the same one program (``lax.map`` over
-``ceil(R / k)`` vmaps of ``k`` runs, :func:`_map_runs`) and says how it
-split; the state, checkpoint and rows keep the ``[R, ...]`` layout.
+:func:`fit_runs` runs a seed sweep (or a grid of traceable hyperparameters)
+side by side rather than as R processes, each compiling the same round
+program and too small to fill an accelerator. Every leaf of the
+:class:`~fedjax_dd.core.algorithm.ExperimentState` gains a leading run axis
+(server ``[R, ...]``, client states ``[R, C, ...]``, keys ``[R, 2]``,
+rounds ``[R]``), and one round of all R runs is ONE jitted program: a
+``jax.vmap`` over the runs around the algorithm's unchanged ``apply``,
+inside which the client mapper vectorises the client axis in place
+(:mod:`fedjax_dd.core.clients`). The test evaluation is one vmapped program
+too (:func:`fedjax_dd.core.evaluate.make_run_evaluator`). Where
+``[R, S, ...]`` does not fit in memory, ``run_chunk_size=k`` maps the runs
+in chunks of ``k`` (:func:`_map_runs`); the layout stays ``[R, ...]``.
 
 What each run keeps of its own, exactly as :func:`fedjax_dd.fit` derives
 it (:mod:`fedjax_dd.core.keys`):
 
-* its seed: initial model, the rounds' key, hence its cohort draws and
-  local batches;
+* its seed: initial model, the rounds' key, hence its cohorts and batches;
 * its clients: one ``ClientData`` per run when the partition depends on the
-  seed (``data.seed``), stacked to ``[R, C, N_max, H, W, Ch]`` with
-  ``N_max`` the largest run's (padding never reaches a loss: batches are
-  drawn below each client's count), or one shared stack when all runs
-  train on the same partition;
-* traced hyperparameters (``hparams``: the client and server learning
-  rates, FedProx's ``mu``, FedDyn's ``alpha``, a weight decay in the
-  client optimizer, ...), which the algorithm builder receives as per-run
-  tracers inside the program and hands to the algorithm's factory as
-  scalars it computes with (a factory checks only concrete values,
-  :func:`fedjax_dd.core.checks.check_scalar`).
+  seed, stacked to ``[R, C, N_max, H, W, Ch]`` (:func:`stack_client_data`),
+  or one shared stack;
+* traced hyperparameters (``hparams``: learning rates, FedProx's ``mu``,
+  FedDyn's ``alpha``, ...), which the algorithm builder receives as per-run
+  tracers and hands to the algorithm's factory as scalars (a factory checks
+  only concrete values, :func:`fedjax_dd.core.checks.check_scalar`).
 
 Settings that change shapes or Python control flow (model, cohort size,
 number of clusters, local batch size) are separate programs: separate calls.
 
-Host logic between jitted steps cannot run on the run axis. An algorithm
-whose ``apply`` needs concrete values (CFL's and DisUE's NumPy clustering,
-a Bernoulli cohort's host draw) is refused before anything is written, in
-one line naming it (:class:`RunAxisError`), rather than run run by run.
+An algorithm whose ``apply`` needs concrete values (CFL's and DisUE's NumPy
+clustering, a Bernoulli cohort's host draw) is refused before anything is
+written (:class:`RunAxisError`).
 
-Checkpoints hold the ``[R, ...]`` state as ONE Orbax unit
-(``WORKDIR/checkpoints``, :class:`~fedjax_dd.core.checkpoint.CheckpointStore`)
+Checkpoints hold the ``[R, ...]`` state as ONE unit (``WORKDIR/checkpoints``)
 with the R ledgers in its meta; each run writes its rows to
-``WORKDIR/<name>/metrics.jsonl`` (``seed_<S>`` by default, the layout that
-``fedjax-dd-sweep`` reads), and a killed sweep resumes all R runs from the
-last checkpoint, each file trimmed to it.
+``WORKDIR/<name>/metrics.jsonl`` (``seed_<S>`` by default, the layout
+``fedjax-dd-sweep`` reads), and a killed sweep resumes all R runs.
 """
 
 from __future__ import annotations
@@ -89,9 +76,9 @@ PyTree = Any
 tree_map = jax.tree_util.tree_map
 _log = logging.getLogger(__name__)
 
-# ``build(seed, hparams) -> FederatedAlgorithm``: called once per run with
-# concrete values (its ``init``) and once inside the round program with the
-# run's seed of run 0 and per-run traced ``hparams`` (its ``apply``).
+# ``build(seed, hparams) -> FederatedAlgorithm``: called per run with
+# concrete values (``init``), and once in the round program with run 0's
+# seed and traced ``hparams`` (``apply``).
 Builder = Callable[[int, Mapping[str, Any]], FederatedAlgorithm]
 
 CHECKPOINTS = "checkpoints"
@@ -150,9 +137,8 @@ def stack_runs(trees: Sequence[PyTree]) -> PyTree:
 def stack_client_data(datas: Sequence[ClientData]) -> ClientData:
   """R client stacks ``[C, N_r, ...]`` as one ``[R, C, N_max, ...]``.
 
-  ``N_max`` is the largest run's padded length; the rows added are zeros
-  past every client's ``num_examples``, which no batch draws
-  (:func:`fedjax_dd.data.stacked.sample_batch`).
+  The zero rows added lie past every client's ``num_examples``, which no
+  batch draws (:func:`fedjax_dd.data.stacked.sample_batch`).
 
   Raises:
     RunAxisError: the runs differ in client count or image shape.
@@ -184,9 +170,8 @@ def split_row(row: Mapping[str, Any], num_runs: int) -> list[dict[str, Any]]:
   """A composite loop row as R rows, one per run.
 
   ``round`` goes to every run; ``run<i>.k`` to run ``i`` as ``k`` and
-  ``test_run<i>.k`` as ``test_k``; the means over runs (``test_accuracy``
-  and ``test_loss`` of the composite row, for the progress line) are
-  dropped.
+  ``test_run<i>.k`` as ``test_k``; the means over runs (for the progress
+  line) are dropped.
   """
   out: list[dict[str, Any]] = [{} for _ in range(num_runs)]
   for k, v in row.items():
@@ -270,10 +255,8 @@ def split_line(num_runs: int, chunk: int | None) -> str:
 def _map_runs(fn: Callable[..., Any], axes: tuple[int | None, ...],
               chunk: int | None) -> Callable[..., Any]:
   """``fn`` over the leading run axis: one vmap, or ``lax.map`` over
-  chunks of ``chunk`` runs, each chunk a vmap (``chunk == 1``: no vmap), a
-  short last chunk padded with copies of the last run whose results are
-  dropped. The client axis's own map
-  (:func:`fedjax_dd.core.clients.map_leading_axis`) does exactly this."""
+  chunks of ``chunk`` runs, as
+  :func:`fedjax_dd.core.clients.map_leading_axis` does for clients."""
   return clients_lib.map_leading_axis(fn, axes, chunk)
 
 
@@ -284,10 +267,8 @@ def round_program(apply_algorithm: Callable[[Mapping[str, Any]],
                   run_chunk: int | None = None) -> Callable[..., Any]:
   """One round of R runs as one jitted program.
 
-  Per run it is :func:`fedjax_dd.core.rounds.run_rounds`' round: the round
-  key ``fold_in(key, r)`` split into the cohort draw and the training key,
-  the cohort gathered from the run's clients (``cohort.round = r - 1``),
-  ``apply`` on the gathered client states, scattered back.
+  Per run it is :func:`fedjax_dd.core.rounds.run_rounds`' round: the same
+  keys and cohort, ``apply`` on the gathered client states, scattered back.
 
   Args:
     apply_algorithm: ``hparams -> FederatedAlgorithm`` whose ``apply`` runs
@@ -296,9 +277,8 @@ def round_program(apply_algorithm: Callable[[Mapping[str, Any]],
     num_clients: ``C``.
     shared_data: the clients' data is one ``[C, N_max, ...]`` stack for all
       runs (broadcast) rather than ``[R, C, N_max, ...]``.
-    run_chunk: runs vectorised together (:func:`_map_runs`): the program
-      runs the R runs in ``ceil(R / run_chunk)`` chunks in sequence, which
-      bounds its peak memory to a chunk's; None: one vmap of all R.
+    run_chunk: runs vectorised together (:func:`_map_runs`), chunks in
+      sequence to bound peak memory; None: one vmap of all R.
 
   Returns:
     ``program(server [R], clients [R, C], keys [R], x, y, num_examples,
@@ -374,9 +354,7 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
   """Runs (or resumes) R runs of a rounds algorithm on one run axis.
 
   Each run computes what :func:`fedjax_dd.fit` computes for its seed, data
-  and hyperparameters (the run axis is ``jax.vmap``, so the values are the
-  same up to the rounding of the batched program); all R share one
-  compiled program per round and one checkpoint::
+  and hyperparameters (up to the batched program's rounding)::
 
     result = fedjax_dd.fit_runs(algo, prepared, [data0, data1, data2],
                                 [steps0, steps1, steps2], seeds=[0, 1, 2],
@@ -386,54 +364,38 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
 
   Args:
     algorithm: a :class:`FederatedAlgorithm` for every run, or a builder
-      ``build(seed, hparams) -> FederatedAlgorithm``: called per run with
-      its seed and concrete ``hparams`` for its ``init`` (IFCA's cluster
-      models are drawn from the seed), and once inside the round program
-      with run 0's seed and the runs' ``hparams`` as traced values for
-      ``apply``, which must depend on the seed only through ``init``.
+      ``build(seed, hparams)`` (``Builder``); ``apply`` may depend on the
+      seed only through ``init``.
     prepared: the task and its dataset (one test split for all runs).
     datas: the clients' padded data ``[C, N_max, ...]``: one for all runs,
-      or one per run (a partition of each run's ``data.seed``), padded here
-      to the largest ``N_max``.
+      or one per run.
     num_steps: ``[C]`` local steps per client: one, or one per run.
-    seeds: the R model seeds (initial model, the rounds' key and with it
-      each round's cohort and batches).
+    seeds: the R model seeds.
     rounds: total rounds; a resumed sweep continues to this.
     clients_per_round: a fixed cohort size ``S`` (a Bernoulli cohort's
       size varies per run and round: refused).
-    workdir: the sweep's directory: ``checkpoints/`` (the ``[R, ...]``
-      state), ``config.json`` and, per run, ``<name>/metrics.jsonl``. None:
-      a temporary directory, removed on return.
+    workdir: the sweep's directory; None: a temporary one, removed on
+      return.
     hparams: ``{name: [R values]}`` handed to ``build`` per run, traced in
-      the round program (e.g. ``{"client.lr": [0.01, 0.03, 0.1]}``); only
-      with a builder.
+      the round program (e.g. ``{"client.lr": [0.01, 0.1]}``); builder only.
     names: each run's directory name (default ``seed_<S>``), distinct.
     eval_every, checkpoint_every, keep_checkpoints, max_seconds, progress,
       class_accuracy, stop_on_nonfinite, initial_model_as_seed, wall: as
-      :func:`fedjax_dd.fit`; the budget, the evaluation cadence and the
-      non-finite stop act on all runs together (one diverging run stops
-      the sweep before its round is written).
-    initial_model: ``(params, batch_stats)`` every run starts from instead
-      of its seed's initialisation, or a list of one per run.
-    ledger: traffic recorded before the rounds, as :func:`fedjax_dd.fit`'s:
-      one for every run, or a sequence of one per run.
-    run_key: the rounds' key instead of the seed's: one for every run, or
-      a list of one per run.
-    tensorboard: also write each run's metrics as TensorBoard scalars
-      (``<name>/tensorboard``).
-    personal: refused (not None): personalized evaluation is not on the
-      run axis; run the seeds separately with :func:`fedjax_dd.fit`.
+      :func:`fedjax_dd.fit`, acting on all runs together (one diverging run
+      stops the sweep).
+    initial_model, ledger, run_key: as :func:`fedjax_dd.fit`'s, one for
+      every run or a list of one per run.
+    tensorboard: also write each run's metrics as TensorBoard scalars.
+    personal: refused unless None (not on the run axis).
     definition: what defines the sweep, recorded in ``config.json``;
       default :func:`sweep_definition`.
     name: the algorithm's name in a refusal (default
       :func:`algorithm_name`, the module of its ``apply``).
     run_chunk_size: runs vectorised together in the round program, to
-      bound its memory: the R runs go through it in chunks of this many,
-      in sequence (``lax.map``), and the split is said in one line (on
-      stderr with ``progress``, else logged at INFO). A
-      setting of speed and memory only: the state, checkpoint and rows
-      keep their ``[R, ...]`` layout, so a sweep may resume with another
-      value. None (or >= R): one vmap of all R runs.
+      bound its memory; the split is said in one line (stderr with
+      ``progress``, else INFO). Speed and memory only: the layout stays
+      ``[R, ...]``, so a sweep may resume with another value. None (or
+      >= R): one vmap of all R runs.
 
   Returns:
     :class:`RunsResult`.
@@ -556,7 +518,6 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
     program = round_program(apply_algorithm, sampler, n,
                             shared_data=shared_data, run_chunk=run_chunk)
     if run_chunk_size is not None:
-      # With the progress lines on stderr, else in the log.
       if progress:
         print(split_line(r_count, run_chunk), file=sys.stderr, flush=True)
       else:
@@ -611,8 +572,7 @@ def _check_batches(records: Sequence[Mapping[str, Any]],
   effective_batch_size`), and to the larger padded length on the axis."""
   n_max = max(int(d.x.shape[1]) for d in datas)
   for i, (record, d) in enumerate(zip(records, datas)):
-    # The local updates' batches (make_local_update's closure), not a
-    # server stage's.
+    # The local updates' batches, not a server stage's.
     sizes = [v for k, v in record.items()
              if k.endswith(("local.batch_size", "local.run.batch_size"))
              and isinstance(v, int) and not isinstance(v, bool)]
@@ -663,9 +623,8 @@ def evaluate_server_runs(
     server: the ``[R, ...]`` server state.
 
   Returns:
-    Each run's figures of its global model and, suffixed ``_<name>``, of
-    each ``extra[EVAL_MODELS]`` model, as ``evaluate_server`` gives them
-    run by run; each model kind is one program over the R runs.
+    Each run's figures as ``evaluate_server`` gives them; each model kind
+    is one program over the R runs.
   """
   out = [dict(e) for e in evaluate_runs(server.params, server.batch_stats)]
   extra = server.extra if isinstance(server.extra, dict) else {}

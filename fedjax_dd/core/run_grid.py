@@ -1,20 +1,14 @@
 """Seeds × a grid of traced values as the runs of one run axis.
 
 A seed sweep with a grid (``--seeds=0,1 --grid=client.lr=0.03,0.1``) is
-R = cells × seeds runs of :func:`fedjax_dd.core.run_axis.fit_runs`. This
-module holds what goes around that call, so that a caller (the entry
-point's ``--config.engine.run_axis=True`` sweep) only says how to build one
-seed's clients, one run's algorithm and one run's outputs:
+R = cells × seeds runs of :func:`fedjax_dd.core.run_axis.fit_runs`; a
+caller only says how to build one seed's clients, one run's algorithm and
+one run's outputs:
 
-* :func:`grid_runs`: the runs, cells outer and seeds inner, each named by
-  its directory (``seed_S``, or ``<key>_<value>/seed_S`` in a grid), the
-  layout ``fedjax-dd-sweep`` reads;
-* :func:`seed_data`: each seed's clients, built once however many cells
-  share them;
-* :func:`fit_grid`: ``fit_runs`` over the runs, each cell's value traced
-  as ``hparams[key]``, each run's definition recorded in its directory;
-* :func:`each_run` and :func:`groups`: each run's final state, rows and
-  ledger handed to a writer, and the runs grouped by cell for a report.
+:func:`grid_runs` (the runs and their directories), :func:`seed_data` (each
+seed's clients, built once), :func:`fit_grid` (``fit_runs`` with each cell's
+value traced as ``hparams[key]``), :func:`each_run` and :func:`groups` (the
+outputs, and the runs grouped by cell for a report).
 """
 
 from __future__ import annotations

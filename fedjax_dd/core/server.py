@@ -18,11 +18,9 @@ for the one-shot methods; FedHydra's multi-round variant, Tab. 5, uses more):
          E × epoch(state, teachers) in core.loop.run_loop    -> r<r>/server
       5. global model = model(state); clients restart from it
 
-Every step is checkpointed through :class:`CheckpointStore` (the client
-models, the setup with its fingerprint, the server state every
-``checkpoint_every`` epochs), so a run killed anywhere resumes bit-identically:
-finished stages are restored, the interrupted epoch loop continues from its
-last checkpoint, and ``metrics.jsonl`` is trimmed to it.
+Every step is checkpointed, so a run killed anywhere resumes bit-identically:
+finished stages are restored, the epoch loop continues from its last
+checkpoint, and ``metrics.jsonl`` is trimmed to it.
 """
 
 from __future__ import annotations
@@ -65,29 +63,25 @@ class ServerOptions:
       the last).
     progress: report the client stage, the setup and each epoch on stderr
       (:func:`fedjax_dd.core.loop.progress_bar`).
-    max_seconds: wall-clock budget of the call (0: none); the epoch loop
-      stops after the first epoch past it, checkpointed, and the run can be
-      resumed with a new budget.
+    max_seconds: wall-clock budget of the call (0: none), as
+      :class:`fedjax_dd.core.loop.LoopOptions`'.
     initial_model_as_seed: round 1's download is not counted (clients
       regenerate the initial model from a shared seed).
     server_seed: ``>= 0`` draws the server stages' keys from this seed
       instead of the round key (repeat the server over fixed clients).
     teachers_from: a workdir whose round-1 client models are reused; its
       ``protocol`` must match ours (:func:`protocol_differences`).
-    protocol: a string naming everything that determines the client models
-      (checked against ``teachers_from``); a JSON object is compared field
-      by field.
+    protocol: a string (or JSON object) naming everything that determines
+      the client models, checked against ``teachers_from``.
     stop_on_nonfinite: stop with :class:`fedjax_dd.core.loop.NonFiniteError`
       at the first epoch whose metrics are not finite.
     setup_fingerprint: the settings that determine ``setup`` besides the
-      clients (a JSON dict); a cached setup with another fingerprint is
-      refused (:class:`~fedjax_dd.core.stage_cache.StaleStageError`).
+      clients (a JSON dict); a cached setup with another one is refused.
     client_span_steps: ``> 0`` with a
       :class:`~fedjax_dd.core.algorithm.SpannedClientStage`: the clients
-      train in spans of this many local steps, each checkpointed
-      (``r<r>/client_spans``), so a run killed inside a long local training
-      resumes from its last span; ``max_seconds`` is checked after each span.
-      The models equal those of one span. ``0``: one call.
+      train in checkpointed spans of this many local steps
+      (``r<r>/client_spans``), with ``max_seconds`` checked after each; the
+      models equal those of one call. ``0``: one call.
   """
   num_rounds: int = 1
   num_epochs: int = 1
@@ -124,11 +118,10 @@ class ServerResult:
       ``on_clients`` returned.
     rounds: rounds completed.
     out_of_time: the budget stopped the run early.
-    client_steps: ``(done, total)`` local steps of the client stage the
-      budget stopped (resume to finish it); ``None`` when the clients of
-      every round run were trained.
+    client_steps: ``(done, total)`` local steps of a client stage the
+      budget stopped; ``None`` otherwise.
     seconds: wall time per stage (``client``, ``setup``, ``server``) spent
-      in this call; stages restored from checkpoints count 0.
+      in this call (restored stages count 0).
   """
   params: PyTree
   batch_stats: PyTree
@@ -147,10 +140,8 @@ def protocol_differences(theirs: Any, ours: str) -> list[str]:
   """How a ``teachers_from`` run's client protocol differs from ours.
 
   Two JSON objects are compared field by field as stage fingerprints are
-  (:func:`~fedjax_dd.core.stage_cache.fingerprint_differences`): a field
-  their protocol lacks whose value here is off (``0``, ``""``, ...) is the
-  setting's value before it joined the protocol, so it is no difference.
-  Anything else is compared as a whole string.
+  (:func:`~fedjax_dd.core.stage_cache.fingerprint_differences`); anything
+  else as a whole string.
 
   Returns:
     The differing fields (or both strings), empty when they match.
@@ -210,10 +201,9 @@ class TeachersFromError(ValueError):
 
 
 def check_teachers_from(path: str) -> None:
-  """Refuses a ``teachers_from`` that is not a run directory with a
-  committed round-1 client checkpoint (``PATH/r1/clients/<step>``), before
-  anything is read from it or created in it (a store opened on ``/etc``
-  would create ``/etc/r1/clients``).
+  """Refuses a ``teachers_from`` without a committed round-1 client
+  checkpoint (``PATH/r1/clients/<step>``) before a store creates anything
+  in it.
 
   Raises:
     TeachersFromError: one line naming the path and the fix.
@@ -271,12 +261,8 @@ def _clients(algorithm, directory, r, starts, sizes, data, train_key,
             "teachers_from.")
       teachers, trained = theirs[1], False
     else:
-      # One layout whether trained here or restored: the client mapper may
-      # hand back models sharded over devices, and a server program compiled
-      # for sharded inputs rounds differently from the restored (one-device)
-      # run's, which would break bit-identical resume. Moved to one device
-      # they still carry the mapper's mesh in their avals, which changes the
-      # compiled server programs too (as_restored).
+      # One layout whether trained or restored (as_restored), so a resume
+      # compiles the same server programs.
       stage = algorithm.client_stage
       if (isinstance(stage, SpannedClientStage)
           and options.client_span_steps > 0):
@@ -301,10 +287,8 @@ def _setup(algorithm, directory, r, teachers, key, options
            ) -> tuple[dict[str, Any], bool]:
   """Round ``r``'s setup, from the stage cache when the fingerprint matches.
 
-  The setup is a stage output like FedD3's distilled set: it is kept in the
-  fingerprinted :class:`~fedjax_dd.core.stage_cache.StageCache` (entry
-  ``r<r>/setup``), and a cached setup computed under another fingerprint is
-  refused.
+  Kept in the fingerprinted :class:`~fedjax_dd.core.stage_cache.StageCache`
+  (entry ``r<r>/setup``); one computed under another fingerprint is refused.
 
   Returns:
     ``(setup, computed_here)``.
@@ -359,8 +343,7 @@ def run_server_rounds(
     writer: one row per evaluated epoch; ``step`` counts epochs over rounds.
     on_clients: ``(r, teachers) -> dict`` for the round's record (e.g.
       client accuracies).
-    wall: the run's wall clock; each server checkpoint records its total,
-      and a resumed run takes the earlier processes' time from it.
+    wall: the run's wall clock (:class:`fedjax_dd.core.loop.WallClock`).
 
   Returns:
     A :class:`ServerResult`.
@@ -455,9 +438,8 @@ def run_server_rounds(
         return out
 
       if writer is not None:
-        # Rows past the checkpoint are dropped where the run resumes: in an
-        # unfinished round. A finished round's later rows are a later
-        # round's, which drops its own (dropping them here lost them).
+        # Rows past the checkpoint are dropped only in an unfinished round;
+        # a finished round's later rows belong to a later round.
         if e_total == 0:
           if restored is None and r == 1:
             writer.start_fresh(store)
@@ -473,8 +455,7 @@ def run_server_rounds(
       if options.max_seconds:
         budget = max(options.max_seconds - (time.monotonic() - t_start), 1e-6)
       t0 = time.monotonic()
-      # The round's final accuracy, when an evaluation of the final model
-      # already gave it (the loop always evaluates its last epoch).
+      # Set when an evaluation of the final model already gave it.
       final_accuracy = None
       if e_total == 0:
         # Nothing to iterate: one row for the round's model.

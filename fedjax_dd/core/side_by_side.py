@@ -1,16 +1,10 @@
 """Independent runs side by side in one process, on a few threads.
 
-A comparison (the quickstart's five systems) is a set of runs that share
-nothing but the process: each has its own workdir, keys and programs. On a
-machine with few cores most of a small run's time is XLA's compilation and
-Python's tracing, each on one core, so two runs on two threads overlap one's
-compilation with the other's compute, and the comparison ends sooner. Every
-run computes what it computes alone: its programs, their inputs and their
-order are its own, and XLA runs a program the same way whatever else runs
-beside it (``tests/core/test_side_by_side.py`` compares a run on its own
-with the same run beside others).
-
-Each run's progress lines carry its name
+A comparison (the quickstart's systems) is a set of runs that share nothing
+but the process. Much of a small run's time is single-core compilation and
+tracing, so runs on several threads overlap one's compilation with another's
+compute. Every run computes what it computes alone: its programs, inputs and
+their order are its own. Each run's progress lines carry its name
 (:func:`fedjax_dd.core.loop.progress_label`).
 """
 
@@ -84,8 +78,7 @@ def run_side_by_side(runs: Mapping[str, Callable[[], T]], *, workers: int,
   pending, running, results = list(order), {}, {}
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
     while pending or running:
-      # A run starts only when a thread is free, so that after a failure
-      # none starts: the pool then waits for the running ones.
+      # Start only on a free thread, so that none starts after a failure.
       while pending and len(running) < workers:
         name = pending.pop(0)
         # In a copy of this context: the run's own progress label.

@@ -1,49 +1,37 @@
 """A fingerprinted cache of one-off stage outputs on the checkpoint store.
 
 Some stages run once before the rounds and are deterministic given a few
-settings: FedD3's client distillation, HFLDD's label knowledge, topology and
-member uploads. A resumed run (or a server-side variant of it) loads their
-output instead of computing it again. :class:`StageCache` keeps each named
-stage in its own :class:`~fedjax_dd.core.checkpoint.CheckpointStore` under
-``<root>/<name>`` (runs use ``root = workdir/stages``, :meth:`for_workdir`),
-so the output gets the store's integrity checks (commit marker, checksums).
-One entry per stage: saving replaces it.
+settings (FedD3's client distillation, HFLDD's label knowledge, topology and
+member uploads); a resumed run loads their output instead of recomputing it.
+:class:`StageCache` keeps each named stage in its own
+:class:`~fedjax_dd.core.checkpoint.CheckpointStore` under ``<root>/<name>``
+(:meth:`StageCache.for_workdir`), with the store's integrity checks. One
+entry per stage: saving replaces it.
 
-What is cached is a flat ``{name: array}`` dict of host arrays (the output)
-plus a JSON-able ``info`` dict (timings, statistics, flags). The checkpoint's
-meta holds::
+What is cached is a flat ``{name: array}`` dict of host arrays plus a
+JSON-able ``info`` dict; the checkpoint's meta holds::
 
     {"fingerprint": {...},            # the settings that determine the output
      "spec": {name: {"shape": [...], "dtype": "uint8"}, ...},
      "info": {...}}
 
 Fingerprints. A fingerprint is a JSON dict of the settings that determine the
-output (the caller picks them, e.g. FedD3's distillation keys plus a format
-number). :meth:`StageCache.load` compares the stored fingerprint with the
-current one after a JSON round trip (tuples and lists compare equal). A
-field the stored fingerprint lacks whose current value is "off" (``0``,
-``None``, ``""``, ``False``, empty) counts as equal: it is a setting added
-after the entry was written, whose off value is what the older run did.
-Any other difference raises :class:`StaleStageError` (a ``ValueError``)
-naming every differing field; a stale entry is never silently recomputed
-over, since it usually means the workdir belongs to another experiment.
+output, chosen by the caller, compared after a JSON round trip. A field the
+stored fingerprint lacks whose current value is "off" (``0``, ``None``,
+``""``, ``False``, empty) counts as equal (a setting added later, off
+meaning what the older run did). Any other difference raises
+:class:`StaleStageError` naming every differing field; a stale entry is never
+silently recomputed over (the workdir likely belongs to another experiment).
 
-Templates. :meth:`CheckpointStore.restore` needs a template of the saved
-tree. The output's shapes are known only to the computation (a distilled set
-holds one block per class each client happens to hold), so the cache writes
-the shape and dtype of every array into the meta (``spec``) and rebuilds the
-template (NumPy arrays of those shapes and dtypes) from it. The meta is read
-first (:meth:`CheckpointStore.read_meta`) to compare fingerprints and build
-the template; the arrays are then restored through the store, whose integrity
-check decides whether the entry is usable (a damaged or half-written entry
-is a miss, with the store's warning). Zero-size arrays, which Orbax does not
+Templates. The output's shapes are known only to the computation, so the
+meta records every array's shape and dtype (``spec``), from which the
+restore template is rebuilt. An entry that fails the store's integrity check
+is a miss, with the store's warning. Zero-size arrays, which Orbax does not
 save, live in the spec only and come back empty.
 
-In-progress stages. :class:`TreeCheckpoint` keeps the state of a stage
-that is still running (e.g. KIP's state between segments,
-:class:`fedjax_dd.distill.kip.SegmentStore`) as an entry of its own, under
-the stage's fingerprint, so a run stopped mid-stage continues from its
-last saved part; the caller clears it once the stage's output is cached.
+In-progress stages. :class:`TreeCheckpoint` keeps the state of a stage still
+running (e.g. KIP's, :class:`fedjax_dd.distill.kip.SegmentStore`) as an entry
+of its own, so a run stopped mid-stage continues from its last saved part.
 """
 
 from __future__ import annotations
@@ -108,8 +96,8 @@ def fingerprint_differences(cached: Mapping[str, Any],
                             ) -> list[str]:
   """Fields on which two (normalised) fingerprints differ, sorted.
 
-  A field missing from ``cached`` whose current value is off (see the module
-  docstring) is not a difference.
+  A field missing from ``cached`` whose current value is off is not a
+  difference (module docstring).
 
   Args:
     cached, current: the stored and the current fingerprint.
@@ -142,8 +130,8 @@ class StageCache:
         arrays, info = hit.arrays, hit.info
 
   Args:
-    root: directory holding one sub-directory per stage. Nothing is created
-      until :meth:`save`, so a cache can be read from another run's workdir.
+    root: directory holding one sub-directory per stage; nothing is created
+      before :meth:`save`.
   """
 
   def __init__(self, root: str | os.PathLike):
@@ -168,8 +156,7 @@ class StageCache:
            ) -> CachedStage | None:
     """The cached output of stage ``name``, or None on a miss.
 
-    A miss is no entry, or an entry that fails the store's integrity check
-    (e.g. a save cut short; the store logs a warning).
+    A miss is no entry, or one that fails the store's integrity check.
 
     Raises:
       StaleStageError: if the entry was saved under another fingerprint; the
@@ -264,19 +251,17 @@ class StageCache:
 class TreeCheckpoint:
   """A pytree in progress, with the host loop's position, in a stage cache.
 
-  One entry ``name`` of ``cache`` (``<root>/<name>``, the same store and
-  integrity checks as a stage output) holds the tree's leaves (``leaf_<i>``)
-  and ``done`` in its info. :meth:`resume` refuses an entry saved under
-  another fingerprint (:class:`StaleStageError`, as :meth:`StageCache.load`)
-  and ignores, with a warning, one whose tree, shapes or dtypes differ
-  from the template. It implements :class:`fedjax_dd.distill.kip.SegmentStore`.
+  Entry ``name`` of ``cache`` holds the tree's leaves (``leaf_<i>``) and
+  ``done`` in its info. :meth:`resume` refuses an entry saved under another
+  fingerprint and ignores, with a warning, one whose tree, shapes or dtypes
+  differ from the template. Implements
+  :class:`fedjax_dd.distill.kip.SegmentStore`.
 
   Args:
     cache: the run's stage cache.
     name: the entry (e.g. ``"hfldd_kip"``).
     fingerprint: the settings the stage's output depends on.
-    every: save only every ``every``-th call of :meth:`save` (counted from
-      construction); ``1`` saves each.
+    every: save only every ``every``-th call of :meth:`save`.
   """
 
   def __init__(self, cache: StageCache, name: str,

@@ -1,14 +1,10 @@
 """The one summary of a finished run (``summary.json``), built from memory.
 
-Every driver (:func:`fedjax_dd.core.rounds.resume_and_run` through
-:func:`fedjax_dd.core.fit.fit`, and
-:func:`fedjax_dd.core.server.run_server_rounds`) ends with its metrics rows,
-its :class:`~fedjax_dd.core.ledger.Ledger`, the final parameters and a
-:class:`~fedjax_dd.core.loop.WallClock`; :func:`run_summary` turns them into
-the fields every run reports (accuracy, traffic, time) and appends the
-method's own fields. With ``gce_gammas`` it adds FedD3's GCE (Song et al.,
-IJCNN 2023, Tab. 2) of the final ledger
-(:func:`fedjax_dd.core.ledger.gce_summary`).
+:func:`run_summary` turns a driver's metrics rows, ledger, final parameters
+and :class:`~fedjax_dd.core.loop.WallClock` into the fields every run
+reports (accuracy, traffic, time), then the method's own. With
+``gce_gammas`` it adds FedD3's GCE (Song et al., IJCNN 2023, Tab. 2,
+:func:`fedjax_dd.core.ledger.gce_summary`).
 """
 
 from __future__ import annotations
@@ -102,16 +98,14 @@ def run_summary(*, method: str, dataset: str, model: str,
     paper_departures: where the setting departs from its paper.
     gce_gammas: FedD3's GCE for these gammas (none: no GCE fields).
     round_key: the rows' field the accuracy curve pairs with the accuracy
-      (one-shot servers: ``step``, one per server epoch).
-    curve_name: the curve's name (``accuracy_by_round``; one-shot servers:
-      ``accuracy_by_epoch``).
+      (one-shot servers: ``step``).
+    curve_name: the curve's name (one-shot servers: ``accuracy_by_epoch``).
     final_test_accuracy: default the last evaluated row's.
     stopped_by_time_budget: default ``rounds < planned_rounds``.
     extra: the method's own fields, added before ``config``.
     config: the run's settings, added last.
     code: the code that computed the figures
-      (:func:`fedjax_dd.versions.source_commit`); ``None``: not
-      recorded.
+      (:func:`fedjax_dd.versions.source_commit`); ``None``: not recorded.
   """
   accs = [r["test_accuracy"] for r in rows if "test_accuracy" in r]
   if final_test_accuracy is _FROM_ROWS:
@@ -143,7 +137,6 @@ def run_summary(*, method: str, dataset: str, model: str,
       "bytes_peer": totals["bytes_peer"],
       "bytes_by_tag": {k: v["bytes_total"]
                        for k, v in ledger.tag_totals().items()},
-      # This process's seconds, and the run's over every resumed process.
       "wall_seconds": wall.process(),
       "wall_seconds_total": wall.total(),
       curve_name: [[r[round_key], r["test_accuracy"]] for r in rows

@@ -30,9 +30,8 @@ class Classifier:
       (normalisation happens on the device, inside the jitted program).
     num_classes: number of classes.
     param_init: optional ``(params, key) -> params`` applied after the
-      module's own initialisation, e.g.
-      :func:`fedjax_dd.models.param_init.torch_default` to start as a
-      PyTorch reference does; None keeps the layers' (Flax's) own.
+      module's own initialisation (e.g.
+      :func:`fedjax_dd.models.param_init.torch_default`); None: Flax's.
   """
   module: nn.Module
   input_shape: tuple[int, int, int]
@@ -43,9 +42,7 @@ class Classifier:
   def init(self, key: jax.Array) -> tuple[PyTree, PyTree]:
     """Returns ``(params, batch_stats)``; ``batch_stats`` is ``{}`` without BN.
 
-    One jitted program per task (:func:`fedjax_dd.core.clients.once_jit`):
-    the same bits as running the initialisers op by op, compiled once
-    instead of once per initialiser shape.
+    One jitted program per task (:func:`fedjax_dd.core.clients.once_jit`).
     """
     return _init_program()(self, key)
 
@@ -66,9 +63,8 @@ class Classifier:
     ``ProjectionNet.project``, MOON's projection and logits); its output is
     returned in place of the logits.
 
-    The outputs are float32 whatever the module's compute dtype (a
-    ``bfloat16`` model's logits are cast), so every softmax, cross-entropy
-    and KL divergence built on them, and their gradients, run in float32.
+    The outputs are float32 whatever the module's compute dtype, so every
+    loss built on them, and its gradients, run in float32.
     """
     variables = {"params": params}
     kwargs = {} if method is None else {"method": method}

@@ -15,12 +15,9 @@ Layout of ``Workdir(directory)``::
     environment.json     the platform, devices, jax and layer forms it ran on
                          (record_environment)
 
-A run's own files are written by the run: ``metrics.jsonl`` or ``.lock``
-as a symbolic link (to a file outside the directory, say) is refused, not
-followed (:func:`fedjax_dd.core.metrics.check_not_linked`, :class:`WorkdirLock`).
-
-The loops take the pieces (writer, stores) explicitly; this class only names
-where they live, so a notebook can pass its own.
+``metrics.jsonl`` or ``.lock`` as a symbolic link is refused, not followed.
+The loops take the pieces (writer, stores) explicitly; :class:`Workdir`
+only names where they live, so a notebook can pass its own.
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ LOCK_FILE = ".lock"
 ENVIRONMENT_FILE = "environment.json"
 """Name of the file recording where a run computed (:func:`record_environment`)."""
 
-# Directories whose changed environment this process has already warned of:
-# the entry point and the library loop it calls both record the workdir.
+# Directories whose changed environment this process has already warned of.
 _warned_environments: set[str] = set()
 
 
@@ -76,8 +72,7 @@ class Workdir:
   def writer(self) -> MetricsWriter:
     """The run's metrics writer (``metrics.jsonl``)."""
     if self._writer is None:
-      # A run that writes a new row no longer ends where an earlier
-      # summary.json says (a finished run extended): that summary goes.
+      # A new row makes an earlier summary.json stale: it is removed.
       self._writer = MetricsWriter(
           self.path("metrics.jsonl"),
           tensorboard_dir=self.path("tensorboard") if self._tensorboard else None,
@@ -93,9 +88,8 @@ class Workdir:
   def write_summary(self, summary: Mapping[str, Any]) -> str:
     """Writes ``summary.json`` (once per run; a second call is an error).
 
-    The run's ``environment.json`` (:func:`record_environment`), when there
-    is one, goes in as ``environment`` unless the summary sets that key:
-    the figures then say on which platform, devices and jax they came.
+    The run's ``environment.json`` (:func:`record_environment`), if any,
+    goes in as ``environment`` unless the summary sets that key.
     """
     if self._summary_written:
       raise RuntimeError(f"summary.json of {self.directory} was already written.")
@@ -115,14 +109,12 @@ class WorkdirBusyError(RuntimeError):
 class WorkdirLock:
   """An exclusive lock on a run directory, held for the life of a run.
 
-  Two processes writing one workdir would each delete the other's
-  checkpoints and write every metrics row twice, so the second one must fail
-  at once. The lock is ``fcntl.flock`` on ``directory/.lock``: the kernel
-  drops it when its process dies, so a lock left by a killed run is never
-  stale. The file records the holder's host and pid for the message. In
-  one process the thread that holds it may take it again (the entry point,
-  then :func:`fedjax_dd.fit` inside it); another thread may not (two
-  ``fit`` calls at once).
+  Two processes writing one workdir would corrupt each other's checkpoints
+  and metrics, so the second one fails at once. The lock is ``fcntl.flock``
+  on ``directory/.lock`` (the kernel drops it when its process dies, so it
+  is never stale); the file names the holder's host and pid. The thread
+  that holds it may take it again (the entry point, then
+  :func:`fedjax_dd.fit`); another thread may not.
 
   Example::
 
@@ -132,14 +124,11 @@ class WorkdirLock:
   Raises (on enter):
     WorkdirBusyError: another process holds the lock.
     NotADirectoryError / PermissionError: ``directory`` is a file or cannot
-      be written; the message says which path and what to change.
-    WorkdirLayoutError: its files are not laid out as a run writes them
-      (:func:`check_layout`).
+      be written (:func:`check_writable`).
+    WorkdirLayoutError: see :func:`check_layout`.
   """
 
-  # realpath -> (thread id, depth) of the locks this process holds: the
-  # thread holding one may take it again (the entry point, then fit), any
-  # other thread may not.
+  # realpath -> (thread id, depth) of the locks this process holds.
   _held: dict[str, tuple[int, int]] = {}
 
   def __init__(self, directory: str | os.PathLike, *,
@@ -235,10 +224,8 @@ def summary_is_stale(directory: str | os.PathLike) -> str | None:
   """Why ``directory/summary.json`` does not describe the run's rows, or
   None when it does (or there is no summary).
 
-  A summary is written once, at a run's end; a resume that writes a row
-  removes it (:class:`Workdir`). One still older than ``metrics.jsonl`` (a
-  run resumed by an older version), or one in a directory whose lock is
-  held (the run is going on), describes an earlier state of the run.
+  A summary older than ``metrics.jsonl``, or in a directory whose lock is
+  held, describes an earlier state of the run.
   """
   directory = os.fspath(directory)
   summary = os.path.join(directory, "summary.json")
@@ -299,9 +286,8 @@ class WorkdirLayoutError(ValueError):
   written): refused before anything in it is read or written."""
 
 
-# What a run writes at the top of its directory, by kind. A store holds
-# checkpoint steps (directories); the r<r>/ rounds of the server-side driver
-# hold the stores of _ROUND_STORES.
+# What a run writes at the top of its directory, by kind; the r<r>/ rounds
+# of the server-side driver hold the stores of _ROUND_STORES.
 _LAYOUT_DIRS = ("checkpoints", "stages", "tensorboard")
 _LAYOUT_FILES = ("metrics.jsonl", "summary.json", FINGERPRINT_FILE,
                  ENVIRONMENT_FILE)
@@ -322,14 +308,11 @@ def _writable(path: str) -> str | None:
 def check_layout(directory: str | os.PathLike) -> None:
   """Refuses a workdir whose files are not what a run writes there.
 
-  A finished run's directory whose ``checkpoints/`` became a regular file
-  would otherwise look like a run with nothing to resume: it would start
-  again at round 0 and empty ``metrics.jsonl``. So before a run touches its
-  directory, each name a run writes must be of its kind: ``checkpoints/``,
-  ``stages/``, ``tensorboard/``, ``r<r>/`` and the stores under it are
-  directories that can be written; ``metrics.jsonl``, ``summary.json``,
-  ``config.json`` and ``environment.json`` are regular files. Other names
-  are the user's and are not looked at.
+  Otherwise a ``checkpoints/`` turned into a file would look like a run with
+  nothing to resume, restarted at round 0 over its metrics. ``checkpoints/``,
+  ``stages/``, ``tensorboard/``, ``r<r>/`` and its stores must be writable
+  directories; ``metrics.jsonl``, ``summary.json``, ``config.json`` and
+  ``environment.json`` regular files. Other names are not looked at.
 
   Raises:
     WorkdirLayoutError: one line naming the path, what it is and the fix.
@@ -383,8 +366,7 @@ class EnvironmentMismatchError(FingerprintMismatchError):
 
 
 # Environment keys a resume may not change: they change the numbers, not only
-# their rounding (JAX_ENABLE_X64 on fedavg.py:smoke: accuracy 0.2333 against
-# 0.2194 after one round).
+# their rounding.
 _REFUSED_ENVIRONMENT = ("x64",)
 
 
@@ -395,9 +377,8 @@ def _normalised(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
 
 def has_run_files(directory: str | os.PathLike) -> bool:
   """Whether ``directory`` holds results of an earlier run: a committed
-  checkpoint (of any store, stage caches included), metrics rows or a
-  summary. Empty files and directories a run creates before its first
-  result do not count: there is nothing in them to resume."""
+  checkpoint (of any store), metrics rows or a summary; empty files do not
+  count."""
   directory = os.fspath(directory)
   if not os.path.isdir(directory):
     return False
@@ -411,12 +392,10 @@ def content_digests(fingerprint: Mapping[str, Any]) -> dict[str, str]:
   """``{name + CONTENT_SUFFIX: "sha256:<hex>"}`` for each setting whose value
   names an existing ``npz:`` file (the dataset, the public data).
 
-  A path says where the data is, not what it holds: the digest of its arrays
-  makes a file replaced under the same path another experiment. It is
-  computed at every start (size and modification time can be kept while
-  the content changes; hashing is cheap next to training). Files that are
-  missing, no npz archive or damaged get no entry (their loader reports
-  them in one line).
+  A path says where the data is, not what it holds: the digest makes a file
+  replaced under the same path another experiment. It is computed at every
+  start (size and mtime can survive a change). Missing, non-npz or damaged
+  files get no entry (their loader reports them).
   """
   from fedjax_dd.data import sources  # pylint: disable=g-import-not-at-top
   out = {}
@@ -451,37 +430,31 @@ def record_fingerprint(directory: str | os.PathLike,
                        flag: str = "--workdir") -> str:
   """Writes or checks ``directory/config.json``, the settings of the run.
 
-  A run resumed with other defining settings (another dataset, partition,
-  model, seed ...) would continue the old checkpoint silently or fail deep in
-  the restore; comparing a fingerprint first names the settings that differ.
-  The caller decides which settings define the run (the entry point leaves
-  out those a resume may change, e.g. the number of rounds); this function
-  only compares what it is given, plus the content of every ``npz:`` file a
-  setting names (:func:`content_digests`): a file replaced under the same
-  path is refused as another dataset would be.
+  A run resumed with other defining settings (dataset, partition, model,
+  seed ...) would continue the old checkpoint silently or fail deep in the
+  restore; the fingerprint names the settings that differ first. The
+  caller picks the defining settings (leaving out those a resume may
+  change, e.g. the number of rounds); the content of every ``npz:`` file a
+  setting names is compared too (:func:`content_digests`).
 
   Args:
     directory: the run directory (created if missing).
     fingerprint: ``{name: JSON-able value}``, e.g. dotted config paths.
     defaults: the values each setting takes when nobody sets it (e.g. the
-      preset without command-line overrides). A setting the recorded
-      fingerprint lacks (added to the code after the run was recorded)
-      matches when its new value is its default: the run was made under
-      that default.
+      preset without overrides). A setting the recorded fingerprint lacks
+      matches when its new value is its default.
     flag: how the caller names the directory in a refusal (``"--workdir"``
       on the command line, ``"workdir="`` for :func:`fedjax_dd.fit`).
 
   Returns:
-    ``"new"`` (nothing to resume, see :func:`has_run_files`: written, over
-    any recorded one), ``"same"`` (equal to the recorded one) or
-    ``"adopted"`` (the directory holds a run made before fingerprints
-    existed: written, with a one-line warning, and the run resumes).
+    ``"new"`` (nothing to resume, :func:`has_run_files`: written),
+    ``"same"`` (equal to the recorded one) or ``"adopted"`` (results without
+    a fingerprint: written, with a warning, and the run resumes).
 
   Raises:
     FingerprintMismatchError: the directory holds results and the recorded
-      fingerprint differs; one line naming each differing key with its
-      recorded and new value (the first :data:`NAMED_DIFFERENCES`, then
-      how many more). Also when ``config.json`` cannot be read.
+      fingerprint differs (naming up to :data:`NAMED_DIFFERENCES` keys with
+      both values), or ``config.json`` cannot be read.
   """
   directory = os.fspath(directory)
   path = os.path.join(directory, FINGERPRINT_FILE)
@@ -510,8 +483,7 @@ def record_fingerprint(directory: str | os.PathLike,
              and not (k not in old and k.endswith(CONTENT_SUFFIX))
              # A damaged file has no digest now: its loader says so.
              and not (k not in new and k.endswith(CONTENT_SUFFIX))]
-    # A run that stopped before any result (e.g. its dataset failed to
-    # load) leaves nothing to mix: the new settings replace the old.
+    # A run without results leaves nothing to mix: new settings replace it.
     if diffs and has_run_files(directory):
       named = diffs[:NAMED_DIFFERENCES]
       if len(diffs) > len(named):
@@ -549,21 +521,15 @@ def current_environment() -> dict[str, Any]:
 
   Returns:
     ``{"platform", "x64", "device_kind", "devices", "processes", "jax",
-    "jaxlib", "policy"}``; ``x64`` is ``jax_enable_x64``
-    (``JAX_ENABLE_X64=1``). The device count matters on a CPU too: the engine
-    lays the client axis over one host device per core
-    (``fedjax_dd.configure_cpu``), so another count batches the clients
-    otherwise. ``policy`` is :func:`fedjax_dd.policy.forms`, the layer forms
-    and client-mapper choices of this platform's and jax's row: a code
-    change can move a model to another form with the same platform and jax.
+    "jaxlib", "policy"}``; the device count matters on CPU too (it sets how
+    clients are batched); ``policy`` is :func:`fedjax_dd.policy.forms`.
   """
   import jax  # pylint: disable=g-import-not-at-top
   from fedjax_dd import policy  # pylint: disable=g-import-not-at-top
   from fedjax_dd import versions  # pylint: disable=g-import-not-at-top
   devices = jax.devices()
   return {"platform": jax.default_backend(),
-          # JAX_ENABLE_X64 makes Python floats and the loops' scalars 64-bit:
-          # other numbers from the same settings (refused on a mixed resume).
+          # 64-bit scalars change the numbers (refused on a mixed resume).
           "x64": bool(jax.config.jax_enable_x64),
           "device_kind": devices[0].device_kind,
           "devices": len(devices),
@@ -578,8 +544,7 @@ def _environment_differences(started: Mapping[str, Any],
                              prefix: str = "") -> list[str]:
   """``"key old -> new"`` for each key both records hold with other values;
   dicts are compared key by key (``policy.conv "patches" -> "forward"``).
-  A key only one side holds (a record written before that key existed) is
-  not a difference."""
+  A key only one side holds is not a difference."""
   out = []
   for k in sorted(set(started) & set(now)):
     old, new = started[k], now[k]
@@ -610,45 +575,33 @@ def record_environment(directory: str | os.PathLike,
                        ) -> str | None:
   """Records where the run computes, and says when a resume moves it.
 
-  A killed run resumed in the same environment continues bit for bit. In
-  another one (another device count, platform or jax, or a policy table
-  that gives its models other forms) it still resumes, since every form
-  computes the same function, but its float rounding can differ from then
-  on, and long or adversarial training can carry a difference of 1e-6 into
-  points of accuracy (the quickstart's data-free rows on 1-4 host devices:
-  ``experiments/results/quickstart_digits.md``). So the run's first
-  environment is kept in ``environment.json`` under ``"started"``, each
-  other one it continued in is added under ``"resumed"``, and a resume in
-  another environment gets a warning that names the difference. A key that
-  only one of the two holds (a record written before the key existed) is
-  not a difference.
+  A resume in another environment (device count, platform, jax or layer
+  forms) still runs, but its float rounding can differ from then on. So
+  ``environment.json`` keeps the first environment under ``"started"`` and
+  others under ``"resumed"``, and such a resume gets a warning naming the
+  difference.
 
   Args:
     directory: the run directory (created if missing).
     environment: this process's; default :func:`current_environment`.
-    forms: the layer forms the run asked for, beside the policy table's
-      (e.g. ``{"model.conv_impl": "patches"}``): recorded as ``forms`` and
-      compared like the rest, so a resume under another one is named.
-      Recorded forms this call does not give keep their values (a library
-      loop called by the entry point gives none).
+    forms: the layer forms the run asked for (e.g.
+      ``{"model.conv_impl": "patches"}``), compared like the rest; recorded
+      forms this call does not give keep their values.
 
   Raises:
     EnvironmentMismatchError: the run was made with the other
       ``JAX_ENABLE_X64`` setting (a change of numbers, not of rounding).
 
   Returns:
-    The warning when the directory holds results (see
-    :func:`has_run_files`) made in another environment, else None. It is
-    logged once per process and directory (the entry point and the loop
-    it calls both record). A directory with results and no record (a run
-    made before records existed) is recorded as it is now, without one.
+    The warning when the directory holds results (:func:`has_run_files`)
+    made in another environment, else None; logged once per process and
+    directory. Results without a record are recorded as now, without one.
   """
   directory = os.fspath(directory)
   now = _normalised(environment if environment is not None
                     else current_environment())
   record = read_environment(directory)
-  # Forms this caller does not know keep their recorded values: the entry
-  # point records the config's, fit the model's, a server loop none.
+  # Forms this caller does not know keep their recorded values.
   started = record.get("started") if record is not None else None
   recorded_forms = (started.get("forms") if isinstance(started, dict)
                     else None)
@@ -702,14 +655,9 @@ def record_environment(directory: str | os.PathLike,
 def latest_checkpoint(directory: str | os.PathLike) -> tuple[str, int] | None:
   """The newest committed checkpoint under ``directory``, of any store.
 
-  Stores sit at several places of a run directory (``checkpoints/``,
-  ``r<r>/server``, stage caches); the newest commit marker is the step a
-  resumed run starts from or after. Reads only the markers, so it is cheap
-  and safe to call while nothing else runs (e.g. after Ctrl-C).
-
-  A step a restore of this process skipped as damaged is not a candidate
-  (:func:`fedjax_dd.core.checkpoint.is_damaged`): the message after Ctrl-C
-  names the step the run will resume from.
+  Reads only the commit markers (cheap, e.g. after Ctrl-C); steps this
+  process skipped as damaged are not candidates
+  (:func:`fedjax_dd.core.checkpoint.is_damaged`).
 
   Returns:
     ``(path of the step directory relative to directory, step)``, or None if

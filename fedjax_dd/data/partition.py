@@ -1,21 +1,17 @@
 """Splitting a train set across federated clients (host-side NumPy).
 
 Every partitioner takes the train labels ``[N]`` and an explicit
-``np.random.Generator`` (separate from any JAX model key; nothing touches
-global random state) and returns ``list[np.ndarray]``: one int64 index array
-per client into the train split, sorted ascending, never empty. Invalid
-requests raise ``ValueError`` before any random draw (only a split that leaves
-some client empty is detected afterwards); a wrong ``rng`` type raises
-``TypeError``.
-
-Classes are the distinct label values present in ``labels``; schemes that
-index classes (``fedd3``) use their rank in sorted order.
+``np.random.Generator`` (separate from any JAX model key) and returns one
+sorted, non-empty int64 index array per client. Invalid requests raise
+``ValueError`` before any random draw (an empty client only afterwards); a
+wrong ``rng`` type raises ``TypeError``. Classes are the distinct labels
+present, indexed (``fedd3``) by their rank in sorted order.
 
 Schemes:
 
 * :func:`iid`: uniform shuffle, sizes differ by at most one.
-* :func:`pathological`: each client holds ``C`` classes (balanced, HFLDD's
-  earlier random draw, or FedD3 assignment).
+* :func:`pathological`: each client holds ``C`` classes (balanced, random
+  draw, or FedD3 assignment).
 * :func:`dirichlet`: per-class proportions over clients drawn from
   ``Dir(alpha)`` (Hsu et al., 2019), with a minimum client size.
 * :func:`dirichlet_client`: per-client class priors drawn from
@@ -40,7 +36,7 @@ def _check_rng(rng) -> None:
 
 
 def _check_common(labels, num_clients: int, rng) -> np.ndarray:
-  """Validates the arguments shared by all partitioners; returns int64 labels."""
+  """Checks the arguments shared by all partitioners; returns int64 labels."""
   _check_rng(rng)
   labels = np.asarray(labels)
   if labels.ndim != 1:
@@ -107,12 +103,10 @@ def _hfldd_label_sets(num_classes: int, num_clients: int, per_client: int,
                       rng: np.random.Generator) -> list[np.ndarray]:
   """Draws ``per_client`` distinct class ranks per client, covering greedily.
 
-  A random permutation of the classes is dealt round-robin over the clients
-  (client k gets ``perm[k], perm[k + M], ...``) until every class is dealt or
-  every slot is full; then each client fills its remaining slots with
-  distinct classes it does not hold yet, uniformly at random. Dealt classes
-  are distinct per client, so every client ends with exactly ``per_client``
-  distinct classes, and every class is held when ``M * C >= num_classes``.
+  A random permutation of the classes is dealt round-robin (client k gets
+  ``perm[k], perm[k + M], ...``) until every class is dealt or every slot is
+  full; each client then fills its free slots with classes it lacks,
+  uniformly at random. Every class is held when ``M * C >= num_classes``.
   """
   perm = rng.permutation(num_classes)
   dealt = perm[:min(num_classes, num_clients * per_client)]
@@ -130,12 +124,9 @@ def _balanced_label_sets(num_classes: int, num_clients: int, per_client: int,
   """``per_client`` distinct class ranks per client, holders per class equal.
 
   Clients are visited in a random order; each takes the ``per_client``
-  classes held by the fewest clients so far, ties broken at random. The
-  holder counts then never differ by more than one (after each client they
-  take two adjacent values), so every class ends with ``floor(M C / K)`` or
-  ``ceil(M C / K)`` holders -- exactly ``M C / K`` when ``K`` divides ``M C``
-  -- and a client's classes are distinct because it takes ``per_client``
-  different ranks at once.
+  classes held by the fewest clients so far, ties broken at random, so
+  holder counts never differ by more than one: every class ends with
+  ``floor(M C / K)`` or ``ceil(M C / K)`` holders.
   """
   held = np.zeros(num_classes, np.int64)
   sets = [None] * num_clients
@@ -155,33 +146,22 @@ def pathological(labels, num_clients: int, num_classes_per_client: int,
 
   With ``K`` classes, ``M`` clients and ``C = num_classes_per_client``:
 
-  * ``style="balanced"`` (the setting of HFLDD; Shi et al., "Dataset
-    Distillation-based Hybrid Federated Learning on Non-IID Data", 2024,
-    Sec. V-A, "each client has 1, 2, or 10 of the ten classes", Fig. 4's
-    equal clusters): each client holds ``C`` distinct classes and every
-    class is held by the same number of clients, ``M C / K`` (when ``K``
-    does not divide ``M C``, by ``floor`` or ``ceil`` of it). Which clients
-    hold which classes is random (see ``_balanced_label_sets``). E.g.
-    ``M = 100``, ``C = 1``, ``K = 10``: 10 clients per class, each with a
-    tenth of its class.
-  * ``style="hfldd"`` (this project's earlier reading of HFLDD): each
-    client holds ``C`` distinct classes drawn at random; label sets may
-    overlap and the number of holders per class varies (MNIST, ``M = 100``,
-    ``C = 1``: 4 to 13 clients per class). The draw covers first: a random
-    permutation of the classes is dealt round-robin, then free slots are
-    filled at random (see ``_hfldd_label_sets``). Hence when ``M * C >= K``
-    every class is held by at least one client; when ``M * C < K`` the
-    label sets are disjoint and the ``K - M * C`` classes left over (chosen
-    at random) belong to no client.
-  * ``style="fedd3"`` (FedD3; Song et al., "Federated Learning via
-    Decentralized Dataset Distillation in Resource-Constrained Edge
-    Environments", 2023): client ``i`` holds classes
-    ``(i + j) mod K`` for ``j < C`` -- deterministic; only the split of the
-    samples is random. Classes no client reaches (``M * C < K``) are unused.
+  * ``style="balanced"`` (HFLDD; Shi et al. 2024, Sec. V-A, "each client
+    has 1, 2, or 10 of the ten classes", Fig. 4's equal clusters): each
+    client holds ``C`` distinct classes and every class is held by
+    ``M C / K`` clients (``floor`` or ``ceil`` of it when ``K`` does not
+    divide ``M C``); which clients is random (see ``_balanced_label_sets``).
+  * ``style="hfldd"`` (a looser reading of HFLDD): each client holds ``C``
+    distinct classes drawn at random, so label sets may overlap and holders
+    per class vary. The draw covers first (see ``_hfldd_label_sets``): every
+    class is held when ``M * C >= K``; otherwise label sets are disjoint and
+    ``K - M * C`` random classes belong to no client.
+  * ``style="fedd3"`` (FedD3; Song et al. 2023): client ``i`` holds
+    classes ``(i + j) mod K`` for ``j < C``; only the split of the samples
+    is random. Classes no client reaches (``M * C < K``) are unused.
 
-  In every style each class's samples are shuffled and split as evenly as
-  possible (sizes differ by at most one, extras to random holders) among the
-  clients that hold it.
+  Each class's samples are shuffled and split as evenly as possible among
+  its holders (extras to random holders).
 
   Args:
     labels: Train labels ``[N]``.
@@ -242,13 +222,9 @@ def dirichlet(labels, num_clients: int, alpha: float,
   class's shuffled samples are cut into counts proportional to ``p`` (largest
   remainder, so counts sum to the class size). If some client gets fewer than
   ``min_size`` samples, all proportions are redrawn, up to ``max_tries``
-  times. Only the count matrix is built per try; samples are shuffled once a
-  try succeeds, so tries are cheap.
-
-  Small ``alpha`` (e.g. 0.01) puts almost every class on a single client; a
-  draw that is not finite (possible for tiny ``alpha``) is replaced by its
-  ``alpha -> 0`` limit, a one-hot vector on a random client, so no NaN ever
-  reaches the counts.
+  times; samples are shuffled only once a try succeeds, so tries are cheap.
+  A non-finite draw (tiny ``alpha``) is replaced by its ``alpha -> 0``
+  limit, one-hot on a random client, so no NaN reaches the counts.
 
   Args:
     labels: Train labels ``[N]``.
@@ -306,32 +282,25 @@ def dirichlet_client(labels, num_clients: int, alpha: float,
                      ) -> list[np.ndarray]:
   """Equal-size clients whose class mix is a prior drawn from ``Dir(alpha)``.
 
-  The split of FedFTG (Zhang et al., "Fine-tuning Global Model via
-  Data-Free Knowledge Distillation for Non-IID Federated Learning", CVPR
-  2022; code ``utils/util_dataset.py``, rule ``Dirichlet``), which DisUE
-  (Leng et al., Sec. 5.1, ``Dir(epsilon)``) follows. Unlike
+  The split of FedFTG (Zhang et al., CVPR 2022; ``utils/util_dataset.py``,
+  rule ``Dirichlet``), which DisUE (Leng et al., Sec. 5.1, ``Dir(epsilon)``)
+  follows. Unlike
   :func:`dirichlet`, which splits each *class* over clients, every *client*
   ``i`` draws a class prior ``q_i ~ Dir(alpha * 1_K)`` and receives exactly
-  ``n`` samples. Samples are dealt one at a time, as in FedFTG: a client is
-  picked uniformly among those not yet full, a class is drawn from its
-  prior re-normalised over the classes that still have samples (FedFTG
-  redraws until it hits such a class, which is the same distribution), and
-  one not yet dealt sample of that class (uniformly at random) goes to the
-  client. Clients dealt late therefore may find their preferred classes
-  exhausted, as in FedFTG.
+  ``n`` samples, dealt one at a time as in FedFTG: a uniformly picked
+  client not yet full draws a class from its prior re-normalised over the
+  classes with samples left (the distribution of FedFTG's redraw loop) and
+  gets one random undealt sample of it.
 
   Departures from FedFTG's code:
 
-  * ``N mod M`` samples are left unused so that every client has exactly
-    ``n = N // M`` (FedFTG gives the remainder to the first client; its
-    lognormal ``sigma = 0`` sizes are otherwise equal).
-  * When every class of a client's prior is exhausted (possible for tiny
-    ``alpha``, where FedFTG's redraw loop never ends), the class is drawn
-    in proportion to the samples left.
-  * A prior that is not finite (tiny ``alpha``) is replaced by its
-    ``alpha -> 0`` limit, one-hot on a random class, as in :func:`dirichlet`.
-
-  Small ``alpha`` (DisUE: 0.01 to 0.06) gives most clients a single class.
+  * ``N mod M`` samples are left unused so every client has exactly
+    ``n = N // M`` (FedFTG gives the remainder to the first client).
+  * When every class of a client's prior is exhausted (tiny ``alpha``, where
+    FedFTG's loop never ends), the class is drawn in proportion to the
+    samples left.
+  * A non-finite prior (tiny ``alpha``) is replaced by its ``alpha -> 0``
+    limit, as in :func:`dirichlet`.
 
   Args:
     labels: Train labels ``[N]``.
@@ -438,10 +407,9 @@ def quantity_skew(labels, num_clients: int, rng: np.random.Generator, *,
                   sigma: float = 1.0, min_size: int = 1) -> list[np.ndarray]:
   """IID labels with lognormal client sizes.
 
-  Weights ``w_k ~ LogNormal(0, sigma)``; each client gets ``min_size``
-  samples plus a share of the remaining ``N - M * min_size`` proportional to
-  ``w_k`` (largest remainder, so sizes sum to N), cut from one uniform
-  shuffle. ``sigma=0`` gives equal sizes.
+  Each client gets ``min_size`` samples plus a share of the other
+  ``N - M * min_size`` proportional to ``w_k ~ LogNormal(0, sigma)``
+  (largest remainder), cut from one uniform shuffle.
 
   Args:
     labels: Train labels ``[N]`` (only N is used).
@@ -504,17 +472,12 @@ def personal_test_split(test_labels, train_counts, rng: np.random.Generator
                         ) -> list[np.ndarray]:
   """Each client's test set, drawn like its training data.
 
-  The test examples of class ``k`` are dealt out to the clients in
-  proportion to their training examples of class ``k`` (largest remainder,
-  so every such test example goes to exactly one client; which ones, is
-  drawn by ``rng``). A client so gets the test examples of its own classes,
-  ``T_k n_ik / N_k`` of class ``k``; its test label proportions equal its
-  training ones when the test/train ratio ``T_k / N_k`` is the same for
-  every class (MNIST, Fashion-MNIST, CIFAR-10: within 2 %). This is the
-  protocol of pFL benchmarks that split the test set "like the clients"
-  (FL-bench, PFLlib) and of the clustered methods' papers (IFCA, PACFL),
-  which test every client on data of its own distribution. Test examples of
-  a class no client trains on are left out.
+  The test examples of class ``k`` are dealt to the clients in proportion
+  to their training examples of class ``k`` (largest remainder; which ones
+  is drawn by ``rng``), so client ``i`` gets ``T_k n_ik / N_k`` of class
+  ``k``. This is the protocol of FL-bench, PFLlib, IFCA and PACFL: every
+  client is tested on its own distribution. Test examples of a class no
+  client trains on are left out.
 
   Args:
     test_labels: test labels ``[T]``.
@@ -562,9 +525,8 @@ def stratified_split(labels, partition: list[np.ndarray],
   """Splits every client's own examples into train and test, per class.
 
   Of client ``i``'s ``n_ik`` examples of class ``k``, ``round(f n_ik)``
-  (halves up, at most ``n_ik - 1`` so that a class keeps a training
-  example) drawn by ``rng`` become its test examples: FL-bench's and
-  PFLlib's per-client split.
+  (halves up, at most ``n_ik - 1`` so a class keeps a training example)
+  become test examples: FL-bench's and PFLlib's per-client split.
 
   Args:
     labels: the labels ``[N]`` the partition indexes.

@@ -29,8 +29,7 @@ def channel_stats(x_uint8, *, chunk_size: int = 1024
   """Per-channel mean and standard deviation on the [0, 1] scale.
 
   Compute them on the train split only. Sums are accumulated in float64 over
-  chunks of ``chunk_size`` images, so peak extra memory is one float64 chunk
-  (for 32x32x3 and the default 1024: 25 MB) whatever N is.
+  chunks of ``chunk_size`` images, bounding extra memory whatever N is.
 
   Args:
     x_uint8: Images ``[N, H, W, C]`` uint8 (NumPy or JAX).
@@ -122,18 +121,14 @@ def resize_images(x, out_shape: tuple[int, int, int] = (32, 32, 3),
   Methods:
 
   * ``"bilinear"``: ``jax.image.resize(..., "bilinear")`` (half-pixel
-    centres; antialiased when shrinking), rounded and clipped back to uint8.
-    E.g. a row ``[0, 255]`` widened to 4 pixels becomes ``[0, 64, 191, 255]``.
+    centres; antialiased when shrinking), rounded and clipped to uint8.
   * ``"pad"``: zero-pad, centred (an odd surplus goes to the bottom/right);
-    only enlarges. 28x28 -> 32x32 adds 2 zero rows/columns on each side,
-    the usual LeNet input for MNIST.
+    only enlarges (MNIST 28x28 -> 32x32, the usual LeNet input).
 
-  Channels: equal channel counts are kept; 1 -> C repeats the gray channel.
-  Other channel changes are rejected.
-
-  A JAX input is processed in one jitted call (usable under ``jax.jit``) and
-  returns a JAX array. A NumPy input is processed in chunks of ``chunk_size``
-  images, to bound the float32 intermediate, and returns a NumPy array.
+  Equal channel counts are kept; 1 -> C repeats the gray channel; other
+  changes are rejected. A JAX input is resized in one jitted call; a NumPy
+  input in chunks of ``chunk_size`` images, bounding the float32
+  intermediate.
 
   Args:
     x: Images ``[N, H, W, C]`` uint8.

@@ -10,13 +10,10 @@ Names accepted by :func:`load_dataset`:
   no download). The offline default, used by tests and smoke runs.
 * TFDS names ``"mnist"``, ``"fashion_mnist"``, ``"cifar10"``, ``"cifar100"``,
   ``"svhn_cropped"``: loaded through ``tensorflow_datasets`` (the ``tfds``
-  extra, ``pip install "fedjax-dd[tfds]"``). A copy prepared in ArrayRecord
-  format loads through ``tfds.data_source`` without TensorFlow; downloading
-  and preparing one, or reading a TFRecord copy, needs TensorFlow (see
-  :func:`_load_tfds` for the order of attempts).
+  extra, ``pip install "fedjax-dd[tfds]"``); see :func:`_load_tfds` for when
+  TensorFlow is needed.
 * ``"npz:PATH"``: a NumPy archive with keys ``x_train``, ``y_train``,
-  ``x_test``, ``y_test`` (the Keras ``load_data`` convention). The offline
-  copies under ``../shared/datasets`` use this format, e.g.
+  ``x_test``, ``y_test`` (Keras ``load_data``'s convention), e.g.
   ``load_dataset("npz:../shared/datasets/mnist.npz")``.
 
 :func:`resplit` pools a dataset's two splits and cuts them again at a given
@@ -129,17 +126,15 @@ def _make_dataset(name: str, x_train, y_train, x_test, y_test,
     y_train: Train labels ``[N]`` (or ``[N, 1]``), any integer dtype.
     x_test: Test images, same image shape as ``x_train``.
     y_test: Test labels.
-    num_classes: Known number of classes, or None to use max label + 1 over
-      both splits. A class in ``[0, num_classes)`` without a training
-      example is logged as a warning.
+    num_classes: Known number of classes, or None for max label + 1; a
+      class without a training example is logged as a warning.
 
   Returns:
     The validated dataset.
 
   Raises:
     ValueError: On a wrong dtype, rank, empty split, mismatched lengths or
-      image shapes, ``num_classes < 1``, or labels outside
-      ``[0, num_classes)`` (with how many and a few of them).
+      image shapes, ``num_classes < 1``, or labels outside it.
   """
   x_train = _check_images(x_train, "x_train", name)
   x_test = _check_images(x_test, "x_test", name)
@@ -179,7 +174,7 @@ def _make_dataset(name: str, x_train, y_train, x_test, y_test,
 
 
 def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
-  """Integer counts proportional to ``weights`` that sum exactly to ``total``."""
+  """Integer counts proportional to ``weights`` summing exactly to ``total``."""
   exact = total * weights / weights.sum()
   counts = np.floor(exact).astype(np.int64)
   short = total - counts.sum()
@@ -192,11 +187,10 @@ def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:
 def _load_digits(data_dir: str | None) -> Dataset:
   """scikit-learn's 8x8 digits with a fixed stratified 1437/360 split.
 
-  Pixel values 0..16 are mapped to uint8 by ``round(v * 255 / 16)``. The test
-  split takes ``_DIGITS_NUM_TEST`` = 360 images, spread over the classes by
-  largest remainder in proportion to class size (35 to 37 per class), and
-  chosen within each class by ``np.random.default_rng(_DIGITS_SPLIT_SEED)``.
-  Both splits keep the original order of the scikit-learn array.
+  Pixel values 0..16 are mapped to uint8 by ``round(v * 255 / 16)``. The
+  ``_DIGITS_NUM_TEST`` test images are spread over the classes by largest
+  remainder and chosen within each by ``_DIGITS_SPLIT_SEED``; both splits
+  keep scikit-learn's order.
   """
   del data_dir  # Embedded in scikit-learn.
   from sklearn import datasets as sk_datasets  # Host-only dependency.
@@ -215,8 +209,7 @@ def _load_digits(data_dir: str | None) -> Dataset:
                        y[is_test], num_classes=10)
 
 
-# Where TFDS looks first for a prepared copy it could not find locally (its
-# GCS mirror), and where most of its source URLs live: if this host cannot be
+# TFDS's GCS mirror, where most of its sources live: if this host cannot be
 # reached, a download cannot succeed.
 TFDS_PROBE_HOST = "storage.googleapis.com"
 TFDS_PROBE_PORT = 443
@@ -243,9 +236,8 @@ def network_reachable(host: str = TFDS_PROBE_HOST, port: int = TFDS_PROBE_PORT,
                       timeout: float = TFDS_PROBE_TIMEOUT) -> bool:
   """Whether a TCP connection to ``host:port`` opens within ``timeout`` s.
 
-  Name resolution has no timeout of its own, so the probe runs in a daemon
-  thread and is abandoned after ``timeout``. Behind an HTTPS proxy
-  (``$https_proxy``) the proxy is probed instead, since that is the way out.
+  The probe runs in a daemon thread abandoned after ``timeout``, since name
+  resolution has no timeout; behind ``$https_proxy`` the proxy is probed.
   """
   import socket  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
@@ -275,8 +267,7 @@ class DatasetUnavailableError(RuntimeError):
   """A named dataset could not be loaded (no copy, no network, no TFDS)."""
 
 
-# The optional dependencies of the TFDS names: tensorflow-datasets, and
-# TensorFlow for preparing a copy or reading a TFRecord one.
+# Installs tensorflow-datasets and TensorFlow, the TFDS names' extras.
 TFDS_EXTRA_INSTALL = 'pip install "fedjax-dd[tfds]"'
 
 # The splits every TFDS name is loaded from, in Dataset order.
@@ -339,9 +330,8 @@ def _source_to_numpy(source: Any, image_key: str, label_key: str
                      ) -> tuple[np.ndarray, np.ndarray]:
   """Decodes a whole TFDS data source into ``(images, labels)`` arrays.
 
-  Reads ``_SOURCE_CHUNK`` examples at a time (``__getitems__`` when the
-  source has it), in the source's order: the order of the prepared files,
-  which is what ``tfds.load(..., shuffle_files=False)`` returns too.
+  Reads ``_SOURCE_CHUNK`` examples at a time, in the prepared files' order
+  (as ``tfds.load(..., shuffle_files=False)`` does).
   """
   n = len(source)
   images, labels = [], []
@@ -372,33 +362,20 @@ def _load_tfds(tfds_name: str, num_classes: int,
 
   The attempts, in order:
 
-  1. ``import tensorflow_datasets``. Missing, the error names the ``tfds``
+  1. ``import tensorflow_datasets``; missing, the error names the ``tfds``
      extra (:data:`TFDS_EXTRA_INSTALL`).
-  2. A prepared copy in the data directory (:func:`tfds_prepared`, then the
-     builder's ``is_prepared()``), no network needed:
+  2. A prepared copy in the data directory (:func:`tfds_prepared`, then
+     ``is_prepared()``), no network needed: an ArrayRecord copy is read
+     through the builder's data source without TensorFlow; a TFRecord copy
+     with ``tfds.load`` and ``tfds.as_numpy``, which need TensorFlow.
+  3. No prepared copy: download and prepare one (ArrayRecord where the
+     ``array_record`` package exists, else TFRecord), then read it as in 2.
+     TFDS's builders use ``tf.io.gfile`` and ``tf.image.encode_png``, so
+     preparing needs TensorFlow; without it the error names the extra
+     before anything is downloaded.
 
-     * in ArrayRecord format: read through the builder's data source (what
-       ``tfds.data_source`` returns), decoded to NumPy (images with Pillow
-       or OpenCV), without TensorFlow;
-     * in TFRecord format (TFDS's default before ArrayRecord): read with
-       ``tfds.load(..., batch_size=-1)`` and ``tfds.as_numpy``, which need
-       TensorFlow; without it the error names the extra.
-
-  3. No prepared copy: download and prepare one in ArrayRecord format
-     (``download_and_prepare(file_format="array_record")``; in TFDS's
-     default TFRecord format where the ``array_record`` package is missing,
-     which TFDS installs only on Linux), then read it as in 2. TFDS's
-     builders for the five names read their raw files with
-     ``tf.io.gfile`` and encode the images with ``tf.image.encode_png``, so
-     preparing needs TensorFlow: without it the error names the extra, before
-     anything is downloaded. A copy prepared in ArrayRecord format makes
-     later loads (also on a machine without TensorFlow, given the directory)
-     take the first branch of 2.
-
-  Without a prepared copy and without network access TFDS retries its
-  downloads for minutes before failing; a probe of :data:`TFDS_PROBE_HOST`
-  (skipped when a copy is prepared) fails in seconds instead, with the same
-  message.
+  Without a copy or network TFDS retries its downloads for minutes; a
+  probe of :data:`TFDS_PROBE_HOST` fails in seconds instead.
 
   Args:
     tfds_name: TFDS registered name, with ``train`` and ``test`` splits and
@@ -413,8 +390,7 @@ def _load_tfds(tfds_name: str, num_classes: int,
   Raises:
     DatasetUnavailableError: TFDS or TensorFlow missing where needed (naming
       the ``tfds`` extra), no copy and no network, or any error of TFDS.
-    ValueError: The loaded arrays fail validation (e.g. labels outside
-      ``[0, num_classes)``).
+    ValueError: The loaded arrays fail validation.
   """
   try:
     try:
@@ -491,10 +467,7 @@ def _open_npz(spec: str) -> tuple[str, dict[str, np.ndarray]]:
 
 def _check_npz_file(spec: str, full: str) -> None:
   """Refuses a path that is not a regular file holding a zip archive,
-  naming what it is (missing, a directory, a device or pipe, another
-  format) without reading past a regular file's end record. (np.load
-  guesses the format from the contents and reports any other file as
-  "pickled data"; an npz archive is a zip file.)"""
+  naming what it is, since np.load reports any non-zip as "pickled data"."""
   if not os.path.exists(full):
     raise ValueError(f"{spec!r}: file not found: {full}")
   if os.path.isdir(full):
@@ -515,9 +488,8 @@ def _npz_arrays(full: str, spec: str | None = None):
   """``(key, array)`` of each member of the npz archive ``full``, in key
   order, after each member's declared size was checked against its bytes.
 
-  A damaged archive otherwise surfaces as zipfile's ``BadZipFile``, zlib's
-  ``error`` or, for a header declaring an impossible shape, a
-  ``MemoryError`` from the allocation ("Unable to allocate 59.6 GiB").
+  A damaged archive otherwise surfaces as ``BadZipFile``, zlib's ``error``
+  or, for a header declaring an impossible shape, a ``MemoryError``.
 
   Raises:
     ValueError: one line naming the file, what is wrong and the fix.
@@ -594,12 +566,11 @@ def npz_digest(path: str) -> str:
   """SHA-256 of an npz archive's arrays: each key, dtype, shape and bytes,
   in key order.
 
+  Hashes arrays, not file bytes, so re-saving with another compression
+  keeps the digest.
+
   Raises:
     ValueError: the file is no npz archive or a damaged one.
-
-  The arrays, not the file bytes: the same arrays saved again (another
-  compression) give the same digest; other images or labels under the
-  same path do not.
   """
   h = hashlib.sha256()
   for k, a in _npz_arrays(os.path.abspath(path)):
@@ -628,30 +599,24 @@ def load_dataset(name: str, *, data_dir: str | None = None,
   Args:
     name: ``"digits"``, a TFDS name (``"mnist"``, ``"fashion_mnist"``,
       ``"cifar10"``, ``"cifar100"``, ``"svhn_cropped"``) or ``"npz:PATH"``.
-      A relative PATH is resolved against the current working directory. In
-      the archive, grayscale images may be ``[N, H, W]``; a channel axis is
-      added.
+      A relative PATH is resolved against the working directory; grayscale
+      ``[N, H, W]`` images get a channel axis.
     data_dir: TFDS data directory (default ``$TFDS_DATA_DIR``, else
       ``~/tensorflow_datasets``); ignored by ``digits`` and ``npz:``.
-    num_classes: the number of classes, declared: every label of both
-      splits must lie in ``[0, num_classes)``. None infers it, for
-      ``npz:`` as max label + 1 over both splits (one stray label 12 makes
-      a 13-class model); the named datasets know theirs, and a declared
-      value must equal it. A class without training examples is logged as
-      a warning.
+    num_classes: the declared number of classes: every label of both
+      splits must lie in ``[0, num_classes)``. None infers it (``npz:``:
+      max label + 1 over both splits); a named dataset's value must match.
+      A class without training examples is logged as a warning.
 
   Returns:
     The dataset, images ``[N, H, W, C]`` uint8 and labels ``[N]`` int32.
 
   Raises:
     ValueError: Unknown name; an ``npz:`` file that is missing, lacks keys,
-      or holds arrays of the wrong dtype, rank or length; labels outside
-      ``[0, num_classes)``; or a declared ``num_classes`` that differs from a
-      named dataset's.
-    DatasetUnavailableError: A TFDS dataset cannot be loaded: no prepared
-      copy and no internet, or ``tensorflow_datasets`` (or TensorFlow, to
-      prepare a copy or read a TFRecord one) missing, in which case the
-      message names the ``tfds`` extra. A subclass of ``RuntimeError``.
+      or holds bad arrays; labels outside ``[0, num_classes)``; or a
+      ``num_classes`` that differs from a named dataset's.
+    DatasetUnavailableError: A TFDS dataset cannot be loaded (see
+      :func:`_load_tfds`); a subclass of ``RuntimeError``.
   """
   if num_classes is not None:
     validate.positive_int("num_classes", num_classes)
@@ -717,11 +682,10 @@ def resplit(ds: Dataset, train_fraction: float, *, rng: np.random.Generator
   """Pools train and test and splits them again, ``train_fraction`` to train.
 
   HFLDD (Shi et al., 2024, Sec. V-A: "each dataset is divided into 80% for
-  training and 20% for testing") uses ``train_fraction=0.8``: MNIST's
-  60,000 + 10,000 images become 56,000 train and 14,000 test. The pooled
-  order is train then test; one permutation drawn from ``rng`` shuffles it,
-  the first ``round(train_fraction * N)`` images form the train split and
-  the rest the test split, each kept in pooled order (not stratified).
+  training and 20% for testing") uses ``train_fraction=0.8``. One
+  permutation from ``rng`` picks ``round(train_fraction * N)`` pooled
+  (train then test) images for train; each split keeps pooled order and
+  is not stratified.
 
   Args:
     ds: The dataset as loaded.

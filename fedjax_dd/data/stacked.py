@@ -6,16 +6,9 @@ whole federation is one pytree that ``fedjax_dd.core.clients`` can map over.
 indices below it, so padding never reaches a loss.
 
 Memory: images stay uint8, so the stack costs ``C * N_max * H * W * Ch``
-bytes against ``N * H * W * Ch`` for the raw train set. Padding only to the
-largest client keeps the two close for balanced schemes. Worked example,
-MNIST (N = 60,000, 784 bytes per image, raw 47.0 MB), 500 clients under
-``pathological(..., num_classes_per_client=2, style="fedd3")``: each class is
-held by 500 * 2 / 10 = 100 clients, so a client holding classes 0 and 1 gets
-ceil(5923 / 100) + ceil(6742 / 100) = 60 + 68 = 128 examples, the maximum;
-the stack is 500 * 128 * 784 bytes = 50.2 MB, +6.7% over raw (measured with
-``style="hfldd"``, seed 0: N_max = 131, 51.4 MB). Skewed sizes cost more:
-``dirichlet(alpha=0.1)`` over 100 clients gave N_max = 2,489, i.e. 195 MB,
-4.1x raw, because every client is padded to the largest one.
+bytes against ``N * H * W * Ch`` for the raw train set: close for balanced
+schemes, several times more for skewed client sizes (e.g. ``dirichlet``
+with small ``alpha``), since every client is padded to the largest.
 """
 
 from __future__ import annotations
@@ -46,8 +39,7 @@ class ClientData:
   num_examples: jax.Array | np.ndarray
 
   def __post_init__(self):
-    # Checked once, where the stack is built from host arrays (device and
-    # traced copies, and the specs that share this dataclass, are not read).
+    # Checked on host arrays only; device/traced copies and specs are skipped.
     validate.client_fields(self.x, self.y, self.num_examples)
 
   @property
@@ -79,13 +71,11 @@ def stack_clients(x: np.ndarray, y: np.ndarray,
     y: Train labels ``[N]``, integer.
     partition: One index array into ``x``/``y`` per client (from
       :mod:`fedjax_dd.data.partition`), each non-empty.
-    pad_to: Padded length ``N_max``; defaults to the largest client and must
-      not be smaller. A fixed value keeps shapes (and compiled programs)
-      stable across partitions.
-    allow_shared: accept an example in several clients (a resampling, not a
-      partition); by default that is refused.
-    allow_empty: accept a client without examples (a per-client test set,
-      which is only evaluated; training needs at least one example).
+    pad_to: Padded length ``N_max``, at least the largest client (default);
+      a fixed value keeps shapes and compiled programs stable.
+    allow_shared: accept an example in several clients (a resampling).
+    allow_empty: accept a client without examples (for a per-client test
+      set; training needs at least one example).
 
   Returns:
     ``ClientData`` with NumPy fields ``x [C, N_max, H, W, Ch]``,
@@ -144,11 +134,9 @@ def sample_batch(key: jax.Array, x: jax.Array, y: jax.Array,
   """Draws a batch, with replacement, from ONE client's padded data.
 
   Indices are ``randint(key, [B], 0, 2**31 - 1) % max(num_examples, 1)``,
-  so they are always below ``num_examples`` and padding is never touched
-  (for ``num_examples >= 1``, which :func:`stack_clients` guarantees). The
-  modulo bias is below ``N_max / 2**31``, negligible. Jit-able with
-  ``batch_size`` static; ``num_examples`` may be traced, so one compiled
-  program serves every client (e.g. under ``vmap``).
+  so padding is never touched (modulo bias below ``N_max / 2**31``).
+  Jit-able with ``batch_size`` static; ``num_examples`` may be traced, so
+  one compiled program serves every client.
 
   Args:
     key: PRNG key.

@@ -1,16 +1,12 @@
 """Host-side argument checks shared by the library's public entry points.
 
-Every check runs before any compute (before anything is jitted) and raises a
-one-line ``ValueError`` that names the argument, what was expected (shape,
-dtype or range) and what was given, in the style of
-:func:`fedjax_dd.kernels.krr.krr_predict`:
+Every check runs before any compute and raises a one-line ``ValueError``
+naming the argument, what was expected and what was given, e.g.
 ``"y must be [C, N_max] integer class indices, got shape (2, 5, 1)."``.
 
 Shapes and dtypes are always checked (they are static, also under tracing).
-Value ranges are checked only on concrete arrays: host NumPy arrays, or a
-device array when the caller asks for it (``fetch=True``; the batched
-distillation functions, called once per run, fetch the small label and
-count arrays). Traced values are never read.
+Value ranges are checked only on host arrays, or on concrete device arrays
+with ``fetch=True``; traced values are never read.
 """
 
 from __future__ import annotations
@@ -34,9 +30,8 @@ _SHOWN = 5
 
 
 def _dtype(a: Any) -> np.dtype:
-  """``a``'s dtype without reading its values (an array, even traced, has
-  one; ``np.asarray`` of a device array copied it to the host, and of a
-  tracer failed)."""
+  """``a``'s dtype without reading its values (``np.asarray`` would copy
+  a device array and fail on a tracer)."""
   return np.dtype(a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype)
 
 
@@ -146,10 +141,8 @@ def client_stack(x: Any, y: Any, num_examples: Any, *,
   """Checks a padded client stack ``x [C, N_max, H, W, Ch]`` uint8,
   ``y [C, N_max]`` integer, ``num_examples [C]`` integer in ``[0, N_max]``.
 
-  Labels of real rows (below ``num_examples``) must be in
-  ``[0, num_classes)`` when ``num_classes`` is given; padding rows are not
-  read. Value checks run on host arrays, or on concrete device arrays with
-  ``fetch``.
+  Labels of real rows must be in ``[0, num_classes)`` when ``num_classes``
+  is given; padding rows are not read.
 
   Raises:
     ValueError: naming the argument, the expected shape/dtype/range and
@@ -240,10 +233,9 @@ def client_fields(x: Any, y: Any, num_examples: Any, *,
   as far as every producer allows: ``x [C, N_max, ...]``, ``y [C, N_max]``
   integer class indices ``>= 0`` on real rows (or ``[C, N_max, K]`` soft
   labels), ``num_examples [C]`` integers in ``[0, N_max]``, and no float
-  images in ``[0, 1]`` (uint8 pixels are expected; the models' normalisation
-  would leave such images near-constant). Values are read on host arrays,
-  or concrete device arrays with ``fetch``; anything else (tracers, the
-  ``in_axes`` or sharding specs that share the dataclass) is not checked.
+  images in ``[0, 1]`` (the models' normalisation would leave them
+  near-constant). Tracers and the ``in_axes`` or sharding specs that share
+  the dataclass are not checked.
 
   Raises:
     ValueError: naming the field, the expected shape, dtype or range and

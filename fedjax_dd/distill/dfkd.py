@@ -1,85 +1,48 @@
 """DENSE / HASA data-free distillation: a fresh generator per epoch and a pool.
 
 The server holds ``m`` uploaded client models (teachers) and no data. A
-generator ``G`` learns to synthesise images ``x̂ = G(z)`` on which the teacher
-ensemble is confident and whose intermediate statistics match the teachers'
-BatchNorm running statistics; the global model (student) ``F_g`` is then
-distilled from the ensemble on ``x̂``. The two steps alternate for ``T_g``
-epochs (FedHydra's HASA, Alg. 1; DENSE's training loop).
+generator learns images ``x̂ = G(z)`` on which the teacher ensemble is
+confident and whose BatchNorm statistics match the teachers'; the student
+``F_g`` is then distilled from the ensemble on ``x̂``, alternating for
+``T_g`` epochs (FedHydra's HASA, Alg. 1; DENSE's training loop). Teachers
+and losses come from :mod:`fedjax_dd.distill.ensemble`.
 
-The teachers, the combine rule ``combine(logits [m, B, K], y [B], ctx) ->
-[B, K]`` and the losses ``L_Gen`` / ``L_Glo`` come from
-:mod:`fedjax_dd.distill.ensemble`; this module is the *synthesis protocol*
-around them. A conditional-generator loop (FedFTG / DisUE style) is a sibling
-built from the same parts, not a variant of this one.
+Synthesis protocol. The papers' text leaves it open; the defaults of
+:class:`DFKDHyperParams` follow the authors' code (DENSE's
+``AdvSynthesizer``, which FedHydra's code extends):
 
-Synthesis protocol. The papers' text leaves it open; the authors' released
-code (DENSE's ``AdvSynthesizer``, which FedHydra's code extends) fixes it, and
-the defaults of :class:`DFKDHyperParams` follow that code:
-
-* every epoch starts from a **freshly initialised generator** and fresh
-  noise ``z``, and Adam optimises the generator **and** ``z`` for ``T_G``
-  steps (so one batch of ``B`` images of random classes ``y`` can be reached
-  in ``T_G`` steps; a persistent generator fed fresh noise cannot learn a new
-  noise-to-label assignment each epoch, and with these settings the student
-  stayed at chance);
-* the batch with the **lowest generator loss** over those steps is kept;
+* every epoch, Adam optimises a **freshly initialised generator** and
+  fresh noise ``z`` for ``T_G`` steps (a persistent generator fed fresh
+  noise cannot learn a new noise-to-label assignment each epoch);
+* the batch with the **lowest generator loss** is kept;
 * ``L_AD`` is masked to the samples on which student and ensemble disagree;
-* every kept batch joins a **data pool** and the student makes one pass over
-  the whole pool per epoch (shuffled across batches).
-
-The ensemble logits ``P`` of a pooled image never change (the teachers are
-frozen), so they are stored with the image instead of recomputing ``m``
-teacher passes per student step; the result is the same.
+* kept batches form a **data pool**, with their (fixed) ensemble logits
+  ``P``; the student makes one shuffled pass over it per epoch.
 
 Where this loop departs from DENSE's released code (``zj-jayzhang/DENSE``,
 ``helpers/synthesizers.py`` and ``loop_df_fl.py``, read at commit 237c5dd):
 
-* ``L_BN``: DENSE hooks every BatchNorm layer of every teacher and *sums*
-  the statistics losses over teachers; here it is their *mean* (FedHydra's
-  Eq. 14, ``1/m``). For ``m`` teachers DENSE's ``λ1 = 1`` is ``λ1 = m`` here.
-* Augmentation: DENSE's generator loss sees the images through a random
-  crop with 4 pixels of zero padding and a random mirror (kornia), the pool
-  keeping the originals; its student reads the pool through a random mirror
-  (plus the crop on CIFAR) and recomputes the teachers on each view. Here
-  ``augment_shift`` / ``augment_flip`` give the generator's part (off by
-  default, the papers' text); the student sees the stored images and ``P``.
-* The student's loss: DENSE uses the temperature KL alone (its README's
-  command: ``T = 20``); FedHydra's Eqs. 17–19 add ``β·CE`` on the hard
-  label, as here (``beta = 0`` is DENSE's). DENSE's ``L_AD`` always uses
-  ``T = 1``; here ``adv_temperature`` (default: the student's
-  ``temperature``).
-* The student inside ``L_AD``: DENSE leaves it in training mode (batch
-  statistics; each generator step's forward pass also moves its running
-  statistics); here it runs on its running statistics, which stay put.
-* The fresh generator: DENSE re-initialises it with N(0, 0.02) weights, zero
-  biases and N(1, 0.02) BatchNorm scales; here Flax's default initialisers.
-* The pool: DENSE stores 8-bit PNG files; here float32.
-* FedHydra's Alg. 1 (line 11) initialises the generator once, before the
-  epochs; ``reset_generator=False`` is that reading, the default follows
-  DENSE's code (which FedHydra's code extends).
+* ``L_BN`` is the *mean* over teachers (FedHydra's Eq. 14), not DENSE's
+  sum: DENSE's ``λ1 = 1`` is ``λ1 = m`` here.
+* Augmentation (DENSE: random crop and mirror) is the generator's only,
+  off by default (``augment_shift`` / ``augment_flip``).
+* The student's loss adds FedHydra's ``β·CE`` (Eqs. 17–19) to DENSE's KL.
+* The student inside ``L_AD`` runs in inference mode (DENSE: training).
+* Flax's default initialisers, a float32 pool (DENSE: N(0, 0.02) weights,
+  8-bit PNG files).
 
 Two protocols (:attr:`DFKDHyperParams.protocol`, :data:`PROTOCOLS`):
 
-* ``"dense"`` (the default, the loop above): DENSE's released code, with its
-  additions to the papers' text (a fresh generator each epoch, learned
-  noise, the keep-best batch, the adversarial mask, the data pool) each a
-  field of its own;
-* ``"paper"``: FedHydra's Alg. 1 as printed, whatever those fields say
-  (:data:`PAPER_LOOP`): one generator initialised once (line 11) and
-  carried with its Adam state across the epochs; per epoch one batch of
-  noise and labels (lines 13–14), fixed during the epoch's ``T_G``
-  generator steps (lines 16–21, ``L_Gen`` of Eq. 16 with ``L_AD`` on every
-  sample); then ONE student step (lines 23–24, ``L_Glo`` of Eq. 19) on the
-  images of the generator after those steps, with no pool. The student's
-  optimiser is the caller's (Sec. 4.1.5: SGD, lr 0.01; no momentum).
+* ``"dense"`` (the default, the loop above), each of DENSE's additions to
+  the papers' text a field of its own;
+* ``"paper"``: FedHydra's Alg. 1 as printed (:data:`PAPER_LOOP`): one
+  generator initialised once (line 11) and carried with its Adam state;
+  per epoch one fixed batch of noise and labels (lines 13–14) for the
+  ``T_G`` generator steps (lines 16–21, Eq. 16), then ONE student step
+  (lines 23–24, Eq. 19) on the generator's final images, with no pool. The
+  student's optimiser is the caller's (Sec. 4.1.5: SGD, lr 0.01).
 
-One epoch is one iteration of the generator–student skeleton shared with
-IGA (:mod:`fedjax_dd.distill.gen_student`), a host loop over five jitted
-programs, each compiled once: :func:`_draw` (noise, labels, pool order, a
-fresh generator), :func:`_generator_begin`, ``T_G`` ×
-:func:`_generator_step`, :func:`_pool_insert` and the student steps
-(:func:`_student_step`).
+An epoch runs on :mod:`fedjax_dd.distill.gen_student`'s host loop.
 
 References:
   Zhang et al., "DENSE: Data-Free One-Shot Federated Learning", NeurIPS 2022.
@@ -136,7 +99,7 @@ class DFKDState:
     batch_stats: student BatchNorm statistics.
     opt_state: student optimizer state.
     pool_x: ``[S, B, H, W, Ch]`` the last ``S`` synthetic batches in
-      ``[0, 1]`` (a ring buffer; slot ``e % S`` holds epoch ``e``'s batch).
+      ``[0, 1]``; slot ``e % S`` holds epoch ``e``'s.
     pool_y: ``[S, B]`` their target labels.
     pool_p: ``[S, B, K]`` the ensemble logits ``P`` of the pooled images.
     key: root PRNG key; epoch ``e`` uses ``fold_in(key, e)``.
@@ -162,42 +125,31 @@ class DFKDHyperParams:
   Attributes:
     batch_size: synthetic images per generator/student step.
     generator_steps: ``T_G`` generator steps per epoch [30].
-    student_steps: student steps per epoch. ``0`` (default) is one pass over
-      the filled part of the pool, shuffled across batches (the reference
-      code's ``kd_train`` over its data pool; the pass grows by one batch per
-      epoch until the pool is full). ``n > 0`` makes exactly ``n`` steps over
-      that shuffled order, wrapping around.
-    pool_size: ``S``, synthetic batches kept for the student; a ring buffer
-      (slot ``e % S`` holds epoch ``e``'s batch). ``S = T_g`` keeps every
-      batch, as the reference's unbounded pool does.
+    student_steps: student steps per epoch; ``0`` (default): one shuffled
+      pass over the filled pool (the reference's ``kd_train``); ``n > 0``:
+      ``n`` steps over that order, wrapping around.
+    pool_size: ``S``, synthetic batches kept for the student in a ring
+      buffer; ``S = T_g`` keeps every batch, as the reference does.
     lambda_bn: ``λ1`` [1].
     lambda_adv: ``λ2`` [1; DENSE uses 0.5].
     beta: ``β`` of the student's hard-label CE [1].
     temperature: KD temperature ``T`` of the student's KL [1], and of
       ``L_AD`` unless ``adv_temperature`` is set.
     adv_temperature: ``T`` of ``L_AD`` alone; ``0`` (default): the same
-      ``temperature``. DENSE's code computes ``L_AD`` at ``T = 1`` whatever
-      its student's ``T`` (its README's command: 20).
-    reset_generator: re-initialise the generator at the start of every epoch
-      (reference code) instead of carrying it over.
-    learn_noise: optimise the noise ``z`` together with the generator
-      (reference code) instead of keeping it fixed during the epoch.
-    keep_best: pool the batch of lowest generator loss over the ``T_G``
-      steps (reference code) instead of the batch after the last step.
-    adv_mask: samples that enter ``L_AD``: ``"disagree"`` (student and
-      ensemble predict different classes; FedHydra's and DENSE's released
-      code), ``"agree"``, or ``"none"`` (all).
+      ``temperature`` (DENSE's code uses ``T = 1``).
+    reset_generator: re-initialise the generator every epoch (reference).
+    learn_noise: optimise the noise ``z`` with the generator (reference).
+    keep_best: pool the epoch's lowest-loss batch, not the last (reference).
+    adv_mask: samples that enter ``L_AD`` (:func:`ensemble.adversarial_kl`;
+      ``"disagree"`` is the released code's).
     augment_shift: the generator's loss sees each image shifted by a random
-      ``(dy, dx)`` in ``[-s, s]²`` with zero fill (DENSE's code:
-      ``RandomCrop(padding=4)`` on 28- and 32-pixel images); ``0``: none
-      (the papers' text). The pool keeps the unshifted images.
+      ``(dy, dx)`` in ``[-s, s]²`` with zero fill (DENSE's code: ``s = 4``);
+      ``0``: none (the papers' text). The pool keeps the unshifted images.
     augment_flip: the generator's loss also sees a random half of the
       images mirrored left-right (DENSE's code, on every dataset).
     protocol: one of :data:`PROTOCOLS`. ``"dense"`` (default): the fields
-      above as given. ``"paper"``: FedHydra's Alg. 1 as printed; the fields
-      of :data:`PAPER_LOOP` are set to its values whatever was passed
-      (``reset_generator``, ``learn_noise``, ``keep_best``, ``adv_mask``,
-      the augmentation, ``pool_size = 1``, ``student_steps = 1``).
+      above as given. ``"paper"``: the fields of :data:`PAPER_LOOP` are
+      overridden with its values whatever was passed.
   """
   batch_size: int = 128
   generator_steps: int = 30
@@ -257,10 +209,8 @@ class DataFreeKD(NamedTuple):
   Attributes:
     init: ``(key, params, batch_stats) -> DFKDState``: a fresh generator, an
       empty pool and the given student.
-    epoch: ``(state, teacher_vars, ctx) -> (state, metrics)``: one epoch of
-      HASA / DENSE (``T_G`` generator steps on one ``(z, y)`` batch, then the
-      student steps over the pool) for the teachers' stacked variables and
-      the combine rule's ``ctx``.
+    epoch: ``(state, teacher_vars, ctx) -> (state, metrics)``: one epoch
+      for the teachers' stacked variables and the combine rule's ``ctx``.
   """
   init: Callable[..., DFKDState]
   epoch: Callable[..., tuple[DFKDState, dict[str, jax.Array]]]
@@ -293,9 +243,8 @@ class _Draw(NamedTuple):
   flips: jax.Array        # [T_G, B] bool mirror flags (augment).
 
 
-# The generator's carry across the T_G steps of one epoch: params are
-# (generator params, noise z [B, nz]), best is (lowest L_Gen so far [],
-# the images achieving it [B, H, W, Ch]).
+# params: (generator params, noise z [B, nz]); best: (lowest L_Gen so far,
+# its images [B, H, W, Ch]).
 _GenCarry = gen_student.GenCarry
 
 
@@ -381,8 +330,7 @@ def augment(x: jax.Array, shifts: jax.Array, flips: jax.Array,
   Args:
     x: images.
     shifts: ``[B, 2]`` crop offsets in ``[0, 2·max_shift]`` into ``x``
-      zero-padded by ``max_shift`` on each side (offset ``max_shift``: no
-      shift), as torchvision's / kornia's ``RandomCrop(padding=max_shift)``.
+      zero-padded by ``max_shift`` (``RandomCrop(padding=max_shift)``).
     flips: ``[B]`` whether to mirror the image left-right (after the shift).
     max_shift: the padding ``s``; ``0`` leaves the positions alone.
 
@@ -520,11 +468,8 @@ def _student_step(loop: _Loop, params: PyTree, batch_stats: PyTree,
 def _epoch(loop: _Loop, programs: _Programs, state: DFKDState,
            teacher_vars: TeacherVars, ctx: PyTree
            ) -> tuple[DFKDState, dict[str, jax.Array]]:
-  """One epoch: ``T_G`` generator steps, pool insert, the student steps.
-
-  One iteration of :func:`gen_student.alternate` (which says why these are
-  host loops over single jitted steps).
-  """
+  """One epoch: ``T_G`` generator steps, pool insert, the student steps
+  (one iteration of :func:`gen_student.alternate`)."""
   hp = loop.hp
   draw = programs.draw(state.key, state.epoch)
   carry = programs.generator_begin(state, draw.z, draw.gen_params,
@@ -581,18 +526,15 @@ def make_dfkd(groups: Sequence[ensemble.TeacherGroup],
   Args:
     groups: the teachers, one :class:`~fedjax_dd.distill.ensemble.TeacherGroup`
       per architecture.
-    generator: a Flax generator called as ``generator.apply(vars, z, [y],
-      train=)`` returning images in ``[0, 1]``, e.g.
-      :class:`fedjax_dd.models.Generator`. A label-conditional generator
-      (attribute ``conditional=True``) receives the target labels.
+    generator: a Flax generator (calling convention of
+      :mod:`fedjax_dd.distill.ensemble`), e.g.
+      :class:`fedjax_dd.models.Generator`.
     student: the global model.
     student_input: maps generated images in ``[0, 1]`` to the student's input.
     combine: the ensemble rule ``(logits [m, B, K], y [B], ctx) -> [B, K]``.
     hparams: loss weights, step counts and the synthesis protocol.
-    generator_optimizer: optimises the generator and, with
-      ``hparams.learn_noise``, the noise [Adam, lr 1e-3, β1 = 0.5 as in the
-      reference code]. Re-initialised every epoch with
-      ``hparams.reset_generator``.
+    generator_optimizer: for the generator and, with ``learn_noise``, the
+      noise; re-initialised with them [Adam, lr 1e-3, β1 = 0.5, as DENSE].
     student_optimizer: [SGD, lr 0.01].
     mapper: how each architecture's stacked teachers are batched.
 
@@ -604,8 +546,7 @@ def make_dfkd(groups: Sequence[ensemble.TeacherGroup],
                combine=combine, student=student, student_input=student_input,
                generator_optimizer=generator_optimizer,
                student_optimizer=student_optimizer)
-  # An epoch's random draws (noise, labels, a fresh generator) run once per
-  # epoch and compute little: their compilation is most of their cost.
+  # An epoch's draws run once and compute little: compiling is their cost.
   programs = gen_student.jit_programs(
       _Programs, loop, once=("draw",), draw=_draw,
       generator_begin=_generator_begin,

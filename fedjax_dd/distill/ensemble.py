@@ -1,63 +1,43 @@
 """Teacher ensembles and knowledge-distillation losses shared by KD loops.
 
-The server of a one-shot (or data-free) federated method holds ``m`` uploaded
-client models, the *teachers*, and distils their ensemble into one global
-model, the *student*. This module holds everything such a loop builds on that
-does not depend on where the distillation inputs come from:
+The server of a one-shot (or data-free) federated method distils the
+ensemble of ``m`` uploaded client models (*teachers*) into one global model
+(the *student*); the loops (:mod:`fedjax_dd.distill.dfkd`,
+:mod:`fedjax_dd.distill.iga`, :mod:`fedjax_dd.algorithms.feddf`) share:
 
-* **teachers**: :class:`TeacherGroup` describes the teachers of one
-  architecture; :func:`make_teacher_fn` evaluates all groups on one batch with
-  one mapped call per architecture and returns the logits in client order,
-  together with each teacher's BatchNorm-statistics loss
-  (:func:`apply_with_bn_loss`);
+* **teachers**: one :class:`TeacherGroup` per architecture, all evaluated
+  on one batch by :func:`make_teacher_fn`;
 * **combine rules** ``combine(logits [m, B, K], y [B], ctx) -> [B, K]``
-  (:data:`CombineFn`) turning the stacked teacher logits into the ensemble
-  logits ``P``: the plain average (:func:`average_ensemble`) here; FedHydra's
-  stratified aggregation in :mod:`fedjax_dd.algorithms.stratify`. ``ctx`` is a
-  pytree of traced parameters of the rule (FedHydra's ``(U_r, U_c)``,
-  per-class teacher weights, or ``()``), so changing it never recompiles;
-* **KD losses**: the temperature-scaled KL (:func:`kl_divergence`), the
-  student objective ``L_Glo`` (:func:`kd_objective`,
-  :func:`make_student_objective`, :func:`make_student_loss`), the
-  adversarial term ``L_AD`` (:func:`adversarial_kl`) and the generator
-  objective ``L_Gen`` (:func:`generator_objective`);
-* **the generator calling convention** (:func:`init_generator`,
-  :func:`apply_generator`): ``generator.apply(vars, z, [y], train=)`` returns
-  images in ``[0, 1]``; a label-conditional generator (attribute
-  ``conditional=True``) also receives the target labels. A generator whose
-  output is already in the classifiers' input space (attribute
-  ``output_space = "normalised"``, e.g. FedFTG's ``CGeneratorA``) is fed to
-  them unchanged: :func:`generator_input_fn` resolves the input function.
-
-What does *not* belong here is a synthesis protocol: when generators are
-reset, which batches are kept, how the student visits them. The DENSE / HASA
-loop (:mod:`fedjax_dd.distill.dfkd`: a fresh generator per epoch, a data
-pool) and a conditional-generator loop in the style of FedFTG / DisUE (one
-persistent conditional generator, a label sampler, per-class teacher weights
-passed as ``ctx``, no pool) are siblings built from these parts; FedDF
-(:mod:`fedjax_dd.algorithms.feddf`) uses the teachers and the student loss
-on public data.
+  (:data:`CombineFn`, e.g. :func:`average_ensemble`) giving the ensemble
+  logits ``P``; ``ctx`` is a pytree of the rule's traced parameters (or
+  ``()``), so changing it never recompiles;
+* **KD losses** (below);
+* **the generator calling convention** (:func:`apply_generator`):
+  ``generator.apply(vars, z, [y], train=)`` returns images in ``[0, 1]``;
+  one with ``conditional=True`` also receives the labels, one with
+  ``output_space = "normalised"`` returns classifier inputs
+  (:func:`generator_input_fn`).
 
 Losses (FedHydra Eqs. 13–19, DENSE Eqs. 4–8), with ``F_g`` the student and
 ``x̂`` the distillation inputs:
 
 * generator: ``L_Gen = CE(P, y) + λ1·L_BN + λ2·L_AD`` with
   ``L_AD = −KL(σ(P/T) ‖ σ(F_g(x̂)/T))``, which pushes the generator to samples
-  where student and ensemble disagree;
-* student: ``L_Glo = KL(σ(P/T) ‖ σ(F_g(x̂)/T)) + β·CE(F_g(x̂), argmax P)``.
+  where student and ensemble disagree (:func:`generator_objective`,
+  :func:`adversarial_kl`);
+* student: ``L_Glo = KL(σ(P/T) ‖ σ(F_g(x̂)/T)) + β·CE(F_g(x̂), argmax P)``
+  (:func:`kd_objective`, :func:`make_student_loss`).
 
-``L_BN`` (FedHydra Eq. 14) is read in the DeepInversion / DENSE form: for
-teacher ``k`` and each of its BatchNorm layers ``l`` with running statistics
-``(μ_kl, σ²_kl)``, let ``μ_l(x̂), σ²_l(x̂)`` be the per-channel batch mean and
-(biased) variance of the features *entering* that layer when the teacher runs
-in inference mode on ``x̂``; then
+``L_BN`` (FedHydra Eq. 14) is read in the DeepInversion / DENSE form, with
+``(μ_kl, σ²_kl)`` the running statistics of teacher ``k``'s BatchNorm layer
+``l`` and ``μ_l(x̂), σ²_l(x̂)`` the batch mean and (biased) variance of the
+features entering it in inference mode:
 
     ``L_BN = (1/m) Σ_k Σ_l ‖μ_l(x̂) − μ_kl‖₂ + ‖σ²_l(x̂) − σ²_kl‖₂``.
 
-The paper writes the sum over layers for one model; we average it over the
-teachers so that ``λ1`` does not scale with ``m``. The BatchNorm inputs are
-captured with ``flax.linen.intercept_methods``, so any Flax model with
-``nn.BatchNorm`` layers works unchanged; models without BatchNorm contribute 0.
+We average over the teachers so that ``λ1`` does not scale with ``m``. The
+BatchNorm inputs are captured with ``flax.linen.intercept_methods``, so any
+Flax model works unchanged; models without BatchNorm contribute 0.
 
 References:
   Bai et al., "A Unified Solution to Diverse Heterogeneities in One-Shot
@@ -97,9 +77,9 @@ TeacherFn = Callable[[TeacherVars, jax.Array], tuple[jax.Array, jax.Array]]
 def unit_normalizer(mean: Any, std: Any) -> InputFn:
   """``x ↦ (x − mean) / std`` for images in ``[0, 1]``.
 
-  The differentiable counterpart of :func:`fedjax_dd.data.preprocess.normalize`
-  (which takes uint8): generated images are float, and gradients must flow
-  through the normalisation into the generator.
+  The float, differentiable counterpart of
+  :func:`fedjax_dd.data.preprocess.normalize`, so gradients reach the
+  generator.
 
   Args:
     mean: per-channel mean ``[Ch]`` on the ``[0, 1]`` scale.
@@ -146,8 +126,7 @@ def check_groups(groups: Sequence[TeacherGroup]) -> tuple[int, np.ndarray]:
     position ``order[k]`` in the concatenation of the groups.
 
   Raises:
-    ValueError: if the ids over all groups are not a permutation of
-      ``range(m)``.
+    ValueError: if the ids are not a permutation of ``range(m)``.
   """
   ids = [i for g in groups for i in g.client_ids]
   m = len(ids)
@@ -210,9 +189,8 @@ def make_teacher_fn(groups: Sequence[TeacherGroup],
 
   Returns:
     ``teachers(teacher_vars, x01) -> (logits [m, B, K], bn [m])`` in client
-    order, where ``teacher_vars[g] = (params, batch_stats)`` stacked
-    ``[m_g, ...]`` for group ``g`` and ``x01`` are images ``[B, H, W, Ch]`` in
-    ``[0, 1]``; ``bn`` is each teacher's loss of :func:`apply_with_bn_loss`.
+    order (:data:`TeacherFn`; ``x01`` in ``[0, 1]``), ``bn`` from
+    :func:`apply_with_bn_loss`.
   """
   groups = tuple(groups)
   _, order = check_groups(groups)
@@ -260,8 +238,7 @@ def kl_divergence(teacher_logits: jax.Array, student_logits: jax.Array,
                   temperature: float) -> jax.Array:
   """Mean over the batch of ``KL(σ(P/T) ‖ σ(S/T))``, scaled by ``T²``.
 
-  The ``T²`` factor (Hinton et al.) keeps gradient magnitudes independent of
-  the temperature; with ``T = 1`` it is the plain KL.
+  ``T²`` (Hinton et al.) keeps gradient magnitudes independent of ``T``.
 
   Args:
     teacher_logits: ``P [B, K]``.
@@ -368,9 +345,9 @@ def adversarial_kl(p: jax.Array, s_logits: jax.Array, temperature: float,
                    mask: str) -> jax.Array:
   """``L_AD = −mean_i w_i · KL_i(σ(P/T) ‖ σ(S/T))·T²`` with the sample mask ``w``.
 
-  ``w_i`` is 1 for every sample (``"none"``), where the arg-maxes of ``P``
-  and ``S`` differ (``"disagree"``) or agree (``"agree"``); the mean is over
-  all ``B`` samples, as in DENSE's released code.
+  ``w_i`` is 1 for every sample (``"none"``), or where the arg-maxes of
+  ``P`` and ``S`` differ (``"disagree"``) / agree (``"agree"``); the mean is
+  over all ``B`` samples, as in DENSE's code.
 
   Args:
     p: ensemble logits ``[B, K]``.
@@ -397,8 +374,7 @@ def generator_objective(p: jax.Array, y: jax.Array, bn: jax.Array,
   Args:
     p: ensemble logits ``[B, K]`` on the generated images.
     y: target labels ``[B]``.
-    bn: ``[m]`` each teacher's BatchNorm-statistics loss; ``L_BN`` is their
-      mean.
+    bn: ``[m]`` each teacher's BatchNorm-statistics loss (``L_BN``: mean).
     s_logits: student logits ``[B, K]`` (inference mode).
     lambda_bn: ``λ1``.
     lambda_adv: ``λ2``.
@@ -438,9 +414,8 @@ OUTPUT_SPACES = ("unit", "normalised")
 def generator_output_space(generator: nn.Module) -> str:
   """Where a generator's images live (its ``output_space`` attribute).
 
-  ``"unit"`` (the default, for generators without the attribute): images in
-  ``[0, 1]``, mapped to a classifier's input by the data normaliser.
-  ``"normalised"``: images already in the classifiers' input space.
+  ``"unit"`` (the default): images in ``[0, 1]``; ``"normalised"``: images
+  already in the classifiers' input space.
 
   Raises:
     ValueError: for any other value.
@@ -463,8 +438,7 @@ def generator_input_fn(generator: nn.Module,
 
   Returns:
     ``input_fn`` for a ``"unit"`` generator; the identity for a
-    ``"normalised"`` one, whose output is fed to the classifiers unchanged
-    (``input_fn`` is then not applied: it is meant for ``[0, 1]`` images).
+    ``"normalised"`` one (``input_fn`` is then not applied).
 
   Raises:
     ValueError: if a ``"unit"`` generator gets no ``input_fn``.
@@ -486,9 +460,8 @@ def init_generator(generator: nn.Module, key: jax.Array
     key: PRNG key.
 
   Returns:
-    ``(params, batch_stats)`` (``{}`` for a generator without BatchNorm).
-    One jitted program per generator (:func:`fedjax_dd.core.clients.
-    once_jit`), the same bits as the initialisers run op by op.
+    ``(params, batch_stats)`` (``{}`` for a generator without BatchNorm),
+    from one jitted program per generator, bit-identical to op by op.
   """
   return _init_generator_program()(generator, key)
 
@@ -503,8 +476,8 @@ def _init_generator(generator: nn.Module, key: jax.Array
 
 @functools.cache
 def _init_generator_program() -> Callable[..., tuple[PyTree, PyTree]]:
-  """:func:`init_generator`'s program, built on first use (the policy reads
-  the platform, which importing must not start)."""
+  """Built on first use: the policy reads the platform, which importing must
+  not start."""
   return once_jit(_init_generator, op_by_op=True, static_argnums=0)
 
 
@@ -519,14 +492,11 @@ def apply_generator(generator: nn.Module, params: PyTree, batch_stats: PyTree,
     batch_stats: its BatchNorm statistics.
     z: noise ``[B, nz]``.
     y: target labels ``[B]``; only a conditional generator receives them.
-    train: BatchNorm on batch statistics (and updated running statistics)
-      instead of the running ones.
+    train: BatchNorm on batch statistics, updating the running ones.
 
   Returns:
-    ``(images [B, H, W, Ch], batch_stats)``, images in ``[0, 1]`` or, for a
-    ``"normalised"`` generator (:func:`generator_output_space`), in the
-    classifiers' input space; the statistics are
-    the updated ones with ``train``, the given ones otherwise.
+    ``(images [B, H, W, Ch], batch_stats)``: images in ``[0, 1]`` or the
+    classifiers' input space (:func:`generator_output_space`).
   """
   variables = {"params": params, "batch_stats": batch_stats}
   args = (z, y) if is_conditional(generator) else (z,)

@@ -1,31 +1,17 @@
 """The generator–student skeleton shared by DENSE/FedHydra and IGA.
 
-Both data-free loops of :mod:`fedjax_dd.distill` alternate a server-side
-generator ``x̂ = G(z[, y])``, trained against a frozen teacher ensemble, with
-a student distilled from the ensemble on ``x̂``:
-
-* :mod:`fedjax_dd.distill.dfkd`: DENSE (Zhang et al., NeurIPS 2022) and
-  FedHydra's HASA (Bai et al., Alg. 1, Eqs. 12–19): one epoch is ``T_G``
-  generator steps, a pool insert, then the student steps over the pool;
-* :mod:`fedjax_dd.distill.iga`: DisUE's inter-group aggregation (Leng et al.,
-  Eqs. 9–13) after FedFTG (Zhang et al., CVPR 2022): one round is ``I``
-  iterations of generator steps then student steps.
-
-This module holds what the two share: the static settings' common part
-(:class:`Loop`), the generator's carry across its steps (:class:`GenCarry`)
-and one gradient step on it (:func:`generator_step`), the keys of an epoch
-or round drawn by name from the loop's root key (:func:`split_keys`), the
-host-side alternation (:func:`alternate`) and the program cache
-(:func:`jit_programs`). Each loop keeps its own losses, draws and state.
+Both data-free loops alternate a server-side generator ``x̂ = G(z[, y])``,
+trained against a frozen teacher ensemble, with a student distilled from the
+ensemble on ``x̂``: :mod:`fedjax_dd.distill.dfkd` (DENSE, FedHydra's HASA
+Alg. 1, Eqs. 12–19) and :mod:`fedjax_dd.distill.iga` (DisUE Eqs. 9–13 after
+FedFTG). This module holds what the two share; each keeps its own losses,
+draws and state.
 
 The steps are single jitted programs driven by a host loop rather than one
-``lax.scan``: XLA:CPU runs the generator step much slower inside a rolled
-while loop than as one program (the student's rolled loop as well), and
-unrolling ``T_G = 30`` steps is slow to compile (experiments/perf_notes.md,
-"XLA:CPU while loops and the data-free KD epoch"). The random inputs
-are drawn by a separate program: XLA:CPU's oneDNN rewriter tries to
-constant-fold dot operands and aborts on values computed from PRNG bits
-inside the same program (jax 0.5.3).
+``lax.scan``: XLA:CPU runs them much slower inside a rolled while loop, and
+unrolling ``T_G = 30`` steps is slow to compile (experiments/perf_notes.md).
+The random inputs are drawn by a separate program, since XLA:CPU's oneDNN
+rewriter aborts on dot operands computed from PRNG bits in the same program.
 """
 
 from __future__ import annotations
@@ -105,8 +91,7 @@ def generator_step(loss_fn: Callable[..., Any], update: UpdateFn,
 def split_keys(key: jax.Array, index: jax.Array, num: int) -> jax.Array:
   """``num`` keys of epoch or round ``index``: ``split(fold_in(key, index))``.
 
-  Every draw of an epoch comes from these, so its randomness does not depend
-  on how the run was resumed.
+  So an epoch's randomness does not depend on how the run was resumed.
   """
   return jax.random.split(jax.random.fold_in(key, index), num)
 
@@ -162,11 +147,9 @@ def alternate(carry: GenCarry, student: PyTree, *, iterations: int,
 def mean_metrics(step_metrics: Sequence[Metrics]) -> dict[str, jax.Array]:
   """Each metric's mean over the steps of an epoch.
 
-  A running sum of the steps' scalars and one division, not
-  ``jnp.mean(jnp.stack(...))``: eagerly, stacking compiles a program for
-  each new number of steps, and the number changes from epoch to epoch
-  where the student's steps follow a filling pool (DENSE's and FedHydra's
-  epochs). The sum and the division compile once.
+  A running sum and one division, not ``jnp.mean(jnp.stack(...))``: eager
+  stacking compiles anew for each number of steps, which changes from epoch
+  to epoch as the pool fills.
 
   Args:
     step_metrics: one dict of scalar arrays per step, all with the same keys
@@ -189,10 +172,9 @@ def jit_programs(programs: type, loop: Loop, *, once: tuple[str, ...] = (),
   Args:
     programs: a ``NamedTuple`` class with one field per program.
     loop: the static settings every program closes over.
-    once: the fields that compile as programs that run once
-      (:func:`fedjax_dd.core.clients.once_jit`): those whose compilation is
-      most of their cost, such as an epoch's random draws; the others
-      compile with XLA's defaults.
+    once: the fields compiled with :func:`fedjax_dd.core.clients.once_jit`
+      (those whose compilation is most of their cost, such as an epoch's
+      random draws); the others use ``jax.jit``.
     **fns: the programs' pure functions by field name.
 
   Raises:

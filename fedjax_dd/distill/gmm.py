@@ -3,21 +3,16 @@
 FedD3 (Song et al., "Federated Learning via Decentralized Dataset
 Distillation in Resource-Constrained Edge Environments", Sec. 3.1) lets each
 client upload, instead of raw data, the component means of a Gaussian
-mixture fitted per class to its local images. This module fits those
-mixtures with :class:`sklearn.mixture.GaussianMixture` on flattened pixels.
+mixture fitted per class to its local images (scikit-learn, on flattened
+pixels). Pass NumPy arrays; randomness comes only from the given
+``np.random.Generator``.
 
-This is a host-side module: pass NumPy arrays (``jax.device_get`` first).
-Randomness comes only from the given ``np.random.Generator``.
-
-Privacy (FedD3 App. G). The uploaded means are raw images whenever a
-component is fitted to a single image. Unless ``allow_raw_upload=True``, the
-guard refuses (1) before fitting, a class with ``distinct <=
-images_per_class`` distinct images (a single sample included): there
-``n_components = distinct`` and k-means initialisation gives every
-component its own image, so the means are the raw images; and (2) after
-fitting, a class whose rounded means include one byte-identical to one of
-its images (a component that captured a single image of a larger class).
-So with the guard on, no uploaded image equals a raw image of its class.
+Privacy (FedD3 App. G). A mean is a raw image whenever a component is fitted
+to a single image. Unless ``allow_raw_upload=True``, the guard refuses (1)
+before fitting, a class with ``distinct <= images_per_class`` distinct
+images (each component then gets its own image); and (2) after fitting, a
+class with a rounded mean byte-identical to one of its images. So with the
+guard on, no uploaded image equals a raw image of its class.
 """
 
 from __future__ import annotations
@@ -72,21 +67,17 @@ def gmm_coreset(
 ) -> tuple[np.ndarray, np.ndarray]:
   """Distils one client's images into per-class Gaussian-mixture means.
 
-  For every class present in ``y`` (ascending), a ``GaussianMixture`` with
-  ``n_components = min(images_per_class, distinct)`` is fitted to the class's
-  images flattened to float64 vectors, where ``distinct`` is the number of
-  distinct images of the class (the sample count unless there are exact
-  duplicates); its means, clipped to ``[0, 255]`` and rounded, are the
-  distilled images. A class with fewer (distinct) samples than
-  ``images_per_class`` therefore yields fewer images. Components that end
-  with no responsibility (effective count below 1e-6) are dropped: their
-  "mean" is a meaningless near-black image. ``covariance_type="full"``
-  stores ``[n_components, D, D]`` covariances (``D = H * W * Ch``) and is
-  only practical for small images.
+  For every class in ``y`` (ascending), a ``GaussianMixture`` with
+  ``n_components = min(images_per_class, distinct)`` (``distinct``: the
+  class's distinct images) is fitted to its flattened float64 images; its
+  means, clipped to ``[0, 255]`` and rounded, are the distilled images.
+  Components with no responsibility (effective count below 1e-6) are
+  dropped: their "mean" is a meaningless near-black image.
+  ``covariance_type="full"`` stores ``[n_components, D, D]`` covariances
+  (``D = H * W * Ch``), practical only for small images.
 
-  Each class's mixture is seeded with an int drawn from ``rng`` (one draw per
-  class, in class order, whatever the class size), so results are
-  reproducible for a fixed generator state.
+  Each class's mixture is seeded with one int drawn from ``rng`` per class,
+  in class order, so results are reproducible for a fixed generator state.
 
   Args:
     x: images ``[N, H, W, Ch]`` (any ``[N, ...]`` shape) of dtype uint8.
@@ -96,22 +87,17 @@ def gmm_coreset(
     covariance_type: ``"diag"`` (default), ``"full"``, ``"tied"`` or
       ``"spherical"``.
     max_iter: EM iterations.
-    allow_raw_upload: permit uploads equal to raw images: classes with at
-      most ``images_per_class`` distinct images (a single distinct image is
-      then uploaded once), and means that round to one of the class's images.
+    allow_raw_upload: permit uploads equal to raw images (module
+      docstring); a class with a single distinct image is uploaded once.
 
   Returns:
-    ``(x_distilled [M, H, W, Ch] uint8, y_distilled [M] int32)`` with
-    ``M <= sum_c min(images_per_class, count_c)`` (equality unless a class has
-    duplicates or an empty component), grouped by ascending class.
+    ``(x_distilled [M, H, W, Ch] uint8, y_distilled [M] int32)``, grouped
+    by ascending class, ``M <= sum_c min(images_per_class, count_c)``.
 
   Raises:
-    ValueError: before fitting, on bad arguments or shapes, non-uint8
-      images, non-integer or negative labels, or (``allow_raw_upload``
-      False) a class with at most ``images_per_class`` distinct images,
-      naming the class, its size and ``images_per_class``; after fitting a
-      class (``allow_raw_upload`` False), if one of its rounded means is
-      byte-identical to one of its images.
+    ValueError: on bad arguments or shapes, non-uint8 images, non-integer
+      or negative labels, or, unless ``allow_raw_upload``, a raw upload
+      (module docstring: before or after fitting, naming the class).
   """
   _check_common(images_per_class, rng, covariance_type, max_iter)
   x = np.asarray(x)
@@ -183,11 +169,10 @@ def gmm_coreset_clients(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """:func:`gmm_coreset` for every client of a padded client stack.
 
-  A host loop over clients (scikit-learn is not batched). Client ``i`` uses
-  ``x[i, :num_examples[i]]`` and a child generator ``rng.spawn(C)[i]``, so
-  its result does not depend on the other clients. Outputs are padded with
-  zeros (images and labels) up to ``S_max``; ``counts`` tells the valid
-  prefix of each row, as ``num_examples`` does for the input.
+  Client ``i`` uses ``x[i, :num_examples[i]]`` and the child generator
+  ``rng.spawn(C)[i]``, so its result does not depend on the other clients.
+  Outputs are zero-padded up to ``S_max``; ``counts`` gives each row's valid
+  prefix.
 
   Args:
     x: padded images ``[C, N_max, H, W, Ch]`` uint8.
@@ -198,8 +183,8 @@ def gmm_coreset_clients(
     covariance_type: as in :func:`gmm_coreset`.
     max_iter: as in :func:`gmm_coreset`.
     allow_raw_upload: as in :func:`gmm_coreset`.
-    pad_to: fixed ``S_max`` (e.g. ``images_per_class * num_classes``, to
-      keep shapes stable across calls); default the largest count.
+    pad_to: fixed ``S_max``, to keep shapes stable across calls; default
+      the largest count.
 
   Returns:
     ``(x_out [C, S_max, H, W, Ch] uint8, y_out [C, S_max] int32,

@@ -1,118 +1,68 @@
 """DisUE's inter-group aggregation (IGA): a persistent conditional generator.
 
 The server holds ``K`` teachers (DisUE: the cluster models ``ω_{C_k}``;
-FedFTG: the round's client models; a data-free FedDF: any uploaded models)
-with their per-class sample counts ``n_y^k``, and the global model ``ω_G``
-(the student, e.g. the FedAvg of the teachers). One server-side conditional
-generator ``x̂ = G(z, y)`` and the student play a min–max game on its samples;
-the student leaves the round closer to the teachers' class-weighted
+FedFTG: the round's client models) with their per-class sample counts
+``n_y^k``, and the global model ``ω_G`` (the student). A server-side
+conditional generator ``x̂ = G(z, y)`` and the student play a min–max game
+on its samples, pulling the student towards the teachers' class-weighted
 predictions. DisUE Sec. 4.2, Eqs. 5–13; the protocol follows FedFTG's
 released code (Zhang et al.), on which DisUE builds.
 
 **Label sampler (GLS, Eq. 5).** ``p̂(y) ∝ Σ_k n_y^k``
-(:func:`label_prior`). Each batch of ``B`` labels holds the classes in exact
-proportion (largest-remainder allocation of ``B``, :func:`allocate_labels`),
-shuffled (:func:`sample_labels`); FedFTG's ``generate_labels`` does the same
-over a round's ``I·B`` labels with cumulative floors. Ablation "−GLS":
+(:func:`label_prior`), each batch holding the classes in exact proportion
+(:func:`sample_labels`, as FedFTG's ``generate_labels``). Ablation "−GLS":
 uniform ``p̂`` (``use_gls=False``).
 
 **Weights (GWF, Eq. 6).** ``α_y^k = n_y^k / Σ_k' n_y^k'``
-(:func:`class_weights`; FedFTG's ``cls_clnt_weight``): for each class the
-teachers' weights sum to 1, and a class nobody holds has weight 0 for every
-teacher. Ablation "−GWF": ``1/K`` for each of the ``K`` real teachers
-(:func:`equal_weights`, ``use_gwf=False``). Sample ``i`` weights teacher ``k``
+(:func:`class_weights`; FedFTG's ``cls_clnt_weight``). Ablation "−GWF":
+:func:`equal_weights` (``use_gwf=False``). Sample ``i`` weights teacher ``k``
 by ``w_ki = α_{y_i}^k``.
 
-**Losses**, with ``P_k = C_k(x̂)`` the teacher logits and ``S = C_G(x̂)`` the
-student's:
+**Losses**, with teacher logits ``P_k = C_k(x̂)``, student's ``S = C_G(x̂)``:
 
 * ``L_cd = mean_i Σ_k w_ki · D(σ(P_ki) ‖ σ(S_i))`` (Eqs. 8–9,
-  :func:`cluster_distillation_loss`); ``D`` is the paper's KL (``"kl"``), the
-  L1 distance of the probability vectors (``"l1"``), or FedFTG's generator
-  term, the mean absolute *logit* difference ``mean_c |P_kic − S_ic|``
-  (``"l1_logits"``).
+  :func:`cluster_distillation_loss`); ``D`` is the paper's KL or an L1
+  form (:func:`discrepancy_per_sample`).
 * ``L_cf = mean_i Σ_k w_ki · CE(P_ki, y_i)`` (Eqs. 10–11,
-  :func:`cluster_fidelity_loss`). Eq. 11 prints ``Σ_k α_y^k`` inside the
-  per-teacher loss ``L_cf^k`` *and* Eq. 10 sums ``α_y^k L_cf^k`` over ``k``
-  again, which would weight by ``α²`` and count every teacher ``K`` times; the
-  weight is applied once here, as in FedFTG's code.
+  :func:`cluster_fidelity_loss`). Eqs. 10 and 11 both apply ``α_y^k``
+  (weighting by ``α²``, each teacher ``K`` times); it is applied once here,
+  as in FedFTG's code.
 * ``L_div = exp(−mean_{i,j} d_x(i, j) · d_z(i, j))`` (Eq. 12,
-  :func:`diversity_loss`) over all ``B²`` pairs. Eq. 12 writes
-  ``d = ‖·‖₂``; FedGen's ``DiversityLoss(metric='l1')`` (Zhu et al. 2021,
-  which DisUE cites, and which FedFTG's code copies) uses the *mean* absolute
-  difference of the images and the *mean squared* difference of the noises
-  (``form="fedgen"``, the default). With Euclidean norms the product is in the
-  thousands for 32x32x3 images (``‖x̂_i − x̂_j‖₂ ≈ 78``, ``‖z_i − z_j‖₂ ≈ 14``
-  at ``nz = 100``), ``exp`` underflows to 0 and the term has no gradient; the
-  literal form is available as ``form="euclidean"``.
+  :func:`diversity_loss`). Eq. 12 writes ``d = ‖·‖₂``, whose product is so
+  large that ``exp`` underflows to 0 with no gradient; the default is
+  FedGen's mean-based form (Zhu et al. 2021, copied by FedFTG's code).
 
 **Min–max (Eq. 13).** The generator minimises
 ``β_cf·L_cf + β_div·L_div − L_cd`` and the student minimises ``L_cd``. Eq. 13
 writes ``min_ω max_θ (L_cd + β_cf L_cf + β_div L_div)``, but maximising
-``L_cf`` and ``L_div`` contradicts Eq. 10's ``min_θ L_cf`` and the text
-("maximising inter-sample dissimilarity", i.e. minimising ``L_div``); only
-``L_cd`` is adversarial, as in FedFTG's code (``loss = −L_md + L_cls +
-L_div``). Ablations "−L_cf" / "−L_div": ``β = 0``.
+``L_cf`` and ``L_div`` contradicts Eq. 10 and the text; only ``L_cd`` is
+adversarial, as in FedFTG's code. Ablations "−L_cf" / "−L_div": ``β = 0``.
 
 **Schedule** (FedFTG's ``train_global_model_cgan_bs_weight_iloop_fz_dis``;
-DisUE Sec. 5.1 gives the same learning rates and ``nz``): per round ``I = 10``
-iterations of ``generator_steps`` generator steps (Adam, lr
-``0.01·0.998^t``) followed by ``5`` student steps (SGD, lr ``0.1·0.998^t``,
-weight decay ``1e-3``), batch 50. The generator (parameters and BatchNorm
-statistics) persists across rounds; its Adam state is new every round (FedFTG
-builds its optimisers inside the round function). Teachers run in inference
-mode; the student runs in inference mode in the generator step and in
-training mode in its own step; the generator runs in training mode in its
-step and in inference mode (running BatchNorm statistics) when it feeds the
-student, as in the reference.
+DisUE Sec. 5.1): per round ``I`` iterations of generator steps (Adam) then
+student steps (SGD), both learning rates decayed by ``0.998^t``
+(:class:`IGAHyperParams`). The generator persists across rounds; its Adam
+state is new every round, as FedFTG's. Teachers run in inference mode; the
+student and the generator each train only in their own step.
 
-Where we differ from FedFTG's code, and why:
+Where our defaults differ from FedFTG's code (each a field of
+:class:`IGAHyperParams`): one generator step on Eq. 13's summed objective,
+not one per client, so the cost does not grow with ``K``
+(``generator_per_teacher``); per-sample ``L_cf`` weights, as Eq. 10
+(``cf_weighting``); ``L_cd`` differentiated through the teachers too, as
+Eq. 13 (``cd_through_teachers``); new ``(z, y)`` every step
+(``fresh_samples``). FedFTG's student loss has the gradient of our ``"kl"``
+``L_cd`` divided by ``C``, the scale its learning rate 0.1 was set for, so
+the student minimises ``L_cd / C`` (``student_class_mean``,
+experiments/perf_notes.md). FedFTG's generator/student pair is
+``discrepancy="l1_logits", student_discrepancy="kl"``.
 
-* FedFTG makes one generator step *per client* per iteration, each on that
-  client's weighted terms and ``L_div / K`` (``generator_per_teacher=True``:
-  one step per real teacher, in teacher order, on the same ``(z, y)``; the
-  ``K`` objectives sum to Eq. 13's). By default we make ``generator_steps``
-  steps on the summed objective of Eq. 13 (the paper's form), so that the
-  cost does not grow with ``K``.
-* FedFTG's class term multiplies the *batch mean* cross-entropy by the mean of
-  the per-sample weights (``mean(CE_mean · w)``); Eq. 10 and we weight each
-  sample's cross-entropy by its own ``w_ki`` by default
-  (``cf_weighting="batch_mean"`` is FedFTG's form).
-* FedFTG's student loss is ``mean_{i,c} −log σ(S_i)_c · Σ_k w_ki σ(P_ki)_c``,
-  a cross-entropy with the weighted teacher ensemble divided by ``C``. Since
-  ``Σ_k w_ki = 1`` for a held class, its gradient equals that of
-  ``Σ_k w_ki KL(σ(P_ki) ‖ σ(S_i))`` (our ``"kl"`` ``L_cd``) divided by ``C``.
-  The student therefore minimises ``L_cd / C`` (``student_class_mean=True``,
-  the default): FedFTG's and DisUE's student learning rate 0.1 was set for
-  that scale, and the summed KL at 0.1 is a ``C``-times larger step, which
-  lowered DisUE's accuracy on Fashion-MNIST Dir(0.01)
-  (experiments/perf_notes.md, "Measurements moved from docstrings").
-  The student uses ``student_discrepancy`` (default: ``discrepancy``), so
-  FedFTG's generator/student pair is ``discrepancy="l1_logits",
-  student_discrepancy="kl"``.
-* FedFTG's generator term detaches the teachers' logits
-  (``|S − P.detach()|``): its gradient reaches the generator through the
-  student only. Eq. 13 as written, and we by default, differentiate
-  ``L_cd`` through both (``cd_through_teachers=True``; False is FedFTG's
-  form).
-* With ``fresh_samples=True`` (default) every generator and student step
-  draws new ``(z, y)``; FedFTG's code reuses one ``(z, y)`` per iteration for
-  its generator and student steps (``fresh_samples=False``).
-
-Padding. The teachers are stacked ``[K_max, ...]`` and the class counts
-``[K_max, C]``; a padded teacher has an all-zero count row, hence zero
-weight everywhere. Before any evaluation its variables are replaced by those
-of the first real teacher, so garbage in the padding never reaches a loss or a
-gradient, and every weighted sum selects (rather than multiplies) zero-weight
-terms; the result is bit-identical whatever the padding holds. All shapes
-depend on ``K_max`` only, so a changing ``K`` never recompiles.
-
-One round is ``I`` iterations of the generator–student skeleton shared
-with DENSE/FedHydra (:mod:`fedjax_dd.distill.gen_student`), a host loop over
-four jitted programs, each compiled once (:func:`_draw`, :func:`_setup`,
-:func:`_generator_step`, :func:`_student_step`), for the reasons given there
-(XLA:CPU runs rolled loops of these steps far slower; PRNG draws live in their
-own program).
+Padding. Teachers are stacked ``[K_max, ...]``; a padded teacher has an
+all-zero count row, hence zero weight. Its variables are replaced by the
+first real teacher's and weighted sums select (rather than multiply)
+zero-weight terms, so the result is bit-identical whatever the padding
+holds, and a changing ``K`` never recompiles. A round runs on
+:mod:`fedjax_dd.distill.gen_student`'s host loop.
 
 References:
   Leng et al., "Distilling A Universal Expert from Clustered Federated
@@ -177,9 +127,8 @@ def label_prior(class_counts: jax.Array) -> jax.Array:
 def allocate_labels(p: jax.Array, batch_size: int) -> jax.Array:
   """How many of ``batch_size`` labels each class gets: largest remainder.
 
-  Class ``c`` gets ``⌊p_c·B⌋`` labels, and the ``B − Σ_c ⌊p_c·B⌋`` left over
-  go one each to the classes with the largest fractional parts ``p_c·B −
-  ⌊p_c·B⌋`` (ties to the lower class index).
+  Class ``c`` gets ``⌊p_c·B⌋`` labels; those left over go one each to the
+  classes with the largest fractional parts (ties to the lower index).
 
   Args:
     p: ``[C]`` probabilities (normalised here).
@@ -222,8 +171,7 @@ def class_weights(class_counts: jax.Array) -> jax.Array:
     class_counts: ``[K, C]``.
 
   Returns:
-    ``[K, C]``; each column with any count sums to 1, a class nobody holds has
-    weight 0 for every teacher.
+    ``[K, C]``; each held class's column sums to 1, others are 0.
   """
   n = jnp.asarray(class_counts, jnp.float32)
   col = jnp.sum(n, axis=0, keepdims=True)
@@ -319,10 +267,8 @@ def cluster_fidelity_loss(teacher_logits: jax.Array, y: jax.Array,
     teacher_logits: ``P [K, B, C]``.
     y: ``[B]`` target labels.
     w: ``[K, B]`` per-sample teacher weights.
-    weighting: ``"per_sample"`` (Eq. 10: each sample's cross-entropy by its
-      own ``w_ki``) or ``"batch_mean"`` (FedFTG's code: ``Σ_k mean_i(w_ki) ·
-      mean_i CE(P_ki, y_i)``, a teacher's batch-mean cross-entropy, over
-      every sample, scaled by its mean weight).
+    weighting: ``"per_sample"`` (Eq. 10) or ``"batch_mean"`` (FedFTG's
+      code: ``Σ_k mean_i(w_ki) · mean_i CE(P_ki, y_i)``).
 
   Returns:
     A scalar.
@@ -397,16 +343,15 @@ class IGAHyperParams:
 
   Attributes:
     iterations: ``I``, generator/student alternations per round [10].
-    generator_steps: generator steps per iteration [1; FedFTG makes one per
-      client, see the module docstring and ``generator_per_teacher``].
+    generator_steps: generator steps per iteration [1; see
+      ``generator_per_teacher``].
     student_steps: student steps per iteration [5].
     batch_size: samples per step [50].
     generator_lr: Adam learning rate at round 0 [0.01].
     student_lr: SGD learning rate at round 0 [0.1].
-    lr_decay: both learning rates are multiplied by ``lr_decay^t`` in round
+    lr_decay: both learning rates are scaled by ``lr_decay^t`` in round
       ``t`` [0.998].
-    student_weight_decay: L2 coefficient added to the student's gradient
-      (PyTorch SGD ``weight_decay``) [1e-3].
+    student_weight_decay: the student's SGD ``weight_decay`` [1e-3].
     beta_cf: ``β_cf`` [1]; 0 is the "−L_cf" ablation.
     beta_div: ``β_div`` [1]; 0 is the "−L_div" ablation.
     discrepancy: ``D`` of ``L_cd`` in the generator objective, one of
@@ -422,24 +367,18 @@ class IGAHyperParams:
       :func:`equal_weights`) [True].
     fresh_samples: new ``(z, y)`` for every generator and student step [True];
       False reuses one ``(z, y)`` per iteration (FedFTG's code).
-    student_class_mean: average the student's per-sample ``"kl"`` / ``"l1"``
-      discrepancy over the ``C`` classes instead of summing it, which is
-      the scale of FedFTG's student loss (``torch.mean`` over the ``B×C``
-      entries of its cross-entropy with the weighted ensemble) and hence the
-      scale its learning rate 0.1 was set for [True]. ``"l1_logits"`` is a
-      mean over classes already.
+    student_class_mean: average the student's ``"kl"`` / ``"l1"``
+      discrepancy over the ``C`` classes instead of summing it, FedFTG's
+      scale (module docstring) [True].
     generator_per_teacher: each of the ``generator_steps`` becomes one step
       per real teacher ``k`` on its own terms ``β_cf·L_cf^k + β_div·L_div/K −
       L_cd^k`` (FedFTG's code) [False: one step on the sum].
     cf_weighting: how ``L_cf`` weights the teachers, one of
-      :data:`CF_WEIGHTINGS` [``"per_sample"``, Eq. 10; ``"batch_mean"`` is
-      FedFTG's code, see :func:`cluster_fidelity_loss`].
+      :data:`CF_WEIGHTINGS` [``"per_sample"``] (:func:`cluster_fidelity_loss`).
     cd_through_teachers: whether the generator's ``L_cd`` gradient flows
-      through the teachers' logits as well as the student's [True: Eq. 13
-      differentiates all of ``L_cd``]; False stops it at the teachers
-      (FedFTG's code, ``t_logit.detach()``), so the generator seeks samples
-      where the *student* moves away from the fixed teacher outputs. ``L_cf``
-      always reaches the generator through the teachers.
+      through the teachers' logits as well as the student's [True, Eq. 13];
+      False stops it at the teachers (FedFTG's ``t_logit.detach()``).
+      ``L_cf`` always reaches the generator through the teachers.
   """
   iterations: int = 10
   generator_steps: int = 1
@@ -497,13 +436,11 @@ class IGA(NamedTuple):
 
   Attributes:
     init: ``(key, student_params, student_batch_stats) -> IGAState``: a fresh
-      generator (the student's variables only check that the generator's
-      samples fit the student).
+      generator (the student's variables only check its samples fit).
     round: ``(state, student_params, student_batch_stats, teacher_params
       [K, ...], teacher_batch_stats [K, ...], class_counts [K, C], t) ->
-      (state, student_params, student_batch_stats, metrics)``: one round of
-      ``I`` iterations over ``K <= K_max`` teachers (padded to ``K_max``
-      with zero count rows); ``t`` is the communication round of the
+      (state, student_params, student_batch_stats, metrics)``: one round
+      over ``K <= K_max`` teachers; ``t`` is the communication round of the
       learning-rate decay.
   """
   init: Callable[..., IGAState]
@@ -801,16 +738,13 @@ def make_iga(student: Classifier, generator: nn.Module, *,
 
   Args:
     student: the global model; the teachers share its architecture.
-    generator: a conditional Flax generator (``conditional=True``) called as
-      ``generator.apply(vars, z, y, train=)``, e.g.
+    generator: a conditional Flax generator (``conditional=True``), e.g.
       :class:`fedjax_dd.models.cgenerator.CGeneratorA`.
     num_teachers_max: ``K_max``, the length of the stacked teacher axis
-      (e.g. the largest cohort); fewer real teachers are padded with zero
-      count rows, by the caller or by ``round`` (a stack of ``K < K_max``).
+      (e.g. the largest cohort); ``round`` pads fewer real teachers.
     hparams: schedule, loss weights and ablations.
-    input_fn: maps generator images in ``[0, 1]`` to the classifiers' input;
-      not applied to (and not needed for) a generator with ``output_space =
-      "normalised"`` (:func:`ensemble.generator_input_fn`).
+    input_fn: maps generator images in ``[0, 1]`` to the classifiers' input
+      (:func:`ensemble.generator_input_fn`).
     mapper: how the stacked teachers are batched.
 
   Returns:

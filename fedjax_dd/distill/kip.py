@@ -4,127 +4,63 @@ Kernel Inducing Points (Nguyen et al., ICLR 2021; NeurIPS 2021) learns a small
 support set whose kernel-ridge-regression predictions fit the local data. FedD3
 (Song et al., Eq. 4) and HFLDD (Shi et al., Eq. 1) run it on every client.
 
-The per-client optimisation (:func:`_run_segment`) is written for ONE client;
-``fedjax_dd.core.clients`` maps it over the client axis, so all supports live
-in one array ``[C, S, H, W, Ch]``. The host drives segments of
-``segment_iterations`` iterations (one batched program each, for progress
-reporting) until every client has converged or ``max_iterations`` is reached.
-Inside a segment a converged client is frozen: its ``lax.while_loop`` predicate
-is false, and under ``vmap`` its carry is no longer updated.
+The optimisation (:func:`make_distiller`) is written for ONE client and
+mapped over the client axis, so all supports live in one array
+``[C, S, H, W, Ch]``. The host runs segments of ``segment_iterations``
+iterations (one batched program each) until every client has converged or
+``max_iterations`` is reached; a converged client's ``lax.while_loop``
+stops updating it.
 
-Support sets are optimised in the normalised input space
-``z = (x / 255 − mean) / std`` (where Adam's default learning rate 0.004 is
-meaningful) and mapped back to pixels for transmission as uint8.
+Supports are optimised in the normalised space ``z = (x / 255 − mean) / std``
+(where Adam's default learning rate 0.004 is meaningful) and sent as uint8
+pixels. The settings travel as one :class:`KipOptions`.
 
-The optimisation settings travel together as one :class:`KipOptions`
-(FedD3 and HFLDD pass it through unchanged; the experiments build it from
-the config keys ``kip_<field>``).
+Against the reference (KIP, Nguyen, Chen, Lee, ICLR 2021, Alg. 1 and App. A;
+the authors' colab ``google-research/kip/KIP.ipynb``, reused by FedD3's code
+``rruisong/FedD3`` ``utils/dd_kip.py``):
 
-Label learning against the reference. KIP (Nguyen, Chen, Lee, ICLR 2021,
-Alg. 1 and App. A) optionally learns the support labels ``y_s`` together
-with the images by gradient descent on the KRR loss of Eq. (2); its
-reference code is the authors' colab (``google-research/kip/KIP.ipynb``),
-which FedD3's code (``rruisong/FedD3``, ``utils/dd_kip.py``) reuses. Where
-this module stands, point by point:
+* Labels start one-hot, centred (``one_hot - 1/K``, App. A) only with
+  ``centered_labels`` (off for FedD3's and HFLDD's presets); with
+  ``learn_labels`` one Adam runs over ``(z, y)``, as the reference's.
+* The ridge ``reg * tr(K_ss) / n * I`` is the reference's, solved in float32
+  with a Cholesky jitter ladder (``fedjax_dd.kernels.krr``), not float64.
+* :func:`fedjax_dd.kernels.kip_loss.kip_loss` sums over the K classes where
+  the reference averages: K times larger, which Adam's steps ignore.
+* Target batches are uniform with replacement unless ``balanced_targets``
+  (class-balanced, with replacement; the reference's: balanced, without).
+* :class:`KipResult` holds the support unclipped, as the reference evaluates
+  it; :func:`quantize` clips for transmission. Clipping after optimisation
+  loses the learned labels' gain, so ``clip_pixels`` projects onto the pixel
+  range after every step (``experiments/results/kip_label_learning_mnist.md``).
+* FedD3 and HFLDD servers train with cross-entropy on
+  :func:`labels_to_targets` of learned labels: no reference counterpart.
+* The paper's FC kernels use ``sigma_b^2 = 1e-4`` (App. A) where the colab,
+  FedD3's code and :func:`fedjax_dd.kernels.native.fc_kernel` use
+  ``b_std = 0.1``.
+* ``client_normalization`` standardises each client's data by its own
+  channel statistics, as FedD3's code does, and maps the support back with
+  the caller's ``mean``/``std``, as the authors' server reads it; an image
+  KIP did not move then comes back as an affine map of a raw one.
 
-* Optimiser and learning rate for the labels: the reference runs one Adam
-  over ``{x, y}`` with one learning rate (App. A: 0.01 on MNIST, 0.04 on
-  CIFAR-10; the colab's default 0.04) and freezes the labels with
-  ``stop_gradient``. Here one optax Adam runs over ``(z, y)`` with
-  ``lr`` and fixed labels get a zero gradient. Adam keeps per-entry
-  moments, so sharing one optimiser equals two with the same rate: no
-  difference.
-* Label init, centring and scale: the reference starts from the
-  class-balanced sample's one-hot labels, mean-centred (``one_hot - 1/K``,
-  App. A; so does FedD3's code), scale 1, for support and targets alike.
-  Here ``centered_labels`` picks centring; its default (False, uncentred)
-  is kept for FedD3's and HFLDD's measured presets. Same init otherwise.
-* Regularisation: both use ``reg * tr(K_ss) / n * I`` with ``reg = 1e-6``
-  (the reference takes ``|reg|``). The reference solves in float64
-  (``jax_enable_x64``); here float32 with a Cholesky factor and a jitter
-  ladder (``fedjax_dd.kernels.krr``) that only acts when the float32
-  solve fails. Not changed: once the clip below was removed, float32
-  learned labels beat fixed ones on MNIST.
-* Loss form: the reference's ``0.5 * mean((pred - y_t)**2)`` averages
-  over targets and classes; :func:`fedjax_dd.kernels.kip_loss.kip_loss`
-  sums over the K classes and averages over targets, K times larger. The
-  label gradient is ``A^{-1} K_st (pred - y_t) / m`` in both, up to that
-  factor, and Adam's steps do not depend on it (but for its epsilon).
-* Target sampling: the reference draws every target batch class-balanced
-  (App. A), without replacement within a batch; here uniformly with
-  replacement unless ``balanced_targets`` (class-balanced over the classes
-  the client holds, with replacement).
-* Use of the learned support at evaluation: the reference evaluates KRR
-  on the support as optimised, in normalised space, unbounded. This module
-  used to return pixels clipped to ``[0, 255]``, and that clip was the
-  cause of the lower accuracy with learned labels: they let KIP push many
-  more pixels out of the range than fixed labels do, and the clipped
-  support lost its fit. Learned labels beat fixed ones on the support as
-  optimised, and lose to them once it is clipped and quantised
-  (``experiments/results/kip_label_learning_mnist.md``).
-  :class:`KipResult` now holds the support unclipped (:func:`quantize`
-  clips for transmission), and ``clip_pixels`` projects the images onto
-  the pixel range after every step, so the uint8 upload is the support
-  that was optimised, and learned labels keep their gain (same results
-  file).
-* Use by the server: the reference KIP evaluates the learned labels only
-  with KRR. FedD3's code never learns labels (``LEARN_LABELS = False`` in
-  its KIP). Here FedD3 and HFLDD servers train a network with cross-entropy
-  on :func:`labels_to_targets` of the learned labels (centring undone,
-  negatives clipped, rows renormalised): a departure with no reference
-  counterpart.
-* Other settings: the paper's FC kernels use ``sigma_b^2 = 1e-4``
-  (App. A) where the colab, FedD3's code and
-  :func:`fedjax_dd.kernels.native.fc_kernel` default to ``b_std = 0.1``;
-  FedD3's code standardises each client's data with that client's own
-  channel statistics, here with the caller's ``mean``/``std`` unless
-  ``client_normalization`` (below).
-* Per-client standardisation (``client_normalization``): FedD3's code
-  (``utils/dd_kip.py``, ``get_normalization_data`` on each client's images)
-  optimises the support in the space standardised by the client's own
-  channel mean and std and uploads it as it is; its server trains on it as
-  if it were standardised by the dataset's statistics (the test set's).
-  With the option, each client's targets and initial support are
-  standardised by that client's own statistics, and :func:`distill_clients`
-  maps the support back to pixels with the caller's ``mean``/``std``, so
-  that a server standardising by those reads what the client optimised, as
-  the authors' server does. The pixels are then not the client's own
-  scale: an image KIP did not move comes back as an affine map of a raw
-  one, not byte-identical to it.
-
-:data:`KIP_PAPER` gathers App. A's settings (label learning, centred
-labels, class-balanced targets, Adam 0.01 for MNIST).
+:data:`KIP_PAPER` gathers App. A's settings.
 
 DP-KIP. With ``KipOptions.dp_clip > 0`` each client runs DP-KIP (Vinaroz &
 Park, "Differentially Private Kernel Inducing Points using features from
-ScatterNets (DP-KIP-ScatterNet)", TMLR 2023, arXiv 2301.13389, Alg. 1): the
-KIP loss is split over the target batch into one loss per target example,
-``l_i(x_s, y_s) = 0.5 ||y_i - K_is (K_ss + lambda I)^{-1} y_s||^2``, and
-each step releases
+ScatterNets (DP-KIP-ScatterNet)", TMLR 2023, arXiv 2301.13389, Alg. 1): with
+one loss per target example,
+``l_i(x_s, y_s) = 0.5 ||y_i - K_is (K_ss + lambda I)^{-1} y_s||^2``, each
+step releases
 
     g = (sum_i clip_C(grad l_i) + N(0, sigma^2 C^2 I)) / B,
 
 ``clip_C(v) = v min(1, C / ||v||)`` over the support images (and labels,
-with ``learn_labels``) jointly, before the same Adam step. The per-example
-gradients are ``jax.vmap(jax.grad(l))`` over the target batch inside the
-per-client function (so under the client mapper's own axis); the clipping
-and noise are plain ``jnp`` (not jax-privacy's primitives). ``C`` is on
-this module's loss scale, which sums over the K classes: K times the
-reference's gradient (its ``0.5 * mean``), so ``C`` here is ``K`` times a
-reference clip. What DP mode changes besides the step, so that only the
-noised gradients depend on the client's data:
-
-* the support starts from ``N(0, 1)`` noise in normalised space (the
-  reference's ``rand_init``), not from the client's images, with labels
-  that do not depend on the data: ``images_per_class`` slots for every one
-  of the K classes (``class_blocks`` must be K), or slot ``j`` of
-  ``support_size`` labelled ``j mod K``; every slot is real;
-* each target batch draws ``B`` distinct examples of the client uniformly
-  (without replacement; fewer when the client holds fewer), so an example
-  enters a step at most once;
-* the budget is fixed: ``stop_accuracy`` must be None or above 1, which
-  never triggers (a stop on a target batch's accuracy is not private), and
-  ``balanced_targets`` False.
+with ``learn_labels``) jointly, before the same Adam step
+(:func:`example_gradients`, :func:`private_gradient`). ``C`` is on this
+module's loss scale, ``K`` times a reference clip. So that only the noised
+gradients depend on the client's data, the support starts data-independent
+(:func:`_dp_init_support`), target batches are drawn without replacement
+(:func:`dp_target_batch`), and the budget is fixed (a stop on a target
+batch's accuracy is not private).
 
 A client's ``(epsilon, delta)`` over ``T`` iterations is
 :func:`fedjax_dd.privacy.accounting.epsilon` ``(sigma, B / n, T, delta)``
@@ -161,44 +97,32 @@ KernelFn = Callable[[jax.Array, jax.Array], jax.Array]
 class KipOptions:
   """KIP's optimisation settings, one name each (config key ``kip_<name>``).
 
-  Defaults are FedD3's (App. C) and HFLDD's (Sec. V-A) shared values;
-  FedD3 stops each client early on ``stop_accuracy``, HFLDD runs the fixed
-  budget (``stop_accuracy=None``).
+  Defaults are FedD3's (App. C) and HFLDD's (Sec. V-A); HFLDD runs the
+  fixed budget (``stop_accuracy=None``).
 
   Attributes:
     lr: Adam learning rate in the normalised space.
-    max_iterations: iteration cap per client (the exact budget when
-      ``stop_accuracy`` is None).
+    max_iterations: iteration cap per client (the budget without a stop).
     target_batch_size: targets sampled from the client's data per iteration.
     reg: relative KRR ridge ``lambda``.
-    learn_labels: also optimise the support labels (KIP Alg. 1's optional
-      label update; the same Adam and learning rate as the images, as in
-      the reference code).
-    centered_labels: KIP's centred one-hot convention (``one_hot - 1/K``;
-      KIP App. A: "all our labels are mean-centered 1-hot labels").
-    balanced_targets: draw each target batch class-balanced over the
-      classes the client holds (KIP App. A), instead of uniformly.
+    learn_labels: also optimise the support labels (KIP Alg. 1).
+    centered_labels: KIP's centred one-hot labels (``one_hot - 1/K``, App. A).
+    balanced_targets: class-balanced target batches (:func:`balanced_batch`).
     clip_pixels: after every step, project the support images onto the
-      valid pixel range ``[0, 255]`` (in normalised space), so that the
-      uint8 upload is the support that was optimised. The reference
-      optimises without bounds; its learned images leave the range, and
-      clipping them afterwards costs accuracy (module docstring).
-    client_normalization: standardise each client's images by that
-      client's own channel mean and std (FedD3's code; module docstring)
-      instead of the caller's ``mean``/``std``; the support is mapped back
-      to pixels with the caller's, as the authors' server reads it. A
-      constant channel is only centred.
+      pixel range ``[0, 255]``, so the uint8 upload is what was optimised.
+    client_normalization: standardise each client's images by its own
+      channel statistics (:func:`client_stats`; module docstring).
     stop_accuracy: per-client early stop on target-batch accuracy (FedD3's
-      rule), or None for a fixed budget. A target batch that holds a single
-      class never triggers it, since any support fits it.
+      rule; a single-class batch never triggers it), or None.
     min_iterations: iterations before the early stop may trigger.
     segment_iterations: iterations per batched program between host checks
       (progress reports); the result does not depend on it.
     dp_clip: DP-KIP's per-example clipping norm ``C`` (module docstring);
-      ``0`` (the default) is plain KIP, bit for bit.
-    dp_noise_multiplier: DP-KIP's ``sigma``: Gaussian noise of std
-      ``sigma * C`` on each step's sum of clipped gradients; ``0`` with
-      ``dp_clip > 0`` clips without noise (no guarantee).
+      ``0`` (the default) is plain KIP, bit for bit. With ``C > 0``,
+      ``stop_accuracy`` must be None or above 1, ``balanced_targets`` and
+      ``client_normalization`` False.
+    dp_noise_multiplier: DP-KIP's ``sigma`` (noise std ``sigma * C``);
+      ``0`` with ``dp_clip > 0`` clips without noise (no guarantee).
   """
   lr: float = 0.004
   max_iterations: int = 3000
@@ -260,17 +184,14 @@ class KipOptions:
     return self.dp_clip > 0
 
   def program(self) -> KipOptions:
-    """The settings that shape the compiled programs: the host loop's
-    (``max_iterations``, ``segment_iterations``) reset to their defaults, so
-    runs that differ only in them share the compiled programs."""
+    """These settings with the host loop's (``max_iterations``,
+    ``segment_iterations``) reset, so such runs share compiled programs."""
     return dataclasses.replace(self, max_iterations=KipOptions.max_iterations,
                                segment_iterations=KipOptions.segment_iterations)
 
 
-# KIP App. A's settings for MNIST: Adam 0.01, labels learned, mean-centred
-# one-hot labels, class-balanced target batches, reg 1e-6, a fixed budget.
-# The support is left unbounded as in the reference (``clip_pixels=False``).
-# The target batch (not given per experiment in App. A) is this project's.
+# KIP App. A's settings for MNIST, support unbounded as in the reference.
+# The target batch size (not given per experiment in App. A) is ours.
 KIP_PAPER = KipOptions(lr=0.01, target_batch_size=1000, reg=1e-6,
                        learn_labels=True, centered_labels=True,
                        balanced_targets=True, stop_accuracy=None,
@@ -306,17 +227,13 @@ class KipState:
 class SegmentStore(Protocol):
   """Where :func:`distill_clients` keeps its state between segments.
 
-  ``save(state, done)`` is called after every segment with the batched
-  :class:`KipState` (``[C, ...]`` leaves) and the iterations the host loop
-  has reached; the store may keep only some (every k-th). ``resume(template)``
-  is called once before :func:`distill_clients` starts: ``template`` is the
-  state's tree of ``jax.ShapeDtypeStruct``; it returns ``(state, done)`` as
-  saved (same tree, shapes and dtypes) or None to start from iteration 0.
-  Each client's iteration ``t`` draws its target batch from
-  ``fold_in(key_i, t)``, so a call resumed from a saved segment returns
-  what an uninterrupted call returns, bit for bit.
-  :class:`fedjax_dd.core.stage_cache.TreeCheckpoint` keeps it in a run's
-  stage cache.
+  ``save(state, done)`` gets the batched :class:`KipState` and the
+  iterations reached after every segment (the store may keep only some).
+  ``resume(template)``, called once with the state's tree of
+  ``jax.ShapeDtypeStruct``, returns a saved ``(state, done)`` or None to
+  start from iteration 0. Iteration ``t`` draws its targets from
+  ``fold_in(key_i, t)``, so a resumed call is bit-identical to an
+  uninterrupted one. E.g. :class:`fedjax_dd.core.stage_cache.TreeCheckpoint`.
   """
 
   def resume(self, template: KipState) -> tuple[KipState, int] | None:
@@ -371,8 +288,6 @@ def dequantize(x_uint8: jax.Array) -> jax.Array:
 
 def _stack_class_counts(y, num_examples, num_classes: int) -> np.ndarray:
   """``[C, K]`` examples per (client, class) of stacked data, padding ignored.
-
-  :func:`fedjax_dd.data.class_counts` over the stack's valid rows (host side).
   """
   y = np.asarray(y)
   n_max = y.shape[1]
@@ -385,12 +300,10 @@ def raw_upload_pairs(y, num_examples, num_classes: int,
                      images_per_class: int) -> np.ndarray:
   """``[P, 3]`` rows ``(client, class, count)`` whose KIP support would be raw.
 
-  KIP initialises a class's ``images_per_class`` support slots with that
-  many of the client's real images of the class (:func:`_init_support`). A
-  class with ``1 <= count <= images_per_class`` examples puts every one of
-  them in the support; the support then holds the target data itself, its
-  KRR prediction fits every target batch exactly, and KIP stops (or its
-  gradient vanishes) with the raw images in place.
+  KIP initialises a class's support slots with the client's real images of
+  it (:func:`_init_support`), so a class with ``1 <= count <=
+  images_per_class`` examples puts all of them in the support; KRR then fits
+  every target batch exactly and KIP stops with the raw images in place.
   """
   counts = _stack_class_counts(y, num_examples, num_classes)
   pairs = np.argwhere((counts >= 1) & (counts <= images_per_class))
@@ -403,12 +316,9 @@ def check_privacy(y: np.ndarray, num_examples: np.ndarray, num_classes: int, *,
                   allow_raw_upload: bool = False) -> None:
   """FedD3 App. G: refuses supports that would be a client's raw images.
 
-  A (client, class) pair with ``count <= images_per_class`` examples
-  uploads all of them unchanged (:func:`raw_upload_pairs`); with the
-  default ``images_per_class=1`` that is a class with a single example.
-  Supports smaller than the class are not refused here: KIP moves them, but
-  an early stop after a few iterations can leave an image within rounding
-  of a raw one (``fedjax_dd.distill.privacy.upload_privacy`` measures it).
+  Refuses the pairs of :func:`raw_upload_pairs`. Supports smaller than the
+  class are not refused, though an early stop can leave an image within
+  rounding of a raw one (``fedjax_dd.distill.privacy.upload_privacy``).
 
   Args:
     y: ``[C, N_max]`` labels of a padded client stack.
@@ -418,10 +328,8 @@ def check_privacy(y: np.ndarray, num_examples: np.ndarray, num_classes: int, *,
     allow_raw_upload: accept such pairs (nothing is checked).
 
   Raises:
-    ValueError: if some client holds a class with at most
-      ``images_per_class`` examples and ``allow_raw_upload`` is False,
-      naming the client, class, class size and ``images_per_class``; or on a
-      label outside ``[0, K)``.
+    ValueError: naming the first such pair, unless ``allow_raw_upload``; or
+      on a label outside ``[0, K)``.
   """
   images_per_class = validate.positive_int("images_per_class",
                                            images_per_class)
@@ -447,14 +355,10 @@ def balanced_batch(key: jax.Array, x: jax.Array, y: jax.Array,
                    num_classes: int) -> tuple[jax.Array, jax.Array]:
   """A class-balanced target batch from ONE client's padded data (KIP App. A).
 
-  Slot ``j`` of the batch belongs to the ``(j mod H)``-th class the client
-  holds (``H`` classes, in class order), and draws one of that class's
-  examples uniformly, with replacement. With ``H`` dividing ``batch_size``
-  every held class gets ``batch_size / H`` slots; otherwise the first
-  ``batch_size mod H`` classes get one more. The reference draws without
-  replacement within a batch; for batches far below a class's size the
-  two agree. Jit-able (``batch_size``, ``num_classes`` static), padding is
-  never read.
+  Slot ``j`` draws uniformly, with replacement, from the ``(j mod H)``-th
+  of the ``H`` classes the client holds (in class order), so the first
+  ``batch_size mod H`` classes get one slot more. Jit-able (``batch_size``,
+  ``num_classes`` static); padding is never read.
 
   Args:
     key: PRNG key.
@@ -488,11 +392,10 @@ def _init_support(key, x, y, n, *, num_classes, images_per_class, support_size,
                   class_blocks):
   """Indices ``[S]`` and mask ``[S]`` of the initial support for one client.
 
-  With ``images_per_class`` the support has ``class_blocks`` blocks of
-  ``images_per_class`` slots. The classes the client holds fill the blocks in
-  class order, each with that many random images (fewer if it has fewer; the
-  rest is masked), and blocks beyond the held classes are masked. Otherwise it
-  holds ``support_size`` random local images (capped by ``n``).
+  With ``images_per_class``, the held classes fill ``class_blocks`` blocks
+  of ``images_per_class`` slots in class order, each with random images of
+  its class; slots without an image are masked. Otherwise ``support_size``
+  random local images (capped by ``n``).
   """
   n_max = y.shape[0]
   valid = jnp.arange(n_max) < n
@@ -515,9 +418,8 @@ def _init_support(key, x, y, n, *, num_classes, images_per_class, support_size,
   return order, jnp.arange(support_size) < n
 
 
-# DP-KIP's noise of iteration t is drawn from fold_in(fold_in(client key,
-# _DP_NOISE_STREAM), t): apart from the target batches (fold_in(key, t))
-# and the support's initialisation (fold_in(key, 2**31 - 1)).
+# DP-KIP's noise stream, apart from the target batches (fold_in(key, t)) and
+# the support's initialisation (fold_in(key, 2**31 - 1)).
 _DP_NOISE_STREAM = 2**31 - 2
 
 
@@ -556,9 +458,8 @@ def dp_target_batch(key: jax.Array, x: jax.Array, y: jax.Array,
     batch_size: ``B`` (static).
 
   Returns:
-    ``(xb [B, H, W, Ch], yb [B], take [B] bool)``: ``take`` is False for the
-    ``B - n`` slots left over when ``n < B`` (they hold a real example of
-    the client and must be left out).
+    ``(xb [B, H, W, Ch], yb [B], take [B] bool)``: ``take`` is False for
+    the ``B - n`` surplus slots when ``n < B``, which must be left out.
   """
   n_max = y.shape[0]
   valid = jnp.arange(n_max) < num_examples
@@ -575,11 +476,8 @@ def example_gradients(kernel_fn: KernelFn, z: jax.Array, ys: jax.Array,
                       reg: float) -> tuple[jax.Array, jax.Array, PyTree]:
   """Per-example KIP losses and gradients for ONE client (DP-KIP Alg. 1).
 
-  Target example ``i`` alone is a KIP loss of its own,
-  ``l_i = 0.5 ||y_i - K_is (K_ss + lambda I)^{-1} y_s||^2``, whose mean
-  over the batch is :func:`fedjax_dd.kernels.kip_loss.kip_loss` of the
-  batch; ``jax.vmap(jax.value_and_grad(l))`` over the targets gives every
-  ``grad l_i`` with respect to the support at once.
+  ``l_i`` (module docstring) is :func:`fedjax_dd.kernels.kip_loss.kip_loss`
+  of target ``i`` alone, differentiated for every ``i`` under one ``vmap``.
 
   Args:
     kernel_fn: the kernel.
@@ -612,15 +510,12 @@ def private_gradient(per_example: PyTree, take: jax.Array, key: jax.Array, *,
   al. 2016, Alg. 1): ``(sum_i clip_C(g_i) + N(0, sigma^2 C^2 I)) / B``.
 
   Args:
-    per_example: pytree whose leaves are ``[B, ...]``, example ``i``'s
-      gradient ``g_i`` across all leaves.
+    per_example: pytree of ``[B, ...]`` leaves; ``g_i`` is slice ``i``.
     take: ``[B]`` bool, False for slots that are no example (left out).
     key: the noise key; leaf ``j`` draws from ``fold_in(key, j)``.
-    clip: ``C > 0``; ``clip_C(g) = g min(1, C / ||g||)``, the norm over
-      every leaf of ``g_i`` together.
+    clip: ``C > 0``, on the norm of ``g_i`` over all its leaves.
     noise_multiplier: ``sigma >= 0``.
-    batch_size: ``B``, the divisor (the batch's size, not its count of
-      taken slots).
+    batch_size: ``B``, the divisor, whatever the count of taken slots.
 
   Returns:
     The pytree without the batch axis, leaves ``[...]``.
@@ -631,8 +526,7 @@ def private_gradient(per_example: PyTree, take: jax.Array, key: jax.Array, *,
 
 
 def dp_sampling_rate(num_examples, target_batch_size: int) -> float:
-  """DP-KIP's sampling rate ``q = min(1, B / n)`` of the client with the
-  fewest examples (the largest rate: the worst client's guarantee).
+  """DP-KIP's worst sampling rate ``q = min(1, B / n)``, at the smallest ``n``.
 
   Args:
     num_examples: ``[C]`` real examples per client; clients without data
@@ -660,9 +554,8 @@ def dp_fields(options: KipOptions, num_examples, *, steps: int,
     delta: the guarantee's ``delta``.
 
   Returns:
-    :func:`fedjax_dd.privacy.accounting.summary_fields` at the worst
-    client's rate :func:`dp_sampling_rate`; its ``dp_epsilon`` holds for
-    every client.
+    :func:`fedjax_dd.privacy.accounting.summary_fields` at the worst rate
+    (:func:`dp_sampling_rate`), so ``dp_epsilon`` holds for every client.
 
   Raises:
     ImportError: dp-accounting is not installed (the ``privacy`` extra).
@@ -678,10 +571,8 @@ def client_stats(x: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Channel mean and std ``([Ch], [Ch])`` of ONE client's real images.
 
   On the ``[0, 1]`` scale over the first ``n`` of ``x [N_max, H, W, Ch]``
-  (uint8; padding is not read), as FedD3's code computes them on each
-  client (``np.mean`` / ``np.std`` over images and pixels). A zero std (a
-  constant channel, or no images) becomes 1, so that channel is only
-  centred.
+  (uint8), as FedD3's code computes them. A zero std (a constant channel,
+  or no images) becomes 1, so that channel is only centred.
   """
   valid = (jnp.arange(x.shape[0]) < n).astype(jnp.float32)[:, None, None,
                                                              None]
@@ -701,16 +592,14 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
                    mapper: ClientMapper = ClientMapper(workload="kip")):
   """Builds the batched ``init`` and ``segment`` programs.
 
-  ``class_blocks`` (with ``images_per_class``; default ``num_classes``) is the
-  number of classes a support has room for, so ``S = class_blocks ·
-  images_per_class``. ``options`` gives the optimisation settings (its host
-  loop settings are not used here). See :func:`distill_clients`.
+  Arguments as :func:`distill_clients` (``class_blocks`` defaulting to
+  ``num_classes``; ``options``' host loop settings are not used).
 
   Returns:
-    ``(init, segment, normalise)``: ``init(keys [C], x, y, n) -> KipState [C]``
-    and ``segment(state, keys [C], x, y, n, until) -> KipState`` running each
-    client until it converges or reaches iteration ``until``; ``normalise``
-    maps uint8 pixels to the space the supports live in.
+    ``(init, segment, normalise)``: ``init(keys [C], x, y, n) -> KipState [C]``,
+    ``segment(state, keys [C], x, y, n, until) -> KipState`` running each
+    client until it converges or reaches iteration ``until``, and the map
+    from uint8 pixels to the supports' space.
   """
   _check_support_args(images_per_class, support_size)
   validate.positive_int("num_classes", num_classes)
@@ -780,10 +669,8 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
     z = jnp.where(m[:, None, None, None], z, 0.0)
     ys = jnp.where(m[:, None], ys, 0.0)
     it = state.iteration + 1
-    # A single-class target batch is fitted by any support that predicts its
-    # one class, so its accuracy says nothing about distillation: a one-class
-    # client (HFLDD with C = 1) would stop at iteration 1 and upload its raw
-    # initial images. Such a batch never counts towards the early stop.
+    # Any support fits a single-class batch: counting it would stop a
+    # one-class client at iteration 1 with its raw initial images.
     informative = jnp.any(yb != yb[0])
     converged = ((aux.accuracy >= stop) & (it >= min_iterations)
                  & informative)
@@ -809,10 +696,7 @@ def make_distiller(kernel_fn: KernelFn, *, num_classes: int, mean, std,
 
 def _dp_programs(kernel_fn, opt, normalise, z_range, options: KipOptions, *,
                  num_classes, images_per_class, support_size, class_blocks):
-  """DP-KIP's ``init_one`` and ``step`` for ONE client (module docstring):
-  a data-independent support, per-example gradients of the KIP loss over a
-  target batch drawn without replacement, clipped, summed and noised by
-  :func:`private_gradient`, then the Adam step of plain KIP."""
+  """DP-KIP's ``init_one`` and ``step`` for ONE client (module docstring)."""
   if images_per_class is not None and class_blocks != num_classes:
     raise ValueError(
         f"class_blocks must be num_classes = {num_classes} with DP-KIP (every "
@@ -881,8 +765,7 @@ def _check_support_args(images_per_class, support_size) -> None:
 
 
 def _nonfinite_error(state: KipState, x, n) -> ValueError:
-  """Why some clients' supports or losses are NaN/inf (options, mean and std
-  are checked before compute, so the kernel or the data is left)."""
+  """Why some clients' supports or losses are NaN/inf (the kernel or data)."""
   bad = np.flatnonzero(~np.asarray(jax.device_get(
       jnp.isfinite(state.loss) & jnp.all(
           jnp.isfinite(state.z.reshape(state.z.shape[0], -1)), axis=1))))
@@ -924,60 +807,44 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
                     ) -> KipResult:
   """Distills every client's data with KIP; notebook-friendly.
 
-  Every argument is checked on the host before anything is compiled
-  (shapes, dtypes, label and count ranges, ``mean``/``std``).
-
   Args:
     key: PRNG key; client ``i`` uses ``fold_in(key, i)``.
-    x: ``[C, N_max, H, W, Ch]`` uint8 client images (NumPy or JAX), pixels
-      in 0..255 (float images are refused: scale ``[0, 1]`` images by 255).
-    y: ``[C, N_max]`` integer class indices in ``[0, num_classes)`` (not
-      one-hot); padding rows are not read.
+    x: ``[C, N_max, H, W, Ch]`` uint8 client images (NumPy or JAX); float
+      images are refused.
+    y: ``[C, N_max]`` int class indices in ``[0, num_classes)`` (not one-hot).
     num_examples: ``[C]`` valid examples per client, in ``[0, N_max]``.
     num_classes: K, >= 1.
     kernel_fn: e.g. ``fedjax_dd.kernels.native.fc_kernel()``.
     mean: per-channel mean (``[Ch]`` or a scalar, on the ``[0, 1]`` scale).
     std: per-channel std (``[Ch]`` or a scalar), finite and > 0.
-    images_per_class: Img/Cls for each class a client holds (FedD3), >= 1,
-      or
-    support_size: a fixed support size per client (HFLDD's |D̃_i|), >= 1,
-      capped by each client's count (with a warning).
+    images_per_class: Img/Cls for each class a client holds (FedD3), or
+    support_size: a fixed support size per client (HFLDD's |D̃_i|), capped
+      by each client's count (with a warning); exactly one, >= 1.
     class_blocks: with ``images_per_class``, the classes a support has room
-      for (``S = class_blocks · images_per_class``). Default: the most classes
-      any client holds, counted on the host. Room for all ``num_classes``
-      would give every 2-class FedD3 client a 5× larger support of masked
-      slots, and a 25× larger ``K_ss``; the real points are the same either
-      way. Must be at least that maximum.
-    options: the optimisation settings (:class:`KipOptions`);
-      ``stop_accuracy=None`` runs every client for ``max_iterations``;
-      ``dp_clip > 0`` runs DP-KIP (module docstring: the support starts
-      from noise with room for every class, ``class_blocks`` defaults to
-      ``num_classes``, no raw-upload check applies, a ``support_size``
-      is not capped by a client's count).
+      for (``S = class_blocks · images_per_class``); default and minimum:
+      the most classes any client holds (more only adds masked slots).
+    options: the optimisation settings (:class:`KipOptions`); with
+      ``dp_clip > 0`` (DP-KIP), ``class_blocks`` defaults to
+      ``num_classes``, no raw-upload check applies and a ``support_size``
+      is not capped by a client's count.
     mapper: client-axis backend.
     progress: optional ``callback(iterations_done, clients_converged)``.
-    allow_raw_upload: with ``images_per_class``, what to do with a
-      (client, class) pair of at most ``images_per_class`` examples, whose
-      support is those raw images (:func:`check_privacy`): False refuses
-      it, True accepts it, None (for callers that ran :func:`check_privacy`
-      themselves, like FedD3's distiller) accepts it with a warning.
-    segment_store: optional :class:`SegmentStore`: the state is saved
-      after each segment, and a call whose store holds a saved segment
-      continues from it (the result is bit-identical to an uninterrupted
-      call's). The caller keys the store to these arguments.
+    allow_raw_upload: with ``images_per_class``, what to do with raw
+      supports (:func:`check_privacy`): False refuses them, True accepts
+      them, None (for callers that ran :func:`check_privacy` themselves)
+      accepts them with a warning.
+    segment_store: optional :class:`SegmentStore` to save and resume from,
+      keyed by the caller to these arguments.
 
   Returns:
     A :class:`KipResult` (float pixels; see :func:`quantize`).
 
   Raises:
-    ValueError: before compute, on a wrong shape, dtype or rank of ``x``,
-      ``y`` or ``num_examples``, labels outside ``[0, num_classes)``,
-      counts outside ``[0, N_max]``, ``num_classes < 1``, ``mean``/``std``
-      not ``[Ch]``, not finite or ``std <= 0``, ``images_per_class`` /
-      ``support_size`` not exactly one given and >= 1, ``class_blocks`` too
-      small, or raw supports with ``allow_raw_upload=False``; after
-      compute, if some client's loss or support is not finite (naming the
-      clients and the cause, e.g. constant images).
+    ValueError: before compute, on any argument outside the ranges above
+      (shapes, dtypes, labels, counts, ``mean``/``std``, not exactly one of
+      ``images_per_class`` / ``support_size``, ``class_blocks`` too small)
+      or raw supports with ``allow_raw_upload=False``; after compute, if
+      some client's loss or support is not finite (naming the cause).
   """
   if not isinstance(options, KipOptions):
     raise ValueError(f"options must be a KipOptions, got "
@@ -990,8 +857,8 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
   y_host = np.asarray(jax.device_get(y))
   n_host = np.asarray(jax.device_get(num_examples))
   if options.dp:
-    # DP-KIP's support starts from noise, with room for every class: no
-    # slot is a raw image, and its layout does not depend on the data.
+    # DP-KIP's noise support has room for every class: no raw image, and a
+    # layout independent of the data.
     if images_per_class is not None and class_blocks is None:
       class_blocks = num_classes
   elif images_per_class is not None:
@@ -1078,10 +945,9 @@ def distill_clients(key: jax.Array, x, y, num_examples, *, num_classes: int,
 def labels_to_targets(y: jax.Array | np.ndarray, *, centered: bool) -> np.ndarray:
   """KIP support labels ``[..., K]`` to cross-entropy target distributions.
 
-  Centring is undone (``+ 1/K``), so fixed centred labels become one-hot
-  again. Learned labels may leave the simplex: negative entries are clipped
-  to zero and each row is renormalised to sum to one; a row with no positive
-  entry falls back to the one-hot of its argmax.
+  Centring is undone (``+ 1/K``); negative entries are clipped to zero and
+  rows renormalised, a row with no positive entry becoming the one-hot of
+  its argmax.
 
   Args:
     y: ``[..., K]`` support labels.

@@ -1,18 +1,16 @@
 """How close an upload of images is to its sender's raw data (host side).
 
-Dataset distillation is sold to federated learning as privacy-preserving: a
-client sends synthetic images, not its own (FedD3 App. G, HFLDD Sec. IV). An
-early-stopped KIP, a support that holds a whole class, or a random sample can
-still send raw training images. :func:`upload_privacy` measures it on what is
-actually transmitted (uint8 images), against the images of the client that
-sent each one:
+Dataset distillation is meant to send synthetic images, not raw ones (FedD3
+App. G, HFLDD Sec. IV), yet an early-stopped KIP, a support that holds a
+whole class, or a random sample can send raw training images.
+:func:`upload_privacy` measures this on the transmitted uint8 images,
+against the images of each one's sender:
 
 * ``identical_to_raw_fraction``: the share of uploaded images equal, byte for
   byte, to one of the sender's raw images;
 * ``nearest_raw_l2_min`` / ``nearest_raw_l2_median``: the L2 distance, in
   ``[0, 1]`` pixel space, from each uploaded image to the sender's nearest raw
-  image (min and median over uploads). For scale: two different MNIST digits
-  are typically 5–10 apart.
+  image (min and median over uploads).
 * ``near_copy_count`` / ``near_copy_fraction``: uploads within
   :data:`NEAR_COPY_RMS` (2 grey levels, root mean square per pixel) of a raw
   image of their sender, byte-identical ones included: a copy moved by a
@@ -164,14 +162,11 @@ def check_no_raw_upload(uploaded_x: Any, owner: Any, client_x: Any,
                         "or kip.stop_accuracy=None") -> None:
   """FedD3 App. G's guard on what is actually sent: no raw image leaves.
 
-  The guard before compute (:func:`fedjax_dd.distill.kip.check_privacy`)
-  refuses supports that hold a whole class. This one covers the rest: an
-  image the distiller barely moved (KIP stopped after a few iterations by
-  App. C's rule moves a pixel by well under one grey level) is quantised
-  back to its raw bytes.
-
-  FedD3 and HFLDD (:func:`fedjax_dd.algorithms.hfldd.distill_members`)
-  both run it unless ``allow_raw_upload``: one guard, one default.
+  :func:`fedjax_dd.distill.kip.check_privacy` refuses supports that hold a
+  whole class before compute; this guard catches an image the distiller
+  barely moved (an early KIP stop), quantised back to its raw bytes. FedD3
+  and HFLDD (:func:`fedjax_dd.algorithms.hfldd.distill_members`) both run
+  it unless ``allow_raw_upload``.
 
   Args:
     uploaded_x, owner, client_x, num_examples: as :func:`upload_privacy`.
@@ -187,9 +182,8 @@ def check_no_raw_upload(uploaded_x: Any, owner: Any, client_x: Any,
   if identical.any():
     own = np.asarray(owner)[identical]
     clients = np.unique(own)
-    # A constant image (one value in every pixel) or a sender whose images
-    # are all the same: KIP's gradient is zero there, so no number of
-    # iterations moves the image; "run more iterations" would not help.
+    # KIP's gradient is zero on a constant image or a sender whose images
+    # are all the same, so "run more iterations" would not help there.
     flat = ux[identical].reshape(int(identical.sum()), -1)
     constant = flat.min(axis=1) == flat.max(axis=1)
     uniform = np.array([

@@ -8,13 +8,11 @@ differently two clients label ``D_g`` with the KL divergence
 
     M_ij = KL(S_i || S_j) = 1/|D_g| sum_m sum_c S_i[m, c] log(S_i[m, c] / S_j[m, c]).
 
-Clients with similar label distributions label ``D_g`` alike, so ``M`` is the
-feature matrix the homogeneous clustering (:mod:`fedjax_dd.cluster.sampling`) runs
-on.
+Clients with similar label distributions label ``D_g`` alike, so ``M``
+feeds the homogeneous clustering (:mod:`fedjax_dd.cluster.sampling`).
 
-All three steps are device programs: pretraining is one batched program over
-the clients (:func:`fedjax_dd.core.clients.client_stage`), inference is one
-batched program over the clients' models, and ``M`` is one jitted einsum.
+Pretraining and labelling are each one batched program over the clients;
+``M`` is one jitted einsum.
 """
 
 from __future__ import annotations
@@ -45,15 +43,11 @@ def pretrain_clients(training: LocalTraining, params: PyTree,
                      num_steps: jax.Array, key: jax.Array) -> LocalResult:
   """Trains every client's local model from one common initialisation.
 
-  One batched program over all ``N`` clients (the engine's client stage).
-
   Args:
-    training: the clients' local training (task, optimizer, batch size,
-      mapper, ...; HFLDD: plain SGD, lr 0.01, batch 64). Its ``max_steps``
-      is replaced by the largest of ``num_steps`` (at least 1): the counts
-      are per-client data, known only here, so the caller's bound is not
-      used. Its ``augment`` applies; pretraining is one round, round 0 of
-      its schedule.
+    training: the clients' local training (HFLDD: plain SGD, lr 0.01, batch
+      64). Its ``max_steps`` is replaced by the largest of ``num_steps`` (at
+      least 1), known only here. Its ``augment`` applies; pretraining is
+      round 0 of its schedule.
     params: the common initial parameters (broadcast).
     batch_stats: the common initial BatchNorm statistics.
     data: all clients' padded data ``x [N, N_max, H, W, Ch]``.
@@ -64,10 +58,8 @@ def pretrain_clients(training: LocalTraining, params: PyTree,
     A :class:`LocalResult` stacked ``[N, ...]``.
 
   Raises:
-    ValueError: before training, on ``data`` that is not a padded client
-      stack (``x [N, N_max, H, W, Ch]`` uint8, ``y [N, N_max]`` integer,
-      ``num_examples [N]`` in ``[0, N_max]``), ``num_steps`` that is not
-      ``[N]`` integer counts ``>= 0``.
+    ValueError: before training, on ``data`` that is not a padded uint8
+      client stack, or ``num_steps`` that is not ``[N]`` counts ``>= 0``.
   """
   validate.client_stack(data.x, data.y, data.num_examples, fetch=True)
   validate.step_counts("num_steps", num_steps, data.num_clients)
@@ -87,11 +79,9 @@ def make_soft_labeler(task: Classifier, *, mapper: ClientMapper = ClientMapper()
                       temperature: float = 1.0, aux_batch_size: int = 100):
   """Builds ``label(params [N], batch_stats [N], x_aux [M, H, W, Ch]) -> S``.
 
-  The auxiliary images are broadcast to every client; the result is
-  ``S [N, M, K]`` softmax probabilities, computed in one batched program
-  (the per-client function is written for one model). Inside it ``D_g`` is
-  visited in batches of ``aux_batch_size`` so that peak activation memory is
-  ``N * aux_batch_size`` images, not ``N * M``.
+  ``S [N, M, K]`` softmax probabilities of every client's model on the
+  broadcast ``D_g``, visited in batches of ``aux_batch_size`` so that peak
+  activation memory is ``N * aux_batch_size`` images, not ``N * M``.
 
   Args:
     task: the classifier.
@@ -158,8 +148,6 @@ def pairwise_kl(soft_labels: jax.Array, *, eps: float = DEFAULT_EPS) -> jax.Arra
 
   Probabilities are clamped to ``[eps, 1]`` before the logarithm, so clients
   that give a class zero probability produce a large but finite divergence.
-  Computed as one jitted program: ``M_ij = a_i - b_ij`` with
-  ``a_i = mean_m sum_c S_i log S_i`` and ``b_ij = mean_m sum_c S_i log S_j``.
 
   Args:
     soft_labels: ``S [N, M, K]`` probabilities.
@@ -184,9 +172,8 @@ def collect_label_knowledge(training: LocalTraining, params: PyTree,
   """Pretrains every client, labels ``D_g`` and computes ``M`` (Eq. 4).
 
   Args:
-    training: the clients' pretraining (:func:`pretrain_clients`, which sets
-      its ``max_steps`` from ``num_steps``); its task and mapper also label
-      ``D_g``.
+    training: the clients' pretraining (:func:`pretrain_clients`); its task
+      and mapper also label ``D_g``.
     params: common initial parameters.
     batch_stats: common initial BatchNorm statistics.
     data: all clients' data ``[N, N_max, ...]``.

@@ -11,29 +11,23 @@ probability ``q``. Under add-or-remove-one adjacency the step is the
 Poisson-subsampled Gaussian mechanism with noise multiplier ``sigma``
 (sensitivity 1 after dividing by ``C``), composed ``T`` times.
 
-This module is a thin wrapper over Google's ``dp-accounting`` library (the
-optional ``privacy`` extra, ``pip install "fedjax-dd[privacy]"``), imported
-on first use, so that no accountant is written here:
+This module wraps Google's ``dp-accounting`` (the optional ``privacy``
+extra, ``pip install "fedjax-dd[privacy]"``), imported on first use, so no
+accountant is written here:
 
 * the event is ``SelfComposedDpEvent(PoissonSampledDpEvent(q,
   GaussianDpEvent(sigma)), T)``;
-* the accountant is its Renyi-DP accountant (``dp_accounting.rdp.
-  RdpAccountant``, Mironov, "Renyi Differential Privacy", CSF 2017; the
-  subsampled-Gaussian RDP of Mironov, Talwar & Zhang 2019) over its default
-  orders, converted to ``(epsilon, delta)`` with the bound of Canonne,
-  Kamath & Steinke 2020 (Prop. 12), which is tighter than the moments
-  accountant's conversion in Abadi et al. (so the same run reads a smaller
-  epsilon than that paper prints; ``tests/privacy/test_accounting.py``
-  reproduces both);
-* :func:`noise_for_epsilon` calibrates ``sigma`` with the library's own
-  search (``dp_accounting.calibrate_dp_mechanism``, Brent's method).
+* the accountant is ``dp_accounting.rdp.RdpAccountant`` (Mironov, CSF 2017;
+  Mironov, Talwar & Zhang 2019) over its default orders, converted with
+  Canonne, Kamath & Steinke 2020 (Prop. 12), tighter than Abadi et al.'s
+  conversion, so the same run reads a smaller epsilon than that paper;
+* :func:`noise_for_epsilon` calibrates ``sigma`` with
+  ``dp_accounting.calibrate_dp_mechanism``.
 
-Sampling: the accountant assumes Poisson sampling (each record joins a
-step independently with probability ``q``). Where a method draws a fixed
-number of records without replacement (the engine's default cohort,
-DP-KIP's target batch), its epsilon at ``q = batch / population`` is the
-customary approximation (TF-Privacy's ``compute_dp_sgd_privacy`` reports
-the same), not a proof; the callers' docstrings say which they draw.
+Sampling: the accountant assumes Poisson sampling. Where a method draws a
+fixed number of records without replacement (the engine's default cohort,
+DP-KIP's target batch), epsilon at ``q = batch / population`` is the
+customary approximation (as TF-Privacy reports), not a proof.
 """
 
 from __future__ import annotations
@@ -119,10 +113,9 @@ def noise_for_epsilon(target_epsilon: float, sampling_rate: float,
   """The smallest noise multiplier whose :func:`epsilon` is at most the
   target.
 
-  Calibrated by ``dp_accounting.calibrate_dp_mechanism`` (a bracket grown
-  from ``[0, 1]``, then Brent's method), which returns a value on the
-  private side of the target: ``epsilon(noise_for_epsilon(e, q, T, d), q,
-  T, d) <= e``.
+  Calibrated by ``dp_accounting.calibrate_dp_mechanism`` (Brent's method
+  from a bracket grown from ``[0, 1]``), on the private side of the target:
+  ``epsilon(noise_for_epsilon(e, q, T, d), q, T, d) <= e``.
 
   Args:
     target_epsilon: the budget, ``> 0``.

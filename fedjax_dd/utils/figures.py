@@ -1,9 +1,8 @@
 """Figures saved as PNG files; a module of independent plotting functions.
 
-Host-side only. matplotlib is imported inside the plotting functions, so
-that importing this module costs nothing, and figures are built with its
-object-oriented API (``matplotlib.figure.Figure``), not pyplot: saving a PNG
-needs no display, and a notebook's pyplot backend is never switched. Each
+Host-side only. matplotlib is imported lazily, so importing this module
+costs nothing, and figures use ``matplotlib.figure.Figure``, not pyplot, so
+saving needs no display and a notebook's backend is never switched. Each
 function takes plain NumPy/JSON data and a path.
 """
 
@@ -29,10 +28,8 @@ def new_figure(**kwargs):
 def _figure_class():
   """``Figure`` with IPython's ``_repr_png_``.
 
-  A notebook displays a pyplot figure through the inline backend, which
-  registers its PNG formatter only once pyplot is imported; a figure made
-  outside pyplot, as here, would show only its text repr (``<Figure size
-  550x380 with 1 Axes>``) in Jupyter and in a headless run (nbclient).
+  The inline backend registers its PNG formatter only once pyplot is
+  imported, so a figure made outside pyplot would show only its text repr.
   """
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
@@ -64,9 +61,8 @@ def topology_layout(heterogeneous: np.ndarray, heads: np.ndarray, *,
                     member_radius: float = 0.28) -> np.ndarray:
   """2-D positions ``[N, 2]`` for HFLDD's server/head/member topology.
 
-  The server sits at the origin, heads evenly on a circle of
-  ``head_radius``, and each head's members on an arc of radius
-  ``member_radius`` around it, facing away from the server.
+  Server at the origin, heads evenly on a circle, each head's members on an
+  arc around it facing away from the server.
 
   Args:
     heterogeneous: ``[N]`` heterogeneous cluster id of each client.
@@ -101,9 +97,8 @@ def plot_topology(homogeneous: Sequence[int], heterogeneous: Sequence[int],
                   title: str | None = None, dpi: int = 150) -> str:
   """HFLDD's hybrid topology (paper Fig. 4) as a PNG.
 
-  The server is a black square; heads are large circles linked to the
-  server; members are small circles linked to their head. Colours are the
-  homogeneous clusters, so each heterogeneous cluster shows a mix of colours.
+  Server: black square; heads: large circles; members: small circles
+  linked to their head. Colours are the homogeneous clusters.
 
   Args:
     homogeneous: ``[N]`` homogeneous cluster id per client.
@@ -163,10 +158,8 @@ LINE_STYLES = ("-", "--", ":", "-.")
 
 def line_style(i: int, cmap: Any) -> tuple[Any, str]:
   """The ``i``-th curve's (colour, line style): the colour map's colours in
-  order, then again with the next line style, so that a figure with more
-  methods than colours (DisUE's Tab. 1 has 12; tab10 has 10) still tells
-  every line apart.
-  """
+  order, then again with the next line style, so more methods than colours
+  stay apart."""
   return cmap(i % cmap.N), LINE_STYLES[(i // cmap.N) % len(LINE_STYLES)]
 
 
@@ -178,9 +171,8 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
                          ylabel: str = "test accuracy") -> str:
   """Test accuracy over rounds and over traffic, mean ± sd over seeds.
 
-  Two panels: accuracy against the round (or distillation epoch) and against
-  the cumulative bytes sent. Each method is a line (the mean) in a shaded
-  band (mean ± sd; absent where fewer than two seeds have the point).
+  Two panels, against the round (or distillation epoch) and against the
+  cumulative bytes sent; each method is a mean line in a ± sd band.
 
   Args:
     curves: ``{label: curve}``; a curve has ``x`` ``[P]``, ``mean`` ``[P]``,
@@ -190,8 +182,7 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
     path: output PNG path.
     endpoints: ``{label: (bytes, mean, sd)}`` drawn as a point with an error
       bar in the traffic panel, for curves without per-point traffic (e.g.
-      one-shot runs: final accuracy at the total traffic); endpoints at the
-      same traffic are drawn side by side.
+      one-shot runs).
     title: optional figure title.
     dpi: resolution.
     ylabel: the figure's name of the accuracy (e.g. personalized).
@@ -200,8 +191,7 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
     The path written.
   """
   endpoints = dict(endpoints or {})
-  # Endpoints at one traffic (one-shot methods over the same client
-  # uploads) side by side, 4 % apart, not drawn over one another.
+  # Endpoints at one traffic side by side, 4 % apart, not over one another.
   sharing = collections.defaultdict(list)
   for label, (b, _, _) in endpoints.items():
     sharing[b].append(label)
@@ -242,8 +232,7 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Any]],
     ax_b.text(0.5, 0.5, "no traffic recorded", ha="center", va="center",
               transform=ax_b.transAxes)
   positive = [b for b in traffic if b > 0 and math.isfinite(b)]
-  # Traffic spans orders of magnitude across methods (a one-shot upload of
-  # distilled images vs rounds of model exchange).
+  # Traffic can span orders of magnitude across methods.
   if positive and len(positive) == len(traffic) and (
       max(positive) / min(positive) >= 100):
     ax_b.set_xscale("log")
@@ -312,8 +301,7 @@ def plot_u_r(u_r: np.ndarray, path: str | os.PathLike, *,
     u_r: ``[c, m]`` row-normalised stratification matrix.
     path: output PNG path.
     class_shares: ``[c, m]`` each class's share held by each client (the
-      oracle ``U_r`` estimates, which stratification never sees), drawn as a
-      second panel when given.
+      truth ``U_r`` estimates), drawn as a second panel when given.
     dpi: resolution.
 
   Returns:
@@ -389,10 +377,8 @@ def plot_one_shot(report: Mapping[str, Any],
                   directory: str | os.PathLike) -> list[str]:
   """A finished one-shot run's figures, each when there is something to draw.
 
-  ``u_r.png`` (FedHydra's stratification ``U_r``, Alg. 2, beside the
-  clients' true class shares), ``samples.png`` (the server's synthetic
-  samples by class) and ``accuracy.png`` (test accuracy against server
-  epoch).
+  ``u_r.png`` (FedHydra's ``U_r``, Alg. 2, beside the true class shares),
+  ``samples.png`` (synthetic samples by class) and ``accuracy.png``.
 
   Args:
     report: the server's ``algorithm.report(state, setup)`` (``{}`` without
@@ -427,14 +413,10 @@ def plot_comparison(rows: Sequence[Mapping[str, Any]],
                     dpi: int = 120) -> str:
   """Methods side by side: final test accuracy and total bytes sent.
 
-  Horizontal bars, one row per method from the top, the method names once
-  on the shared y axis: long names (such as a baseline's description) need
-  no rotation and cannot run into their neighbours.
-
-  A row with ``expected`` (``(low, high)``, the range its accuracy was
-  measured in over seeds and versions) gets that range drawn over its
-  accuracy bar as a black interval, and a row outside it is labelled
-  ``below``/``above`` as the printed table marks it.
+  Horizontal bars, one row per method, names once on the shared y axis so
+  long names need no rotation. A row's ``expected`` ``(low, high)`` range is
+  drawn over its accuracy bar as a black interval, and a row outside it is
+  labelled ``below``/``above`` as the printed table marks it.
 
   Args:
     rows: one per method, with ``method``, ``final_test_accuracy`` and
@@ -477,8 +459,7 @@ def plot_comparison(rows: Sequence[Mapping[str, Any]],
   if ranged:
     ax_a.set_xlabel("final test accuracy (black: expected range)")
   ax_b.barh(pos, traffic, color=colours)
-  # One-shot uploads and rounds of model exchange differ by orders of
-  # magnitude.
+  # One-shot uploads and rounds of exchange differ by orders of magnitude.
   ax_b.set_xscale("log")
   ax_b.set_xlabel("bytes sent")
   ax_b.tick_params(axis="y", left=False)
@@ -486,8 +467,7 @@ def plot_comparison(rows: Sequence[Mapping[str, Any]],
     ax.grid(axis="x", alpha=0.3)
   if title:
     fig.suptitle(title)
-  # w_pad: the panels' outermost x tick labels (1.0 and the smallest power
-  # of ten) would otherwise meet between them.
+  # w_pad: the panels' outermost x tick labels would otherwise meet.
   fig.tight_layout(w_pad=3.0)
   fig.savefig(path, dpi=dpi)
   return os.fspath(path)
@@ -501,11 +481,10 @@ def plot_history(histories: Mapping[str, Sequence[Mapping[str, Any]]]
   """One run's (or several runs') metric against the round.
 
   Args:
-    histories: a run's metrics rows (``fit(...).rows``, or the rows of a
-      ``metrics.jsonl``), or ``{label: rows}`` for several runs. Rows
-      without ``key`` (rounds that were not evaluated) are skipped.
-    path: output PNG path; None returns the figure without saving it (a
-      notebook displays it).
+    histories: a run's metrics rows (``fit(...).rows`` or a
+      ``metrics.jsonl``'s), or ``{label: rows}``; rows without ``key`` are
+      skipped.
+    path: output PNG path; None returns the figure unsaved.
     key: the row field to plot.
     title: optional figure title.
     dpi: resolution of a saved PNG.

@@ -2,15 +2,11 @@ r"""Tables of IGA / FedFTG gains over seeds.
 
 :func:`gains_report` — DisUE's IGA (Eq. 9's generator, Sec. 4.4) and
 FedFTG's fine-tuning (Zhang et al., CVPR 2022, Alg. 1) measured as the
-*gain* of a round: test accuracy of the global model just after the
-server's distillation minus just before it (``test_accuracy -
-test_accuracy_before_iga`` of ``metrics.jsonl``, written with
-``iga.evaluate_before=True``). Runs without the "before" column (FedAvg)
-show their accuracy only. A per-run summary and a per-window table, as mean
-± sample sd (``ddof=1``, 0 with one seed, :func:`fmt_mean_sd`) over the
-seeds. The readers of the reference implementations' runs, and their
-tables against ours, are beside those runs' adapters
-(``experiments/reference/compare_fedftg.py``, ``compare_dense.py``).
+*gain* of a round: ``test_accuracy - test_accuracy_before_iga`` of
+``metrics.jsonl`` (written with ``iga.evaluate_before=True``). Runs without
+the "before" column (FedAvg) show their accuracy only. A per-run summary
+and a per-window table, as mean ± sample sd over the seeds
+(:func:`fmt_mean_sd`).
 
 Host-side only; every function takes explicit paths or arrays.
 """
@@ -169,9 +165,8 @@ def gains_report(runs: Mapping[str, str], rounds: int = 0, window: int = 5,
                  extra: Sequence[str] = ()) -> str:
   """:func:`gain_tables` of ``{label: workdir}`` (a sweep or one run).
 
-  Every run is cut to the same rounds: ``rounds``, or when 0 the most that
-  every run has (:func:`common_rounds`), so runs stopped at different depths
-  are compared on the rounds they share.
+  Every run is cut to ``rounds``, or when 0 to the rounds every run has
+  (:func:`common_rounds`).
 
   Raises:
     ValueError: ``rounds`` is more than some run has.

@@ -4,11 +4,8 @@ HFLDD (Shi et al., "Dataset Distillation-based Hybrid Federated Learning on
 Non-IID Data", 2024), Tables III-V, compare methods by the communication
 rounds and the traffic each needs to reach a target test accuracy, and by the
 ratio of that traffic to HFLDD's. :func:`target_table` computes those rows
-for any set of runs from their ``metrics.jsonl`` rows (read with
-:func:`fedjax_dd.core.ledger.load_metrics`; through
-:func:`fedjax_dd.core.ledger.traffic_to_target`); :func:`format_table`
-renders them as Markdown. Tables over seeds (mean ± sd) are in
-:mod:`fedjax_dd.utils.sweep`.
+from runs' ``metrics.jsonl`` rows; :func:`format_table` renders them as
+Markdown. Tables over seeds are in :mod:`fedjax_dd.utils.sweep`.
 """
 
 from __future__ import annotations
@@ -99,9 +96,8 @@ def comparison_table(rows: Rows) -> str:
   """Markdown of a comparison of methods: method, final accuracy, bytes
   sent, wall seconds and each row's ``note``.
 
-  Rows with ``expected`` (``(low, high)``: the range measured over seeds
-  and versions) add an ``expected`` column; an accuracy outside its range
-  is marked there (:func:`outside_expected`).
+  Rows with ``expected`` ``(low, high)`` add an ``expected`` column; an
+  accuracy outside its range is marked there (:func:`outside_expected`).
   """
   ranged = any(r.get("expected") for r in rows)
   head = ["method", "final accuracy"] + (["expected"] if ranged else []) + [
@@ -143,9 +139,8 @@ def _expected_cell(row: Mapping[str, Any]) -> str:
 def write_comparison(rows: Rows, directory: str, *,
                      title: str | None = None) -> str:
   """Writes ``directory/comparison.png``
-  (:func:`fedjax_dd.utils.figures.plot_comparison`: final accuracy with
-  each row's expected range, and bytes sent per method, under ``title``)
-  and returns :func:`comparison_table` of ``rows``."""
+  (:func:`fedjax_dd.utils.figures.plot_comparison`, under ``title``) and
+  returns :func:`comparison_table` of ``rows``."""
   import os  # pylint: disable=g-import-not-at-top
   from fedjax_dd.utils import figures  # pylint: disable=g-import-not-at-top
   os.makedirs(directory, exist_ok=True)

@@ -1,23 +1,19 @@
 """Results over seeds: mean ± sd tables and learning curves with bands.
 
 A *seed sweep* runs one preset once per seed, each in its own sub-workdir
-``WORKDIR/seed_<S>`` (see :func:`seed_dir`) holding the usual
-``summary.json`` and ``metrics.jsonl`` of a run, plus ``command.txt`` (the
-command that reproduces it). This module turns such runs into
+``WORKDIR/seed_<S>`` (:func:`seed_dir`) with the run's ``summary.json``,
+``metrics.jsonl`` and ``command.txt``. This module turns such runs into
 
-* a table (:func:`seed_table`, :func:`format_tables`): mean ± sample standard
-  deviation (``ddof=1``) over the seeds of the final and best test accuracy,
-  the total traffic and the wall time, next to the per-seed values and
-  commands;
+* a table (:func:`seed_table`, :func:`format_tables`): mean ± sample sd
+  (``ddof=1``) over the seeds of the final and best test accuracy, traffic
+  and wall time, next to the per-seed values and commands;
 * learning curves (:func:`learning_curve`): test accuracy against the round
-  (or the distillation epoch ``step`` of the one-shot data-free runners),
-  averaged over the seeds, with the cumulative traffic at each point.
+  (or distillation epoch ``step``) averaged over the seeds, with the
+  cumulative traffic; runs that stop early are aligned by round and each
+  point's ``n`` says how many seeds it averages.
 
-Runs may stop at different rounds (a time budget, an unfinished seed): curves
-are aligned by round and each point averages the seeds that have it; its
-``n`` says how many. :func:`write_report` writes both for one or several
-groups of runs (one group per method) to ``NAME.md``, ``NAME.json`` and
-``NAME_curves.png``.
+:func:`write_report` writes both for one or several groups of runs (one per
+method) to ``NAME.md``, ``NAME.json`` and ``NAME_curves.png``.
 
 Host-side only; every function takes explicit rows, summaries or paths.
 """
@@ -74,8 +70,7 @@ privacy figure and ω_G before IGA (DisUE/FedFTG, the keys named)."""
 def get_stat(summary: Mapping[str, Any], key: str) -> Any:
   """``summary[key]``, or ``summary[a][b]`` for ``key = "a/b"`` (else None).
 
-  For a key of :data:`RUN_TOTALS`, the whole run's value when the summary
-  has it.
+  For a key of :data:`RUN_TOTALS`, the whole run's value when recorded.
   """
   if key in RUN_TOTALS and summary.get(RUN_TOTALS[key]) is not None:
     key = RUN_TOTALS[key]
@@ -112,11 +107,8 @@ def seed_dir(workdir: str | os.PathLike, seed: int) -> str:
 
 
 def find_seed_dirs(workdir: str | os.PathLike) -> list[tuple[int, str]]:
-  """``(seed, path)`` of every ``seed_<S>`` directory with a ``summary.json``.
-
-  Sorted by seed; directories of unfinished first runs (no summary yet) are
-  left out.
-  """
+  """``(seed, path)`` of every ``seed_<S>`` directory with a ``summary.json``,
+  sorted by seed."""
   found = []
   for path in glob.glob(os.path.join(os.fspath(workdir), "seed_*")):
     m = _SEED_DIR.match(os.path.basename(path))
@@ -173,9 +165,7 @@ def _number(v: Any) -> float | None:
 
 
 def mean_sd(values: Sequence[Any]) -> dict[str, Any]:
-  """Mean and sample standard deviation (``ddof=1``) of the numbers given.
-
-  ``None`` and non-finite entries are skipped.
+  """Mean and sample sd (``ddof=1``), skipping ``None`` and non-finite values.
 
   Returns:
     ``{"mean", "sd", "n"}``: ``mean`` is ``None`` without values, ``sd`` is
@@ -204,10 +194,9 @@ def seed_table(name: str, summaries: Sequence[Mapping[str, Any]], *,
 
   Returns:
     ``{"name", "method", "dataset", "num_seeds", "seeds", "stats", "runs"}``:
-    ``stats[key]`` is :func:`mean_sd` of that key over the runs; ``runs``
-    holds per run its ``seed`` and ``data_seed`` (the summary's
-    ``config["seed"]`` and ``config["data"]["seed"]``), ``rounds``, the
-    ``stats`` values, its :func:`provenance`, ``command`` and ``workdir``.
+    ``stats[key]`` is :func:`mean_sd` over the runs; ``runs`` holds per
+    run its ``seed``, ``data_seed``, ``rounds``, ``stats`` values,
+    :func:`provenance`, ``command`` and ``workdir``.
   """
   n = len(summaries)
   stats = stats_for(summaries) if stats is None else tuple(stats)
@@ -242,10 +231,9 @@ def seed_table(name: str, summaries: Sequence[Mapping[str, Any]], *,
 
 def provenance(summary: Mapping[str, Any]) -> dict[str, str | None]:
   """Where a run's figures were computed, from its ``summary.json``:
-  ``code`` (the commit's first 7 digits, ``+modified`` when tracked files
-  differed from it), ``jax`` and ``machine`` (platform, device kind and
-  count; ``+resumed elsewhere`` when it continued in another environment).
-  ``None`` for what the summary does not record (older runs)."""
+  ``code`` (short commit, ``+modified`` for a dirty tree), ``jax`` and
+  ``machine`` (platform, device kind and count, ``+resumed elsewhere``);
+  ``None`` for what the summary does not record."""
   code = summary.get("code") if isinstance(summary.get("code"), Mapping) else {}
   commit = code.get("commit")
   if commit:
@@ -346,10 +334,9 @@ _HEADERS = {"privacy/identical_to_raw_fraction": "identical to raw",
 
 
 def format_tables(tables: Sequence[Mapping[str, Any]]) -> str:
-  """Markdown: mean ± sd per group, then every run with the code, jax and
-  machine that computed it (:func:`provenance`) and its command."""
-  # Columns: every stat any group reports (groups may differ, e.g. FedD3's
-  # GCE beside a data-free method's runs).
+  """Markdown: mean ± sd per group, then every run with its
+  :func:`provenance` and command."""
+  # Columns: every stat any group reports (groups may differ).
   stats = list(dict.fromkeys(k for t in tables for k in t["stats"])) or list(
       STATS)
   head = [_HEADERS.get(k, k) for k in stats]
@@ -387,8 +374,7 @@ class Curve:
     sd: ``[P]`` sample sd (``ddof=1``) over those runs; NaN where ``n < 2``.
     n: ``[P]`` number of runs with that x.
     bytes_mean: ``[P]`` mean cumulative traffic over the same runs, or
-      ``None`` when the rows carry no traffic (the data-free runners log
-      per distillation epoch, without a ledger column).
+      ``None`` when the rows carry no traffic column.
   """
   x_key: str
   x: np.ndarray
@@ -431,7 +417,7 @@ def learning_curve(runs: Sequence[Sequence[Row]], *, x_key: str | None = None,
 
   Returns:
     The :class:`Curve`. Where one run logs the same x twice, its last row
-    counts (the rows of a resumed run are truncated, so this is rare).
+    counts.
   """
   x_key = x_key or curve_x_key(runs, y_key)
   points: dict[float, list[tuple[float, float | None]]] = {}
@@ -471,15 +457,11 @@ def write_report(groups: Mapping[str, Sequence[str | os.PathLike]],
   """Table and learning curves of one or several groups of runs.
 
   Args:
-    groups: ``{label: [run workdir, ...]}``, one group per method; each
-      workdir holds a finished run's ``summary.json`` and ``metrics.jsonl``
-      (and optionally ``command.txt``).
-    out_dir: where ``<name>.md``, ``<name>.json`` and ``<name>_curves.png``
-      go.
+    groups: ``{label: [run workdir, ...]}``, one group per method.
+    out_dir: where ``<name>.md``, ``<name>.json``, ``<name>_curves.png`` go.
     name: the file stem.
     title: the figure title.
-    metric: the curves' accuracy, a key of :data:`METRICS` (the table
-      shows both when the runs have both).
+    metric: the curves' accuracy, a key of :data:`METRICS`.
     ignore: config keys a group's runs may differ in
       (:func:`check_one_setting`).
 
@@ -580,7 +562,6 @@ def against(groups: Mapping[str, Sequence[str | os.PathLike]], key: str,
   for label, dirs in groups.items():
     if not dirs:
       raise ValueError(f"Group {label!r} has no runs.")
-    # Only the summaries: the per-round metrics are not needed here.
     summaries = [load_summary(d) for d in dirs]
     raw = [config_value(s, key) for s in summaries]
     values = {json.dumps(v) for v in raw}
