@@ -56,7 +56,18 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# The command line's grid test (tests/experiments/test_axis_sweep.py,
+# test_traced_grid_keys_equal_separate_runs) covers FedProx's mu, FedDyn's
+# alpha, SCAFFOLD's server rate and the weight decay through this function;
+# those cases run here with -m slow only. FedAvg's server rate has no
+# command-line twin.
+_CLI_COVERED = ("client.mu", "feddyn.alpha", "scaffold.server.lr",
+                "client.weight_decay")
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, marks=pytest.mark.slow) if c in _CLI_COVERED else c
+    for c in sorted(CASES)])
 def test_grid_rows_match_separate_runs(tmp_path, case):
   make, values = CASES[case]
   p = base._prepared()  # pylint: disable=protected-access

@@ -178,6 +178,7 @@ def test_an_unknown_convolution_form_is_refused_before_anything_runs(
   assert not (tmp_path / "d.json").exists()
 
 
+@pytest.mark.slow  # runs the benchmark script end to end
 def test_engine_rows_per_precision_count_flops(tmp_path):
   """--precisions times each compute precision by name; every row carries
   XLA's FLOP count and the TFLOP/s it implies (no peak on a CPU)."""

@@ -7,6 +7,7 @@ import pytest
 from fedjax_dd.experiments.bench import bench_run_axis
 
 
+@pytest.mark.slow  # runs the benchmark script end to end
 def test_quick_mode_reports_both_sides(tmp_path):
   out = tmp_path / "q.json"
   report = bench_run_axis.main(["--quick", f"--out={out}",
