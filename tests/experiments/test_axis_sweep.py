@@ -204,13 +204,18 @@ def test_grid_cells_equal_separate_runs(tmp_path):
     # 0 * w where the run of 0 has no term.
     ("fedavg", "client.weight_decay", [0.0, 0.05], RTOL),
     ("feddyn", "feddyn.alpha", [0.01, 0.1], RTOL),
-    ("scaffold", "server.lr", [0.5, 1.5], RTOL),
+    # SCAFFOLD's two traced rates: tests/core/test_run_axis_hparams.py's
+    # test_scaffold_both_rates_traced checks them by default; through the
+    # command line with -m slow.
+    pytest.param("scaffold", "server.lr", [0.5, 1.5], RTOL,
+                 marks=pytest.mark.slow),
     # SCAFFOLD's variate update divides the model change by the client
     # rate, which magnifies the run axis's last-bit differences: on two
     # host devices the test loss differed by 3.7e-5 relative and one
     # training example's prediction flipped (6.6e-4 of train accuracy).
     # The two rates' runs differ by far more than this.
-    ("scaffold", "client.lr", [0.03, 0.1], 2e-3),
+    pytest.param("scaffold", "client.lr", [0.03, 0.1], 2e-3,
+                 marks=pytest.mark.slow),
 ])
 def test_traced_grid_keys_equal_separate_runs(tmp_path, method, key, values,
                                              rtol):
