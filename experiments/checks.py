@@ -72,6 +72,7 @@ def _ranges() -> tuple[tuple[str, str, tuple], ...]:
       # A JAX key holds 32 bits of its seed (core.keys.check_seed).
       ("seed", "int", (0, keys.SEED_LIMIT - 1)),
       ("data.seed", "int", (0, keys.SEED_LIMIT - 1)),
+      ("data.num_classes", "int", (0, None)),  # 0: inferred
       ("data.resplit", "num", (0.0, 1.0, False, True)),
       ("data.resize_method", "choice", preprocess._RESIZE_METHODS),  # pylint: disable=protected-access
       ("data.aux_size", "int", (0, None)),

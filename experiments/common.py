@@ -612,7 +612,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   """Refuses settings no run can use, before any data is loaded.
 
   :func:`registry.check_method` first, then :data:`_POSITIVE`, momenta
-  below 1, ``data.num_classes``, that local training has work and decays
+  below 1, that local training has work and decays
   only over rounds (not :data:`ONE_ROUND_RUNNERS`), the names of
   ``client.augment``, ``model.conv_impl``, ``model.compute_dtype`` and the
   partition, and ``kip.kernel_impl=neural_tangents``'s optional extra.
@@ -640,12 +640,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if value is not None and float(value) >= 1.0:
       raise ValueError(f"config.{path} must be < 1 (SGD momentum), got "
                        f"{value!r}.")
-  for path, minimum in (("data.num_classes", 0),):
-    value = _lookup(config, path)
-    if value is not None and (isinstance(value, bool) or not isinstance(
-        value, (int, np.integer)) or value < minimum):
-      raise ValueError(f"config.{path} must be an int >= {minimum}, got "
-                       f"{value!r}; set --config.{path}.")
   if (_lookup(config, "client.local_steps") == 0
       and _lookup(config, "client.local_epochs") == 0):
     raise ValueError(
