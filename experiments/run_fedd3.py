@@ -191,9 +191,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   return summary
 
 
-DISTILLERS = ("kip", "gmm", "random")
-
-
 @dataclasses.dataclass(frozen=True)
 class FedD3Options:
   """What each FedD3 client uploads: the ``fedd3`` group.
@@ -217,10 +214,17 @@ class FedD3Options:
   float_upload: bool = False
 
   def __post_init__(self):
-    if self.distiller not in DISTILLERS:
-      raise ValueError(f"distiller must be one of {list(DISTILLERS)}, got "
+    if self.distiller not in stage_builders.DISTILLERS:
+      raise ValueError(f"distiller must be one of "
+                       f"{list(stage_builders.DISTILLERS)}, got "
                        f"{self.distiller!r}.")
     core_checks.check_int("images_per_class", self.images_per_class, 1)
+    if self.float_upload and self.distiller != "kip":
+      # KIP's unquantised support is the only float image; the others
+      # send uint8 images.
+      raise ValueError(f"float_upload must be False for the "
+                       f"{self.distiller!r} distiller, which sends uint8 "
+                       "images (only KIP's support goes as float32).")
 
 
 registry.declare(registry.Method("fedd3", pipeline=run,

@@ -36,11 +36,18 @@ from fedjax_dd.experiments import registry
 from fedjax_dd.experiments import sections
 
 
+# FedD3's distillers, by the name ``config.fedd3.distiller`` gives
+# (run_fedd3.FedD3Options refuses any other before the data loads).
+DISTILLERS = ("kip", "gmm", "random")
+
+
 def distiller(config: ml_collections.ConfigDict, prepared: common.Prepared,
               num_classes: int, segment_store=None) -> fedd3.Distiller:
-  """FedD3's distiller named by ``config.fedd3.distiller`` (kip | gmm |
-  random), with the config's KIP settings and upload budget (KIP keeps its
-  state between segments in ``segment_store`` when given)."""
+  """FedD3's distiller named by ``config.fedd3.distiller`` (one of
+  :data:`DISTILLERS`), with the config's KIP settings and upload budget
+  (KIP keeps its state between segments in ``segment_store`` when given).
+  The names and the float upload are checked by
+  :class:`~fedjax_dd.experiments.run_fedd3.FedD3Options`."""
   options = common.kip_options(config)
   progress = (fedd3_stages.progress_bar(options.max_iterations)
               if config.run.progress else None)
@@ -59,13 +66,6 @@ def distiller(config: ml_collections.ConfigDict, prepared: common.Prepared,
       "random": lambda: fedd3.random_distiller(
           num_classes=num_classes, images_per_class=f.images_per_class),
   }
-  if f.distiller not in builders:
-    raise ValueError(f"Unknown distiller {f.distiller!r}; expected one of "
-                     f"{sorted(builders)}.")
-  if f.float_upload and f.distiller != "kip":
-    raise ValueError(f"config.fedd3.float_upload sends KIP's unquantised "
-                     f"support; the {f.distiller!r} distiller sends uint8 "
-                     "images. Set --config.fedd3.float_upload=False.")
   return builders[f.distiller]()
 
 

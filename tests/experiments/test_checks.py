@@ -107,6 +107,18 @@ def test_settings_refused_before_the_data_loads(preset, path, value, message):
     common.validate(config)
 
 
+def test_a_float_upload_of_another_distiller_is_refused_before_the_data():
+  # Only KIP's support goes as float32; GMM and random images are uint8.
+  config = _PRESETS["fedd3"]()
+  config.fedd3.distiller, config.fedd3.float_upload = "gmm", True
+  with pytest.raises(ValueError, match=(
+      r"^config.fedd3.float_upload must be False for the 'gmm' distiller, "
+      r"which sends uint8 images .*; set --config.fedd3.float_upload\.$")):
+    common.validate(config)
+  config.fedd3.distiller = "kip"
+  common.validate(config)
+
+
 def test_check_name_refuses_without_loading(tmp_path):
   sources.check_name("digits")
   path = tmp_path / "d.npz"
