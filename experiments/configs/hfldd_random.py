@@ -10,6 +10,9 @@ identical to raw. Presets are those of ``hfldd.py`` (``<preset>_paper``;
 
   fedjax-dd --config=experiments/configs/hfldd_random.py:mnist_c1 --workdir=/tmp/r1
   ...hfldd_random.py:smoke    digits, for tests.
+
+Expected: test accuracy 0.9700 after round 7 (mnist_c1, seed 0,
+``--config.rounds=7``; experiments/results/fedd3_hfldd_mnist_c8d33f3.md).
 """
 
 from fedjax_dd.experiments.configs import hfldd

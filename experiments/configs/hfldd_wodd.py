@@ -8,6 +8,9 @@ identical to raw. Presets are those of ``hfldd.py`` (``<preset>_paper``;
 
   fedjax-dd --config=experiments/configs/hfldd_wodd.py:mnist_c1 --workdir=/tmp/w1
   ...hfldd_wodd.py:smoke    digits, for tests.
+
+Expected: test accuracy 0.9752 after round 7 (mnist_c1, seed 0,
+``--config.rounds=7``; experiments/results/hfldd_mnist_presets.md).
 """
 
 from fedjax_dd.experiments.configs import hfldd

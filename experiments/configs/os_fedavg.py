@@ -16,6 +16,9 @@ r"""One-shot FedAvg: E local epochs on every client, one aggregation.
     same client models as fedhydra.py:mnist_a0.5, whose summary reports this
     average as ``os_fedavg_test_accuracy``.
   ...os_fedavg.py:smoke  digits, 8 clients.
+
+Expected: final test accuracy 0.3089 (mnist_noniid, seed 0;
+experiments/results/privacy_mnist.md).
 """
 
 from fedjax_dd.experiments.configs import base as base_lib

@@ -398,7 +398,11 @@ def test_auto_vmap_chunks_past_the_policy_cap(monkeypatch):
 # not its bits: each model's and generator's initialisation through
 # once_jit equals the initialisers run op by op (the plain form), alone and
 # vmapped over keys.
-@pytest.mark.parametrize("name", ["digits_cnn", "lenet5", "convnet3", "fc"])
+@pytest.mark.parametrize("name", [
+    "digits_cnn", "fc",
+    # The same initialisers over more layers; each op-by-op call compiles.
+    pytest.param("lenet5", marks=pytest.mark.slow),
+    pytest.param("convnet3", marks=pytest.mark.slow)])
 def test_once_jit_initialisation_equals_the_op_by_op_one(name):
   from fedjax_dd import models  # pylint: disable=g-import-not-at-top
   from fedjax_dd import policy  # pylint: disable=g-import-not-at-top

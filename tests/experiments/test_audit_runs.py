@@ -149,10 +149,9 @@ def test_fedavg_global_model_audit_and_standalone(tmp_path):
   assert not (w / "audit.json").exists()
 
 
-def test_one_shot_client_models_audit_in_the_run_and_standalone(tmp_path):
-  """FedHydra's audit: each client's uploaded model against its own data
-  and the final global model, in the run and from the command on the
-  finished workdir (which resumes the run, every stage restored)."""
+def _one_shot_audit_run(tmp_path):
+  """FedHydra's smoke run with its audit: each client's uploaded model
+  against its own data and the final global model."""
   w = tmp_path / "fedhydra"
   proc = _run(w, "--config.audit.enabled=True", "--config.audit.holdout=200",
               "--config.audit.lira_shadows=2",
@@ -169,6 +168,20 @@ def test_one_shot_client_models_audit_in_the_run_and_standalone(tmp_path):
     assert summary["audit"][f"{group}_auc"] == audit[group]["auc_mean"]
   tv = audit["label_leakage"]["tv"]
   assert len(tv) == audit["num_clients"] and all(0 <= t <= 1 for t in tv)
+  return w, audit
+
+
+def test_one_shot_client_models_audit_in_the_run(tmp_path):
+  _one_shot_audit_run(tmp_path)
+
+
+# The standalone command on an image-upload and a global-model workdir is
+# checked by default above; on a one-shot workdir it resumes the whole run.
+@pytest.mark.slow
+def test_one_shot_client_models_audit_standalone(tmp_path):
+  """The command on the finished workdir (which resumes the run, every
+  stage restored) writes the run's audit and trains nothing again."""
+  w, audit = _one_shot_audit_run(tmp_path)
   metrics = (w / "metrics.jsonl").read_text()
   os.remove(w / "audit.json")
   proc = _audit(w, "--holdout=200")

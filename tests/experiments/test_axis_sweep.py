@@ -60,8 +60,14 @@ def _assert_rows_close(axis_rows, single_rows, rtol=RTOL):
         assert a[k] == b[k], k
 
 
-@pytest.mark.parametrize("method",
-                         ["fedavg", "fedprox", "scaffold", "feddyn", "ifca"])
+# SCAFFOLD (client state on the axis) and IFCA (host cluster logic per run)
+# by default; FedAvg (tests/core/test_run_axis.py checks each run against
+# fit), FedProx and FedDyn (whose traced coefficients the grid tests cover)
+# with -m slow.
+@pytest.mark.parametrize("method", [
+    "scaffold", "ifca", pytest.param("fedavg", marks=pytest.mark.slow),
+    pytest.param("fedprox", marks=pytest.mark.slow),
+    pytest.param("feddyn", marks=pytest.mark.slow)])
 def test_run_axis_rows_equal_separate_runs(tmp_path, method):
   config = _config(method)
   axis = str(tmp_path / "axis")
@@ -81,6 +87,9 @@ def test_run_axis_rows_equal_separate_runs(tmp_path, method):
     assert summary["rounds"] == config.rounds
 
 
+# tests/core/test_run_axis_chunks.py resumes a killed chunked sweep with
+# another chunk size by default; this is the same through the glue.
+@pytest.mark.slow
 def test_run_chunks_are_a_resume_safe_setting(tmp_path):
   """``engine.run_chunk_size`` splits the runs of a round into chunks
   (``fit_runs(run_chunk_size=)``); like ``engine.chunk_size`` it is not
@@ -202,8 +211,10 @@ def test_grid_cells_equal_separate_runs(tmp_path):
     ("fedprox", "client.mu", [0.0, 0.5], RTOL),
     # The decay's term is in every cell's chain, so the cell of 0 adds
     # 0 * w where the run of 0 has no term.
-    ("fedavg", "client.weight_decay", [0.0, 0.05], RTOL),
-    ("feddyn", "feddyn.alpha", [0.01, 0.1], RTOL),
+    pytest.param("fedavg", "client.weight_decay", [0.0, 0.05], RTOL,
+                 marks=pytest.mark.slow),
+    pytest.param("feddyn", "feddyn.alpha", [0.01, 0.1], RTOL,
+                 marks=pytest.mark.slow),
     # SCAFFOLD's two traced rates: tests/core/test_run_axis_hparams.py's
     # test_scaffold_both_rates_traced checks them by default; through the
     # command line with -m slow.

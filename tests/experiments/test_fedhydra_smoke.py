@@ -245,6 +245,9 @@ def test_independent_init_clients(tmp_path):
     run_fedhydra.run(conf, str(tmp_path / "two"))
 
 
+# tests/core/test_server.py checks the same stage's spans and budget by
+# default; this is the same through the runner.
+@pytest.mark.slow
 def test_clients_in_spans_stop_on_the_budget_and_resume(tmp_path):
   """``run.client_span_steps`` with a spent budget: the run stops after one
   span and its summary says how far the clients got; the next call

@@ -50,9 +50,10 @@ def _task(module, input_shape, num_classes=10):
                     num_classes=num_classes)
 
 
-# The large ones compile for minutes on a shared 2-core CPU.
-_LARGE = ("alexcifarnet", "alexnet", "convnet3", "hfldd_cifar_cnn",
-          "resnet18")
+# The large ones compile for minutes on a shared 2-core CPU; lenet5 repeats
+# digits_cnn's layer kinds and cnn3 cnn2's (batch norm included).
+_LARGE = ("alexcifarnet", "alexnet", "cnn3", "convnet3", "hfldd_cifar_cnn",
+          "lenet5", "resnet18")
 
 
 @pytest.mark.parametrize("name", [
