@@ -211,10 +211,10 @@ def test_grid_cells_equal_separate_runs(tmp_path):
     ("fedprox", "client.mu", [0.0, 0.5], RTOL),
     # The decay's term is in every cell's chain, so the cell of 0 adds
     # 0 * w where the run of 0 has no term.
-    pytest.param("fedavg", "client.weight_decay", [0.0, 0.05], RTOL,
-                 marks=pytest.mark.slow),
-    pytest.param("feddyn", "feddyn.alpha", [0.01, 0.1], RTOL,
-                 marks=pytest.mark.slow),
+    # These two and FedProx's mu are the default twins of
+    # tests/core/test_run_axis_hparams.py's cases that run with -m slow.
+    ("fedavg", "client.weight_decay", [0.0, 0.05], RTOL),
+    ("feddyn", "feddyn.alpha", [0.01, 0.1], RTOL),
     # SCAFFOLD's two traced rates: tests/core/test_run_axis_hparams.py's
     # test_scaffold_both_rates_traced checks them by default; through the
     # command line with -m slow.

@@ -50,14 +50,17 @@ def _task(module, input_shape, num_classes=10):
                     num_classes=num_classes)
 
 
-# The large ones compile for minutes on a shared 2-core CPU; lenet5 repeats
-# digits_cnn's layer kinds and cnn3 cnn2's (batch norm included).
-_LARGE = ("alexcifarnet", "alexnet", "cnn3", "convnet3", "hfldd_cifar_cnn",
-          "lenet5", "resnet18")
+# The large ones compile for minutes on a shared 2-core CPU.
+_LARGE = ("alexcifarnet", "alexnet", "convnet3", "hfldd_cifar_cnn",
+          "resnet18")
+# These repeat a default case's layer kinds: lenet5 digits_cnn's, cnn3
+# cnn2's (batch norm included).
+_REPEATS = ("cnn3", "lenet5")
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.slow) if n in _LARGE else n
+    pytest.param(n, marks=pytest.mark.slow) if n in _LARGE + _REPEATS
+    else n
     for n in sorted(models.MODELS)])
 def test_every_model_computes_in_bfloat16_and_keeps_float32(name):
   spec = models.get_model(name)
