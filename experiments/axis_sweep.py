@@ -213,7 +213,7 @@ def run_seeds(config: ml_collections.ConfigDict, workdir: str,
       rounds=config.rounds, clients_per_round=common.cohort(config, n),
       workdir=workdir, max_seconds=runners.remaining_budget(config, start),
       wall=wall, definition=definition, name=config.method,
-      run_chunk_size=config.engine.run_chunk_size or None,
+      run_chunk_size=config.engine.run_chunk_size or "auto",
       **runners.loop_settings(config))
   fields = method.summary_fields
 

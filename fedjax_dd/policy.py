@@ -72,6 +72,10 @@ class Policy:
     chunk_size: Clients per vectorised chunk per device (``chunked``,
       ``sharded``) on XLA:CPU's classic runtime; None: one vmap.
     thunk_chunk_size: The same on XLA:CPU's thunk runtime.
+    run_chunk_size: Runs per vectorised chunk of the run axis' round
+      (:func:`fedjax_dd.core.run_axis.fit_runs`, ``run_chunk_size="auto"``);
+      1: the runs in sequence inside the one program, each run's clients
+      mapped as a run alone; None: one vmap of all runs.
     compiler_options: ``(name, value)`` pairs for the engine's hot programs
       (:func:`fedjax_dd.core.clients.engine_jit`), each kept only where the
       running XLA accepts it.
@@ -110,6 +114,7 @@ class Policy:
   stratify_backend: str | None
   chunk_size: int | None
   thunk_chunk_size: int | None
+  run_chunk_size: int | None
   compiler_options: tuple[tuple[str, Any], ...]
   per_core_options: tuple[tuple[str, Any], ...]
   once_options: tuple[tuple[str, Any], ...] | None
@@ -149,6 +154,9 @@ _CPU = dict(
     # a vmapped client step is slower than an unbatched one.
     chunk_size=2,
     thunk_chunk_size=1,
+    # A vmap over runs x clients leaves the cache as one over the cohort
+    # does; runs one after another keep each run's client chunks.
+    run_chunk_size=1,
     compiler_options=_CLASSIC_RUNTIME,
     per_core_options=_SINGLE_THREAD,
     # LLVM's passes are most of XLA:CPU's compile time: level 0 compiles an
@@ -173,6 +181,8 @@ _PLAIN = dict(
     stratify_backend=None,
     chunk_size=None,
     thunk_chunk_size=None,
+    # Many small runs fill a card that one run leaves mostly idle.
+    run_chunk_size=None,
     compiler_options=(),
     per_core_options=(),
     # Not measured: initialisations op by op, as XLA's plain form.

@@ -129,7 +129,8 @@ def base(*, method: str, dataset: str, model: str, runner: str = "federated"
       # vmapped run axis (core.run_axis), not one process per seed.
       "run_axis": False,
       # With run_axis: runs vectorised together per round, in chunks run in
-      # sequence, to bound memory; 0: all runs in one vmap.
+      # sequence, to bound memory; 0: the platform's policy (CPU: 1, each
+      # run's clients mapped as a run alone; GPU, TPU: all runs in one vmap).
       "run_chunk_size": 0,
   })
   c.server = ml_collections.ConfigDict({

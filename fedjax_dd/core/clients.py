@@ -343,6 +343,8 @@ def map_leading_axis(fn: Callable[..., Any], axes: tuple[int | None, ...],
     out = jax.lax.map(one, _pad_clients(mapped, padded), batch_size=chunk)
     return jax.tree_util.tree_map(lambda x: x[:n], out)
 
+  # Compile logs name the mapped function, as a vmap of it would.
+  chunked.__name__ = chunked.__qualname__ = getattr(fn, "__name__", "chunked")
   return chunked
 
 

@@ -10,8 +10,10 @@ rounds ``[R]``), and one round of all R runs is ONE jitted program: a
 inside which the client mapper vectorises the client axis in place
 (:mod:`fedjax_dd.core.clients`). The test evaluation is one vmapped program
 too (:func:`fedjax_dd.core.evaluate.make_run_evaluator`). Where
-``[R, S, ...]`` does not fit in memory, ``run_chunk_size=k`` maps the runs
-in chunks of ``k`` (:func:`_map_runs`); the layout stays ``[R, ...]``.
+``[R, S, ...]`` does not fit in memory, or where the platform's policy says
+so (on CPU a vmap over runs x clients leaves the cache, so the runs go one
+after another inside the program), ``run_chunk_size=k`` maps the runs in
+chunks of ``k`` (:func:`_map_runs`); the layout stays ``[R, ...]``.
 
 What each run keeps of its own, exactly as :func:`fedjax_dd.fit` derives
 it (:mod:`fedjax_dd.core.keys`):
@@ -54,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_dd import policy
 from fedjax_dd.core import checks
 from fedjax_dd.core import clients as clients_lib
 from fedjax_dd.core import cohorts
@@ -222,13 +225,18 @@ def algorithm_name(algorithm: FederatedAlgorithm) -> str:
       algorithm.apply, "__qualname__", "the algorithm")
 
 
-def check_run_chunk_size(run_chunk_size: int | None) -> int | None:
-  """``run_chunk_size`` if None or a whole number >= 1; one line if not."""
+def check_run_chunk_size(run_chunk_size: int | str | None) -> int | None:
+  """``run_chunk_size`` if None or a whole number >= 1, the policy's
+  (:data:`fedjax_dd.policy.TABLE`, ``run_chunk_size``) if ``"auto"``; one
+  line if neither."""
   if run_chunk_size is None:
     return None
+  if isinstance(run_chunk_size, str) and run_chunk_size == "auto":
+    return policy.lookup().run_chunk_size
   return checks.check_whole(
       "fit_runs: run_chunk_size", run_chunk_size, 1,
-      fix="give the runs per chunk, or None for one vmap of all runs")
+      fix=("give the runs per chunk, None for one vmap of all runs, or "
+           "'auto' for the platform's policy"))
 
 
 def run_chunks(num_runs: int, run_chunk_size: int | None) -> int | None:
@@ -350,7 +358,7 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
              wall: loop_lib.WallClock | None = None,
              definition: dict[str, Any] | None = None,
              name: str | None = None,
-             run_chunk_size: int | None = None) -> RunsResult:
+             run_chunk_size: int | str | None = "auto") -> RunsResult:
   """Runs (or resumes) R runs of a rounds algorithm on one run axis.
 
   Each run computes what :func:`fedjax_dd.fit` computes for its seed, data
@@ -395,7 +403,9 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
       bound its memory; the split is said in one line (stderr with
       ``progress``, else INFO). Speed and memory only: the layout stays
       ``[R, ...]``, so a sweep may resume with another value. None (or
-      >= R): one vmap of all R runs.
+      >= R): one vmap of all R runs. ``"auto"``: the platform's
+      :data:`fedjax_dd.policy.TABLE` row (CPU: 1, the runs in sequence,
+      each run's clients mapped as a run alone; GPU and TPU: None).
 
   Returns:
     :class:`RunsResult`.
@@ -517,11 +527,10 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
     run_chunk = run_chunks(r_count, run_chunk_size)
     program = round_program(apply_algorithm, sampler, n,
                             shared_data=shared_data, run_chunk=run_chunk)
-    if run_chunk_size is not None:
-      if progress:
-        print(split_line(r_count, run_chunk), file=sys.stderr, flush=True)
-      else:
-        _log.info("%s", split_line(r_count, run_chunk))
+    if progress:
+      print(split_line(r_count, run_chunk), file=sys.stderr, flush=True)
+    else:
+      _log.info("%s", split_line(r_count, run_chunk))
     _check_vmappable(program, name, state, data, steps, traced)
 
     store = CheckpointStore(os.path.join(workdir, CHECKPOINTS),

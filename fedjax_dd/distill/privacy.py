@@ -159,7 +159,8 @@ def identical_to_raw(uploaded_x: Any, owner: Any, client_x: Any,
 def check_no_raw_upload(uploaded_x: Any, owner: Any, client_x: Any,
                         num_examples: Any, *, what: str = "KIP",
                         more_iterations: str = "a higher kip.min_iterations, "
-                        "or kip.stop_accuracy=None") -> None:
+                        "or no early stop: kip.stop_accuracy above 1, e.g. "
+                        "--config.kip.stop_accuracy=2") -> None:
   """FedD3 App. G's guard on what is actually sent: no raw image leaves.
 
   :func:`fedjax_dd.distill.kip.check_privacy` refuses supports that hold a

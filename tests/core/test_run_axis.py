@@ -102,6 +102,24 @@ def test_each_run_matches_fit_of_its_seed(tmp_path):
   assert os.listdir(tmp_path / "axis" / run_axis.CHECKPOINTS)
 
 
+def test_runs_in_sequence_equal_fit_bit_for_bit(tmp_path):
+  """``run_chunk_size=1`` (the CPU policy's run axis): each run inside the
+  one program is the program ``fit`` runs for its seed, so its rows, ledger
+  and model equal ``fit``'s bit for bit, padding to the largest ``N_max``
+  of the runs included."""
+  p = _prepared()
+  result, datas, steps = _sweep(p, tmp_path / "axis", run_chunk_size=1)
+  for i, seed in enumerate(SEEDS):
+    algo = fedjax_dd.fedavg(_training(p, int(steps[i].max())))
+    single = fit_lib.fit(algo, p, datas[i], steps[i], rounds=3,
+                         clients_per_round=2, seed=seed,
+                         workdir=tmp_path / f"fit_{seed}", progress=False)
+    assert result.rows[i] == single.rows
+    assert result.ledgers[i].to_dict() == single.ledger.to_dict()
+    jax.tree.map(np.testing.assert_array_equal,
+                 result.run_state(i).server.params, single.state.server.params)
+
+
 def test_one_checkpoint_holds_every_run(tmp_path):
   p = _prepared()
   result, _, _ = _sweep(p, tmp_path / "w", rounds=2)

@@ -184,7 +184,9 @@ def test_early_stopped_kip_that_sends_raw_images_is_refused(tmp_path):
   config = _smoke(kip__stop_accuracy=0.0, kip__min_iterations=0)
   with pytest.raises(common.InputError,
                      match=r"fedd3: 40 of 40 KIP images to upload are "
-                     r"byte-identical .*--config\.fedd3\.allow_raw_upload=True"):
+                     r"byte-identical .*no early stop: kip\.stop_accuracy "
+                     r"above 1, e\.g\. --config\.kip\.stop_accuracy=2\), "
+                     r"or set --config\.fedd3\.allow_raw_upload=True"):
     registry.run(config, str(tmp_path / "raw"))
   # Accepted on request, and measured.
   s = registry.run(_smoke(kip__stop_accuracy=0.0,
