@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_dd.core.clients import ClientMapper, engine_jit
+from fedjax_dd.core.clients import ClientMapper, engine_jit, map_leading_axis
 from fedjax_dd.core.task import Classifier
 from fedjax_dd.data import validate
 
@@ -134,21 +134,26 @@ def make_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
 
 
 def make_run_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
-                       batch_size: int = 1000, per_class: bool = False
+                       batch_size: int = 1000, per_class: bool = False,
+                       run_chunk: int | None = None
                        ) -> Callable[[PyTree, PyTree], list[dict[str, Any]]]:
   """Evaluates R runs' global models ``[R, ...]`` on one split in one program.
 
-  :func:`make_evaluator` vmapped over the run axis (:func:`fedjax_dd.fit_runs`).
+  :func:`make_evaluator` over the run axis (:func:`fedjax_dd.fit_runs`):
+  one vmap, or runs in chunks as the round program maps them.
 
   Args:
     task: the classifier.
     x, y: the split, ``[N, H, W, Ch]`` uint8 and ``[N]`` int labels.
     batch_size: examples per evaluated batch.
     per_class: as :func:`make_evaluator`'s.
+    run_chunk: runs vectorised together, chunks in sequence
+      (:func:`fedjax_dd.core.clients.map_leading_axis`); None: one vmap.
 
   Returns:
     ``evaluate(params [R, ...], batch_stats [R, ...]) -> [R dicts]``, as
-    :func:`make_evaluator` gives them (up to the batched rounding).
+    :func:`make_evaluator` gives them (up to the batched rounding; chunks
+    of one run give its bits).
 
   Raises:
     ValueError: as :func:`make_evaluator`.
@@ -156,8 +161,9 @@ def make_run_evaluator(task: Classifier, x: np.ndarray, y: np.ndarray, *,
   validate.split(x, y, num_classes=task.num_classes,
                  input_shape=task.input_shape)
   xs, ys, masks = batched(x, y, batch_size)
-  fn = engine_jit(jax.vmap(
-      lambda p, s: _evaluate_one(task, p, s, xs, ys, masks, per_class)))
+  fn = engine_jit(map_leading_axis(
+      lambda p, s: _evaluate_one(task, p, s, xs, ys, masks, per_class),
+      (0, 0), run_chunk))
 
   def evaluate(params, batch_stats):
     out = jax.device_get(fn(params, batch_stats))

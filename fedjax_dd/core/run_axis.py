@@ -566,7 +566,7 @@ def fit_runs(algorithm: FederatedAlgorithm | Builder,
               max_seconds=max_seconds, desc="rounds",
               stop_on_nonfinite=stop_on_nonfinite),
           class_accuracy=class_accuracy,
-          initial_model_as_seed=initial_model_as_seed)
+          initial_model_as_seed=initial_model_as_seed, run_chunk=run_chunk)
     finally:
       store.close()
     return RunsResult(names=names, state=state, ledgers=ledgers,
@@ -649,12 +649,14 @@ def _run(program, algorithm: FederatedAlgorithm, state: ExperimentState,
          *, cohort_size: int, model_size: int, names: Sequence[str],
          store: CheckpointStore, writers, wall: loop_lib.WallClock,
          prepared: Prepared, options: loop_lib.LoopOptions,
-         class_accuracy: bool, initial_model_as_seed: bool):
+         class_accuracy: bool, initial_model_as_seed: bool,
+         run_chunk: int | None):
   """The rounds of R runs through :func:`fedjax_dd.core.loop.run_loop`."""
   r_count = len(names)
   evaluate_runs = make_run_evaluator(prepared.task, prepared.dataset.x_test,
                                      prepared.dataset.y_test,
-                                     per_class=class_accuracy)
+                                     per_class=class_accuracy,
+                                     run_chunk=run_chunk)
   # One layout for every round, as run_rounds commits its state.
   state = as_restored(jax.device_put(state, jax.local_devices()[0]))
 

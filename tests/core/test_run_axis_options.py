@@ -1,9 +1,9 @@
 """The run axis' evaluation, and what ``fit`` accepts that ``fit_runs`` must.
 
-* Evaluation: one ``jax.vmap``-ed program scores the R runs' models
+* Evaluation: one program scores the R runs' models
   (``make_run_evaluator``), each run's figures equal to the per-run
-  evaluator's to ``RTOL`` (tests/core/test_run_axis.py says why not bit for
-  bit).
+  evaluator's to ``RTOL`` under a vmap (tests/core/test_run_axis.py says why
+  not bit for bit), and bit for bit in chunks of one run.
 * ``fit``'s options: ``initial_model``, ``run_key``, ``ledger`` and
   ``tensorboard`` act per run as ``fit``'s do; ``personal`` and grouped
   client data (FedSeq's layout, which ``fit`` takes) are refused in one
@@ -46,20 +46,27 @@ def _close(a, b):
                                  err_msg=k)
 
 
-@pytest.mark.parametrize("per_class", [False, True])
-def test_run_evaluator_equals_per_run_evaluation(per_class):
+@pytest.mark.parametrize("per_class,run_chunk",
+                         [(False, None), (True, None), (True, 1), (False, 2)])
+def test_run_evaluator_equals_per_run_evaluation(per_class, run_chunk):
+  """One vmap, or chunks (of 2: a padded last chunk); chunks of one run
+  (the CPU policy's) give the per-run evaluator's bits."""
   p = base._prepared()  # pylint: disable=protected-access
   ds = p.dataset
   models = _models(p, (0, 1, 2))
   one = evaluate_lib.make_evaluator(p.task, ds.x_test, ds.y_test,
                                     per_class=per_class, batch_size=7)
   runs = evaluate_lib.make_run_evaluator(p.task, ds.x_test, ds.y_test,
-                                         per_class=per_class, batch_size=7)
+                                         per_class=per_class, batch_size=7,
+                                         run_chunk=run_chunk)
   params, batch_stats = run_axis.stack_runs(models)
   got = runs(params, batch_stats)
   assert len(got) == 3
   for (mp, ms), g in zip(models, got):
-    _close(g, one(mp, ms))
+    if run_chunk == 1:
+      assert g == one(mp, ms)
+    else:
+      _close(g, one(mp, ms))
   # The runs' models differ, so their figures do.
   assert len({g["loss"] for g in got}) == 3
 
