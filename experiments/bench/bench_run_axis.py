@@ -7,8 +7,9 @@ Runs the same sweep twice through the entry point, each as its own command
 (so each side pays its own start-up and compilation, as a user's would):
 
 * ``run_axis``: ``fedjax-dd --seeds=S,... --config.engine.run_axis=True``,
-  every seed on one vmapped run axis in one process
-  (:mod:`fedjax_dd.core.run_axis`);
+  every seed on one run axis in one process (:mod:`fedjax_dd.core.run_axis`;
+  the runs vmapped or, per the platform's policy, in sequence inside the
+  program);
 * ``sequential``: ``fedjax-dd --seeds=S,...``, one process per seed
   (:func:`fedjax_dd.experiments.sweep.run_seeds`).
 
@@ -24,8 +25,8 @@ side whose runs did not finish every round is an error, not a measurement.
 Writes a JSON report: each side's wall seconds, CPU seconds (user + system,
 which other jobs on the machine inflate less than wall time) and command,
 the ratios ``sequential / run_axis`` of both, each side's final test
-accuracy per seed and the largest difference between the two (the run axis
-rounds differently in the last bits, ``tests/core/test_run_axis.py``), and
+accuracy per seed and the largest difference between the two (a vmapped
+run axis rounds differently in the last bits, ``tests/core/test_run_axis.py``), and
 the environment (:func:`fedjax_dd.core.workdir.current_environment`).
 """
 
