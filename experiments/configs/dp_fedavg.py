@@ -13,9 +13,11 @@ cohort size (``fedjax_dd.algorithms.dp_fedavg``; ICLR 2018, Alg. 1).
     C_k = 2, 18 rounds of 10 local epochs, SGD momentum 0.9, batch 50, lr
     0.01, every client every round) with clip 1, noise multiplier 1,
     delta 1e-5.
+  ...dp_fedavg.py:cifar10_noniid   the same protocol on CIFAR-10
+    (fedavg.py:cifar10_fedd3: AlexNet, 6 rounds).
   ...dp_fedavg.py:smoke   digits, 8 clients, 2 rounds.
 
-Every client takes part in every round in both presets (sampling rate 1,
+Every client takes part in every round in every preset (sampling rate 1,
 no amplification); ``--config.client.activity=P`` samples each client with
 probability P (the draw the accountant assumes), ``--config.client.
 clients_per_round=S`` a fixed S (accounted at rate S / N, an
@@ -30,7 +32,8 @@ Expected: final test accuracy 0.7293 at epsilon 7.99 (mnist_noniid, seed
 from fedjax_dd.experiments import registry
 from fedjax_dd.experiments.configs import fedavg as fedavg_config
 
-PRESETS = {"smoke": "smoke", "mnist_noniid": "mnist_fedd3"}
+PRESETS = {"smoke": "smoke", "mnist_noniid": "mnist_fedd3",
+           "cifar10_noniid": "cifar10_fedd3"}
 
 
 def get_config(arg: str = "mnist_noniid"):

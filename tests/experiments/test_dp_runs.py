@@ -27,7 +27,7 @@ def _smoke(**overrides):
 
 
 def test_presets_validate_and_register():
-  for preset in ("smoke", "mnist_noniid"):
+  for preset in ("smoke", "mnist_noniid", "cifar10_noniid"):
     c = dp_fedavg.get_config(preset)
     common.validate(c)
     registry.check_method(c)
@@ -35,13 +35,18 @@ def test_presets_validate_and_register():
   c = dp_fedavg.get_config("mnist_noniid")
   assert (c.data.num_clients, c.rounds, c.client.local_epochs) == (500, 18,
                                                                    10.0)
+  # FedD3's CIFAR-10 multi-shot protocol, as fedavg.py:cifar10_fedd3.
+  c = dp_fedavg.get_config("cifar10_noniid")
+  assert (c.data.dataset, c.model.name, c.data.num_clients, c.rounds,
+          c.client.local_epochs) == ("npz:../shared/datasets/cifar10.npz",
+                                     "alexcifarnet", 500, 6, 10.0)
   assert "dp_fedavg" in registry.methods("federated")
   with pytest.raises(ValueError, match="'dp_fedavg' is declared by "
                      "fedjax_dd.experiments.runners"):
     registry.declare(registry.Method(
         "dp_fedavg", rounds=lambda config, training: None))
-  with pytest.raises(ValueError, match=r"expected one of \['mnist_noniid', "
-                     r"'smoke'\]"):
+  with pytest.raises(ValueError, match=r"expected one of \['cifar10_noniid', "
+                     r"'mnist_noniid', 'smoke'\]"):
     dp_fedavg.get_config("bogus")
 
 
