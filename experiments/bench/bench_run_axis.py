@@ -27,7 +27,9 @@ which other jobs on the machine inflate less than wall time) and command,
 the ratios ``sequential / run_axis`` of both, each side's final test
 accuracy per seed and the largest difference between the two (a vmapped
 run axis rounds differently in the last bits, ``tests/core/test_run_axis.py``), and
-the environment (:func:`fedjax_dd.core.workdir.current_environment`).
+the environment (:func:`fedjax_dd.core.workdir.current_environment`) and
+the code (:func:`fedjax_dd.versions.source_commit`: commit and whether
+tracked files differ from it).
 """
 
 from __future__ import annotations
@@ -137,11 +139,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   config = args.config or preset["config"]
   seeds = args.seeds or preset["seeds"]
   rounds = args.rounds or preset["rounds"]
+  # pylint: disable-next=g-import-not-at-top
+  from fedjax_dd import versions
+  # Before the sides run: the code their processes load.
+  code = versions.source_commit()
   with tempfile.TemporaryDirectory() as tmp:
     report = measure(config, seeds, rounds, args.workdir or tmp)
   # pylint: disable-next=g-import-not-at-top
   from fedjax_dd.core import workdir as workdir_lib
   report["environment"] = workdir_lib.current_environment()
+  report["code"] = code
   text = json.dumps(report, indent=1, sort_keys=True)
   if args.out:
     with open(args.out, "w") as f:

@@ -25,6 +25,8 @@ def test_quick_mode_reports_both_sides(tmp_path):
   # The same runs: final accuracies agree up to the batched rounding.
   assert report["max_final_accuracy_difference"] <= 0.01
   assert report["environment"]["platform"]
+  # The commit the figures come from (None outside a git checkout).
+  assert report["code"] is None or len(report["code"]["commit"]) == 40
 
 
 def test_a_side_cut_short_is_not_a_measurement(tmp_path):
