@@ -8,12 +8,13 @@ program and too small to fill an accelerator. Every leaf of the
 rounds ``[R]``), and one round of all R runs is ONE jitted program: a
 ``jax.vmap`` over the runs around the algorithm's unchanged ``apply``,
 inside which the client mapper vectorises the client axis in place
-(:mod:`fedjax_dd.core.clients`). The test evaluation is one vmapped program
-too (:func:`fedjax_dd.core.evaluate.make_run_evaluator`). Where
-``[R, S, ...]`` does not fit in memory, or where the platform's policy says
-so (on CPU a vmap over runs x clients leaves the cache, so the runs go one
-after another inside the program), ``run_chunk_size=k`` maps the runs in
-chunks of ``k`` (:func:`_map_runs`); the layout stays ``[R, ...]``.
+(:mod:`fedjax_dd.core.clients`). The test evaluation is one program too
+(:func:`fedjax_dd.core.evaluate.make_run_evaluator`), split as the round
+is. Where ``[R, S, ...]`` does not fit in memory, or where the platform's
+policy says so (on CPU a vmap over runs x clients leaves the cache, so the
+runs go one after another inside the program), ``run_chunk_size=k`` maps
+the runs in chunks of ``k`` (:func:`_map_runs`); the layout stays
+``[R, ...]``.
 
 What each run keeps of its own, exactly as :func:`fedjax_dd.fit` derives
 it (:mod:`fedjax_dd.core.keys`):

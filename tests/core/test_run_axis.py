@@ -4,13 +4,16 @@ Each run of :func:`fedjax_dd.core.run_axis.fit_runs` must compute what
 :func:`fedjax_dd.fit` computes for its seed, data and hyperparameters, and
 a killed sweep must resume to the rows and state of an uninterrupted one.
 
-Tolerance. The run axis batches every client's steps into one ``[R, S,
-...]`` program, where a separate run computes per-client programs (the
-engine's sharded backend); XLA fuses and orders the float32 reductions of
-the two programs differently, so the same run can round differently in the
-last bits (a few ulp; see tests/experiments/test_axis_sweep.py for the
-digits presets). Row values are compared to ``RTOL``; integers (rounds,
-bytes) and the row's keys exactly. A resumed sweep against an
+Tolerance. Under one vmap of the runs (``run_chunk_size=None``, the
+accelerators' default, which ``_sweep`` uses) the run axis batches every
+client's steps into one ``[R, S, ...]`` program, where a separate run
+computes per-client programs (the engine's sharded backend); XLA fuses and
+orders the float32 reductions of the two programs differently, so the same
+run can round differently in the last bits (a few ulp; see
+tests/experiments/test_axis_sweep.py for the digits presets). Row values
+are compared to ``RTOL``; integers (rounds, bytes) and the row's keys
+exactly. The CPU policy's chunks of one run compute each run as ``fit``
+does and are compared bit for bit. A resumed sweep against an
 uninterrupted sweep runs the same program and is compared bit for bit.
 """
 
@@ -60,6 +63,9 @@ def _training(p, max_steps, lr=0.1):
 
 
 def _sweep(p, workdir, rounds=3, **kw):
+  # One vmap of the runs (the accelerators' default) unless a test asks for
+  # chunks; the CPU policy's chunks of one have their own tests.
+  kw.setdefault("run_chunk_size", None)
   datas, steps = zip(*[_seed_data(p, s) for s in SEEDS])
   most = max(int(s.max()) for s in steps)
   algo = fedjax_dd.fedavg(_training(p, most))

@@ -2,13 +2,16 @@
 
 Every metrics row of each seed on the run axis equals the row of the same
 seed run as its own process (``runners.run_federated``), to ``RTOL``: the
-run axis computes each client's steps inside one ``[R, S, ...]`` program
-where a single run computes per-client programs (the engine's sharded CPU
+run axis computes each run's clients inside its one program (on CPU the
+policy's chunks of one run), where a single run in this test process
+shards its cohort over the two host devices (the engine's sharded CPU
 backend), and XLA:CPU fuses and orders their float32 reductions
 differently, so a value can differ in its last bits (measured on these
 presets: at most a few ulp after 2 rounds, e.g. SCAFFOLD's test loss
-2.2139525 against 2.2139506). Integers (rounds, bytes) and the keys of
-every row are compared exactly.
+2.2139525 against 2.2139506). The CPU policy's rows equal ``fit``'s bit
+for bit in tests/core/test_run_axis.py, and separate processes' on one
+host device (experiments/results/bench_run_axis_fmnist_cpu.md).
+Integers (rounds, bytes) and the keys of every row are compared exactly.
 """
 
 import copy
